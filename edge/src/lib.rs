@@ -1,1 +1,9 @@
+//! The edge tier: scrapes dcgm-exporter (or any `/metrics`) and accepts Prometheus remote
+//! write, storing both in a compressed, WAL-backed head; serves self-monitoring and, next,
+//! the query API. This crate is wiring and loops; the storage, codecs and relabeling live in
+//! `strata-shared`.
 
+pub mod config;
+pub mod metrics;
+pub mod scrape;
+pub mod targets;

@@ -1,0 +1,393 @@
+//! The edge's configuration file: a Prometheus configuration file whose `global` and
+//! `scrape_configs` sections work unchanged, plus Strata's own keys under `strata:`.
+//! Sections Prometheus has and the edge does not use (`rule_files`, `alerting`,
+//! `remote_write`...) are accepted and ignored, so an existing file loads as it is.
+
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use strata_shared::relabel::{compile_all, RelabelConfig, RelabelRule};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("parsing {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("{path}: job {job:?}: {message}")]
+    Job { path: PathBuf, job: String, message: String },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// A Prometheus duration: `1h30m`, `5s`, `250ms`, `1d`, `1w`, `1y`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PromDuration(pub Duration);
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    let mut total_ms: u128 = 0;
+    if bytes.is_empty() {
+        return Err("empty duration".into());
+    }
+    while i < bytes.len() {
+        let start = i;
+        while i < bytes.len() && bytes[i].is_ascii_digit() {
+            i += 1;
+        }
+        if start == i {
+            return Err(format!("not a valid duration string: {s:?}"));
+        }
+        let n: u128 = s[start..i].parse().map_err(|_| format!("not a valid duration string: {s:?}"))?;
+        let ustart = i;
+        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
+            i += 1;
+        }
+        let unit_ms: u128 = match &s[ustart..i] {
+            "ms" => 1,
+            "s" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "w" => 7 * 86_400_000,
+            "y" => 365 * 86_400_000,
+            _ => return Err(format!("not a valid duration string: {s:?}")),
+        };
+        total_ms = total_ms.checked_add(n.checked_mul(unit_ms).ok_or("duration out of range")?).ok_or("duration out of range")?;
+    }
+    u64::try_from(total_ms).map(Duration::from_millis).map_err(|_| "duration out of range".into())
+}
+
+impl<'de> Deserialize<'de> for PromDuration {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        parse_duration(&s).map(PromDuration).map_err(serde::de::Error::custom)
+    }
+}
+
+/// A byte size as Prometheus writes it: `10MB`, `512KB`, `1GB`, `0` (base 1024).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ByteSize(pub u64);
+
+pub fn parse_bytes(s: &str) -> Result<u64, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let n: u64 = s[..split].parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let mult: u64 = match s[split..].trim() {
+        "" | "B" => 1,
+        "KB" | "KiB" => 1 << 10,
+        "MB" | "MiB" => 1 << 20,
+        "GB" | "GiB" => 1 << 30,
+        "TB" | "TiB" => 1 << 40,
+        other => return Err(format!("invalid size unit {other:?} in {s:?}")),
+    };
+    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} out of range"))
+}
+
+impl<'de> Deserialize<'de> for ByteSize {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            N(u64),
+            S(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::N(n) => Ok(ByteSize(n)),
+            Raw::S(s) => parse_bytes(&s).map(ByteSize).map_err(serde::de::Error::custom),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct RawGlobal {
+    pub scrape_interval: Option<PromDuration>,
+    pub scrape_timeout: Option<PromDuration>,
+    #[serde(default)]
+    pub external_labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StaticConfig {
+    #[serde(default)]
+    pub targets: Vec<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct FileSdConfig {
+    #[serde(default)]
+    pub files: Vec<String>,
+    pub refresh_interval: Option<PromDuration>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct RawScrapeConfig {
+    pub job_name: String,
+    pub scrape_interval: Option<PromDuration>,
+    pub scrape_timeout: Option<PromDuration>,
+    pub metrics_path: Option<String>,
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub params: BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub honor_labels: bool,
+    pub honor_timestamps: Option<bool>,
+    #[serde(default)]
+    pub sample_limit: u64,
+    #[serde(default)]
+    pub label_limit: u64,
+    #[serde(default)]
+    pub body_size_limit: ByteSize,
+    #[serde(default)]
+    pub static_configs: Vec<StaticConfig>,
+    #[serde(default)]
+    pub file_sd_configs: Vec<FileSdConfig>,
+    #[serde(default)]
+    pub relabel_configs: Vec<RelabelConfig>,
+    #[serde(default)]
+    pub metric_relabel_configs: Vec<RelabelConfig>,
+}
+
+/// Strata's own keys, under `strata:`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawStrata {
+    pub data_dir: Option<PathBuf>,
+    pub retention: Option<PromDuration>,
+    pub max_series: Option<usize>,
+    /// `always` or a duration such as `1s` (the default).
+    pub wal_fsync: Option<String>,
+    pub remote_write_max_bytes: Option<ByteSize>,
+    pub remote_write_max_samples: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct RawConfig {
+    #[serde(default)]
+    pub global: RawGlobal,
+    #[serde(default)]
+    pub scrape_configs: Vec<RawScrapeConfig>,
+    #[serde(default)]
+    pub strata: RawStrata,
+}
+
+/// A validated scrape job with Prometheus' defaults applied.
+#[derive(Debug, Clone)]
+pub struct ScrapeJob {
+    pub job_name: String,
+    pub interval: Duration,
+    pub timeout: Duration,
+    pub metrics_path: String,
+    pub scheme: String,
+    pub params: BTreeMap<String, Vec<String>>,
+    pub honor_labels: bool,
+    pub honor_timestamps: bool,
+    pub sample_limit: u64,
+    pub label_limit: u64,
+    pub body_size_limit: u64,
+    pub static_configs: Vec<StaticConfig>,
+    pub file_sd: Vec<(Vec<PathBuf>, Duration)>,
+    pub relabel: Vec<RelabelRule>,
+    pub metric_relabel: Vec<RelabelRule>,
+}
+
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    pub path: PathBuf,
+    pub external_labels: BTreeMap<String, String>,
+    pub jobs: Vec<ScrapeJob>,
+    pub strata: RawStrata,
+}
+
+pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(5);
+pub const DEFAULT_SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl EdgeConfig {
+    pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<EdgeConfig, ConfigError> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?
+        };
+        let g_interval = raw.global.scrape_interval.map(|d| d.0).unwrap_or(DEFAULT_SCRAPE_INTERVAL);
+        let g_timeout = raw.global.scrape_timeout.map(|d| d.0).unwrap_or(DEFAULT_SCRAPE_TIMEOUT);
+        if raw.global.scrape_timeout.is_some() && g_timeout > g_interval {
+            return Err(ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: "global scrape_timeout greater than scrape_interval".into(),
+            });
+        }
+        for name in raw.global.external_labels.keys() {
+            if !valid_label_name(name) {
+                return Err(ConfigError::Invalid { path: path.to_path_buf(), message: format!("{name:?} is not a valid external label name") });
+            }
+        }
+        let mut jobs = Vec::new();
+        let mut names = std::collections::HashSet::new();
+        let base = path.parent().unwrap_or(Path::new("."));
+        for j in raw.scrape_configs {
+            let err = |message: String| ConfigError::Job { path: path.to_path_buf(), job: j.job_name.clone(), message };
+            if j.job_name.is_empty() {
+                return Err(ConfigError::Invalid { path: path.to_path_buf(), message: "job_name is empty".into() });
+            }
+            if !names.insert(j.job_name.clone()) {
+                return Err(err("found multiple scrape configs with this job name".into()));
+            }
+            let interval = j.scrape_interval.map(|d| d.0).unwrap_or(g_interval);
+            if interval.is_zero() {
+                return Err(err("scrape_interval must be greater than zero".into()));
+            }
+            let timeout = match j.scrape_timeout {
+                Some(t) if t.0 > interval => return Err(err("scrape_timeout greater than scrape_interval".into())),
+                Some(t) => t.0,
+                None => g_timeout.min(interval),
+            };
+            let scheme = j.scheme.clone().unwrap_or_else(|| "http".into());
+            if scheme != "http" && scheme != "https" {
+                return Err(err(format!("scheme {scheme:?} is not http or https")));
+            }
+            let relabel = compile_all(&j.relabel_configs).map_err(|e| err(e.to_string()))?;
+            let metric_relabel = compile_all(&j.metric_relabel_configs).map_err(|e| err(e.to_string()))?;
+            let file_sd = j
+                .file_sd_configs
+                .iter()
+                .map(|f| {
+                    (
+                        f.files.iter().map(|p| base.join(p)).collect(),
+                        f.refresh_interval.map(|d| d.0).unwrap_or(Duration::from_secs(5 * 60)),
+                    )
+                })
+                .collect();
+            jobs.push(ScrapeJob {
+                job_name: j.job_name.clone(),
+                interval,
+                timeout,
+                metrics_path: j.metrics_path.clone().unwrap_or_else(|| "/metrics".into()),
+                scheme,
+                params: j.params.clone(),
+                honor_labels: j.honor_labels,
+                honor_timestamps: j.honor_timestamps.unwrap_or(true),
+                sample_limit: j.sample_limit,
+                label_limit: j.label_limit,
+                body_size_limit: j.body_size_limit.0,
+                static_configs: j.static_configs.clone(),
+                file_sd,
+                relabel,
+                metric_relabel,
+            });
+        }
+        if let Some(p) = &raw.strata.wal_fsync {
+            if p != "always" {
+                parse_duration(p).map_err(|m| ConfigError::Invalid { path: path.to_path_buf(), message: format!("strata.wal_fsync: {m}") })?;
+            }
+        }
+        Ok(EdgeConfig { path: path.to_path_buf(), external_labels: raw.global.external_labels, jobs, strata: raw.strata })
+    }
+}
+
+pub fn valid_label_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty() && (b[0].is_ascii_alphabetic() || b[0] == b'_') && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROM: &str = r#"
+global:
+  scrape_interval: 15s
+  external_labels:
+    cluster: c1
+    replica: a
+rule_files: ["rules.yml"]
+alerting:
+  alertmanagers: []
+scrape_configs:
+  - job_name: dcgm
+    scrape_interval: 5s
+    metrics_path: /node/0/metrics
+    params:
+      format: [prometheus]
+    static_configs:
+      - targets: ["127.0.0.1:9400"]
+        labels: {rack: r1}
+    relabel_configs:
+      - source_labels: [__address__]
+        target_label: host
+        regex: "(.*):.*"
+    metric_relabel_configs:
+      - action: drop
+        source_labels: [__name__]
+        regex: DCGM_FI_DEV_VGPU_.*
+    sample_limit: 10000
+    body_size_limit: 10MB
+  - job_name: other
+strata:
+  retention: 12h
+  wal_fsync: always
+"#;
+
+    #[test]
+    fn a_prometheus_file_loads_with_prometheus_defaults() {
+        let c = EdgeConfig::parse(PROM, Path::new("/etc/strata/edge.yml")).unwrap();
+        assert_eq!(c.external_labels.get("replica").map(String::as_str), Some("a"));
+        let d = &c.jobs[0];
+        assert_eq!(d.interval, Duration::from_secs(5));
+        assert_eq!(d.timeout, Duration::from_secs(5), "global timeout 10s is capped to the job's interval");
+        assert_eq!(d.body_size_limit, 10 << 20);
+        assert!(d.honor_timestamps);
+        let o = &c.jobs[1];
+        assert_eq!(o.interval, Duration::from_secs(15));
+        assert_eq!(o.timeout, Duration::from_secs(10));
+        assert_eq!(o.metrics_path, "/metrics");
+        assert_eq!(c.strata.retention.map(|d| d.0), Some(Duration::from_secs(12 * 3600)));
+    }
+
+    #[test]
+    fn bad_configs_name_the_problem() {
+        let cases = [
+            ("scrape_configs:\n  - job_name: a\n  - job_name: a\n", "multiple"),
+            ("scrape_configs:\n  - job_name: a\n    scrape_interval: 5s\n    scrape_timeout: 10s\n", "greater"),
+            ("scrape_configs:\n  - job_name: a\n    relabel_configs:\n      - action: hashmod\n", "target_label"),
+            ("scrape_configs:\n  - job_name: a\n    relabel_configs:\n      - regex: '('\n        target_label: x\n", "regex"),
+            ("global:\n  scrape_interval: 5 parsecs\n", "duration"),
+            ("scrape_configs: [1, 2", "parsing"),
+            ("strata:\n  unknown_key: 1\n", "parsing"),
+        ];
+        for (text, want) in cases {
+            let e = EdgeConfig::parse(text, Path::new("x.yml")).expect_err(text).to_string();
+            assert!(e.contains(want), "{text:?} gave {e}");
+        }
+    }
+
+    #[test]
+    fn durations_and_sizes() {
+        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
+        assert!(parse_duration("1.5h").is_err());
+        assert!(parse_duration("h").is_err());
+        assert_eq!(parse_bytes("512KB").unwrap(), 512 * 1024);
+        assert_eq!(parse_bytes("0").unwrap(), 0);
+        assert!(parse_bytes("10XB").is_err());
+    }
+}

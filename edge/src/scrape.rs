@@ -1,0 +1,400 @@
+//! Scraping one target: [`ScrapeIngest`] turns a page into appends (no I/O, so the ingest
+//! benchmark and the tests drive it directly) and [`ScrapeLoop`] fetches the page on a
+//! per-target offset within the interval.
+//!
+//! A scrape is all or nothing: the page is parsed, relabeled and checked against the
+//! limits before anything is appended, so a bad page (garbage, an unterminated label value,
+//! a duplicate series, too many samples, an oversize body) stores nothing, leaves earlier
+//! data untouched, and reports `up` = 0 with the reason in the log. As in Prometheus, a
+//! failed scrape marks the target's series stale, and so does a series that leaves the page.
+
+use crate::config::ScrapeJob;
+use crate::metrics::{EdgeMetrics, JobLabel};
+use crate::targets::Target;
+use std::collections::{HashMap, HashSet};
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use strata_shared::db::{TsdbError, Tsdb};
+use strata_shared::exposition::{self, Entry, Format, ParseError};
+use strata_shared::head::{HeadError, MemSeries};
+use strata_shared::index::SeriesRef;
+use strata_shared::model::{stale_nan, Labels, LabelsBuilder, Metadata, MetricType, Sample, METRIC_NAME};
+use strata_shared::relabel;
+use tokio::sync::watch;
+
+pub const ACCEPT_HEADER: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("fetching: {0}")]
+    Http(String),
+    #[error("server returned HTTP status {0}")]
+    Status(u16),
+    #[error("body size limit of {0} bytes exceeded")]
+    BodyTooLarge(u64),
+    #[error("parsing the page: {0}")]
+    Parse(#[from] ParseError),
+    #[error("invalid series on the page: {0}")]
+    InvalidSeries(String),
+    #[error("duplicate series on the page: {0}")]
+    DuplicateSeries(String),
+    #[error("sample_limit of {0} exceeded")]
+    SampleLimit(u64),
+    #[error("label_limit of {limit} exceeded by {series}")]
+    LabelLimit { limit: u64, series: String },
+    #[error(transparent)]
+    Head(#[from] HeadError),
+    #[error("storing: {0}")]
+    Storage(#[from] TsdbError),
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ScrapeReport {
+    pub scraped: usize,
+    pub post_relabel: usize,
+    pub series_added: usize,
+    pub appended: usize,
+}
+
+enum CacheEntry {
+    Series { series: Arc<MemSeries>, last_seen: u64 },
+    Dropped { last_seen: u64 },
+}
+
+/// Hashes a series reference (already unique) with one multiply.
+#[derive(Default)]
+struct RefHasher(u64);
+impl Hasher for RefHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 << 8 | b as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+type RefSet = HashSet<SeriesRef, BuildHasherDefault<RefHasher>>;
+
+/// How many scrapes a cache entry survives without being seen.
+const CACHE_KEEP_SCRAPES: u64 = 10;
+
+pub struct ScrapeIngest {
+    pub target: Target,
+    job: Arc<ScrapeJob>,
+    db: Arc<Tsdb>,
+    cache: HashMap<Box<[u8]>, CacheEntry>,
+    iteration: u64,
+    /// Series appended by the last successful scrape, for staleness.
+    previous: Vec<Arc<MemSeries>>,
+    seen: RefSet,
+    synthetic: HashMap<&'static str, Arc<MemSeries>>,
+    batch: Vec<(Arc<MemSeries>, Sample)>,
+}
+
+impl ScrapeIngest {
+    pub fn new(target: Target, job: Arc<ScrapeJob>, db: Arc<Tsdb>) -> Self {
+        ScrapeIngest {
+            target,
+            job,
+            db,
+            cache: HashMap::new(),
+            iteration: 0,
+            previous: Vec::new(),
+            seen: RefSet::default(),
+            synthetic: HashMap::new(),
+            batch: Vec::new(),
+        }
+    }
+
+    fn target_series_labels(&self, scraped: Labels) -> LabelsBuilder {
+        let mut lb = scraped.to_builder();
+        for l in self.target.labels.iter() {
+            let existing = scraped.get(&l.name).unwrap_or("");
+            if self.job.honor_labels {
+                if existing.is_empty() {
+                    lb.set_shared(l.name.clone(), l.value.clone());
+                }
+            } else {
+                if !existing.is_empty() {
+                    lb.set(&format!("exported_{}", l.name), existing);
+                }
+                lb.set_shared(l.name.clone(), l.value.clone());
+            }
+        }
+        lb
+    }
+
+    /// Resolves a raw series to its head series, or `None` when relabeling drops it.
+    fn resolve(&mut self, raw: &[u8]) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
+        if let Some(e) = self.cache.get_mut(raw) {
+            return match e {
+                CacheEntry::Series { series, last_seen } => {
+                    if *last_seen == self.iteration {
+                        return Err(ScrapeError::DuplicateSeries(String::from_utf8_lossy(raw).into_owned()));
+                    }
+                    *last_seen = self.iteration;
+                    Ok((Some(series.clone()), false))
+                }
+                CacheEntry::Dropped { last_seen } => {
+                    *last_seen = self.iteration;
+                    Ok((None, false))
+                }
+            };
+        }
+        let scraped = exposition::parse_series(raw).map_err(|e| ScrapeError::InvalidSeries(format!("{}: {e}", String::from_utf8_lossy(raw))))?;
+        let lb = self.target_series_labels(scraped);
+        let Some(labels) = relabel::process(&self.job.metric_relabel, lb) else {
+            self.cache.insert(raw.into(), CacheEntry::Dropped { last_seen: self.iteration });
+            return Ok((None, false));
+        };
+        if labels.metric_name().is_none_or(str::is_empty) {
+            return Err(ScrapeError::InvalidSeries(format!("{}: relabeling removed the metric name", String::from_utf8_lossy(raw))));
+        }
+        if self.job.label_limit > 0 && labels.len() as u64 > self.job.label_limit {
+            return Err(ScrapeError::LabelLimit { limit: self.job.label_limit, series: labels.to_string() });
+        }
+        let (series, created) = self.db.head().get_or_create(&labels)?;
+        self.cache.insert(raw.into(), CacheEntry::Series { series: series.clone(), last_seen: self.iteration });
+        Ok((Some(series), created))
+    }
+
+    /// Parses, relabels and appends one page scraped at `ts` (ms). Nothing is appended on error.
+    pub fn ingest(&mut self, body: &[u8], format: Format, ts: i64) -> Result<ScrapeReport, ScrapeError> {
+        self.iteration += 1;
+        self.batch.clear();
+        self.seen.clear();
+        let mut report = ScrapeReport::default();
+        let mut metadata: Vec<(String, Metadata)> = Vec::new();
+        for entry in exposition::Parser::new(body, format) {
+            match entry? {
+                Entry::Sample { series, value, timestamp_ms, .. } => {
+                    report.scraped += 1;
+                    let (resolved, created) = self.resolve(series)?;
+                    let Some(s) = resolved else { continue };
+                    if !self.seen.insert(s.series_ref) {
+                        return Err(ScrapeError::DuplicateSeries(s.labels.to_string()));
+                    }
+                    report.series_added += created as usize;
+                    let t = match timestamp_ms {
+                        Some(t) if self.job.honor_timestamps => t,
+                        _ => ts,
+                    };
+                    self.batch.push((s, Sample::new(t, value)));
+                }
+                Entry::Type { family, metric_type } => meta_entry(&mut metadata, family).metric_type = metric_type,
+                Entry::Help { family, help } => meta_entry(&mut metadata, family).help = help.into_owned(),
+                Entry::Unit { family, unit } => meta_entry(&mut metadata, family).unit = unit.to_string(),
+            }
+        }
+        report.post_relabel = self.batch.len();
+        if self.job.sample_limit > 0 && self.batch.len() as u64 > self.job.sample_limit {
+            return Err(ScrapeError::SampleLimit(self.job.sample_limit));
+        }
+        for (family, meta) in metadata {
+            self.db.set_metadata(&family, meta)?;
+        }
+        // Series that left the page get a staleness marker.
+        let stale: Vec<_> = self.previous.iter().filter(|s| !self.seen.contains(&s.series_ref)).cloned().collect();
+        for s in &stale {
+            self.batch.push((s.clone(), Sample::new(ts, stale_nan())));
+        }
+        let out = self.db.commit(&self.batch)?;
+        report.appended = out.appended;
+        self.previous = self.batch.iter().take(report.post_relabel).map(|(s, _)| s.clone()).collect();
+        if self.iteration % CACHE_KEEP_SCRAPES == 0 {
+            let oldest = self.iteration.saturating_sub(CACHE_KEEP_SCRAPES);
+            self.cache.retain(|_, e| match e {
+                CacheEntry::Series { last_seen, .. } | CacheEntry::Dropped { last_seen } => *last_seen >= oldest,
+            });
+        }
+        Ok(report)
+    }
+
+    /// After a failed scrape: every series of the last good scrape goes stale.
+    pub fn mark_all_stale(&mut self, ts: i64) -> Result<(), ScrapeError> {
+        let batch: Vec<_> = self.previous.drain(..).map(|s| (s, Sample::new(ts, stale_nan()))).collect();
+        self.db.commit(&batch)?;
+        Ok(())
+    }
+
+    fn synthetic_series(&mut self, name: &'static str) -> Result<Arc<MemSeries>, ScrapeError> {
+        if let Some(s) = self.synthetic.get(name) {
+            return Ok(s.clone());
+        }
+        let mut lb = self.target.labels.to_builder();
+        lb.set(METRIC_NAME, name);
+        let (s, _) = self.db.head().get_or_create(&lb.build())?;
+        self.synthetic.insert(name, s.clone());
+        Ok(s)
+    }
+
+    /// Appends `up`, `scrape_duration_seconds` and the sample counts for this scrape.
+    pub fn append_report(&mut self, ts: i64, up: bool, duration: Duration, r: &ScrapeReport) -> Result<(), ScrapeError> {
+        let values: [(&'static str, f64); 5] = [
+            ("up", if up { 1.0 } else { 0.0 }),
+            ("scrape_duration_seconds", duration.as_secs_f64()),
+            ("scrape_samples_scraped", r.scraped as f64),
+            ("scrape_samples_post_metric_relabeling", r.post_relabel as f64),
+            ("scrape_series_added", r.series_added as f64),
+        ];
+        let mut batch = Vec::with_capacity(values.len());
+        for (name, v) in values {
+            batch.push((self.synthetic_series(name)?, Sample::new(ts, v)));
+        }
+        self.db.commit(&batch)?;
+        Ok(())
+    }
+
+    /// The target went away: everything it wrote, synthetic series included, goes stale.
+    pub fn end(&mut self, ts: i64) -> Result<(), ScrapeError> {
+        self.mark_all_stale(ts)?;
+        let batch: Vec<_> = self.synthetic.drain().map(|(_, s)| (s, Sample::new(ts, stale_nan()))).collect();
+        self.db.commit(&batch)?;
+        Ok(())
+    }
+}
+
+fn meta_entry<'a>(v: &'a mut Vec<(String, Metadata)>, family: &str) -> &'a mut Metadata {
+    if let Some(i) = v.iter().position(|(f, _)| f == family) {
+        return &mut v[i].1;
+    }
+    v.push((family.to_string(), Metadata { metric_type: MetricType::Unknown, ..Default::default() }));
+    let last = v.len() - 1;
+    &mut v[last].1
+}
+
+pub fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+/// Fetches a page, honouring the timeout and the body size limit (on the decompressed body).
+pub async fn fetch(client: &reqwest::Client, job: &ScrapeJob, url: &str) -> Result<(Vec<u8>, Format), ScrapeError> {
+    let resp = client
+        .get(url)
+        .header(reqwest::header::ACCEPT, ACCEPT_HEADER)
+        .header("X-Prometheus-Scrape-Timeout-Seconds", format!("{}", job.timeout.as_secs_f64()))
+        .timeout(job.timeout)
+        .send()
+        .await
+        .map_err(|e| ScrapeError::Http(error_chain(&e)))?;
+    if !resp.status().is_success() {
+        return Err(ScrapeError::Status(resp.status().as_u16()));
+    }
+    let format = Format::from_content_type(resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()));
+    let limit = job.body_size_limit;
+    let mut resp = resp;
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.map_err(|e| ScrapeError::Http(error_chain(&e)))? {
+        body.extend_from_slice(&chunk);
+        if limit > 0 && body.len() as u64 > limit {
+            return Err(ScrapeError::BodyTooLarge(limit));
+        }
+    }
+    Ok((body, format))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}
+
+/// Offset of a target's scrapes within the interval, stable for the same target.
+pub fn scrape_offset(target: &Target, interval: Duration) -> Duration {
+    let ms = interval.as_millis().max(1) as u64;
+    let h = target.labels.stable_hash() ^ Labels::from_pairs([("url", target.url.as_str())]).stable_hash();
+    Duration::from_millis(h % ms)
+}
+
+pub struct ScrapeLoop {
+    pub ingest: ScrapeIngest,
+    pub client: reqwest::Client,
+    pub metrics: Arc<EdgeMetrics>,
+}
+
+impl ScrapeLoop {
+    /// Scrapes once at `ts`; returns the error if the scrape failed.
+    pub async fn scrape_once(&mut self, ts: i64) -> Option<ScrapeError> {
+        let job = self.ingest.job.clone();
+        let label = JobLabel { job: job.job_name.clone() };
+        self.metrics.scrapes.get_or_create(&label).inc();
+        let started = Instant::now();
+        let result = match fetch(&self.client, &job, &self.ingest.target.url).await {
+            Ok((body, format)) => self.ingest.ingest(&body, format, ts),
+            Err(e) => Err(e),
+        };
+        let duration = started.elapsed();
+        let (up, report, err) = match result {
+            Ok(r) => {
+                self.metrics.samples_appended.inc_by(r.appended as u64);
+                (true, r, None)
+            }
+            Err(e) => {
+                self.metrics.scrape_failures.get_or_create(&label).inc();
+                if let Err(e2) = self.ingest.mark_all_stale(ts) {
+                    tracing::error!(target_url = %self.ingest.target.url, error = %e2, "writing staleness markers failed");
+                }
+                (false, ScrapeReport::default(), Some(e))
+            }
+        };
+        if let Err(e) = self.ingest.append_report(ts, up, duration, &report) {
+            tracing::error!(target_url = %self.ingest.target.url, error = %e, "writing scrape report series failed");
+        }
+        err
+    }
+
+    /// Runs until `stop` changes, then marks the target's series stale.
+    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
+        let interval = self.ingest.job.interval;
+        let offset = scrape_offset(&self.ingest.target, interval);
+        let period = interval.as_millis() as i64;
+        let now = now_ms();
+        let mut next = now - now.rem_euclid(period) + offset.as_millis() as i64;
+        if next < now {
+            next += period;
+        }
+        let mut last_error: Option<String> = None;
+        loop {
+            let wait = Duration::from_millis((next - now_ms()).max(0) as u64);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => break,
+            }
+            let ts = now_ms();
+            let err = self.scrape_once(ts).await;
+            match (&err, &last_error) {
+                (Some(e), prev) if prev.as_deref() != Some(&e.to_string()) => {
+                    tracing::warn!(job = %self.ingest.job.job_name, target_url = %self.ingest.target.url, error = %e, "scrape failed");
+                    last_error = Some(e.to_string());
+                }
+                (None, Some(_)) => {
+                    tracing::info!(job = %self.ingest.job.job_name, target_url = %self.ingest.target.url, "scrape recovered");
+                    last_error = None;
+                }
+                _ => {}
+            }
+            next += period;
+            let now = now_ms();
+            if next <= now {
+                // Fell behind (a slow scrape): skip to the next slot instead of bursting.
+                next += ((now - next) / period + 1) * period;
+            }
+        }
+        if let Err(e) = self.ingest.end(now_ms()) {
+            tracing::error!(target_url = %self.ingest.target.url, error = %e, "writing end-of-target staleness markers failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,148 @@
+use super::*;
+use crate::config::EdgeConfig;
+use std::path::Path;
+use strata_shared::db::TsdbOptions;
+use strata_shared::matcher::Matcher;
+use strata_shared::model::is_stale;
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    db: Arc<Tsdb>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(dir.path(), TsdbOptions::default()).unwrap());
+    Fixture { _dir: dir, db }
+}
+
+fn ingest_for(db: &Arc<Tsdb>, job_yaml: &str) -> ScrapeIngest {
+    let cfg = EdgeConfig::parse(job_yaml, Path::new("x.yml")).unwrap();
+    let job = Arc::new(cfg.jobs[0].clone());
+    let target = Target { job: job.job_name.clone(), labels: Labels::from_pairs([("job", "dcgm"), ("instance", "node-0")]), url: "http://x/metrics".into() };
+    ScrapeIngest::new(target, job, db.clone())
+}
+
+const JOB: &str = "scrape_configs:\n  - job_name: dcgm\n";
+
+fn samples_of(db: &Tsdb, matchers: &[Matcher]) -> Vec<(Labels, Vec<Sample>)> {
+    db.head()
+        .select(matchers, i64::MIN, i64::MAX)
+        .into_iter()
+        .map(|(s, cs)| (s.labels.clone(), cs.iter().flat_map(|c| c.decode().unwrap()).collect()))
+        .collect()
+}
+
+fn name(n: &str) -> Matcher {
+    Matcher::eq("__name__", n)
+}
+
+#[test]
+fn simulator_page_is_stored_with_target_labels_and_metadata() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let page = strata_simulator::Fleet::new(1, 4, 8).render_node(0, 1_764_460_800_000).unwrap();
+    let r = ing.ingest(page.as_bytes(), Format::Text, 1000).unwrap();
+    assert_eq!(r.scraped, 25 * 8);
+    assert_eq!(r.appended, 25 * 8);
+    assert_eq!(r.series_added, 25 * 8);
+    let got = samples_of(&f.db, &[name("DCGM_FI_DEV_GPU_TEMP"), Matcher::eq("gpu", "3")]);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].0.get("job"), Some("dcgm"));
+    assert_eq!(got[0].0.get("instance"), Some("node-0"));
+    assert_eq!(got[0].1[0].t, 1000);
+    assert_eq!(f.db.head().metric_type("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), MetricType::Counter);
+    // the second scrape adds no series
+    let r = ing.ingest(page.as_bytes(), Format::Text, 6000).unwrap();
+    assert_eq!(r.series_added, 0);
+}
+
+#[test]
+fn bad_pages_store_nothing_and_keep_earlier_data() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    sample_limit: 3\n");
+    ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n", Format::Text, 1000).unwrap();
+    let bad: [(&str, &str); 5] = [
+        ("m{a=\"1\"} 5\nthis is garbage\n", "line 2"),
+        ("m{a=\"1\"} 5\nm{a=\"2} 1\n", "unterminated"),
+        ("m{a=\"1\"} 5\nm{a=\"1\"} 6\n", "duplicate series"),
+        ("m{a=\"1\"} 5\nm{a=\"2\"} 5\nm{a=\"3\"} 5\nm{a=\"4\"} 5\n", "sample_limit"),
+        ("m{a=\"1\"} 5\nm{a=\"2\",a=\"3\"} 1\n", "duplicate label"),
+    ];
+    for (i, (page, want)) in bad.iter().enumerate() {
+        let e = ing.ingest(page.as_bytes(), Format::Text, 2000 + i as i64).expect_err(page).to_string();
+        assert!(e.contains(want), "{page:?}: {e}");
+    }
+    let got = samples_of(&f.db, &[name("m")]);
+    assert_eq!(got.len(), 2, "no new series from bad pages");
+    for (_, s) in &got {
+        assert_eq!(s.len(), 1, "no sample of a bad page was stored");
+        assert_eq!(s[0].t, 1000);
+    }
+}
+
+#[test]
+fn disappearing_series_and_failed_scrapes_go_stale() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n", Format::Text, 1000).unwrap();
+    ing.ingest(b"m{a=\"1\"} 1\n", Format::Text, 2000).unwrap();
+    let a2 = samples_of(&f.db, &[name("m"), Matcher::eq("a", "2")]);
+    assert_eq!(a2[0].1.len(), 2);
+    assert!(is_stale(a2[0].1[1].v) && a2[0].1[1].t == 2000);
+    // a failed scrape marks the rest stale, and up = 0 is recorded
+    ing.mark_all_stale(3000).unwrap();
+    ing.append_report(3000, false, Duration::from_millis(5), &ScrapeReport::default()).unwrap();
+    let a1 = samples_of(&f.db, &[name("m"), Matcher::eq("a", "1")]);
+    assert!(is_stale(a1[0].1.last().unwrap().v));
+    let up = samples_of(&f.db, &[name("up")]);
+    assert_eq!(up[0].1.last().unwrap().v, 0.0);
+    assert_eq!(up[0].0.get("instance"), Some("node-0"));
+    // the target goes away: synthetic series go stale too
+    ing.end(4000).unwrap();
+    let up = samples_of(&f.db, &[name("up")]);
+    assert!(is_stale(up[0].1.last().unwrap().v));
+}
+
+#[test]
+fn honor_labels_and_timestamps() {
+    let f = fixture();
+    let page = b"m{job=\"inner\",x=\"1\"} 1 500\n";
+    let mut ing = ingest_for(&f.db, JOB);
+    ing.ingest(page, Format::Text, 1000).unwrap();
+    let got = samples_of(&f.db, &[name("m")]);
+    assert_eq!(got[0].0.get("job"), Some("dcgm"));
+    assert_eq!(got[0].0.get("exported_job"), Some("inner"));
+    assert_eq!(got[0].1[0].t, 500, "honor_timestamps defaults to true");
+
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    honor_labels: true\n    honor_timestamps: false\n");
+    ing.ingest(page, Format::Text, 1000).unwrap();
+    let got = samples_of(&f.db, &[name("m")]);
+    assert_eq!(got[0].0.get("job"), Some("inner"));
+    assert_eq!(got[0].0.get("exported_job"), None);
+    assert_eq!(got[0].1[0].t, 1000);
+}
+
+#[test]
+fn metric_relabeling_and_label_limit() {
+    let f = fixture();
+    let yaml = "scrape_configs:\n  - job_name: dcgm\n    label_limit: 4\n    metric_relabel_configs:\n      - source_labels: [__name__]\n        regex: drop_me\n        action: drop\n      - regex: noisy\n        action: labeldrop\n";
+    let mut ing = ingest_for(&f.db, yaml);
+    let r = ing.ingest(b"drop_me 1\nkeep{noisy=\"x\"} 2\n", Format::Text, 1000).unwrap();
+    assert_eq!((r.scraped, r.post_relabel), (2, 1));
+    assert!(samples_of(&f.db, &[name("drop_me")]).is_empty());
+    assert_eq!(samples_of(&f.db, &[name("keep")])[0].0.get("noisy"), None);
+    let e = ing.ingest(b"keep{a=\"1\",b=\"2\",c=\"3\"} 2\n", Format::Text, 2000).unwrap_err();
+    assert!(e.to_string().contains("label_limit"), "{e}");
+}
+
+#[test]
+fn openmetrics_page_with_units_and_exemplars() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let page = b"# TYPE e counter\n# UNIT e joules\ne_total 10 # {trace_id=\"x\"} 1\n# EOF\n";
+    ing.ingest(page, Format::OpenMetrics, 1000).unwrap();
+    assert_eq!(f.db.head().metric_type("e_total"), MetricType::Counter);
+    assert_eq!(samples_of(&f.db, &[name("e_total")])[0].1[0].v, 10.0);
+}
