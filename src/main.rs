@@ -1,1 +1,102 @@
-fn main() {}
+//! `strata`: one binary, one subcommand per component. Each subcommand is thin wiring
+//! over the tier crates; see `src/up.rs` for the whole stack on one machine.
+
+mod up;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "strata", version, about = "Federation and aggregation tier for GPU-fleet metrics")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The whole stack on one machine: a simulated GPU fleet scraped by an HA pair of edges.
+    Up(up::UpArgs),
+    /// Serve simulated dcgm-exporter pages at /node/<i>/metrics.
+    Simulate {
+        #[arg(long, default_value_t = 4)]
+        nodes: usize,
+        #[arg(long, default_value_t = 8)]
+        gpus_per_node: usize,
+        #[arg(long, default_value = "127.0.0.1:9400")]
+        listen: SocketAddr,
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// Start the simulated clock at this Unix time (seconds) instead of now.
+        #[arg(long)]
+        start_at: Option<i64>,
+    },
+    /// The edge tier: scrape + remote-write receiver + WAL-backed head.
+    Edge {
+        /// A Prometheus configuration file (Strata's own keys under `strata:`).
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        http_listen: Option<SocketAddr>,
+        #[arg(long)]
+        data: Option<PathBuf>,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).with_writer(std::io::stderr).init();
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    init_logging();
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Up(args) => up::run(args).await,
+        Command::Simulate { nodes, gpus_per_node, listen, seed, start_at } => {
+            let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
+            let addr = listener.local_addr()?;
+            let offset = start_at.map(|s| s * 1000 - strata_edge::scrape::now_ms()).unwrap_or(0);
+            println!("simulator listening on http://{addr} ({nodes} nodes x {gpus_per_node} GPUs: http://{addr}/node/0/metrics ...)");
+            strata_simulator::serve(listener, strata_simulator::Fleet::new(seed, nodes, gpus_per_node), offset, shutdown_signal()).await
+        }
+        Command::Edge { config, http_listen, data } => {
+            let mut opts = strata_edge::EdgeOptions::new(config);
+            opts.http_listen = http_listen;
+            opts.data_dir = data;
+            let edge = strata_edge::Edge::start(opts).await?;
+            println!("edge listening on http://{}", edge.http_addr);
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            tokio::time::timeout(Duration::from_secs(30), edge.stop()).await.context("shutdown took over 30 s")?;
+            Ok(())
+        }
+    }
+}

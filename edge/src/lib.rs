@@ -4,6 +4,11 @@
 //! `strata-shared`.
 
 pub mod config;
+pub mod manager;
 pub mod metrics;
+pub mod remote_write;
 pub mod scrape;
+pub mod server;
 pub mod targets;
+
+pub use server::{Edge, EdgeOptions};

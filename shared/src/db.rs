@@ -3,8 +3,8 @@
 //! Append policy (documented for users in the README):
 //! * per series, samples must arrive in time order: an older timestamp is refused as
 //!   "out of order"; the same timestamp with a different value as "duplicate sample for
-//!   timestamp"; the same timestamp with the identical value is accepted and ignored, so a
-//!   retried write is harmless;
+//!   timestamp"; a sample identical (timestamp and value) to one already stored is accepted
+//!   and ignored, so a retried write is harmless;
 //! * a sample older than `newest sample held − retention` is refused as "out of bounds";
 //! * an empty database accepts any timestamp, so a day of history can be backfilled in
 //!   time order.

@@ -54,8 +54,9 @@ impl SeriesSamples {
         SeriesSamples { sealed: Vec::new(), open: ChunkAppender::new(), last: None }
     }
 
-    /// Checks a sample against this series' newest one. `Ok(false)` is an exact duplicate,
-    /// which is accepted and ignored (a retried write is idempotent).
+    /// Checks a sample against this series' newest one. `Ok(false)` is an exact duplicate
+    /// of a stored sample, accepted and ignored, so a retried write is idempotent; an older
+    /// sample that is not already stored is out of order.
     pub fn check(&self, s: &Sample) -> Result<bool, SampleError> {
         match self.last {
             None => Ok(true),
@@ -67,7 +68,20 @@ impl SeriesSamples {
                     Err(SampleError::DuplicateTimestamp)
                 }
             }
+            Some(_) if self.holds(s) => Ok(false),
             Some(_) => Err(SampleError::OutOfOrder),
+        }
+    }
+
+    /// Whether this exact sample (timestamp and value bits) is stored. Only the rare
+    /// out-of-order path pays for the decode.
+    fn holds(&self, s: &Sample) -> bool {
+        let i = self.sealed.partition_point(|c| c.max_t < s.t);
+        let found = |mut it: crate::chunk::ChunkIter<'_>| it.any(|x| x.bit_eq(s));
+        match self.sealed.get(i) {
+            Some(c) if c.min_t <= s.t => found(c.iter()),
+            Some(_) => false,
+            None => !self.open.is_empty() && self.open.min_t() <= s.t && found(self.open.iter()),
         }
     }
 

@@ -9,8 +9,15 @@ pub mod server;
 
 pub use fleet::Fleet;
 
-/// Serves the fleet on `listener` until the future is dropped.
-pub async fn serve(listener: tokio::net::TcpListener, fleet: Fleet) -> anyhow::Result<()> {
-    axum::serve(listener, server::router(std::sync::Arc::new(fleet))).await?;
+/// Serves the fleet on `listener` until `shutdown` completes. `clock_offset_ms` shifts the
+/// simulated clock from wall time (tests use it to start at a chosen instant).
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    fleet: Fleet,
+    clock_offset_ms: i64,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let state = std::sync::Arc::new(server::SimState { fleet, clock_offset_ms });
+    axum::serve(listener, server::router(state)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }

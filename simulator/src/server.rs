@@ -10,15 +10,22 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-pub fn router(fleet: Arc<Fleet>) -> Router {
-    Router::new().route("/node/{i}/metrics", get(node_page)).route("/", get(index)).with_state(fleet)
+/// The fleet and the offset of its clock from wall time (0: pages show the present).
+pub struct SimState {
+    pub fleet: Fleet,
+    pub clock_offset_ms: i64,
+}
+
+pub fn router(state: Arc<SimState>) -> Router {
+    Router::new().route("/node/{i}/metrics", get(node_page)).route("/", get(index)).with_state(state)
 }
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-async fn index(State(f): State<Arc<Fleet>>) -> String {
+async fn index(State(st): State<Arc<SimState>>) -> String {
+    let f = &st.fleet;
     let mut s = format!("strata simulate: {} nodes x {} GPUs (seed {})\n", f.nodes, f.gpus_per_node, f.seed);
     for i in 0..f.nodes {
         s.push_str(&format!("/node/{i}/metrics\n"));
@@ -26,8 +33,9 @@ async fn index(State(f): State<Arc<Fleet>>) -> String {
     s
 }
 
-async fn node_page(State(f): State<Arc<Fleet>>, Path(i): Path<String>, headers: HeaderMap) -> Response {
-    let Some(page) = i.parse::<usize>().ok().and_then(|i| f.render_node(i, now_ms())) else {
+async fn node_page(State(st): State<Arc<SimState>>, Path(i): Path<String>, headers: HeaderMap) -> Response {
+    let f = &st.fleet;
+    let Some(page) = i.parse::<usize>().ok().and_then(|i| f.render_node(i, now_ms() + st.clock_offset_ms)) else {
         return (StatusCode::NOT_FOUND, format!("no node {i:?}: nodes are 0..{}\n", f.nodes)).into_response();
     };
     let ct = (header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8");

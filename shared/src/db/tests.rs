@@ -42,10 +42,11 @@ fn out_of_order_and_duplicates_follow_the_policy() {
     let d = tempfile::tempdir().unwrap();
     let db = open(d.path());
     let s = db.series(&labels("0")).unwrap();
-    db.commit(&[(s.clone(), Sample::new(10_000, 1.0))]).unwrap();
+    db.commit(&[(s.clone(), Sample::new(5_000, 7.0)), (s.clone(), Sample::new(10_000, 1.0))]).unwrap();
     let out = db
         .commit(&[
             (s.clone(), Sample::new(9_000, 1.0)),   // out of order
+            (s.clone(), Sample::new(5_000, 7.0)),   // a retry of a stored sample: ignored
             (s.clone(), Sample::new(10_000, 2.0)),  // duplicate timestamp, other value
             (s.clone(), Sample::new(10_000, 1.0)),  // exact duplicate: ignored
             (s.clone(), Sample::new(11_000, 3.0)),  // fine
@@ -53,10 +54,10 @@ fn out_of_order_and_duplicates_follow_the_policy() {
         ])
         .unwrap();
     assert_eq!(out.appended, 1);
-    assert_eq!(out.ignored_duplicates, 1);
+    assert_eq!(out.ignored_duplicates, 2);
     let reasons: Vec<_> = out.rejected.iter().map(|r| r.2).collect();
     assert_eq!(reasons, [SampleError::OutOfOrder, SampleError::DuplicateTimestamp, SampleError::DuplicateTimestamp]);
-    assert_eq!(read_all(&db, "0"), [Sample::new(10_000, 1.0), Sample::new(11_000, 3.0)]);
+    assert_eq!(read_all(&db, "0"), [Sample::new(5_000, 7.0), Sample::new(10_000, 1.0), Sample::new(11_000, 3.0)]);
 }
 
 #[test]

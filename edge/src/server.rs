@@ -1,0 +1,240 @@
+//! Wiring of one edge: opens the database (replaying the WAL), starts the scrape manager,
+//! the WAL fsync and retention loops, and the HTTP server; reloads on SIGHUP and
+//! `POST /-/reload` (a bad new configuration is refused and the running one kept).
+
+use crate::config::{parse_duration, EdgeConfig};
+use crate::manager::ScrapeManager;
+use crate::metrics::{EdgeMetrics, ReasonLabel};
+use crate::remote_write::{self, RemoteWrite, WriteLimits};
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_shared::db::{Tsdb, TsdbOptions};
+use strata_shared::wal::SyncPolicy;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+#[derive(Debug, Clone)]
+pub struct EdgeOptions {
+    pub config_path: PathBuf,
+    pub http_listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    /// How often file-SD files are checked for changes.
+    pub file_sd_check: Duration,
+}
+
+impl EdgeOptions {
+    pub fn new(config_path: PathBuf) -> Self {
+        EdgeOptions { config_path, http_listen: None, data_dir: None, file_sd_check: Duration::from_secs(5) }
+    }
+}
+
+pub const DEFAULT_HTTP_LISTEN: &str = "127.0.0.1:9401";
+pub const DEFAULT_DATA_DIR: &str = "strata-data/edge";
+
+pub struct EdgeState {
+    pub db: Arc<Tsdb>,
+    pub metrics: Arc<EdgeMetrics>,
+    pub manager: Arc<ScrapeManager>,
+    pub config_path: PathBuf,
+    pub remote_write: Arc<RemoteWrite>,
+}
+
+impl EdgeState {
+    /// Re-reads the configuration file; on error the running configuration stays.
+    pub async fn reload(&self) -> Result<(), String> {
+        let result = EdgeConfig::load(&self.config_path);
+        let ok = result.is_ok();
+        self.metrics.config_reloads.get_or_create(&ReasonLabel { reason: if ok { "success" } else { "failure" }.into() }).inc();
+        self.metrics.config_last_reload_success.set(ok as i64);
+        match result {
+            Ok(cfg) => {
+                self.manager.apply(Arc::new(cfg)).await;
+                tracing::info!(path = %self.config_path.display(), "configuration reloaded");
+                Ok(())
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "configuration reload failed; keeping the running configuration");
+                Err(e.to_string())
+            }
+        }
+    }
+}
+
+pub fn router(state: Arc<EdgeState>) -> Router {
+    let limit = state.remote_write.limits.max_body_bytes;
+    Router::new()
+        .route("/metrics", get(self_metrics))
+        .route("/-/healthy", get(|| async { "Strata edge is Healthy.\n" }))
+        .route("/-/ready", get(|| async { "Strata edge is Ready.\n" }))
+        .route("/-/reload", post(reload).put(reload))
+        .route("/api/v1/write", post(write).layer(DefaultBodyLimit::max(limit)))
+        .with_state(state)
+}
+
+async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {
+    let st = s.db.stats();
+    s.metrics.active_series.set(st.series as i64);
+    s.metrics.head_chunk_bytes.set(st.chunk_bytes as i64);
+    s.metrics.wal_bytes.set(s.db.wal_disk_bytes() as i64);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode()).into_response()
+}
+
+async fn reload(State(s): State<Arc<EdgeState>>) -> Response {
+    match s.reload().await {
+        Ok(()) => (StatusCode::OK, "configuration reloaded\n").into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed to reload config: {e}\n")).into_response(),
+    }
+}
+
+async fn write(State(s): State<Arc<EdgeState>>, body: Bytes) -> Response {
+    let rw = s.remote_write.clone();
+    let out = tokio::task::spawn_blocking(move || remote_write::handle(&rw.db, &rw.metrics, &body, &rw.limits)).await;
+    match out {
+        Ok(o) => {
+            let code = StatusCode::from_u16(o.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            if o.message.is_empty() { code.into_response() } else { (code, o.message + "\n").into_response() }
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("remote write failed: {e}\n")).into_response(),
+    }
+}
+
+/// A running edge.
+pub struct Edge {
+    pub http_addr: SocketAddr,
+    pub state: Arc<EdgeState>,
+    shutdown: watch::Sender<bool>,
+    tasks: Vec<JoinHandle<()>>,
+    server: JoinHandle<()>,
+}
+
+fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
+    let mut o = TsdbOptions::default();
+    if let Some(r) = cfg.strata.retention {
+        o.retention = r.0;
+    }
+    if let Some(n) = cfg.strata.max_series {
+        o.max_series = n;
+    }
+    match cfg.strata.wal_fsync.as_deref() {
+        Some("always") => o.wal_sync = SyncPolicy::Always,
+        Some(d) => {
+            if let Ok(d) = parse_duration(d) {
+                o.wal_sync = SyncPolicy::Interval(d.max(Duration::from_millis(10)));
+            }
+        }
+        None => {}
+    }
+    o
+}
+
+impl Edge {
+    pub async fn start(opts: EdgeOptions) -> anyhow::Result<Edge> {
+        let cfg = EdgeConfig::load(&opts.config_path)?;
+        let data_dir = opts.data_dir.clone().or_else(|| cfg.strata.data_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let tsdb_opts = tsdb_options(&cfg);
+        let sync_policy = tsdb_opts.wal_sync;
+        tracing::info!(data = %data_dir.display(), "opening the edge database and replaying its WAL");
+        let dir = data_dir.clone();
+        let db = Arc::new(tokio::task::spawn_blocking(move || Tsdb::open(&dir, tsdb_opts)).await??);
+        let metrics = Arc::new(EdgeMetrics::new());
+        let manager = ScrapeManager::new(db.clone(), metrics.clone())?;
+        let mut limits = WriteLimits::default();
+        if let Some(b) = cfg.strata.remote_write_max_bytes {
+            limits.max_body_bytes = b.0 as usize;
+        }
+        if let Some(n) = cfg.strata.remote_write_max_samples {
+            limits.max_samples = n;
+        }
+        let state = Arc::new(EdgeState {
+            db: db.clone(),
+            metrics: metrics.clone(),
+            manager: manager.clone(),
+            config_path: opts.config_path.clone(),
+            remote_write: Arc::new(RemoteWrite { db: db.clone(), metrics: metrics.clone(), limits }),
+        });
+        let addr = opts.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("constant address parses"));
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding the HTTP listener {addr}: {e}"))?;
+        let http_addr = listener.local_addr()?;
+        let (shutdown, shutdown_rx) = watch::channel(false);
+
+        let mut tasks = Vec::new();
+        if let SyncPolicy::Interval(every) = sync_policy {
+            let (db, m) = (db.clone(), metrics.clone());
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(every);
+                loop {
+                    tick.tick().await;
+                    let db2 = db.clone();
+                    match tokio::task::spawn_blocking(move || db2.sync_wal()).await {
+                        Ok(Ok(d)) => m.wal_fsync_seconds.observe(d.as_secs_f64()),
+                        Ok(Err(e)) => tracing::error!(error = %e, "WAL fsync failed"),
+                        Err(e) => tracing::error!(error = %e, "WAL fsync task failed"),
+                    }
+                }
+            }));
+        }
+        {
+            let db = db.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                loop {
+                    tick.tick().await;
+                    let db2 = db.clone();
+                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db2.apply_retention()).await {
+                        tracing::error!(error = %e, "retention failed");
+                    }
+                }
+            }));
+        }
+        tasks.push(manager.spawn_file_sd_watcher(opts.file_sd_check));
+        #[cfg(unix)]
+        {
+            let st = state.clone();
+            tasks.push(tokio::spawn(async move {
+                let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+                while hup.recv().await.is_some() {
+                    tracing::info!("SIGHUP: reloading configuration");
+                    let _ = st.reload().await;
+                }
+            }));
+        }
+
+        manager.apply(Arc::new(cfg)).await;
+        let app = router(state.clone());
+        let mut rx = shutdown_rx.clone();
+        let server = tokio::spawn(async move {
+            let res = axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.changed().await;
+                })
+                .await;
+            if let Err(e) = res {
+                tracing::error!(error = %e, "edge HTTP server failed");
+            }
+        });
+        tracing::info!(http = %http_addr, data = %data_dir.display(), "edge started");
+        Ok(Edge { http_addr, state, shutdown, tasks, server })
+    }
+
+    /// Stops scraping (marking series stale), the server and the loops; syncs the WAL.
+    pub async fn stop(self) {
+        self.state.manager.stop_all().await;
+        let _ = self.shutdown.send(true);
+        let _ = self.server.await;
+        for t in &self.tasks {
+            t.abort();
+        }
+        let db = self.state.db.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db.sync_wal()).await {
+            tracing::error!(error = %e, "final WAL sync failed");
+        }
+    }
+}
