@@ -303,10 +303,7 @@ impl EdgeConfig {
     }
 }
 
-pub fn valid_label_name(s: &str) -> bool {
-    let b = s.as_bytes();
-    !b.is_empty() && (b[0].is_ascii_alphabetic() || b[0] == b'_') && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
-}
+pub use strata_shared::relabel::is_valid_label_name as valid_label_name;
 
 #[cfg(test)]
 mod tests {

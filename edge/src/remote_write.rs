@@ -51,16 +51,12 @@ fn convert_type(t: i32) -> MetricType {
     }
 }
 
-fn valid_label_name(s: &str) -> bool {
-    crate::config::valid_label_name(s)
-}
-
 /// Builds a label set, refusing what Prometheus refuses: invalid or duplicate names,
 /// a missing metric name.
 fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, String> {
     let mut v: Vec<Label> = Vec::with_capacity(pb.len());
     for l in pb {
-        if !valid_label_name(&l.name) {
+        if !crate::config::valid_label_name(&l.name) {
             return Err(format!("invalid label name {:?}", l.name));
         }
         if l.value.is_empty() {

@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_shared::db::{Tsdb, TsdbOptions};
+use strata_shared::store::TsdbStore;
 use strata_shared::wal::SyncPolicy;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -76,7 +77,8 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/-/ready", get(|| async { "Strata edge is Ready.\n" }))
         .route("/-/reload", post(reload).put(reload))
         .route("/api/v1/write", post(write).layer(DefaultBodyLimit::max(limit)))
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(strata_shared::api::router(Arc::new(TsdbStore(state.db.clone()))))
 }
 
 async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {

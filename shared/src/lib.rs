@@ -3,6 +3,7 @@
 //! that makes the head durable, and the [`store::Store`] trait where the tiers meet.
 //! Tier crates hold only their wiring and loops; anything two tiers need lives here.
 
+pub mod api;
 pub mod chunk;
 pub mod db;
 pub mod exposition;
@@ -11,5 +12,6 @@ pub mod index;
 pub mod matcher;
 pub mod model;
 pub mod relabel;
+pub mod selector;
 pub mod store;
 pub mod wal;

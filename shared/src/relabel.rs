@@ -81,7 +81,8 @@ pub struct RelabelRule {
     action: Action,
 }
 
-fn is_label_name(s: &str) -> bool {
+/// A valid Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`.
+pub fn is_valid_label_name(s: &str) -> bool {
     let b = s.as_bytes();
     !b.is_empty()
         && (b[0].is_ascii_alphabetic() || b[0] == b'_')
@@ -104,11 +105,11 @@ impl RelabelRule {
             return Err(invalid("requires target_label"));
         }
         if matches!(action, Action::Lowercase | Action::Uppercase | Action::HashMod | Action::KeepEqual | Action::DropEqual)
-            && !is_label_name(&target_label)
+            && !is_valid_label_name(&target_label)
         {
             return Err(invalid(&format!("{target_label:?} is an invalid target_label")));
         }
-        if action == Action::Replace && !target_label.contains('$') && !is_label_name(&target_label) {
+        if action == Action::Replace && !target_label.contains('$') && !is_valid_label_name(&target_label) {
             return Err(invalid(&format!("{target_label:?} is an invalid target_label")));
         }
         if action == Action::HashMod && cfg.modulus.unwrap_or(0) == 0 {
@@ -126,7 +127,7 @@ impl RelabelRule {
         {
             return Err(invalid("takes only a regex"));
         }
-        if action == Action::LabelMap && !replacement.contains('$') && !is_label_name(&replacement) {
+        if action == Action::LabelMap && !replacement.contains('$') && !is_valid_label_name(&replacement) {
             return Err(invalid(&format!("{replacement:?} is an invalid replacement")));
         }
         Ok(RelabelRule {
@@ -157,7 +158,7 @@ impl RelabelRule {
                 let Some(caps) = self.regex.captures(&val) else { return true };
                 let mut target = String::new();
                 caps.expand(&self.target_label, &mut target);
-                if !is_label_name(&target) {
+                if !is_valid_label_name(&target) {
                     return true;
                 }
                 let mut res = String::new();

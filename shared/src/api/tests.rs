@@ -1,0 +1,90 @@
+use super::*;
+use crate::db::{Tsdb, TsdbOptions};
+use crate::model::{Labels, Metadata, MetricType, Sample};
+use crate::store::TsdbStore;
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+fn app() -> (tempfile::TempDir, Router) {
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    for gpu in 0..3 {
+        for name in ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP"] {
+            let s = db.series(&Labels::from_pairs([("__name__", name.to_string()), ("gpu", gpu.to_string()), ("job", "dcgm".into())])).unwrap();
+            db.commit(&[(s, Sample::new(1_700_000_000_000, 1.0))]).unwrap();
+        }
+    }
+    db.set_metadata("DCGM_FI_DEV_GPU_UTIL", Metadata { metric_type: MetricType::Gauge, help: "GPU utilization (in %).".into(), unit: String::new() }).unwrap();
+    (d, router(Arc::new(TsdbStore(db))))
+}
+
+async fn call(app: &Router, req: Request<Body>) -> (u16, Value) {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+async fn get(app: &Router, uri: &str) -> (u16, Value) {
+    call(app, Request::get(uri).body(Body::empty()).unwrap()).await
+}
+
+#[tokio::test]
+async fn series_by_get_and_post() {
+    let (_d, app) = app();
+    let (code, v) = get(&app, "/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&match[]=%7Bgpu%3D%220%22%7D").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["status"], "success");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 4, "3 GPU_UTIL + GPU_TEMP of gpu 0, deduplicated: {v}");
+    assert_eq!(data[0]["__name__"], "DCGM_FI_DEV_GPU_TEMP");
+    let req = Request::post("/api/v1/series")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("match[]=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D~%221%7C2%22%7D&start=1699999999&end=2023-11-14T22:13:21Z"))
+        .unwrap();
+    let (code, v) = call(&app, req).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn bad_requests_are_bad_data() {
+    let (_d, app) = app();
+    for uri in [
+        "/api/v1/series",
+        "/api/v1/series?match[]=rate(x%5B5m%5D)",
+        "/api/v1/series?match[]=x%7B",
+        "/api/v1/series?match[]=%7Ba%3D~%22.*%22%7D",
+        "/api/v1/series?match[]=up&start=yesterday",
+        "/api/v1/series?match[]=up&start=10&end=5",
+        "/api/v1/labels?limit=-1",
+        "/api/v1/label/1bad/values",
+    ] {
+        let (code, v) = get(&app, uri).await;
+        assert_eq!(code, 400, "{uri}: {v}");
+        assert_eq!(v["status"], "error");
+        assert_eq!(v["errorType"], "bad_data");
+        assert!(!v["error"].as_str().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn labels_values_metadata_and_limits() {
+    let (_d, app) = app();
+    let (_, v) = get(&app, "/api/v1/labels").await;
+    assert_eq!(v["data"], json!(["__name__", "gpu", "job"]));
+    let (_, v) = get(&app, "/api/v1/label/gpu/values").await;
+    assert_eq!(v["data"], json!(["0", "1", "2"]));
+    let (_, v) = get(&app, "/api/v1/label/gpu/values?limit=2").await;
+    assert_eq!(v["data"], json!(["0", "1"]));
+    assert_eq!(v["warnings"][0], "results truncated due to limit");
+    let (_, v) = get(&app, "/api/v1/label/__name__/values?match[]=%7Bgpu%3D%221%22%7D").await;
+    assert_eq!(v["data"], json!(["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL"]));
+    let (_, v) = get(&app, "/api/v1/metadata?metric=DCGM_FI_DEV_GPU_UTIL").await;
+    assert_eq!(v["data"]["DCGM_FI_DEV_GPU_UTIL"][0]["type"], "gauge");
+    let (code, v) = get(&app, "/api/v1/status/buildinfo").await;
+    assert_eq!(code, 200);
+    assert!(v["data"]["version"].is_string());
+}
