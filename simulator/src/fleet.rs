@@ -146,7 +146,7 @@ impl Fleet {
     }
 
     /// GPU that is off the bus at `t`, if any.
-    fn gpu_off_bus(&self, node: usize, t: i64) -> Option<usize> {
+    pub fn gpu_off_bus(&self, node: usize, t: i64) -> Option<usize> {
         let w = t.div_euclid(BUS_WINDOW_S);
         let x = h(self.seed, &[6, node as i64, w]);
         if x % 10 != 0 {
