@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace. Installs what the tests need when it is missing
+# (Debian's `prometheus` for the end-to-end tests), so this alone passes on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+if ! command -v prometheus >/dev/null 2>&1; then
+  echo "== installing Debian's prometheus (Prometheus 2.42, for the end-to-end tests)"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
+fi
+
+echo "== cargo test (target dir: $CARGO_TARGET_DIR)"
+cargo test --workspace --all-targets --locked
