@@ -1,6 +1,7 @@
 //! `strata`: one binary, one subcommand per component. Each subcommand is thin wiring
 //! over the tier crates; see `src/up.rs` for the whole stack on one machine.
 
+mod bench;
 mod up;
 
 use anyhow::Context;
@@ -18,6 +19,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Benchmarks that print the figures the README quotes.
+    #[command(subcommand)]
+    Bench(bench::BenchCommand),
     /// The whole stack on one machine: a simulated GPU fleet scraped by an HA pair of edges.
     Up(up::UpArgs),
     /// Serve simulated dcgm-exporter pages at /node/<i>/metrics.
@@ -80,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Up(args) => up::run(args).await,
+        Command::Bench(cmd) => bench::run(cmd).await,
         Command::Simulate { nodes, gpus_per_node, listen, seed, start_at } => {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             let addr = listener.local_addr()?;

@@ -87,7 +87,8 @@ pub struct ScrapeIngest {
     pub target: Target,
     job: Arc<ScrapeJob>,
     db: Arc<Tsdb>,
-    cache: HashMap<Box<[u8]>, CacheEntry>,
+    /// Raw `name{labels}` text → series; foldhash because keys are ~300-byte DCGM lines.
+    cache: HashMap<Box<[u8]>, CacheEntry, foldhash::fast::RandomState>,
     iteration: u64,
     /// Series appended by the last successful scrape, for staleness.
     previous: Vec<Arc<MemSeries>>,
@@ -102,7 +103,7 @@ impl ScrapeIngest {
             target,
             job,
             db,
-            cache: HashMap::new(),
+            cache: HashMap::default(),
             iteration: 0,
             previous: Vec::new(),
             seen: RefSet::default(),

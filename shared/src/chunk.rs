@@ -1,19 +1,26 @@
 //! Per-series compressed chunks, appended sample by sample.
 //!
-//! Timestamps are delta-of-delta coded (Gorilla) with a short 8-bit bucket first, because
-//! real scrapes carry a few milliseconds of jitter that Prometheus' 14-bit bucket wastes.
-//! Values take one of two paths, chosen per sample with a one-bit tag:
+//! Every sample after a chunk's first is coded as a residual against a prediction, with an
+//! adaptive Rice code whose parameter follows the running mean of recent residuals (so a
+//! steady series costs about a bit per value and a noisy one about its entropy, with no
+//! per-chunk tuning and no bits spent on the parameter):
 //!
-//! * **decimal**: when this and the previous value are exact decimals at the chunk's scale
-//!   (`v == round(v·10^k)/10^k`, `k` fixed by the chunk's first value, 0..=6), the scaled
-//!   integers are delta-of-delta coded. DCGM prints gauges with fixed decimals and counters as
-//!   integers, so almost every sample takes this path; decoding divides by `10^k`, which
+//! * **timestamps**: delta of delta. Regular scrapes cost 1 bit; millisecond jitter a few.
+//! * **values, decimal path**: when this and the previous values are exact decimals at the
+//!   chunk's scale (`v == round(v·10^k)/10^k`, `k` fixed by the first value, 0..=6), the
+//!   scaled integers are predicted by FLAC's fixed polynomial predictors of order 1 to 3
+//!   (last value, linear, quadratic), picking per sample the order whose recent residuals
+//!   were smallest: gauges with noise use order 1, counters with a steady rate order 2,
+//!   smooth counters order 3. DCGM prints gauges with fixed decimals and counters as
+//!   integers, so nearly every sample takes this path; decoding divides by `10^k`, which
 //!   returns bit-identical floats.
-//! * **xor**: everything else (NaN, the stale marker, ±Inf, values needing more digits) uses
-//!   Gorilla's XOR of the float bits against the previous value.
+//! * **values, XOR path**: NaN, the stale marker, ±Inf and values needing more digits use
+//!   Gorilla's XOR against the previous value, announced by an escape in the Rice code.
 //!
-//! A chunk is sealed at [`CHUNK_MAX_SAMPLES`]; sealed chunks are immutable byte strings
-//! that can be shipped between tiers as they are.
+//! Encoder and decoder derive all adaptive state from the samples themselves, so the
+//! decoder replays the encoder's choices exactly. A chunk is sealed at
+//! [`CHUNK_MAX_SAMPLES`]; sealed chunks are immutable byte strings that travel between
+//! tiers as they are.
 
 use crate::model::Sample;
 use std::sync::Arc;
@@ -133,62 +140,100 @@ impl<'a> BitReader<'a> {
     }
 }
 
-// ---- bucketed signed integers ----
+// ---- adaptive Rice codes ----
 
-/// (prefix bits, prefix length, payload bits) per bucket; the last bucket holds any i64.
-const TS_BUCKETS: [(u64, u32, u32); 5] = [(0b0, 1, 0), (0b10, 2, 8), (0b110, 3, 14), (0b1110, 4, 20), (0b1111, 4, 64)];
-const INT_BUCKETS: [(u64, u32, u32); 6] =
-    [(0b0, 1, 0), (0b10, 2, 7), (0b110, 3, 13), (0b1110, 4, 20), (0b11110, 5, 32), (0b11111, 5, 64)];
+/// Unary runs this long mean "escape": what follows is not a Rice remainder.
+const ESCAPE: u64 = 24;
 
-fn fits(v: i64, bits: u32) -> bool {
-    if bits == 0 {
-        return v == 0;
-    }
-    if bits >= 64 {
-        return true;
-    }
-    let lo = -(1i64 << (bits - 1));
-    let hi = (1i64 << (bits - 1)) - 1;
-    (lo..=hi).contains(&v)
+fn zigzag(x: i64) -> u64 {
+    ((x << 1) ^ (x >> 63)) as u64
 }
 
-fn write_bucketed(w: &mut BitWriter, v: i64, buckets: &[(u64, u32, u32)]) {
-    for &(prefix, plen, bits) in buckets {
-        if fits(v, bits) {
-            w.write_bits(prefix, plen);
-            if bits > 0 {
-                let mask = if bits == 64 { u64::MAX } else { (1u64 << bits) - 1 };
-                w.write_bits(v as u64 & mask, bits);
-            }
-            return;
-        }
+fn unzigzag(z: u64) -> i64 {
+    ((z >> 1) as i64) ^ -((z & 1) as i64)
+}
+
+/// Running mean of zigzagged residuals, as 16×mean, from which the Rice parameter follows.
+/// Encoder and decoder update it identically, so `k` needs no bits.
+#[derive(Debug, Clone, Copy)]
+struct Mean(u64);
+
+impl Default for Mean {
+    fn default() -> Self {
+        Mean(16 * 8)
     }
 }
 
-fn read_bucketed(r: &mut BitReader, buckets: &[(u64, u32, u32)]) -> Option<i64> {
-    let mut ones = 0usize;
-    // Prefixes are unary: count leading ones up to the last bucket's length.
-    let last = buckets.len() - 1;
-    while ones < last {
+impl Mean {
+    fn update(&mut self, z: u64) {
+        self.0 = self.0 - (self.0 >> 4) + z.min(u64::MAX >> 8);
+    }
+    /// Rice parameter ≈ log2(0.69 · mean), near-optimal for geometric-like residuals.
+    fn k(&self) -> u32 {
+        let x = (self.0 >> 4).saturating_mul(11) >> 4;
+        (64 - x.leading_zeros()).min(62)
+    }
+}
+
+/// Writes `z` with Rice parameter `k`, or an escape when the quotient is too long.
+fn write_rice(w: &mut BitWriter, z: u64, k: u32) {
+    let q = z >> k;
+    if q < ESCAPE {
+        w.write_bits((1u64 << q) - 1, q as u32);
+        w.write_bit(false);
+        w.write_bits(z & ((1u64 << k) - 1), k);
+    } else {
+        write_escape(w);
+        w.write_bit(false);
+        write_long(w, z);
+    }
+}
+
+fn write_escape(w: &mut BitWriter) {
+    w.write_bits((1u64 << ESCAPE) - 1, ESCAPE as u32);
+}
+
+/// A value of any size: its bit length in 7 bits, then the bits.
+fn write_long(w: &mut BitWriter, z: u64) {
+    let len = 64 - z.leading_zeros();
+    w.write_bits(len as u64, 7);
+    w.write_bits(z, len);
+}
+
+fn read_long(r: &mut BitReader) -> Option<u64> {
+    let len = r.read_bits(7)? as u32;
+    if len > 64 {
+        return None;
+    }
+    r.read_bits(len)
+}
+
+enum RiceRead {
+    Value(u64),
+    /// The escape was followed by a 1: the caller's alternative encoding follows.
+    Alternative,
+}
+
+fn read_rice(r: &mut BitReader, k: u32) -> Option<RiceRead> {
+    let mut q = 0u64;
+    while q < ESCAPE {
         if !r.read_bit()? {
-            break;
+            let rem = r.read_bits(k)?;
+            return Some(RiceRead::Value((q << k) | rem));
         }
-        ones += 1;
+        q += 1;
     }
-    let bits = buckets[ones].2;
-    if bits == 0 {
-        return Some(0);
+    if r.read_bit()? {
+        return Some(RiceRead::Alternative);
     }
-    let raw = r.read_bits(bits)?;
-    if bits == 64 {
-        return Some(raw as i64);
-    }
-    // sign-extend
-    let shift = 64 - bits;
-    Some(((raw << shift) as i64) >> shift)
+    read_long(r).map(RiceRead::Value)
 }
 
 // ---- appender ----
+
+/// Prediction orders of the decimal path: previous value, linear, quadratic extrapolation
+/// (FLAC's fixed predictors 1–3). The order with the smallest running residual is used.
+const ORDERS: usize = 3;
 
 /// State shared by the encoder and the decoder: both derive it from the values they see,
 /// so the decoder replays exactly the encoder's choices.
@@ -196,20 +241,64 @@ fn read_bucketed(r: &mut BitReader, buckets: &[(u64, u32, u32)]) -> Option<i64> 
 struct ValueState {
     scale: u32,
     prev_bits: u64,
-    prev_scaled: Option<i64>,
-    prev_delta: i64,
+    /// Last scaled values, newest first; `hist_len` of them are valid.
+    hist: [i64; ORDERS],
+    hist_len: usize,
+    means: [Mean; ORDERS],
     leading: u32,
     trailing: u32,
     xor_window_set: bool,
 }
 
 impl ValueState {
+    fn prediction(&self, order: usize) -> i64 {
+        let h = &self.hist;
+        match order {
+            0 => h[0],
+            1 => h[0].wrapping_mul(2).wrapping_sub(h[1]),
+            _ => h[0].wrapping_mul(3).wrapping_sub(h[1].wrapping_mul(3)).wrapping_add(h[2]),
+        }
+    }
+
+    /// The order to use next: the available one with the smallest running residual.
+    fn best_order(&self) -> usize {
+        (0..self.hist_len.min(ORDERS)).min_by_key(|&o| self.means[o].0).unwrap_or(0)
+    }
+
+    /// Moves the decimal path to a finer scale, multiplying the history exactly. False
+    /// (and nothing changed) when the history would no longer be exact.
+    fn rescale(&mut self, to: u32) -> bool {
+        if to <= self.scale || to > MAX_SCALE {
+            return false;
+        }
+        let f = 10i64.pow(to - self.scale);
+        let mut hist = self.hist;
+        for h in hist.iter_mut().take(self.hist_len) {
+            match h.checked_mul(f) {
+                Some(x) if (x as f64).abs() < MAX_EXACT => *h = x,
+                _ => return false,
+            }
+        }
+        self.hist = hist;
+        for m in &mut self.means {
+            m.0 = m.0.saturating_mul(f as u64).min(u64::MAX >> 8);
+        }
+        self.scale = to;
+        true
+    }
+
     fn after(&mut self, v: f64, scaled: Option<i64>) {
-        self.prev_delta = match (self.prev_scaled, scaled) {
-            (Some(a), Some(b)) => b.wrapping_sub(a),
-            _ => 0,
-        };
-        self.prev_scaled = scaled;
+        match scaled {
+            Some(s) => {
+                for o in 0..self.hist_len.min(ORDERS) {
+                    let z = zigzag(s.wrapping_sub(self.prediction(o)));
+                    self.means[o].update(z);
+                }
+                self.hist = [s, self.hist[0], self.hist[1]];
+                self.hist_len = (self.hist_len + 1).min(ORDERS);
+            }
+            None => self.hist_len = 0,
+        }
         self.prev_bits = v.to_bits();
     }
 }
@@ -222,6 +311,7 @@ pub struct ChunkAppender {
     min_t: i64,
     prev_t: i64,
     prev_dt: i64,
+    ts_mean: Mean,
     vs: ValueState,
 }
 
@@ -233,7 +323,7 @@ impl Default for ChunkAppender {
 
 impl ChunkAppender {
     pub fn new() -> Self {
-        ChunkAppender { w: BitWriter::default(), n: 0, min_t: 0, prev_t: 0, prev_dt: 0, vs: ValueState::default() }
+        ChunkAppender { w: BitWriter::default(), n: 0, min_t: 0, prev_t: 0, prev_dt: 0, ts_mean: Mean::default(), vs: ValueState::default() }
     }
 
     pub fn len(&self) -> u16 {
@@ -277,21 +367,48 @@ impl ChunkAppender {
             return;
         }
         let dt = t.wrapping_sub(self.prev_t);
-        write_bucketed(&mut self.w, dt.wrapping_sub(self.prev_dt), &TS_BUCKETS);
+        if self.n == 1 {
+            // The first delta is an interval, not a delta of delta: keep it out of the mean.
+            write_long(&mut self.w, zigzag(dt));
+        } else {
+            let z = zigzag(dt.wrapping_sub(self.prev_dt));
+            write_rice(&mut self.w, z, self.ts_mean.k());
+            self.ts_mean.update(z);
+        }
         self.prev_dt = dt;
         self.prev_t = t;
 
-        let scaled = scaled_at(v, self.vs.scale);
-        match (self.vs.prev_scaled, scaled) {
-            (Some(p), Some(s)) => {
-                self.w.write_bit(false);
-                let delta = s.wrapping_sub(p);
-                write_bucketed(&mut self.w, delta.wrapping_sub(self.vs.prev_delta), &INT_BUCKETS);
+        let mut scaled = scaled_at(v, self.vs.scale);
+        if self.vs.hist_len > 0 {
+            if scaled.is_none() {
+                // A finer decimal (the chunk's first value had trailing zeros): rescale.
+                if let Some(k) = decimal_scale(v).filter(|&k| k > self.vs.scale) {
+                    let before = self.vs.clone();
+                    if self.vs.rescale(k) {
+                        write_escape(&mut self.w);
+                        self.w.write_bits(0b11, 2);
+                        self.w.write_bits(k as u64, 3);
+                        scaled = scaled_at(v, k);
+                    } else {
+                        self.vs = before;
+                    }
+                }
             }
-            _ => {
-                self.w.write_bit(true);
-                self.write_xor(v.to_bits());
+            match scaled {
+                Some(s) => {
+                    let order = self.vs.best_order();
+                    let z = zigzag(s.wrapping_sub(self.vs.prediction(order)));
+                    write_rice(&mut self.w, z, self.vs.means[order].k());
+                }
+                None => {
+                    write_escape(&mut self.w);
+                    self.w.write_bits(0b10, 2);
+                    self.write_xor(v.to_bits());
+                }
             }
+        } else {
+            // No decimal history: the float goes XOR-coded, no marker needed.
+            self.write_xor(v.to_bits());
         }
         self.vs.after(v, scaled);
         self.n += 1;
@@ -373,13 +490,14 @@ pub struct ChunkIter<'a> {
     read: u16,
     prev_t: i64,
     prev_dt: i64,
+    ts_mean: Mean,
     vs: ValueState,
     err: Option<ChunkError>,
 }
 
 impl<'a> ChunkIter<'a> {
     fn new(bytes: &'a [u8], n: u16) -> Self {
-        ChunkIter { r: BitReader { bytes, pos: 0 }, n, read: 0, prev_t: 0, prev_dt: 0, vs: ValueState::default(), err: None }
+        ChunkIter { r: BitReader { bytes, pos: 0 }, n, read: 0, prev_t: 0, prev_dt: 0, ts_mean: Mean::default(), vs: ValueState::default(), err: None }
     }
 
     pub fn error(&self) -> Option<ChunkError> {
@@ -398,16 +516,36 @@ impl<'a> ChunkIter<'a> {
     }
 
     fn read_next(&mut self) -> Option<Sample> {
-        let dod = read_bucketed(&mut self.r, &TS_BUCKETS)?;
-        let dt = self.prev_dt.wrapping_add(dod);
+        let dt = if self.read == 1 {
+            unzigzag(read_long(&mut self.r)?)
+        } else {
+            let z = match read_rice(&mut self.r, self.ts_mean.k())? {
+                RiceRead::Value(z) => z,
+                RiceRead::Alternative => return None,
+            };
+            self.ts_mean.update(z);
+            self.prev_dt.wrapping_add(unzigzag(z))
+        };
         let t = self.prev_t.wrapping_add(dt);
         self.prev_dt = dt;
         self.prev_t = t;
-        let v = if !self.r.read_bit()? {
-            let prev = self.vs.prev_scaled?;
-            let ddelta = read_bucketed(&mut self.r, &INT_BUCKETS)?;
-            let s = prev.wrapping_add(self.vs.prev_delta.wrapping_add(ddelta));
-            unscale(s, self.vs.scale)
+        let v = if self.vs.hist_len > 0 {
+            let order = self.vs.best_order();
+            match read_rice(&mut self.r, self.vs.means[order].k())? {
+                RiceRead::Value(z) => unscale(self.vs.prediction(order).wrapping_add(unzigzag(z)), self.vs.scale),
+                RiceRead::Alternative if self.r.read_bit()? => {
+                    let k = self.r.read_bits(3)? as u32;
+                    if !self.vs.rescale(k) {
+                        return None;
+                    }
+                    let order = self.vs.best_order();
+                    match read_rice(&mut self.r, self.vs.means[order].k())? {
+                        RiceRead::Value(z) => unscale(self.vs.prediction(order).wrapping_add(unzigzag(z)), self.vs.scale),
+                        RiceRead::Alternative => return None,
+                    }
+                }
+                RiceRead::Alternative => f64::from_bits(self.read_xor()?),
+            }
         } else {
             f64::from_bits(self.read_xor()?)
         };
@@ -543,6 +681,39 @@ mod tests {
             a.seal().decode().unwrap()
         };
         assert_eq!(back[3].v.to_bits(), STALE_NAN_BITS);
+    }
+
+    #[test]
+    fn random_decimals_at_mixed_scales_roundtrip() {
+        let mut r = Rng(99);
+        for _ in 0..200 {
+            let mut t = 0i64;
+            let v: Vec<_> = (0..CHUNK_MAX_SAMPLES)
+                .map(|_| {
+                    t += 1 + (r.next() % 30_000) as i64;
+                    let scale = (r.next() % 8) as i32;
+                    let x = match r.next() % 20 {
+                        0 => f64::NAN,
+                        1 => stale_nan(),
+                        2 => (r.next() % 1_000_000_000_000) as f64,
+                        _ => ((r.next() % 2_000_000) as i64 - 1_000_000) as f64 / 10f64.powi(scale),
+                    };
+                    Sample::new(t, x)
+                })
+                .collect();
+            roundtrip(&v);
+        }
+    }
+
+    #[test]
+    fn a_first_value_with_trailing_zeros_does_not_fix_the_scale() {
+        // 612.310 prints as 612.31: the chunk starts at scale 2, then meets 3 decimals.
+        let vals = [612.31, 612.318, 613.2, 611.999, 700.0, 0.001, 1e-6, 612.3185, 5e15, 1.5];
+        let samples: Vec<_> = vals.iter().enumerate().map(|(i, &v)| Sample::new(i as i64 * 5000, v)).collect();
+        roundtrip(&samples);
+        let noisy: Vec<_> = (0..240).map(|i| Sample::new(i * 5000, if i == 0 { 612.31 } else { 600.0 + ((i * 7919) % 10000) as f64 / 1000.0 })).collect();
+        let bytes = roundtrip(&noisy);
+        assert!(bytes < 240 * 3, "rescaled chunk took {bytes} bytes");
     }
 
     #[test]

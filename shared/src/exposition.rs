@@ -59,11 +59,23 @@ pub struct Parser<'a> {
     format: Format,
     seen_eof: bool,
     failed: bool,
+    /// A fragment of a larger OpenMetrics text: no `# EOF` required at its end.
+    fragment: bool,
 }
 
 impl<'a> Parser<'a> {
     pub fn new(buf: &'a [u8], format: Format) -> Self {
-        Parser { buf, pos: 0, line: 0, format, seen_eof: false, failed: false }
+        Parser { buf, pos: 0, line: 0, format, seen_eof: false, failed: false, fragment: false }
+    }
+
+    /// A parser for one piece of a large file read in parts; `first_line` numbers its lines.
+    pub fn fragment(buf: &'a [u8], format: Format, first_line: usize) -> Self {
+        Parser { buf, pos: 0, line: first_line.saturating_sub(1), format, seen_eof: false, failed: false, fragment: true }
+    }
+
+    /// Whether `# EOF` was seen.
+    pub fn saw_eof(&self) -> bool {
+        self.seen_eof
     }
 
     fn error(&mut self, line: &[u8], reason: impl Into<String>) -> ParseError {
@@ -153,6 +165,9 @@ impl<'a> Parser<'a> {
             series_end = name_end;
         }
         let series = &line[..series_end];
+        if !series.is_ascii() && std::str::from_utf8(series).is_err() {
+            return Err(self.error(line, "label value is not valid UTF-8"));
+        }
         if !line.get(i).is_some_and(|&c| c == b' ' || c == b'\t') {
             return Err(self.error(line, "expected a space before the value"));
         }
@@ -200,7 +215,7 @@ impl<'a> Iterator for Parser<'a> {
         }
         loop {
             let Some(line) = self.next_line() else {
-                if self.format == Format::OpenMetrics && !self.seen_eof {
+                if self.format == Format::OpenMetrics && !self.seen_eof && !self.fragment {
                     let e = self.error(b"", "OpenMetrics page does not end with \"# EOF\"");
                     return Some(Err(e));
                 }
@@ -273,7 +288,7 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
 // ---- lexing helpers ----
 
 fn memchr(needle: u8, hay: &[u8]) -> Option<usize> {
-    hay.iter().position(|&b| b == needle)
+    memchr::memchr(needle, hay)
 }
 
 fn trim_start(s: &[u8]) -> &[u8] {
@@ -346,15 +361,14 @@ fn scan_labels(s: &[u8], mut i: usize) -> Result<usize, String> {
         }
         i += 1;
         loop {
-            match s.get(i) {
+            match memchr::memchr2(b'"', b'\\', s.get(i..).unwrap_or_default()) {
                 None => return Err("unterminated label value".into()),
-                Some(b'\\') => i += 2,
-                Some(b'"') => break,
-                Some(_) => i += 1,
+                Some(k) if s[i + k] == b'\\' => i += k + 2,
+                Some(k) => {
+                    i += k;
+                    break;
+                }
             }
-        }
-        if std::str::from_utf8(&s[..i]).is_err() {
-            return Err("label value is not valid UTF-8".into());
         }
         i = skip_blank(s, i + 1);
         match s.get(i) {

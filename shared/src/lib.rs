@@ -8,6 +8,7 @@ pub mod chunk;
 pub mod db;
 pub mod exposition;
 pub mod head;
+pub mod import;
 pub mod index;
 pub mod matcher;
 pub mod model;

@@ -1,0 +1,48 @@
+//! The fleet-day set (`../shared/bench/`): a day of 512 GPUs, loaded into an empty head.
+
+use std::path::PathBuf;
+use std::time::Instant;
+use strata_shared::db::{Tsdb, TsdbOptions};
+use strata_shared::import::import_openmetrics;
+
+pub fn run(file: Option<PathBuf>) -> anyhow::Result<()> {
+    let default = fleet_day_cache().join("small/fleet.om");
+    let file = file.unwrap_or(default);
+    if !file.exists() {
+        anyhow::bail!(
+            "the fleet-day data is absent: {} does not exist. Generate it with `python3 ../shared/bench/fleet_day.py prepare` \
+             (needs the shared/ reference folder beside the project) or pass --file",
+            file.display()
+        );
+    }
+    let dir = tempfile::tempdir()?;
+    let db = Tsdb::open(dir.path(), TsdbOptions { retention: std::time::Duration::from_secs(100 * 86400), ..Default::default() })?;
+    println!("bench fleet-day: importing {}", file.display());
+    let started = Instant::now();
+    let f = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(&file)?);
+    let st = import_openmetrics(&db, f, |_| {})?;
+    let secs = started.elapsed().as_secs_f64();
+    println!("  {} samples, {} series, {} rejected, {:.2} GB of text in {secs:.1} s: {:.2} M samples/s (import with WAL, one thread)",
+        st.samples, st.series, st.rejected, st.bytes as f64 / 1e9, st.samples as f64 / secs / 1e6);
+    super::print_head_stats(&db);
+    // Where the bytes go, per metric.
+    let mut per: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+    let all = strata_shared::matcher::Matcher::new(strata_shared::matcher::MatchOp::Regex, "__name__", ".+")?;
+    for (s, chunks) in db.head().select(&[all], i64::MIN, i64::MAX) {
+        let e = per.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default();
+        e.0 += chunks.iter().map(|c| c.data.len()).sum::<usize>();
+        e.1 += chunks.iter().map(|c| c.n as u64).sum::<u64>();
+    }
+    for (name, (bytes, n)) in per {
+        println!("    {name:<40} {:.3} bytes/sample", bytes as f64 / n.max(1) as f64);
+    }
+    Ok(())
+}
+
+/// Where `fleet_day.py` caches its data: `$FLEET_DAY_CACHE`, else `~/.cache/strata-fleet-day`.
+fn fleet_day_cache() -> PathBuf {
+    std::env::var_os("FLEET_DAY_CACHE")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata-fleet-day")))
+        .unwrap_or_else(|| PathBuf::from("strata-fleet-day"))
+}

@@ -1,0 +1,54 @@
+//! `strata bench ...`: the benchmarks that print the figures quoted in the README and the
+//! issues. Each compares against its anchor in the same run where one exists.
+
+mod fleet_day;
+mod ingest;
+mod vs_prometheus;
+
+use std::path::PathBuf;
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Parse + relabel + append + WAL of simulated DCGM pages on one core.
+    Ingest {
+        #[arg(long, default_value_t = 64)]
+        nodes: usize,
+        #[arg(long, default_value_t = 8)]
+        gpus_per_node: usize,
+        /// Scrapes per node (5 s apart in simulated time).
+        #[arg(long, default_value_t = 120)]
+        scrapes: usize,
+    },
+    /// Load the fleet-day OpenMetrics file into an empty head: import rate, head bytes per
+    /// sample, index bytes per series.
+    FleetDay {
+        /// The file `../shared/bench/fleet_day.py path` names.
+        #[arg(long)]
+        file: Option<PathBuf>,
+    },
+    /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
+    /// resident memory per million samples ingested.
+    VsPrometheus {
+        #[arg(long, default_value_t = 256)]
+        nodes: usize,
+        #[arg(long, default_value_t = 120)]
+        seconds: u64,
+        #[arg(long, default_value = "prometheus")]
+        prometheus: String,
+    },
+}
+
+pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
+    match cmd {
+        BenchCommand::Ingest { nodes, gpus_per_node, scrapes } => tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes)).await?,
+        BenchCommand::FleetDay { file } => tokio::task::spawn_blocking(move || fleet_day::run(file)).await?,
+        BenchCommand::VsPrometheus { nodes, seconds, prometheus } => vs_prometheus::run(nodes, seconds, &prometheus).await,
+    }
+}
+
+pub fn print_head_stats(db: &strata_shared::db::Tsdb) {
+    let st = db.stats();
+    println!("  head: {} series, {} samples", st.series, st.samples);
+    println!("  head chunk bytes per sample: {:.3}  (goal <= 1.3; VictoriaMetrics keeps the fleet-day set in 1.7 on disk)", st.chunk_bytes as f64 / st.samples.max(1) as f64);
+    println!("  index bytes per series:      {:.0}  (goal <= 1024; postings, interned strings, label vectors, series table)", st.index_bytes as f64 / st.series.max(1) as f64);
+}

@@ -1,0 +1,125 @@
+//! The edge and Prometheus 2.42 scraping the same simulated fleet in one run. Each runs as
+//! its own process; CPU time and peak resident memory come from `/proc/<pid>`, samples from
+//! each one's own appended-samples counter.
+
+use anyhow::Context;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+struct ProcStats {
+    cpu_secs: f64,
+    peak_rss_mb: f64,
+}
+
+fn proc_stats(pid: u32) -> anyhow::Result<ProcStats> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // fields after the command name, which is in parentheses and may hold spaces
+    let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = 100.0; // USER_HZ on Linux
+    let utime: f64 = f.get(11).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    let stime: f64 = f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let hwm_kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    Ok(ProcStats { cpu_secs: (utime + stime) / ticks, peak_rss_mb: hwm_kb / 1024.0 })
+}
+
+fn counter_sum(page: &str, name: &str) -> f64 {
+    page.lines()
+        .filter(|l| l.starts_with(name) && (l[name.len()..].starts_with(' ') || l[name.len()..].starts_with('{')))
+        .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
+        .sum()
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+struct Guard(Child);
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+async fn get(url: &str) -> anyhow::Result<String> {
+    Ok(reqwest::get(url).await?.text().await?)
+}
+
+async fn wait_ready(url: &str) -> anyhow::Result<()> {
+    for _ in 0..300 {
+        if reqwest::get(url).await.map(|r| r.status().is_success()).unwrap_or(false) {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("{url} did not become ready")
+}
+
+pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let sim_port = free_port()?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", sim_port)).await?;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut rx = stop_rx.clone();
+    tokio::spawn(strata_simulator::serve(listener, strata_simulator::Fleet::new(1, nodes, 8), 0, async move {
+        let _ = rx.changed().await;
+    }));
+    let mut targets = String::new();
+    for i in 0..nodes {
+        targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));
+    }
+    let cfg = format!("global:\n  scrape_interval: 5s\n  scrape_timeout: 5s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}");
+    let cfg_path = dir.path().join("scrape.yml");
+    std::fs::write(&cfg_path, &cfg)?;
+    let (edge_port, prom_port) = (free_port()?, free_port()?);
+    let exe = std::env::current_exe()?;
+    let edge = Guard(
+        Command::new(exe)
+            .args(["edge", "--config", &cfg_path.display().to_string(), "--data", &dir.path().join("edge").display().to_string(), "--http-listen", &format!("127.0.0.1:{edge_port}")])
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting the edge")?,
+    );
+    let prom = Guard(
+        Command::new(prometheus)
+            .args([
+                format!("--config.file={}", cfg_path.display()),
+                format!("--storage.tsdb.path={}", dir.path().join("prom").display()),
+                format!("--web.listen-address=127.0.0.1:{prom_port}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {prometheus} (apt-get install -y prometheus)"))?,
+    );
+    wait_ready(&format!("http://127.0.0.1:{edge_port}/-/ready")).await?;
+    wait_ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await?;
+    println!("bench vs-prometheus: {nodes} nodes x 8 GPUs (~{} series) scraped every 5 s by both, for {seconds} s", nodes * 8 * 25);
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+
+    let edge_page = get(&format!("http://127.0.0.1:{edge_port}/metrics")).await?;
+    let prom_page = get(&format!("http://127.0.0.1:{prom_port}/metrics")).await?;
+    let edge_samples = counter_sum(&edge_page, "strata_head_samples_appended_total");
+    let prom_samples = counter_sum(&prom_page, "prometheus_tsdb_head_samples_appended_total");
+    let es = proc_stats(edge.0.id())?;
+    let ps = proc_stats(prom.0.id())?;
+    let per_m = |x: f64, n: f64| x / (n / 1e6).max(1e-9);
+    println!("  {:<12} {:>12} {:>10} {:>16} {:>13} {:>18}", "", "samples", "CPU s", "CPU s / M samp.", "peak RSS MB", "peak MB / M samp.");
+    for (name, s, st) in [("prometheus", prom_samples, &ps), ("strata edge", edge_samples, &es)] {
+        println!(
+            "  {:<12} {:>12.0} {:>10.2} {:>16.3} {:>13.1} {:>18.1}",
+            name, s, st.cpu_secs, per_m(st.cpu_secs, s), st.peak_rss_mb, per_m(st.peak_rss_mb, s)
+        );
+    }
+    let cpu_ratio = per_m(es.cpu_secs, edge_samples) / per_m(ps.cpu_secs, prom_samples);
+    let mem_ratio = per_m(es.peak_rss_mb, edge_samples) / per_m(ps.peak_rss_mb, prom_samples);
+    println!("  strata / prometheus: CPU per sample {cpu_ratio:.2} (goal <= 0.33), peak memory per sample {mem_ratio:.2} (goal <= 0.5)");
+    let _ = stop_tx.send(true);
+    drop(edge);
+    drop(prom);
+    Ok(())
+}
