@@ -39,8 +39,10 @@ pub enum Entry<'a> {
     Help { family: &'a str, help: Cow<'a, str> },
     Type { family: &'a str, metric_type: MetricType },
     Unit { family: &'a str, unit: &'a str },
-    /// One sample. `series` is the raw, validated `name{labels}` text.
-    Sample { series: &'a [u8], name: &'a str, value: f64, timestamp_ms: Option<i64> },
+    /// One sample. `series` is the raw `name{labels}` text; when `validated` is false the
+    /// parser only located it (from the end of the line), and the consumer must check it
+    /// with [`parse_series`] unless it has seen these exact bytes validated before.
+    Sample { series: &'a [u8], name: &'a str, value: f64, timestamp_ms: Option<i64>, line: usize, validated: bool },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -141,7 +143,47 @@ impl<'a> Parser<'a> {
         }))
     }
 
+    /// The text format's fast path: split the value (and timestamp) off the end of the line
+    /// without lexing the labels. `None` when the line does not have that shape.
+    fn sample_from_tail(&mut self, line: &'a [u8]) -> Option<Result<Entry<'a>, ParseError>> {
+        let l = trim_end(line);
+        let p1 = l.iter().rposition(|&c| c == b' ' || c == b'\t')?;
+        let t1 = &l[p1 + 1..];
+        let rest1 = trim_end(&l[..p1]);
+        let (series, value_tok, ts_tok) = if looks_like_series(rest1) {
+            (rest1, t1, None)
+        } else {
+            let p2 = rest1.iter().rposition(|&c| c == b' ' || c == b'\t')?;
+            let rest2 = trim_end(&rest1[..p2]);
+            if !looks_like_series(rest2) {
+                return None;
+            }
+            (rest2, &rest1[p2 + 1..], Some(t1))
+        };
+        let name_end = scan_metric_name(series);
+        if name_end == 0 || !(name_end == series.len() || series[name_end] == b'{') {
+            return None;
+        }
+        let name = std::str::from_utf8(&series[..name_end]).unwrap_or_default();
+        let Some(value) = parse_value(value_tok) else {
+            return Some(Err(self.error(line, format!("invalid value {:?}", String::from_utf8_lossy(value_tok)))));
+        };
+        let timestamp_ms = match ts_tok {
+            None => None,
+            Some(tok) => match std::str::from_utf8(tok).ok().and_then(|s| s.parse::<i64>().ok()) {
+                Some(t) => Some(t),
+                None => return Some(Err(self.error(line, format!("invalid timestamp {:?}", String::from_utf8_lossy(tok))))),
+            },
+        };
+        Some(Ok(Entry::Sample { series, name, value, timestamp_ms, line: self.line, validated: false }))
+    }
+
     fn sample(&mut self, line: &'a [u8]) -> Result<Entry<'a>, ParseError> {
+        if self.format == Format::Text {
+            if let Some(r) = self.sample_from_tail(line) {
+                return r;
+            }
+        }
         let name_end = scan_metric_name(line);
         if name_end == 0 {
             return Err(self.error(line, "expected a metric name"));
@@ -202,8 +244,30 @@ impl<'a> Parser<'a> {
                 return Err(self.error(line, "unexpected text after the sample"));
             }
         }
-        Ok(Entry::Sample { series, name, value, timestamp_ms })
+        Ok(Entry::Sample { series, name, value, timestamp_ms, line: self.line, validated: true })
     }
+}
+
+/// Could this be a whole series text: ends with `}`, or is a bare metric name?
+fn looks_like_series(s: &[u8]) -> bool {
+    match s.last() {
+        Some(b'}') => true,
+        Some(_) => scan_metric_name(s) == s.len(),
+        None => false,
+    }
+}
+
+fn trim_end(s: &[u8]) -> &[u8] {
+    let mut e = s.len();
+    while e > 0 && (s[e - 1] == b' ' || s[e - 1] == b'\t') {
+        e -= 1;
+    }
+    &s[..e]
+}
+
+/// [`parse_series`] with the error reported against its line, as the parser would.
+pub fn parse_series_at(raw: &[u8], line: usize) -> Result<Labels, ParseError> {
+    parse_series(raw).map_err(|reason| ParseError { line, reason, text: String::from_utf8_lossy(&raw[..raw.len().min(200)]).into_owned() })
 }
 
 impl<'a> Iterator for Parser<'a> {
@@ -251,8 +315,11 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
     let mut b = LabelsBuilder::default();
     b.set(METRIC_NAME, std::str::from_utf8(&raw[..name_end]).map_err(|e| e.to_string())?);
     let mut i = skip_blank(raw, name_end);
-    if raw.get(i) != Some(&b'{') {
+    if i == raw.len() {
         return Ok(b.build());
+    }
+    if raw[i] != b'{' {
+        return Err("expected '{' or the end of the series after the metric name".into());
     }
     i += 1;
     loop {
@@ -262,7 +329,11 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
             None => return Err("unterminated label set".into()),
             _ => {}
         }
-        let n_end = i + scan_label_name(&raw[i..]);
+        let n = scan_label_name(&raw[i..]);
+        if n == 0 {
+            return Err("invalid label name".into());
+        }
+        let n_end = i + n;
         let lname = std::str::from_utf8(&raw[i..n_end]).map_err(|e| e.to_string())?;
         i = skip_blank(raw, n_end);
         if raw.get(i) != Some(&b'=') {
@@ -278,9 +349,14 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
         }
         b.set(lname, &value);
         i = skip_blank(raw, next);
-        if raw.get(i) == Some(&b',') {
-            i += 1;
+        match raw.get(i) {
+            Some(b',') => i += 1,
+            Some(b'}') => {}
+            _ => return Err("expected ',' or '}' after label value".into()),
         }
+    }
+    if skip_blank(raw, i + 1) != raw.len() {
+        return Err("unexpected text after the label set".into());
     }
     Ok(b.build())
 }

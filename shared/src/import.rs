@@ -21,8 +21,6 @@ pub enum ImportError {
     Parse(#[from] ParseError),
     #[error("sample without a timestamp at line {0}: an import needs timestamps")]
     NoTimestamp(usize),
-    #[error("invalid series: {0}")]
-    Series(String),
     #[error(transparent)]
     Head(#[from] HeadError),
     #[error(transparent)]
@@ -66,12 +64,12 @@ pub fn import_openmetrics(db: &Tsdb, mut input: impl Read, mut progress: impl Fn
         let mut parser = exposition::Parser::fragment(&buf[..cut], Format::OpenMetrics, line_no);
         for entry in parser.by_ref() {
             match entry? {
-                Entry::Sample { series, value, timestamp_ms, .. } => {
-                    let t = timestamp_ms.ok_or(ImportError::NoTimestamp(line_no))?;
+                Entry::Sample { series, value, timestamp_ms, line, .. } => {
+                    let t = timestamp_ms.ok_or(ImportError::NoTimestamp(line))?;
                     let s = match cache.get(series) {
                         Some(s) => s.clone(),
                         None => {
-                            let labels = exposition::parse_series(series).map_err(ImportError::Series)?;
+                            let labels = exposition::parse_series_at(series, line)?;
                             let s = db.series(&labels)?;
                             cache.insert(series.into(), s.clone());
                             stats.series += 1;

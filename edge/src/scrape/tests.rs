@@ -3,7 +3,7 @@ use crate::config::EdgeConfig;
 use std::path::Path;
 use strata_shared::db::TsdbOptions;
 use strata_shared::matcher::Matcher;
-use strata_shared::model::is_stale;
+use strata_shared::model::{is_stale, MetricType};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -135,6 +135,28 @@ fn metric_relabeling_and_label_limit() {
     assert_eq!(samples_of(&f.db, &[name("keep")])[0].0.get("noisy"), None);
     let e = ing.ingest(b"keep{a=\"1\",b=\"2\",c=\"3\"} 2\n", Format::Text, 2000).unwrap_err();
     assert!(e.to_string().contains("label_limit"), "{e}");
+}
+
+#[test]
+fn a_reordered_or_changed_page_resolves_every_series_right() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    ing.ingest(b"# TYPE u untyped\nm{a=\"1\"} 1\nm{a=\"2\"} 2\nm{a=\"3\"} 3\n", Format::Text, 1000).unwrap();
+    // same series, other order, one new and one gone
+    ing.ingest(b"m{a=\"3\"} 30\nm{a=\"4\"} 40\nm{a=\"1\"} 10\n", Format::Text, 2000).unwrap();
+    ing.ingest(b"m{a=\"3\"} 300\nm{a=\"4\"} 400\nm{a=\"1\"} 100\n", Format::Text, 3000).unwrap();
+    let v = |a: &str| samples_of(&f.db, &[name("m"), Matcher::eq("a", a)])[0].1.iter().map(|s| s.v).filter(|v| !is_stale(*v)).collect::<Vec<_>>();
+    assert_eq!(v("1"), [1.0, 10.0, 100.0]);
+    assert_eq!(v("2"), [2.0]);
+    assert_eq!(v("3"), [3.0, 30.0, 300.0]);
+    assert_eq!(v("4"), [40.0, 400.0]);
+    assert_eq!(f.db.head().all_metadata().iter().find(|m| m.0 == "u").map(|m| m.1.metric_type), Some(MetricType::Unknown), "untyped families are recorded too");
+    // many scrapes later the cache has been evicted and rebuilt, and still resolves right
+    for i in 0..25 {
+        ing.ingest(b"m{a=\"1\"} 5\n", Format::Text, 4000 + i * 1000).unwrap();
+    }
+    ing.ingest(b"m{a=\"4\"} 7\n", Format::Text, 100_000).unwrap();
+    assert_eq!(v("4").last(), Some(&7.0));
 }
 
 #[test]

@@ -4,8 +4,8 @@ use crate::model::{is_stale, MetricType};
 fn samples(page: &str, f: Format) -> Result<Vec<(Labels, f64, Option<i64>)>, ParseError> {
     let mut out = Vec::new();
     for e in Parser::new(page.as_bytes(), f) {
-        if let Entry::Sample { series, value, timestamp_ms, .. } = e? {
-            out.push((parse_series(series).expect("validated series parses"), value, timestamp_ms));
+        if let Entry::Sample { series, value, timestamp_ms, line, .. } = e? {
+            out.push((parse_series_at(series, line)?, value, timestamp_ms));
         }
     }
     Ok(out)
@@ -136,6 +136,24 @@ fn bad_pages_fail_with_line_and_reason() {
 #[test]
 fn duplicate_label_names_are_rejected_when_building_labels() {
     assert!(parse_series(b"m{a=\"1\",a=\"2\"}").is_err());
+}
+
+#[test]
+fn the_strict_series_parser_refuses_what_the_tail_split_lets_through() {
+    for bad in [&b"m{a=\"x\"}junk}"[..], b"m junk", b"m{a=\"x\" b=\"y\"}", b"m{a=\"x}", b"{a=\"1\"}", b"m{=\"1\"}", b"m{a=\"\xff\"}"] {
+        assert!(parse_series(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
+    }
+    assert!(parse_series(b"m { a = \"x\" , }").is_ok());
+    // and through the parser, a line whose labels are broken still fails with its line number
+    let e = samples("ok 1\nm{a=\"x\"}junk} 1\n", Format::Text).unwrap_err();
+    assert_eq!(e.line, 2);
+}
+
+#[test]
+fn values_and_timestamps_split_from_the_end_even_with_blanks_in_labels() {
+    let s = samples("m{a=\"} 5\"} 7 9\nn{b=\"x y\"}   2\n", Format::Text).unwrap();
+    assert_eq!((s[0].0.get("a"), s[0].1, s[0].2), (Some("} 5"), 7.0, Some(9)));
+    assert_eq!((s[1].0.get("b"), s[1].1, s[1].2), (Some("x y"), 2.0, None));
 }
 
 #[test]
