@@ -58,9 +58,16 @@ pub struct CommitOutcome {
     pub rejected: Vec<(SeriesRef, Sample, SampleError)>,
 }
 
+/// The WAL writer and the scratch space of [`Tsdb::commit`], which the WAL lock serialises.
+struct Writer {
+    wal: Wal,
+    /// Newest accepted sample per series within the batch being committed.
+    pending: HashMap<SeriesRef, Sample, foldhash::fast::RandomState>,
+}
+
 pub struct Tsdb {
     head: HeadBlock,
-    wal: Mutex<Wal>,
+    wal: Mutex<Writer>,
     dir: PathBuf,
     opts: TsdbOptions,
 }
@@ -98,7 +105,7 @@ impl Tsdb {
             tracing::warn!(samples = unknown_refs, "WAL replay: samples for series whose definition was lost to damage were skipped");
         }
         let wal = Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
-        let db = Tsdb { head, wal: Mutex::new(wal), dir: dir.to_path_buf(), opts };
+        let db = Tsdb { head, wal: Mutex::new(Writer { wal, pending: HashMap::default() }), dir: dir.to_path_buf(), opts };
         db.apply_retention()?;
         Ok(db)
     }
@@ -140,7 +147,9 @@ impl Tsdb {
         if batch.is_empty() {
             return Ok(out);
         }
-        let mut wal = self.wal.lock();
+        let mut writer = self.wal.lock();
+        let Writer { wal, pending } = &mut *writer;
+        pending.clear();
         let rotated = wal.rotate_if_full()?;
         let segment = wal.current_segment();
         let min_valid = self.min_valid_time();
@@ -151,8 +160,6 @@ impl Tsdb {
                 records.push(WalRecord::Metadata { family, meta });
             }
         }
-        // Newest accepted sample per series within this batch, for series seen more than once.
-        let mut pending: HashMap<SeriesRef, Sample> = HashMap::new();
         let mut accepted: Vec<(SeriesRef, Sample)> = Vec::with_capacity(batch.len());
         let mut accepted_idx: Vec<usize> = Vec::with_capacity(batch.len());
         for (i, (series, s)) in batch.iter().enumerate() {
@@ -203,7 +210,7 @@ impl Tsdb {
     /// Records a metric family's metadata, logging it when it changed.
     pub fn set_metadata(&self, family: &str, meta: Metadata) -> Result<(), TsdbError> {
         if self.head.set_metadata(family, meta.clone()) {
-            self.wal.lock().log(&[WalRecord::Metadata { family: family.to_string(), meta }])?;
+            self.wal.lock().wal.log(&[WalRecord::Metadata { family: family.to_string(), meta }])?;
         }
         Ok(())
     }
@@ -211,16 +218,16 @@ impl Tsdb {
     /// `fsync`s the WAL; returns how long it took.
     pub fn sync_wal(&self) -> Result<Duration, TsdbError> {
         let mut w = self.wal.lock();
-        w.sync()?;
-        Ok(w.last_fsync.unwrap_or_default())
+        w.wal.sync()?;
+        Ok(w.wal.last_fsync.unwrap_or_default())
     }
 
     pub fn wal_cursor(&self) -> wal::WalCursor {
-        self.wal.lock().cursor()
+        self.wal.lock().wal.cursor()
     }
 
     pub fn wal_disk_bytes(&self) -> u64 {
-        self.wal.lock().disk_bytes()
+        self.wal.lock().wal.disk_bytes()
     }
 
     /// Drops data older than the retention window, counted back from the newest sample.
@@ -230,7 +237,7 @@ impl Tsdb {
             return Ok((0, 0));
         }
         let series = self.head.truncate_before(cutoff);
-        let segments = self.wal.lock().truncate_before(cutoff)?;
+        let segments = self.wal.lock().wal.truncate_before(cutoff)?;
         if series > 0 || segments > 0 {
             tracing::info!(series, segments, cutoff, "retention removed old data");
         }

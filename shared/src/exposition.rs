@@ -170,7 +170,7 @@ impl<'a> Parser<'a> {
         };
         let timestamp_ms = match ts_tok {
             None => None,
-            Some(tok) => match std::str::from_utf8(tok).ok().and_then(|s| s.parse::<i64>().ok()) {
+            Some(tok) => match parse_timestamp(tok, self.format) {
                 Some(t) => Some(t),
                 None => return Some(Err(self.error(line, format!("invalid timestamp {:?}", String::from_utf8_lossy(tok))))),
             },
@@ -179,7 +179,8 @@ impl<'a> Parser<'a> {
     }
 
     fn sample(&mut self, line: &'a [u8]) -> Result<Entry<'a>, ParseError> {
-        if self.format == Format::Text {
+        // OpenMetrics lines with a `#` may carry an exemplar: those take the full path.
+        if self.format == Format::Text || memchr(b'#', line).is_none() {
             if let Some(r) = self.sample_from_tail(line) {
                 return r;
             }
@@ -224,15 +225,7 @@ impl<'a> Parser<'a> {
         let mut timestamp_ms = None;
         if i < line.len() && line[i] != b'#' {
             let (tok, _) = split_token(&line[i..]);
-            let ts = match self.format {
-                Format::Text => std::str::from_utf8(tok).ok().and_then(|s| s.parse::<i64>().ok()),
-                Format::OpenMetrics => std::str::from_utf8(tok)
-                    .ok()
-                    .and_then(|s| s.parse::<f64>().ok())
-                    .filter(|f| f.is_finite())
-                    .map(|f| (f * 1000.0) as i64),
-            };
-            match ts {
+            match parse_timestamp(tok, self.format) {
                 Some(ts) => timestamp_ms = Some(ts),
                 None => return Err(self.error(line, format!("invalid timestamp {:?}", String::from_utf8_lossy(tok)))),
             }
@@ -245,6 +238,16 @@ impl<'a> Parser<'a> {
             }
         }
         Ok(Entry::Sample { series, name, value, timestamp_ms, line: self.line, validated: true })
+    }
+}
+
+/// Text format: integer milliseconds. OpenMetrics: float seconds, truncated to milliseconds
+/// as Prometheus does (`int64(ts*1000)`).
+fn parse_timestamp(tok: &[u8], format: Format) -> Option<i64> {
+    let s = std::str::from_utf8(tok).ok()?;
+    match format {
+        Format::Text => s.parse::<i64>().ok(),
+        Format::OpenMetrics => s.parse::<f64>().ok().filter(|f| f.is_finite()).map(|f| (f * 1000.0) as i64),
     }
 }
 

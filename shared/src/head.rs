@@ -81,7 +81,7 @@ impl SeriesSamples {
         match self.sealed.get(i) {
             Some(c) if c.min_t <= s.t => found(c.iter()),
             Some(_) => false,
-            None => !self.open.is_empty() && self.open.min_t() <= s.t && found(self.open.iter()),
+            None => !self.open.is_empty() && self.open.min_t() <= s.t && found(self.open.seal().iter()),
         }
     }
 

@@ -41,7 +41,7 @@ const BATCH: usize = 200_000;
 /// Imports everything `input` holds; `progress` is called with running totals.
 pub fn import_openmetrics(db: &Tsdb, mut input: impl Read, mut progress: impl FnMut(&ImportStats)) -> Result<ImportStats, ImportError> {
     let mut stats = ImportStats::default();
-    let mut cache: HashMap<Box<[u8]>, Arc<MemSeries>> = HashMap::new();
+    let mut cache: HashMap<Box<[u8]>, Arc<MemSeries>, foldhash::fast::RandomState> = HashMap::default();
     let mut meta: HashMap<String, Metadata> = HashMap::new();
     let mut batch: Vec<(Arc<MemSeries>, Sample)> = Vec::with_capacity(BATCH);
     let mut buf: Vec<u8> = Vec::with_capacity(PIECE * 2);
