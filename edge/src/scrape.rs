@@ -150,7 +150,7 @@ pub struct ScrapeIngest {
     db: Arc<Tsdb>,
     cache: SeriesCache,
     /// Metadata as last seen on this target's pages, so unchanged pages cost no allocation.
-    metadata: HashMap<String, Metadata>,
+    metadata: HashMap<String, Metadata, foldhash::fast::RandomState>,
     iteration: u64,
     /// Series appended by the last successful scrape, for staleness.
     previous: Vec<Arc<MemSeries>>,
@@ -166,7 +166,7 @@ impl ScrapeIngest {
             job,
             db,
             cache: SeriesCache::default(),
-            metadata: HashMap::new(),
+            metadata: HashMap::default(),
             iteration: 0,
             previous: Vec::new(),
             seen: RefSet::default(),
@@ -241,8 +241,10 @@ impl ScrapeIngest {
         }
     }
 
-    /// Parses, relabels and appends one page scraped at `ts` (ms). Nothing is appended on error.
-    pub fn ingest(&mut self, body: &[u8], format: Format, ts: i64) -> Result<ScrapeReport, ScrapeError> {
+    /// Parses, relabels and appends one page scraped at `ts` (ms) that took `duration` to
+    /// fetch, with its report series (`up` = 1, `scrape_*`), in one commit. Nothing is
+    /// appended on error: call [`fail`](Self::fail) then.
+    pub fn ingest(&mut self, body: &[u8], format: Format, ts: i64, duration: Duration) -> Result<ScrapeReport, ScrapeError> {
         self.iteration += 1;
         self.batch.clear();
         self.seen.clear();
@@ -302,7 +304,12 @@ impl ScrapeIngest {
         for s in &stale {
             self.batch.push((s.clone(), Sample::new(ts, stale_nan())));
         }
-        let out = self.db.commit(&self.batch)?;
+        let page_samples = self.batch.len();
+        for r in self.report_samples(ts, true, duration, &report)? {
+            self.batch.push(r);
+        }
+        let mut out = self.db.commit(&self.batch)?;
+        out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
         report.appended = out.appended;
         self.previous.clear();
         self.previous.extend(self.batch.iter().take(report.post_relabel).map(|(s, _)| s.clone()));
@@ -313,9 +320,11 @@ impl ScrapeIngest {
         Ok(report)
     }
 
-    /// After a failed scrape: every series of the last good scrape goes stale.
-    pub fn mark_all_stale(&mut self, ts: i64) -> Result<(), ScrapeError> {
-        let batch: Vec<_> = self.previous.drain(..).map(|s| (s, Sample::new(ts, stale_nan()))).collect();
+    /// A failed scrape: every series of the last good scrape goes stale, and `up` = 0 is
+    /// recorded, in one commit.
+    pub fn fail(&mut self, ts: i64, duration: Duration) -> Result<(), ScrapeError> {
+        let mut batch: Vec<_> = self.previous.drain(..).map(|s| (s, Sample::new(ts, stale_nan()))).collect();
+        batch.extend(self.report_samples(ts, false, duration, &ScrapeReport::default())?);
         self.db.commit(&batch)?;
         Ok(())
     }
@@ -331,8 +340,8 @@ impl ScrapeIngest {
         Ok(s)
     }
 
-    /// Appends `up`, `scrape_duration_seconds` and the sample counts for this scrape.
-    pub fn append_report(&mut self, ts: i64, up: bool, duration: Duration, r: &ScrapeReport) -> Result<(), ScrapeError> {
+    /// The report series of a scrape: `up`, `scrape_duration_seconds` and the sample counts.
+    fn report_samples(&mut self, ts: i64, up: bool, duration: Duration, r: &ScrapeReport) -> Result<Vec<(Arc<MemSeries>, Sample)>, ScrapeError> {
         let values: [(&'static str, f64); 5] = [
             ("up", if up { 1.0 } else { 0.0 }),
             ("scrape_duration_seconds", duration.as_secs_f64()),
@@ -344,14 +353,13 @@ impl ScrapeIngest {
         for (name, v) in values {
             batch.push((self.synthetic_series(name)?, Sample::new(ts, v)));
         }
-        self.db.commit(&batch)?;
-        Ok(())
+        Ok(batch)
     }
 
     /// The target went away: everything it wrote, synthetic series included, goes stale.
     pub fn end(&mut self, ts: i64) -> Result<(), ScrapeError> {
-        self.mark_all_stale(ts)?;
-        let batch: Vec<_> = self.synthetic.drain().map(|(_, s)| (s, Sample::new(ts, stale_nan()))).collect();
+        let mut batch: Vec<_> = self.previous.drain(..).map(|s| (s, Sample::new(ts, stale_nan()))).collect();
+        batch.extend(self.synthetic.drain().map(|(_, s)| (s, Sample::new(ts, stale_nan()))));
         self.db.commit(&batch)?;
         Ok(())
     }
@@ -418,28 +426,23 @@ impl ScrapeLoop {
         let label = JobLabel { job: job.job_name.clone() };
         self.metrics.scrapes.get_or_create(&label).inc();
         let started = Instant::now();
-        let result = match fetch(&self.client, &job, &self.ingest.target.url).await {
-            Ok((body, format)) => self.ingest.ingest(&body, format, ts),
-            Err(e) => Err(e),
-        };
+        let fetched = fetch(&self.client, &job, &self.ingest.target.url).await;
+        // As Prometheus: scrape_duration_seconds is the time the fetch took.
         let duration = started.elapsed();
-        let (up, report, err) = match result {
+        let result = fetched.and_then(|(body, format)| self.ingest.ingest(&body, format, ts, duration));
+        match result {
             Ok(r) => {
                 self.metrics.samples_appended.inc_by(r.appended as u64);
-                (true, r, None)
+                None
             }
             Err(e) => {
                 self.metrics.scrape_failures.get_or_create(&label).inc();
-                if let Err(e2) = self.ingest.mark_all_stale(ts) {
-                    tracing::error!(target_url = %self.ingest.target.url, error = %e2, "writing staleness markers failed");
+                if let Err(e2) = self.ingest.fail(ts, duration) {
+                    tracing::error!(target_url = %self.ingest.target.url, error = %e2, "writing staleness markers and up = 0 failed");
                 }
-                (false, ScrapeReport::default(), Some(e))
+                Some(e)
             }
-        };
-        if let Err(e) = self.ingest.append_report(ts, up, duration, &report) {
-            tracing::error!(target_url = %self.ingest.target.url, error = %e, "writing scrape report series failed");
         }
-        err
     }
 
     /// Runs until `stop` changes, then marks the target's series stale.

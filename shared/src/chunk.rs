@@ -338,7 +338,14 @@ impl Default for ChunkAppender {
 
 impl ChunkAppender {
     pub fn new() -> Self {
-        ChunkAppender { w: BitWriter::default(), n: 0, min_t: 0, prev_t: 0, prev_dt: 0, ts_mean: Mean::default(), vs: ValueState::default() }
+        Self::with_capacity(0)
+    }
+
+    /// An appender whose buffer starts at `bytes`, e.g. the size of the series' last chunk,
+    /// so a chunk is allocated once instead of grown by doubling.
+    pub fn with_capacity(bytes: usize) -> Self {
+        let w = BitWriter { bytes: Vec::with_capacity(bytes), ..Default::default() };
+        ChunkAppender { w, n: 0, min_t: 0, prev_t: 0, prev_dt: 0, ts_mean: Mean::default(), vs: ValueState::default() }
     }
 
     pub fn len(&self) -> u16 {

@@ -197,11 +197,17 @@ impl Tsdb {
             records.push(WalRecord::Samples(accepted));
         }
         wal.log(&records)?;
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         for &i in &accepted_idx {
             let (series, s) = &batch[i];
             series.logged_segment.store(segment, std::sync::atomic::Ordering::Relaxed);
             series.samples.lock().append(*s);
-            self.head.note_time(s.t);
+            lo = lo.min(s.t);
+            hi = hi.max(s.t);
+        }
+        if lo <= hi {
+            self.head.note_time(lo);
+            self.head.note_time(hi);
         }
         out.appended = n;
         Ok(out)

@@ -88,8 +88,9 @@ impl SeriesSamples {
     /// Appends a sample that passed [`check`](Self::check).
     pub fn append(&mut self, s: Sample) {
         if self.open.is_full() {
-            self.sealed.push(self.open.seal());
-            self.open = ChunkAppender::new();
+            let sealed = self.open.seal();
+            self.open = ChunkAppender::with_capacity(sealed.data.len() + sealed.data.len() / 8);
+            self.sealed.push(sealed);
         }
         self.open.append(s.t, s.v);
         self.last = Some(s);

@@ -18,6 +18,9 @@ pub enum BenchCommand {
         /// Scrapes per node (5 s apart in simulated time).
         #[arg(long, default_value_t = 120)]
         scrapes: usize,
+        /// Repetitions on fresh databases (the machine is noisy: best and median are printed).
+        #[arg(long, default_value_t = 5)]
+        reps: usize,
     },
     /// Load the fleet-day OpenMetrics file into an empty head: import rate, head bytes per
     /// sample, index bytes per series.
@@ -40,7 +43,9 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
-        BenchCommand::Ingest { nodes, gpus_per_node, scrapes } => tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes)).await?,
+        BenchCommand::Ingest { nodes, gpus_per_node, scrapes, reps } => {
+            tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes, reps)).await?
+        }
         BenchCommand::FleetDay { file } => tokio::task::spawn_blocking(move || fleet_day::run(file)).await?,
         BenchCommand::VsPrometheus { nodes, seconds, prometheus } => vs_prometheus::run(nodes, seconds, &prometheus).await,
     }

@@ -42,7 +42,7 @@ fn simulator_page_is_stored_with_target_labels_and_metadata() {
     let f = fixture();
     let mut ing = ingest_for(&f.db, JOB);
     let page = strata_simulator::Fleet::new(1, 4, 8).render_node(0, 1_764_460_800_000).unwrap();
-    let r = ing.ingest(page.as_bytes(), Format::Text, 1000).unwrap();
+    let r = ing.ingest(page.as_bytes(), Format::Text, 1000, Duration::ZERO).unwrap();
     assert_eq!(r.scraped, 25 * 8);
     assert_eq!(r.appended, 25 * 8);
     assert_eq!(r.series_added, 25 * 8);
@@ -53,7 +53,7 @@ fn simulator_page_is_stored_with_target_labels_and_metadata() {
     assert_eq!(got[0].1[0].t, 1000);
     assert_eq!(f.db.head().metric_type("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"), MetricType::Counter);
     // the second scrape adds no series
-    let r = ing.ingest(page.as_bytes(), Format::Text, 6000).unwrap();
+    let r = ing.ingest(page.as_bytes(), Format::Text, 6000, Duration::ZERO).unwrap();
     assert_eq!(r.series_added, 0);
 }
 
@@ -61,7 +61,7 @@ fn simulator_page_is_stored_with_target_labels_and_metadata() {
 fn bad_pages_store_nothing_and_keep_earlier_data() {
     let f = fixture();
     let mut ing = ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    sample_limit: 3\n");
-    ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n", Format::Text, 1000).unwrap();
+    ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n", Format::Text, 1000, Duration::ZERO).unwrap();
     let bad: [(&str, &str); 5] = [
         ("m{a=\"1\"} 5\nthis is garbage\n", "line 2"),
         ("m{a=\"1\"} 5\nm{a=\"2} 1\n", "unterminated"),
@@ -70,7 +70,7 @@ fn bad_pages_store_nothing_and_keep_earlier_data() {
         ("m{a=\"1\"} 5\nm{a=\"2\",a=\"3\"} 1\n", "duplicate label"),
     ];
     for (i, (page, want)) in bad.iter().enumerate() {
-        let e = ing.ingest(page.as_bytes(), Format::Text, 2000 + i as i64).expect_err(page).to_string();
+        let e = ing.ingest(page.as_bytes(), Format::Text, 2000 + i as i64, Duration::ZERO).expect_err(page).to_string();
         assert!(e.contains(want), "{page:?}: {e}");
     }
     let got = samples_of(&f.db, &[name("m")]);
@@ -85,14 +85,13 @@ fn bad_pages_store_nothing_and_keep_earlier_data() {
 fn disappearing_series_and_failed_scrapes_go_stale() {
     let f = fixture();
     let mut ing = ingest_for(&f.db, JOB);
-    ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n", Format::Text, 1000).unwrap();
-    ing.ingest(b"m{a=\"1\"} 1\n", Format::Text, 2000).unwrap();
+    ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n", Format::Text, 1000, Duration::ZERO).unwrap();
+    ing.ingest(b"m{a=\"1\"} 1\n", Format::Text, 2000, Duration::ZERO).unwrap();
     let a2 = samples_of(&f.db, &[name("m"), Matcher::eq("a", "2")]);
     assert_eq!(a2[0].1.len(), 2);
     assert!(is_stale(a2[0].1[1].v) && a2[0].1[1].t == 2000);
     // a failed scrape marks the rest stale, and up = 0 is recorded
-    ing.mark_all_stale(3000).unwrap();
-    ing.append_report(3000, false, Duration::from_millis(5), &ScrapeReport::default()).unwrap();
+    ing.fail(3000, Duration::from_millis(5)).unwrap();
     let a1 = samples_of(&f.db, &[name("m"), Matcher::eq("a", "1")]);
     assert!(is_stale(a1[0].1.last().unwrap().v));
     let up = samples_of(&f.db, &[name("up")]);
@@ -109,7 +108,7 @@ fn honor_labels_and_timestamps() {
     let f = fixture();
     let page = b"m{job=\"inner\",x=\"1\"} 1 500\n";
     let mut ing = ingest_for(&f.db, JOB);
-    ing.ingest(page, Format::Text, 1000).unwrap();
+    ing.ingest(page, Format::Text, 1000, Duration::ZERO).unwrap();
     let got = samples_of(&f.db, &[name("m")]);
     assert_eq!(got[0].0.get("job"), Some("dcgm"));
     assert_eq!(got[0].0.get("exported_job"), Some("inner"));
@@ -117,7 +116,7 @@ fn honor_labels_and_timestamps() {
 
     let f = fixture();
     let mut ing = ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    honor_labels: true\n    honor_timestamps: false\n");
-    ing.ingest(page, Format::Text, 1000).unwrap();
+    ing.ingest(page, Format::Text, 1000, Duration::ZERO).unwrap();
     let got = samples_of(&f.db, &[name("m")]);
     assert_eq!(got[0].0.get("job"), Some("inner"));
     assert_eq!(got[0].0.get("exported_job"), None);
@@ -129,11 +128,11 @@ fn metric_relabeling_and_label_limit() {
     let f = fixture();
     let yaml = "scrape_configs:\n  - job_name: dcgm\n    label_limit: 4\n    metric_relabel_configs:\n      - source_labels: [__name__]\n        regex: drop_me\n        action: drop\n      - regex: noisy\n        action: labeldrop\n";
     let mut ing = ingest_for(&f.db, yaml);
-    let r = ing.ingest(b"drop_me 1\nkeep{noisy=\"x\"} 2\n", Format::Text, 1000).unwrap();
+    let r = ing.ingest(b"drop_me 1\nkeep{noisy=\"x\"} 2\n", Format::Text, 1000, Duration::ZERO).unwrap();
     assert_eq!((r.scraped, r.post_relabel), (2, 1));
     assert!(samples_of(&f.db, &[name("drop_me")]).is_empty());
     assert_eq!(samples_of(&f.db, &[name("keep")])[0].0.get("noisy"), None);
-    let e = ing.ingest(b"keep{a=\"1\",b=\"2\",c=\"3\"} 2\n", Format::Text, 2000).unwrap_err();
+    let e = ing.ingest(b"keep{a=\"1\",b=\"2\",c=\"3\"} 2\n", Format::Text, 2000, Duration::ZERO).unwrap_err();
     assert!(e.to_string().contains("label_limit"), "{e}");
 }
 
@@ -141,10 +140,10 @@ fn metric_relabeling_and_label_limit() {
 fn a_reordered_or_changed_page_resolves_every_series_right() {
     let f = fixture();
     let mut ing = ingest_for(&f.db, JOB);
-    ing.ingest(b"# TYPE u untyped\nm{a=\"1\"} 1\nm{a=\"2\"} 2\nm{a=\"3\"} 3\n", Format::Text, 1000).unwrap();
+    ing.ingest(b"# TYPE u untyped\nm{a=\"1\"} 1\nm{a=\"2\"} 2\nm{a=\"3\"} 3\n", Format::Text, 1000, Duration::ZERO).unwrap();
     // same series, other order, one new and one gone
-    ing.ingest(b"m{a=\"3\"} 30\nm{a=\"4\"} 40\nm{a=\"1\"} 10\n", Format::Text, 2000).unwrap();
-    ing.ingest(b"m{a=\"3\"} 300\nm{a=\"4\"} 400\nm{a=\"1\"} 100\n", Format::Text, 3000).unwrap();
+    ing.ingest(b"m{a=\"3\"} 30\nm{a=\"4\"} 40\nm{a=\"1\"} 10\n", Format::Text, 2000, Duration::ZERO).unwrap();
+    ing.ingest(b"m{a=\"3\"} 300\nm{a=\"4\"} 400\nm{a=\"1\"} 100\n", Format::Text, 3000, Duration::ZERO).unwrap();
     let v = |a: &str| samples_of(&f.db, &[name("m"), Matcher::eq("a", a)])[0].1.iter().map(|s| s.v).filter(|v| !is_stale(*v)).collect::<Vec<_>>();
     assert_eq!(v("1"), [1.0, 10.0, 100.0]);
     assert_eq!(v("2"), [2.0]);
@@ -153,9 +152,9 @@ fn a_reordered_or_changed_page_resolves_every_series_right() {
     assert_eq!(f.db.head().all_metadata().iter().find(|m| m.0 == "u").map(|m| m.1.metric_type), Some(MetricType::Unknown), "untyped families are recorded too");
     // many scrapes later the cache has been evicted and rebuilt, and still resolves right
     for i in 0..25 {
-        ing.ingest(b"m{a=\"1\"} 5\n", Format::Text, 4000 + i * 1000).unwrap();
+        ing.ingest(b"m{a=\"1\"} 5\n", Format::Text, 4000 + i * 1000, Duration::ZERO).unwrap();
     }
-    ing.ingest(b"m{a=\"4\"} 7\n", Format::Text, 100_000).unwrap();
+    ing.ingest(b"m{a=\"4\"} 7\n", Format::Text, 100_000, Duration::ZERO).unwrap();
     assert_eq!(v("4").last(), Some(&7.0));
 }
 
@@ -164,7 +163,7 @@ fn openmetrics_page_with_units_and_exemplars() {
     let f = fixture();
     let mut ing = ingest_for(&f.db, JOB);
     let page = b"# TYPE e counter\n# UNIT e joules\ne_total 10 # {trace_id=\"x\"} 1\n# EOF\n";
-    ing.ingest(page, Format::OpenMetrics, 1000).unwrap();
+    ing.ingest(page, Format::OpenMetrics, 1000, Duration::ZERO).unwrap();
     assert_eq!(f.db.head().metric_type("e_total"), MetricType::Counter);
     assert_eq!(samples_of(&f.db, &[name("e_total")])[0].1[0].v, 10.0);
 }
