@@ -77,7 +77,8 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
     let port = serve_pages();
     let cfg = dir.path().join("edge.yml");
     let head = "global:\n  scrape_interval: 1s\nscrape_configs:\n";
-    std::fs::write(&cfg, format!("{head}{}{}{}", job("gz", port, "/gz"), job("om", port, "/om"), job("bad", port, "/bad"))).unwrap();
+    let big = format!("  - job_name: big\n    metrics_path: /plain\n    body_size_limit: 4B\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n");
+    std::fs::write(&cfg, format!("{head}{}{}{}{big}", job("gz", port, "/gz"), job("om", port, "/om"), job("bad", port, "/bad"))).unwrap();
     let edge_port = free_port();
     let base = format!("http://127.0.0.1:{edge_port}");
     let mut edge = Proc::strata(&["edge", "--config", &cfg.display().to_string(), "--data", &dir.path().join("data").display().to_string(), "--http-listen", &format!("127.0.0.1:{edge_port}")], dir.path(), "edge");
@@ -101,6 +102,9 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
     let line = log.lines().find(|l| l.contains("scrape failed") && l.contains("/bad")).unwrap_or_else(|| panic!("no log line for the bad target:\n{log}"));
     assert!(line.contains("line 2") && line.contains("this line is garbage"), "{line}");
     assert_eq!(series(&base, "up{job=\"bad\"}").len(), 1, "up is recorded for the failing target");
+    // An oversize body fails its scrape too.
+    wait_for("a failed scrape of the oversize page", Duration::from_secs(15), || edge.log_text().contains("body size limit of 4 bytes exceeded"));
+    assert!(series(&base, "plain_metric{job=\"big\"}").is_empty());
 
     // Reload by POST: a new job starts scraping.
     std::fs::write(&cfg, format!("{head}{}{}", job("gz", port, "/gz"), job("plain", port, "/plain"))).unwrap();

@@ -167,3 +167,27 @@ fn openmetrics_page_with_units_and_exemplars() {
     assert_eq!(f.db.head().metric_type("e_total"), MetricType::Counter);
     assert_eq!(samples_of(&f.db, &[name("e_total")])[0].1[0].v, 10.0);
 }
+
+#[test]
+fn series_limit_fails_the_scrape_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(dir.path(), TsdbOptions { max_series: 2, ..Default::default() }).unwrap());
+    let mut ing = ingest_for(&db, JOB);
+    let e = ing.ingest(b"m{a=\"1\"} 1\nm{a=\"2\"} 2\nm{a=\"3\"} 3\n", Format::Text, 1000, Duration::ZERO).unwrap_err();
+    assert!(e.to_string().contains("series limit of 2"), "{e}");
+    assert!(samples_of(&db, &[name("m")]).iter().all(|(_, s)| s.is_empty()), "nothing of the failed scrape was stored");
+}
+
+#[test]
+fn scrape_offsets_spread_over_the_interval() {
+    let interval = Duration::from_secs(5);
+    let offsets: std::collections::HashSet<_> = (0..64)
+        .map(|i| {
+            let t = Target { job: "dcgm".into(), labels: Labels::from_pairs([("instance", format!("node-{i}:9400"))]), url: format!("http://node-{i}:9400/metrics") };
+            let o = scrape_offset(&t, interval);
+            assert!(o < interval);
+            o.as_millis() / 500
+        })
+        .collect();
+    assert!(offsets.len() >= 8, "64 targets fall in only {} of 10 half-second slots", offsets.len());
+}
