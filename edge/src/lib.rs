@@ -4,6 +4,7 @@
 //! `strata-shared`.
 
 pub mod config;
+pub mod http_client;
 pub mod manager;
 pub mod metrics;
 pub mod remote_write;

@@ -6,7 +6,7 @@
 
 use crate::config::{EdgeConfig, ScrapeJob, StaticConfig};
 use crate::metrics::EdgeMetrics;
-use crate::scrape::{ScrapeIngest, ScrapeLoop};
+use crate::scrape::ScrapeLoop;
 use crate::targets::{build_targets, expand_glob, read_sd_file, Target};
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -28,7 +28,6 @@ struct LoopHandle {
 pub struct ScrapeManager {
     db: Arc<Tsdb>,
     metrics: Arc<EdgeMetrics>,
-    client: reqwest::Client,
     config: Mutex<Option<Arc<EdgeConfig>>>,
     loops: tokio::sync::Mutex<HashMap<LoopKey, LoopHandle>>,
     /// (path, modified) of every file-SD file last read, to notice changes.
@@ -43,20 +42,15 @@ fn fingerprint(job: &ScrapeJob) -> u64 {
 }
 
 impl ScrapeManager {
-    pub fn new(db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>) -> Result<Arc<Self>, reqwest::Error> {
-        let client = reqwest::Client::builder()
-            .user_agent(concat!("Strata/", env!("CARGO_PKG_VERSION")))
-            .pool_max_idle_per_host(4)
-            .build()?;
-        Ok(Arc::new(ScrapeManager {
+    pub fn new(db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>) -> Arc<Self> {
+        Arc::new(ScrapeManager {
             db,
             metrics,
-            client,
             config: Mutex::new(None),
             loops: tokio::sync::Mutex::new(HashMap::new()),
             sd_state: Mutex::new(Vec::new()),
             active: Mutex::new(Vec::new()),
-        }))
+        })
     }
 
     /// Installs a (validated) configuration and syncs the loops to it.
@@ -116,11 +110,7 @@ impl ScrapeManager {
                 continue;
             }
             let (tx, rx) = watch::channel(false);
-            let lp = ScrapeLoop {
-                ingest: ScrapeIngest::new(target, job, self.db.clone()),
-                client: self.client.clone(),
-                metrics: self.metrics.clone(),
-            };
+            let lp = ScrapeLoop::new(target, job, self.db.clone(), self.metrics.clone());
             let task = tokio::spawn(lp.run(rx));
             loops.insert(k, LoopHandle { stop: tx, task });
         }

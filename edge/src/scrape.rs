@@ -9,6 +9,7 @@
 //! failed scrape marks the target's series stale, and so does a series that leaves the page.
 
 use crate::config::ScrapeJob;
+use crate::http_client::{HttpError, ScrapeClient};
 use crate::metrics::{EdgeMetrics, JobLabel};
 use crate::targets::Target;
 use std::collections::{HashMap, HashSet};
@@ -369,41 +370,14 @@ pub fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
 }
 
-/// Fetches a page, honouring the timeout and the body size limit (on the decompressed body).
-pub async fn fetch(client: &reqwest::Client, job: &ScrapeJob, url: &str) -> Result<(Vec<u8>, Format), ScrapeError> {
-    let resp = client
-        .get(url)
-        .header(reqwest::header::ACCEPT, ACCEPT_HEADER)
-        .header("X-Prometheus-Scrape-Timeout-Seconds", format!("{}", job.timeout.as_secs_f64()))
-        .timeout(job.timeout)
-        .send()
-        .await
-        .map_err(|e| ScrapeError::Http(error_chain(&e)))?;
-    if !resp.status().is_success() {
-        return Err(ScrapeError::Status(resp.status().as_u16()));
-    }
-    let format = Format::from_content_type(resp.headers().get(reqwest::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()));
-    let limit = job.body_size_limit;
-    let mut resp = resp;
-    let mut body = Vec::new();
-    while let Some(chunk) = resp.chunk().await.map_err(|e| ScrapeError::Http(error_chain(&e)))? {
-        body.extend_from_slice(&chunk);
-        if limit > 0 && body.len() as u64 > limit {
-            return Err(ScrapeError::BodyTooLarge(limit));
+impl From<HttpError> for ScrapeError {
+    fn from(e: HttpError) -> Self {
+        match e {
+            HttpError::Status(s) => ScrapeError::Status(s),
+            HttpError::BodyTooLarge(n) => ScrapeError::BodyTooLarge(n),
+            other => ScrapeError::Http(other.to_string()),
         }
     }
-    Ok((body, format))
-}
-
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        s.push_str(": ");
-        s.push_str(&c.to_string());
-        cur = c.source();
-    }
-    s
 }
 
 /// Offset of a target's scrapes within the interval, stable for the same target.
@@ -415,8 +389,15 @@ pub fn scrape_offset(target: &Target, interval: Duration) -> Duration {
 
 pub struct ScrapeLoop {
     pub ingest: ScrapeIngest,
-    pub client: reqwest::Client,
+    pub client: ScrapeClient,
     pub metrics: Arc<EdgeMetrics>,
+}
+
+impl ScrapeLoop {
+    pub fn new(target: Target, job: Arc<ScrapeJob>, db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>) -> Self {
+        let client = ScrapeClient::new(&target.url, ACCEPT_HEADER, job.timeout);
+        ScrapeLoop { ingest: ScrapeIngest::new(target, job, db), client, metrics }
+    }
 }
 
 impl ScrapeLoop {
@@ -426,10 +407,16 @@ impl ScrapeLoop {
         let label = JobLabel { job: job.job_name.clone() };
         self.metrics.scrapes.get_or_create(&label).inc();
         let started = Instant::now();
-        let fetched = fetch(&self.client, &job, &self.ingest.target.url).await;
+        let fetched = self.client.get(job.timeout, job.body_size_limit).await;
         // As Prometheus: scrape_duration_seconds is the time the fetch took.
         let duration = started.elapsed();
-        let result = fetched.and_then(|(body, format)| self.ingest.ingest(&body, format, ts, duration));
+        let result = match fetched {
+            Ok(r) => {
+                let format = Format::from_content_type(r.content_type.as_deref());
+                self.ingest.ingest(r.body, format, ts, duration)
+            }
+            Err(e) => Err(e.into()),
+        };
         match result {
             Ok(r) => {
                 self.metrics.samples_appended.inc_by(r.appended as u64);

@@ -147,7 +147,7 @@ impl Edge {
         let dir = data_dir.clone();
         let db = Arc::new(tokio::task::spawn_blocking(move || Tsdb::open(&dir, tsdb_opts)).await??);
         let metrics = Arc::new(EdgeMetrics::new());
-        let manager = ScrapeManager::new(db.clone(), metrics.clone())?;
+        let manager = ScrapeManager::new(db.clone(), metrics.clone());
         let mut limits = WriteLimits::default();
         if let Some(b) = cfg.strata.remote_write_max_bytes {
             limits.max_body_bytes = b.0 as usize;

@@ -1,0 +1,396 @@
+//! A small HTTP/1.1 client for scrapes: one kept-alive connection per target, the request
+//! bytes built once, the response read into buffers reused from scrape to scrape, and gzip
+//! bodies inflated in one pass under the size limit.
+//!
+//! Scrapes are plain `GET`s of one URL, again and again; a general client spends more on
+//! URL parsing, header maps, pool bookkeeping and task hand-offs than on the bytes. What it
+//! supports: `http://` targets, `Content-Length`, `chunked` and read-to-close bodies,
+//! `Content-Encoding: gzip`, keep-alive with one retry when a reused connection turns out to
+//! be closed. Not supported (an error naming it): `https://` and redirects.
+
+use flate2::bufread::GzDecoder;
+use std::io::Read;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const MAX_HEAD: usize = 64 << 10;
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq)]
+pub enum HttpError {
+    #[error("unsupported URL {0:?}: only http:// targets are supported")]
+    UnsupportedUrl(String),
+    #[error("connecting to {addr}: {reason}")]
+    Connect { addr: String, reason: String },
+    #[error("{0}")]
+    Io(String),
+    #[error("invalid HTTP response: {0}")]
+    Protocol(String),
+    #[error("server returned HTTP status {0}")]
+    Status(u16),
+    #[error("body size limit of {0} bytes exceeded")]
+    BodyTooLarge(u64),
+    #[error("context deadline exceeded after {0:?}")]
+    Timeout(Duration),
+}
+
+/// `http://host:port/path?query` split once.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Endpoint {
+    pub host_port: String,
+    pub path: String,
+}
+
+impl Endpoint {
+    pub fn parse(url: &str) -> Result<Endpoint, HttpError> {
+        let rest = url.strip_prefix("http://").ok_or_else(|| HttpError::UnsupportedUrl(url.to_string()))?;
+        let (host, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if host.is_empty() || host.contains('@') {
+            return Err(HttpError::UnsupportedUrl(url.to_string()));
+        }
+        let host_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) { host.to_string() } else { format!("{host}:80") };
+        Ok(Endpoint { host_port, path: path.to_string() })
+    }
+}
+
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Head {
+    status: u16,
+    content_length: Option<usize>,
+    chunked: bool,
+    gzip: bool,
+    close: bool,
+    content_type: Option<String>,
+}
+
+/// Parses a response head (status line and headers, without the blank line).
+fn parse_head(raw: &[u8]) -> Result<Head, HttpError> {
+    let text = std::str::from_utf8(raw).map_err(|_| HttpError::Protocol("response head is not UTF-8".into()))?;
+    let mut lines = text.split("\r\n");
+    let status_line = lines.next().unwrap_or_default();
+    let mut parts = status_line.splitn(3, ' ');
+    let version = parts.next().unwrap_or_default();
+    if !version.starts_with("HTTP/1.") {
+        return Err(HttpError::Protocol(format!("bad status line {status_line:?}")));
+    }
+    let status = parts.next().and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| HttpError::Protocol(format!("bad status line {status_line:?}")))?;
+    let mut h = Head { status, close: version == "HTTP/1.0", ..Default::default() };
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else { continue };
+        let value = value.trim();
+        match name.trim().to_ascii_lowercase().as_str() {
+            "content-length" => {
+                h.content_length = Some(value.parse().map_err(|_| HttpError::Protocol(format!("bad Content-Length {value:?}")))?);
+            }
+            "transfer-encoding" => h.chunked = value.to_ascii_lowercase().contains("chunked"),
+            "content-encoding" => h.gzip = value.eq_ignore_ascii_case("gzip"),
+            "connection" => h.close = value.eq_ignore_ascii_case("close"),
+            "content-type" => h.content_type = Some(value.to_string()),
+            _ => {}
+        }
+    }
+    Ok(h)
+}
+
+/// Decodes a complete chunked body from `data`; `None` when more bytes are needed.
+fn dechunk(data: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, HttpError> {
+    out.clear();
+    let mut i = 0;
+    loop {
+        let Some(eol) = data[i..].windows(2).position(|w| w == b"\r\n") else { return Ok(None) };
+        let size_line = std::str::from_utf8(&data[i..i + eol]).map_err(|_| HttpError::Protocol("bad chunk size".into()))?;
+        let size_hex = size_line.split(';').next().unwrap_or_default().trim();
+        let size = usize::from_str_radix(size_hex, 16).map_err(|_| HttpError::Protocol(format!("bad chunk size {size_hex:?}")))?;
+        i += eol + 2;
+        if size == 0 {
+            // trailers end with an empty line
+            return match data[i..].windows(2).position(|w| w == b"\r\n") {
+                Some(0) => Ok(Some(i + 2)),
+                Some(_) => match data[i..].windows(4).position(|w| w == b"\r\n\r\n") {
+                    Some(p) => Ok(Some(i + p + 4)),
+                    None => Ok(None),
+                },
+                None => Ok(None),
+            };
+        }
+        if data.len() < i + size + 2 {
+            return Ok(None);
+        }
+        out.extend_from_slice(&data[i..i + size]);
+        if limit > 0 && out.len() as u64 > limit {
+            return Err(HttpError::BodyTooLarge(limit));
+        }
+        i += size + 2;
+    }
+}
+
+pub struct Response<'a> {
+    pub body: &'a [u8],
+    pub content_type: Option<String>,
+}
+
+/// One target's connection and buffers.
+pub struct ScrapeClient {
+    /// An unsupported URL is reported by every `get`, so the target shows `up` = 0 and why.
+    endpoint: Result<Endpoint, HttpError>,
+    request: Vec<u8>,
+    conn: Option<TcpStream>,
+    buf: Vec<u8>,
+    body: Vec<u8>,
+    inflated: Vec<u8>,
+}
+
+impl ScrapeClient {
+    pub fn new(url: &str, accept: &str, timeout: Duration) -> ScrapeClient {
+        let endpoint = Endpoint::parse(url);
+        let request = match &endpoint {
+            Ok(e) => format!(
+                "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: Strata/{}\r\nAccept: {accept}\r\nAccept-Encoding: gzip\r\nX-Prometheus-Scrape-Timeout-Seconds: {}\r\n\r\n",
+                e.path,
+                e.host_port.strip_suffix(":80").unwrap_or(&e.host_port),
+                env!("CARGO_PKG_VERSION"),
+                timeout.as_secs_f64()
+            )
+            .into_bytes(),
+            Err(_) => Vec::new(),
+        };
+        ScrapeClient { endpoint, request, conn: None, buf: Vec::new(), body: Vec::new(), inflated: Vec::new() }
+    }
+
+    /// Fetches the page within `timeout`; `limit` (0: none) caps the decoded body.
+    pub async fn get(&mut self, timeout: Duration, limit: u64) -> Result<Response<'_>, HttpError> {
+        let result = match tokio::time::timeout(timeout, self.exchange(limit)).await {
+            Ok(r) => r,
+            Err(_) => Err(HttpError::Timeout(timeout)),
+        };
+        let head = match result {
+            Ok(h) => h,
+            Err(e) => {
+                self.conn = None;
+                return Err(e);
+            }
+        };
+        if head.close {
+            self.conn = None;
+        }
+        if head.status != 200 {
+            self.conn = None;
+            return Err(HttpError::Status(head.status));
+        }
+        let body: &[u8] = if head.gzip {
+            self.inflated.clear();
+            let cap = if limit > 0 { limit + 1 } else { u64::MAX };
+            GzDecoder::new(self.body.as_slice())
+                .take(cap)
+                .read_to_end(&mut self.inflated)
+                .map_err(|e| HttpError::Protocol(format!("gzip body: {e}")))?;
+            if limit > 0 && self.inflated.len() as u64 > limit {
+                return Err(HttpError::BodyTooLarge(limit));
+            }
+            &self.inflated
+        } else {
+            &self.body
+        };
+        Ok(Response { body, content_type: head.content_type })
+    }
+
+    async fn exchange(&mut self, limit: u64) -> Result<Head, HttpError> {
+        let reused = self.conn.is_some();
+        match self.try_exchange(limit).await {
+            // A kept-alive connection the server closed meanwhile: one fresh try.
+            Err(HttpError::Io(_)) if reused => {
+                self.conn = None;
+                self.try_exchange(limit).await
+            }
+            r => r,
+        }
+    }
+
+    async fn try_exchange(&mut self, limit: u64) -> Result<Head, HttpError> {
+        if self.conn.is_none() {
+            let addr = self.endpoint.as_ref().map_err(Clone::clone)?.host_port.as_str();
+            let s = TcpStream::connect(addr).await.map_err(|e| HttpError::Connect { addr: addr.to_string(), reason: e.to_string() })?;
+            let _ = s.set_nodelay(true);
+            self.conn = Some(s);
+        }
+        let Some(conn) = self.conn.as_mut() else { return Err(HttpError::Io("no connection".into())) };
+        conn.write_all(&self.request).await.map_err(|e| HttpError::Io(e.to_string()))?;
+        self.buf.clear();
+        // Response head.
+        let head_end = loop {
+            if let Some(p) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                break p;
+            }
+            if self.buf.len() > MAX_HEAD {
+                return Err(HttpError::Protocol("response head over 64 KiB".into()));
+            }
+            if read_more(conn, &mut self.buf).await? == 0 {
+                return Err(HttpError::Io("connection closed before the response head".into()));
+            }
+        };
+        let head = parse_head(&self.buf[..head_end])?;
+        let start = head_end + 4;
+        // A compressed body may be at most as large as the limit, too.
+        let over = |n: usize| limit > 0 && n as u64 > limit;
+        self.body.clear();
+        if head.chunked {
+            loop {
+                if let Some(_end) = dechunk(&self.buf[start..], &mut self.body, limit)? {
+                    break;
+                }
+                if over(self.buf.len() - start) {
+                    return Err(HttpError::BodyTooLarge(limit));
+                }
+                if read_more(conn, &mut self.buf).await? == 0 {
+                    return Err(HttpError::Io("connection closed inside a chunked body".into()));
+                }
+            }
+        } else if let Some(len) = head.content_length {
+            if over(len) {
+                return Err(HttpError::BodyTooLarge(limit));
+            }
+            self.buf.reserve((start + len).saturating_sub(self.buf.len()));
+            while self.buf.len() < start + len {
+                if read_more(conn, &mut self.buf).await? == 0 {
+                    return Err(HttpError::Io("connection closed inside the body".into()));
+                }
+            }
+            self.body.extend_from_slice(&self.buf[start..start + len]);
+        } else {
+            // No length: the body ends when the server closes the connection.
+            loop {
+                if over(self.buf.len() - start) {
+                    return Err(HttpError::BodyTooLarge(limit));
+                }
+                if read_more(conn, &mut self.buf).await? == 0 {
+                    break;
+                }
+            }
+            self.body.extend_from_slice(&self.buf[start..]);
+            return Ok(Head { close: true, ..head });
+        }
+        Ok(head)
+    }
+}
+
+async fn read_more(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, HttpError> {
+    if buf.capacity() - buf.len() < 16 << 10 {
+        buf.reserve(64 << 10);
+    }
+    conn.read_buf(buf).await.map_err(|e| HttpError::Io(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use tokio::net::TcpListener;
+
+    #[test]
+    fn endpoints() {
+        assert_eq!(Endpoint::parse("http://h:9400/node/1/metrics?a=b").unwrap(), Endpoint { host_port: "h:9400".into(), path: "/node/1/metrics?a=b".into() });
+        assert_eq!(Endpoint::parse("http://h").unwrap(), Endpoint { host_port: "h:80".into(), path: "/".into() });
+        assert!(matches!(Endpoint::parse("https://h/metrics"), Err(HttpError::UnsupportedUrl(_))));
+    }
+
+    #[test]
+    fn heads_and_chunks() {
+        let h = parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\ncontent-encoding: gzip\r\nConnection: close\r\nContent-Type: text/plain").unwrap();
+        assert_eq!((h.status, h.content_length, h.gzip, h.close), (200, Some(12), true, true));
+        assert!(parse_head(b"SPDY/9 200 OK").is_err());
+        assert!(parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: x").is_err());
+        let mut out = Vec::new();
+        assert_eq!(dechunk(b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n", &mut out, 0).unwrap(), Some(32));
+        assert_eq!(out, b"hello world");
+        assert_eq!(dechunk(b"5\r\nhel", &mut out, 0).unwrap(), None);
+        assert_eq!(dechunk(b"5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", &mut out, 0).unwrap(), Some(29));
+        assert!(dechunk(b"zz\r\n", &mut out, 0).is_err());
+        assert_eq!(dechunk(b"5\r\nhello\r\n0\r\n\r\n", &mut out, 3), Err(HttpError::BodyTooLarge(3)));
+    }
+
+    /// Serves the given raw responses, one per accepted request, closing after `close_after`.
+    async fn server(responses: Vec<Vec<u8>>, close_after_each: bool) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut responses = responses.into_iter();
+            'outer: loop {
+                let Ok((mut s, _)) = l.accept().await else { return };
+                loop {
+                    let mut buf = vec![0u8; 4096];
+                    let mut got = Vec::new();
+                    while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => continue 'outer,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let Some(r) = responses.next() else { return };
+                    let _ = s.write_all(&r).await;
+                    if close_after_each {
+                        continue 'outer;
+                    }
+                }
+            }
+        });
+        format!("http://{addr}/metrics")
+    }
+
+    fn gz(b: &[u8]) -> Vec<u8> {
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+        e.write_all(b).unwrap();
+        e.finish().unwrap()
+    }
+
+    #[tokio::test]
+    async fn keep_alive_chunked_gzip_and_errors() {
+        let page = b"m 1\n".repeat(100);
+        let z = gz(&page);
+        let mut gz_resp = format!("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n", z.len()).into_bytes();
+        gz_resp.extend_from_slice(&z);
+        let responses = vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Type: text/plain\r\n\r\nm 1\n".to_vec(),
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nm \r\n2\r\n2\n\r\n0\r\n\r\n".to_vec(),
+            gz_resp,
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n".to_vec(),
+        ];
+        let url = server(responses, false).await;
+        let mut c = ScrapeClient::new(&url, "text/plain", Duration::from_secs(5));
+        let t = Duration::from_secs(5);
+        let r = c.get(t, 0).await.unwrap();
+        assert_eq!((r.body, r.content_type.as_deref()), (&b"m 1\n"[..], Some("text/plain")));
+        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 2\n");
+        assert_eq!(c.get(t, 0).await.unwrap().body, page.as_slice());
+        assert_eq!(c.get(t, 0).await.err(), Some(HttpError::Status(503)));
+    }
+
+    #[tokio::test]
+    async fn closed_connections_read_to_close_limits_and_timeouts() {
+        let responses = vec![
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 1\n".to_vec(),
+            b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\nm 2\n".to_vec(),
+            b"HTTP/1.0 200 OK\r\n\r\nm 3\nm 4\n".to_vec(),
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n".to_vec(),
+        ];
+        // the server closes after each response although the client keeps the connection
+        let url = server(responses, true).await;
+        let mut c = ScrapeClient::new(&url, "text/plain", Duration::from_secs(5));
+        let t = Duration::from_secs(5);
+        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 1\n");
+        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 2\n", "a closed kept-alive connection is retried");
+        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 3\nm 4\n");
+        assert_eq!(c.get(t, 10).await.err(), Some(HttpError::BodyTooLarge(10)));
+        // nothing listening any more for a body that never comes: a timeout
+        let url = server(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial".to_vec()], false).await;
+        let mut c = ScrapeClient::new(&url, "text/plain", Duration::from_millis(200));
+        assert!(matches!(c.get(Duration::from_millis(200), 0).await, Err(HttpError::Timeout(_))));
+        // nobody listening at all
+        let mut c = ScrapeClient::new("http://127.0.0.1:1/metrics", "text/plain", t);
+        assert!(matches!(c.get(t, 0).await, Err(HttpError::Connect { .. })));
+        let mut c = ScrapeClient::new("https://127.0.0.1:1/metrics", "text/plain", t);
+        assert!(matches!(c.get(t, 0).await, Err(HttpError::UnsupportedUrl(_))));
+    }
+}
