@@ -132,15 +132,40 @@ pub struct Response<'a> {
     pub content_type: Option<String>,
 }
 
-/// One target's connection and buffers.
+/// The buffers one scrape needs. Only scrapes in flight hold them: loops take them from a
+/// [`BufferPool`] and give them back, so memory follows concurrency, not the target count.
+#[derive(Default)]
+pub struct Buffers {
+    buf: Vec<u8>,
+    body: Vec<u8>,
+    inflated: Vec<u8>,
+}
+
+/// Buffers shared by all scrape loops.
+#[derive(Default)]
+pub struct BufferPool(parking_lot::Mutex<Vec<Buffers>>);
+
+/// Buffers that grew past this are dropped rather than kept in the pool.
+const KEEP_BYTES: usize = 8 << 20;
+
+impl BufferPool {
+    pub fn take(&self) -> Buffers {
+        self.0.lock().pop().unwrap_or_default()
+    }
+
+    pub fn put(&self, b: Buffers) {
+        if b.buf.capacity() + b.body.capacity() + b.inflated.capacity() <= KEEP_BYTES {
+            self.0.lock().push(b);
+        }
+    }
+}
+
+/// One target's connection and request.
 pub struct ScrapeClient {
     /// An unsupported URL is reported by every `get`, so the target shows `up` = 0 and why.
     endpoint: Result<Endpoint, HttpError>,
     request: Vec<u8>,
     conn: Option<TcpStream>,
-    buf: Vec<u8>,
-    body: Vec<u8>,
-    inflated: Vec<u8>,
 }
 
 impl ScrapeClient {
@@ -157,12 +182,12 @@ impl ScrapeClient {
             .into_bytes(),
             Err(_) => Vec::new(),
         };
-        ScrapeClient { endpoint, request, conn: None, buf: Vec::new(), body: Vec::new(), inflated: Vec::new() }
+        ScrapeClient { endpoint, request, conn: None }
     }
 
     /// Fetches the page within `timeout`; `limit` (0: none) caps the decoded body.
-    pub async fn get(&mut self, timeout: Duration, limit: u64) -> Result<Response<'_>, HttpError> {
-        let result = match tokio::time::timeout(timeout, self.exchange(limit)).await {
+    pub async fn get<'b>(&mut self, bufs: &'b mut Buffers, timeout: Duration, limit: u64) -> Result<Response<'b>, HttpError> {
+        let result = match tokio::time::timeout(timeout, self.exchange(bufs, limit)).await {
             Ok(r) => r,
             Err(_) => Err(HttpError::Timeout(timeout)),
         };
@@ -181,35 +206,36 @@ impl ScrapeClient {
             return Err(HttpError::Status(head.status));
         }
         let body: &[u8] = if head.gzip {
-            self.inflated.clear();
+            bufs.inflated.clear();
             let cap = if limit > 0 { limit + 1 } else { u64::MAX };
-            GzDecoder::new(self.body.as_slice())
+            GzDecoder::new(bufs.body.as_slice())
                 .take(cap)
-                .read_to_end(&mut self.inflated)
+                .read_to_end(&mut bufs.inflated)
                 .map_err(|e| HttpError::Protocol(format!("gzip body: {e}")))?;
-            if limit > 0 && self.inflated.len() as u64 > limit {
+            if limit > 0 && bufs.inflated.len() as u64 > limit {
                 return Err(HttpError::BodyTooLarge(limit));
             }
-            &self.inflated
+            &bufs.inflated
         } else {
-            &self.body
+            &bufs.body
         };
         Ok(Response { body, content_type: head.content_type })
     }
 
-    async fn exchange(&mut self, limit: u64) -> Result<Head, HttpError> {
+    async fn exchange(&mut self, bufs: &mut Buffers, limit: u64) -> Result<Head, HttpError> {
         let reused = self.conn.is_some();
-        match self.try_exchange(limit).await {
+        match self.try_exchange(bufs, limit).await {
             // A kept-alive connection the server closed meanwhile: one fresh try.
             Err(HttpError::Io(_)) if reused => {
                 self.conn = None;
-                self.try_exchange(limit).await
+                self.try_exchange(bufs, limit).await
             }
             r => r,
         }
     }
 
-    async fn try_exchange(&mut self, limit: u64) -> Result<Head, HttpError> {
+    async fn try_exchange(&mut self, bufs: &mut Buffers, limit: u64) -> Result<Head, HttpError> {
+        let Buffers { buf, body, .. } = bufs;
         if self.conn.is_none() {
             let addr = self.endpoint.as_ref().map_err(Clone::clone)?.host_port.as_str();
             let s = TcpStream::connect(addr).await.map_err(|e| HttpError::Connect { addr: addr.to_string(), reason: e.to_string() })?;
@@ -218,33 +244,33 @@ impl ScrapeClient {
         }
         let Some(conn) = self.conn.as_mut() else { return Err(HttpError::Io("no connection".into())) };
         conn.write_all(&self.request).await.map_err(|e| HttpError::Io(e.to_string()))?;
-        self.buf.clear();
+        buf.clear();
         // Response head.
         let head_end = loop {
-            if let Some(p) = self.buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
                 break p;
             }
-            if self.buf.len() > MAX_HEAD {
+            if buf.len() > MAX_HEAD {
                 return Err(HttpError::Protocol("response head over 64 KiB".into()));
             }
-            if read_more(conn, &mut self.buf).await? == 0 {
+            if read_more(conn, buf).await? == 0 {
                 return Err(HttpError::Io("connection closed before the response head".into()));
             }
         };
-        let head = parse_head(&self.buf[..head_end])?;
+        let head = parse_head(&buf[..head_end])?;
         let start = head_end + 4;
         // A compressed body may be at most as large as the limit, too.
         let over = |n: usize| limit > 0 && n as u64 > limit;
-        self.body.clear();
+        body.clear();
         if head.chunked {
             loop {
-                if let Some(_end) = dechunk(&self.buf[start..], &mut self.body, limit)? {
+                if let Some(_end) = dechunk(&buf[start..], body, limit)? {
                     break;
                 }
-                if over(self.buf.len() - start) {
+                if over(buf.len() - start) {
                     return Err(HttpError::BodyTooLarge(limit));
                 }
-                if read_more(conn, &mut self.buf).await? == 0 {
+                if read_more(conn, buf).await? == 0 {
                     return Err(HttpError::Io("connection closed inside a chunked body".into()));
                 }
             }
@@ -252,24 +278,24 @@ impl ScrapeClient {
             if over(len) {
                 return Err(HttpError::BodyTooLarge(limit));
             }
-            self.buf.reserve((start + len).saturating_sub(self.buf.len()));
-            while self.buf.len() < start + len {
-                if read_more(conn, &mut self.buf).await? == 0 {
+            buf.reserve((start + len).saturating_sub(buf.len()));
+            while buf.len() < start + len {
+                if read_more(conn, buf).await? == 0 {
                     return Err(HttpError::Io("connection closed inside the body".into()));
                 }
             }
-            self.body.extend_from_slice(&self.buf[start..start + len]);
+            body.extend_from_slice(&buf[start..start + len]);
         } else {
             // No length: the body ends when the server closes the connection.
             loop {
-                if over(self.buf.len() - start) {
+                if over(buf.len() - start) {
                     return Err(HttpError::BodyTooLarge(limit));
                 }
-                if read_more(conn, &mut self.buf).await? == 0 {
+                if read_more(conn, buf).await? == 0 {
                     break;
                 }
             }
-            self.body.extend_from_slice(&self.buf[start..]);
+            body.extend_from_slice(&buf[start..]);
             return Ok(Head { close: true, ..head });
         }
         Ok(head)
@@ -360,11 +386,12 @@ mod tests {
         let url = server(responses, false).await;
         let mut c = ScrapeClient::new(&url, "text/plain", Duration::from_secs(5));
         let t = Duration::from_secs(5);
-        let r = c.get(t, 0).await.unwrap();
+        let b = &mut Buffers::default();
+        let r = c.get(b, t, 0).await.unwrap();
         assert_eq!((r.body, r.content_type.as_deref()), (&b"m 1\n"[..], Some("text/plain")));
-        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 2\n");
-        assert_eq!(c.get(t, 0).await.unwrap().body, page.as_slice());
-        assert_eq!(c.get(t, 0).await.err(), Some(HttpError::Status(503)));
+        assert_eq!(c.get(b, t, 0).await.unwrap().body, b"m 2\n");
+        assert_eq!(c.get(b, t, 0).await.unwrap().body, page.as_slice());
+        assert_eq!(c.get(b, t, 0).await.err(), Some(HttpError::Status(503)));
     }
 
     #[tokio::test]
@@ -379,18 +406,19 @@ mod tests {
         let url = server(responses, true).await;
         let mut c = ScrapeClient::new(&url, "text/plain", Duration::from_secs(5));
         let t = Duration::from_secs(5);
-        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 1\n");
-        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 2\n", "a closed kept-alive connection is retried");
-        assert_eq!(c.get(t, 0).await.unwrap().body, b"m 3\nm 4\n");
-        assert_eq!(c.get(t, 10).await.err(), Some(HttpError::BodyTooLarge(10)));
+        let b = &mut Buffers::default();
+        assert_eq!(c.get(b, t, 0).await.unwrap().body, b"m 1\n");
+        assert_eq!(c.get(b, t, 0).await.unwrap().body, b"m 2\n", "a closed kept-alive connection is retried");
+        assert_eq!(c.get(b, t, 0).await.unwrap().body, b"m 3\nm 4\n");
+        assert_eq!(c.get(b, t, 10).await.err(), Some(HttpError::BodyTooLarge(10)));
         // nothing listening any more for a body that never comes: a timeout
         let url = server(vec![b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial".to_vec()], false).await;
         let mut c = ScrapeClient::new(&url, "text/plain", Duration::from_millis(200));
-        assert!(matches!(c.get(Duration::from_millis(200), 0).await, Err(HttpError::Timeout(_))));
+        assert!(matches!(c.get(b, Duration::from_millis(200), 0).await, Err(HttpError::Timeout(_))));
         // nobody listening at all
         let mut c = ScrapeClient::new("http://127.0.0.1:1/metrics", "text/plain", t);
-        assert!(matches!(c.get(t, 0).await, Err(HttpError::Connect { .. })));
+        assert!(matches!(c.get(b, t, 0).await, Err(HttpError::Connect { .. })));
         let mut c = ScrapeClient::new("https://127.0.0.1:1/metrics", "text/plain", t);
-        assert!(matches!(c.get(t, 0).await, Err(HttpError::UnsupportedUrl(_))));
+        assert!(matches!(c.get(b, t, 0).await, Err(HttpError::UnsupportedUrl(_))));
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::config::{EdgeConfig, ScrapeJob, StaticConfig};
 use crate::metrics::EdgeMetrics;
+use crate::http_client::BufferPool;
 use crate::scrape::ScrapeLoop;
 use crate::targets::{build_targets, expand_glob, read_sd_file, Target};
 use parking_lot::Mutex;
@@ -33,6 +34,7 @@ pub struct ScrapeManager {
     /// (path, modified) of every file-SD file last read, to notice changes.
     sd_state: Mutex<Vec<(PathBuf, Option<SystemTime>)>>,
     active: Mutex<Vec<Target>>,
+    buffers: Arc<BufferPool>,
 }
 
 fn fingerprint(job: &ScrapeJob) -> u64 {
@@ -50,6 +52,7 @@ impl ScrapeManager {
             loops: tokio::sync::Mutex::new(HashMap::new()),
             sd_state: Mutex::new(Vec::new()),
             active: Mutex::new(Vec::new()),
+            buffers: Arc::default(),
         })
     }
 
@@ -110,7 +113,7 @@ impl ScrapeManager {
                 continue;
             }
             let (tx, rx) = watch::channel(false);
-            let lp = ScrapeLoop::new(target, job, self.db.clone(), self.metrics.clone());
+            let lp = ScrapeLoop::new(target, job, self.db.clone(), self.metrics.clone(), self.buffers.clone());
             let task = tokio::spawn(lp.run(rx));
             loops.insert(k, LoopHandle { stop: tx, task });
         }

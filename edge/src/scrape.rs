@@ -9,11 +9,11 @@
 //! failed scrape marks the target's series stale, and so does a series that leaves the page.
 
 use crate::config::ScrapeJob;
-use crate::http_client::{HttpError, ScrapeClient};
+use crate::http_client::{BufferPool, HttpError, ScrapeClient};
 use crate::metrics::{EdgeMetrics, JobLabel};
 use crate::targets::Target;
 use std::collections::{HashMap, HashSet};
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use strata_shared::db::{TsdbError, Tsdb};
@@ -63,68 +63,85 @@ pub struct ScrapeReport {
 struct Slot {
     series: Option<Arc<MemSeries>>,
     last_seen: u64,
+    /// The raw text, in `SeriesCache::keys`.
+    key: std::ops::Range<usize>,
+    /// Next slot with the same key hash.
+    next: u32,
 }
 
-/// Raw series text → slot, plus the last good scrape's keys in page order.
+const NO_SLOT: u32 = u32::MAX;
+
+/// Raw series text → slot. Each key is stored once, in an arena in the order series were
+/// first seen, which for a steady target is page order.
 ///
-/// Pages come in the same order every scrape, so line k is first compared with the k-th
-/// key of the previous scrape, stored contiguously: a sequential compare the CPU prefetches,
-/// instead of hashing ~300 bytes and comparing against a key at a random address. The hash
-/// map is the fallback when the page changed.
+/// Line k of a page is first compared with the slot at position k of the last good scrape:
+/// a sequential compare through the arena that the CPU prefetches, instead of hashing ~300
+/// bytes and comparing against a key at a random address. The hash index is the fallback
+/// when the page changed.
 #[derive(Default)]
 struct SeriesCache {
-    map: HashMap<Box<[u8]>, u32, foldhash::fast::RandomState>,
+    /// Key hash → first slot with that hash (keys are hashes already: no rehashing).
+    index: HashMap<u64, u32, BuildHasherDefault<RefHasher>>,
+    hasher: foldhash::fast::RandomState,
     slots: Vec<Slot>,
-    order: Vec<(u32, u32)>,
-    arena: Vec<u8>,
-    next_order: Vec<(u32, u32)>,
-    next_arena: Vec<u8>,
+    keys: Vec<u8>,
+    order: Vec<u32>,
+    next_order: Vec<u32>,
 }
 
 impl SeriesCache {
-    fn positional(&self, pos: usize, key: &[u8]) -> Option<u32> {
-        let &(slot, end) = self.order.get(pos)?;
-        let start = if pos == 0 { 0 } else { self.order[pos - 1].1 as usize };
-        (self.arena.get(start..end as usize)? == key).then_some(slot)
+    fn key(&self, slot: u32) -> &[u8] {
+        &self.keys[self.slots[slot as usize].key.clone()]
     }
 
-    fn record(&mut self, slot: u32, key: &[u8]) {
-        self.next_arena.extend_from_slice(key);
-        self.next_order.push((slot, self.next_arena.len() as u32));
+    fn positional(&self, pos: usize, raw: &[u8]) -> Option<u32> {
+        let &slot = self.order.get(pos)?;
+        (self.key(slot) == raw).then_some(slot)
+    }
+
+    fn lookup(&self, raw: &[u8]) -> Option<u32> {
+        let mut s = *self.index.get(&self.hasher.hash_one(raw))?;
+        while s != NO_SLOT {
+            if self.key(s) == raw {
+                return Some(s);
+            }
+            s = self.slots[s as usize].next;
+        }
+        None
+    }
+
+    fn insert(&mut self, raw: &[u8], series: Option<Arc<MemSeries>>, now: u64) -> u32 {
+        let slot = self.slots.len() as u32;
+        let start = self.keys.len();
+        self.keys.extend_from_slice(raw);
+        let next = self.index.insert(self.hasher.hash_one(raw), slot).unwrap_or(NO_SLOT);
+        self.slots.push(Slot { series, last_seen: now, key: start..self.keys.len(), next });
+        slot
     }
 
     /// The scrape succeeded: its order becomes the one to compare against.
     fn commit_order(&mut self) {
         std::mem::swap(&mut self.order, &mut self.next_order);
-        std::mem::swap(&mut self.arena, &mut self.next_arena);
-        self.reset_next();
-    }
-
-    fn reset_next(&mut self) {
         self.next_order.clear();
-        self.next_arena.clear();
     }
 
-    /// Forgets series not seen since `oldest`; slots are renumbered, so the order goes too.
+    /// Forgets series not seen since `oldest`, compacting slots and keys.
     fn evict(&mut self, oldest: u64) {
-        let mut slots = Vec::with_capacity(self.slots.len());
-        let old = std::mem::take(&mut self.slots);
-        self.map.retain(|_, idx| {
-            let s = &old[*idx as usize];
-            if s.last_seen < oldest {
-                return false;
-            }
-            *idx = slots.len() as u32;
-            slots.push(s.clone());
-            true
-        });
-        self.slots = slots;
+        if self.slots.iter().all(|s| s.last_seen >= oldest) {
+            return;
+        }
+        let old_slots = std::mem::take(&mut self.slots);
+        let old_keys = std::mem::take(&mut self.keys);
+        self.index.clear();
         self.order.clear();
-        self.arena.clear();
+        for s in old_slots.into_iter().filter(|s| s.last_seen >= oldest) {
+            let raw = &old_keys[s.key.clone()];
+            self.insert(raw, s.series, s.last_seen);
+        }
     }
 }
 
-/// Hashes a series reference (already unique) with one multiply.
+/// Hashes a u64 that is already a hash or a unique reference, with one multiply.
 #[derive(Default)]
 struct RefHasher(u64);
 impl Hasher for RefHasher {
@@ -200,13 +217,13 @@ impl ScrapeIngest {
     fn resolve(&mut self, pos: usize, raw: &[u8], line: usize) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
         let known = match self.cache.positional(pos, raw) {
             Some(slot) => Some(slot),
-            None => self.cache.map.get(raw).copied(),
+            None => self.cache.lookup(raw),
         };
         if let Some(slot) = known {
             let s = &mut self.cache.slots[slot as usize];
             s.last_seen = self.iteration;
             let series = s.series.clone();
-            self.cache.record(slot, raw);
+            self.cache.next_order.push(slot);
             return Ok((series, false));
         }
         let scraped = exposition::parse_series_at(raw, line)?;
@@ -225,10 +242,8 @@ impl ScrapeIngest {
         };
         let created = resolved.as_ref().is_some_and(|r| r.1);
         let series = resolved.map(|r| r.0);
-        let slot = self.cache.slots.len() as u32;
-        self.cache.slots.push(Slot { series: series.clone(), last_seen: self.iteration });
-        self.cache.map.insert(raw.into(), slot);
-        self.cache.record(slot, raw);
+        let slot = self.cache.insert(raw, series.clone(), self.iteration);
+        self.cache.next_order.push(slot);
         Ok((series, created))
     }
 
@@ -249,7 +264,7 @@ impl ScrapeIngest {
         self.iteration += 1;
         self.batch.clear();
         self.seen.clear();
-        self.cache.reset_next();
+        self.cache.next_order.clear();
         let mut report = ScrapeReport::default();
         let mut changed_meta: Vec<String> = Vec::new();
         for entry in exposition::Parser::new(body, format) {
@@ -391,12 +406,13 @@ pub struct ScrapeLoop {
     pub ingest: ScrapeIngest,
     pub client: ScrapeClient,
     pub metrics: Arc<EdgeMetrics>,
+    pub buffers: Arc<BufferPool>,
 }
 
 impl ScrapeLoop {
-    pub fn new(target: Target, job: Arc<ScrapeJob>, db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>) -> Self {
+    pub fn new(target: Target, job: Arc<ScrapeJob>, db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>, buffers: Arc<BufferPool>) -> Self {
         let client = ScrapeClient::new(&target.url, ACCEPT_HEADER, job.timeout);
-        ScrapeLoop { ingest: ScrapeIngest::new(target, job, db), client, metrics }
+        ScrapeLoop { ingest: ScrapeIngest::new(target, job, db), client, metrics, buffers }
     }
 }
 
@@ -407,7 +423,8 @@ impl ScrapeLoop {
         let label = JobLabel { job: job.job_name.clone() };
         self.metrics.scrapes.get_or_create(&label).inc();
         let started = Instant::now();
-        let fetched = self.client.get(job.timeout, job.body_size_limit).await;
+        let mut bufs = self.buffers.take();
+        let fetched = self.client.get(&mut bufs, job.timeout, job.body_size_limit).await;
         // As Prometheus: scrape_duration_seconds is the time the fetch took.
         let duration = started.elapsed();
         let result = match fetched {
@@ -417,6 +434,7 @@ impl ScrapeLoop {
             }
             Err(e) => Err(e.into()),
         };
+        self.buffers.put(bufs);
         match result {
             Ok(r) => {
                 self.metrics.samples_appended.inc_by(r.appended as u64);
