@@ -8,8 +8,7 @@
 //! `Content-Encoding: gzip`, keep-alive with one retry when a reused connection turns out to
 //! be closed. Not supported (an error naming it): `https://` and redirects.
 
-use flate2::bufread::GzDecoder;
-use std::io::Read;
+use flate2::{Decompress, FlushDecompress, Status};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -134,11 +133,67 @@ pub struct Response<'a> {
 
 /// The buffers one scrape needs. Only scrapes in flight hold them: loops take them from a
 /// [`BufferPool`] and give them back, so memory follows concurrency, not the target count.
-#[derive(Default)]
 pub struct Buffers {
     buf: Vec<u8>,
     body: Vec<u8>,
     inflated: Vec<u8>,
+    /// Raw-deflate state, reset between bodies instead of rebuilt.
+    inflater: Decompress,
+}
+
+impl Default for Buffers {
+    fn default() -> Self {
+        Buffers { buf: Vec::new(), body: Vec::new(), inflated: Vec::new(), inflater: Decompress::new(false) }
+    }
+}
+
+/// Inflates one gzip member (RFC 1952) into `out`, checking its CRC and length, and the
+/// size limit (0: none) as it goes.
+fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64) -> Result<(), HttpError> {
+    let bad = |m: &str| HttpError::Protocol(format!("gzip body: {m}"));
+    if input.len() < 18 || input[0] != 0x1f || input[1] != 0x8b || input[2] != 8 {
+        return Err(bad("not a gzip stream"));
+    }
+    let flags = input[3];
+    let mut pos = 10;
+    if flags & 4 != 0 {
+        let xlen = u16::from_le_bytes([*input.get(pos).ok_or_else(|| bad("truncated header"))?, *input.get(pos + 1).ok_or_else(|| bad("truncated header"))?]);
+        pos += 2 + xlen as usize;
+    }
+    for flag in [8u8, 16] {
+        if flags & flag != 0 {
+            let end = input.get(pos..).and_then(|r| r.iter().position(|&b| b == 0)).ok_or_else(|| bad("truncated header"))?;
+            pos += end + 1;
+        }
+    }
+    if flags & 2 != 0 {
+        pos += 2;
+    }
+    let data = input.get(pos..).ok_or_else(|| bad("truncated header"))?;
+    inflater.reset(false);
+    out.clear();
+    out.reserve(data.len() * 4);
+    loop {
+        let before = inflater.total_in() as usize;
+        let status = inflater.decompress_vec(&data[before..], out, FlushDecompress::Finish).map_err(|e| bad(&e.to_string()))?;
+        if limit > 0 && out.len() as u64 > limit {
+            return Err(HttpError::BodyTooLarge(limit));
+        }
+        match status {
+            Status::StreamEnd => break,
+            _ if out.len() == out.capacity() => out.reserve(out.capacity()),
+            _ if inflater.total_in() as usize == before => return Err(bad("truncated stream")),
+            _ => {}
+        }
+    }
+    let end = inflater.total_in() as usize;
+    let trailer = data.get(end..end + 8).ok_or_else(|| bad("missing trailer"))?;
+    let crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
+    let size = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
+    if crc32fast::hash(out) != crc || size != out.len() as u32 {
+        return Err(bad("checksum mismatch"));
+    }
+    Ok(())
 }
 
 /// Buffers shared by all scrape loops.
@@ -206,15 +261,7 @@ impl ScrapeClient {
             return Err(HttpError::Status(head.status));
         }
         let body: &[u8] = if head.gzip {
-            bufs.inflated.clear();
-            let cap = if limit > 0 { limit + 1 } else { u64::MAX };
-            GzDecoder::new(bufs.body.as_slice())
-                .take(cap)
-                .read_to_end(&mut bufs.inflated)
-                .map_err(|e| HttpError::Protocol(format!("gzip body: {e}")))?;
-            if limit > 0 && bufs.inflated.len() as u64 > limit {
-                return Err(HttpError::BodyTooLarge(limit));
-            }
+            gunzip(&bufs.body, &mut bufs.inflated, &mut bufs.inflater, limit)?;
             &bufs.inflated
         } else {
             &bufs.body
@@ -369,6 +416,27 @@ mod tests {
         let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
         e.write_all(b).unwrap();
         e.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_members_with_header_fields_crc_and_limits() {
+        let page = b"DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 61\n".repeat(1000);
+        let mut z = flate2::GzBuilder::new().filename("page.txt").comment("c").extra(vec![1, 2, 3]).write(Vec::new(), flate2::Compression::fast());
+        z.write_all(&page).unwrap();
+        let z = z.finish().unwrap();
+        let (mut out, mut inf) = (Vec::new(), Decompress::new(false));
+        gunzip(&z, &mut out, &mut inf, 0).unwrap();
+        assert_eq!(out, page);
+        // the state is reused for the next body
+        gunzip(&gz(b"m 1\n"), &mut out, &mut inf, 0).unwrap();
+        assert_eq!(out, b"m 1\n");
+        assert_eq!(gunzip(&z, &mut out, &mut inf, 1000), Err(HttpError::BodyTooLarge(1000)));
+        let mut corrupt = z.clone();
+        let n = corrupt.len();
+        corrupt[n - 6] ^= 1; // CRC
+        assert!(gunzip(&corrupt, &mut out, &mut inf, 0).is_err());
+        assert!(gunzip(&z[..z.len() / 2], &mut out, &mut inf, 0).is_err());
+        assert!(gunzip(b"not gzip at all, not at all", &mut out, &mut inf, 0).is_err());
     }
 
     #[tokio::test]

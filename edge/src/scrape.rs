@@ -214,18 +214,25 @@ impl ScrapeIngest {
     /// Resolves the raw series on line position `pos` to its head series, or `None` when
     /// relabeling drops it. Bytes found in the cache were validated when first seen; new ones
     /// are validated here.
-    fn resolve(&mut self, pos: usize, raw: &[u8], line: usize) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
+    fn resolve(&mut self, pos: usize, raw: &[u8], line: usize, steady: &mut bool) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
         let known = match self.cache.positional(pos, raw) {
             Some(slot) => Some(slot),
-            None => self.cache.lookup(raw),
+            None => {
+                *steady = false;
+                self.cache.lookup(raw)
+            }
         };
         if let Some(slot) = known {
             let s = &mut self.cache.slots[slot as usize];
+            if s.last_seen == self.iteration {
+                return Err(ScrapeError::DuplicateSeries(String::from_utf8_lossy(raw).into_owned()));
+            }
             s.last_seen = self.iteration;
             let series = s.series.clone();
             self.cache.next_order.push(slot);
             return Ok((series, false));
         }
+        *steady = false;
         let scraped = exposition::parse_series_at(raw, line)?;
         let lb = self.target_series_labels(scraped);
         let resolved = match relabel::process(&self.job.metric_relabel, lb) {
@@ -263,19 +270,17 @@ impl ScrapeIngest {
     pub fn ingest(&mut self, body: &[u8], format: Format, ts: i64, duration: Duration) -> Result<ScrapeReport, ScrapeError> {
         self.iteration += 1;
         self.batch.clear();
-        self.seen.clear();
         self.cache.next_order.clear();
         let mut report = ScrapeReport::default();
         let mut changed_meta: Vec<String> = Vec::new();
+        // Every line where it was last time: then nothing can be duplicated or gone stale.
+        let mut steady = true;
         for entry in exposition::Parser::new(body, format) {
             match entry? {
                 Entry::Sample { series, value, timestamp_ms, line, .. } => {
-                    let (resolved, created) = self.resolve(report.scraped, series, line)?;
+                    let (resolved, created) = self.resolve(report.scraped, series, line, &mut steady)?;
                     report.scraped += 1;
                     let Some(s) = resolved else { continue };
-                    if !self.seen.insert(s.series_ref) {
-                        return Err(ScrapeError::DuplicateSeries(s.labels.to_string()));
-                    }
                     report.series_added += created as usize;
                     let t = match timestamp_ms {
                         Some(t) if self.job.honor_timestamps => t,
@@ -315,10 +320,20 @@ impl ScrapeIngest {
                 self.db.set_metadata(&family, meta.clone())?;
             }
         }
-        // Series that left the page get a staleness marker.
-        let stale: Vec<_> = self.previous.iter().filter(|s| !self.seen.contains(&s.series_ref)).cloned().collect();
-        for s in &stale {
-            self.batch.push((s.clone(), Sample::new(ts, stale_nan())));
+        steady &= report.scraped == self.cache.order.len();
+        if !steady {
+            // Two lines that relabel into one series are a duplicate too.
+            self.seen.clear();
+            for (s, _) in &self.batch {
+                if !self.seen.insert(s.series_ref) {
+                    return Err(ScrapeError::DuplicateSeries(s.labels.to_string()));
+                }
+            }
+            // Series that left the page get a staleness marker.
+            let stale: Vec<_> = self.previous.iter().filter(|s| !self.seen.contains(&s.series_ref)).cloned().collect();
+            for s in stale {
+                self.batch.push((s, Sample::new(ts, stale_nan())));
+            }
         }
         let page_samples = self.batch.len();
         for r in self.report_samples(ts, true, duration, &report)? {
@@ -327,8 +342,10 @@ impl ScrapeIngest {
         let mut out = self.db.commit(&self.batch)?;
         out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
         report.appended = out.appended;
-        self.previous.clear();
-        self.previous.extend(self.batch.iter().take(report.post_relabel).map(|(s, _)| s.clone()));
+        if !steady {
+            self.previous.clear();
+            self.previous.extend(self.batch.iter().take(report.post_relabel).map(|(s, _)| s.clone()));
+        }
         self.cache.commit_order();
         if self.iteration % CACHE_KEEP_SCRAPES == 0 {
             self.cache.evict(self.iteration.saturating_sub(CACHE_KEEP_SCRAPES));
@@ -339,6 +356,8 @@ impl ScrapeIngest {
     /// A failed scrape: every series of the last good scrape goes stale, and `up` = 0 is
     /// recorded, in one commit.
     pub fn fail(&mut self, ts: i64, duration: Duration) -> Result<(), ScrapeError> {
+        // `previous` is emptied here, so the next scrape must not count as steady.
+        self.cache.order.clear();
         let mut batch: Vec<_> = self.previous.drain(..).map(|s| (s, Sample::new(ts, stale_nan()))).collect();
         batch.extend(self.report_samples(ts, false, duration, &ScrapeReport::default())?);
         self.db.commit(&batch)?;
@@ -374,6 +393,7 @@ impl ScrapeIngest {
 
     /// The target went away: everything it wrote, synthetic series included, goes stale.
     pub fn end(&mut self, ts: i64) -> Result<(), ScrapeError> {
+        self.cache.order.clear();
         let mut batch: Vec<_> = self.previous.drain(..).map(|s| (s, Sample::new(ts, stale_nan()))).collect();
         batch.extend(self.synthetic.drain().map(|(_, s)| (s, Sample::new(ts, stale_nan()))));
         self.db.commit(&batch)?;

@@ -191,3 +191,18 @@ fn scrape_offsets_spread_over_the_interval() {
         .collect();
     assert!(offsets.len() >= 8, "64 targets fall in only {} of 10 half-second slots", offsets.len());
 }
+
+#[test]
+fn after_a_failed_scrape_a_series_that_leaves_still_goes_stale() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let page = b"m{a=\"1\"} 1\nm{a=\"2\"} 2\n";
+    ing.ingest(page, Format::Text, 1000, Duration::ZERO).unwrap();
+    ing.fail(2000, Duration::ZERO).unwrap();
+    ing.ingest(page, Format::Text, 3000, Duration::ZERO).unwrap();
+    ing.ingest(page, Format::Text, 4000, Duration::ZERO).unwrap();
+    ing.ingest(b"m{a=\"1\"} 1\n", Format::Text, 5000, Duration::ZERO).unwrap();
+    let a2 = &samples_of(&f.db, &[name("m"), Matcher::eq("a", "2")])[0].1;
+    let last = a2.last().unwrap();
+    assert!(is_stale(last.v) && last.t == 5000, "{a2:?}");
+}
