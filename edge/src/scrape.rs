@@ -336,10 +336,12 @@ impl ScrapeIngest {
             }
         }
         let page_samples = self.batch.len();
-        for r in self.report_samples(ts, true, duration, &report)? {
-            self.batch.push(r);
-        }
-        let mut out = self.db.commit(&self.batch)?;
+        let report_samples = self.report_samples(ts, true, duration, &report)?;
+        // The page's series are distinct (checked for duplicates, or line for line the last
+        // page); the report's are too, unless the page exposes one of them itself.
+        let distinct = !self.batch.iter().any(|(s, _)| report_samples.iter().any(|(r, _)| r.series_ref == s.series_ref));
+        self.batch.extend(report_samples);
+        let mut out = if distinct { self.db.commit_distinct(&self.batch)? } else { self.db.commit(&self.batch)? };
         out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
         report.appended = out.appended;
         if !steady {

@@ -5,7 +5,10 @@
 //! steady series costs about a bit per value and a noisy one about its entropy, with no
 //! per-chunk tuning and no bits spent on the parameter):
 //!
-//! * **timestamps**: delta of delta. Regular scrapes cost 1 bit; millisecond jitter a few.
+//! * **timestamps**: two predictors compete per sample (see `TsState`): delta of delta
+//!   (regular scrapes cost 1 bit) and the offset from the grid `t₀ + i·Δ`, coded over the
+//!   window of offsets seen (scrape jitter around a fixed rhythm costs about log2 of its
+//!   spread, one bit less than delta of delta).
 //! * **values, decimal path**: when this and the previous values are exact decimals at the
 //!   chunk's scale (`v == round(v·10^k)/10^k`, `k` fixed by the first value, 0..=6), the
 //!   scaled integers are predicted by FLAC's fixed polynomial predictors of order 1 to 3
@@ -19,8 +22,10 @@
 //!
 //! Encoder and decoder derive all adaptive state from the samples themselves, so the
 //! decoder replays the encoder's choices exactly. A chunk is sealed at
-//! [`CHUNK_MAX_SAMPLES`]; sealed chunks are immutable byte strings that travel between
-//! tiers as they are.
+//! [`CHUNK_MAX_SAMPLES`] (960: 80 minutes at 5 s, 4 hours at 15 s; longer chunks amortise
+//! the header and the coder's warm-up, at the price of decoding more of the open chunk for
+//! a query of the last minutes); sealed chunks are immutable byte strings that travel
+//! between tiers as they are.
 
 use crate::model::Sample;
 use std::sync::Arc;

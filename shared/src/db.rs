@@ -143,6 +143,22 @@ impl Tsdb {
     /// Validates, logs and applies a batch. Samples of one series must be in time order
     /// within the batch; each refused sample is reported and the rest still go in.
     pub fn commit(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
+        self.commit_inner(batch, false)
+    }
+
+    /// [`commit`](Self::commit) for a batch whose samples all belong to different series,
+    /// as a scrape's (checked for duplicate series before): skips tracking repeats within
+    /// the batch. A batch that breaks the contract would let a series' samples in out of order.
+    pub fn commit_distinct(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
+        debug_assert!({
+            let mut refs: Vec<_> = batch.iter().map(|(s, _)| s.series_ref).collect();
+            refs.sort_unstable();
+            refs.windows(2).all(|w| w[0] != w[1])
+        });
+        self.commit_inner(batch, true)
+    }
+
+    fn commit_inner(&self, batch: &[(Arc<MemSeries>, Sample)], distinct: bool) -> Result<CommitOutcome, TsdbError> {
         let mut out = CommitOutcome::default();
         if batch.is_empty() {
             return Ok(out);
@@ -167,7 +183,8 @@ impl Tsdb {
                 out.rejected.push((series.series_ref, *s, SampleError::OutOfBounds));
                 continue;
             }
-            let check = match pending.get(&series.series_ref) {
+            let repeat = if distinct { None } else { pending.get(&series.series_ref) };
+            let check = match repeat {
                 Some(p) if s.t > p.t => Ok(true),
                 Some(p) if s.t == p.t && p.v.to_bits() == s.v.to_bits() => Ok(false),
                 Some(p) if s.t == p.t => Err(SampleError::DuplicateTimestamp),
@@ -177,11 +194,13 @@ impl Tsdb {
             match check {
                 Ok(true) => {
                     if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) != segment
-                        && !pending.contains_key(&series.series_ref)
+                        && (distinct || !pending.contains_key(&series.series_ref))
                     {
                         records.push(WalRecord::Series { series_ref: series.series_ref, labels: series.labels.clone() });
                     }
-                    pending.insert(series.series_ref, *s);
+                    if !distinct {
+                        pending.insert(series.series_ref, *s);
+                    }
                     accepted.push((series.series_ref, *s));
                     accepted_idx.push(i);
                 }

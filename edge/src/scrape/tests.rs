@@ -206,3 +206,16 @@ fn after_a_failed_scrape_a_series_that_leaves_still_goes_stale() {
     let last = a2.last().unwrap();
     assert!(is_stale(last.v) && last.t == 5000, "{a2:?}");
 }
+
+#[test]
+fn a_page_that_exposes_up_itself_keeps_the_first_sample() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    // after target labels this `up` is the synthetic `up` series: as in Prometheus, the page's
+    // sample is stored and the report's sample for the same timestamp is refused
+    ing.ingest(b"up 0\nother 1\n", Format::Text, 1000, Duration::ZERO).unwrap();
+    ing.ingest(b"up 0\nother 1\n", Format::Text, 2000, Duration::ZERO).unwrap();
+    let up = samples_of(&f.db, &[name("up")]);
+    assert_eq!(up.len(), 1);
+    assert_eq!(up[0].1.iter().map(|s| (s.t, s.v)).collect::<Vec<_>>(), [(1000, 0.0), (2000, 0.0)]);
+}
