@@ -115,7 +115,11 @@ fn dechunk(data: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, 
                 None => Ok(None),
             };
         }
-        if data.len() < i + size + 2 {
+        let end = i.checked_add(size).and_then(|e| e.checked_add(2)).ok_or_else(|| HttpError::Protocol(format!("chunk size {size_hex:?} too large")))?;
+        if limit > 0 && size as u64 > limit {
+            return Err(HttpError::BodyTooLarge(limit));
+        }
+        if data.len() < end {
             return Ok(None);
         }
         out.extend_from_slice(&data[i..i + size]);
@@ -381,6 +385,8 @@ mod tests {
         assert_eq!(dechunk(b"5\r\nhel", &mut out, 0).unwrap(), None);
         assert_eq!(dechunk(b"5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", &mut out, 0).unwrap(), Some(29));
         assert!(dechunk(b"zz\r\n", &mut out, 0).is_err());
+        assert!(dechunk(b"ffffffffffffffff\r\nx", &mut out, 0).is_err(), "a huge chunk size is an error, not an overflow");
+        assert_eq!(dechunk(b"ffffff\r\nx", &mut out, 100), Err(HttpError::BodyTooLarge(100)));
         assert_eq!(dechunk(b"5\r\nhello\r\n0\r\n\r\n", &mut out, 3), Err(HttpError::BodyTooLarge(3)));
     }
 
