@@ -949,6 +949,17 @@ mod tests {
     }
 
     #[test]
+    fn random_bytes_decode_to_an_error_or_samples_never_a_panic() {
+        let mut r = Rng(77);
+        for _ in 0..2000 {
+            let len = (r.next() % 200) as usize;
+            let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+            let c = Chunk { data: Arc::from(data), n: (r.next() % 1000) as u16, min_t: 0, max_t: 0 };
+            let _ = c.decode();
+        }
+    }
+
+    #[test]
     fn truncated_data_is_an_error_not_garbage() {
         let mut a = ChunkAppender::new();
         for i in 0..100 {

@@ -162,3 +162,28 @@ fn content_type_negotiation() {
     assert_eq!(Format::from_content_type(Some("text/plain; version=0.0.4")), Format::Text);
     assert_eq!(Format::from_content_type(None), Format::Text);
 }
+
+/// Random pages made of syntax-heavy bytes: the parser and the series parser return
+/// errors, never panic.
+#[test]
+fn random_byte_soup_never_panics() {
+    let alphabet = b"ab_:{}=\",\\ \t\n#0123456789.eE+-NaInf\xff\xc3\xa9HELP TYPE EOF";
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for _ in 0..3000 {
+        let len = (x % 300) as usize;
+        let mut page = Vec::with_capacity(len);
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            page.push(alphabet[(x % alphabet.len() as u64) as usize]);
+        }
+        for format in [Format::Text, Format::OpenMetrics] {
+            for e in Parser::new(&page, format).flatten() {
+                if let Entry::Sample { series, line, .. } = e {
+                    let _ = parse_series_at(series, line);
+                }
+            }
+        }
+    }
+}

@@ -153,3 +153,26 @@ fn reader_resumes_from_a_cursor_across_segments() {
     w.log(std::slice::from_ref(&extra)).unwrap();
     assert_eq!(resumed.next_record().unwrap().map(|x| x.0), Some(extra));
 }
+
+#[test]
+fn random_segments_replay_without_panicking() {
+    let d = tempfile::tempdir().unwrap();
+    let mut x = 12345u64;
+    for n in 0..50u32 {
+        let mut bytes = SEGMENT_MAGIC.to_vec();
+        let len = 16 + (n as usize * 37) % 400;
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            bytes.push(x as u8);
+        }
+        // a few plausible headers among the noise
+        if n % 3 == 0 {
+            bytes[8..12].copy_from_slice(&20u32.to_le_bytes());
+        }
+        fs::write(segment_path(d.path(), n), &bytes).unwrap();
+    }
+    let (_, st) = collect(d.path());
+    assert_eq!(st.segments, 50);
+}
