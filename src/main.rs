@@ -38,6 +38,13 @@ enum Command {
         #[arg(long)]
         start_at: Option<i64>,
     },
+    /// Run Prometheus' PromQL conformance files ($PROMQL_TESTDATA, else ../shared/promql-testdata).
+    PromqlTest {
+        dir: Option<PathBuf>,
+        /// Print every failure and skip, not just the counts and the first failures.
+        #[arg(long)]
+        verbose: bool,
+    },
     /// The edge tier: scrape + remote-write receiver + WAL-backed head.
     Edge {
         /// A Prometheus configuration file (Strata's own keys under `strata:`).
@@ -78,6 +85,34 @@ pub async fn shutdown_signal() {
     }
 }
 
+fn promql_test(dir: Option<PathBuf>, verbose: bool) -> anyhow::Result<()> {
+    let dir = dir
+        .or_else(|| std::env::var_os("PROMQL_TESTDATA").map(PathBuf::from))
+        .unwrap_or_else(|| PathBuf::from("../shared/promql-testdata"));
+    if !dir.is_dir() {
+        anyhow::bail!("the PromQL conformance suite did not run: {} does not exist (set PROMQL_TESTDATA)", dir.display());
+    }
+    let mut files: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "test")).collect();
+    files.sort();
+    let mut report = strata_shared::promql::testfile::Report::default();
+    for f in &files {
+        let text = std::fs::read_to_string(f)?;
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        strata_shared::promql::testfile::run_file(&name, &text, &mut report);
+    }
+    let shown = if verbose { usize::MAX } else { 20 };
+    for f in report.failed.iter().take(shown) {
+        println!("FAIL {f}");
+    }
+    if verbose {
+        for s in &report.skipped {
+            println!("SKIP {s}");
+        }
+    }
+    println!("promql conformance ({} files from {}): {} passed, {} failed, {} skipped", files.len(), dir.display(), report.passed, report.failed.len(), report.skipped.len());
+    Ok(())
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     init_logging();
@@ -85,6 +120,7 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => up::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::PromqlTest { dir, verbose } => tokio::task::spawn_blocking(move || promql_test(dir, verbose)).await?,
         Command::Simulate { nodes, gpus_per_node, listen, seed, start_at } => {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             let addr = listener.local_addr()?;

@@ -12,6 +12,7 @@ pub mod import;
 pub mod index;
 pub mod matcher;
 pub mod model;
+pub mod promql;
 pub mod relabel;
 pub mod selector;
 pub mod store;

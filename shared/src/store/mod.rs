@@ -8,6 +8,7 @@
 //! chunks, which travel between tiers unchanged.
 
 pub mod conformance;
+pub mod memory;
 
 use crate::chunk::{Chunk, ChunkError};
 use crate::db::Tsdb;

@@ -1,0 +1,189 @@
+//! Aggregation operators, per step and per group.
+
+use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
+use super::QueryError;
+use crate::model::{Labels, LabelsBuilder, METRIC_NAME};
+use promql_parser::parser::{AggregateExpr, LabelModifier};
+use std::collections::HashMap;
+
+fn group_labels(l: &Labels, m: &Option<LabelModifier>) -> Labels {
+    let mut b: LabelsBuilder = l.to_builder();
+    match m {
+        Some(LabelModifier::Include(by)) => b.retain(|x| by.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+        Some(LabelModifier::Exclude(without)) => b.retain(|x| x.name.as_ref() != METRIC_NAME && !without.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+        None => b.retain(|_| false),
+    }
+    b.build()
+}
+
+/// Prometheus' quantile over sorted values (linear interpolation, φ outside [0,1] → ±Inf).
+pub fn quantile(q: f64, values: &mut [f64]) -> f64 {
+    if values.is_empty() || q.is_nan() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len() as f64;
+    let rank = q * (n - 1.0);
+    let lower = rank.floor().max(0.0) as usize;
+    let upper = (lower + 1).min(values.len() - 1);
+    let w = rank - rank.floor();
+    values[lower] * (1.0 - w) + values[upper] * w
+}
+
+/// Kahan-compensated running sum, as Prometheus 3 sums.
+#[derive(Default, Clone, Copy)]
+struct KahanSum {
+    sum: f64,
+    c: f64,
+}
+
+impl KahanSum {
+    fn add(&mut self, x: f64) {
+        let t = self.sum + x;
+        if self.sum.abs() >= x.abs() {
+            self.c += (self.sum - t) + x;
+        } else {
+            self.c += (x - t) + self.sum;
+        }
+        self.sum = t;
+    }
+    fn value(&self) -> f64 {
+        if (self.sum + self.c).is_infinite() { self.sum } else { self.sum + self.c }
+    }
+}
+
+pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
+    let op = a.op.to_string();
+    let Val::Vector(input) = ev.eval(&a.expr)? else {
+        return Err(QueryError::BadData(format!("expected instant vector in aggregation {op}")));
+    };
+    let param = match &a.param {
+        Some(p) => Some(ev.eval(p)?),
+        None => None,
+    };
+    let scalar_param = |i: usize| -> Result<f64, QueryError> {
+        match &param {
+            Some(Val::Scalar(v)) => Ok(v[i]),
+            _ => Err(QueryError::BadData(format!("expected scalar parameter for {op}"))),
+        }
+    };
+    let groups: Vec<Labels> = input.iter().map(|s| group_labels(&s.labels, &a.modifier)).collect();
+    let mut out = VectorBuilder::new(ev.steps);
+    match op.as_str() {
+        "topk" | "bottomk" | "limitk" => {
+            let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            for i in 0..ev.steps {
+                let k = scalar_param(i)?;
+                if k.is_nan() {
+                    return Err(QueryError::Execution(format!("Parameter value is NaN for {op}")));
+                }
+                let k = if k >= 1.0 { k.min(1e9) as usize } else { 0 };
+                let mut by_group: HashMap<&Labels, Vec<(usize, f64)>> = HashMap::new();
+                for (j, s) in input.iter().enumerate() {
+                    if let Some(x) = s.vals[i] {
+                        by_group.entry(&groups[j]).or_default().push((j, x));
+                    }
+                }
+                for (_, mut members) in by_group {
+                    match op.as_str() {
+                        // NaN sorts last for both.
+                        "topk" => members.sort_by(|x, y| y.1.partial_cmp(&x.1).unwrap_or_else(|| x.1.is_nan().cmp(&y.1.is_nan()))),
+                        "bottomk" => members.sort_by(|x, y| x.1.partial_cmp(&y.1).unwrap_or_else(|| x.1.is_nan().cmp(&y.1.is_nan()))),
+                        _ => {}
+                    }
+                    for (j, x) in members.into_iter().take(k) {
+                        keep[j][i] = Some(x);
+                    }
+                }
+            }
+            let series = input
+                .into_iter()
+                .zip(keep)
+                .filter(|(_, v)| v.iter().any(Option::is_some))
+                .map(|(s, vals)| StepSeries { labels: s.labels, vals })
+                .collect();
+            return Ok(Val::Vector(series));
+        }
+        "count_values" => {
+            let Some(Val::Str(label)) = &param else {
+                return Err(QueryError::BadData("count_values needs a string parameter".into()));
+            };
+            if !crate::relabel::is_valid_label_name(label) {
+                return Err(QueryError::Execution(format!("invalid label name {label:?}")));
+            }
+            for i in 0..ev.steps {
+                let mut counts: HashMap<Labels, f64> = HashMap::new();
+                for (j, s) in input.iter().enumerate() {
+                    if let Some(x) = s.vals[i] {
+                        let mut b = groups[j].to_builder();
+                        b.set(label, &format_value(x));
+                        *counts.entry(b.build()).or_default() += 1.0;
+                    }
+                }
+                for (l, c) in counts {
+                    out.set(l, i, c)?;
+                }
+            }
+            return Ok(out.finish());
+        }
+        _ => {}
+    }
+    for i in 0..ev.steps {
+        let mut by_group: HashMap<&Labels, Vec<f64>> = HashMap::new();
+        for (j, s) in input.iter().enumerate() {
+            if let Some(x) = s.vals[i] {
+                by_group.entry(&groups[j]).or_default().push(x);
+            }
+        }
+        for (g, mut vals) in by_group {
+            let n = vals.len() as f64;
+            let v = match op.as_str() {
+                "sum" => {
+                    let mut k = KahanSum::default();
+                    vals.iter().for_each(|x| k.add(*x));
+                    k.value()
+                }
+                "avg" => {
+                    let mut k = KahanSum::default();
+                    vals.iter().for_each(|x| k.add(*x));
+                    if vals.iter().any(|x| x.is_infinite()) { vals.iter().sum::<f64>() / n } else { k.value() / n }
+                }
+                "min" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
+                "max" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
+                "count" => n,
+                "group" => 1.0,
+                "stddev" | "stdvar" => {
+                    let mean = vals.iter().sum::<f64>() / n;
+                    let var = vals.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
+                    if op == "stddev" { var.sqrt() } else { var }
+                }
+                "quantile" => quantile(scalar_param(i)?, &mut vals),
+                other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
+            };
+            out.set(g.clone(), i, v)?;
+        }
+    }
+    Ok(out.finish())
+}
+
+/// Formats a value as Prometheus' API does (Go's `strconv.FormatFloat(v, 'f', -1, 64)`,
+/// with `+Inf`, `-Inf`, `NaN`).
+pub fn format_value(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v == f64::INFINITY {
+        "+Inf".into()
+    } else if v == f64::NEG_INFINITY {
+        "-Inf".into()
+    } else {
+        let s = format!("{v}");
+        // Rust prints 1e21 as "1000000000000000000000", as Go's 'f' format does.
+        s
+    }
+}

@@ -1,0 +1,239 @@
+//! Phase two: step-by-step evaluation over the fetched samples.
+
+use super::fetch::{self, Fetched};
+use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
+use crate::model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
+use promql_parser::parser::{Expr, MatrixSelector, VectorSelector};
+use std::cell::Cell;
+use std::collections::HashMap;
+
+/// One series of an instant vector evaluated at every step.
+#[derive(Debug, Clone)]
+pub struct StepSeries {
+    pub labels: Labels,
+    pub vals: Vec<Option<f64>>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Val {
+    /// One value per step.
+    Scalar(Vec<f64>),
+    Str(String),
+    Vector(Vec<StepSeries>),
+    /// Only as the result of an instant query of a range selector.
+    Matrix(Vec<SeriesPoints>),
+}
+
+/// Collects output series by label set, one value per step.
+pub struct VectorBuilder {
+    steps: usize,
+    index: HashMap<Labels, usize>,
+    pub series: Vec<StepSeries>,
+}
+
+impl VectorBuilder {
+    pub fn new(steps: usize) -> Self {
+        VectorBuilder { steps, index: HashMap::new(), series: Vec::new() }
+    }
+
+    /// Sets a value; a second value for the same labels at the same step is Prometheus'
+    /// "vector cannot contain metrics with the same labelset".
+    pub fn set(&mut self, labels: Labels, step: usize, v: f64) -> Result<(), QueryError> {
+        let i = match self.index.get(&labels) {
+            Some(&i) => i,
+            None => {
+                self.series.push(StepSeries { labels: labels.clone(), vals: vec![None; self.steps] });
+                self.index.insert(labels, self.series.len() - 1);
+                self.series.len() - 1
+            }
+        };
+        let slot = &mut self.series[i].vals[step];
+        if slot.is_some() {
+            return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
+        }
+        *slot = Some(v);
+        Ok(())
+    }
+
+    pub fn finish(self) -> Val {
+        Val::Vector(self.series)
+    }
+}
+
+pub fn drop_name(l: &Labels) -> Labels {
+    if l.get(METRIC_NAME).is_none() {
+        return l.clone();
+    }
+    let mut b: LabelsBuilder = l.to_builder();
+    b.del(METRIC_NAME);
+    b.build()
+}
+
+pub struct Evaluator<'a> {
+    data: &'a Fetched,
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+    pub steps: usize,
+    lookback: i64,
+    max_samples: u64,
+    samples: Cell<u64>,
+}
+
+impl<'a> Evaluator<'a> {
+    pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
+        let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
+        Evaluator { data, start, end, step, steps, lookback, max_samples, samples: Cell::new(0) }
+    }
+
+    pub fn time(&self, i: usize) -> i64 {
+        self.start + i as i64 * self.step.max(0)
+    }
+
+    /// Counts samples a step touches against the query's limit.
+    pub fn charge(&self, n: u64) -> Result<(), QueryError> {
+        let t = self.samples.get() + n;
+        self.samples.set(t);
+        if t > self.max_samples {
+            return Err(QueryError::TooManySamples(self.max_samples));
+        }
+        Ok(())
+    }
+
+    fn series_of(&self, vs: &VectorSelector) -> &'a [fetch::FetchedSeries] {
+        self.data.get(&fetch::key(vs)).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// The evaluation time of a selector at step `i`: `@` fixes it, `offset` shifts it.
+    pub fn selector_time(&self, vs: &VectorSelector, i: usize) -> i64 {
+        fetch::at_ms(&vs.at, self.start, self.end).unwrap_or_else(|| self.time(i)) - fetch::offset_ms(&vs.offset)
+    }
+
+    fn vector_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        let mut out = Vec::new();
+        for s in self.series_of(vs) {
+            let mut vals = vec![None; self.steps];
+            let mut any = false;
+            for (i, v) in vals.iter_mut().enumerate() {
+                let t = self.selector_time(vs, i);
+                // latest sample at or before t, within the lookback window (t - lookback, t]
+                let idx = s.samples.partition_point(|x| x.t <= t);
+                if idx == 0 {
+                    continue;
+                }
+                let x = s.samples[idx - 1];
+                if x.t <= t - self.lookback || is_stale(x.v) {
+                    continue;
+                }
+                *v = Some(x.v);
+                any = true;
+            }
+            if any {
+                self.charge(vals.iter().filter(|v| v.is_some()).count() as u64)?;
+                out.push(StepSeries { labels: s.labels.clone(), vals });
+            }
+        }
+        Ok(Val::Vector(out))
+    }
+
+    /// Calls `f(step, window, t - range, t)` with each series' non-empty window `(t - range, t]`
+    /// at every step (staleness markers removed) and collects its results.
+    pub fn range_windows(&self, ms: &MatrixSelector, keep_name: bool, mut f: impl FnMut(usize, &[Sample], i64, i64) -> Option<f64>) -> Result<Val, QueryError> {
+        let range = ms.range.as_millis() as i64;
+        let mut out = Vec::new();
+        let mut buf: Vec<Sample> = Vec::new();
+        for s in self.series_of(&ms.vs) {
+            // Range windows never hold staleness markers.
+            let samples: std::borrow::Cow<[Sample]> = if s.samples.iter().any(|x| is_stale(x.v)) {
+                s.samples.iter().copied().filter(|x| !is_stale(x.v)).collect::<Vec<_>>().into()
+            } else {
+                (&s.samples[..]).into()
+            };
+            let mut vals = vec![None; self.steps];
+            let mut any = false;
+            for (i, v) in vals.iter_mut().enumerate() {
+                let t = self.selector_time(&ms.vs, i);
+                let lo = samples.partition_point(|x| x.t <= t - range);
+                let hi = samples.partition_point(|x| x.t <= t);
+                if lo >= hi {
+                    continue;
+                }
+                self.charge((hi - lo) as u64)?;
+                buf.clear();
+                buf.extend_from_slice(&samples[lo..hi]);
+                if let Some(r) = f(i, &buf, t - range, t) {
+                    *v = Some(r);
+                    any = true;
+                }
+            }
+            if any {
+                let labels = if keep_name { s.labels.clone() } else { drop_name(&s.labels) };
+                out.push(StepSeries { labels, vals });
+            }
+        }
+        Ok(Val::Vector(out))
+    }
+
+    pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
+        match e {
+            Expr::NumberLiteral(n) => Ok(Val::Scalar(vec![n.val; self.steps])),
+            Expr::StringLiteral(s) => Ok(Val::Str(s.val.clone())),
+            Expr::Paren(p) => self.eval(&p.expr),
+            Expr::Unary(u) => match self.eval(&u.expr)? {
+                Val::Scalar(v) => Ok(Val::Scalar(v.into_iter().map(|x| -x).collect())),
+                Val::Vector(v) => Ok(Val::Vector(
+                    v.into_iter().map(|s| StepSeries { labels: drop_name(&s.labels), vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect() }).collect(),
+                )),
+                _ => Err(QueryError::BadData("unary minus needs a scalar or an instant vector".into())),
+            },
+            Expr::VectorSelector(vs) => self.vector_selector(vs),
+            Expr::MatrixSelector(ms) => {
+                if self.steps != 1 {
+                    return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into()));
+                }
+                let t = self.selector_time(&ms.vs, 0);
+                let range = ms.range.as_millis() as i64;
+                let mut out = Vec::new();
+                for s in self.series_of(&ms.vs) {
+                    let points: Vec<(i64, f64)> = s.samples.iter().filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v)).map(|x| (x.t, x.v)).collect();
+                    self.charge(points.len() as u64)?;
+                    if !points.is_empty() {
+                        out.push(SeriesPoints { labels: s.labels.clone(), points });
+                    }
+                }
+                Ok(Val::Matrix(out))
+            }
+            Expr::Call(c) => functions::call(self, c),
+            Expr::Aggregate(a) => aggregate::eval(self, a),
+            Expr::Binary(b) => binary::eval(self, b),
+            Expr::Subquery(_) => Err(QueryError::Unsupported("subqueries".into())),
+            Expr::Extension(_) => Err(QueryError::Unsupported("extension expressions".into())),
+        }
+    }
+
+    pub fn instant_result(&self, e: &Expr, time: i64) -> Result<QueryValue, QueryError> {
+        Ok(match self.eval(e)? {
+            Val::Scalar(v) => QueryValue::Scalar(time, v[0]),
+            Val::Str(s) => QueryValue::String(time, s),
+            Val::Vector(v) => QueryValue::Vector(v.into_iter().filter_map(|s| s.vals[0].map(|x| (s.labels, time, x))).collect()),
+            Val::Matrix(m) => QueryValue::Matrix(m),
+        })
+    }
+
+    pub fn range_result(&self, e: &Expr, steps: usize) -> Result<QueryValue, QueryError> {
+        let mut out = match self.eval(e)? {
+            Val::Scalar(v) => vec![SeriesPoints { labels: Labels::default(), points: v.into_iter().enumerate().map(|(i, x)| (self.time(i), x)).collect() }],
+            Val::Str(_) => return Err(QueryError::BadData("invalid expression type \"string\" for range query, must be Scalar or instant Vector".into())),
+            Val::Vector(v) => v
+                .into_iter()
+                .filter_map(|s| {
+                    let points: Vec<(i64, f64)> = s.vals.iter().enumerate().take(steps).filter_map(|(i, x)| x.map(|x| (self.time(i), x))).collect();
+                    (!points.is_empty()).then_some(SeriesPoints { labels: s.labels, points })
+                })
+                .collect(),
+            Val::Matrix(_) => return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into())),
+        };
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(QueryValue::Matrix(out))
+    }
+}

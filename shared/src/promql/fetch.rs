@@ -1,0 +1,134 @@
+//! Phase one: every selector of the expression is read once, for all the steps it will be
+//! evaluated at, and decoded. Selectors are keyed by their address in the AST.
+
+use super::QueryError;
+use crate::matcher::{MatchOp, Matcher};
+use crate::model::{Labels, MetricType, Sample, METRIC_NAME};
+use crate::store::{SelectLimits, SelectRequest, Store};
+use promql_parser::label::MatchOp as PMatchOp;
+use promql_parser::parser::{AtModifier, Expr, Offset, VectorSelector};
+use std::collections::HashMap;
+use std::time::UNIX_EPOCH;
+
+pub struct FetchedSeries {
+    pub labels: Labels,
+    pub metric_type: MetricType,
+    /// Samples in time order; staleness markers included.
+    pub samples: Vec<Sample>,
+}
+
+/// Selector address → its series.
+pub type Fetched = HashMap<usize, Vec<FetchedSeries>>;
+
+pub fn key(vs: &VectorSelector) -> usize {
+    vs as *const VectorSelector as usize
+}
+
+pub fn offset_ms(o: &Option<Offset>) -> i64 {
+    match o {
+        Some(Offset::Pos(d)) => d.as_millis() as i64,
+        Some(Offset::Neg(d)) => -(d.as_millis() as i64),
+        None => 0,
+    }
+}
+
+/// The fixed evaluation time an `@` modifier sets, if any.
+pub fn at_ms(at: &Option<AtModifier>, start: i64, end: i64) -> Option<i64> {
+    match at {
+        None => None,
+        Some(AtModifier::Start) => Some(start),
+        Some(AtModifier::End) => Some(end),
+        Some(AtModifier::At(t)) => Some(match t.duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_millis() as i64,
+            Err(e) => -(e.duration().as_millis() as i64),
+        }),
+    }
+}
+
+pub fn matchers(vs: &VectorSelector) -> Result<Vec<Matcher>, QueryError> {
+    let mut out = Vec::new();
+    if let Some(n) = &vs.name {
+        out.push(Matcher::eq(METRIC_NAME, n));
+    }
+    if !vs.matchers.or_matchers.is_empty() {
+        return Err(QueryError::Unsupported("'or' inside a selector".into()));
+    }
+    for m in &vs.matchers.matchers {
+        let op = match m.op {
+            PMatchOp::Equal => MatchOp::Equal,
+            PMatchOp::NotEqual => MatchOp::NotEqual,
+            PMatchOp::Re(_) => MatchOp::Regex,
+            PMatchOp::NotRe(_) => MatchOp::NotRegex,
+        };
+        out.push(Matcher::new(op, &m.name, &m.value).map_err(|e| QueryError::BadData(e.to_string()))?);
+    }
+    Ok(out)
+}
+
+struct Need<'a> {
+    vs: &'a VectorSelector,
+    mint: i64,
+    maxt: i64,
+}
+
+/// Collects what each selector needs: `range` is the enclosing range (0 for an instant
+/// selector, which looks back `lookback` instead).
+fn collect<'a>(e: &'a Expr, start: i64, end: i64, lookback: i64, out: &mut Vec<Need<'a>>) -> Result<(), QueryError> {
+    let mut add = |vs: &'a VectorSelector, range: i64| {
+        let o = offset_ms(&vs.offset);
+        let (lo, hi) = match at_ms(&vs.at, start, end) {
+            Some(t) => (t, t),
+            None => (start, end),
+        };
+        out.push(Need { vs, mint: lo - o - range + 1, maxt: hi - o });
+    };
+    match e {
+        Expr::VectorSelector(vs) => add(vs, lookback),
+        Expr::MatrixSelector(ms) => add(&ms.vs, ms.range.as_millis() as i64),
+        Expr::Aggregate(a) => {
+            collect(&a.expr, start, end, lookback, out)?;
+            if let Some(p) = &a.param {
+                collect(p, start, end, lookback, out)?;
+            }
+        }
+        Expr::Unary(u) => collect(&u.expr, start, end, lookback, out)?,
+        Expr::Binary(b) => {
+            collect(&b.lhs, start, end, lookback, out)?;
+            collect(&b.rhs, start, end, lookback, out)?;
+        }
+        Expr::Paren(p) => collect(&p.expr, start, end, lookback, out)?,
+        Expr::Call(c) => {
+            for a in &c.args.args {
+                collect(a, start, end, lookback, out)?;
+            }
+        }
+        Expr::Subquery(_) => return Err(QueryError::Unsupported("subqueries".into())),
+        Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
+        Expr::Extension(_) => return Err(QueryError::Unsupported("extension expressions".into())),
+    }
+    Ok(())
+}
+
+pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, _step: i64, lookback: i64, limits: SelectLimits) -> Result<Fetched, QueryError> {
+    let mut needs = Vec::new();
+    collect(e, start, end, lookback, &mut needs)?;
+    let mut out = Fetched::new();
+    let mut total = 0u64;
+    for n in needs {
+        let ms = matchers(n.vs)?;
+        let mut req = SelectRequest::new(ms, n.mint, n.maxt);
+        req.limits = limits;
+        let series = store.select(&req).await?;
+        let mut got = Vec::with_capacity(series.len());
+        for s in series {
+            let samples = s.samples(n.mint, n.maxt).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
+            total += samples.len() as u64;
+            if total > limits.max_samples {
+                return Err(QueryError::TooManySamples(limits.max_samples));
+            }
+            got.push(FetchedSeries { labels: s.labels, metric_type: s.metric_type, samples });
+        }
+        out.insert(key(n.vs), got);
+    }
+    Ok(out)
+}

@@ -1,0 +1,411 @@
+//! PromQL functions over instant vectors, range windows and scalars.
+
+use super::aggregate::quantile;
+use super::eval::{drop_name, Evaluator, StepSeries, Val};
+use super::QueryError;
+use crate::matcher::compile_anchored;
+use crate::model::{Labels, Sample, METRIC_NAME};
+use promql_parser::parser::{Call, Expr, MatrixSelector};
+
+fn range_arg<'e>(c: &'e Call, i: usize) -> Result<&'e MatrixSelector, QueryError> {
+    match c.args.args.get(i).map(|b| &**b) {
+        Some(Expr::MatrixSelector(ms)) => Ok(ms),
+        Some(Expr::Subquery(_)) => Err(QueryError::Unsupported("subqueries".into())),
+        _ => Err(QueryError::BadData(format!("expected a range vector argument for {}", c.func.name))),
+    }
+}
+
+fn scalar_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<f64>, QueryError> {
+    match c.args.args.get(i) {
+        Some(e) => match ev.eval(e)? {
+            Val::Scalar(v) => Ok(v),
+            _ => Err(QueryError::BadData(format!("expected a scalar argument for {}", c.func.name))),
+        },
+        None => Err(QueryError::BadData(format!("missing argument for {}", c.func.name))),
+    }
+}
+
+fn string_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<String, QueryError> {
+    match c.args.args.get(i) {
+        Some(e) => match ev.eval(e)? {
+            Val::Str(s) => Ok(s),
+            _ => Err(QueryError::BadData(format!("expected a string argument for {}", c.func.name))),
+        },
+        None => Err(QueryError::BadData(format!("missing argument for {}", c.func.name))),
+    }
+}
+
+fn vector_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<StepSeries>, QueryError> {
+    match c.args.args.get(i) {
+        Some(e) => match ev.eval(e)? {
+            Val::Vector(v) => Ok(v),
+            _ => Err(QueryError::BadData(format!("expected an instant vector argument for {}", c.func.name))),
+        },
+        None => Err(QueryError::BadData(format!("missing argument for {}", c.func.name))),
+    }
+}
+
+/// Prometheus' extrapolated rate/increase/delta over a window `(start, end]`.
+fn extrapolated(s: &[Sample], start: i64, end: i64, counter: bool, rate: bool) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (first, last) = (s[0], s[s.len() - 1]);
+    let mut result = last.v - first.v;
+    if counter {
+        let mut prev = first.v;
+        for x in &s[1..] {
+            if x.v < prev {
+                result += prev;
+            }
+            prev = x.v;
+        }
+    }
+    let mut to_start = (first.t - start) as f64 / 1000.0;
+    let mut to_end = (end - last.t) as f64 / 1000.0;
+    let sampled = (last.t - first.t) as f64 / 1000.0;
+    let avg = sampled / (s.len() - 1) as f64;
+    let threshold = avg * 1.1;
+    if to_start >= threshold {
+        to_start = avg / 2.0;
+    }
+    if counter && result > 0.0 && first.v >= 0.0 {
+        let to_zero = sampled * (first.v / result);
+        if to_zero < to_start {
+            to_start = to_zero;
+        }
+    }
+    if to_end >= threshold {
+        to_end = avg / 2.0;
+    }
+    let mut factor = (sampled + to_start + to_end) / sampled;
+    if rate {
+        factor /= (end - start) as f64 / 1000.0;
+    }
+    Some(result * factor)
+}
+
+fn instant_delta(s: &[Sample], rate: bool) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (prev, last) = (s[s.len() - 2], s[s.len() - 1]);
+    let d = if rate && last.v < prev.v { last.v } else { last.v - prev.v };
+    if !rate {
+        return Some(d);
+    }
+    let dt = (last.t - prev.t) as f64 / 1000.0;
+    if dt == 0.0 { None } else { Some(d / dt) }
+}
+
+/// Least-squares slope and intercept at `at` (seconds), as Prometheus' linearRegression.
+fn linear_regression(s: &[Sample], at: i64) -> Option<(f64, f64)> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (mut n, mut sx, mut sy, mut sxy, mut sxx) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let const_y = s.iter().all(|x| x.v == s[0].v);
+    for x in s {
+        let t = (x.t - at) as f64 / 1000.0;
+        n += 1.0;
+        sx += t;
+        sy += x.v;
+        sxy += t * x.v;
+        sxx += t * t;
+    }
+    if const_y {
+        return Some((0.0, s[0].v));
+    }
+    let cov = sxy - sx * sy / n;
+    let var = sxx - sx * sx / n;
+    let slope = cov / var;
+    let intercept = sy / n - slope * sx / n;
+    Some((slope, intercept))
+}
+
+fn over_time(name: &str, s: &[Sample], q: f64) -> Option<f64> {
+    let n = s.len() as f64;
+    Some(match name {
+        "avg_over_time" => {
+            let mut mean: f64 = 0.0;
+            let mut count = 0.0;
+            for x in s {
+                count += 1.0;
+                if x.v.is_infinite() || mean.is_infinite() {
+                    return Some(s.iter().map(|x| x.v).sum::<f64>() / n);
+                }
+                mean += (x.v - mean) / count;
+            }
+            mean
+        }
+        "sum_over_time" => s.iter().map(|x| x.v).sum(),
+        "min_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
+        "max_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
+        "count_over_time" => n,
+        "last_over_time" => s[s.len() - 1].v,
+        "present_over_time" => 1.0,
+        "stddev_over_time" | "stdvar_over_time" => {
+            let mean = s.iter().map(|x| x.v).sum::<f64>() / n;
+            let var = s.iter().map(|x| (x.v - mean) * (x.v - mean)).sum::<f64>() / n;
+            if name == "stddev_over_time" { var.sqrt() } else { var }
+        }
+        "quantile_over_time" => {
+            let mut v: Vec<f64> = s.iter().map(|x| x.v).collect();
+            quantile(q, &mut v)
+        }
+        "changes" => s.windows(2).filter(|w| w[0].v != w[1].v && !(w[0].v.is_nan() && w[1].v.is_nan())).count() as f64,
+        "resets" => s.windows(2).filter(|w| w[1].v < w[0].v).count() as f64,
+        _ => return None,
+    })
+}
+
+fn math(name: &str, x: f64) -> Option<f64> {
+    Some(match name {
+        "abs" => x.abs(),
+        "ceil" => x.ceil(),
+        "floor" => x.floor(),
+        "exp" => x.exp(),
+        "ln" => x.ln(),
+        "log2" => x.log2(),
+        "log10" => x.log10(),
+        "sqrt" => x.sqrt(),
+        "sgn" => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x
+            }
+        }
+        "sin" => x.sin(),
+        "cos" => x.cos(),
+        "tan" => x.tan(),
+        "asin" => x.asin(),
+        "acos" => x.acos(),
+        "atan" => x.atan(),
+        "sinh" => x.sinh(),
+        "cosh" => x.cosh(),
+        "tanh" => x.tanh(),
+        "asinh" => x.asinh(),
+        "acosh" => x.acosh(),
+        "atanh" => x.atanh(),
+        "deg" => x.to_degrees(),
+        "rad" => x.to_radians(),
+        _ => return None,
+    })
+}
+
+/// (year, month 1-12, day 1-31) of days since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn date_part(name: &str, secs: f64) -> Option<f64> {
+    if !secs.is_finite() {
+        return Some(f64::NAN);
+    }
+    let s = secs.floor() as i64;
+    let days = s.div_euclid(86_400);
+    let sod = s.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    Some(match name {
+        "year" => y as f64,
+        "month" => m as f64,
+        "day_of_month" => d as f64,
+        "day_of_week" => (days + 4).rem_euclid(7) as f64,
+        "day_of_year" => (month_days[..(m - 1) as usize].iter().sum::<u32>() + d) as f64,
+        "days_in_month" => month_days[(m - 1) as usize] as f64,
+        "hour" => (sod / 3600) as f64,
+        "minute" => ((sod % 3600) / 60) as f64,
+        _ => return None,
+    })
+}
+
+fn map_vector(v: Vec<StepSeries>, keep_name: bool, mut f: impl FnMut(usize, f64) -> Option<f64>) -> Val {
+    Val::Vector(
+        v.into_iter()
+            .map(|s| StepSeries {
+                labels: if keep_name { s.labels } else { drop_name(&s.labels) },
+                vals: s.vals.iter().enumerate().map(|(i, x)| x.and_then(|x| f(i, x))).collect(),
+            })
+            .filter(|s| s.vals.iter().any(Option::is_some))
+            .collect(),
+    )
+}
+
+pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
+    let name = c.func.name;
+    match name {
+        "rate" | "increase" | "delta" => {
+            let ms = range_arg(c, 0)?;
+            let counter = name != "delta";
+            ev.range_windows(ms, false, |_, s, a, b| extrapolated(s, a, b, counter, name == "rate"))
+        }
+        "irate" | "idelta" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| instant_delta(s, name == "irate")),
+        "deriv" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| linear_regression(s, s[0].t).map(|x| x.0)),
+        "predict_linear" => {
+            let ms = range_arg(c, 0)?;
+            let d = scalar_arg(ev, c, 1)?;
+            ev.range_windows(ms, false, |i, s, _, end| linear_regression(s, end).map(|(slope, icpt)| icpt + slope * d[i]))
+        }
+        "quantile_over_time" => {
+            let q = scalar_arg(ev, c, 0)?;
+            ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| over_time(name, s, q[i]))
+        }
+        "last_over_time" => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| over_time(name, s, 0.0)),
+        n if n.ends_with("_over_time") || n == "changes" || n == "resets" => {
+            if n == "absent_over_time" {
+                return Err(QueryError::Unsupported("absent_over_time".into()));
+            }
+            ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0))
+        }
+        "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
+        "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
+        "vector" => {
+            let v = scalar_arg(ev, c, 0)?;
+            Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: v.into_iter().map(Some).collect() }]))
+        }
+        "scalar" => {
+            let v = vector_arg(ev, c, 0)?;
+            Ok(Val::Scalar(
+                (0..ev.steps)
+                    .map(|i| {
+                        let present: Vec<f64> = v.iter().filter_map(|s| s.vals[i]).collect();
+                        if present.len() == 1 { present[0] } else { f64::NAN }
+                    })
+                    .collect(),
+            ))
+        }
+        "timestamp" => {
+            // The timestamp of the sample each instant selector picked.
+            match c.args.args.first().map(|b| &**b) {
+                Some(Expr::VectorSelector(vs)) => {
+                    let v = vector_arg(ev, c, 0)?;
+                    let _ = vs;
+                    Err(QueryError::Unsupported(format!("timestamp() (got {} series)", v.len())))
+                }
+                _ => {
+                    let v = vector_arg(ev, c, 0)?;
+                    Ok(map_vector(v, false, |i, _| Some(ev.time(i) as f64 / 1000.0)))
+                }
+            }
+        }
+        "absent" => {
+            let v = vector_arg(ev, c, 0)?;
+            let labels = absent_labels(c);
+            let vals = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect::<Vec<_>>();
+            if vals.iter().all(Option::is_none) {
+                return Ok(Val::Vector(vec![]));
+            }
+            Ok(Val::Vector(vec![StepSeries { labels, vals }]))
+        }
+        "round" => {
+            let v = vector_arg(ev, c, 0)?;
+            let to = if c.args.args.len() > 1 { scalar_arg(ev, c, 1)? } else { vec![1.0; ev.steps] };
+            Ok(map_vector(v, false, |i, x| {
+                let inv = 1.0 / to[i];
+                Some((x * inv + 0.5).floor() / inv)
+            }))
+        }
+        "clamp" => {
+            let v = vector_arg(ev, c, 0)?;
+            let (lo, hi) = (scalar_arg(ev, c, 1)?, scalar_arg(ev, c, 2)?);
+            Ok(map_vector(v, false, |i, x| if lo[i] > hi[i] { None } else { Some(x.max(lo[i]).min(hi[i])) }))
+        }
+        "clamp_min" | "clamp_max" => {
+            let v = vector_arg(ev, c, 0)?;
+            let b = scalar_arg(ev, c, 1)?;
+            Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { x.max(b[i]) } else { x.min(b[i]) })))
+        }
+        "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
+        "label_replace" => {
+            let v = vector_arg(ev, c, 0)?;
+            let (dst, repl, src, re) = (string_arg(ev, c, 1)?, string_arg(ev, c, 2)?, string_arg(ev, c, 3)?, string_arg(ev, c, 4)?);
+            let re = compile_anchored(&re).map_err(|e| QueryError::BadData(format!("invalid regular expression in label_replace(): {re}: {e}")))?;
+            if !crate::relabel::is_valid_label_name(&dst) {
+                return Err(QueryError::BadData(format!("invalid destination label name in label_replace(): {dst}")));
+            }
+            let out = v
+                .into_iter()
+                .map(|s| {
+                    let val = s.labels.get(&src).unwrap_or("").to_string();
+                    let labels = match re.captures(&val) {
+                        Some(caps) => {
+                            let mut res = String::new();
+                            caps.expand(&repl, &mut res);
+                            let mut b = s.labels.to_builder();
+                            b.set(&dst, &res);
+                            b.build()
+                        }
+                        None => s.labels,
+                    };
+                    StepSeries { labels, vals: s.vals }
+                })
+                .collect();
+            Ok(Val::Vector(out))
+        }
+        "label_join" => {
+            let v = vector_arg(ev, c, 0)?;
+            let dst = string_arg(ev, c, 1)?;
+            let sep = string_arg(ev, c, 2)?;
+            let mut srcs = Vec::new();
+            for i in 3..c.args.args.len() {
+                srcs.push(string_arg(ev, c, i)?);
+            }
+            if !crate::relabel::is_valid_label_name(&dst) {
+                return Err(QueryError::BadData(format!("invalid destination label name in label_join(): {dst}")));
+            }
+            let out = v
+                .into_iter()
+                .map(|s| {
+                    let joined = srcs.iter().map(|n| s.labels.get(n).unwrap_or("")).collect::<Vec<_>>().join(&sep);
+                    let mut b = s.labels.to_builder();
+                    b.set(&dst, &joined);
+                    StepSeries { labels: b.build(), vals: s.vals }
+                })
+                .collect();
+            Ok(Val::Vector(out))
+        }
+        n if date_part(n, 0.0).is_some() => {
+            if c.args.args.is_empty() {
+                let t: Vec<f64> = (0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect();
+                return Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: t.iter().map(|x| date_part(n, *x)).collect() }]));
+            }
+            let v = vector_arg(ev, c, 0)?;
+            Ok(map_vector(v, false, |_, x| date_part(n, x)))
+        }
+        n if math(n, 0.0).is_some() => {
+            let v = vector_arg(ev, c, 0)?;
+            Ok(map_vector(v, false, |_, x| math(n, x)))
+        }
+        other => Err(QueryError::Unsupported(format!("function {other}()"))),
+    }
+}
+
+/// The labels `absent` gives its result: the equality matchers of a plain selector argument.
+fn absent_labels(c: &Call) -> Labels {
+    let mut pairs: Vec<(String, String)> = Vec::new();
+    if let Some(Expr::VectorSelector(vs)) = c.args.args.first().map(|b| &**b) {
+        let mut seen = std::collections::HashMap::new();
+        for m in &vs.matchers.matchers {
+            if matches!(m.op, promql_parser::label::MatchOp::Equal) && m.name != METRIC_NAME {
+                *seen.entry(m.name.clone()).or_insert(0) += 1;
+                pairs.push((m.name.clone(), m.value.clone()));
+            }
+        }
+        pairs.retain(|(n, _)| seen.get(n) == Some(&1));
+    }
+    Labels::from_pairs(pairs)
+}
