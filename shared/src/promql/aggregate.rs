@@ -17,7 +17,7 @@ fn group_labels(l: &Labels, m: &Option<LabelModifier>) -> Labels {
 }
 
 /// Prometheus' quantile over sorted values (linear interpolation, φ outside [0,1] → ±Inf).
-pub fn quantile(q: f64, values: &mut [f64]) -> f64 {
+pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
     if values.is_empty() || q.is_nan() {
         return f64::NAN;
     }
@@ -46,7 +46,9 @@ struct KahanSum {
 impl KahanSum {
     fn add(&mut self, x: f64) {
         let t = self.sum + x;
-        if self.sum.abs() >= x.abs() {
+        if t.is_infinite() {
+            self.c = 0.0;
+        } else if self.sum.abs() >= x.abs() {
             self.c += (self.sum - t) + x;
         } else {
             self.c += (x - t) + self.sum;
@@ -54,8 +56,40 @@ impl KahanSum {
         self.sum = t;
     }
     fn value(&self) -> f64 {
-        if (self.sum + self.c).is_infinite() { self.sum } else { self.sum + self.c }
+        self.sum + self.c
     }
+}
+
+/// Prometheus' incremental mean: each value divided by the count first, so big values
+/// never overflow, infinities kept as they come.
+fn mean(vals: &[f64]) -> f64 {
+    let mut m = KahanSum::default();
+    for (i, &x) in vals.iter().enumerate() {
+        let n = (i + 1) as f64;
+        if m.sum.is_infinite() {
+            if x.is_infinite() && (m.sum > 0.0) == (x > 0.0) {
+                continue;
+            }
+            if !x.is_infinite() && !x.is_nan() {
+                continue;
+            }
+        }
+        let current = m.sum + m.c;
+        m.add(x / n - current / n);
+    }
+    m.value()
+}
+
+/// Welford's running variance, as Prometheus.
+fn variance(vals: &[f64]) -> f64 {
+    let (mut count, mut mean, mut m2) = (0.0, 0.0, 0.0);
+    for &x in vals {
+        count += 1.0;
+        let delta = x - mean;
+        mean += delta / count;
+        m2 += delta * (x - mean);
+    }
+    m2 / count
 }
 
 pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
@@ -149,20 +183,13 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                     vals.iter().for_each(|x| k.add(*x));
                     k.value()
                 }
-                "avg" => {
-                    let mut k = KahanSum::default();
-                    vals.iter().for_each(|x| k.add(*x));
-                    if vals.iter().any(|x| x.is_infinite()) { vals.iter().sum::<f64>() / n } else { k.value() / n }
-                }
+                "avg" => mean(&vals),
                 "min" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
                 "max" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
                 "count" => n,
                 "group" => 1.0,
-                "stddev" | "stdvar" => {
-                    let mean = vals.iter().sum::<f64>() / n;
-                    let var = vals.iter().map(|x| (x - mean) * (x - mean)).sum::<f64>() / n;
-                    if op == "stddev" { var.sqrt() } else { var }
-                }
+                "stddev" => variance(&vals).sqrt(),
+                "stdvar" => variance(&vals),
                 "quantile" => quantile(scalar_param(i)?, &mut vals),
                 other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
             };
@@ -186,4 +213,18 @@ pub fn format_value(v: f64) -> String {
         // Rust prints 1e21 as "1000000000000000000000", as Go's 'f' format does.
         s
     }
+}
+
+pub(crate) fn avg(vals: &[f64]) -> f64 {
+    mean(vals)
+}
+
+pub(crate) fn var(vals: &[f64]) -> f64 {
+    variance(vals)
+}
+
+pub(crate) fn kahan_sum(vals: &[f64]) -> f64 {
+    let mut k = KahanSum::default();
+    vals.iter().for_each(|x| k.add(*x));
+    k.value()
 }

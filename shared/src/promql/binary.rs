@@ -65,8 +65,8 @@ pub fn eval(ev: &Evaluator, b: &BinaryExpr) -> Result<Val, QueryError> {
             }
             Ok(Val::Scalar(out))
         }
-        (Val::Vector(v), Val::Scalar(s)) => scalar_side(v, &s, op, return_bool, drop, false),
-        (Val::Scalar(s), Val::Vector(v)) => scalar_side(v, &s, op, return_bool, drop, true),
+        (Val::Vector(v), Val::Scalar(s)) => unique(scalar_side(v, &s, op, return_bool, drop, false)?),
+        (Val::Scalar(s), Val::Vector(v)) => unique(scalar_side(v, &s, op, return_bool, drop, true)?),
         (Val::Vector(l), Val::Vector(r)) => {
             if matches!(op, "and" | "or" | "unless") {
                 return set_op(ev, op, l, r, b);
@@ -75,6 +75,11 @@ pub fn eval(ev: &Evaluator, b: &BinaryExpr) -> Result<Val, QueryError> {
         }
         _ => Err(QueryError::BadData(format!("invalid operand types for {op}"))),
     }
+}
+
+fn unique(v: Val) -> Result<Val, QueryError> {
+    super::eval::check_unique(&v)?;
+    Ok(v)
 }
 
 fn scalar_side(v: Vec<StepSeries>, s: &[f64], op: &str, return_bool: bool, drop: bool, scalar_left: bool) -> Result<Val, QueryError> {

@@ -60,6 +60,23 @@ impl VectorBuilder {
     }
 }
 
+/// Prometheus' "vector cannot contain metrics with the same labelset": after the metric
+/// name is dropped, two series may coincide at a step.
+pub fn check_unique(v: &Val) -> Result<(), QueryError> {
+    let Val::Vector(series) = v else { return Ok(()) };
+    let mut by_labels: HashMap<&Labels, usize> = HashMap::new();
+    for (i, s) in series.iter().enumerate() {
+        if let Some(&j) = by_labels.get(&s.labels) {
+            if s.vals.iter().zip(&series[j].vals).any(|(a, b)| a.is_some() && b.is_some()) {
+                return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
+            }
+        } else {
+            by_labels.insert(&s.labels, i);
+        }
+    }
+    Ok(())
+}
+
 pub fn drop_name(l: &Labels) -> Labels {
     if l.get(METRIC_NAME).is_none() {
         return l.clone();
@@ -136,6 +153,30 @@ impl<'a> Evaluator<'a> {
         Ok(Val::Vector(out))
     }
 
+    /// `timestamp(selector)`: the time of the sample the selector picks at each step.
+    pub fn selector_timestamps(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        let mut out = Vec::new();
+        for s in self.series_of(vs) {
+            let mut vals = vec![None; self.steps];
+            for (i, v) in vals.iter_mut().enumerate() {
+                let t = self.selector_time(vs, i);
+                let idx = s.samples.partition_point(|x| x.t <= t);
+                if idx > 0 {
+                    let x = s.samples[idx - 1];
+                    if x.t > t - self.lookback && !is_stale(x.v) {
+                        *v = Some(x.t as f64 / 1000.0);
+                    }
+                }
+            }
+            if vals.iter().any(Option::is_some) {
+                out.push(StepSeries { labels: drop_name(&s.labels), vals });
+            }
+        }
+        let v = Val::Vector(out);
+        check_unique(&v)?;
+        Ok(v)
+    }
+
     /// Calls `f(step, window, t - range, t)` with each series' non-empty window `(t - range, t]`
     /// at every step (staleness markers removed) and collects its results.
     pub fn range_windows(&self, ms: &MatrixSelector, keep_name: bool, mut f: impl FnMut(usize, &[Sample], i64, i64) -> Option<f64>) -> Result<Val, QueryError> {
@@ -181,9 +222,13 @@ impl<'a> Evaluator<'a> {
             Expr::Paren(p) => self.eval(&p.expr),
             Expr::Unary(u) => match self.eval(&u.expr)? {
                 Val::Scalar(v) => Ok(Val::Scalar(v.into_iter().map(|x| -x).collect())),
-                Val::Vector(v) => Ok(Val::Vector(
-                    v.into_iter().map(|s| StepSeries { labels: drop_name(&s.labels), vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect() }).collect(),
-                )),
+                Val::Vector(v) => {
+                    let out = Val::Vector(
+                        v.into_iter().map(|s| StepSeries { labels: drop_name(&s.labels), vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect() }).collect(),
+                    );
+                    check_unique(&out)?;
+                    Ok(out)
+                }
                 _ => Err(QueryError::BadData("unary minus needs a scalar or an instant vector".into())),
             },
             Expr::VectorSelector(vs) => self.vector_selector(vs),
@@ -215,7 +260,11 @@ impl<'a> Evaluator<'a> {
         Ok(match self.eval(e)? {
             Val::Scalar(v) => QueryValue::Scalar(time, v[0]),
             Val::Str(s) => QueryValue::String(time, s),
-            Val::Vector(v) => QueryValue::Vector(v.into_iter().filter_map(|s| s.vals[0].map(|x| (s.labels, time, x))).collect()),
+            Val::Vector(v) => {
+                let mut out: Vec<(Labels, i64, f64)> = v.into_iter().filter_map(|s| s.vals[0].map(|x| (s.labels, time, x))).collect();
+                sort_for(e, &mut out);
+                QueryValue::Vector(out)
+            }
             Val::Matrix(m) => QueryValue::Matrix(m),
         })
     }
@@ -236,4 +285,26 @@ impl<'a> Evaluator<'a> {
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
         Ok(QueryValue::Matrix(out))
     }
+}
+
+/// Instant results of `sort`, `sort_desc`, `topk` and `bottomk` come in their order (NaN last).
+fn sort_for(e: &Expr, v: &mut [(Labels, i64, f64)]) {
+    let mut e = e;
+    while let Expr::Paren(p) = e {
+        e = &p.expr;
+    }
+    let desc = match e {
+        Expr::Call(c) if c.func.name == "sort" => false,
+        Expr::Call(c) if c.func.name == "sort_desc" => true,
+        Expr::Aggregate(a) if a.op.to_string() == "topk" => true,
+        Expr::Aggregate(a) if a.op.to_string() == "bottomk" => false,
+        _ => return,
+    };
+    v.sort_by(|a, b| match (a.2.is_nan(), b.2.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Greater,
+        (false, true) => std::cmp::Ordering::Less,
+        _ if desc => b.2.total_cmp(&a.2),
+        _ => a.2.total_cmp(&b.2),
+    });
 }

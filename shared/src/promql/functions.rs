@@ -7,8 +7,15 @@ use crate::matcher::compile_anchored;
 use crate::model::{Labels, Sample, METRIC_NAME};
 use promql_parser::parser::{Call, Expr, MatrixSelector};
 
+fn unparen(mut e: &Expr) -> &Expr {
+    while let Expr::Paren(p) = e {
+        e = &p.expr;
+    }
+    e
+}
+
 fn range_arg<'e>(c: &'e Call, i: usize) -> Result<&'e MatrixSelector, QueryError> {
-    match c.args.args.get(i).map(|b| &**b) {
+    match c.args.args.get(i).map(|b| unparen(b)) {
         Some(Expr::MatrixSelector(ms)) => Ok(ms),
         Some(Expr::Subquery(_)) => Err(QueryError::Unsupported("subqueries".into())),
         _ => Err(QueryError::BadData(format!("expected a range vector argument for {}", c.func.name))),
@@ -126,29 +133,15 @@ fn linear_regression(s: &[Sample], at: i64) -> Option<(f64, f64)> {
 fn over_time(name: &str, s: &[Sample], q: f64) -> Option<f64> {
     let n = s.len() as f64;
     Some(match name {
-        "avg_over_time" => {
-            let mut mean: f64 = 0.0;
-            let mut count = 0.0;
-            for x in s {
-                count += 1.0;
-                if x.v.is_infinite() || mean.is_infinite() {
-                    return Some(s.iter().map(|x| x.v).sum::<f64>() / n);
-                }
-                mean += (x.v - mean) / count;
-            }
-            mean
-        }
-        "sum_over_time" => s.iter().map(|x| x.v).sum(),
+        "avg_over_time" => super::aggregate::avg(&s.iter().map(|x| x.v).collect::<Vec<_>>()),
+        "sum_over_time" => super::aggregate::kahan_sum(&s.iter().map(|x| x.v).collect::<Vec<_>>()),
         "min_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
         "max_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
         "count_over_time" => n,
         "last_over_time" => s[s.len() - 1].v,
         "present_over_time" => 1.0,
-        "stddev_over_time" | "stdvar_over_time" => {
-            let mean = s.iter().map(|x| x.v).sum::<f64>() / n;
-            let var = s.iter().map(|x| (x.v - mean) * (x.v - mean)).sum::<f64>() / n;
-            if name == "stddev_over_time" { var.sqrt() } else { var }
-        }
+        "stddev_over_time" => super::aggregate::var(&s.iter().map(|x| x.v).collect::<Vec<_>>()).sqrt(),
+        "stdvar_over_time" => super::aggregate::var(&s.iter().map(|x| x.v).collect::<Vec<_>>()),
         "quantile_over_time" => {
             let mut v: Vec<f64> = s.iter().map(|x| x.v).collect();
             quantile(q, &mut v)
@@ -247,6 +240,15 @@ fn map_vector(v: Vec<StepSeries>, keep_name: bool, mut f: impl FnMut(usize, f64)
 
 pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
     let name = c.func.name;
+    if c.func.experimental {
+        return Err(QueryError::Unsupported(format!("experimental function {name}()")));
+    }
+    let out = call_inner(ev, c, name)?;
+    super::eval::check_unique(&out)?;
+    Ok(out)
+}
+
+fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
     match name {
         "rate" | "increase" | "delta" => {
             let ms = range_arg(c, 0)?;
@@ -258,19 +260,15 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
         "predict_linear" => {
             let ms = range_arg(c, 0)?;
             let d = scalar_arg(ev, c, 1)?;
-            ev.range_windows(ms, false, |i, s, _, end| linear_regression(s, end).map(|(slope, icpt)| icpt + slope * d[i]))
+            // Anchored at the step's time, not the window's (which `@` may move).
+            ev.range_windows(ms, false, |i, s, _, _| linear_regression(s, ev.time(i)).map(|(slope, icpt)| icpt + slope * d[i]))
         }
         "quantile_over_time" => {
             let q = scalar_arg(ev, c, 0)?;
             ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| over_time(name, s, q[i]))
         }
         "last_over_time" => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| over_time(name, s, 0.0)),
-        n if n.ends_with("_over_time") || n == "changes" || n == "resets" => {
-            if n == "absent_over_time" {
-                return Err(QueryError::Unsupported("absent_over_time".into()));
-            }
-            ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0))
-        }
+        n if over_time(n, &[Sample::new(0, 0.0)], 0.0).is_some() => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0)),
         "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
         "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
         "vector" => {
@@ -288,20 +286,14 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
                     .collect(),
             ))
         }
-        "timestamp" => {
-            // The timestamp of the sample each instant selector picked.
-            match c.args.args.first().map(|b| &**b) {
-                Some(Expr::VectorSelector(vs)) => {
-                    let v = vector_arg(ev, c, 0)?;
-                    let _ = vs;
-                    Err(QueryError::Unsupported(format!("timestamp() (got {} series)", v.len())))
-                }
-                _ => {
-                    let v = vector_arg(ev, c, 0)?;
-                    Ok(map_vector(v, false, |i, _| Some(ev.time(i) as f64 / 1000.0)))
-                }
+        "timestamp" => match c.args.args.first().map(|b| unparen(b)) {
+            // The timestamp of the sample each step's selector picked.
+            Some(Expr::VectorSelector(vs)) => ev.selector_timestamps(vs),
+            _ => {
+                let v = vector_arg(ev, c, 0)?;
+                Ok(map_vector(v, false, |i, _| Some(ev.time(i) as f64 / 1000.0)))
             }
-        }
+        },
         "absent" => {
             let v = vector_arg(ev, c, 0)?;
             let labels = absent_labels(c);
@@ -322,12 +314,12 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
         "clamp" => {
             let v = vector_arg(ev, c, 0)?;
             let (lo, hi) = (scalar_arg(ev, c, 1)?, scalar_arg(ev, c, 2)?);
-            Ok(map_vector(v, false, |i, x| if lo[i] > hi[i] { None } else { Some(x.max(lo[i]).min(hi[i])) }))
+            Ok(map_vector(v, false, |i, x| if lo[i] > hi[i] { None } else { Some(go_max(lo[i], go_min(hi[i], x))) }))
         }
         "clamp_min" | "clamp_max" => {
             let v = vector_arg(ev, c, 0)?;
             let b = scalar_arg(ev, c, 1)?;
-            Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { x.max(b[i]) } else { x.min(b[i]) })))
+            Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { go_max(b[i], x) } else { go_min(b[i], x) })))
         }
         "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
         "label_replace" => {
@@ -335,7 +327,10 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
             let (dst, repl, src, re) = (string_arg(ev, c, 1)?, string_arg(ev, c, 2)?, string_arg(ev, c, 3)?, string_arg(ev, c, 4)?);
             let re = compile_anchored(&re).map_err(|e| QueryError::BadData(format!("invalid regular expression in label_replace(): {re}: {e}")))?;
             if !crate::relabel::is_valid_label_name(&dst) {
-                return Err(QueryError::BadData(format!("invalid destination label name in label_replace(): {dst}")));
+                return Err(QueryError::Execution(format!("invalid destination label name in label_replace(): {dst}")));
+            }
+            if !crate::relabel::is_valid_label_name(&src) {
+                return Err(QueryError::Execution(format!("invalid source label name in label_replace(): {src}")));
             }
             let out = v
                 .into_iter()
@@ -365,7 +360,10 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
                 srcs.push(string_arg(ev, c, i)?);
             }
             if !crate::relabel::is_valid_label_name(&dst) {
-                return Err(QueryError::BadData(format!("invalid destination label name in label_join(): {dst}")));
+                return Err(QueryError::Execution(format!("invalid destination label name in label_join(): {dst}")));
+            }
+            if let Some(bad) = srcs.iter().find(|s| !crate::relabel::is_valid_label_name(s)) {
+                return Err(QueryError::Execution(format!("invalid source label name in label_join(): {bad}")));
             }
             let out = v
                 .into_iter()
@@ -394,18 +392,32 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
     }
 }
 
-/// The labels `absent` gives its result: the equality matchers of a plain selector argument.
+/// Go's `math.Max`/`math.Min`: NaN wins.
+fn go_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+}
+
+fn go_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
+}
+
+/// The labels `absent` gives its result, as Prometheus: each equality matcher of a plain
+/// selector sets its label the first time; any other matcher on it, or a second one, removes it.
 fn absent_labels(c: &Call) -> Labels {
-    let mut pairs: Vec<(String, String)> = Vec::new();
-    if let Some(Expr::VectorSelector(vs)) = c.args.args.first().map(|b| &**b) {
-        let mut seen = std::collections::HashMap::new();
+    let mut b = crate::model::LabelsBuilder::default();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(Expr::VectorSelector(vs)) = c.args.args.first().map(|b| unparen(b)) {
         for m in &vs.matchers.matchers {
-            if matches!(m.op, promql_parser::label::MatchOp::Equal) && m.name != METRIC_NAME {
-                *seen.entry(m.name.clone()).or_insert(0) += 1;
-                pairs.push((m.name.clone(), m.value.clone()));
+            if m.name == METRIC_NAME {
+                continue;
             }
+            if matches!(m.op, promql_parser::label::MatchOp::Equal) && !seen.contains(&m.name) {
+                b.set(&m.name, &m.value);
+            } else {
+                b.del(&m.name);
+            }
+            seen.insert(m.name.clone());
         }
-        pairs.retain(|(n, _)| seen.get(n) == Some(&1));
     }
-    Labels::from_pairs(pairs)
+    b.build()
 }

@@ -51,11 +51,15 @@ fn split_series(line: &str) -> Option<(Labels, &str)> {
     let line = line.trim();
     let (series, rest) = if let Some(close) = find_series_end(line) { (&line[..close], &line[close..]) } else { return None };
     let labels = crate::exposition::parse_series(series.as_bytes()).ok().or_else(|| {
-        // `{a="b"}` without a metric name
-        let with_name = format!("x{series}");
+        // `{a="b"}` without a metric name, or with `__name__` inside the braces
+        let with_name = format!("x{}", series.replace("__name__=", "__strata_name__="));
         crate::exposition::parse_series(with_name.as_bytes()).ok().map(|l| {
             let mut b = l.to_builder();
             b.del("__name__");
+            if let Some(n) = l.get("__strata_name__") {
+                b.set("__name__", n);
+                b.del("__strata_name__");
+            }
             b.build()
         })
     })?;
