@@ -60,24 +60,38 @@ impl KahanSum {
     }
 }
 
-/// Prometheus' incremental mean: each value divided by the count first, so big values
-/// never overflow, infinities kept as they come.
+/// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays
+/// finite; once it would overflow, an incremental mean from there on (infinities kept).
 fn mean(vals: &[f64]) -> f64 {
-    let mut m = KahanSum::default();
-    for (i, &x) in vals.iter().enumerate() {
+    let Some(&first) = vals.first() else { return f64::NAN };
+    // The first value starts the sum as it is, as a new group does in Prometheus.
+    let mut sum = KahanSum { sum: first, c: 0.0 };
+    let mut incremental: Option<KahanSum> = None;
+    for (i, &x) in vals.iter().enumerate().skip(1) {
         let n = (i + 1) as f64;
-        if m.sum.is_infinite() {
-            if x.is_infinite() && (m.sum > 0.0) == (x > 0.0) {
-                continue;
+        let m = match incremental.as_mut() {
+            Some(m) => m,
+            None => {
+                let mut next = sum;
+                next.add(x);
+                if !next.sum.is_infinite() {
+                    sum = next;
+                    continue;
+                }
+                incremental = Some(KahanSum { sum: sum.sum / (n - 1.0), c: sum.c / (n - 1.0) });
+                incremental.as_mut().expect("just set")
             }
-            if !x.is_infinite() && !x.is_nan() {
-                continue;
-            }
+        };
+        if m.sum.is_infinite() && ((x.is_infinite() && (m.sum > 0.0) == (x > 0.0)) || (!x.is_infinite() && !x.is_nan())) {
+            continue;
         }
         let current = m.sum + m.c;
         m.add(x / n - current / n);
     }
-    m.value()
+    match incremental {
+        Some(m) => m.sum + m.c,
+        None => sum.value() / vals.len() as f64,
+    }
 }
 
 /// Welford's running variance, as Prometheus.
@@ -142,6 +156,27 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                 .filter(|(_, v)| v.iter().any(Option::is_some))
                 .map(|(s, vals)| StepSeries { labels: s.labels, vals })
                 .collect();
+            return Ok(Val::Vector(series));
+        }
+        "limit_ratio" => {
+            // Keeps the series whose stable label hash falls under the ratio (negative ratios
+            // keep the complement), as Prometheus: the same series are kept at every step.
+            let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            for i in 0..ev.steps {
+                let r = scalar_param(i)?;
+                if r.is_nan() {
+                    return Err(QueryError::Execution("Ratio value is NaN".into()));
+                }
+                let r = r.clamp(-1.0, 1.0);
+                for (j, s) in input.iter().enumerate() {
+                    let Some(x) = s.vals[i] else { continue };
+                    let h = ratio_hash(&s.labels);
+                    if (r >= 0.0 && h < r) || (r < 0.0 && h >= 1.0 + r) {
+                        keep[j][i] = Some(x);
+                    }
+                }
+            }
+            let series = input.into_iter().zip(keep).filter(|(_, v)| v.iter().any(Option::is_some)).map(|(s, vals)| StepSeries { labels: s.labels, vals }).collect();
             return Ok(Val::Vector(series));
         }
         "count_values" => {
@@ -227,4 +262,25 @@ pub(crate) fn kahan_sum(vals: &[f64]) -> f64 {
     let mut k = KahanSum::default();
     vals.iter().for_each(|x| k.add(*x));
     k.value()
+}
+
+/// A series' position in [0, 1] for `limit_ratio`: Prometheus' `labels.Hash()` (xxhash64 of
+/// the labels packed as length-prefixed names and values, its default `stringlabels` form)
+/// over `MaxUint64`, so the same series are kept as in Prometheus.
+fn ratio_hash(l: &Labels) -> f64 {
+    let mut buf = Vec::with_capacity(256);
+    let mut put = |b: &[u8]| {
+        let mut n = b.len();
+        while n >= 0x80 {
+            buf.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        buf.push(n as u8);
+        buf.extend_from_slice(b);
+    };
+    for x in l.iter() {
+        put(x.name.as_bytes());
+        put(x.value.as_bytes());
+    }
+    xxhash_rust::xxh64::xxh64(&buf, 0) as f64 / u64::MAX as f64
 }

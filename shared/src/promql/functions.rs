@@ -294,6 +294,17 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
                 Ok(map_vector(v, false, |i, _| Some(ev.time(i) as f64 / 1000.0)))
             }
         },
+        "absent_over_time" => {
+            let ms = range_arg(c, 0)?;
+            let present = ev.range_windows(ms, false, |_, _, _, _| Some(1.0))?;
+            let Val::Vector(v) = present else { return Ok(Val::Vector(vec![])) };
+            let labels = absent_labels_of(Some(&ms.vs));
+            let vals = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect::<Vec<_>>();
+            if vals.iter().all(Option::is_none) {
+                return Ok(Val::Vector(vec![]));
+            }
+            Ok(Val::Vector(vec![StepSeries { labels, vals }]))
+        }
         "absent" => {
             let v = vector_arg(ev, c, 0)?;
             let labels = absent_labels(c);
@@ -328,9 +339,6 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             let re = compile_anchored(&re).map_err(|e| QueryError::BadData(format!("invalid regular expression in label_replace(): {re}: {e}")))?;
             if !crate::relabel::is_valid_label_name(&dst) {
                 return Err(QueryError::Execution(format!("invalid destination label name in label_replace(): {dst}")));
-            }
-            if !crate::relabel::is_valid_label_name(&src) {
-                return Err(QueryError::Execution(format!("invalid source label name in label_replace(): {src}")));
             }
             let out = v
                 .into_iter()
@@ -404,9 +412,16 @@ fn go_min(a: f64, b: f64) -> f64 {
 /// The labels `absent` gives its result, as Prometheus: each equality matcher of a plain
 /// selector sets its label the first time; any other matcher on it, or a second one, removes it.
 fn absent_labels(c: &Call) -> Labels {
+    match c.args.args.first().map(|b| unparen(b)) {
+        Some(Expr::VectorSelector(vs)) => absent_labels_of(Some(vs)),
+        _ => absent_labels_of(None),
+    }
+}
+
+fn absent_labels_of(vs: Option<&promql_parser::parser::VectorSelector>) -> Labels {
     let mut b = crate::model::LabelsBuilder::default();
     let mut seen = std::collections::HashSet::new();
-    if let Some(Expr::VectorSelector(vs)) = c.args.args.first().map(|b| unparen(b)) {
+    if let Some(vs) = vs {
         for m in &vs.matchers.matchers {
             if m.name == METRIC_NAME {
                 continue;

@@ -13,7 +13,8 @@ pub struct MemoryStore {
 }
 
 impl MemoryStore {
-    /// Adds samples to a series (created if new); samples are kept sorted by time.
+    /// Adds samples to a series (created if new), sorted by time; a later sample for the
+    /// same timestamp replaces the earlier one, as Prometheus' test loader does.
     pub fn add(&mut self, labels: Labels, metric_type: MetricType, samples: impl IntoIterator<Item = Sample>) {
         let i = match self.series.iter().position(|s| s.0 == labels) {
             Some(i) => i,
@@ -25,7 +26,9 @@ impl MemoryStore {
         let s = &mut self.series[i].2;
         s.extend(samples);
         s.sort_by_key(|x| x.t);
+        s.reverse();
         s.dedup_by_key(|x| x.t);
+        s.reverse();
     }
 
     pub fn set_metadata(&mut self, family: &str, m: Metadata) {
