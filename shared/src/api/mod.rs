@@ -3,9 +3,11 @@
 //! Same parameters (GET query string or POST form; RFC 3339 or Unix times; repeated
 //! `match[]`), same JSON envelope (`status`, `data`, `errorType`, `error`, `warnings`) and
 //! same status codes as Prometheus, so Grafana and `promtool` work unchanged.
-//! Served here: `series`, `labels`, `label/<name>/values`, `metadata`, `status/buildinfo`.
+//! Served here: `query`, `query_range`, `series`, `labels`, `label/<name>/values`,
+//! `metadata`, `status/buildinfo`.
 
 mod params;
+mod query;
 
 use crate::matcher::Matcher;
 use crate::store::{Store, StoreError};
@@ -97,12 +99,19 @@ pub fn success(data: Value, warnings: Vec<String>) -> Response {
 
 pub struct ApiState {
     pub store: Arc<dyn Store>,
+    pub engine: crate::promql::EngineOptions,
 }
 
 /// The API routes for a store; merge into a tier's router.
 pub fn router(store: Arc<dyn Store>) -> Router {
-    let state = Arc::new(ApiState { store });
+    router_with(store, crate::promql::EngineOptions::default())
+}
+
+pub fn router_with(store: Arc<dyn Store>, engine: crate::promql::EngineOptions) -> Router {
+    let state = Arc::new(ApiState { store, engine });
     Router::new()
+        .route("/api/v1/query", get(query::instant).post(query::instant))
+        .route("/api/v1/query_range", get(query::range).post(query::range))
         .route("/api/v1/series", get(series).post(series))
         .route("/api/v1/labels", get(labels).post(labels))
         .route("/api/v1/label/{name}/values", get(label_values))

@@ -88,3 +88,44 @@ async fn labels_values_metadata_and_limits() {
     assert_eq!(code, 200);
     assert!(v["data"]["version"].is_string());
 }
+
+#[tokio::test]
+async fn instant_and_range_queries_in_prometheus_shapes() {
+    let (_d, app) = app();
+    let (code, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"]["resultType"], "vector");
+    assert_eq!(v["data"]["result"][0]["value"], json!([1700000000.0, "3"]));
+    assert_eq!(v["data"]["result"][0]["metric"], json!({}));
+    let (code, v) = get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D%220%22%7D&start=1700000000&end=1700000060&step=30s").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"]["resultType"], "matrix");
+    let s = &v["data"]["result"][0];
+    assert_eq!(s["metric"]["__name__"], "DCGM_FI_DEV_GPU_TEMP");
+    assert_eq!(s["values"], json!([[1700000000.0, "1"], [1700000030.0, "1"], [1700000060.0, "1"]]));
+    let (_, v) = get(&app, "/api/v1/query?query=1%2B1&time=10").await;
+    assert_eq!(v["data"], json!({"resultType": "scalar", "result": [10.0, "2"]}));
+}
+
+#[tokio::test]
+async fn query_errors_have_prometheus_types_and_codes() {
+    let (_d, app) = app();
+    let (code, v) = get(&app, "/api/v1/query?query=sum(").await;
+    assert_eq!((code, v["errorType"].as_str()), (400, Some("bad_data")), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("query"), "{v}");
+    let (code, v) = get(&app, "/api/v1/query_range?query=up&start=0&end=100000&step=1").await;
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("11,000 points"), "{v}");
+    let (code, _) = get(&app, "/api/v1/query_range?query=up&start=0&end=100&step=0").await;
+    assert_eq!(code, 400);
+    // a sample limit names itself and answers 422
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    let s = db.series(&Labels::from_pairs([("__name__", "m")])).unwrap();
+    let batch: Vec<_> = (0..100).map(|i| (s.clone(), Sample::new(i * 1000, 1.0))).collect();
+    db.commit(&batch).unwrap();
+    let small = router_with(Arc::new(TsdbStore(db)), crate::promql::EngineOptions { max_samples: 10, ..Default::default() });
+    let (code, v) = get(&small, "/api/v1/query?query=sum_over_time(m%5B100s%5D)&time=100").await;
+    assert_eq!((code, v["errorType"].as_str()), (422, Some("execution")), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("10"), "{v}");
+}

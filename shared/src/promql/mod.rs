@@ -25,7 +25,13 @@ use crate::store::{SelectLimits, Store, StoreError};
 use promql_parser::parser::Expr;
 use std::time::Duration;
 
+pub use aggregate::format_value;
 pub use eval::Evaluator;
+
+/// Parses a Prometheus duration (`5m`, `1h30m`) to milliseconds.
+pub fn parse_duration(s: &str) -> Option<i64> {
+    testfile::parse_duration_ms(s)
+}
 
 /// Prometheus' defaults.
 #[derive(Debug, Clone)]

@@ -15,7 +15,7 @@ pub struct Report {
     pub skipped: Vec<String>,
 }
 
-fn parse_duration_ms(s: &str) -> Option<i64> {
+pub(crate) fn parse_duration_ms(s: &str) -> Option<i64> {
     let mut total = 0i64;
     let b = s.as_bytes();
     let mut i = 0;

@@ -84,6 +84,18 @@ pub enum StoreError {
     Corrupt { series: String, reason: String },
 }
 
+impl StoreError {
+    /// A copy, for error paths that only hold a reference.
+    pub fn from_ref(e: &StoreError) -> StoreError {
+        match e {
+            StoreError::LimitExceeded { what, limit } => StoreError::LimitExceeded { what, limit: *limit },
+            StoreError::InvalidRequest(m) => StoreError::InvalidRequest(m.clone()),
+            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+            StoreError::Corrupt { series, reason } => StoreError::Corrupt { series: series.clone(), reason: reason.clone() },
+        }
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync {
     /// Series matching all matchers with samples in `[start, end]`, sorted by labels.

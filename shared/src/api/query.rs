@@ -1,0 +1,123 @@
+//! `/api/v1/query` and `/api/v1/query_range`: PromQL over the store, Prometheus' JSON.
+
+use super::{labels_json, success, ApiError, ApiState, ErrorType, Params};
+use crate::promql::{Engine, QueryError, QueryValue};
+use axum::body::Bytes;
+use axum::extract::{RawQuery, State};
+use axum::http::{HeaderMap, Method};
+use axum::response::Response;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Prometheus refuses range queries above this many points per series.
+const MAX_POINTS: i64 = 11_000;
+
+impl From<QueryError> for ApiError {
+    fn from(e: QueryError) -> Self {
+        let kind = match &e {
+            QueryError::BadData(_) | QueryError::Unsupported(_) => ErrorType::BadData,
+            QueryError::Execution(_) | QueryError::TooManySamples(_) => ErrorType::Execution,
+            QueryError::Timeout(_) => ErrorType::Timeout,
+            QueryError::Store(s) => return ApiError::from(crate::store::StoreError::from_ref(s)),
+        };
+        ApiError { kind, message: e.to_string() }
+    }
+}
+
+fn time_json(t: i64) -> Value {
+    json!(t as f64 / 1000.0)
+}
+
+fn value_json(v: f64) -> Value {
+    Value::String(crate::promql::format_value(v))
+}
+
+fn result_json(v: QueryValue) -> Value {
+    match v {
+        QueryValue::Scalar(t, x) => json!({"resultType": "scalar", "result": [time_json(t), value_json(x)]}),
+        QueryValue::String(t, s) => json!({"resultType": "string", "result": [time_json(t), s]}),
+        QueryValue::Vector(v) => json!({
+            "resultType": "vector",
+            "result": v.iter().map(|(l, t, x)| json!({"metric": labels_json(l), "value": [time_json(*t), value_json(*x)]})).collect::<Vec<_>>(),
+        }),
+        QueryValue::Matrix(m) => json!({
+            "resultType": "matrix",
+            "result": m.iter().map(|s| json!({
+                "metric": labels_json(&s.labels),
+                "values": s.points.iter().map(|(t, x)| json!([time_json(*t), value_json(*x)])).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        }),
+    }
+}
+
+/// A duration parameter: float seconds or a Prometheus duration (`5m`).
+fn duration_param(p: &Params, name: &str) -> Result<Option<i64>, ApiError> {
+    let Some(s) = p.get(name).filter(|s| !s.is_empty()) else { return Ok(None) };
+    if let Ok(f) = s.parse::<f64>() {
+        if !f.is_finite() || f * 1000.0 > i64::MAX as f64 || f * 1000.0 < i64::MIN as f64 {
+            return Err(ApiError::bad_data(format!("invalid parameter \"{name}\": cannot parse {s:?} to a valid duration")));
+        }
+        return Ok(Some((f * 1000.0).round() as i64));
+    }
+    crate::promql::parse_duration(s)
+        .map(Some)
+        .ok_or_else(|| ApiError::bad_data(format!("invalid parameter \"{name}\": cannot parse {s:?} to a valid duration")))
+}
+
+fn engine_for(state: &ApiState, p: &Params) -> Result<Engine, ApiError> {
+    let mut opts = state.engine.clone();
+    if let Some(t) = duration_param(p, "timeout")? {
+        if t > 0 {
+            opts.timeout = opts.timeout.min(Duration::from_millis(t as u64));
+        }
+    }
+    Ok(Engine::new(opts))
+}
+
+fn parse_query(p: &Params) -> Result<promql_parser::parser::Expr, ApiError> {
+    let q = p.get("query").unwrap_or("");
+    promql_parser::parser::parse(q).map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {e}")))
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
+}
+
+pub async fn instant(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+    let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
+    let expr = parse_query(&p)?;
+    let time = match p.get("time").filter(|t| !t.is_empty()) {
+        Some(t) => super::parse_time(t).map_err(|e| ApiError::bad_data(format!("invalid parameter \"time\": {e}")))?,
+        None => now_ms(),
+    };
+    let engine = engine_for(&s, &p)?;
+    let v = engine.instant(s.store.as_ref(), &expr, time).await?;
+    Ok(success(result_json(v), vec![]))
+}
+
+pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+    let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
+    let start = match p.get("start") {
+        Some(t) => super::parse_time(t).map_err(|e| ApiError::bad_data(format!("invalid parameter \"start\": {e}")))?,
+        None => return Err(ApiError::bad_data("invalid parameter \"start\": cannot parse \"\" to a valid timestamp")),
+    };
+    let end = match p.get("end") {
+        Some(t) => super::parse_time(t).map_err(|e| ApiError::bad_data(format!("invalid parameter \"end\": {e}")))?,
+        None => return Err(ApiError::bad_data("invalid parameter \"end\": cannot parse \"\" to a valid timestamp")),
+    };
+    if end < start {
+        return Err(ApiError::bad_data("invalid parameter \"end\": end timestamp must not be before start time"));
+    }
+    let step = duration_param(&p, "step")?.ok_or_else(|| ApiError::bad_data("invalid parameter \"step\": cannot parse \"\" to a valid duration"))?;
+    if step <= 0 {
+        return Err(ApiError::bad_data("invalid parameter \"step\": zero or negative query resolution step widths are not accepted. Try a positive integer"));
+    }
+    if (end - start) / step >= MAX_POINTS {
+        return Err(ApiError::bad_data("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)"));
+    }
+    let expr = parse_query(&p)?;
+    let engine = engine_for(&s, &p)?;
+    let v = engine.range(s.store.as_ref(), &expr, start, end, step).await?;
+    Ok(success(result_json(v), vec![]))
+}
