@@ -5,7 +5,10 @@ use std::time::Instant;
 use strata_shared::db::{Tsdb, TsdbOptions};
 use strata_shared::import::import_openmetrics;
 
-pub fn run(file: Option<PathBuf>) -> anyhow::Result<()> {
+/// The loaded database, with the directory that holds its WAL (removed when dropped).
+pub struct Loaded(pub Tsdb, pub tempfile::TempDir);
+
+pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
     let default = fleet_day_cache().join("small/fleet.om");
     let file = file.unwrap_or(default);
     if !file.exists() {
@@ -36,7 +39,7 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<()> {
     for (name, (bytes, n)) in per {
         println!("    {name:<40} {:.3} bytes/sample", bytes as f64 / n.max(1) as f64);
     }
-    Ok(())
+    Ok(Loaded(db, dir))
 }
 
 /// Where `fleet_day.py` caches its data: `$FLEET_DAY_CACHE`, else `~/.cache/strata-fleet-day`.

@@ -28,6 +28,9 @@ pub enum BenchCommand {
         /// The file `../shared/bench/fleet_day.py path` names.
         #[arg(long)]
         file: Option<PathBuf>,
+        /// After loading, serve the Prometheus API here until Ctrl-C (for `fleet_day.py run --other`).
+        #[arg(long)]
+        serve: Option<std::net::SocketAddr>,
     },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
@@ -46,7 +49,16 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest { nodes, gpus_per_node, scrapes, reps } => {
             tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes, reps)).await?
         }
-        BenchCommand::FleetDay { file } => tokio::task::spawn_blocking(move || fleet_day::run(file)).await?,
+        BenchCommand::FleetDay { file, serve } => {
+            let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;
+            if let Some(addr) = serve {
+                let listener = tokio::net::TcpListener::bind(addr).await?;
+                println!("serving the fleet-day head at http://{} (Ctrl-C stops)", listener.local_addr()?);
+                let app = strata_shared::api::router(std::sync::Arc::new(strata_shared::store::TsdbStore(std::sync::Arc::new(db))));
+                axum::serve(listener, app).with_graceful_shutdown(crate::shutdown_signal()).await?;
+            }
+            Ok(())
+        }
         BenchCommand::VsPrometheus { nodes, seconds, prometheus } => vs_prometheus::run(nodes, seconds, &prometheus).await,
     }
 }
