@@ -3,7 +3,7 @@
 use super::fetch::{self, Fetched};
 use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
 use crate::model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
-use promql_parser::parser::{Expr, MatrixSelector, VectorSelector};
+use promql_parser::parser::{Expr, SubqueryExpr, VectorSelector};
 use std::cell::Cell;
 use std::collections::HashMap;
 
@@ -88,6 +88,9 @@ pub fn drop_name(l: &Labels) -> Labels {
 
 pub struct Evaluator<'a> {
     data: &'a Fetched,
+    /// The outermost query's range, which `@ start()` and `@ end()` refer to.
+    query_start: i64,
+    query_end: i64,
     pub start: i64,
     pub end: i64,
     pub step: i64,
@@ -100,7 +103,47 @@ pub struct Evaluator<'a> {
 impl<'a> Evaluator<'a> {
     pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
         let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
-        Evaluator { data, start, end, step, steps, lookback, max_samples, samples: Cell::new(0) }
+        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: Cell::new(0) }
+    }
+
+    /// An evaluator for a subquery's inner grid, sharing data, bounds and the sample budget.
+    fn inner(&self, start: i64, end: i64, step: i64) -> Evaluator<'a> {
+        let steps = if end < start { 0 } else { ((end - start) / step + 1) as usize };
+        Evaluator {
+            data: self.data,
+            query_start: self.query_start,
+            query_end: self.query_end,
+            start,
+            end,
+            step,
+            steps,
+            lookback: self.lookback,
+            max_samples: self.max_samples,
+            samples: Cell::new(self.samples.get()),
+        }
+    }
+
+    /// A subquery's result as series of samples on its inner grid, with the evaluation
+    /// time of each outer step.
+    fn subquery_series(&self, sq: &SubqueryExpr) -> Result<(Vec<(Labels, Vec<Sample>)>, Vec<i64>), QueryError> {
+        let (s, e, st) = fetch::subquery_grid(sq, self.start, self.end, self.query_start, self.query_end);
+        let inner = self.inner(s, e, st);
+        let series = match inner.eval(&sq.expr)? {
+            Val::Vector(v) => v
+                .into_iter()
+                .map(|x| {
+                    let samples = x.vals.iter().enumerate().filter_map(|(k, v)| v.map(|v| Sample::new(inner.time(k), v))).collect();
+                    (x.labels, samples)
+                })
+                .collect(),
+            Val::Scalar(v) => vec![(Labels::default(), v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect())],
+            _ => return Err(QueryError::BadData("subquery is only allowed on instant vector".into())),
+        };
+        self.charge(inner.samples.get().saturating_sub(self.samples.get()))?;
+        let at = fetch::at_ms(&sq.at, self.query_start, self.query_end);
+        let o = fetch::offset_ms(&sq.offset);
+        let times = (0..self.steps).map(|i| at.unwrap_or_else(|| self.time(i)) - o).collect();
+        Ok((series, times))
     }
 
     pub fn time(&self, i: usize) -> i64 {
@@ -123,7 +166,7 @@ impl<'a> Evaluator<'a> {
 
     /// The evaluation time of a selector at step `i`: `@` fixes it, `offset` shifts it.
     pub fn selector_time(&self, vs: &VectorSelector, i: usize) -> i64 {
-        fetch::at_ms(&vs.at, self.start, self.end).unwrap_or_else(|| self.time(i)) - fetch::offset_ms(&vs.offset)
+        fetch::at_ms(&vs.at, self.query_start, self.query_end).unwrap_or_else(|| self.time(i)) - fetch::offset_ms(&vs.offset)
     }
 
     fn vector_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
@@ -178,22 +221,40 @@ impl<'a> Evaluator<'a> {
     }
 
     /// Calls `f(step, window, t - range, t)` with each series' non-empty window `(t - range, t]`
-    /// at every step (staleness markers removed) and collects its results.
-    pub fn range_windows(&self, ms: &MatrixSelector, keep_name: bool, mut f: impl FnMut(usize, &[Sample], i64, i64) -> Option<f64>) -> Result<Val, QueryError> {
-        let range = ms.range.as_millis() as i64;
+    /// at every step (staleness markers removed) and collects its results. `arg` is a range
+    /// selector or a subquery.
+    pub fn range_windows(&self, arg: &Expr, keep_name: bool, mut f: impl FnMut(usize, &[Sample], i64, i64) -> Option<f64>) -> Result<Val, QueryError> {
+        let (series, times, range): (Vec<(Labels, std::borrow::Cow<[Sample]>)>, Vec<i64>, i64) = match arg {
+            Expr::MatrixSelector(ms) => {
+                let series = self
+                    .series_of(&ms.vs)
+                    .iter()
+                    .map(|s| {
+                        // Range windows never hold staleness markers.
+                        let samples: std::borrow::Cow<[Sample]> = if s.samples.iter().any(|x| is_stale(x.v)) {
+                            s.samples.iter().copied().filter(|x| !is_stale(x.v)).collect::<Vec<_>>().into()
+                        } else {
+                            (&s.samples[..]).into()
+                        };
+                        (s.labels.clone(), samples)
+                    })
+                    .collect();
+                let times = (0..self.steps).map(|i| self.selector_time(&ms.vs, i)).collect();
+                (series, times, ms.range.as_millis() as i64)
+            }
+            Expr::Subquery(sq) => {
+                let (series, times) = self.subquery_series(sq)?;
+                (series.into_iter().map(|(l, s)| (l, s.into())).collect(), times, sq.range.as_millis() as i64)
+            }
+            _ => return Err(QueryError::BadData("expected a range vector".into())),
+        };
         let mut out = Vec::new();
         let mut buf: Vec<Sample> = Vec::new();
-        for s in self.series_of(&ms.vs) {
-            // Range windows never hold staleness markers.
-            let samples: std::borrow::Cow<[Sample]> = if s.samples.iter().any(|x| is_stale(x.v)) {
-                s.samples.iter().copied().filter(|x| !is_stale(x.v)).collect::<Vec<_>>().into()
-            } else {
-                (&s.samples[..]).into()
-            };
+        for (labels, samples) in &series {
             let mut vals = vec![None; self.steps];
             let mut any = false;
             for (i, v) in vals.iter_mut().enumerate() {
-                let t = self.selector_time(&ms.vs, i);
+                let t = times[i];
                 let lo = samples.partition_point(|x| x.t <= t - range);
                 let hi = samples.partition_point(|x| x.t <= t);
                 if lo >= hi {
@@ -208,7 +269,7 @@ impl<'a> Evaluator<'a> {
                 }
             }
             if any {
-                let labels = if keep_name { s.labels.clone() } else { drop_name(&s.labels) };
+                let labels = if keep_name { labels.clone() } else { drop_name(labels) };
                 out.push(StepSeries { labels, vals });
             }
         }
@@ -251,7 +312,22 @@ impl<'a> Evaluator<'a> {
             Expr::Call(c) => functions::call(self, c),
             Expr::Aggregate(a) => aggregate::eval(self, a),
             Expr::Binary(b) => binary::eval(self, b),
-            Expr::Subquery(_) => Err(QueryError::Unsupported("subqueries".into())),
+            Expr::Subquery(sq) => {
+                if self.steps != 1 {
+                    return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into()));
+                }
+                let (series, times) = self.subquery_series(sq)?;
+                let (t, range) = (times[0], sq.range.as_millis() as i64);
+                Ok(Val::Matrix(
+                    series
+                        .into_iter()
+                        .filter_map(|(labels, s)| {
+                            let points: Vec<(i64, f64)> = s.iter().filter(|x| x.t > t - range && x.t <= t).map(|x| (x.t, x.v)).collect();
+                            (!points.is_empty()).then_some(SeriesPoints { labels, points })
+                        })
+                        .collect(),
+                ))
+            }
             Expr::Extension(_) => Err(QueryError::Unsupported("extension expressions".into())),
         }
     }

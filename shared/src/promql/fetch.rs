@@ -6,7 +6,7 @@ use crate::matcher::{MatchOp, Matcher};
 use crate::model::{Labels, MetricType, Sample, METRIC_NAME};
 use crate::store::{SelectLimits, SelectRequest, Store};
 use promql_parser::label::MatchOp as PMatchOp;
-use promql_parser::parser::{AtModifier, Expr, Offset, VectorSelector};
+use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
@@ -73,10 +73,31 @@ struct Need<'a> {
 
 /// Collects what each selector needs: `range` is the enclosing range (0 for an instant
 /// selector, which looks back `lookback` instead).
-fn collect<'a>(e: &'a Expr, start: i64, end: i64, lookback: i64, out: &mut Vec<Need<'a>>) -> Result<(), QueryError> {
+/// Default step of a subquery without one: Prometheus' default evaluation interval.
+pub const DEFAULT_SUBQUERY_STEP: i64 = 60_000;
+
+/// The inner grid `(start, end, step)` a subquery is evaluated on, as Prometheus aligns it.
+pub fn subquery_grid(sq: &SubqueryExpr, start: i64, end: i64, qs: i64, qe: i64) -> (i64, i64, i64) {
+    let step = sq.step.map(|d| d.as_millis() as i64).filter(|s| *s > 0).unwrap_or(DEFAULT_SUBQUERY_STEP);
+    let (start, end) = match at_ms(&sq.at, qs, qe) {
+        Some(t) => (t, t),
+        None => (start, end),
+    };
+    let o = offset_ms(&sq.offset);
+    let range = sq.range.as_millis() as i64;
+    let lo = start - o - range;
+    let mut s = step * (lo / step);
+    if s <= lo {
+        s += step;
+    }
+    (s, end - o, step)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn collect<'a>(e: &'a Expr, start: i64, end: i64, qs: i64, qe: i64, lookback: i64, out: &mut Vec<Need<'a>>) -> Result<(), QueryError> {
     let mut add = |vs: &'a VectorSelector, range: i64| {
         let o = offset_ms(&vs.offset);
-        let (lo, hi) = match at_ms(&vs.at, start, end) {
+        let (lo, hi) = match at_ms(&vs.at, qs, qe) {
             Some(t) => (t, t),
             None => (start, end),
         };
@@ -86,23 +107,26 @@ fn collect<'a>(e: &'a Expr, start: i64, end: i64, lookback: i64, out: &mut Vec<N
         Expr::VectorSelector(vs) => add(vs, lookback),
         Expr::MatrixSelector(ms) => add(&ms.vs, ms.range.as_millis() as i64),
         Expr::Aggregate(a) => {
-            collect(&a.expr, start, end, lookback, out)?;
+            collect(&a.expr, start, end, qs, qe, lookback, out)?;
             if let Some(p) = &a.param {
-                collect(p, start, end, lookback, out)?;
+                collect(p, start, end, qs, qe, lookback, out)?;
             }
         }
-        Expr::Unary(u) => collect(&u.expr, start, end, lookback, out)?,
+        Expr::Unary(u) => collect(&u.expr, start, end, qs, qe, lookback, out)?,
         Expr::Binary(b) => {
-            collect(&b.lhs, start, end, lookback, out)?;
-            collect(&b.rhs, start, end, lookback, out)?;
+            collect(&b.lhs, start, end, qs, qe, lookback, out)?;
+            collect(&b.rhs, start, end, qs, qe, lookback, out)?;
         }
-        Expr::Paren(p) => collect(&p.expr, start, end, lookback, out)?,
+        Expr::Paren(p) => collect(&p.expr, start, end, qs, qe, lookback, out)?,
         Expr::Call(c) => {
             for a in &c.args.args {
-                collect(a, start, end, lookback, out)?;
+                collect(a, start, end, qs, qe, lookback, out)?;
             }
         }
-        Expr::Subquery(_) => return Err(QueryError::Unsupported("subqueries".into())),
+        Expr::Subquery(sq) => {
+            let (s, e, _) = subquery_grid(sq, start, end, qs, qe);
+            collect(&sq.expr, s, e, qs, qe, lookback, out)?;
+        }
         Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
         Expr::Extension(_) => return Err(QueryError::Unsupported("extension expressions".into())),
     }
@@ -111,7 +135,19 @@ fn collect<'a>(e: &'a Expr, start: i64, end: i64, lookback: i64, out: &mut Vec<N
 
 pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, _step: i64, lookback: i64, limits: SelectLimits) -> Result<Fetched, QueryError> {
     let mut needs = Vec::new();
-    collect(e, start, end, lookback, &mut needs)?;
+    collect(e, start, end, start, end, lookback, &mut needs)?;
+    // A selector fetched for several contexts (a subquery and its outer query) gets the union.
+    let mut merged: Vec<Need> = Vec::new();
+    for n in needs {
+        match merged.iter_mut().find(|m| std::ptr::eq(m.vs, n.vs)) {
+            Some(m) => {
+                m.mint = m.mint.min(n.mint);
+                m.maxt = m.maxt.max(n.maxt);
+            }
+            None => merged.push(n),
+        }
+    }
+    let needs = merged;
     let mut out = Fetched::new();
     let mut total = 0u64;
     for n in needs {

@@ -5,7 +5,7 @@ use super::eval::{drop_name, Evaluator, StepSeries, Val};
 use super::QueryError;
 use crate::matcher::compile_anchored;
 use crate::model::{Labels, Sample, METRIC_NAME};
-use promql_parser::parser::{Call, Expr, MatrixSelector};
+use promql_parser::parser::{Call, Expr};
 
 fn unparen(mut e: &Expr) -> &Expr {
     while let Expr::Paren(p) = e {
@@ -14,10 +14,10 @@ fn unparen(mut e: &Expr) -> &Expr {
     e
 }
 
-fn range_arg<'e>(c: &'e Call, i: usize) -> Result<&'e MatrixSelector, QueryError> {
+/// A range-vector argument: a range selector or a subquery.
+fn range_arg<'e>(c: &'e Call, i: usize) -> Result<&'e Expr, QueryError> {
     match c.args.args.get(i).map(|b| unparen(b)) {
-        Some(Expr::MatrixSelector(ms)) => Ok(ms),
-        Some(Expr::Subquery(_)) => Err(QueryError::Unsupported("subqueries".into())),
+        Some(e @ (Expr::MatrixSelector(_) | Expr::Subquery(_))) => Ok(e),
         _ => Err(QueryError::BadData(format!("expected a range vector argument for {}", c.func.name))),
     }
 }
@@ -295,10 +295,13 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             }
         },
         "absent_over_time" => {
-            let ms = range_arg(c, 0)?;
-            let present = ev.range_windows(ms, false, |_, _, _, _| Some(1.0))?;
+            let arg = range_arg(c, 0)?;
+            let present = ev.range_windows(arg, false, |_, _, _, _| Some(1.0))?;
             let Val::Vector(v) = present else { return Ok(Val::Vector(vec![])) };
-            let labels = absent_labels_of(Some(&ms.vs));
+            let labels = match arg {
+                Expr::MatrixSelector(ms) => absent_labels_of(Some(&ms.vs)),
+                _ => absent_labels_of(None),
+            };
             let vals = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect::<Vec<_>>();
             if vals.iter().all(Option::is_none) {
                 return Ok(Val::Vector(vec![]));

@@ -8,10 +8,10 @@
 //! step over those samples, with Prometheus 3 semantics: left-open range windows `(t-r, t]`,
 //! a 5-minute lookback for instant selectors, staleness markers ending a series.
 //!
-//! Status: the core (selectors, `offset`/`@`, arithmetic, comparison and set operators with
-//! vector matching, aggregations, the counter and `*_over_time` functions, math) is here;
-//! subqueries and the remaining functions come next. Anything not yet supported is an
-//! error naming it, never a wrong answer.
+//! Subqueries are evaluated once on their own aligned grid for the whole query, then sliced
+//! per step like a range selector. Native histograms and the functions that are
+//! experimental in Prometheus 3.0 are not supported: asking for one is an error naming it,
+//! never a wrong answer.
 
 mod aggregate;
 mod binary;
