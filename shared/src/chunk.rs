@@ -69,7 +69,8 @@ fn scaled_at(v: f64, k: u32) -> Option<i64> {
 }
 
 fn unscale(s: i64, k: u32) -> f64 {
-    s as f64 / POW10[k as usize]
+    // Integers (scale 0, most DCGM values) need no division.
+    if k == 0 { s as f64 } else { s as f64 / POW10[k as usize] }
 }
 
 // ---- bit I/O ----
@@ -126,6 +127,7 @@ impl BitWriter {
     }
 }
 
+/// Reads bits most significant first through a 64-bit window.
 #[derive(Debug, Clone)]
 struct BitReader<'a> {
     bytes: &'a [u8],
@@ -133,30 +135,54 @@ struct BitReader<'a> {
 }
 
 impl<'a> BitReader<'a> {
-    fn read_bit(&mut self) -> Option<bool> {
-        let byte = *self.bytes.get(self.pos / 8)?;
-        let bit = byte & (0x80 >> (self.pos % 8)) != 0;
-        self.pos += 1;
-        Some(bit)
+    /// The next (at least 57) bits, left-aligned, zero-padded past the end.
+    #[inline]
+    fn peek64(&self) -> u64 {
+        let byte = self.pos / 8;
+        let word = match self.bytes.get(byte..byte + 8) {
+            Some(b) => u64::from_be_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]),
+            None => {
+                let mut buf = [0u8; 8];
+                let tail = self.bytes.get(byte..).unwrap_or_default();
+                buf[..tail.len()].copy_from_slice(tail);
+                u64::from_be_bytes(buf)
+            }
+        };
+        word << (self.pos % 8)
     }
 
+    #[inline]
+    fn remaining(&self) -> usize {
+        (self.bytes.len() * 8).saturating_sub(self.pos)
+    }
+
+    #[inline]
+    fn read_bit(&mut self) -> Option<bool> {
+        self.read_bits(1).map(|b| b == 1)
+    }
+
+    #[inline]
     fn read_bits(&mut self, n: u32) -> Option<u64> {
-        if self.pos + n as usize > self.bytes.len() * 8 {
+        if n == 0 {
+            return Some(0);
+        }
+        if n as usize > self.remaining() {
             return None;
         }
-        let mut v = 0u64;
-        let mut remaining = n;
-        while remaining > 0 {
-            let byte = self.bytes[self.pos / 8];
-            let offset = (self.pos % 8) as u32;
-            let avail = 8 - offset;
-            let take = avail.min(remaining);
-            let bits = (byte >> (avail - take)) & ((1u16 << take) - 1) as u8;
-            v = (v << take) | bits as u64;
-            self.pos += take as usize;
-            remaining -= take;
+        if n > 56 {
+            let hi = self.read_bits(n - 32)?;
+            let lo = self.read_bits(32)?;
+            return Some((hi << 32) | lo);
         }
+        let v = self.peek64() >> (64 - n);
+        self.pos += n as usize;
         Some(v)
+    }
+
+    /// Length of the run of 1 bits ahead, up to `max` (≤ 56), without consuming it.
+    #[inline]
+    fn ones_ahead(&self, max: u32) -> u32 {
+        self.peek64().leading_ones().min(max)
     }
 }
 
@@ -247,14 +273,14 @@ enum RiceRead {
 }
 
 fn read_rice(r: &mut BitReader, k: u32) -> Option<RiceRead> {
-    let mut q = 0u64;
-    while q < ESCAPE {
-        if !r.read_bit()? {
-            let rem = r.read_bits(k)?;
-            return Some(RiceRead::Value((q << k) | rem));
-        }
-        q += 1;
+    let q = r.ones_ahead(ESCAPE as u32) as u64;
+    if q < ESCAPE {
+        // q ones and the terminating zero
+        r.read_bits(q as u32 + 1)?;
+        let rem = r.read_bits(k)?;
+        return Some(RiceRead::Value((q << k) | rem));
     }
+    r.read_bits(ESCAPE as u32)?;
     if r.read_bit()? {
         return Some(RiceRead::Alternative);
     }
@@ -720,10 +746,14 @@ impl<'a> ChunkIter<'a> {
 
     fn read_next(&mut self) -> Option<Sample> {
         let t = self.ts.decode(&mut self.r)?;
-        let v = if self.vs.hist_len > 0 {
+        // The decimal path yields the scaled integer itself: no need to derive it again.
+        let (v, scaled) = if self.vs.hist_len > 0 {
             let order = self.vs.best_order();
             match read_rice(&mut self.r, self.vs.means[order].k())? {
-                RiceRead::Value(z) => unscale(self.vs.prediction(order).wrapping_add(unzigzag(z)), self.vs.scale),
+                RiceRead::Value(z) => {
+                    let s = self.vs.prediction(order).wrapping_add(unzigzag(z));
+                    (unscale(s, self.vs.scale), Some(s))
+                }
                 RiceRead::Alternative if self.r.read_bit()? => {
                     let k = self.r.read_bits(3)? as u32;
                     if !self.vs.rescale(k) {
@@ -731,16 +761,25 @@ impl<'a> ChunkIter<'a> {
                     }
                     let order = self.vs.best_order();
                     match read_rice(&mut self.r, self.vs.means[order].k())? {
-                        RiceRead::Value(z) => unscale(self.vs.prediction(order).wrapping_add(unzigzag(z)), self.vs.scale),
+                        RiceRead::Value(z) => {
+                            let s = self.vs.prediction(order).wrapping_add(unzigzag(z));
+                            (unscale(s, self.vs.scale), Some(s))
+                        }
                         RiceRead::Alternative => return None,
                     }
                 }
-                RiceRead::Alternative => f64::from_bits(self.read_xor()?),
+                RiceRead::Alternative => {
+                    let v = f64::from_bits(self.read_xor()?);
+                    (v, scaled_at(v, self.vs.scale))
+                }
             }
         } else {
-            f64::from_bits(self.read_xor()?)
+            let v = f64::from_bits(self.read_xor()?);
+            (v, scaled_at(v, self.vs.scale))
         };
-        let scaled = scaled_at(v, self.vs.scale);
+        // A decoded scaled integer is exact only if it maps back to the same float: damaged
+        // data must not poison the history the next predictions use.
+        let scaled = scaled.filter(|s| s.unsigned_abs() < MAX_EXACT as u64);
         self.vs.after(v, scaled);
         Some(Sample { t, v })
     }

@@ -203,14 +203,32 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         }
         _ => {}
     }
+    // A series' group never changes: number the groups once, then gather per step.
+    let mut group_ids: HashMap<&Labels, usize> = HashMap::new();
+    let mut group_labels_list: Vec<&Labels> = Vec::new();
+    let member: Vec<usize> = groups
+        .iter()
+        .map(|g| {
+            *group_ids.entry(g).or_insert_with(|| {
+                group_labels_list.push(g);
+                group_labels_list.len() - 1
+            })
+        })
+        .collect();
+    let mut by_group: Vec<Vec<f64>> = vec![Vec::new(); group_labels_list.len()];
     for i in 0..ev.steps {
-        let mut by_group: HashMap<&Labels, Vec<f64>> = HashMap::new();
+        by_group.iter_mut().for_each(Vec::clear);
         for (j, s) in input.iter().enumerate() {
             if let Some(x) = s.vals[i] {
-                by_group.entry(&groups[j]).or_default().push(x);
+                by_group[member[j]].push(x);
             }
         }
-        for (g, mut vals) in by_group {
+        for (gi, slot) in by_group.iter_mut().enumerate() {
+            if slot.is_empty() {
+                continue;
+            }
+            let g = group_labels_list[gi];
+            let vals = slot;
             let n = vals.len() as f64;
             let v = match op.as_str() {
                 "sum" => {
@@ -225,7 +243,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                 "group" => 1.0,
                 "stddev" => variance(&vals).sqrt(),
                 "stdvar" => variance(&vals),
-                "quantile" => quantile(scalar_param(i)?, &mut vals),
+                "quantile" => quantile(scalar_param(i)?, vals),
                 other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
             };
             out.set(g.clone(), i, v)?;

@@ -248,22 +248,32 @@ impl<'a> Evaluator<'a> {
             }
             _ => return Err(QueryError::BadData("expected a range vector".into())),
         };
+        // Step times never go backwards, so the window's ends only move forward.
+        let monotonic = times.windows(2).all(|w| w[0] <= w[1]);
         let mut out = Vec::new();
-        let mut buf: Vec<Sample> = Vec::new();
         for (labels, samples) in &series {
             let mut vals = vec![None; self.steps];
             let mut any = false;
+            let (mut lo, mut hi) = (0usize, 0usize);
             for (i, v) in vals.iter_mut().enumerate() {
                 let t = times[i];
-                let lo = samples.partition_point(|x| x.t <= t - range);
-                let hi = samples.partition_point(|x| x.t <= t);
+                if monotonic {
+                    while lo < samples.len() && samples[lo].t <= t - range {
+                        lo += 1;
+                    }
+                    hi = hi.max(lo);
+                    while hi < samples.len() && samples[hi].t <= t {
+                        hi += 1;
+                    }
+                } else {
+                    lo = samples.partition_point(|x| x.t <= t - range);
+                    hi = samples.partition_point(|x| x.t <= t);
+                }
                 if lo >= hi {
                     continue;
                 }
                 self.charge((hi - lo) as u64)?;
-                buf.clear();
-                buf.extend_from_slice(&samples[lo..hi]);
-                if let Some(r) = f(i, &buf, t - range, t) {
+                if let Some(r) = f(i, &samples[lo..hi], t - range, t) {
                     *v = Some(r);
                     any = true;
                 }
