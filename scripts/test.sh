@@ -14,5 +14,9 @@ if ! command -v prometheus >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
 fi
 
+if [ -z "${PROMQL_TESTDATA:-}" ] && [ ! -d ../shared/promql-testdata ]; then
+  echo "== NOTE: the PromQL conformance files are absent (../shared/promql-testdata, or set PROMQL_TESTDATA): that suite will not run"
+fi
+
 echo "== cargo test (target dir: $CARGO_TARGET_DIR)"
 cargo test --workspace --all-targets --locked

@@ -122,8 +122,39 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
         let vals = s["values"].as_array().unwrap().iter().map(|p| ((p[0].as_f64().unwrap() * 1000.0).round() as i64, p[1].as_str().unwrap().to_string())).collect();
         want.insert(l, vals);
     }
-    // Give remote write time to deliver everything up to t_end, then stop the edge.
+    // Give remote write time to deliver everything up to t_end.
     std::thread::sleep(Duration::from_secs(6));
+
+    // 3. A real client: promtool gets the same answers from the edge as from Prometheus, over
+    //    the samples Prometheus scraped (the edge holds them as remote-written, source="prometheus").
+    let edge_base = format!("http://127.0.0.1:{edge_port}");
+    let promtool = |args: &[&str]| -> String {
+        let out = std::process::Command::new("promtool").args(args).output().expect("promtool runs");
+        assert!(out.status.success(), "promtool {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let t = format!("{:.3}", t_end - 1.0);
+    let (t0, t1) = (format!("{:.3}", t_end - 8.0), format!("{:.3}", t_end - 1.0));
+    let pairs = [
+        ("sum by (gpu) (DCGM_FI_DEV_GPU_TEMP{node=\"0\"})", "sum by (gpu) (DCGM_FI_DEV_GPU_TEMP{node=\"0\",source=\"prometheus\"})"),
+        ("max by (node) (DCGM_FI_DEV_POWER_USAGE) * 2", "max by (node) (DCGM_FI_DEV_POWER_USAGE{source=\"prometheus\"}) * 2"),
+        ("count(up == 1)", "count(up{source=\"prometheus\"} == 1)"),
+    ];
+    for (pq, eq) in pairs {
+        let a = promtool(&["query", "instant", "--time", &t, &prom_base, pq]);
+        let b = promtool(&["query", "instant", "--time", &t, &edge_base, eq]);
+        assert!(!a.trim().is_empty(), "no answer from Prometheus for {pq}");
+        assert_eq!(a, b, "instant {pq}");
+        let a = promtool(&["query", "range", "--start", &t0, "--end", &t1, "--step", "2s", &prom_base, pq]);
+        let b = promtool(&["query", "range", "--start", &t0, "--end", &t1, "--step", "2s", &edge_base, eq]);
+        assert_eq!(a, b, "range {pq}");
+    }
+    // series and label values of what both scraped themselves
+    let a = promtool(&["query", "series", "--match", "DCGM_FI_DEV_GPU_TEMP{node=\"1\"}", &prom_base]);
+    let b = promtool(&["query", "series", "--match", "DCGM_FI_DEV_GPU_TEMP{node=\"1\",source=\"\"}", &edge_base]);
+    assert_eq!(a, b, "series");
+    assert_eq!(promtool(&["query", "labels", &prom_base, "gpu"]), promtool(&["query", "labels", &edge_base, "gpu"]), "label values");
+
     prom.terminate();
     edge.terminate();
 
