@@ -3,19 +3,20 @@
 use crate::matcher::{MatchOp, Matcher};
 use crate::model::METRIC_NAME;
 use promql_parser::label::MatchOp as PMatchOp;
-use promql_parser::parser::{self, Expr};
+use promql_parser::parser::{self, Expr, VectorSelector};
 
-/// Parses a series selector; anything but a plain vector selector is an error.
-pub fn parse_selector(s: &str) -> Result<Vec<Matcher>, String> {
-    let expr = parser::parse(s)?;
-    let Expr::VectorSelector(vs) = expr else {
-        return Err(format!("{s:?} is not a series selector"));
-    };
-    if vs.offset.is_some() || vs.at.is_some() {
-        return Err(format!("{s:?}: a series selector takes no offset or @ modifier"));
-    }
+#[derive(Debug, thiserror::Error)]
+pub enum SelectorError {
+    #[error("'or' inside a selector is not supported yet")]
+    OrMatchers,
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The matchers of a parsed vector selector, the metric name included.
+pub fn matchers_of(vs: &VectorSelector) -> Result<Vec<Matcher>, SelectorError> {
     if !vs.matchers.or_matchers.is_empty() {
-        return Err(format!("{s:?}: 'or' in a series selector is not supported"));
+        return Err(SelectorError::OrMatchers);
     }
     let mut out = Vec::new();
     if let Some(name) = &vs.name {
@@ -28,8 +29,21 @@ pub fn parse_selector(s: &str) -> Result<Vec<Matcher>, String> {
             PMatchOp::Re(_) => MatchOp::Regex,
             PMatchOp::NotRe(_) => MatchOp::NotRegex,
         };
-        out.push(Matcher::new(op, &m.name, &m.value).map_err(|e| e.to_string())?);
+        out.push(Matcher::new(op, &m.name, &m.value).map_err(|e| SelectorError::Invalid(e.to_string()))?);
     }
+    Ok(out)
+}
+
+/// Parses a series selector; anything but a plain vector selector is an error.
+pub fn parse_selector(s: &str) -> Result<Vec<Matcher>, String> {
+    let expr = parser::parse(s)?;
+    let Expr::VectorSelector(vs) = expr else {
+        return Err(format!("{s:?} is not a series selector"));
+    };
+    if vs.offset.is_some() || vs.at.is_some() {
+        return Err(format!("{s:?}: a series selector takes no offset or @ modifier"));
+    }
+    let out = matchers_of(&vs).map_err(|e| format!("{s:?}: {e}"))?;
     if out.iter().all(|m| m.matches("")) {
         return Err("vector selector must contain at least one non-empty matcher".into());
     }

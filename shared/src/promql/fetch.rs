@@ -2,10 +2,9 @@
 //! evaluated at, and decoded. Selectors are keyed by their address in the AST.
 
 use super::QueryError;
-use crate::matcher::{MatchOp, Matcher};
-use crate::model::{Labels, MetricType, Sample, METRIC_NAME};
+use crate::matcher::Matcher;
+use crate::model::{Labels, MetricType, Sample};
 use crate::store::{SelectLimits, SelectRequest, Store};
-use promql_parser::label::MatchOp as PMatchOp;
 use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
@@ -46,23 +45,10 @@ pub fn at_ms(at: &Option<AtModifier>, start: i64, end: i64) -> Option<i64> {
 }
 
 pub fn matchers(vs: &VectorSelector) -> Result<Vec<Matcher>, QueryError> {
-    let mut out = Vec::new();
-    if let Some(n) = &vs.name {
-        out.push(Matcher::eq(METRIC_NAME, n));
-    }
-    if !vs.matchers.or_matchers.is_empty() {
-        return Err(QueryError::Unsupported("'or' inside a selector".into()));
-    }
-    for m in &vs.matchers.matchers {
-        let op = match m.op {
-            PMatchOp::Equal => MatchOp::Equal,
-            PMatchOp::NotEqual => MatchOp::NotEqual,
-            PMatchOp::Re(_) => MatchOp::Regex,
-            PMatchOp::NotRe(_) => MatchOp::NotRegex,
-        };
-        out.push(Matcher::new(op, &m.name, &m.value).map_err(|e| QueryError::BadData(e.to_string()))?);
-    }
-    Ok(out)
+    crate::selector::matchers_of(vs).map_err(|e| match e {
+        crate::selector::SelectorError::OrMatchers => QueryError::Unsupported("'or' inside a selector".into()),
+        crate::selector::SelectorError::Invalid(m) => QueryError::BadData(m),
+    })
 }
 
 struct Need<'a> {
