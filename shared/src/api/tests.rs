@@ -129,3 +129,20 @@ async fn query_errors_have_prometheus_types_and_codes() {
     assert_eq!((code, v["errorType"].as_str()), (422, Some("execution")), "{v}");
     assert!(v["error"].as_str().unwrap().contains("10"), "{v}");
 }
+
+#[tokio::test]
+async fn a_timeout_is_503_and_the_query_is_cancelled() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    for g in 0..50 {
+        let s = db.series(&Labels::from_pairs([("__name__", "m".to_string()), ("g", g.to_string())])).unwrap();
+        let batch: Vec<_> = (0..20_000).map(|i| (s.clone(), Sample::new(i * 1000, i as f64))).collect();
+        db.commit(&batch).unwrap();
+    }
+    let app = router(Arc::new(TsdbStore(db)));
+    let started = std::time::Instant::now();
+    // a heavy nested subquery: far more than a millisecond of evaluation
+    let (code, v) = get(&app, "/api/v1/query_range?query=max_over_time(sum_over_time(m%5B10m%5D)%5B1h%3A1s%5D)&start=3600&end=20000&step=10&timeout=1ms").await;
+    assert_eq!((code, v["errorType"].as_str()), (503, Some("timeout")), "{v}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "the evaluation stopped soon after its deadline");
+}

@@ -98,12 +98,22 @@ pub struct Evaluator<'a> {
     lookback: i64,
     max_samples: u64,
     samples: Cell<u64>,
+    /// Evaluation stops with a timeout past this instant: checked as samples are charged,
+    /// so a long evaluation is cancelled for real and everything it held is freed.
+    deadline: Option<(std::time::Instant, std::time::Duration)>,
+    checks: Cell<u32>,
 }
 
 impl<'a> Evaluator<'a> {
     pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
         let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
-        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: Cell::new(0) }
+        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: Cell::new(0), deadline: None, checks: Cell::new(0) }
+    }
+
+    /// Sets the instant past which evaluation fails with [`QueryError::Timeout`].
+    pub fn with_deadline(mut self, at: std::time::Instant, timeout: std::time::Duration) -> Self {
+        self.deadline = Some((at, timeout));
+        self
     }
 
     /// An evaluator for a subquery's inner grid, sharing data, bounds and the sample budget.
@@ -120,6 +130,8 @@ impl<'a> Evaluator<'a> {
             lookback: self.lookback,
             max_samples: self.max_samples,
             samples: Cell::new(self.samples.get()),
+            deadline: self.deadline,
+            checks: Cell::new(0),
         }
     }
 
@@ -156,6 +168,14 @@ impl<'a> Evaluator<'a> {
         self.samples.set(t);
         if t > self.max_samples {
             return Err(QueryError::TooManySamples(self.max_samples));
+        }
+        // Reading the clock on every call would cost more than the work it guards.
+        let c = self.checks.get().wrapping_add(1);
+        self.checks.set(c);
+        if let Some((at, timeout)) = self.deadline {
+            if c % 256 == 0 && std::time::Instant::now() > at {
+                return Err(QueryError::Timeout(timeout));
+            }
         }
         Ok(())
     }

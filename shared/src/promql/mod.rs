@@ -98,9 +98,11 @@ impl Engine {
 
     /// Evaluates `expr` at `time` (ms).
     pub async fn instant(&self, store: &dyn Store, expr: &Expr, time: i64) -> Result<QueryValue, QueryError> {
+        let deadline = std::time::Instant::now() + self.options.timeout;
         let fut = async {
             let data = fetch::fetch(store, expr, time, time, 0, self.options.lookback.as_millis() as i64, self.limits()).await?;
-            let ev = Evaluator::new(&data, time, time, 1, self.options.lookback.as_millis() as i64, self.options.max_samples);
+            let ev = Evaluator::new(&data, time, time, 1, self.options.lookback.as_millis() as i64, self.options.max_samples)
+                .with_deadline(deadline, self.options.timeout);
             ev.instant_result(expr, time)
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
@@ -111,11 +113,12 @@ impl Engine {
         if step <= 0 {
             return Err(QueryError::BadData("zero or negative query resolution step widths are not accepted".into()));
         }
+        let deadline = std::time::Instant::now() + self.options.timeout;
         let fut = async {
             let lookback = self.options.lookback.as_millis() as i64;
             let data = fetch::fetch(store, expr, start, end, step, lookback, self.limits()).await?;
             let steps = ((end - start) / step + 1) as usize;
-            let ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples);
+            let ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
             ev.range_result(expr, steps)
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
