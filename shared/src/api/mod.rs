@@ -109,6 +109,35 @@ pub fn router(store: Arc<dyn Store>) -> Router {
 
 pub fn router_with(store: Arc<dyn Store>, engine: crate::promql::EngineOptions) -> Router {
     let state = Arc::new(ApiState { store, engine });
+    api_routes(state).layer(axum::middleware::from_fn(gzip_when_asked))
+}
+
+/// Compresses a response with gzip when the request accepts it, as Prometheus does.
+async fn gzip_when_asked(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use std::io::Write;
+    let wants = req
+        .headers()
+        .get(axum::http::header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|e| e.trim().starts_with("gzip")));
+    let resp = next.run(req).await;
+    if !wants {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return ApiError { kind: ErrorType::Internal, message: "reading the response body failed".into() }.into_response();
+    };
+    let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 4), flate2::Compression::fast());
+    let Ok(gz) = enc.write_all(&bytes).and_then(|_| enc.finish()) else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
+    parts.headers.insert(axum::http::header::CONTENT_ENCODING, axum::http::HeaderValue::from_static("gzip"));
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(gz))
+}
+
+fn api_routes(state: Arc<ApiState>) -> Router {
     Router::new()
         .route("/api/v1/query", get(query::instant).post(query::instant))
         .route("/api/v1/query_range", get(query::range).post(query::range))

@@ -146,3 +146,20 @@ async fn a_timeout_is_503_and_the_query_is_cancelled() {
     assert_eq!((code, v["errorType"].as_str()), (503, Some("timeout")), "{v}");
     assert!(started.elapsed() < std::time::Duration::from_secs(5), "the evaluation stopped soon after its deadline");
 }
+
+#[tokio::test]
+async fn gzip_on_request() {
+    use std::io::Read;
+    let (_d, app) = app();
+    let req = Request::get("/api/v1/labels").header("accept-encoding", "gzip, deflate").body(Body::empty()).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.headers().get("content-encoding").map(|v| v.to_str().unwrap()), Some("gzip"));
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&bytes[..]).read_to_string(&mut text).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["data"], json!(["__name__", "gpu", "job"]));
+    // without the header, plain JSON
+    let (code, v) = get(&app, "/api/v1/labels").await;
+    assert_eq!((code, v["status"].as_str()), (200, Some("success")));
+}
