@@ -82,6 +82,16 @@ pub enum QueryValue {
     Matrix(Vec<SeriesPoints>),
 }
 
+/// Runs CPU-bound evaluation so that it does not hold up the runtime's other tasks (an
+/// edge's scrape loops share it): on a multi-threaded runtime the worker hands its queue
+/// over first. Elsewhere (tests, the conformance runner) it simply runs.
+fn evaluate<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// The engine: options plus the store to read.
 pub struct Engine {
     pub options: EngineOptions,
@@ -103,7 +113,7 @@ impl Engine {
             let data = fetch::fetch(store, expr, time, time, 0, self.options.lookback.as_millis() as i64, self.limits()).await?;
             let ev = Evaluator::new(&data, time, time, 1, self.options.lookback.as_millis() as i64, self.options.max_samples)
                 .with_deadline(deadline, self.options.timeout);
-            ev.instant_result(expr, time)
+            evaluate(|| ev.instant_result(expr, time))
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
     }
@@ -119,7 +129,7 @@ impl Engine {
             let data = fetch::fetch(store, expr, start, end, step, lookback, self.limits()).await?;
             let steps = ((end - start) / step + 1) as usize;
             let ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
-            ev.range_result(expr, steps)
+            evaluate(|| ev.range_result(expr, steps))
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
     }
