@@ -163,6 +163,16 @@ fn limit_of(p: &Params) -> Result<usize, ApiError> {
     }
 }
 
+/// The `match[]` sets to query, or one empty set (no restriction) when none were given.
+fn with_empty_set(sets: &[Vec<Matcher>]) -> Vec<&[Matcher]> {
+    if sets.is_empty() { vec![&[]] } else { sets.iter().map(Vec::as_slice).collect() }
+}
+
+fn sort_dedup<T: Ord>(v: &mut Vec<T>) {
+    v.sort();
+    v.dedup();
+}
+
 fn truncate<T>(mut v: Vec<T>, limit: usize, warnings: &mut Vec<String>) -> Vec<T> {
     if limit > 0 && v.len() > limit {
         v.truncate(limit);
@@ -182,8 +192,7 @@ async fn series(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderM
     for ms in &sets {
         all.extend(s.store.series(ms, start, end).await?);
     }
-    all.sort();
-    all.dedup();
+    sort_dedup(&mut all);
     let mut warnings = Vec::new();
     let all = truncate(all, limit_of(&p)?, &mut warnings);
     let data: Vec<Value> = all.iter().map(labels_json).collect();
@@ -203,15 +212,10 @@ async fn labels(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderM
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
     let mut names = Vec::new();
-    if sets.is_empty() {
-        names = s.store.label_names(&[], start, end).await?;
-    } else {
-        for ms in &sets {
-            names.extend(s.store.label_names(ms, start, end).await?);
-        }
-        names.sort();
-        names.dedup();
+    for ms in with_empty_set(&sets) {
+        names.extend(s.store.label_names(ms, start, end).await?);
     }
+    sort_dedup(&mut names);
     let mut warnings = Vec::new();
     let names = truncate(names, limit_of(&p)?, &mut warnings);
     Ok(success(json!(names), warnings))
@@ -225,15 +229,10 @@ async fn label_values(State(s): State<Arc<ApiState>>, Path(name): Path<String>, 
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
     let mut vals = Vec::new();
-    if sets.is_empty() {
-        vals = s.store.label_values(&name, &[], start, end).await?;
-    } else {
-        for ms in &sets {
-            vals.extend(s.store.label_values(&name, ms, start, end).await?);
-        }
-        vals.sort();
-        vals.dedup();
+    for ms in with_empty_set(&sets) {
+        vals.extend(s.store.label_values(&name, ms, start, end).await?);
     }
+    sort_dedup(&mut vals);
     let mut warnings = Vec::new();
     let vals = truncate(vals, limit_of(&p)?, &mut warnings);
     Ok(success(json!(vals), warnings))

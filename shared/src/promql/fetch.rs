@@ -119,7 +119,7 @@ fn collect<'a>(e: &'a Expr, start: i64, end: i64, qs: i64, qe: i64, lookback: i6
     Ok(())
 }
 
-pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, _step: i64, lookback: i64, limits: SelectLimits) -> Result<Fetched, QueryError> {
+pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, lookback: i64, limits: SelectLimits) -> Result<Fetched, QueryError> {
     let mut needs = Vec::new();
     collect(e, start, end, start, end, lookback, &mut needs)?;
     // A selector fetched for several contexts (a subquery and its outer query) gets the union.

@@ -22,34 +22,22 @@ fn range_arg<'e>(c: &'e Call, i: usize) -> Result<&'e Expr, QueryError> {
     }
 }
 
+/// Evaluates argument `i` and takes the kind `pick` accepts, or names what was expected.
+fn arg<T>(ev: &Evaluator, c: &Call, i: usize, kind: &str, pick: impl FnOnce(Val) -> Option<T>) -> Result<T, QueryError> {
+    let e = c.args.args.get(i).ok_or_else(|| QueryError::BadData(format!("missing argument for {}", c.func.name)))?;
+    pick(ev.eval(e)?).ok_or_else(|| QueryError::BadData(format!("expected {kind} argument for {}", c.func.name)))
+}
+
 fn scalar_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<f64>, QueryError> {
-    match c.args.args.get(i) {
-        Some(e) => match ev.eval(e)? {
-            Val::Scalar(v) => Ok(v),
-            _ => Err(QueryError::BadData(format!("expected a scalar argument for {}", c.func.name))),
-        },
-        None => Err(QueryError::BadData(format!("missing argument for {}", c.func.name))),
-    }
+    arg(ev, c, i, "a scalar", |v| if let Val::Scalar(x) = v { Some(x) } else { None })
 }
 
 fn string_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<String, QueryError> {
-    match c.args.args.get(i) {
-        Some(e) => match ev.eval(e)? {
-            Val::Str(s) => Ok(s),
-            _ => Err(QueryError::BadData(format!("expected a string argument for {}", c.func.name))),
-        },
-        None => Err(QueryError::BadData(format!("missing argument for {}", c.func.name))),
-    }
+    arg(ev, c, i, "a string", |v| if let Val::Str(x) = v { Some(x) } else { None })
 }
 
 fn vector_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<StepSeries>, QueryError> {
-    match c.args.args.get(i) {
-        Some(e) => match ev.eval(e)? {
-            Val::Vector(v) => Ok(v),
-            _ => Err(QueryError::BadData(format!("expected an instant vector argument for {}", c.func.name))),
-        },
-        None => Err(QueryError::BadData(format!("missing argument for {}", c.func.name))),
-    }
+    arg(ev, c, i, "an instant vector", |v| if let Val::Vector(x) = v { Some(x) } else { None })
 }
 
 /// Prometheus' extrapolated rate/increase/delta over a window `(start, end]`.
@@ -129,6 +117,20 @@ fn linear_regression(s: &[Sample], at: i64) -> Option<(f64, f64)> {
     let intercept = sy / n - slope * sx / n;
     Some((slope, intercept))
 }
+
+/// The range functions `over_time` computes with no parameter besides the window.
+const OVER_TIME: &[&str] = &[
+    "avg_over_time",
+    "sum_over_time",
+    "min_over_time",
+    "max_over_time",
+    "count_over_time",
+    "present_over_time",
+    "stddev_over_time",
+    "stdvar_over_time",
+    "changes",
+    "resets",
+];
 
 fn over_time(name: &str, s: &[Sample], q: f64) -> Option<f64> {
     let n = s.len() as f64;
@@ -268,7 +270,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| over_time(name, s, q[i]))
         }
         "last_over_time" => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| over_time(name, s, 0.0)),
-        n if over_time(n, &[Sample::new(0, 0.0)], 0.0).is_some() => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0)),
+        n if OVER_TIME.contains(&n) => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0)),
         "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
         "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
         "vector" => {

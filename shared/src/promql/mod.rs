@@ -110,7 +110,7 @@ impl Engine {
     pub async fn instant(&self, store: &dyn Store, expr: &Expr, time: i64) -> Result<QueryValue, QueryError> {
         let deadline = std::time::Instant::now() + self.options.timeout;
         let fut = async {
-            let data = fetch::fetch(store, expr, time, time, 0, self.options.lookback.as_millis() as i64, self.limits()).await?;
+            let data = fetch::fetch(store, expr, time, time, self.options.lookback.as_millis() as i64, self.limits()).await?;
             let ev = Evaluator::new(&data, time, time, 1, self.options.lookback.as_millis() as i64, self.options.max_samples)
                 .with_deadline(deadline, self.options.timeout);
             evaluate(|| ev.instant_result(expr, time))
@@ -126,7 +126,7 @@ impl Engine {
         let deadline = std::time::Instant::now() + self.options.timeout;
         let fut = async {
             let lookback = self.options.lookback.as_millis() as i64;
-            let data = fetch::fetch(store, expr, start, end, step, lookback, self.limits()).await?;
+            let data = fetch::fetch(store, expr, start, end, lookback, self.limits()).await?;
             let steps = ((end - start) / step + 1) as usize;
             let ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
             evaluate(|| ev.range_result(expr, steps))

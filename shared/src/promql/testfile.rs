@@ -6,7 +6,6 @@
 use super::{Engine, EngineOptions, QueryValue};
 use crate::model::{stale_nan, Labels, MetricType, Sample};
 use crate::store::memory::MemoryStore;
-use std::collections::BTreeMap;
 
 #[derive(Debug, Default)]
 pub struct Report {
@@ -368,7 +367,6 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
         }
         report.failed.push(format!("{name}:{i}: unknown command {line:?}"));
     }
-    let _ = BTreeMap::<(), ()>::new();
 }
 
 #[cfg(test)]
