@@ -68,6 +68,7 @@ fn scaled_at(v: f64, k: u32) -> Option<i64> {
     (unscale(i, k).to_bits() == v.to_bits()).then_some(i)
 }
 
+#[inline(always)]
 fn unscale(s: i64, k: u32) -> f64 {
     // Integers (scale 0, most DCGM values) need no division.
     if k == 0 { s as f64 } else { s as f64 / POW10[k as usize] }
@@ -127,7 +128,9 @@ impl BitWriter {
     }
 }
 
-/// Reads bits most significant first through a 64-bit window.
+/// Reads bits most significant first through a 64-bit window. Reads past the end see
+/// zeros instead of failing, so the hot path carries no checks: the decoder asks
+/// [`overrun`](Self::overrun) once per sample and refuses the sample if it read past the data.
 #[derive(Debug, Clone)]
 struct BitReader<'a> {
     bytes: &'a [u8],
@@ -136,7 +139,7 @@ struct BitReader<'a> {
 
 impl<'a> BitReader<'a> {
     /// The next (at least 57) bits, left-aligned, zero-padded past the end.
-    #[inline]
+    #[inline(always)]
     fn peek64(&self) -> u64 {
         let byte = self.pos / 8;
         let word = match self.bytes.get(byte..byte + 8) {
@@ -151,38 +154,33 @@ impl<'a> BitReader<'a> {
         word << (self.pos % 8)
     }
 
-    #[inline]
-    fn remaining(&self) -> usize {
-        (self.bytes.len() * 8).saturating_sub(self.pos)
+    /// True once more bits were consumed than the data holds.
+    #[inline(always)]
+    fn overrun(&self) -> bool {
+        self.pos > self.bytes.len() * 8
     }
 
-    #[inline]
-    fn read_bit(&mut self) -> Option<bool> {
-        self.read_bits(1).map(|b| b == 1)
+    #[inline(always)]
+    fn read_bit(&mut self) -> bool {
+        self.read_bits(1) == 1
     }
 
-    #[inline]
-    fn read_bits(&mut self, n: u32) -> Option<u64> {
-        if n == 0 {
-            return Some(0);
-        }
-        if n as usize > self.remaining() {
-            return None;
-        }
+    /// The next `n` bits (`n` ≤ 64).
+    #[inline(always)]
+    fn read_bits(&mut self, n: u32) -> u64 {
         if n > 56 {
-            let hi = self.read_bits(n - 32)?;
-            let lo = self.read_bits(32)?;
-            return Some((hi << 32) | lo);
+            let hi = self.take(n - 32);
+            return (hi << 32) | self.take(32);
         }
-        let v = self.peek64() >> (64 - n);
-        self.pos += n as usize;
-        Some(v)
+        self.take(n)
     }
 
-    /// Length of the run of 1 bits ahead, up to `max` (≤ 56), without consuming it.
-    #[inline]
-    fn ones_ahead(&self, max: u32) -> u32 {
-        self.peek64().leading_ones().min(max)
+    /// `n` ≤ 56 bits; the double shift makes `n = 0` read nothing without a branch.
+    #[inline(always)]
+    fn take(&mut self, n: u32) -> u64 {
+        let v = (self.peek64() >> (63 - n)) >> 1;
+        self.pos += n as usize;
+        v
     }
 }
 
@@ -191,10 +189,12 @@ impl<'a> BitReader<'a> {
 /// Unary runs this long mean "escape": what follows is not a Rice remainder.
 const ESCAPE: u64 = 24;
 
+#[inline(always)]
 fn zigzag(x: i64) -> u64 {
     ((x << 1) ^ (x >> 63)) as u64
 }
 
+#[inline(always)]
 fn unzigzag(z: u64) -> i64 {
     ((z >> 1) as i64) ^ -((z & 1) as i64)
 }
@@ -215,6 +215,7 @@ impl Default for Mean {
 }
 
 impl Mean {
+    #[inline(always)]
     fn update(&mut self, z: u64, seen: &mut u8) {
         // Capped so that 16·z and the accumulator stay far below i64::MAX.
         let z = z.min(1 << 56);
@@ -227,6 +228,7 @@ impl Mean {
         }
     }
     /// Rice parameter ⌊log2(mean)⌋ (measured best on DCGM data among nearby rules).
+    #[inline(always)]
     fn k(&self) -> u32 {
         let half_mean = self.0 >> 5;
         (64 - half_mean.leading_zeros()).min(62)
@@ -259,11 +261,11 @@ fn write_long(w: &mut BitWriter, z: u64) {
 }
 
 fn read_long(r: &mut BitReader) -> Option<u64> {
-    let len = r.read_bits(7)? as u32;
+    let len = r.read_bits(7) as u32;
     if len > 64 {
         return None;
     }
-    r.read_bits(len)
+    Some(r.read_bits(len))
 }
 
 enum RiceRead {
@@ -272,16 +274,24 @@ enum RiceRead {
     Alternative,
 }
 
+#[inline(always)]
 fn read_rice(r: &mut BitReader, k: u32) -> Option<RiceRead> {
-    let q = r.ones_ahead(ESCAPE as u32) as u64;
-    if q < ESCAPE {
-        // q ones and the terminating zero
-        r.read_bits(q as u32 + 1)?;
-        let rem = r.read_bits(k)?;
-        return Some(RiceRead::Value((q << k) | rem));
+    let p = r.peek64();
+    let q = p.leading_ones();
+    if q < ESCAPE as u32 {
+        // q ones, the terminating zero, k bits of remainder: usually all in one window.
+        let len = q + 1 + k;
+        let rem = if len <= 57 {
+            r.pos += len as usize;
+            ((p << (q + 1)) >> (63 - k)) >> 1
+        } else {
+            r.pos += q as usize + 1;
+            r.read_bits(k)
+        };
+        return Some(RiceRead::Value(((q as u64) << k) | rem));
     }
-    r.read_bits(ESCAPE as u32)?;
-    if r.read_bit()? {
+    r.pos += ESCAPE as usize;
+    if r.read_bit() {
         return Some(RiceRead::Alternative);
     }
     read_long(r).map(RiceRead::Value)
@@ -310,18 +320,34 @@ struct ValueState {
 }
 
 impl ValueState {
-    fn prediction(&self, order: usize) -> i64 {
+    /// The predictions of every order (those at or above `hist_len` are meaningless).
+    #[inline(always)]
+    fn predictions(&self) -> [i64; ORDERS] {
         let h = &self.hist;
-        match order {
-            0 => h[0],
-            1 => h[0].wrapping_mul(2).wrapping_sub(h[1]),
-            _ => h[0].wrapping_mul(3).wrapping_sub(h[1].wrapping_mul(3)).wrapping_add(h[2]),
-        }
+        [
+            h[0],
+            h[0].wrapping_mul(2).wrapping_sub(h[1]),
+            h[0].wrapping_mul(3).wrapping_sub(h[1].wrapping_mul(3)).wrapping_add(h[2]),
+        ]
     }
 
-    /// The order to use next: the available one with the smallest running residual.
+    #[inline(always)]
+    fn prediction(&self, order: usize) -> i64 {
+        self.predictions()[order.min(ORDERS - 1)]
+    }
+
+    /// The order to use next: the available one with the smallest running residual (the
+    /// lowest order on a tie).
+    #[inline(always)]
     fn best_order(&self) -> usize {
-        (0..(self.hist_len as usize).min(ORDERS)).min_by_key(|&o| self.means[o].0).unwrap_or(0)
+        let avail = (self.hist_len as usize).min(ORDERS);
+        let mut best = 0;
+        for o in 1..ORDERS {
+            if o < avail && self.means[o].0 < self.means[best].0 {
+                best = o;
+            }
+        }
+        best
     }
 
     /// Moves the decimal path to a finer scale, multiplying the history exactly. False
@@ -346,11 +372,13 @@ impl ValueState {
         true
     }
 
+    #[inline(always)]
     fn after(&mut self, v: f64, scaled: Option<i64>) {
         match scaled {
             Some(s) => {
+                let p = self.predictions();
                 for o in 0..(self.hist_len as usize).min(ORDERS) {
-                    let z = zigzag(s.wrapping_sub(self.prediction(o)));
+                    let z = zigzag(s.wrapping_sub(p[o]));
                     self.means[o].update(z, &mut self.seen[o]);
                 }
                 self.hist = [s, self.hist[0], self.hist[1]];
@@ -376,23 +404,33 @@ struct TsState {
     prev_dt: i64,
     dod_mean: Mean,
     step: i64,
+    /// `t0 + n·step`: where the grid puts the next sample.
+    grid_t: i64,
     lo: i64,
     hi: i64,
     n: u32,
     cost_dod: u32,
     cost_grid: u32,
+    /// The grid code's alphabet, derived from `lo`, `hi` and `n` and cached because it
+    /// changes rarely: `m` symbols (0 when the grid code is unusable), coded in truncated
+    /// binary with `tb_k` bits below `tb_u` and one more above.
+    m: u16,
+    tb_u: u16,
+    tb_k: u8,
     dod_seen: u8,
 }
 
 const GRID_MAX_WINDOW: i64 = 1 << 12;
 const ESCAPE_K: u32 = 2;
 
+#[inline(always)]
 fn rice_len(z: u64, k: u32) -> u64 {
     let q = z >> k;
     if q < ESCAPE { q + 1 + k as u64 } else { ESCAPE + 1 + 7 + (64 - z.leading_zeros()) as u64 }
 }
 
 /// Truncated binary code of `x` in `[0, m)`: `floor(log2 m)` or one more bit.
+#[inline(always)]
 fn tb_params(m: u64) -> (u32, u64) {
     let k = 63 - m.leading_zeros();
     (k, (1u64 << (k + 1)) - m)
@@ -407,57 +445,62 @@ fn write_tb(w: &mut BitWriter, x: u64, m: u64) {
     }
 }
 
-fn read_tb(r: &mut BitReader, m: u64) -> Option<u64> {
-    let (k, u) = tb_params(m);
-    let v = r.read_bits(k)?;
-    if v < u {
-        return Some(v);
-    }
-    let v = (v << 1) | r.read_bit()? as u64;
-    v.checked_sub(u).filter(|&x| x < m)
-}
-
 impl TsState {
     fn new(t0: i64) -> Self {
-        TsState { t0, prev_t: t0, prev_dt: 0, dod_mean: Mean::default(), step: 0, lo: 0, hi: 0, n: 1, cost_dod: 16 * 8, cost_grid: 16 * 8, dod_seen: 0 }
+        TsState {
+            t0,
+            prev_t: t0,
+            prev_dt: 0,
+            dod_mean: Mean::default(),
+            step: 0,
+            grid_t: t0,
+            lo: 0,
+            hi: 0,
+            n: 1,
+            cost_dod: 16 * 8,
+            cost_grid: 16 * 8,
+            m: 0,
+            tb_u: 0,
+            tb_k: 0,
+            dod_seen: 0,
+        }
     }
 
-    fn grid_offset(&self, t: i64) -> i64 {
-        t.wrapping_sub(self.t0.wrapping_add((self.n as i64).wrapping_mul(self.step)))
-    }
-
-    /// Symbols of the grid code: the window of offsets seen, plus an escape each side.
-    fn grid_symbols(&self) -> Option<u64> {
+    /// Recomputes the cached alphabet after `lo`, `hi` or `n` changed.
+    fn refresh_grid(&mut self) {
         // hi ≥ lo, so the wrapping difference read as u64 is exact.
         let w = self.hi.wrapping_sub(self.lo) as u64;
-        (self.n >= 2 && w < GRID_MAX_WINDOW as u64).then_some(w + 3)
+        if self.n >= 2 && w < GRID_MAX_WINDOW as u64 {
+            let m = w + 3;
+            let (k, u) = tb_params(m);
+            (self.m, self.tb_k, self.tb_u) = (m as u16, k as u8, u as u16);
+        } else {
+            self.m = 0;
+        }
     }
 
-    fn grid_usable(&self) -> bool {
-        self.grid_symbols().is_some()
-    }
-
+    #[inline(always)]
     fn use_grid(&self) -> bool {
-        self.grid_usable() && self.cost_grid < self.cost_dod
+        self.m != 0 && self.cost_grid < self.cost_dod
     }
 
-    /// (symbol, escape distance) of offset `g` in a code of `m` symbols.
-    fn grid_symbol(&self, g: i64, m: u64) -> (u64, Option<u64>) {
+    /// (symbol, escape distance) of offset `g` in the grid code.
+    #[inline(always)]
+    fn grid_symbol(&self, g: i64) -> (u64, Option<u64>) {
         // The true distances are below 2^64, so wrapping differences read as u64 are exact.
         if g < self.lo {
             (0, Some(self.lo.wrapping_sub(g).wrapping_sub(1) as u64))
         } else if g > self.hi {
-            (m - 1, Some(g.wrapping_sub(self.hi).wrapping_sub(1) as u64))
+            (self.m as u64 - 1, Some(g.wrapping_sub(self.hi).wrapping_sub(1) as u64))
         } else {
             (g.wrapping_sub(self.lo) as u64 + 1, None)
         }
     }
 
-    /// Bits the grid code spends on offset `g`.
-    fn grid_len(&self, g: i64, m: u64) -> u64 {
-        let (k, u) = tb_params(m);
-        let (sym, escape) = self.grid_symbol(g, m);
-        let base = if sym < u { k as u64 } else { k as u64 + 1 };
+    /// Bits the grid code spends on symbol `sym` (plus its escape distance).
+    #[inline(always)]
+    fn grid_len(&self, sym: u64, escape: Option<u64>) -> u64 {
+        let base = self.tb_k as u64 + (sym >= self.tb_u as u64) as u64;
         base + escape.map(|d| rice_len(d, ESCAPE_K)).unwrap_or(0)
     }
 
@@ -466,73 +509,108 @@ impl TsState {
         if self.n == 1 {
             // The first delta is an interval, not a delta of delta: it sets the grid step.
             write_long(w, zigzag(dt));
-        } else if let (true, Some(m)) = (self.use_grid(), self.grid_symbols()) {
-            let (sym, escape) = self.grid_symbol(self.grid_offset(t), m);
-            write_tb(w, sym, m);
+        } else if self.use_grid() {
+            let (sym, escape) = self.grid_symbol(t.wrapping_sub(self.grid_t));
+            write_tb(w, sym, self.m as u64);
             if let Some(d) = escape {
                 write_rice(w, d, ESCAPE_K);
             }
         } else {
             write_rice(w, zigzag(dt.wrapping_sub(self.prev_dt)), self.dod_mean.k());
         }
-        self.observe(t);
+        self.observe(t, None);
     }
 
+    #[inline(always)]
     fn decode(&mut self, r: &mut BitReader) -> Option<i64> {
-        let t = if self.n == 1 {
-            self.prev_t.wrapping_add(unzigzag(read_long(r)?))
-        } else if let (true, Some(m)) = (self.use_grid(), self.grid_symbols()) {
-            let sym = read_tb(r, m)?;
+        if self.n == 1 {
+            let t = self.prev_t.wrapping_add(unzigzag(read_long(r)?));
+            self.observe(t, None);
+            return Some(t);
+        }
+        if self.use_grid() {
+            // Truncated binary without a branch on the data: k+1 bits, of which the
+            // first k decide whether the last belongs to the symbol.
+            let (k, u) = (self.tb_k as u32, self.tb_u as u64);
+            let v = (r.peek64() >> (62 - k)) >> 1; // k + 1 bits
+            let short = (v >> 1) < u;
+            let sym = if short { v >> 1 } else { v - u };
+            r.pos += k as usize + (!short) as usize;
+            if sym >= self.m as u64 {
+                return None;
+            }
             let escape = |r: &mut BitReader| match read_rice(r, ESCAPE_K)? {
-                RiceRead::Value(d) => Some(d as i64),
+                RiceRead::Value(d) => Some(d),
                 RiceRead::Alternative => None,
             };
             // Mirrors grid_symbol's wrapping arithmetic.
-            let g = if sym == 0 {
-                self.lo.wrapping_sub(escape(r)?).wrapping_sub(1)
-            } else if sym == m - 1 {
-                self.hi.wrapping_add(escape(r)?).wrapping_add(1)
+            let (g, esc) = if sym == 0 {
+                let d = escape(r)?;
+                (self.lo.wrapping_sub(d as i64).wrapping_sub(1), Some(d))
+            } else if sym == self.m as u64 - 1 {
+                let d = escape(r)?;
+                (self.hi.wrapping_add(d as i64).wrapping_add(1), Some(d))
             } else {
-                self.lo.wrapping_add(sym as i64 - 1)
+                (self.lo.wrapping_add(sym as i64 - 1), None)
             };
-            self.t0.wrapping_add((self.n as i64).wrapping_mul(self.step)).wrapping_add(g)
-        } else {
-            let z = match read_rice(r, self.dod_mean.k())? {
-                RiceRead::Value(z) => z,
-                RiceRead::Alternative => return None,
-            };
-            self.prev_t.wrapping_add(self.prev_dt.wrapping_add(unzigzag(z)))
+            let t = self.grid_t.wrapping_add(g);
+            self.observe(t, Some(self.grid_len(sym, esc)));
+            return Some(t);
+        }
+        let z = match read_rice(r, self.dod_mean.k())? {
+            RiceRead::Value(z) => z,
+            RiceRead::Alternative => return None,
         };
-        self.observe(t);
+        let t = self.prev_t.wrapping_add(self.prev_dt.wrapping_add(unzigzag(z)));
+        self.observe(t, None);
         Some(t)
     }
 
-    /// Updates both predictors with the timestamp just coded.
-    fn observe(&mut self, t: i64) {
+    /// Updates both predictors with the timestamp just coded; `grid_bits` is what the grid
+    /// code spent on it when the caller already knows.
+    #[inline(always)]
+    fn observe(&mut self, t: i64, grid_bits: Option<u64>) {
         let dt = t.wrapping_sub(self.prev_t);
         if self.n == 1 {
             self.step = if dt >= 1000 && (dt % 1000 <= 100 || dt % 1000 >= 900) { (dt + 500) / 1000 * 1000 } else { dt };
-            let g = self.grid_offset(t);
+            self.grid_t = self.t0.wrapping_add(self.step);
+            let g = t.wrapping_sub(self.grid_t);
             self.lo = g.min(0);
             self.hi = g.max(0);
         } else {
             let z = zigzag(dt.wrapping_sub(self.prev_dt));
             let dod_bits = rice_len(z, self.dod_mean.k()).min(255) as u32;
             self.dod_mean.update(z, &mut self.dod_seen);
-            let g = self.grid_offset(t);
+            let g = t.wrapping_sub(self.grid_t);
             // Regular intervals (under 1.5 bits of delta of delta on average): the grid code,
             // at 1.6 bits or more, cannot win, so it is not priced.
             if self.cost_dod >= 24 {
-                let grid_bits = self.grid_symbols().map(|m| self.grid_len(g, m)).unwrap_or(64).min(255) as u32;
-                self.cost_grid = self.cost_grid - (self.cost_grid >> 4) + grid_bits;
+                let bits = match (self.m, grid_bits) {
+                    (0, _) => 64,
+                    (_, Some(b)) => b,
+                    _ => {
+                        let (sym, escape) = self.grid_symbol(g);
+                        self.grid_len(sym, escape)
+                    }
+                };
+                self.cost_grid = self.cost_grid - (self.cost_grid >> 4) + bits.min(255) as u32;
             }
             self.cost_dod = self.cost_dod - (self.cost_dod >> 4) + dod_bits;
-            self.lo = self.lo.min(g);
-            self.hi = self.hi.max(g);
+            if g < self.lo || g > self.hi {
+                self.lo = self.lo.min(g);
+                self.hi = self.hi.max(g);
+                self.n += 1;
+                self.refresh_grid();
+                self.n -= 1;
+            }
         }
         self.prev_dt = dt;
         self.prev_t = t;
         self.n += 1;
+        self.grid_t = self.grid_t.wrapping_add(self.step);
+        if self.n == 2 {
+            self.refresh_grid();
+        }
     }
 }
 
@@ -709,6 +787,24 @@ impl Chunk {
         }
     }
 
+    /// Appends the samples within `[mint, maxt]` to `out`; stops decoding past `maxt`.
+    pub fn decode_into(&self, mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        let mut it = self.iter();
+        out.reserve(self.n as usize);
+        while let Some(s) = it.step() {
+            if s.t > maxt {
+                break;
+            }
+            if s.t >= mint {
+                out.push(s);
+            }
+        }
+        match it.err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {
         self.min_t <= maxt && self.max_t >= mint
     }
@@ -734,9 +830,9 @@ impl<'a> ChunkIter<'a> {
     }
 
     fn read_first(&mut self) -> Option<Sample> {
-        let scale = (self.r.read_bits(3)? as u32).min(MAX_SCALE);
+        let scale = (self.r.read_bits(3) as u32).min(MAX_SCALE);
         let t = unzigzag(read_long(&mut self.r)?);
-        let v = if self.r.read_bit()? { unscale(unzigzag(read_long(&mut self.r)?), scale) } else { f64::from_bits(self.r.read_bits(64)?) };
+        let v = if self.r.read_bit() { unscale(unzigzag(read_long(&mut self.r)?), scale) } else { f64::from_bits(self.r.read_bits(64)) };
         self.vs.scale = scale.min(MAX_SCALE);
         self.ts = TsState::new(t);
         let scaled = scaled_at(v, self.vs.scale);
@@ -744,6 +840,7 @@ impl<'a> ChunkIter<'a> {
         Some(Sample { t, v })
     }
 
+    #[inline(always)]
     fn read_next(&mut self) -> Option<Sample> {
         let t = self.ts.decode(&mut self.r)?;
         // The decimal path yields the scaled integer itself: no need to derive it again.
@@ -754,8 +851,8 @@ impl<'a> ChunkIter<'a> {
                     let s = self.vs.prediction(order).wrapping_add(unzigzag(z));
                     (unscale(s, self.vs.scale), Some(s))
                 }
-                RiceRead::Alternative if self.r.read_bit()? => {
-                    let k = self.r.read_bits(3)? as u32;
+                RiceRead::Alternative if self.r.read_bit() => {
+                    let k = self.r.read_bits(3) as u32;
                     if !self.vs.rescale(k) {
                         return None;
                     }
@@ -785,12 +882,12 @@ impl<'a> ChunkIter<'a> {
     }
 
     fn read_xor(&mut self) -> Option<u64> {
-        if !self.r.read_bit()? {
+        if !self.r.read_bit() {
             return Some(self.vs.prev_bits);
         }
-        if self.r.read_bit()? {
-            let leading = self.r.read_bits(5)? as u32;
-            let mut sig = self.r.read_bits(6)? as u32;
+        if self.r.read_bit() {
+            let leading = self.r.read_bits(5) as u32;
+            let mut sig = self.r.read_bits(6) as u32;
             if sig == 0 {
                 sig = 64;
             }
@@ -804,8 +901,29 @@ impl<'a> ChunkIter<'a> {
             return None;
         }
         let (wl, wt) = (self.vs.leading as u32, self.vs.trailing as u32);
-        let bits = self.r.read_bits(64 - wl - wt)?;
+        let bits = self.r.read_bits(64 - wl - wt);
         Some(self.vs.prev_bits ^ (bits << wt))
+    }
+}
+
+impl ChunkIter<'_> {
+    /// The next sample, or `None` at the end or on damage (recorded in `err`).
+    #[inline(always)]
+    fn step(&mut self) -> Option<Sample> {
+        if self.read >= self.n || self.err.is_some() {
+            return None;
+        }
+        let s = if self.read == 0 { self.read_first() } else { self.read_next() };
+        match s {
+            Some(s) if !self.r.overrun() => {
+                self.read += 1;
+                Some(s)
+            }
+            _ => {
+                self.err = Some(ChunkError::Truncated(self.read));
+                None
+            }
+        }
     }
 }
 
@@ -813,20 +931,7 @@ impl Iterator for ChunkIter<'_> {
     type Item = Sample;
 
     fn next(&mut self) -> Option<Sample> {
-        if self.read >= self.n || self.err.is_some() {
-            return None;
-        }
-        let s = if self.read == 0 { self.read_first() } else { self.read_next() };
-        match s {
-            Some(s) => {
-                self.read += 1;
-                Some(s)
-            }
-            None => {
-                self.err = Some(ChunkError::Truncated(self.read));
-                None
-            }
-        }
+        self.step()
     }
 }
 

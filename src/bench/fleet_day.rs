@@ -39,6 +39,7 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
     for (name, (bytes, n)) in per {
         println!("    {name:<40} {:.3} bytes/sample", bytes as f64 / n.max(1) as f64);
     }
+    print_decode_speed(&db)?;
     Ok(Loaded(db, dir))
 }
 
@@ -48,4 +49,26 @@ fn fleet_day_cache() -> PathBuf {
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata-fleet-day")))
         .unwrap_or_else(|| PathBuf::from("strata-fleet-day"))
+}
+
+/// Single-threaded decoding speed over every chunk of the head: the query path's floor.
+fn print_decode_speed(db: &Tsdb) -> anyhow::Result<()> {
+    let all = strata_shared::matcher::Matcher::new(strata_shared::matcher::MatchOp::Regex, "__name__", ".+")?;
+    let chunks: Vec<_> = db.head().select(&[all], i64::MIN, i64::MAX).into_iter().flat_map(|(_, c)| c).collect();
+    let mut buf = Vec::new();
+    let mut times = Vec::new();
+    let mut n = 0usize;
+    for _ in 0..5 {
+        let started = Instant::now();
+        n = 0;
+        for c in &chunks {
+            buf.clear();
+            c.decode_into(i64::MIN, i64::MAX, &mut buf)?;
+            n += buf.len();
+        }
+        times.push(started.elapsed().as_secs_f64());
+    }
+    times.sort_by(f64::total_cmp);
+    println!("  decode, one thread: {:.2} ns/sample median of 5 ({n} samples, best {:.2})", times[2] * 1e9 / n as f64, times[0] * 1e9 / n as f64);
+    Ok(())
 }

@@ -4,7 +4,8 @@ use super::fetch::{self, Fetched};
 use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
 use crate::model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
 use promql_parser::parser::{Expr, SubqueryExpr, VectorSelector};
-use std::cell::Cell;
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::collections::HashMap;
 
 /// One series of an instant vector evaluated at every step.
@@ -86,6 +87,33 @@ pub fn drop_name(l: &Labels) -> Labels {
     b.build()
 }
 
+/// Samples a series' evaluation touches before it charges them to the query's budget.
+const CHARGE_BATCH: u64 = 1 << 16;
+
+/// The number of samples at or before `t` in a time-ordered slice, for times that mostly
+/// move forward: it walks on from the previous answer, and searches when `t` goes back
+/// (an `@` modifier or a subquery's offset can do that).
+#[derive(Default)]
+struct Cursor {
+    at: usize,
+    last: Option<i64>,
+}
+
+impl Cursor {
+    #[inline]
+    fn upto(&mut self, samples: &[Sample], t: i64) -> usize {
+        if self.last.is_some_and(|l| t < l) {
+            self.at = samples.partition_point(|x| x.t <= t);
+        } else {
+            while self.at < samples.len() && samples[self.at].t <= t {
+                self.at += 1;
+            }
+        }
+        self.last = Some(t);
+        self.at
+    }
+}
+
 pub struct Evaluator<'a> {
     data: &'a Fetched,
     /// The outermost query's range, which `@ start()` and `@ end()` refer to.
@@ -97,17 +125,17 @@ pub struct Evaluator<'a> {
     pub steps: usize,
     lookback: i64,
     max_samples: u64,
-    samples: Cell<u64>,
+    samples: AtomicU64,
     /// Evaluation stops with a timeout past this instant: checked as samples are charged,
     /// so a long evaluation is cancelled for real and everything it held is freed.
     deadline: Option<(std::time::Instant, std::time::Duration)>,
-    checks: Cell<u32>,
+    checks: AtomicU32,
 }
 
 impl<'a> Evaluator<'a> {
     pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
         let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
-        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: Cell::new(0), deadline: None, checks: Cell::new(0) }
+        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: AtomicU64::new(0), deadline: None, checks: AtomicU32::new(0) }
     }
 
     /// Sets the instant past which evaluation fails with [`QueryError::Timeout`].
@@ -129,9 +157,9 @@ impl<'a> Evaluator<'a> {
             steps,
             lookback: self.lookback,
             max_samples: self.max_samples,
-            samples: Cell::new(self.samples.get()),
+            samples: AtomicU64::new(self.samples.load(Relaxed)),
             deadline: self.deadline,
-            checks: Cell::new(0),
+            checks: AtomicU32::new(0),
         }
     }
 
@@ -151,7 +179,7 @@ impl<'a> Evaluator<'a> {
             Val::Scalar(v) => vec![(Labels::default(), v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect())],
             _ => return Err(QueryError::BadData("subquery is only allowed on instant vector".into())),
         };
-        self.charge(inner.samples.get().saturating_sub(self.samples.get()))?;
+        self.charge(inner.samples.load(Relaxed).saturating_sub(self.samples.load(Relaxed)))?;
         let at = fetch::at_ms(&sq.at, self.query_start, self.query_end);
         let o = fetch::offset_ms(&sq.offset);
         let times = (0..self.steps).map(|i| at.unwrap_or_else(|| self.time(i)) - o).collect();
@@ -164,14 +192,12 @@ impl<'a> Evaluator<'a> {
 
     /// Counts samples a step touches against the query's limit.
     pub fn charge(&self, n: u64) -> Result<(), QueryError> {
-        let t = self.samples.get() + n;
-        self.samples.set(t);
+        let t = self.samples.fetch_add(n, Relaxed) + n;
         if t > self.max_samples {
             return Err(QueryError::TooManySamples(self.max_samples));
         }
         // Reading the clock on every call would cost more than the work it guards.
-        let c = self.checks.get().wrapping_add(1);
-        self.checks.set(c);
+        let c = self.checks.fetch_add(1, Relaxed).wrapping_add(1);
         if let Some((at, timeout)) = self.deadline {
             if c % 256 == 0 && std::time::Instant::now() > at {
                 return Err(QueryError::Timeout(timeout));
@@ -190,30 +216,32 @@ impl<'a> Evaluator<'a> {
     }
 
     fn vector_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
-        let mut out = Vec::new();
-        for s in self.series_of(vs) {
-            let mut vals = vec![None; self.steps];
-            let mut any = false;
-            for (i, v) in vals.iter_mut().enumerate() {
-                let t = self.selector_time(vs, i);
-                // latest sample at or before t, within the lookback window (t - lookback, t]
-                let idx = s.samples.partition_point(|x| x.t <= t);
-                if idx == 0 {
-                    continue;
+        let times: Vec<i64> = (0..self.steps).map(|i| self.selector_time(vs, i)).collect();
+        let out: Vec<Option<StepSeries>> = self
+            .series_of(vs)
+            .par_iter()
+            .map(|s| {
+                let mut vals = vec![None; self.steps];
+                let mut n = 0u64;
+                let mut cursor = Cursor::default();
+                for (v, &t) in vals.iter_mut().zip(&times) {
+                    // The latest sample at or before t, within the lookback window (t - lookback, t].
+                    let idx = cursor.upto(&s.samples, t);
+                    let Some(x) = idx.checked_sub(1).map(|i| s.samples[i]) else { continue };
+                    if x.t <= t - self.lookback || is_stale(x.v) {
+                        continue;
+                    }
+                    *v = Some(x.v);
+                    n += 1;
                 }
-                let x = s.samples[idx - 1];
-                if x.t <= t - self.lookback || is_stale(x.v) {
-                    continue;
+                if n == 0 {
+                    return Ok(None);
                 }
-                *v = Some(x.v);
-                any = true;
-            }
-            if any {
-                self.charge(vals.iter().filter(|v| v.is_some()).count() as u64)?;
-                out.push(StepSeries { labels: s.labels.clone(), vals });
-            }
-        }
-        Ok(Val::Vector(out))
+                self.charge(n)?;
+                Ok(Some(StepSeries { labels: s.labels.clone(), vals }))
+            })
+            .collect::<Result<_, QueryError>>()?;
+        Ok(Val::Vector(out.into_iter().flatten().collect()))
     }
 
     /// `timestamp(selector)`: the time of the sample the selector picks at each step.
@@ -243,12 +271,12 @@ impl<'a> Evaluator<'a> {
     /// Calls `f(step, window, t - range, t)` with each series' non-empty window `(t - range, t]`
     /// at every step (staleness markers removed) and collects its results. `arg` is a range
     /// selector or a subquery.
-    pub fn range_windows(&self, arg: &Expr, keep_name: bool, mut f: impl FnMut(usize, &[Sample], i64, i64) -> Option<f64>) -> Result<Val, QueryError> {
+    pub fn range_windows(&self, arg: &Expr, keep_name: bool, f: impl Fn(usize, &[Sample], i64, i64) -> Option<f64> + Sync) -> Result<Val, QueryError> {
         let (series, times, range): (Vec<(Labels, std::borrow::Cow<[Sample]>)>, Vec<i64>, i64) = match arg {
             Expr::MatrixSelector(ms) => {
                 let series = self
                     .series_of(&ms.vs)
-                    .iter()
+                    .par_iter()
                     .map(|s| {
                         // Range windows never hold staleness markers.
                         let samples: std::borrow::Cow<[Sample]> = if s.samples.iter().any(|x| is_stale(x.v)) {
@@ -268,42 +296,35 @@ impl<'a> Evaluator<'a> {
             }
             _ => return Err(QueryError::BadData("expected a range vector".into())),
         };
-        // Step times never go backwards, so the window's ends only move forward.
-        let monotonic = times.windows(2).all(|w| w[0] <= w[1]);
-        let mut out = Vec::new();
-        for (labels, samples) in &series {
-            let mut vals = vec![None; self.steps];
-            let mut any = false;
-            let (mut lo, mut hi) = (0usize, 0usize);
-            for (i, v) in vals.iter_mut().enumerate() {
-                let t = times[i];
-                if monotonic {
-                    while lo < samples.len() && samples[lo].t <= t - range {
-                        lo += 1;
+        let out: Vec<Option<StepSeries>> = series
+            .par_iter()
+            .map(|(labels, samples)| {
+                let mut vals = vec![None; self.steps];
+                let mut any = false;
+                let (mut lo, mut hi) = (Cursor::default(), Cursor::default());
+                // Charged in batches: a shared counter touched per window would cost more
+                // than the windows, and the deadline is still checked every few thousand.
+                let mut pending = 0u64;
+                for (i, v) in vals.iter_mut().enumerate() {
+                    let t = times[i];
+                    let (a, b) = (lo.upto(samples, t - range), hi.upto(samples, t));
+                    if a >= b {
+                        continue;
                     }
-                    hi = hi.max(lo);
-                    while hi < samples.len() && samples[hi].t <= t {
-                        hi += 1;
+                    pending += (b - a) as u64;
+                    if pending >= CHARGE_BATCH {
+                        self.charge(std::mem::take(&mut pending))?;
                     }
-                } else {
-                    lo = samples.partition_point(|x| x.t <= t - range);
-                    hi = samples.partition_point(|x| x.t <= t);
+                    if let Some(r) = f(i, &samples[a..b], t - range, t) {
+                        *v = Some(r);
+                        any = true;
+                    }
                 }
-                if lo >= hi {
-                    continue;
-                }
-                self.charge((hi - lo) as u64)?;
-                if let Some(r) = f(i, &samples[lo..hi], t - range, t) {
-                    *v = Some(r);
-                    any = true;
-                }
-            }
-            if any {
-                let labels = if keep_name { labels.clone() } else { drop_name(labels) };
-                out.push(StepSeries { labels, vals });
-            }
-        }
-        Ok(Val::Vector(out))
+                self.charge(pending)?;
+                Ok(any.then(|| StepSeries { labels: if keep_name { labels.clone() } else { drop_name(labels) }, vals }))
+            })
+            .collect::<Result<_, QueryError>>()?;
+        Ok(Val::Vector(out.into_iter().flatten().collect()))
     }
 
     pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {

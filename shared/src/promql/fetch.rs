@@ -4,7 +4,8 @@
 use super::QueryError;
 use crate::matcher::Matcher;
 use crate::model::{Labels, MetricType, Sample};
-use crate::store::{SelectLimits, SelectRequest, Store};
+use crate::store::{SelectLimits, SelectRequest, SeriesChunks, Store};
+use rayon::prelude::*;
 use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
@@ -141,16 +142,24 @@ pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, lookback: 
         let mut req = SelectRequest::new(ms, n.mint, n.maxt);
         req.limits = limits;
         let series = store.select(&req).await?;
-        let mut got = Vec::with_capacity(series.len());
-        for s in series {
-            let samples = s.samples(n.mint, n.maxt).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
-            total += samples.len() as u64;
-            if total > limits.max_samples {
-                return Err(QueryError::TooManySamples(limits.max_samples));
-            }
-            got.push(FetchedSeries { labels: s.labels, metric_type: s.metric_type, samples });
+        let got = super::evaluate(|| decode_all(series, n.mint, n.maxt))?;
+        total += got.iter().map(|s| s.samples.len() as u64).sum::<u64>();
+        if total > limits.max_samples {
+            return Err(QueryError::TooManySamples(limits.max_samples));
         }
         out.insert(key(n.vs), got);
     }
     Ok(out)
+}
+
+/// Decodes every series' samples within `[mint, maxt]`, series in parallel: decoding is
+/// most of a query's work, and series are independent.
+fn decode_all(series: Vec<SeriesChunks>, mint: i64, maxt: i64) -> Result<Vec<FetchedSeries>, QueryError> {
+    series
+        .into_par_iter()
+        .map(|s| {
+            let samples = s.samples(mint, maxt).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
+            Ok(FetchedSeries { labels: s.labels, metric_type: s.metric_type, samples })
+        })
+        .collect()
 }

@@ -85,7 +85,7 @@ pub enum QueryValue {
 /// Runs CPU-bound evaluation so that it does not hold up the runtime's other tasks (an
 /// edge's scrape loops share it): on a multi-threaded runtime the worker hands its queue
 /// over first. Elsewhere (tests, the conformance runner) it simply runs.
-fn evaluate<T>(f: impl FnOnce() -> T) -> T {
+pub(crate) fn evaluate<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),

@@ -57,16 +57,9 @@ pub struct SeriesChunks {
 impl SeriesChunks {
     /// Decoded samples within `[start, end]`, in time order.
     pub fn samples(&self, start: i64, end: i64) -> Result<Vec<Sample>, ChunkError> {
-        let mut out = Vec::new();
-        for c in &self.chunks {
-            if !c.overlaps(start, end) {
-                continue;
-            }
-            let mut it = c.iter();
-            out.extend(it.by_ref().filter(|s| s.t >= start && s.t <= end));
-            if let Some(e) = it.error() {
-                return Err(e);
-            }
+        let mut out = Vec::with_capacity(self.chunks.iter().filter(|c| c.overlaps(start, end)).map(|c| c.n as usize).sum());
+        for c in self.chunks.iter().filter(|c| c.overlaps(start, end)) {
+            c.decode_into(start, end, &mut out)?;
         }
         Ok(out)
     }
