@@ -87,13 +87,14 @@ impl SeriesSamples {
 
     /// Appends a sample that passed [`check`](Self::check).
     pub fn append(&mut self, s: Sample) {
-        if self.open.is_full() {
-            let sealed = self.open.seal();
-            self.open = ChunkAppender::with_capacity(sealed.data.len() + sealed.data.len() / 8);
-            self.sealed.push(sealed);
-        }
         self.open.append(s.t, s.v);
         self.last = Some(s);
+        if self.open.is_full() {
+            // Sealed as soon as it fills, so queries of the recent past meet the block form.
+            let sealed = self.open.seal();
+            self.open = ChunkAppender::with_capacity(sealed.data.len() + sealed.data.len() / 8);
+            self.sealed.push(sealed.compact());
+        }
     }
 
     pub fn last(&self) -> Option<Sample> {

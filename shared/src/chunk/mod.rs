@@ -27,6 +27,8 @@
 //! a query of the last minutes); sealed chunks are immutable byte strings that travel
 //! between tiers as they are.
 
+mod block;
+
 use crate::model::Sample;
 use std::sync::Arc;
 
@@ -774,6 +776,25 @@ impl Chunk {
         ChunkIter::new(&self.data, self.n)
     }
 
+    /// Whether the chunk is in the block encoding (see [`block`]).
+    pub fn is_block(&self) -> bool {
+        block::is_block(&self.data)
+    }
+
+    /// The same samples in the block encoding when that is no larger, else the chunk as
+    /// it is. Done once, when a chunk is sealed: queries decode block chunks several times
+    /// faster than they replay the streaming coder.
+    pub fn compact(self) -> Chunk {
+        if self.is_block() {
+            return self;
+        }
+        let Ok(samples) = self.decode() else { return self };
+        match block::encode(&samples) {
+            Some(bytes) if bytes.len() <= self.data.len() => Chunk { data: Arc::from(bytes), ..self },
+            _ => self,
+        }
+    }
+
     /// Decodes every sample, failing on damaged data instead of returning garbage.
     pub fn decode(&self) -> Result<Vec<Sample>, ChunkError> {
         let mut it = self.iter();
@@ -789,6 +810,17 @@ impl Chunk {
 
     /// Appends the samples within `[mint, maxt]` to `out`; stops decoding past `maxt`.
     pub fn decode_into(&self, mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        if self.is_block() {
+            let base = out.len();
+            block::decode(&self.data, self.n as usize, out)?;
+            if self.min_t < mint || self.max_t > maxt {
+                let keep_from = base + out[base..].partition_point(|s| s.t < mint);
+                let keep_to = base + out[base..].partition_point(|s| s.t <= maxt);
+                out.truncate(keep_to);
+                out.drain(base..keep_from);
+            }
+            return Ok(());
+        }
         let mut it = self.iter();
         out.reserve(self.n as usize);
         while let Some(s) = it.step() {
@@ -812,6 +844,8 @@ impl Chunk {
 
 /// Decodes a chunk's samples in order. Damaged data ends the iteration; `error()` tells.
 pub struct ChunkIter<'a> {
+    /// A block-encoded chunk, decoded whole up front.
+    block: Option<std::vec::IntoIter<Sample>>,
     r: BitReader<'a>,
     n: u16,
     read: u16,
@@ -822,7 +856,13 @@ pub struct ChunkIter<'a> {
 
 impl<'a> ChunkIter<'a> {
     fn new(bytes: &'a [u8], n: u16) -> Self {
-        ChunkIter { r: BitReader { bytes, pos: 0 }, n, read: 0, ts: TsState::new(0), vs: ValueState::default(), err: None }
+        let mut it = ChunkIter { block: None, r: BitReader { bytes, pos: 0 }, n, read: 0, ts: TsState::new(0), vs: ValueState::default(), err: None };
+        if block::is_block(bytes) {
+            let mut samples = Vec::new();
+            it.err = block::decode(bytes, n as usize, &mut samples).err();
+            it.block = Some(samples.into_iter());
+        }
+        it
     }
 
     pub fn error(&self) -> Option<ChunkError> {
@@ -910,6 +950,9 @@ impl ChunkIter<'_> {
     /// The next sample, or `None` at the end or on damage (recorded in `err`).
     #[inline(always)]
     fn step(&mut self) -> Option<Sample> {
+        if let Some(b) = &mut self.block {
+            return b.next();
+        }
         if self.read >= self.n || self.err.is_some() {
             return None;
         }
