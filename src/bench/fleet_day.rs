@@ -29,15 +29,17 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
         st.samples, st.series, st.rejected, st.bytes as f64 / 1e9, st.samples as f64 / secs / 1e6);
     super::print_head_stats(&db);
     // Where the bytes go, per metric.
-    let mut per: std::collections::BTreeMap<String, (usize, u64)> = Default::default();
+    let mut per: std::collections::BTreeMap<String, (usize, u64, usize, usize)> = Default::default();
     let all = strata_shared::matcher::Matcher::new(strata_shared::matcher::MatchOp::Regex, "__name__", ".+")?;
     for (s, chunks) in db.head().select(&[all], i64::MIN, i64::MAX) {
         let e = per.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default();
         e.0 += chunks.iter().map(|c| c.data.len()).sum::<usize>();
         e.1 += chunks.iter().map(|c| c.n as u64).sum::<u64>();
+        e.2 += chunks.iter().filter(|c| c.is_block()).count();
+        e.3 += chunks.len();
     }
-    for (name, (bytes, n)) in per {
-        println!("    {name:<40} {:.3} bytes/sample", bytes as f64 / n.max(1) as f64);
+    for (name, (bytes, n, blocks, chunks)) in per {
+        println!("    {name:<40} {:.3} bytes/sample, {blocks} of {chunks} chunks in the block encoding", bytes as f64 / n.max(1) as f64);
     }
     print_decode_speed(&db)?;
     Ok(Loaded(db, dir))

@@ -11,10 +11,10 @@
 //!   jittered ones pack their offsets in mixed radix, `j` offsets per group of `b ≤ 32`
 //!   bits with `b/j` as close to `log2 m` as groups allow (40 values of jitter: 6 per 32
 //!   bits, 5.33 bits each). Groups are independent, and a digit costs a multiply.
-//! * **values**: every value is an exact decimal at one scale; the scaled integers are
-//!   predicted by one of FLAC's fixed predictors (order 1–3, the cheapest for this chunk)
-//!   and the residuals Rice-coded in partitions of 64 with one parameter each, chosen
-//!   exactly; an all-zero partition costs only its parameter.
+//! * **values**: every value is an exact decimal at one scale; the first three scaled
+//!   integers are written whole, the rest in partitions of 64, each with the FLAC fixed
+//!   predictor (order 1–3) and the Rice parameter that code it in the fewest bits; an
+//!   all-zero partition costs only its 8 bits of parameters.
 //!
 //! Chunks whose values are not all decimals at one scale (NaN, staleness markers, floats
 //! with long mantissas) or whose timestamps do not sit on any grid stay in the streaming
@@ -31,6 +31,8 @@ use crate::model::Sample;
 pub(super) const BLOCK_TAG: u64 = 0b111;
 /// Residuals per Rice partition.
 const PARTITION: usize = 64;
+/// Values written whole before the first partition: enough history for every order.
+const WARM_UP: usize = 3;
 /// The partition parameter that means "every residual is zero, no bits follow".
 const ZERO_PARTITION: u32 = 63;
 /// Below this many samples the header outweighs what the block form saves.
@@ -45,7 +47,6 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
     let scale = samples.iter().map(|s| decimal_scale(s.v)).try_fold(0, |k, x| x.map(|x| k.max(x)))?;
     let scaled: Vec<i64> = samples.iter().map(|s| scaled_at(s.v, scale)).collect::<Option<_>>()?;
     let grid = Grid::fit(samples)?;
-    let (order, partitions) = (1..=3).map(|o| (o, plan_residuals(&scaled, o))).min_by_key(|(_, p)| p.bits)?;
 
     let mut w = BitWriter::default();
     w.write_bits(BLOCK_TAG, 3);
@@ -62,17 +63,21 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
             w.write_bits(x, radix.bits);
         }
     }
-    w.write_bits(order as u64 - 1, 2);
-    for &s in &scaled[..order] {
+    for &s in &scaled[..WARM_UP] {
         write_long(&mut w, zigzag(s));
     }
-    for (part, &k) in partitions.residuals.chunks(PARTITION).zip(&partitions.params) {
+    let mut start = WARM_UP;
+    while start < scaled.len() {
+        let end = (start + PARTITION).min(scaled.len());
+        let (order, k, residuals) = plan_partition(&scaled, start, end);
+        w.write_bits(order as u64 - 1, 2);
         w.write_bits(k as u64, 6);
         if k != ZERO_PARTITION {
-            for &z in part {
+            for z in residuals {
                 write_rice(&mut w, z, k);
             }
         }
+        start = end;
     }
     Some(w.to_bytes())
 }
@@ -120,29 +125,22 @@ pub(super) fn decode(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<()
         r.pos = bits.position();
     }
     let samples = &mut out[base..];
-    let order = r.read_bits(2) as usize + 1;
-    if order > 3 || n <= order {
-        return Err(truncated());
-    }
     let mut hist = [0i64; 3]; // newest first
-    for (i, slot) in samples.iter_mut().take(order).enumerate() {
+    for (i, slot) in samples.iter_mut().take(WARM_UP).enumerate() {
         let s = unzigzag(read_long(&mut r).ok_or(ChunkError::Truncated(i as u16))?);
         hist = [s, hist[0], hist[1]];
         slot.v = unscale(s, scale);
     }
     let mut bits = BitBuf::at(bytes, r.pos);
-    for part in samples[order..].chunks_mut(PARTITION) {
+    for part in samples.get_mut(WARM_UP..).unwrap_or_default().chunks_mut(PARTITION) {
+        let order = bits.read(2) as usize + 1;
         let k = bits.read(6) as u32;
-        for slot in part {
-            let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or_else(truncated)? };
-            let prediction = match order {
-                1 => hist[0],
-                2 => hist[0].wrapping_mul(2).wrapping_sub(hist[1]),
-                _ => hist[0].wrapping_mul(3).wrapping_sub(hist[1].wrapping_mul(3)).wrapping_add(hist[2]),
-            };
-            let s = prediction.wrapping_add(unzigzag(z));
-            hist = [s, hist[0], hist[1]];
-            slot.v = unscale(s, scale);
+        // One loop per order, so that the prediction is straight-line code.
+        match order {
+            1 => decode_partition::<1>(part, &mut bits, k, &mut hist, scale)?,
+            2 => decode_partition::<2>(part, &mut bits, k, &mut hist, scale)?,
+            3 => decode_partition::<3>(part, &mut bits, k, &mut hist, scale)?,
+            _ => return Err(truncated()),
         }
     }
     if bits.overrun() {
@@ -150,6 +148,29 @@ pub(super) fn decode(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<()
         return Err(truncated());
     }
     Ok(())
+}
+
+/// Residuals of one partition with predictor order `ORDER`, into the samples' values.
+#[inline(always)]
+fn decode_partition<const ORDER: usize>(part: &mut [Sample], bits: &mut BitBuf, k: u32, hist: &mut [i64; 3], scale: u32) -> Result<(), ChunkError> {
+    for slot in part {
+        let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
+        let s = predict::<ORDER>(hist).wrapping_add(unzigzag(z));
+        *hist = [s, hist[0], hist[1]];
+        slot.v = unscale(s, scale);
+    }
+    Ok(())
+}
+
+/// FLAC's fixed predictor of order 1 (the last value), 2 (linear) or 3 (quadratic) from
+/// the history, newest first.
+#[inline(always)]
+fn predict<const ORDER: usize>(h: &[i64; 3]) -> i64 {
+    match ORDER {
+        1 => h[0],
+        2 => h[0].wrapping_mul(2).wrapping_sub(h[1]),
+        _ => h[0].wrapping_mul(3).wrapping_sub(h[1].wrapping_mul(3)).wrapping_add(h[2]),
+    }
 }
 
 /// Timestamps as a grid plus small offsets: `tᵢ = t₀ + i·step + lo + offsets[i]`.
@@ -231,35 +252,31 @@ impl FastDiv {
     }
 }
 
-/// Residuals of one prediction order, zigzagged, with each partition's Rice parameter and
-/// the total bits they take.
-struct ResidualPlan {
-    residuals: Vec<u64>,
-    params: Vec<u32>,
-    bits: u64,
-}
-
-fn plan_residuals(scaled: &[i64], order: usize) -> ResidualPlan {
-    let residuals: Vec<u64> = (order..scaled.len())
-        .map(|i| {
-            let h = |d: usize| scaled[i - d];
-            let prediction = match order {
-                1 => h(1),
-                2 => h(1).wrapping_mul(2).wrapping_sub(h(2)),
-                _ => h(1).wrapping_mul(3).wrapping_sub(h(2).wrapping_mul(3)).wrapping_add(h(3)),
-            };
-            zigzag(scaled[i].wrapping_sub(prediction))
-        })
-        .collect();
-    // The warm-up values, coded whole.
-    let mut bits: u64 = scaled[..order].iter().map(|&s| 7 + (64 - zigzag(s).leading_zeros()) as u64).sum();
-    let mut params = Vec::with_capacity(residuals.len() / PARTITION + 1);
-    for part in residuals.chunks(PARTITION) {
-        let (k, cost) = best_param(part);
-        params.push(k);
-        bits += 6 + cost;
+/// The order, Rice parameter and zigzagged residuals that code `scaled[start..end]` in the
+/// fewest bits (the lowest order on a tie).
+fn plan_partition(scaled: &[i64], start: usize, end: usize) -> (usize, u32, Vec<u64>) {
+    let mut best: Option<(u64, usize, u32, Vec<u64>)> = None;
+    for order in 1..=3 {
+        let residuals: Vec<u64> = (start..end)
+            .map(|i| {
+                let h = [scaled[i - 1], scaled[i - 2], scaled[i - 3]];
+                let prediction = match order {
+                    1 => predict::<1>(&h),
+                    2 => predict::<2>(&h),
+                    _ => predict::<3>(&h),
+                };
+                zigzag(scaled[i].wrapping_sub(prediction))
+            })
+            .collect();
+        let (k, cost) = best_param(&residuals);
+        if best.as_ref().is_none_or(|b| cost < b.0) {
+            best = Some((cost, order, k, residuals));
+        }
     }
-    ResidualPlan { residuals, params, bits }
+    match best {
+        Some((_, order, k, residuals)) => (order, k, residuals),
+        None => (1, ZERO_PARTITION, Vec::new()),
+    }
 }
 
 /// The Rice parameter that codes `part` in the fewest bits, and that number.

@@ -790,7 +790,7 @@ impl Chunk {
         }
         let Ok(samples) = self.decode() else { return self };
         match block::encode(&samples) {
-            Some(bytes) if bytes.len() <= self.data.len() => Chunk { data: Arc::from(bytes), ..self },
+            Some(bytes) if bytes.len() <= self.data.len() + self.data.len() / 32 => Chunk { data: Arc::from(bytes), ..self },
             _ => self,
         }
     }
