@@ -62,13 +62,16 @@ impl KahanSum {
 
 /// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays
 /// finite; once it would overflow, an incremental mean from there on (infinities kept).
-fn mean(vals: &[f64]) -> f64 {
-    let Some(&first) = vals.first() else { return f64::NAN };
+pub(crate) fn mean(vals: impl IntoIterator<Item = f64>) -> f64 {
+    let mut vals = vals.into_iter();
+    let Some(first) = vals.next() else { return f64::NAN };
     // The first value starts the sum as it is, as a new group does in Prometheus.
     let mut sum = KahanSum { sum: first, c: 0.0 };
     let mut incremental: Option<KahanSum> = None;
-    for (i, &x) in vals.iter().enumerate().skip(1) {
-        let n = (i + 1) as f64;
+    let mut count = 1usize;
+    for x in vals {
+        count += 1;
+        let n = count as f64;
         let m = match incremental.as_mut() {
             Some(m) => m,
             None => {
@@ -90,20 +93,26 @@ fn mean(vals: &[f64]) -> f64 {
     }
     match incremental {
         Some(m) => m.sum + m.c,
-        None => sum.value() / vals.len() as f64,
+        None => sum.value() / count as f64,
     }
 }
 
 /// Welford's running variance, as Prometheus.
-fn variance(vals: &[f64]) -> f64 {
+pub(crate) fn variance(vals: impl IntoIterator<Item = f64>) -> f64 {
     let (mut count, mut mean, mut m2) = (0.0, 0.0, 0.0);
-    for &x in vals {
+    for x in vals {
         count += 1.0;
         let delta = x - mean;
         mean += delta / count;
         m2 += delta * (x - mean);
     }
     m2 / count
+}
+
+pub(crate) fn kahan_sum(vals: impl IntoIterator<Item = f64>) -> f64 {
+    let mut k = KahanSum::default();
+    vals.into_iter().for_each(|x| k.add(x));
+    k.value()
 }
 
 pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
@@ -231,18 +240,14 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             let vals = slot;
             let n = vals.len() as f64;
             let v = match op.as_str() {
-                "sum" => {
-                    let mut k = KahanSum::default();
-                    vals.iter().for_each(|x| k.add(*x));
-                    k.value()
-                }
-                "avg" => mean(&vals),
+                "sum" => kahan_sum(vals.iter().copied()),
+                "avg" => mean(vals.iter().copied()),
                 "min" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
                 "max" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
                 "count" => n,
                 "group" => 1.0,
-                "stddev" => variance(&vals).sqrt(),
-                "stdvar" => variance(&vals),
+                "stddev" => variance(vals.iter().copied()).sqrt(),
+                "stdvar" => variance(vals.iter().copied()),
                 "quantile" => quantile(scalar_param(i)?, vals),
                 other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
             };
@@ -266,20 +271,6 @@ pub fn format_value(v: f64) -> String {
         // Rust prints 1e21 as "1000000000000000000000", as Go's 'f' format does.
         s
     }
-}
-
-pub(crate) fn avg(vals: &[f64]) -> f64 {
-    mean(vals)
-}
-
-pub(crate) fn var(vals: &[f64]) -> f64 {
-    variance(vals)
-}
-
-pub(crate) fn kahan_sum(vals: &[f64]) -> f64 {
-    let mut k = KahanSum::default();
-    vals.iter().for_each(|x| k.add(*x));
-    k.value()
 }
 
 /// A series' position in [0, 1] for `limit_ratio`: Prometheus' `labels.Hash()` (xxhash64 of

@@ -87,6 +87,22 @@ pub fn drop_name(l: &Labels) -> Labels {
     b.build()
 }
 
+/// One range window at one step: the samples `all[a..b]` of a series, in `(start, end]`.
+pub struct Window<'s> {
+    pub all: &'s [Sample],
+    pub a: usize,
+    pub b: usize,
+    pub start: i64,
+    pub end: i64,
+    pub step: usize,
+}
+
+impl<'s> Window<'s> {
+    pub fn samples(&self) -> &'s [Sample] {
+        &self.all[self.a..self.b]
+    }
+}
+
 /// Samples a series' evaluation touches before it charges them to the query's budget.
 const CHARGE_BATCH: u64 = 1 << 16;
 
@@ -272,6 +288,18 @@ impl<'a> Evaluator<'a> {
     /// at every step (staleness markers removed) and collects its results. `arg` is a range
     /// selector or a subquery.
     pub fn range_windows(&self, arg: &Expr, keep_name: bool, f: impl Fn(usize, &[Sample], i64, i64) -> Option<f64> + Sync) -> Result<Val, QueryError> {
+        self.range_windows_with(arg, keep_name, |_| (), |_, w| f(w.step, w.samples(), w.start, w.end))
+    }
+
+    /// [`range_windows`](Self::range_windows) for functions that prepare something per
+    /// series first (`prepare`), which `f` then uses at every step.
+    pub fn range_windows_with<P>(
+        &self,
+        arg: &Expr,
+        keep_name: bool,
+        prepare: impl Fn(&[Sample]) -> P + Sync,
+        f: impl Fn(&P, &Window) -> Option<f64> + Sync,
+    ) -> Result<Val, QueryError> {
         let (series, times, range): (Vec<(Labels, std::borrow::Cow<[Sample]>)>, Vec<i64>, i64) = match arg {
             Expr::MatrixSelector(ms) => {
                 let series = self
@@ -299,6 +327,7 @@ impl<'a> Evaluator<'a> {
         let out: Vec<Option<StepSeries>> = series
             .par_iter()
             .map(|(labels, samples)| {
+                let prepared = prepare(samples);
                 let mut vals = vec![None; self.steps];
                 let mut any = false;
                 let (mut lo, mut hi) = (Cursor::default(), Cursor::default());
@@ -315,7 +344,7 @@ impl<'a> Evaluator<'a> {
                     if pending >= CHARGE_BATCH {
                         self.charge(std::mem::take(&mut pending))?;
                     }
-                    if let Some(r) = f(i, &samples[a..b], t - range, t) {
+                    if let Some(r) = f(&prepared, &Window { all: samples, a, b, start: t - range, end: t, step: i }) {
                         *v = Some(r);
                         any = true;
                     }

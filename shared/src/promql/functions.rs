@@ -1,7 +1,8 @@
 //! PromQL functions over instant vectors, range windows and scalars.
 
-use super::aggregate::quantile;
+use super::aggregate::{kahan_sum, mean, quantile, variance};
 use super::eval::{drop_name, Evaluator, StepSeries, Val};
+use super::windows::{IntegerPrefix, Resets};
 use super::QueryError;
 use crate::matcher::compile_anchored;
 use crate::model::{Labels, Sample, METRIC_NAME};
@@ -40,20 +41,17 @@ fn vector_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<StepSeries>, Que
     arg(ev, c, i, "an instant vector", |v| if let Val::Vector(x) = v { Some(x) } else { None })
 }
 
-/// Prometheus' extrapolated rate/increase/delta over a window `(start, end]`.
-fn extrapolated(s: &[Sample], start: i64, end: i64, counter: bool, rate: bool) -> Option<f64> {
+/// Prometheus' extrapolated rate/increase/delta over a window `(start, end]`. For a
+/// counter, `resets` are the values just before each drop inside the window, in order.
+fn extrapolated(s: &[Sample], start: i64, end: i64, counter: bool, rate: bool, resets: impl Iterator<Item = f64>) -> Option<f64> {
     if s.len() < 2 {
         return None;
     }
     let (first, last) = (s[0], s[s.len() - 1]);
     let mut result = last.v - first.v;
     if counter {
-        let mut prev = first.v;
-        for x in &s[1..] {
-            if x.v < prev {
-                result += prev;
-            }
-            prev = x.v;
+        for prev in resets {
+            result += prev;
         }
     }
     let mut to_start = (first.t - start) as f64 / 1000.0;
@@ -135,15 +133,15 @@ const OVER_TIME: &[&str] = &[
 fn over_time(name: &str, s: &[Sample], q: f64) -> Option<f64> {
     let n = s.len() as f64;
     Some(match name {
-        "avg_over_time" => super::aggregate::avg(&s.iter().map(|x| x.v).collect::<Vec<_>>()),
-        "sum_over_time" => super::aggregate::kahan_sum(&s.iter().map(|x| x.v).collect::<Vec<_>>()),
+        "avg_over_time" => mean(s.iter().map(|x| x.v)),
+        "sum_over_time" => kahan_sum(s.iter().map(|x| x.v)),
         "min_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
         "max_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
         "count_over_time" => n,
         "last_over_time" => s[s.len() - 1].v,
         "present_over_time" => 1.0,
-        "stddev_over_time" => super::aggregate::var(&s.iter().map(|x| x.v).collect::<Vec<_>>()).sqrt(),
-        "stdvar_over_time" => super::aggregate::var(&s.iter().map(|x| x.v).collect::<Vec<_>>()),
+        "stddev_over_time" => variance(s.iter().map(|x| x.v)).sqrt(),
+        "stdvar_over_time" => variance(s.iter().map(|x| x.v)),
         "quantile_over_time" => {
             let mut v: Vec<f64> = s.iter().map(|x| x.v).collect();
             quantile(q, &mut v)
@@ -255,7 +253,11 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "rate" | "increase" | "delta" => {
             let ms = range_arg(c, 0)?;
             let counter = name != "delta";
-            ev.range_windows(ms, false, |_, s, a, b| extrapolated(s, a, b, counter, name == "rate"))
+            let prepare = |s: &[Sample]| counter.then(|| Resets::new(s));
+            ev.range_windows_with(ms, false, prepare, |resets, w| {
+                let drops = resets.as_ref().map(|r| r.within(w.a, w.b)).unwrap_or_default();
+                extrapolated(w.samples(), w.start, w.end, counter, name == "rate", drops.iter().map(|&i| w.all[i - 1].v))
+            })
         }
         "irate" | "idelta" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| instant_delta(s, name == "irate")),
         "deriv" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| linear_regression(s, s[0].t).map(|x| x.0)),
@@ -270,6 +272,11 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| over_time(name, s, q[i]))
         }
         "last_over_time" => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| over_time(name, s, 0.0)),
+        "avg_over_time" | "sum_over_time" => ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
+            Some(p) if name == "avg_over_time" => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
+            Some(p) => Some(p.sum(w.a, w.b)),
+            None => over_time(name, w.samples(), 0.0),
+        }),
         n if OVER_TIME.contains(&n) => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0)),
         "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
         "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),

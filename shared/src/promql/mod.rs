@@ -18,6 +18,7 @@ mod binary;
 mod eval;
 mod fetch;
 mod functions;
+mod windows;
 pub mod testfile;
 
 use crate::model::Labels;
