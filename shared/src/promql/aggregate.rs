@@ -141,20 +141,23 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                     return Err(QueryError::Execution(format!("Parameter value is NaN for {op}")));
                 }
                 let k = if k >= 1.0 { k.min(1e9) as usize } else { 0 };
-                let mut by_group: HashMap<&Labels, Vec<(usize, f64)>> = HashMap::new();
+                // Prometheus keeps the k best in a heap per group, visiting series in order;
+                // replaying its heap exactly decides ties at the k-th place as it does.
+                let mut heaps: HashMap<&Labels, KHeap> = HashMap::new();
                 for (j, s) in input.iter().enumerate() {
-                    if let Some(x) = s.vals[i] {
-                        by_group.entry(&groups[j]).or_default().push((j, x));
+                    let Some(x) = s.vals[i] else { continue };
+                    let heap = heaps.entry(&groups[j]).or_insert_with(|| KHeap::new(op.as_str() == "bottomk"));
+                    match op.as_str() {
+                        "limitk" => {
+                            if heap.items.len() < k {
+                                heap.items.push((x, j));
+                            }
+                        }
+                        _ => heap.offer(k, (x, j)),
                     }
                 }
-                for (_, mut members) in by_group {
-                    match op.as_str() {
-                        // NaN sorts last for both.
-                        "topk" => members.sort_by(|x, y| y.1.partial_cmp(&x.1).unwrap_or_else(|| x.1.is_nan().cmp(&y.1.is_nan()))),
-                        "bottomk" => members.sort_by(|x, y| x.1.partial_cmp(&y.1).unwrap_or_else(|| x.1.is_nan().cmp(&y.1.is_nan()))),
-                        _ => {}
-                    }
-                    for (j, x) in members.into_iter().take(k) {
+                for heap in heaps.into_values() {
+                    for (x, j) in heap.items {
                         keep[j][i] = Some(x);
                     }
                 }
@@ -257,6 +260,81 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
     Ok(out.finish())
 }
 
+/// The heap `topk` and `bottomk` keep per group: Go's `container/heap` with Prometheus'
+/// ordering (NaN below everything), so that equal values at the k-th place are decided
+/// exactly as Prometheus decides them, which depends on the heap's shape.
+struct KHeap {
+    items: Vec<(f64, usize)>,
+    /// `bottomk`: the largest value at the top.
+    reverse: bool,
+}
+
+impl KHeap {
+    fn new(reverse: bool) -> KHeap {
+        KHeap { items: Vec::new(), reverse }
+    }
+
+    fn less(&self, i: usize, j: usize) -> bool {
+        let (a, b) = (self.items[i].0, self.items[j].0);
+        if a.is_nan() {
+            return true;
+        }
+        if self.reverse { a > b } else { a < b }
+    }
+
+    /// Prometheus' step: push while under k, else replace the top when `x` beats it.
+    fn offer(&mut self, k: usize, x: (f64, usize)) {
+        if k == 0 {
+            return;
+        }
+        if self.items.len() < k {
+            self.items.push(x);
+            self.up(self.items.len() - 1);
+            return;
+        }
+        let top = self.items[0].0;
+        let beats = if self.reverse { top > x.0 } else { top < x.0 };
+        if beats || (top.is_nan() && !x.0.is_nan()) {
+            self.items[0] = x;
+            if k > 1 && !self.down(0) {
+                self.up(0);
+            }
+        }
+    }
+
+    fn up(&mut self, mut j: usize) {
+        while j > 0 {
+            let i = (j - 1) / 2;
+            if !self.less(j, i) {
+                break;
+            }
+            self.items.swap(i, j);
+            j = i;
+        }
+    }
+
+    fn down(&mut self, i0: usize) -> bool {
+        let n = self.items.len();
+        let mut i = i0;
+        loop {
+            let j1 = 2 * i + 1;
+            if j1 >= n {
+                break;
+            }
+            let mut j = j1;
+            if j1 + 1 < n && self.less(j1 + 1, j1) {
+                j = j1 + 1;
+            }
+            if !self.less(j, i) {
+                break;
+            }
+            self.items.swap(i, j);
+            i = j;
+        }
+        i > i0
+    }
+}
+
 /// Formats a value as Prometheus' API does (Go's `strconv.FormatFloat(v, 'f', -1, 64)`,
 /// with `+Inf`, `-Inf`, `NaN`).
 pub fn format_value(v: f64) -> String {
@@ -292,4 +370,29 @@ fn ratio_hash(l: &Labels) -> f64 {
         put(x.value.as_bytes());
     }
     xxhash_rust::xxh64::xxh64(&buf, 0) as f64 / u64::MAX as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KHeap;
+
+    fn kept(values: &[f64], k: usize, reverse: bool) -> Vec<usize> {
+        let mut h = KHeap::new(reverse);
+        for (j, &x) in values.iter().enumerate() {
+            h.offer(k, (x, j));
+        }
+        let mut v: Vec<usize> = h.items.into_iter().map(|(_, j)| j).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn ties_at_the_kth_place_are_decided_by_the_heap_as_in_prometheus() {
+        // A stable sort would keep the first 5; Prometheus' heap has the second on top
+        // when 7 arrives, so the first is the one replaced.
+        assert_eq!(kept(&[5.0, 5.0, 7.0], 2, false), vec![1, 2]);
+        assert_eq!(kept(&[5.0, 5.0, 3.0], 2, true), vec![1, 2]);
+        assert_eq!(kept(&[1.0, f64::NAN, 2.0, 3.0], 2, false), vec![2, 3]);
+        assert_eq!(kept(&[4.0, 9.0, 1.0], 0, false), Vec::<usize>::new());
+    }
 }
