@@ -1,7 +1,7 @@
 //! `/api/v1/query` and `/api/v1/query_range`: PromQL over the store, Prometheus' JSON.
 
 use super::{labels_json, success, ApiError, ApiState, ErrorType, Params};
-use crate::promql::{Engine, QueryError, QueryValue};
+use crate::promql::{Engine, QueryError, QueryStats, QueryValue};
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, Method};
@@ -51,6 +51,35 @@ fn result_json(v: QueryValue) -> Value {
     }
 }
 
+/// `stats=all` asks for samples per step as well.
+fn wants_step_stats(p: &Params) -> bool {
+    p.get("stats") == Some("all")
+}
+
+/// Adds Prometheus' `stats` object to the data when the `stats` parameter is set.
+fn with_stats(mut data: Value, p: &Params, st: &QueryStats) -> Value {
+    if p.get("stats").is_none_or(str::is_empty) {
+        return data;
+    }
+    let secs = |d: Duration| d.as_secs_f64();
+    let mut samples = json!({"totalQueryableSamples": st.total_queryable_samples, "peakSamples": st.peak_samples});
+    if let Some(steps) = &st.per_step {
+        samples["totalQueryableSamplesPerStep"] = steps.iter().map(|(t, n)| json!([time_json(*t), n])).collect();
+    }
+    data["stats"] = json!({
+        "timings": {
+            "evalTotalTime": secs(st.total),
+            "resultSortTime": 0.0,
+            "queryPreparationTime": secs(st.preparation),
+            "innerEvalTime": secs(st.inner_eval),
+            "execQueueTime": 0.0,
+            "execTotalTime": secs(st.total),
+        },
+        "samples": samples,
+    });
+    data
+}
+
 /// A duration parameter: float seconds or a Prometheus duration (`5m`).
 fn duration_param(p: &Params, name: &str) -> Result<Option<i64>, ApiError> {
     let Some(s) = p.get(name).filter(|s| !s.is_empty()) else { return Ok(None) };
@@ -92,8 +121,8 @@ pub async fn instant(State(s): State<Arc<ApiState>>, method: Method, headers: He
         None => now_ms(),
     };
     let engine = engine_for(&s, &p)?;
-    let v = engine.instant(s.store.as_ref(), &expr, time).await?;
-    Ok(success(result_json(v), vec![]))
+    let (v, stats) = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p)).await?;
+    Ok(success(with_stats(result_json(v), &p, &stats), vec![]))
 }
 
 pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
@@ -118,6 +147,6 @@ pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: Head
     }
     let expr = parse_query(&p)?;
     let engine = engine_for(&s, &p)?;
-    let v = engine.range(s.store.as_ref(), &expr, start, end, step).await?;
-    Ok(success(result_json(v), vec![]))
+    let (v, stats) = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p)).await?;
+    Ok(success(with_stats(result_json(v), &p, &stats), vec![]))
 }

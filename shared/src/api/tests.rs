@@ -108,6 +108,27 @@ async fn instant_and_range_queries_in_prometheus_shapes() {
 }
 
 #[tokio::test]
+async fn stats_on_request_count_the_samples_touched() {
+    let (_d, app) = app();
+    let (_, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
+    assert!(v["data"].get("stats").is_none(), "no stats unless asked: {v}");
+    let (code, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000&stats=1").await;
+    assert_eq!(code, 200, "{v}");
+    let st = &v["data"]["stats"];
+    assert_eq!(st["samples"]["totalQueryableSamples"], 3, "{st}");
+    assert_eq!(st["samples"]["peakSamples"], 3, "{st}");
+    assert!(st["samples"].get("totalQueryableSamplesPerStep").is_none());
+    assert!(st["timings"]["evalTotalTime"].as_f64().is_some_and(|t| t >= 0.0), "{st}");
+    // Three GPUs, one sample each, looked back at from three steps 30 s apart.
+    let (_, v) = get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP&start=1700000000&end=1700000060&step=30s&stats=all").await;
+    let st = &v["data"]["stats"]["samples"];
+    assert_eq!(st["totalQueryableSamples"], 9, "{st}");
+    assert_eq!(st["totalQueryableSamplesPerStep"], json!([[1700000000.0, 3], [1700000030.0, 3], [1700000060.0, 3]]));
+    let (_, v) = get(&app, "/api/v1/query?query=count_over_time(DCGM_FI_DEV_GPU_TEMP[5m])&time=1700000060&stats=all").await;
+    assert_eq!(v["data"]["stats"]["samples"]["totalQueryableSamplesPerStep"], json!([[1700000060.0, 3]]));
+}
+
+#[tokio::test]
 async fn query_errors_have_prometheus_types_and_codes() {
     let (_d, app) = app();
     let (code, v) = get(&app, "/api/v1/query?query=sum(").await;

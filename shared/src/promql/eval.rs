@@ -146,12 +146,38 @@ pub struct Evaluator<'a> {
     /// so a long evaluation is cancelled for real and everything it held is freed.
     deadline: Option<(std::time::Instant, std::time::Duration)>,
     checks: AtomicU32,
+    /// Samples touched at each step, when the caller asked for per-step statistics
+    /// (`stats=all`); subqueries' inner grids do not count here.
+    per_step: Option<Vec<AtomicU64>>,
 }
 
 impl<'a> Evaluator<'a> {
     pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
         let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
-        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: AtomicU64::new(0), deadline: None, checks: AtomicU32::new(0) }
+        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: AtomicU64::new(0), deadline: None, checks: AtomicU32::new(0), per_step: None }
+    }
+
+    /// Counts the samples each step touches, for `stats=all`.
+    pub fn with_step_stats(mut self) -> Self {
+        self.per_step = Some((0..self.steps).map(|_| AtomicU64::new(0)).collect());
+        self
+    }
+
+    /// Samples touched so far (Prometheus' `totalQueryableSamples`).
+    pub fn samples_touched(&self) -> u64 {
+        self.samples.load(Relaxed)
+    }
+
+    /// Samples touched per step, if counted: (time, samples).
+    pub fn step_stats(&self) -> Option<Vec<(i64, u64)>> {
+        self.per_step.as_ref().map(|v| v.iter().enumerate().map(|(i, n)| (self.time(i), n.load(Relaxed))).collect())
+    }
+
+    #[inline]
+    fn count_step(&self, step: usize, n: u64) {
+        if let Some(v) = &self.per_step {
+            v[step].fetch_add(n, Relaxed);
+        }
     }
 
     /// Sets the instant past which evaluation fails with [`QueryError::Timeout`].
@@ -176,6 +202,7 @@ impl<'a> Evaluator<'a> {
             samples: AtomicU64::new(self.samples.load(Relaxed)),
             deadline: self.deadline,
             checks: AtomicU32::new(0),
+            per_step: None,
         }
     }
 
@@ -240,7 +267,7 @@ impl<'a> Evaluator<'a> {
                 let mut vals = vec![None; self.steps];
                 let mut n = 0u64;
                 let mut cursor = Cursor::default();
-                for (v, &t) in vals.iter_mut().zip(&times) {
+                for (i, (v, &t)) in vals.iter_mut().zip(&times).enumerate() {
                     // The latest sample at or before t, within the lookback window (t - lookback, t].
                     let idx = cursor.upto(&s.samples, t);
                     let Some(x) = idx.checked_sub(1).map(|i| s.samples[i]) else { continue };
@@ -249,6 +276,7 @@ impl<'a> Evaluator<'a> {
                     }
                     *v = Some(x.v);
                     n += 1;
+                    self.count_step(i, 1);
                 }
                 if n == 0 {
                     return Ok(None);
@@ -341,6 +369,7 @@ impl<'a> Evaluator<'a> {
                         continue;
                     }
                     pending += (b - a) as u64;
+                    self.count_step(i, (b - a) as u64);
                     if pending >= CHARGE_BATCH {
                         self.charge(std::mem::take(&mut pending))?;
                     }
@@ -383,6 +412,7 @@ impl<'a> Evaluator<'a> {
                 for s in self.series_of(&ms.vs) {
                     let points: Vec<(i64, f64)> = s.samples.iter().filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v)).map(|x| (x.t, x.v)).collect();
                     self.charge(points.len() as u64)?;
+                    self.count_step(0, points.len() as u64);
                     if !points.is_empty() {
                         out.push(SeriesPoints { labels: s.labels.clone(), points });
                     }

@@ -24,7 +24,7 @@ pub mod testfile;
 use crate::model::Labels;
 use crate::store::{SelectLimits, Store, StoreError};
 use promql_parser::parser::Expr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 pub use aggregate::format_value;
 pub use eval::Evaluator;
@@ -109,29 +109,68 @@ impl Engine {
 
     /// Evaluates `expr` at `time` (ms).
     pub async fn instant(&self, store: &dyn Store, expr: &Expr, time: i64) -> Result<QueryValue, QueryError> {
-        let deadline = std::time::Instant::now() + self.options.timeout;
-        let fut = async {
-            let data = fetch::fetch(store, expr, time, time, self.options.lookback.as_millis() as i64, self.limits()).await?;
-            let ev = Evaluator::new(&data, time, time, 1, self.options.lookback.as_millis() as i64, self.options.max_samples)
-                .with_deadline(deadline, self.options.timeout);
-            evaluate(|| ev.instant_result(expr, time))
-        };
-        tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
+        Ok(self.instant_with_stats(store, expr, time, false).await?.0)
     }
 
     /// Evaluates `expr` at every step from `start` to `end` (ms, inclusive).
     pub async fn range(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: i64) -> Result<QueryValue, QueryError> {
+        Ok(self.range_with_stats(store, expr, start, end, step, false).await?.0)
+    }
+
+    /// [`instant`](Self::instant), with Prometheus' query statistics.
+    pub async fn instant_with_stats(&self, store: &dyn Store, expr: &Expr, time: i64, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+        self.run(store, expr, time, time, None, per_step).await
+    }
+
+    /// [`range`](Self::range), with Prometheus' query statistics (`per_step`: `stats=all`).
+    pub async fn range_with_stats(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: i64, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
         if step <= 0 {
             return Err(QueryError::BadData("zero or negative query resolution step widths are not accepted".into()));
         }
-        let deadline = std::time::Instant::now() + self.options.timeout;
+        self.run(store, expr, start, end, Some(step), per_step).await
+    }
+
+    /// An instant query has no `step`.
+    async fn run(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: Option<i64>, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+        let began = Instant::now();
+        let deadline = began + self.options.timeout;
+        let (instant, step) = (step.is_none(), step.unwrap_or(1));
         let fut = async {
             let lookback = self.options.lookback.as_millis() as i64;
             let data = fetch::fetch(store, expr, start, end, lookback, self.limits()).await?;
+            let prepared = began.elapsed();
+            let mut ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
+            if per_step {
+                ev = ev.with_step_stats();
+            }
             let steps = ((end - start) / step + 1) as usize;
-            let ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
-            evaluate(|| ev.range_result(expr, steps))
+            let value = evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
+            let stats = QueryStats {
+                total_queryable_samples: ev.samples_touched(),
+                peak_samples: data.values().flatten().map(|s| s.samples.len() as u64).sum(),
+                per_step: ev.step_stats(),
+                preparation: prepared,
+                inner_eval: began.elapsed() - prepared,
+                total: began.elapsed(),
+            };
+            Ok((value, stats))
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
     }
+}
+
+/// What a query cost, as Prometheus reports it with `stats`: samples touched by
+/// selectors and range functions, the most held in memory at once (every sample the
+/// query decoded), and where the time went.
+#[derive(Debug, Clone, Default)]
+pub struct QueryStats {
+    pub total_queryable_samples: u64,
+    pub peak_samples: u64,
+    /// Samples touched at each step, with `stats=all`.
+    pub per_step: Option<Vec<(i64, u64)>>,
+    /// Selecting and decoding.
+    pub preparation: Duration,
+    /// Evaluation over the decoded samples, sorting included.
+    pub inner_eval: Duration,
+    pub total: Duration,
 }
