@@ -4,6 +4,7 @@
 mod bench;
 mod up;
 
+
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;

@@ -266,18 +266,20 @@ impl<'a> Evaluator<'a> {
             .map(|s| {
                 let mut vals = vec![None; self.steps];
                 let mut n = 0u64;
-                let mut cursor = Cursor::default();
-                for (i, (v, &t)) in vals.iter_mut().zip(&times).enumerate() {
-                    // The latest sample at or before t, within the lookback window (t - lookback, t].
-                    let idx = cursor.upto(&s.samples, t);
-                    let Some(x) = idx.checked_sub(1).map(|i| s.samples[i]) else { continue };
-                    if x.t <= t - self.lookback || is_stale(x.v) {
-                        continue;
+                s.with_samples(|samples| {
+                    let mut cursor = Cursor::default();
+                    for (i, (v, &t)) in vals.iter_mut().zip(&times).enumerate() {
+                        // The latest sample at or before t, within the lookback window (t - lookback, t].
+                        let idx = cursor.upto(samples, t);
+                        let Some(x) = idx.checked_sub(1).map(|i| samples[i]) else { continue };
+                        if x.t <= t - self.lookback || is_stale(x.v) {
+                            continue;
+                        }
+                        *v = Some(x.v);
+                        n += 1;
+                        self.count_step(i, 1);
                     }
-                    *v = Some(x.v);
-                    n += 1;
-                    self.count_step(i, 1);
-                }
+                })?;
                 if n == 0 {
                     return Ok(None);
                 }
@@ -293,16 +295,18 @@ impl<'a> Evaluator<'a> {
         let mut out = Vec::new();
         for s in self.series_of(vs) {
             let mut vals = vec![None; self.steps];
-            for (i, v) in vals.iter_mut().enumerate() {
-                let t = self.selector_time(vs, i);
-                let idx = s.samples.partition_point(|x| x.t <= t);
-                if idx > 0 {
-                    let x = s.samples[idx - 1];
-                    if x.t > t - self.lookback && !is_stale(x.v) {
-                        *v = Some(x.t as f64 / 1000.0);
+            s.with_samples(|samples| {
+                for (i, v) in vals.iter_mut().enumerate() {
+                    let t = self.selector_time(vs, i);
+                    let idx = samples.partition_point(|x| x.t <= t);
+                    if idx > 0 {
+                        let x = samples[idx - 1];
+                        if x.t > t - self.lookback && !is_stale(x.v) {
+                            *v = Some(x.t as f64 / 1000.0);
+                        }
                     }
                 }
-            }
+            })?;
             if vals.iter().any(Option::is_some) {
                 out.push(StepSeries { labels: drop_name(&s.labels), vals });
             }
@@ -328,60 +332,56 @@ impl<'a> Evaluator<'a> {
         prepare: impl Fn(&[Sample]) -> P + Sync,
         f: impl Fn(&P, &Window) -> Option<f64> + Sync,
     ) -> Result<Val, QueryError> {
-        let (series, times, range): (Vec<(Labels, std::borrow::Cow<[Sample]>)>, Vec<i64>, i64) = match arg {
+        // Each series' windows, for a series whose samples are at hand.
+        let windows = |labels: &Labels, samples: &[Sample], times: &[i64], range: i64| -> Result<Option<StepSeries>, QueryError> {
+            let prepared = prepare(samples);
+            let mut vals = vec![None; self.steps];
+            let mut any = false;
+            let (mut lo, mut hi) = (Cursor::default(), Cursor::default());
+            // Charged in batches: a shared counter touched per window would cost more
+            // than the windows, and the deadline is still checked every few thousand.
+            let mut pending = 0u64;
+            for (i, v) in vals.iter_mut().enumerate() {
+                let t = times[i];
+                let (a, b) = (lo.upto(samples, t - range), hi.upto(samples, t));
+                if a >= b {
+                    continue;
+                }
+                pending += (b - a) as u64;
+                self.count_step(i, (b - a) as u64);
+                if pending >= CHARGE_BATCH {
+                    self.charge(std::mem::take(&mut pending))?;
+                }
+                if let Some(r) = f(&prepared, &Window { all: samples, a, b, start: t - range, end: t, step: i }) {
+                    *v = Some(r);
+                    any = true;
+                }
+            }
+            self.charge(pending)?;
+            Ok(any.then(|| StepSeries { labels: if keep_name { labels.clone() } else { drop_name(labels) }, vals }))
+        };
+        let out: Vec<Option<StepSeries>> = match arg {
             Expr::MatrixSelector(ms) => {
-                let series = self
-                    .series_of(&ms.vs)
+                let times: Vec<i64> = (0..self.steps).map(|i| self.selector_time(&ms.vs, i)).collect();
+                let range = ms.range.as_millis() as i64;
+                self.series_of(&ms.vs)
                     .par_iter()
                     .map(|s| {
-                        // Range windows never hold staleness markers.
-                        let samples: std::borrow::Cow<[Sample]> = if s.samples.iter().any(|x| is_stale(x.v)) {
-                            s.samples.iter().copied().filter(|x| !is_stale(x.v)).collect::<Vec<_>>().into()
-                        } else {
-                            (&s.samples[..]).into()
-                        };
-                        (s.labels.clone(), samples)
+                        s.with_samples(|samples| {
+                            // Range windows never hold staleness markers.
+                            samples.retain(|x| !is_stale(x.v));
+                            windows(&s.labels, samples, &times, range)
+                        })?
                     })
-                    .collect();
-                let times = (0..self.steps).map(|i| self.selector_time(&ms.vs, i)).collect();
-                (series, times, ms.range.as_millis() as i64)
+                    .collect::<Result<_, QueryError>>()?
             }
             Expr::Subquery(sq) => {
                 let (series, times) = self.subquery_series(sq)?;
-                (series.into_iter().map(|(l, s)| (l, s.into())).collect(), times, sq.range.as_millis() as i64)
+                let range = sq.range.as_millis() as i64;
+                series.par_iter().map(|(labels, samples)| windows(labels, samples, &times, range)).collect::<Result<_, QueryError>>()?
             }
             _ => return Err(QueryError::BadData("expected a range vector".into())),
         };
-        let out: Vec<Option<StepSeries>> = series
-            .par_iter()
-            .map(|(labels, samples)| {
-                let prepared = prepare(samples);
-                let mut vals = vec![None; self.steps];
-                let mut any = false;
-                let (mut lo, mut hi) = (Cursor::default(), Cursor::default());
-                // Charged in batches: a shared counter touched per window would cost more
-                // than the windows, and the deadline is still checked every few thousand.
-                let mut pending = 0u64;
-                for (i, v) in vals.iter_mut().enumerate() {
-                    let t = times[i];
-                    let (a, b) = (lo.upto(samples, t - range), hi.upto(samples, t));
-                    if a >= b {
-                        continue;
-                    }
-                    pending += (b - a) as u64;
-                    self.count_step(i, (b - a) as u64);
-                    if pending >= CHARGE_BATCH {
-                        self.charge(std::mem::take(&mut pending))?;
-                    }
-                    if let Some(r) = f(&prepared, &Window { all: samples, a, b, start: t - range, end: t, step: i }) {
-                        *v = Some(r);
-                        any = true;
-                    }
-                }
-                self.charge(pending)?;
-                Ok(any.then(|| StepSeries { labels: if keep_name { labels.clone() } else { drop_name(labels) }, vals }))
-            })
-            .collect::<Result<_, QueryError>>()?;
         Ok(Val::Vector(out.into_iter().flatten().collect()))
     }
 
@@ -410,7 +410,8 @@ impl<'a> Evaluator<'a> {
                 let range = ms.range.as_millis() as i64;
                 let mut out = Vec::new();
                 for s in self.series_of(&ms.vs) {
-                    let points: Vec<(i64, f64)> = s.samples.iter().filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v)).map(|x| (x.t, x.v)).collect();
+                    let points: Vec<(i64, f64)> =
+                        s.with_samples(|samples| samples.iter().filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v)).map(|x| (x.t, x.v)).collect())?;
                     self.charge(points.len() as u64)?;
                     self.count_step(0, points.len() as u64);
                     if !points.is_empty() {

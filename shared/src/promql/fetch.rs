@@ -4,17 +4,51 @@
 use super::QueryError;
 use crate::matcher::Matcher;
 use crate::model::{Labels, MetricType, Sample};
-use crate::store::{SelectLimits, SelectRequest, SeriesChunks, Store};
-use rayon::prelude::*;
+use crate::chunk::Chunk;
+use crate::store::{SelectLimits, SelectRequest, Store};
+use std::cell::RefCell;
 use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
 
+/// One selected series, still encoded: evaluation decodes it when it gets to it, into a
+/// buffer its thread reuses, so a query holds compressed chunks plus the few series being
+/// worked on, never a day of decoded samples.
 pub struct FetchedSeries {
     pub labels: Labels,
     pub metric_type: MetricType,
-    /// Samples in time order; staleness markers included.
-    pub samples: Vec<Sample>,
+    chunks: Vec<Chunk>,
+    /// The bounds (inclusive) the selector needs.
+    mint: i64,
+    maxt: i64,
+}
+
+thread_local! {
+    static DECODE_BUFFER: RefCell<Vec<Sample>> = const { RefCell::new(Vec::new()) };
+}
+
+impl FetchedSeries {
+    /// Calls `f` with the series' samples in the selector's range, in time order,
+    /// staleness markers included. `f` may edit the buffer.
+    pub fn with_samples<R>(&self, f: impl FnOnce(&mut Vec<Sample>) -> R) -> Result<R, QueryError> {
+        let decode = |buf: &mut Vec<Sample>| -> Result<R, QueryError> {
+            buf.clear();
+            for c in self.chunks.iter().filter(|c| c.overlaps(self.mint, self.maxt)) {
+                c.decode_into(self.mint, self.maxt, buf).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", self.labels)))?;
+            }
+            Ok(f(buf))
+        };
+        DECODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut buf) => decode(&mut buf),
+            // Only if evaluation ever nests on one thread: a buffer of its own.
+            Err(_) => decode(&mut Vec::new()),
+        })
+    }
+
+    /// Samples the series' chunks hold (an upper bound for its range).
+    pub fn chunk_samples(&self) -> u64 {
+        self.chunks.iter().map(|c| c.n as u64).sum()
+    }
 }
 
 /// Selector address → its series.
@@ -142,24 +176,15 @@ pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, lookback: 
         let mut req = SelectRequest::new(ms, n.mint, n.maxt);
         req.limits = limits;
         let series = store.select(&req).await?;
-        let got = super::evaluate(|| decode_all(series, n.mint, n.maxt))?;
-        total += got.iter().map(|s| s.samples.len() as u64).sum::<u64>();
+        total += series.iter().flat_map(|s| &s.chunks).map(|c| c.n as u64).sum::<u64>();
         if total > limits.max_samples {
             return Err(QueryError::TooManySamples(limits.max_samples));
         }
+        let got = series
+            .into_iter()
+            .map(|s| FetchedSeries { labels: s.labels, metric_type: s.metric_type, chunks: s.chunks, mint: n.mint, maxt: n.maxt })
+            .collect();
         out.insert(key(n.vs), got);
     }
     Ok(out)
-}
-
-/// Decodes every series' samples within `[mint, maxt]`, series in parallel: decoding is
-/// most of a query's work, and series are independent.
-fn decode_all(series: Vec<SeriesChunks>, mint: i64, maxt: i64) -> Result<Vec<FetchedSeries>, QueryError> {
-    series
-        .into_par_iter()
-        .map(|s| {
-            let samples = s.samples(mint, maxt).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
-            Ok(FetchedSeries { labels: s.labels, metric_type: s.metric_type, samples })
-        })
-        .collect()
 }

@@ -147,7 +147,7 @@ impl Engine {
             let value = evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
             let stats = QueryStats {
                 total_queryable_samples: ev.samples_touched(),
-                peak_samples: data.values().flatten().map(|s| s.samples.len() as u64).sum(),
+                peak_samples: data.values().flatten().map(|s| s.chunk_samples()).sum(),
                 per_step: ev.step_stats(),
                 preparation: prepared,
                 inner_eval: began.elapsed() - prepared,
@@ -160,8 +160,8 @@ impl Engine {
 }
 
 /// What a query cost, as Prometheus reports it with `stats`: samples touched by
-/// selectors and range functions, the most held in memory at once (every sample the
-/// query decoded), and where the time went.
+/// selectors and range functions, the samples its selections hold (evaluation decodes
+/// them a series at a time), and where the time went.
 #[derive(Debug, Clone, Default)]
 pub struct QueryStats {
     pub total_queryable_samples: u64,
