@@ -87,8 +87,18 @@ pub(super) fn is_block(bytes: &[u8]) -> bool {
     bytes.first().is_some_and(|b| (b >> 5) as u64 == BLOCK_TAG)
 }
 
-/// Decodes the `n` samples of a block-encoded chunk onto the end of `out`.
+/// Decodes the `n` samples of a block-encoded chunk onto the end of `out`; on damaged
+/// data, an error and `out` as it was.
 pub(super) fn decode(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+    let base = out.len();
+    let r = decode_onto(bytes, n, out);
+    if r.is_err() {
+        out.truncate(base);
+    }
+    r
+}
+
+fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     let truncated = || ChunkError::Truncated(0);
     let mut r = BitReader { bytes, pos: 3 };
     let scale = (r.read_bits(3) as u32).min(super::MAX_SCALE);
@@ -144,7 +154,6 @@ pub(super) fn decode(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<()
         }
     }
     if bits.overrun() {
-        out.truncate(base);
         return Err(truncated());
     }
     Ok(())
@@ -466,14 +475,20 @@ mod tests {
     fn damaged_blocks_are_errors_or_samples_never_a_panic() {
         let samples: Vec<Sample> = (0..300).map(|i| Sample { t: i * 15_000 + (i * 7 % 23), v: (i * i % 101) as f64 }).collect();
         let bytes = encode(&samples).expect("qualifies");
-        let mut out = Vec::new();
+        let mut out = vec![Sample { t: 1, v: 1.0 }];
         assert!(decode(&bytes[..bytes.len() / 2], samples.len(), &mut out).is_err());
+        assert_eq!(out.len(), 1, "a failed decode leaves the buffer as it was");
         let mut seed = 11;
         for _ in 0..2000 {
             let mut b = bytes.clone();
             let i = (lcg(&mut seed) as usize) % b.len();
             b[i] ^= 1 << (lcg(&mut seed) % 8);
-            let _ = decode(&b, samples.len(), &mut out);
+            let before = out.len();
+            if decode(&b, samples.len(), &mut out).is_ok() {
+                assert_eq!(out.len(), before + samples.len());
+            } else {
+                assert_eq!(out.len(), before);
+            }
             let junk: Vec<u8> = (0..(lcg(&mut seed) % 64)).map(|_| lcg(&mut seed) as u8).collect();
             let _ = decode(&junk, (lcg(&mut seed) % 2000) as usize, &mut out);
         }
