@@ -72,5 +72,26 @@ fn print_decode_speed(db: &Tsdb) -> anyhow::Result<()> {
     }
     times.sort_by(f64::total_cmp);
     println!("  decode, one thread: {:.2} ns/sample median of 15 ({n} samples, best {:.2})", times[7] * 1e9 / n as f64, times[0] * 1e9 / n as f64);
+    // What sealing costs: the streaming chunks rebuilt, then transcoded to blocks.
+    let mut stream = Vec::new();
+    for c in chunks.iter().take(2000) {
+        let mut a = strata_shared::chunk::ChunkAppender::new();
+        for s in c.decode()? {
+            a.append(s.t, s.v);
+        }
+        stream.push(a.seal());
+    }
+    let n: u64 = stream.iter().map(|c| c.n as u64).sum();
+    let (stream_bytes, started) = (stream.iter().map(|c| c.data.len()).sum::<usize>(), Instant::now());
+    let blocks: Vec<_> = stream.into_iter().map(|c| c.compact()).collect();
+    let secs = started.elapsed().as_secs_f64();
+    let block_bytes: usize = blocks.iter().map(|c| c.data.len()).sum();
+    println!(
+        "  seal-time transcoding: {:.1} ns/sample, once per sample; blocks {:.3} vs stream {:.3} bytes/sample over {} chunks",
+        secs * 1e9 / n as f64,
+        block_bytes as f64 / n as f64,
+        stream_bytes as f64 / n as f64,
+        blocks.len()
+    );
     Ok(())
 }

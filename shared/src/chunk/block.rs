@@ -44,8 +44,7 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
     if samples.len() < MIN_SAMPLES {
         return None;
     }
-    let scale = samples.iter().map(|s| decimal_scale(s.v)).try_fold(0, |k, x| x.map(|x| k.max(x)))?;
-    let scaled: Vec<i64> = samples.iter().map(|s| scaled_at(s.v, scale)).collect::<Option<_>>()?;
+    let (scale, scaled) = scaled_values(samples)?;
     let grid = Grid::fit(samples)?;
 
     let mut w = BitWriter::default();
@@ -80,6 +79,30 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
         start = end;
     }
     Some(w.to_bytes())
+}
+
+/// Every value as an integer at one decimal scale, the smallest that holds them all, or
+/// `None`. The scale only grows, and earlier integers are multiplied up: a division of the
+/// same rational by a power of ten rounds to the same float, so they stay exact.
+fn scaled_values(samples: &[Sample]) -> Option<(u32, Vec<i64>)> {
+    let mut scale = 0;
+    let mut out: Vec<i64> = Vec::with_capacity(samples.len());
+    for s in samples {
+        let x = match scaled_at(s.v, scale) {
+            Some(x) => x,
+            None => {
+                let finer = decimal_scale(s.v).filter(|&k| k > scale)?;
+                let f = 10i64.pow(finer - scale);
+                for o in out.iter_mut() {
+                    *o = o.checked_mul(f).filter(|x| x.unsigned_abs() < super::MAX_EXACT as u64)?;
+                }
+                scale = finer;
+                scaled_at(s.v, scale)?
+            }
+        };
+        out.push(x);
+    }
+    Some((scale, out))
 }
 
 /// Whether `bytes` hold a block-encoded chunk.
@@ -264,28 +287,24 @@ impl FastDiv {
 /// The order, Rice parameter and zigzagged residuals that code `scaled[start..end]` in the
 /// fewest bits (the lowest order on a tie).
 fn plan_partition(scaled: &[i64], start: usize, end: usize) -> (usize, u32, Vec<u64>) {
-    let mut best: Option<(u64, usize, u32, Vec<u64>)> = None;
+    let mut best = (u64::MAX, 1, ZERO_PARTITION, [0u64; PARTITION]);
     for order in 1..=3 {
-        let residuals: Vec<u64> = (start..end)
-            .map(|i| {
-                let h = [scaled[i - 1], scaled[i - 2], scaled[i - 3]];
-                let prediction = match order {
-                    1 => predict::<1>(&h),
-                    2 => predict::<2>(&h),
-                    _ => predict::<3>(&h),
-                };
-                zigzag(scaled[i].wrapping_sub(prediction))
-            })
-            .collect();
-        let (k, cost) = best_param(&residuals);
-        if best.as_ref().is_none_or(|b| cost < b.0) {
-            best = Some((cost, order, k, residuals));
+        let mut residuals = [0u64; PARTITION];
+        for (z, i) in residuals.iter_mut().zip(start..end) {
+            let h = [scaled[i - 1], scaled[i - 2], scaled[i - 3]];
+            let prediction = match order {
+                1 => predict::<1>(&h),
+                2 => predict::<2>(&h),
+                _ => predict::<3>(&h),
+            };
+            *z = zigzag(scaled[i].wrapping_sub(prediction));
+        }
+        let (k, cost) = best_param(&residuals[..end - start]);
+        if cost < best.0 {
+            best = (cost, order, k, residuals);
         }
     }
-    match best {
-        Some((_, order, k, residuals)) => (order, k, residuals),
-        None => (1, ZERO_PARTITION, Vec::new()),
-    }
+    (best.1, best.2, best.3[..end - start].to_vec())
 }
 
 /// The Rice parameter that codes `part` in the fewest bits, and that number.

@@ -60,14 +60,29 @@ fn scaled_at(v: f64, k: u32) -> Option<i64> {
     if !v.is_finite() {
         return None;
     }
-    let p = POW10[k as usize];
-    let s = (v * p).round();
-    if s.abs() >= MAX_EXACT {
+    let x = v * POW10[k as usize];
+    // Below 2^53 a float is within 0.5 of an integer that is itself below 2^53.
+    if x.abs() >= MAX_EXACT {
         return None;
     }
     // Compare through the integer so that -0.0 (which would come back as +0.0) is refused.
-    let i = s as i64;
+    let i = round_half_away(x) as i64;
     (unscale(i, k).to_bits() == v.to_bits()).then_some(i)
+}
+
+/// `x.round()` for |x| < 2^53 without the libm call (every sample goes through here): the
+/// truncation and the fractional part are both exact in that range.
+#[inline(always)]
+fn round_half_away(x: f64) -> f64 {
+    let t = x as i64 as f64;
+    let f = x - t;
+    if f >= 0.5 {
+        t + 1.0
+    } else if f <= -0.5 {
+        t - 1.0
+    } else {
+        t
+    }
 }
 
 #[inline(always)]
@@ -79,12 +94,12 @@ fn unscale(s: i64, k: u32) -> f64 {
 // ---- bit I/O ----
 
 /// Bits are written most significant first into a 64-bit accumulator and moved to the
-/// byte vector whole bytes at a time.
+/// byte vector four bytes at a time.
 #[derive(Debug, Clone, Default)]
 struct BitWriter {
     bytes: Vec<u8>,
     acc: u64,
-    /// Bits pending in `acc` (always < 8 between calls).
+    /// Bits pending in `acc` (always < 32 between calls).
     nacc: u32,
 }
 
@@ -108,23 +123,28 @@ impl BitWriter {
         }
         self.acc = (self.acc << n) | (value & low_mask(n));
         self.nacc += n;
-        while self.nacc >= 8 {
-            self.nacc -= 8;
-            self.bytes.push((self.acc >> self.nacc) as u8);
+        if self.nacc >= 32 {
+            self.nacc -= 32;
+            self.bytes.extend_from_slice(&((self.acc >> self.nacc) as u32).to_be_bytes());
+            self.acc &= low_mask(self.nacc);
         }
-        self.acc &= low_mask(self.nacc);
     }
 
     fn len(&self) -> usize {
-        self.bytes.len() + (self.nacc > 0) as usize
+        self.bytes.len() + self.nacc.div_ceil(8) as usize
     }
 
     /// The bytes written so far, the last one padded with zero bits.
     fn to_bytes(&self) -> Vec<u8> {
         let mut v = Vec::with_capacity(self.len());
         v.extend_from_slice(&self.bytes);
-        if self.nacc > 0 {
-            v.push((self.acc << (8 - self.nacc)) as u8);
+        let mut rest = self.nacc;
+        while rest >= 8 {
+            rest -= 8;
+            v.push((self.acc >> rest) as u8);
+        }
+        if rest > 0 {
+            v.push((self.acc << (8 - rest)) as u8);
         }
         v
     }
