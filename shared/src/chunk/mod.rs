@@ -857,6 +857,22 @@ impl Chunk {
         }
     }
 
+    /// About how many samples fall in `[mint, maxt]`, without decoding: all of them when
+    /// the chunk lies inside, else its sample count in proportion to the time covered
+    /// (rounded up). For limits, which must not count a whole chunk when a query needs a
+    /// minute of it.
+    pub fn samples_within(&self, mint: i64, maxt: i64) -> u64 {
+        if !self.overlaps(mint, maxt) {
+            return 0;
+        }
+        if self.min_t >= mint && self.max_t <= maxt {
+            return self.n as u64;
+        }
+        let span = (self.max_t as i128 - self.min_t as i128).max(1);
+        let covered = (maxt.min(self.max_t) as i128 - mint.max(self.min_t) as i128 + 1).clamp(1, span);
+        ((self.n as i128 * covered + span - 1) / span) as u64
+    }
+
     pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {
         self.min_t <= maxt && self.max_t >= mint
     }
@@ -1164,6 +1180,21 @@ mod tests {
             let c = Chunk { data: Arc::from(data), n: (r.next() % 1000) as u16, min_t: 0, max_t: 0 };
             let _ = c.decode();
         }
+    }
+
+    #[test]
+    fn samples_within_a_range_are_estimated_without_decoding() {
+        let mut a = ChunkAppender::new();
+        for i in 0..100 {
+            a.append(i * 1000, 1.0);
+        }
+        let c = a.seal();
+        assert_eq!(c.samples_within(0, 99_000), 100);
+        assert_eq!(c.samples_within(-5, 200_000), 100);
+        assert_eq!(c.samples_within(100_000, 200_000), 0);
+        let half = c.samples_within(50_000, 200_000);
+        assert!((49..=52).contains(&half), "{half}");
+        assert_eq!(c.samples_within(99_000, 99_000), 1, "rounded up, never zero when overlapping");
     }
 
     #[test]

@@ -45,9 +45,9 @@ impl FetchedSeries {
         })
     }
 
-    /// Samples the series' chunks hold (an upper bound for its range).
+    /// About how many samples the series holds in the selector's range.
     pub fn chunk_samples(&self) -> u64 {
-        self.chunks.iter().map(|c| c.n as u64).sum()
+        self.chunks.iter().map(|c| c.samples_within(self.mint, self.maxt)).sum()
     }
 }
 
@@ -176,7 +176,7 @@ pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, lookback: 
         let mut req = SelectRequest::new(ms, n.mint, n.maxt);
         req.limits = limits;
         let series = store.select(&req).await?;
-        total += series.iter().flat_map(|s| &s.chunks).map(|c| c.n as u64).sum::<u64>();
+        total += series.iter().flat_map(|s| &s.chunks).map(|c| c.samples_within(n.mint, n.maxt)).sum::<u64>();
         if total > limits.max_samples {
             return Err(QueryError::TooManySamples(limits.max_samples));
         }

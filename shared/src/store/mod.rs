@@ -131,7 +131,7 @@ impl Store for TsdbStore {
         let mut samples = 0u64;
         let mut out = Vec::with_capacity(found.len());
         for (s, chunks) in found {
-            samples += chunks.iter().map(|c| c.n as u64).sum::<u64>();
+            samples += chunks.iter().map(|c| c.samples_within(req.start, req.end)).sum::<u64>();
             if samples > req.limits.max_samples {
                 return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
             }
