@@ -4,6 +4,7 @@ use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
 use super::QueryError;
 use crate::model::{Labels, LabelsBuilder, METRIC_NAME};
 use promql_parser::parser::{AggregateExpr, LabelModifier};
+use rayon::prelude::*;
 use std::collections::HashMap;
 
 fn group_labels(l: &Labels, m: &Option<LabelModifier>) -> Labels {
@@ -227,37 +228,77 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             })
         })
         .collect();
-    let mut by_group: Vec<Vec<f64>> = vec![Vec::new(); group_labels_list.len()];
-    for i in 0..ev.steps {
-        by_group.iter_mut().for_each(Vec::clear);
-        for (j, s) in input.iter().enumerate() {
-            if let Some(x) = s.vals[i] {
-                by_group[member[j]].push(x);
-            }
-        }
-        for (gi, slot) in by_group.iter_mut().enumerate() {
-            if slot.is_empty() {
-                continue;
-            }
-            let g = group_labels_list[gi];
-            let vals = slot;
-            let n = vals.len() as f64;
-            let v = match op.as_str() {
-                "sum" => kahan_sum(vals.iter().copied()),
-                "avg" => mean(vals.iter().copied()),
-                "min" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
-                "max" => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
-                "count" => n,
-                "group" => 1.0,
-                "stddev" => variance(vals.iter().copied()).sqrt(),
-                "stdvar" => variance(vals.iter().copied()),
-                "quantile" => quantile(scalar_param(i)?, vals),
-                other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
-            };
-            out.set(g.clone(), i, v)?;
+    let kind = match op.as_str() {
+        "sum" => Simple::Sum,
+        "avg" => Simple::Avg,
+        "min" => Simple::Min,
+        "max" => Simple::Max,
+        "count" => Simple::Count,
+        "group" => Simple::Group,
+        "stddev" => Simple::Stddev,
+        "stdvar" => Simple::Stdvar,
+        "quantile" => Simple::Quantile,
+        other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
+    };
+    let phi: Vec<f64> = match kind {
+        Simple::Quantile => (0..ev.steps).map(scalar_param).collect::<Result<_, _>>()?,
+        _ => Vec::new(),
+    };
+    // Steps are independent: each gathers its groups' values in series order and reduces
+    // them; the steps run in parallel and are transposed into series at the end.
+    let groups_n = group_labels_list.len();
+    let per_step: Vec<Vec<Option<f64>>> = (0..ev.steps)
+        .into_par_iter()
+        .map_init(
+            || vec![Vec::new(); groups_n],
+            |by_group: &mut Vec<Vec<f64>>, i| {
+                by_group.iter_mut().for_each(Vec::clear);
+                for (j, s) in input.iter().enumerate() {
+                    if let Some(x) = s.vals[i] {
+                        by_group[member[j]].push(x);
+                    }
+                }
+                by_group.iter_mut().map(|vals| (!vals.is_empty()).then(|| kind.reduce(vals, phi.get(i).copied().unwrap_or(0.0)))).collect()
+            },
+        )
+        .collect();
+    let series = (0..groups_n)
+        .filter_map(|gi| {
+            let vals: Vec<Option<f64>> = per_step.iter().map(|v| v[gi]).collect();
+            vals.iter().any(Option::is_some).then(|| StepSeries { labels: group_labels_list[gi].clone(), vals })
+        })
+        .collect();
+    Ok(Val::Vector(series))
+}
+
+/// The aggregations that reduce a group's values at a step to one number.
+#[derive(Clone, Copy)]
+enum Simple {
+    Sum,
+    Avg,
+    Min,
+    Max,
+    Count,
+    Group,
+    Stddev,
+    Stdvar,
+    Quantile,
+}
+
+impl Simple {
+    fn reduce(self, vals: &mut [f64], phi: f64) -> f64 {
+        match self {
+            Simple::Sum => kahan_sum(vals.iter().copied()),
+            Simple::Avg => mean(vals.iter().copied()),
+            Simple::Min => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
+            Simple::Max => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
+            Simple::Count => vals.len() as f64,
+            Simple::Group => 1.0,
+            Simple::Stddev => variance(vals.iter().copied()).sqrt(),
+            Simple::Stdvar => variance(vals.iter().copied()),
+            Simple::Quantile => quantile(phi, vals),
         }
     }
-    Ok(out.finish())
 }
 
 /// The heap `topk` and `bottomk` keep per group: Go's `container/heap` with Prometheus'
