@@ -97,6 +97,15 @@ pub fn success(data: Value, warnings: Vec<String>) -> Response {
     axum::Json(body).into_response()
 }
 
+/// `{"status":"success","data":<data>}` around data already in JSON text.
+pub fn success_raw(data: &str) -> Response {
+    let mut body = String::with_capacity(data.len() + 32);
+    body.push_str(r#"{"status":"success","data":"#);
+    body.push_str(data);
+    body.push('}');
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
 pub struct ApiState {
     pub store: Arc<dyn Store>,
     pub engine: crate::promql::EngineOptions,

@@ -51,6 +51,46 @@ fn result_json(v: QueryValue) -> Value {
     }
 }
 
+/// `{"resultType":"matrix","result":[...]}` (plus `stats`), written directly; the same
+/// text `result_json` would give.
+fn matrix_json(m: &[crate::promql::SeriesPoints], stats: Option<&Value>) -> String {
+    use std::fmt::Write;
+    let points: usize = m.iter().map(|s| s.points.len()).sum();
+    let mut out = String::with_capacity(64 + m.len() * 256 + points * 32);
+    out.push_str(r#"{"resultType":"matrix","result":["#);
+    let mut ryu = ryu::Buffer::new();
+    for (i, s) in m.iter().enumerate() {
+        if i > 0 {
+            out.push(',');
+        }
+        out.push_str(r#"{"metric":"#);
+        out.push_str(&labels_json(&s.labels).to_string());
+        out.push_str(r#","values":["#);
+        for (j, &(t, v)) in s.points.iter().enumerate() {
+            if j > 0 {
+                out.push(',');
+            }
+            out.push('[');
+            out.push_str(ryu.format_finite(t as f64 / 1000.0));
+            out.push_str(",\"");
+            if v.is_finite() {
+                let _ = write!(out, "{v}");
+            } else {
+                out.push_str(&crate::promql::format_value(v));
+            }
+            out.push_str("\"]");
+        }
+        out.push_str("]}");
+    }
+    out.push(']');
+    if let Some(st) = stats {
+        out.push_str(r#","stats":"#);
+        out.push_str(&st.to_string());
+    }
+    out.push('}');
+    out
+}
+
 /// `stats=all` asks for samples per step as well.
 fn wants_step_stats(p: &Params) -> bool {
     p.get("stats") == Some("all")
@@ -148,5 +188,36 @@ pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: Head
     let expr = parse_query(&p)?;
     let engine = engine_for(&s, &p)?;
     let (v, stats) = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p)).await?;
-    Ok(success(with_stats(result_json(v), &p, &stats), vec![]))
+    match v {
+        // A day of points for many series: written as text, not built as a JSON tree.
+        QueryValue::Matrix(m) => {
+            let stats = with_stats(json!({}), &p, &stats);
+            Ok(super::success_raw(&matrix_json(&m, stats.get("stats"))))
+        }
+        v => Ok(success(with_stats(result_json(v), &p, &stats), vec![])),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::Labels;
+    use crate::promql::SeriesPoints;
+
+    #[test]
+    fn matrix_text_is_the_json_tree_written_out() {
+        let m = vec![
+            SeriesPoints {
+                labels: Labels::from_pairs([("__name__", "up".to_string()), ("job", "a \"quoted\" \\ job\n".to_string())]),
+                points: vec![(1_700_000_000_000, 1.0), (1_700_000_000_500, f64::NAN), (1_700_000_001_000, f64::INFINITY), (1_700_000_002_000, -1e-7)],
+            },
+            SeriesPoints { labels: Labels::default(), points: vec![(-1500, f64::NEG_INFINITY), (0, 123456789012345680000.0)] },
+        ];
+        let text: Value = serde_json::from_str(&matrix_json(&m, None)).expect("valid JSON");
+        assert_eq!(text, result_json(QueryValue::Matrix(m.clone())));
+        let stats = json!({"samples": {"totalQueryableSamples": 3}});
+        let with: Value = serde_json::from_str(&matrix_json(&m, Some(&stats))).expect("valid JSON");
+        assert_eq!(with["stats"], stats);
+        assert_eq!(with["result"], text["result"]);
+    }
 }

@@ -116,40 +116,79 @@ fn linear_regression(s: &[Sample], at: i64) -> Option<(f64, f64)> {
     Some((slope, intercept))
 }
 
-/// The range functions `over_time` computes with no parameter besides the window.
-const OVER_TIME: &[&str] = &[
-    "avg_over_time",
-    "sum_over_time",
-    "min_over_time",
-    "max_over_time",
-    "count_over_time",
-    "present_over_time",
-    "stddev_over_time",
-    "stdvar_over_time",
-    "changes",
-    "resets",
-];
+/// The range functions that reduce a window's values to one number, named once per query
+/// rather than per window.
+#[derive(Clone, Copy, PartialEq)]
+enum OverTime {
+    Avg,
+    Sum,
+    Min,
+    Max,
+    Count,
+    Last,
+    Present,
+    Stddev,
+    Stdvar,
+    Quantile,
+    Changes,
+    Resets,
+}
 
-fn over_time(name: &str, s: &[Sample], q: f64) -> Option<f64> {
-    let n = s.len() as f64;
-    Some(match name {
-        "avg_over_time" => mean(s.iter().map(|x| x.v)),
-        "sum_over_time" => kahan_sum(s.iter().map(|x| x.v)),
-        "min_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
-        "max_over_time" => s.iter().map(|x| x.v).fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
-        "count_over_time" => n,
-        "last_over_time" => s[s.len() - 1].v,
-        "present_over_time" => 1.0,
-        "stddev_over_time" => variance(s.iter().map(|x| x.v)).sqrt(),
-        "stdvar_over_time" => variance(s.iter().map(|x| x.v)),
-        "quantile_over_time" => {
-            let mut v: Vec<f64> = s.iter().map(|x| x.v).collect();
-            quantile(q, &mut v)
+impl OverTime {
+    fn parse(name: &str) -> Option<OverTime> {
+        Some(match name {
+            "avg_over_time" => OverTime::Avg,
+            "sum_over_time" => OverTime::Sum,
+            "min_over_time" => OverTime::Min,
+            "max_over_time" => OverTime::Max,
+            "count_over_time" => OverTime::Count,
+            "last_over_time" => OverTime::Last,
+            "present_over_time" => OverTime::Present,
+            "stddev_over_time" => OverTime::Stddev,
+            "stdvar_over_time" => OverTime::Stdvar,
+            "quantile_over_time" => OverTime::Quantile,
+            "changes" => OverTime::Changes,
+            "resets" => OverTime::Resets,
+            _ => return None,
+        })
+    }
+
+    /// The window's value; `s` is never empty. `q` is quantile_over_time's φ.
+    fn apply(self, s: &[Sample], q: f64) -> f64 {
+        let vals = || s.iter().map(|x| x.v);
+        match self {
+            OverTime::Avg => mean(vals()),
+            OverTime::Sum => kahan_sum(vals()),
+            OverTime::Min => vals().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
+            OverTime::Max => vals().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
+            OverTime::Count => s.len() as f64,
+            OverTime::Last => s[s.len() - 1].v,
+            OverTime::Present => 1.0,
+            OverTime::Stddev => variance(vals()).sqrt(),
+            OverTime::Stdvar => variance(vals()),
+            OverTime::Quantile => quantile(q, &mut vals().collect::<Vec<_>>()),
+            OverTime::Changes => s.windows(2).filter(|w| w[0].v != w[1].v && !(w[0].v.is_nan() && w[1].v.is_nan())).count() as f64,
+            OverTime::Resets => s.windows(2).filter(|w| w[1].v < w[0].v).count() as f64,
         }
-        "changes" => s.windows(2).filter(|w| w[0].v != w[1].v && !(w[0].v.is_nan() && w[1].v.is_nan())).count() as f64,
-        "resets" => s.windows(2).filter(|w| w[1].v < w[0].v).count() as f64,
-        _ => return None,
-    })
+    }
+}
+
+/// `*_over_time`, `changes` and `resets`.
+fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, QueryError> {
+    match kind {
+        OverTime::Quantile => {
+            let q = scalar_arg(ev, c, 0)?;
+            ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| Some(kind.apply(s, q[i])))
+        }
+        // The only one that keeps the metric name.
+        OverTime::Last => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| Some(kind.apply(s, 0.0))),
+        OverTime::Avg | OverTime::Sum => ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
+            Some(p) if kind == OverTime::Avg => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
+            Some(p) => Some(p.sum(w.a, w.b)),
+            None => Some(kind.apply(w.samples(), 0.0)),
+        }),
+        _ => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| Some(kind.apply(s, 0.0))),
+    }
 }
 
 fn math(name: &str, x: f64) -> Option<f64> {
@@ -249,6 +288,9 @@ pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
 }
 
 fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
+    if let Some(kind) = OverTime::parse(name) {
+        return over_time_call(ev, c, kind);
+    }
     match name {
         "rate" | "increase" | "delta" => {
             let ms = range_arg(c, 0)?;
@@ -267,17 +309,6 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             // Anchored at the step's time, not the window's (which `@` may move).
             ev.range_windows(ms, false, |i, s, _, _| linear_regression(s, ev.time(i)).map(|(slope, icpt)| icpt + slope * d[i]))
         }
-        "quantile_over_time" => {
-            let q = scalar_arg(ev, c, 0)?;
-            ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| over_time(name, s, q[i]))
-        }
-        "last_over_time" => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| over_time(name, s, 0.0)),
-        "avg_over_time" | "sum_over_time" => ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
-            Some(p) if name == "avg_over_time" => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
-            Some(p) => Some(p.sum(w.a, w.b)),
-            None => over_time(name, w.samples(), 0.0),
-        }),
-        n if OVER_TIME.contains(&n) => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| over_time(name, s, 0.0)),
         "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
         "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
         "vector" => {
