@@ -87,6 +87,9 @@ pub fn drop_name(l: &Labels) -> Labels {
     b.build()
 }
 
+/// A series computed on a subquery's grid: labels and samples.
+type OwnedSeries = (Labels, Vec<Sample>);
+
 /// One range window at one step: the samples `all[a..b]` of a series, in `(start, end]`.
 pub struct Window<'s> {
     pub all: &'s [Sample],
@@ -208,7 +211,7 @@ impl<'a> Evaluator<'a> {
 
     /// A subquery's result as series of samples on its inner grid, with the evaluation
     /// time of each outer step.
-    fn subquery_series(&self, sq: &SubqueryExpr) -> Result<(Vec<(Labels, Vec<Sample>)>, Vec<i64>), QueryError> {
+    fn subquery_series(&self, sq: &SubqueryExpr) -> Result<(Vec<OwnedSeries>, Vec<i64>), QueryError> {
         let (s, e, st) = fetch::subquery_grid(sq, self.start, self.end, self.query_start, self.query_end);
         let inner = self.inner(s, e, st);
         let series = match inner.eval(&sq.expr)? {
@@ -242,7 +245,7 @@ impl<'a> Evaluator<'a> {
         // Reading the clock on every call would cost more than the work it guards.
         let c = self.checks.fetch_add(1, Relaxed).wrapping_add(1);
         if let Some((at, timeout)) = self.deadline {
-            if c % 256 == 0 && std::time::Instant::now() > at {
+            if c.is_multiple_of(256) && std::time::Instant::now() > at {
                 return Err(QueryError::Timeout(timeout));
             }
         }

@@ -16,7 +16,7 @@ fn unparen(mut e: &Expr) -> &Expr {
 }
 
 /// A range-vector argument: a range selector or a subquery.
-fn range_arg<'e>(c: &'e Call, i: usize) -> Result<&'e Expr, QueryError> {
+fn range_arg(c: &Call, i: usize) -> Result<&Expr, QueryError> {
     match c.args.args.get(i).map(|b| unparen(b)) {
         Some(e @ (Expr::MatrixSelector(_) | Expr::Subquery(_))) => Ok(e),
         _ => Err(QueryError::BadData(format!("expected a range vector argument for {}", c.func.name))),
