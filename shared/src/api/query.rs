@@ -98,15 +98,23 @@ fn wants_step_stats(p: &Params) -> bool {
 
 /// Adds Prometheus' `stats` object to the data when the `stats` parameter is set.
 fn with_stats(mut data: Value, p: &Params, st: &QueryStats) -> Value {
+    if let Some(stats) = stats_json(p, st) {
+        data["stats"] = stats;
+    }
+    data
+}
+
+/// Prometheus' `stats` object, when the `stats` parameter asks for it.
+fn stats_json(p: &Params, st: &QueryStats) -> Option<Value> {
     if p.get("stats").is_none_or(str::is_empty) {
-        return data;
+        return None;
     }
     let secs = |d: Duration| d.as_secs_f64();
     let mut samples = json!({"totalQueryableSamples": st.total_queryable_samples, "peakSamples": st.peak_samples});
     if let Some(steps) = &st.per_step {
         samples["totalQueryableSamplesPerStep"] = steps.iter().map(|(t, n)| json!([time_json(*t), n])).collect();
     }
-    data["stats"] = json!({
+    Some(json!({
         "timings": {
             "evalTotalTime": secs(st.total),
             "resultSortTime": 0.0,
@@ -116,8 +124,7 @@ fn with_stats(mut data: Value, p: &Params, st: &QueryStats) -> Value {
             "execTotalTime": secs(st.total),
         },
         "samples": samples,
-    });
-    data
+    }))
 }
 
 /// A duration parameter: float seconds or a Prometheus duration (`5m`).
@@ -190,10 +197,7 @@ pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: Head
     let (v, stats) = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p)).await?;
     match v {
         // A day of points for many series: written as text, not built as a JSON tree.
-        QueryValue::Matrix(m) => {
-            let stats = with_stats(json!({}), &p, &stats);
-            Ok(super::success_raw(&matrix_json(&m, stats.get("stats"))))
-        }
+        QueryValue::Matrix(m) => Ok(super::success_raw(&matrix_json(&m, stats_json(&p, &stats).as_ref()))),
         v => Ok(success(with_stats(result_json(v), &p, &stats), vec![])),
     }
 }

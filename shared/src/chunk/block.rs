@@ -72,7 +72,7 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
         w.write_bits(order as u64 - 1, 2);
         w.write_bits(k as u64, 6);
         if k != ZERO_PARTITION {
-            for z in residuals {
+            for &z in &residuals[..end - start] {
                 write_rice(&mut w, z, k);
             }
         }
@@ -284,9 +284,9 @@ impl FastDiv {
     }
 }
 
-/// The order, Rice parameter and zigzagged residuals that code `scaled[start..end]` in the
-/// fewest bits (the lowest order on a tie).
-fn plan_partition(scaled: &[i64], start: usize, end: usize) -> (usize, u32, Vec<u64>) {
+/// The order, Rice parameter and zigzagged residuals (the first `end - start`) that code
+/// `scaled[start..end]` in the fewest bits (the lowest order on a tie).
+fn plan_partition(scaled: &[i64], start: usize, end: usize) -> (usize, u32, [u64; PARTITION]) {
     let mut best = (u64::MAX, 1, ZERO_PARTITION, [0u64; PARTITION]);
     for order in 1..=3 {
         let mut residuals = [0u64; PARTITION];
@@ -304,7 +304,7 @@ fn plan_partition(scaled: &[i64], start: usize, end: usize) -> (usize, u32, Vec<
             best = (cost, order, k, residuals);
         }
     }
-    (best.1, best.2, best.3[..end - start].to_vec())
+    (best.1, best.2, best.3)
 }
 
 /// The Rice parameter that codes `part` in the fewest bits, and that number.

@@ -484,11 +484,11 @@ impl TsState {
         }
     }
 
-    /// Recomputes the cached alphabet after `lo`, `hi` or `n` changed.
-    fn refresh_grid(&mut self) {
+    /// Recomputes the cached alphabet for the window `lo..=hi` once `n` samples are coded.
+    fn refresh_grid(&mut self, n: u32) {
         // hi ≥ lo, so the wrapping difference read as u64 is exact.
         let w = self.hi.wrapping_sub(self.lo) as u64;
-        if self.n >= 2 && w < GRID_MAX_WINDOW as u64 {
+        if n >= 2 && w < GRID_MAX_WINDOW as u64 {
             let m = w + 3;
             let (k, u) = tb_params(m);
             (self.m, self.tb_k, self.tb_u) = (m as u16, k as u8, u as u16);
@@ -617,9 +617,7 @@ impl TsState {
             if g < self.lo || g > self.hi {
                 self.lo = self.lo.min(g);
                 self.hi = self.hi.max(g);
-                self.n += 1;
-                self.refresh_grid();
-                self.n -= 1;
+                self.refresh_grid(self.n + 1);
             }
         }
         self.prev_dt = dt;
@@ -627,7 +625,7 @@ impl TsState {
         self.n += 1;
         self.grid_t = self.grid_t.wrapping_add(self.step);
         if self.n == 2 {
-            self.refresh_grid();
+            self.refresh_grid(2);
         }
     }
 }
@@ -867,6 +865,14 @@ impl Chunk {
         let span = (self.max_t as i128 - self.min_t as i128).max(1);
         let covered = (maxt.min(self.max_t) as i128 - mint.max(self.min_t) as i128 + 1).clamp(1, span);
         ((self.n as i128 * covered + span - 1) / span) as u64
+    }
+
+    /// Appends the samples within `[mint, maxt]` of a series' time-ordered chunks to `out`.
+    pub fn decode_range(chunks: &[Chunk], mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        for c in chunks.iter().filter(|c| c.overlaps(mint, maxt)) {
+            c.decode_into(mint, maxt, out)?;
+        }
+        Ok(())
     }
 
     pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {

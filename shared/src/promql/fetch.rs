@@ -33,9 +33,7 @@ impl FetchedSeries {
     pub fn with_samples<R>(&self, f: impl FnOnce(&mut Vec<Sample>) -> R) -> Result<R, QueryError> {
         let decode = |buf: &mut Vec<Sample>| -> Result<R, QueryError> {
             buf.clear();
-            for c in self.chunks.iter().filter(|c| c.overlaps(self.mint, self.maxt)) {
-                c.decode_into(self.mint, self.maxt, buf).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", self.labels)))?;
-            }
+            Chunk::decode_range(&self.chunks, self.mint, self.maxt, buf).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", self.labels)))?;
             Ok(f(buf))
         };
         DECODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
@@ -46,7 +44,7 @@ impl FetchedSeries {
     }
 
     /// About how many samples the series holds in the selector's range.
-    pub fn chunk_samples(&self) -> u64 {
+    pub fn samples_in_range(&self) -> u64 {
         self.chunks.iter().map(|c| c.samples_within(self.mint, self.maxt)).sum()
     }
 }

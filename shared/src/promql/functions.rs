@@ -265,6 +265,15 @@ fn date_part(name: &str, secs: f64) -> Option<f64> {
     })
 }
 
+/// `absent`'s answer: 1 with `labels` at the steps where no series of `v` has a value.
+fn absent_where_empty(ev: &Evaluator, v: &[StepSeries], labels: Labels) -> Val {
+    let vals: Vec<Option<f64>> = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect();
+    if vals.iter().all(Option::is_none) {
+        return Val::Vector(vec![]);
+    }
+    Val::Vector(vec![StepSeries { labels, vals }])
+}
+
 fn map_vector(v: Vec<StepSeries>, keep_name: bool, mut f: impl FnMut(usize, f64) -> Option<f64>) -> Val {
     Val::Vector(
         v.into_iter()
@@ -342,20 +351,11 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
                 Expr::MatrixSelector(ms) => absent_labels_of(Some(&ms.vs)),
                 _ => absent_labels_of(None),
             };
-            let vals = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect::<Vec<_>>();
-            if vals.iter().all(Option::is_none) {
-                return Ok(Val::Vector(vec![]));
-            }
-            Ok(Val::Vector(vec![StepSeries { labels, vals }]))
+            Ok(absent_where_empty(ev, &v, labels))
         }
         "absent" => {
             let v = vector_arg(ev, c, 0)?;
-            let labels = absent_labels(c);
-            let vals = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect::<Vec<_>>();
-            if vals.iter().all(Option::is_none) {
-                return Ok(Val::Vector(vec![]));
-            }
-            Ok(Val::Vector(vec![StepSeries { labels, vals }]))
+            Ok(absent_where_empty(ev, &v, absent_labels(c)))
         }
         "round" => {
             let v = vector_arg(ev, c, 0)?;

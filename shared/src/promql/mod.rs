@@ -86,7 +86,7 @@ pub enum QueryValue {
 /// Runs CPU-bound evaluation so that it does not hold up the runtime's other tasks (an
 /// edge's scrape loops share it): on a multi-threaded runtime the worker hands its queue
 /// over first. Elsewhere (tests, the conformance runner) it simply runs.
-pub(crate) fn evaluate<T>(f: impl FnOnce() -> T) -> T {
+fn evaluate<T>(f: impl FnOnce() -> T) -> T {
     match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
         Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
         _ => f(),
@@ -147,7 +147,7 @@ impl Engine {
             let value = evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
             let stats = QueryStats {
                 total_queryable_samples: ev.samples_touched(),
-                peak_samples: data.values().flatten().map(|s| s.chunk_samples()).sum(),
+                peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),
                 per_step: ev.step_stats(),
                 preparation: prepared,
                 inner_eval: began.elapsed() - prepared,

@@ -57,10 +57,8 @@ pub struct SeriesChunks {
 impl SeriesChunks {
     /// Decoded samples within `[start, end]`, in time order.
     pub fn samples(&self, start: i64, end: i64) -> Result<Vec<Sample>, ChunkError> {
-        let mut out = Vec::with_capacity(self.chunks.iter().filter(|c| c.overlaps(start, end)).map(|c| c.n as usize).sum());
-        for c in self.chunks.iter().filter(|c| c.overlaps(start, end)) {
-            c.decode_into(start, end, &mut out)?;
-        }
+        let mut out = Vec::new();
+        Chunk::decode_range(&self.chunks, start, end, &mut out)?;
         Ok(out)
     }
 }
