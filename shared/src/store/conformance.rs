@@ -16,7 +16,10 @@ pub struct FixtureSeries {
     pub samples: Vec<Sample>,
 }
 
-/// The data set: 3 GPUs × 2 metrics plus an irregular series, 1 h at 15 s.
+/// The data set: 3 GPUs × 2 metrics and an irregular series, 1 h at 15 s, plus one
+/// series long enough to fill two chunks and start a third: a store that seals as the head
+/// does holds one in the block encoding and one kept in the streaming encoding by its
+/// staleness marker.
 pub fn fixture() -> Vec<FixtureSeries> {
     let mut out = Vec::new();
     for gpu in 0..3 {
@@ -47,8 +50,24 @@ pub fn fixture() -> Vec<FixtureSeries> {
             Sample::new(1_700_000_004_000, -0.5),
         ],
     });
+    out.push(FixtureSeries {
+        labels: Labels::from_pairs([("__name__", "DCGM_FI_DEV_POWER_USAGE"), ("gpu", "0"), ("Hostname", "node-0")]),
+        metric_type: MetricType::Gauge,
+        samples: (0..LONG)
+            .map(|i| {
+                // Scrape jitter of a few ms, three-decimal readings, one stale marker.
+                let t = T0 + i * 15_000 + (i * 7919 % 23);
+                let v = if i == 1_000 { stale_nan() } else { (300_000 + (i * 104_729 % 9_973)) as f64 / 1000.0 };
+                Sample::new(t, v)
+            })
+            .collect(),
+    });
     out
 }
+
+/// Samples of the long series: more than two chunks of 960.
+const LONG: i64 = 2_500;
+const T_LONG_END: i64 = T0 + LONG * 15_000;
 
 fn m(op: MatchOp, n: &str, v: &str) -> Matcher {
     Matcher::new(op, n, v).expect("valid matcher")
@@ -78,21 +97,21 @@ async fn select_by_every_matcher(store: &impl Store) {
     use MatchOp::*;
     assert_eq!(names(store, vec![m(Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL")]).await.len(), 3);
     assert_eq!(names(store, vec![m(Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL"), m(NotEqual, "gpu", "1")]).await.len(), 2);
-    assert_eq!(names(store, vec![m(Regex, "__name__", "DCGM_.*"), m(Regex, "gpu", "0|2")]).await.len(), 4);
+    assert_eq!(names(store, vec![m(Regex, "__name__", "DCGM_.*"), m(Regex, "gpu", "0|2")]).await.len(), 5);
     assert_eq!(names(store, vec![m(Regex, "__name__", ".+"), m(NotRegex, "Hostname", "node-0")]).await.len(), 3, "node-1 twice plus the series without Hostname");
     assert_eq!(names(store, vec![m(Regex, "__name__", ".+"), m(Equal, "gpu", "")]).await, ["odd_values{kind=\"special\"}"]);
     assert!(names(store, vec![m(Equal, "__name__", "nope")]).await.is_empty());
 }
 
 async fn select_returns_exact_samples_sorted(store: &impl Store) {
-    let r = store.select(&SelectRequest::new(vec![m(MatchOp::Regex, "__name__", "DCGM_.*")], T0, T_END)).await.expect("select");
+    let r = store.select(&SelectRequest::new(vec![m(MatchOp::Regex, "__name__", "DCGM_.*")], T0, T_LONG_END)).await.expect("select");
     let labels: Vec<_> = r.iter().map(|s| s.labels.clone()).collect();
     let mut sorted = labels.clone();
     sorted.sort();
     assert_eq!(labels, sorted, "series are sorted by labels");
     for f in fixture().into_iter().filter(|f| f.labels.metric_name().is_some_and(|n| n.starts_with("DCGM"))) {
         let got = r.iter().find(|s| s.labels == f.labels).expect("every fixture series is returned");
-        let samples = got.samples(T0, T_END).expect("decodes");
+        let samples = got.samples(T0, T_LONG_END).expect("decodes");
         assert_eq!(samples.len(), f.samples.len());
         assert!(samples.iter().zip(&f.samples).all(|(a, b)| a.bit_eq(b)), "{} samples differ", f.labels);
     }
@@ -106,8 +125,16 @@ async fn time_range_filters_series_and_samples(store: &impl Store) {
     assert_eq!(s.first().map(|x| x.t), Some(T0 + 60_000));
     assert_eq!(s.last().map(|x| x.t), Some(T0 + 120_000), "bounds are inclusive");
     assert_eq!(s.len(), 5);
-    let r = store.select(&SelectRequest::new(ms, T_END + 1_000_000, T_END + 2_000_000)).await.expect("select");
+    let r = store.select(&SelectRequest::new(ms, T_LONG_END + 1_000_000, T_LONG_END + 2_000_000)).await.expect("select");
     assert!(r.is_empty(), "no series without samples in range");
+    // A cut through the middle of sealed chunks.
+    let ms = vec![m(MatchOp::Equal, "__name__", "DCGM_FI_DEV_POWER_USAGE")];
+    let (a, b) = (T0 + 900 * 15_000 + 5, T0 + 2_100 * 15_000);
+    let r = store.select(&SelectRequest::new(ms, a, b)).await.expect("select");
+    let got = r[0].samples(a, b).expect("decodes");
+    let want: Vec<Sample> = fixture().pop().expect("the long series").samples.into_iter().filter(|s| s.t >= a && s.t <= b).collect();
+    assert_eq!(got.len(), want.len());
+    assert!(got.iter().zip(&want).all(|(x, y)| x.bit_eq(y)), "samples cut from sealed chunks differ");
 }
 
 async fn special_values_survive(store: &impl Store) {
