@@ -395,9 +395,10 @@ impl ValueState {
         match scaled {
             Some(s) => {
                 let p = self.predictions();
-                let n = (self.hist_len as usize).min(ORDERS);
-                for ((prediction, mean), seen) in p.iter().zip(&mut self.means).zip(&mut self.seen).take(n) {
-                    mean.update(zigzag(s.wrapping_sub(*prediction)), seen);
+                #[allow(clippy::needless_range_loop)]
+                for o in 0..(self.hist_len as usize).min(ORDERS) {
+                    let z = zigzag(s.wrapping_sub(p[o]));
+                    self.means[o].update(z, &mut self.seen[o]);
                 }
                 self.hist = [s, self.hist[0], self.hist[1]];
                 self.hist_len = (self.hist_len + 1).min(ORDERS as u8);
