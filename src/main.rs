@@ -4,7 +4,6 @@
 mod bench;
 mod up;
 
-
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use std::net::SocketAddr;
@@ -86,21 +85,14 @@ pub async fn shutdown_signal() {
     }
 }
 
+#[cfg(feature = "promql-test")]
 fn promql_test(dir: Option<PathBuf>, verbose: bool) -> anyhow::Result<()> {
-    let dir = dir
-        .or_else(|| std::env::var_os("PROMQL_TESTDATA").map(PathBuf::from))
-        .unwrap_or_else(|| PathBuf::from("../shared/promql-testdata"));
+    use strata_promql::testfile;
+    let dir = dir.unwrap_or_else(|| testfile::default_dir(std::path::Path::new(".")));
     if !dir.is_dir() {
         anyhow::bail!("the PromQL conformance suite did not run: {} does not exist (set PROMQL_TESTDATA)", dir.display());
     }
-    let mut files: Vec<_> = std::fs::read_dir(&dir)?.flatten().map(|e| e.path()).filter(|p| p.extension().is_some_and(|x| x == "test")).collect();
-    files.sort();
-    let mut report = strata_shared::promql::testfile::Report::default();
-    for f in &files {
-        let text = std::fs::read_to_string(f)?;
-        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        strata_shared::promql::testfile::run_file(&name, &text, &mut report);
-    }
+    let report = testfile::run_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let shown = if verbose { usize::MAX } else { 20 };
     for f in report.failed.iter().take(shown) {
         println!("FAIL {f}");
@@ -110,7 +102,7 @@ fn promql_test(dir: Option<PathBuf>, verbose: bool) -> anyhow::Result<()> {
             println!("SKIP {s}");
         }
     }
-    println!("promql conformance ({} files from {}): {} passed, {} failed, {} skipped", files.len(), dir.display(), report.passed, report.failed.len(), report.skipped.len());
+    println!("promql conformance ({} files from {}): {} passed, {} failed, {} skipped", report.files, dir.display(), report.passed, report.failed.len(), report.skipped.len());
     Ok(())
 }
 
@@ -121,13 +113,17 @@ async fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => up::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
+        #[cfg(feature = "promql-test")]
         Command::PromqlTest { dir, verbose } => tokio::task::spawn_blocking(move || promql_test(dir, verbose)).await?,
+        #[cfg(not(feature = "promql-test"))]
+        Command::PromqlTest { .. } => anyhow::bail!("this strata was built without the promql-test feature"),
         Command::Simulate { nodes, gpus_per_node, listen, seed, start_at } => {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             let addr = listener.local_addr()?;
-            let offset = start_at.map(|s| s * 1000 - strata_edge::scrape::now_ms()).unwrap_or(0);
+            let offset = start_at.map(|s| s.saturating_mul(1000).saturating_sub(strata_model::time::now_ms())).unwrap_or(0);
             println!("simulator listening on http://{addr} ({nodes} nodes x {gpus_per_node} GPUs: http://{addr}/node/0/metrics ...)");
-            strata_simulator::serve(listener, strata_simulator::Fleet::new(seed, nodes, gpus_per_node), offset, shutdown_signal()).await
+            strata_simulator::serve(listener, strata_simulator::Fleet::new(seed, nodes, gpus_per_node), offset, shutdown_signal()).await?;
+            Ok(())
         }
         Command::Edge { config, http_listen, data } => {
             let mut opts = strata_edge::EdgeOptions::new(config);

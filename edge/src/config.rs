@@ -7,7 +7,9 @@ use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use strata_shared::relabel::{compile_all, RelabelConfig, RelabelRule};
+use strata_ingest::relabel::{compile_all, RelabelConfig, RelabelRule};
+use strata_model::duration::{parse_duration, PromDuration};
+use strata_model::is_valid_label_name;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -25,73 +27,33 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
-/// A Prometheus duration: `1h30m`, `5s`, `250ms`, `1d`, `1w`, `1y`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PromDuration(pub Duration);
-
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    if s == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let bytes = s.as_bytes();
-    let mut i = 0;
-    let mut total_ms: u128 = 0;
-    if bytes.is_empty() {
-        return Err("empty duration".into());
-    }
-    while i < bytes.len() {
-        let start = i;
-        while i < bytes.len() && bytes[i].is_ascii_digit() {
-            i += 1;
-        }
-        if start == i {
-            return Err(format!("not a valid duration string: {s:?}"));
-        }
-        let n: u128 = s[start..i].parse().map_err(|_| format!("not a valid duration string: {s:?}"))?;
-        let ustart = i;
-        while i < bytes.len() && bytes[i].is_ascii_alphabetic() {
-            i += 1;
-        }
-        let unit_ms: u128 = match &s[ustart..i] {
-            "ms" => 1,
-            "s" => 1000,
-            "m" => 60_000,
-            "h" => 3_600_000,
-            "d" => 86_400_000,
-            "w" => 7 * 86_400_000,
-            "y" => 365 * 86_400_000,
-            _ => return Err(format!("not a valid duration string: {s:?}")),
-        };
-        total_ms = total_ms.checked_add(n.checked_mul(unit_ms).ok_or("duration out of range")?).ok_or("duration out of range")?;
-    }
-    u64::try_from(total_ms).map(Duration::from_millis).map_err(|_| "duration out of range".into())
-}
-
-impl<'de> Deserialize<'de> for PromDuration {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        parse_duration(&s).map(PromDuration).map_err(serde::de::Error::custom)
-    }
-}
-
 /// A byte size as Prometheus writes it: `10MB`, `512KB`, `1GB`, `0` (base 1024).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ByteSize(pub u64);
 
-pub fn parse_bytes(s: &str) -> Result<u64, String> {
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ByteSizeError {
+    #[error("invalid size {0:?}")]
+    Invalid(String),
+    #[error("invalid size unit {unit:?} in {size:?}")]
+    Unit { unit: String, size: String },
+    #[error("size {0:?} out of range")]
+    OutOfRange(String),
+}
+
+pub fn parse_bytes(s: &str) -> Result<u64, ByteSizeError> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: u64 = s[..split].parse().map_err(|_| format!("invalid size {s:?}"))?;
+    let n: u64 = s[..split].parse().map_err(|_| ByteSizeError::Invalid(s.to_string()))?;
     let mult: u64 = match s[split..].trim() {
         "" | "B" => 1,
         "KB" | "KiB" => 1 << 10,
         "MB" | "MiB" => 1 << 20,
         "GB" | "GiB" => 1 << 30,
         "TB" | "TiB" => 1 << 40,
-        other => return Err(format!("invalid size unit {other:?} in {s:?}")),
+        other => return Err(ByteSizeError::Unit { unit: other.to_string(), size: s.to_string() }),
     };
-    n.checked_mul(mult).ok_or_else(|| format!("size {s:?} out of range"))
+    n.checked_mul(mult).ok_or_else(|| ByteSizeError::OutOfRange(s.to_string()))
 }
 
 impl<'de> Deserialize<'de> for ByteSize {
@@ -236,7 +198,7 @@ impl EdgeConfig {
             });
         }
         for name in raw.global.external_labels.keys() {
-            if !valid_label_name(name) {
+            if !is_valid_label_name(name) {
                 return Err(ConfigError::Invalid { path: path.to_path_buf(), message: format!("{name:?} is not a valid external label name") });
             }
         }
@@ -302,8 +264,6 @@ impl EdgeConfig {
         Ok(EdgeConfig { path: path.to_path_buf(), external_labels: raw.global.external_labels, jobs, strata: raw.strata })
     }
 }
-
-pub use strata_shared::relabel::is_valid_label_name as valid_label_name;
 
 #[cfg(test)]
 mod tests {
@@ -377,12 +337,7 @@ strata:
     }
 
     #[test]
-    fn durations_and_sizes() {
-        assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
-        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
-        assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
-        assert!(parse_duration("1.5h").is_err());
-        assert!(parse_duration("h").is_err());
+    fn sizes() {
         assert_eq!(parse_bytes("512KB").unwrap(), 512 * 1024);
         assert_eq!(parse_bytes("0").unwrap(), 0);
         assert!(parse_bytes("10XB").is_err());

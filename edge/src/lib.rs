@@ -12,4 +12,4 @@ pub mod scrape;
 pub mod server;
 pub mod targets;
 
-pub use server::{Edge, EdgeOptions};
+pub use server::{Edge, EdgeError, EdgeOptions};

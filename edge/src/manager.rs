@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use strata_shared::db::Tsdb;
-use strata_shared::model::Fnv64;
+use strata_tsdb::db::Tsdb;
+use strata_model::Fnv64;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 

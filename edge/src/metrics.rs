@@ -1,11 +1,12 @@
-//! The edge's self-monitoring, served at `/metrics`.
+//! The edge's self-metrics, served at `/metrics`: its scrape, remote-write and reload
+//! counters, plus the database's own ([`TsdbMetrics`]), registered into the same registry.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
+use strata_tsdb::metrics::TsdbMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct JobLabel {
@@ -24,11 +25,6 @@ pub struct CodeLabel {
 
 pub struct EdgeMetrics {
     pub registry: Registry,
-    pub samples_appended: Counter,
-    pub active_series: Gauge,
-    pub head_chunk_bytes: Gauge,
-    pub wal_bytes: Gauge,
-    pub wal_fsync_seconds: Histogram,
     pub scrapes: Family<JobLabel, Counter>,
     pub scrape_failures: Family<JobLabel, Counter>,
     pub remote_write_requests: Family<CodeLabel, Counter>,
@@ -39,18 +35,10 @@ pub struct EdgeMetrics {
 }
 
 impl EdgeMetrics {
-    pub fn new() -> Self {
+    /// The edge's metrics, with the database's registered beside them.
+    pub fn new(db: &TsdbMetrics) -> Self {
         let mut registry = Registry::with_prefix("strata");
-        let samples_appended = Counter::default();
-        registry.register("head_samples_appended", "Samples appended to the head (after WAL logging)", samples_appended.clone());
-        let active_series = Gauge::default();
-        registry.register("head_series", "Series held in the head", active_series.clone());
-        let head_chunk_bytes = Gauge::default();
-        registry.register("head_chunk_bytes", "Bytes of compressed chunk data in the head", head_chunk_bytes.clone());
-        let wal_bytes = Gauge::default();
-        registry.register("wal_bytes", "Bytes of WAL segments on disk", wal_bytes.clone());
-        let wal_fsync_seconds = Histogram::new([0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]);
-        registry.register("wal_fsync_duration_seconds", "Duration of WAL fsync calls", wal_fsync_seconds.clone());
+        db.register(&mut registry);
         let scrapes = Family::default();
         registry.register("scrapes", "Scrapes attempted, by job", scrapes.clone());
         let scrape_failures = Family::default();
@@ -67,11 +55,6 @@ impl EdgeMetrics {
         registry.register("config_last_reload_successful", "Whether the last configuration reload succeeded", config_last_reload_success.clone());
         EdgeMetrics {
             registry,
-            samples_appended,
-            active_series,
-            head_chunk_bytes,
-            wal_bytes,
-            wal_fsync_seconds,
             scrapes,
             scrape_failures,
             remote_write_requests,
@@ -88,11 +71,5 @@ impl EdgeMetrics {
             s.push_str("# encoding self-metrics failed\n");
         }
         s
-    }
-}
-
-impl Default for EdgeMetrics {
-    fn default() -> Self {
-        Self::new()
     }
 }

@@ -14,9 +14,9 @@ use prost::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use strata_proto::prometheus::{metric_metadata::MetricType as PbType, WriteRequest};
-use strata_shared::db::Tsdb;
-use strata_shared::head::HeadError;
-use strata_shared::model::{Label, Labels, Metadata, MetricType, Sample};
+use strata_tsdb::db::Tsdb;
+use strata_tsdb::head::HeadError;
+use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 
 #[derive(Debug, Clone, Copy)]
 pub struct WriteLimits {
@@ -51,13 +51,23 @@ fn convert_type(t: i32) -> MetricType {
     }
 }
 
+#[derive(Debug, thiserror::Error)]
+enum LabelsError {
+    #[error("invalid label name {0:?}")]
+    InvalidName(String),
+    #[error("duplicate label name")]
+    DuplicateName,
+    #[error("missing metric name")]
+    MissingName,
+}
+
 /// Builds a label set, refusing what Prometheus refuses: invalid or duplicate names,
 /// a missing metric name.
-fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, String> {
+fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, LabelsError> {
     let mut v: Vec<Label> = Vec::with_capacity(pb.len());
     for l in pb {
-        if !crate::config::valid_label_name(&l.name) {
-            return Err(format!("invalid label name {:?}", l.name));
+        if !strata_model::is_valid_label_name(&l.name) {
+            return Err(LabelsError::InvalidName(l.name));
         }
         if l.value.is_empty() {
             continue;
@@ -66,11 +76,11 @@ fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, String>
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
     if v.windows(2).any(|w| w[0].name == w[1].name) {
-        return Err("duplicate label name".into());
+        return Err(LabelsError::DuplicateName);
     }
     let labels = Labels::from_sorted_unchecked(v);
     if labels.metric_name().is_none() {
-        return Err("missing metric name".into());
+        return Err(LabelsError::MissingName);
     }
     Ok(labels)
 }
@@ -80,7 +90,6 @@ pub fn handle(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimit
     let out = process(db, metrics, body, limits);
     metrics.remote_write_requests.get_or_create(&CodeLabel { code: out.status.to_string() }).inc();
     metrics.remote_write_samples.inc_by(out.stored as u64);
-    metrics.samples_appended.inc_by(out.stored as u64);
     out
 }
 
@@ -130,7 +139,7 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
         let labels = match to_labels(ts.labels) {
             Ok(l) => l,
             Err(e) => {
-                reject(metrics, &mut reasons, "invalid_labels", n, e);
+                reject(metrics, &mut reasons, "invalid_labels", n, e.to_string());
                 continue;
             }
         };
@@ -178,8 +187,8 @@ pub struct RemoteWrite {
 mod tests {
     use super::*;
     use strata_proto::prometheus::{Label as PbLabel, Sample as PbSample, TimeSeries};
-    use strata_shared::db::TsdbOptions;
-    use strata_shared::matcher::Matcher;
+    use strata_tsdb::db::TsdbOptions;
+    use strata_model::matcher::Matcher;
 
     fn body(series: Vec<(Vec<(&str, &str)>, Vec<(i64, f64)>)>) -> Vec<u8> {
         let req = WriteRequest {
@@ -199,7 +208,8 @@ mod tests {
     fn setup() -> (tempfile::TempDir, Tsdb, EdgeMetrics) {
         let d = tempfile::tempdir().unwrap();
         let db = Tsdb::open(d.path(), TsdbOptions::default()).unwrap();
-        (d, db, EdgeMetrics::new())
+        let metrics = EdgeMetrics::new(db.metrics());
+        (d, db, metrics)
     }
 
     fn count(db: &Tsdb, name: &str) -> usize {

@@ -15,25 +15,24 @@ use crate::targets::Target;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use strata_shared::db::{TsdbError, Tsdb};
-use strata_shared::exposition::{self, Entry, Format, ParseError};
-use strata_shared::head::{HeadError, MemSeries};
-use strata_shared::index::SeriesRef;
-use strata_shared::model::{stale_nan, Labels, LabelsBuilder, Metadata, Sample, METRIC_NAME};
-use strata_shared::relabel;
+use std::time::{Duration, Instant};
+use strata_model::time::now_ms;
+use strata_tsdb::db::{TsdbError, Tsdb};
+use strata_ingest::exposition::{self, Entry, Format, ParseError};
+use strata_tsdb::head::{HeadError, MemSeries};
+use strata_tsdb::index::SeriesRef;
+use strata_model::{stale_nan, Labels, LabelsBuilder, Metadata, Sample, METRIC_NAME};
+use strata_ingest::relabel;
 use tokio::sync::watch;
 
 pub const ACCEPT_HEADER: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScrapeError {
-    #[error("fetching: {0}")]
-    Http(String),
-    #[error("server returned HTTP status {0}")]
-    Status(u16),
-    #[error("body size limit of {0} bytes exceeded")]
-    BodyTooLarge(u64),
+    /// Fetching the page failed; a status or size refusal reads as itself, anything else
+    /// as a failure to fetch.
+    #[error("{}", describe_fetch(.0))]
+    Http(#[from] HttpError),
     #[error("parsing the page: {0}")]
     Parse(#[from] ParseError),
     #[error("invalid series on the page: {0}")]
@@ -403,17 +402,10 @@ impl ScrapeIngest {
     }
 }
 
-pub fn now_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as i64).unwrap_or(0)
-}
-
-impl From<HttpError> for ScrapeError {
-    fn from(e: HttpError) -> Self {
-        match e {
-            HttpError::Status(s) => ScrapeError::Status(s),
-            HttpError::BodyTooLarge(n) => ScrapeError::BodyTooLarge(n),
-            other => ScrapeError::Http(other.to_string()),
-        }
+fn describe_fetch(e: &HttpError) -> String {
+    match e {
+        HttpError::Status(_) | HttpError::BodyTooLarge(_) => e.to_string(),
+        other => format!("fetching: {other}"),
     }
 }
 
@@ -458,10 +450,7 @@ impl ScrapeLoop {
         };
         self.buffers.put(bufs);
         match result {
-            Ok(r) => {
-                self.metrics.samples_appended.inc_by(r.appended as u64);
-                None
-            }
+            Ok(_) => None,
             Err(e) => {
                 self.metrics.scrape_failures.get_or_create(&label).inc();
                 if let Err(e2) = self.ingest.fail(ts, duration) {

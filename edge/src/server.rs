@@ -2,7 +2,8 @@
 //! the WAL fsync and retention loops, and the HTTP server; reloads on SIGHUP and
 //! `POST /-/reload` (a bad new configuration is refused and the running one kept).
 
-use crate::config::{parse_duration, EdgeConfig};
+use crate::config::{ConfigError, EdgeConfig};
+use strata_model::duration::parse_duration;
 use crate::manager::ScrapeManager;
 use crate::metrics::{EdgeMetrics, ReasonLabel};
 use crate::remote_write::{self, RemoteWrite, WriteLimits};
@@ -16,9 +17,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_shared::db::{Tsdb, TsdbOptions};
-use strata_shared::store::TsdbStore;
-use strata_shared::wal::SyncPolicy;
+use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
+use strata_tsdb::TsdbStore;
+use strata_tsdb::wal::SyncPolicy;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -50,7 +51,7 @@ pub struct EdgeState {
 
 impl EdgeState {
     /// Re-reads the configuration file; on error the running configuration stays.
-    pub async fn reload(&self) -> Result<(), String> {
+    pub async fn reload(&self) -> Result<(), ConfigError> {
         let result = EdgeConfig::load(&self.config_path);
         let ok = result.is_ok();
         self.metrics.config_reloads.get_or_create(&ReasonLabel { reason: if ok { "success" } else { "failure" }.into() }).inc();
@@ -63,7 +64,7 @@ impl EdgeState {
             }
             Err(e) => {
                 tracing::error!(error = %e, "configuration reload failed; keeping the running configuration");
-                Err(e.to_string())
+                Err(e)
             }
         }
     }
@@ -78,14 +79,11 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/-/reload", post(reload).put(reload))
         .route("/api/v1/write", post(write).layer(DefaultBodyLimit::max(limit)))
         .with_state(state.clone())
-        .merge(strata_shared::api::router(Arc::new(TsdbStore(state.db.clone()))))
+        .merge(strata_api::router(Arc::new(TsdbStore(state.db.clone()))))
 }
 
 async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {
-    let st = s.db.stats();
-    s.metrics.active_series.set(st.series as i64);
-    s.metrics.head_chunk_bytes.set(st.chunk_bytes as i64);
-    s.metrics.wal_bytes.set(s.db.wal_disk_bytes() as i64);
+    s.db.metrics().refresh(&s.db);
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode()).into_response()
 }
 
@@ -106,6 +104,27 @@ async fn write(State(s): State<Arc<EdgeState>>, body: Bytes) -> Response {
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("remote write failed: {e}\n")).into_response(),
     }
+}
+
+/// Why an edge could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("opening the database in {dir}: {source}")]
+    Open {
+        dir: PathBuf,
+        #[source]
+        source: TsdbError,
+    },
+    #[error("binding the HTTP listener {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("a startup task failed: {0}")]
+    Task(#[from] tokio::task::JoinError),
 }
 
 /// A running edge.
@@ -138,15 +157,15 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
 }
 
 impl Edge {
-    pub async fn start(opts: EdgeOptions) -> anyhow::Result<Edge> {
+    pub async fn start(opts: EdgeOptions) -> Result<Edge, EdgeError> {
         let cfg = EdgeConfig::load(&opts.config_path)?;
         let data_dir = opts.data_dir.clone().or_else(|| cfg.strata.data_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let tsdb_opts = tsdb_options(&cfg);
-        let sync_policy = tsdb_opts.wal_sync;
         tracing::info!(data = %data_dir.display(), "opening the edge database and replaying its WAL");
         let dir = data_dir.clone();
-        let db = Arc::new(tokio::task::spawn_blocking(move || Tsdb::open(&dir, tsdb_opts)).await??);
-        let metrics = Arc::new(EdgeMetrics::new());
+        let opened = tokio::task::spawn_blocking(move || Tsdb::open(&dir, tsdb_opts)).await?;
+        let db = Arc::new(opened.map_err(|source| EdgeError::Open { dir: data_dir.clone(), source })?);
+        let metrics = Arc::new(EdgeMetrics::new(db.metrics()));
         let manager = ScrapeManager::new(db.clone(), metrics.clone());
         let mut limits = WriteLimits::default();
         if let Some(b) = cfg.strata.remote_write_max_bytes {
@@ -163,39 +182,11 @@ impl Edge {
             remote_write: Arc::new(RemoteWrite { db: db.clone(), metrics: metrics.clone(), limits }),
         });
         let addr = opts.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("constant address parses"));
-        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|e| anyhow::anyhow!("binding the HTTP listener {addr}: {e}"))?;
-        let http_addr = listener.local_addr()?;
+        let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;
+        let http_addr = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
 
-        let mut tasks = Vec::new();
-        if let SyncPolicy::Interval(every) = sync_policy {
-            let (db, m) = (db.clone(), metrics.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(every);
-                loop {
-                    tick.tick().await;
-                    let db2 = db.clone();
-                    match tokio::task::spawn_blocking(move || db2.sync_wal()).await {
-                        Ok(Ok(d)) => m.wal_fsync_seconds.observe(d.as_secs_f64()),
-                        Ok(Err(e)) => tracing::error!(error = %e, "WAL fsync failed"),
-                        Err(e) => tracing::error!(error = %e, "WAL fsync task failed"),
-                    }
-                }
-            }));
-        }
-        {
-            let db = db.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_secs(60));
-                loop {
-                    tick.tick().await;
-                    let db2 = db.clone();
-                    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db2.apply_retention()).await {
-                        tracing::error!(error = %e, "retention failed");
-                    }
-                }
-            }));
-        }
+        let mut tasks = strata_tsdb::loops::spawn(&db);
         tasks.push(manager.spawn_file_sd_watcher(opts.file_sd_check));
         #[cfg(unix)]
         {

@@ -3,11 +3,13 @@
 //! defaults to `__address__`, and labels starting with `__` are removed after the scrape
 //! URL was taken from them.
 
-use crate::config::{valid_label_name, ScrapeJob, StaticConfig};
+use crate::config::{ScrapeJob, StaticConfig};
+use strata_model::duration::format_duration;
+use strata_model::is_valid_label_name;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use strata_shared::model::{Labels, LabelsBuilder};
-use strata_shared::relabel;
+use strata_model::{Labels, LabelsBuilder};
+use strata_ingest::relabel;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Target {
@@ -66,7 +68,7 @@ pub fn read_sd_file(path: &Path) -> Result<Vec<StaticConfig>, String> {
         _ => return Err(format!("{}: file SD needs a .json, .yml or .yaml file", path.display())),
     };
     for g in &groups {
-        if let Some(bad) = g.labels.keys().find(|k| !valid_label_name(k)) {
+        if let Some(bad) = g.labels.keys().find(|k| !is_valid_label_name(k)) {
             return Err(format!("{}: invalid label name {bad:?}", path.display()));
         }
     }
@@ -100,8 +102,8 @@ pub fn build_targets(job: &ScrapeJob, groups: &[StaticConfig]) -> (Vec<Target>, 
 fn populate(job: &ScrapeJob, mut lb: LabelsBuilder) -> Result<Option<Target>, String> {
     let defaults: [(&str, String); 5] = [
         ("job", job.job_name.clone()),
-        ("__scrape_interval__", fmt_duration(job.interval)),
-        ("__scrape_timeout__", fmt_duration(job.timeout)),
+        ("__scrape_interval__", format_duration(job.interval)),
+        ("__scrape_timeout__", format_duration(job.timeout)),
         ("__metrics_path__", job.metrics_path.clone()),
         ("__scheme__", job.scheme.clone()),
     ];
@@ -168,22 +170,6 @@ fn form_encode(s: &str) -> String {
     o
 }
 
-/// Formats like Prometheus' `model.Duration` (`5s`, `1m30s`, `250ms`).
-pub fn fmt_duration(d: std::time::Duration) -> String {
-    let mut ms = d.as_millis() as u64;
-    if ms == 0 {
-        return "0s".into();
-    }
-    let mut s = String::new();
-    for (unit, n) in [("y", 365 * 86_400_000), ("w", 7 * 86_400_000), ("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)] {
-        if ms >= n {
-            s.push_str(&format!("{}{unit}", ms / n));
-            ms %= n;
-        }
-    }
-    s
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -231,11 +217,5 @@ mod tests {
         assert!(read_sd_file(&d.path().join("a.json")).unwrap()[0].labels.contains_key("zone"));
         assert_eq!(read_sd_file(&d.path().join("b.yml")).unwrap()[0].targets, ["y:2"]);
         assert!(read_sd_file(&d.path().join("bad.json")).is_err());
-    }
-
-    #[test]
-    fn durations_format_like_prometheus() {
-        assert_eq!(fmt_duration(std::time::Duration::from_secs(5)), "5s");
-        assert_eq!(fmt_duration(std::time::Duration::from_millis(90_500)), "1m30s500ms");
     }
 }

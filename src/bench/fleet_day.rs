@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 use std::time::Instant;
-use strata_shared::db::{Tsdb, TsdbOptions};
-use strata_shared::import::import_openmetrics;
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_ingest::import::import_openmetrics;
 
 /// The loaded database, with the directory that holds its WAL (removed when dropped).
 pub struct Loaded(pub Tsdb, pub tempfile::TempDir);
@@ -30,7 +30,7 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
     super::print_head_stats(&db);
     // Where the bytes go, per metric.
     let mut per: std::collections::BTreeMap<String, (usize, u64, usize, usize)> = Default::default();
-    let all = strata_shared::matcher::Matcher::new(strata_shared::matcher::MatchOp::Regex, "__name__", ".+")?;
+    let all = strata_model::matcher::Matcher::new(strata_model::matcher::MatchOp::Regex, "__name__", ".+")?;
     for (s, chunks) in db.head().select(&[all], i64::MIN, i64::MAX) {
         let e = per.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default();
         e.0 += chunks.iter().map(|c| c.data.len()).sum::<usize>();
@@ -55,7 +55,7 @@ fn fleet_day_cache() -> PathBuf {
 
 /// Single-threaded decoding speed over every chunk of the head: the query path's floor.
 fn print_decode_speed(db: &Tsdb) -> anyhow::Result<()> {
-    let all = strata_shared::matcher::Matcher::new(strata_shared::matcher::MatchOp::Regex, "__name__", ".+")?;
+    let all = strata_model::matcher::Matcher::new(strata_model::matcher::MatchOp::Regex, "__name__", ".+")?;
     let chunks: Vec<_> = db.head().select(&[all], i64::MIN, i64::MAX).into_iter().flat_map(|(_, c)| c).collect();
     let mut buf = Vec::new();
     let mut times = Vec::new();
@@ -75,7 +75,7 @@ fn print_decode_speed(db: &Tsdb) -> anyhow::Result<()> {
     // What sealing costs: the streaming chunks rebuilt, then transcoded to blocks.
     let mut stream = Vec::new();
     for c in chunks.iter().take(2000) {
-        let mut a = strata_shared::chunk::ChunkAppender::new();
+        let mut a = strata_chunk::ChunkAppender::new();
         for s in c.decode()? {
             a.append(s.t, s.v);
         }

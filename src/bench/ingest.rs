@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 use strata_edge::config::EdgeConfig;
 use strata_edge::scrape::ScrapeIngest;
 use strata_edge::targets::Target;
-use strata_shared::db::{Tsdb, TsdbOptions};
-use strata_shared::exposition::Format;
-use strata_shared::model::Labels;
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_ingest::exposition::Format;
+use strata_model::Labels;
 
 /// Runs the measurement `reps` times on fresh databases; prints the best and the median.
 pub fn run(nodes: usize, gpus: usize, scrapes: usize, reps: usize) -> anyhow::Result<()> {

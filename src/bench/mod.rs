@@ -54,7 +54,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             if let Some(addr) = serve {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
                 println!("serving the fleet-day head at http://{} (Ctrl-C stops)", listener.local_addr()?);
-                let app = strata_shared::api::router(std::sync::Arc::new(strata_shared::store::TsdbStore(std::sync::Arc::new(db))));
+                let app = strata_api::router(std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db))));
                 axum::serve(listener, app).with_graceful_shutdown(crate::shutdown_signal()).await?;
             }
             Ok(())
@@ -63,7 +63,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
-pub fn print_head_stats(db: &strata_shared::db::Tsdb) {
+pub fn print_head_stats(db: &strata_tsdb::db::Tsdb) {
     let st = db.stats();
     println!("  head: {} series, {} samples", st.series, st.samples);
     println!("  head chunk bytes per sample: {:.3}  (goal <= 1.3; VictoriaMetrics keeps the fleet-day set in 1.7 on disk)", st.chunk_bytes as f64 / st.samples.max(1) as f64);

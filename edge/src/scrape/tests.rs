@@ -1,9 +1,9 @@
 use super::*;
 use crate::config::EdgeConfig;
 use std::path::Path;
-use strata_shared::db::TsdbOptions;
-use strata_shared::matcher::Matcher;
-use strata_shared::model::{is_stale, MetricType};
+use strata_tsdb::db::TsdbOptions;
+use strata_model::matcher::Matcher;
+use strata_model::{is_stale, MetricType};
 
 struct Fixture {
     _dir: tempfile::TempDir,

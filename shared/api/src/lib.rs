@@ -1,0 +1,279 @@
+//! The Prometheus HTTP API v1 over any [`Store`], mountable by every tier.
+//!
+//! Same parameters (GET query string or POST form; RFC 3339 or Unix times; repeated
+//! `match[]`), same JSON envelope (`status`, `data`, `errorType`, `error`, `warnings`) and
+//! same status codes as Prometheus, so Grafana and `promtool` work unchanged.
+//! Served here: `query`, `query_range`, `series`, `labels`, `label/<name>/values`,
+//! `metadata`, `status/buildinfo`.
+
+mod params;
+mod query;
+
+use strata_model::matcher::Matcher;
+use strata_store::{Store, StoreError};
+use axum::body::Bytes;
+use axum::extract::{Path, RawQuery, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+pub use params::Params;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+/// Prometheus' error types, each with its HTTP status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorType {
+    BadData,
+    Execution,
+    Timeout,
+    Canceled,
+    Internal,
+    Unavailable,
+    NotFound,
+}
+
+impl ErrorType {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ErrorType::BadData => "bad_data",
+            ErrorType::Execution => "execution",
+            ErrorType::Timeout => "timeout",
+            ErrorType::Canceled => "canceled",
+            ErrorType::Internal => "internal",
+            ErrorType::Unavailable => "unavailable",
+            ErrorType::NotFound => "not_found",
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ErrorType::BadData => StatusCode::BAD_REQUEST,
+            ErrorType::Execution => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorType::Timeout | ErrorType::Canceled | ErrorType::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorType::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorType::NotFound => StatusCode::NOT_FOUND,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ApiError {
+    pub kind: ErrorType,
+    pub message: String,
+}
+
+impl ApiError {
+    pub fn bad_data(message: impl Into<String>) -> Self {
+        ApiError { kind: ErrorType::BadData, message: message.into() }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        let kind = match e {
+            StoreError::LimitExceeded { .. } => ErrorType::Execution,
+            StoreError::InvalidRequest(_) => ErrorType::BadData,
+            StoreError::Unavailable(_) => ErrorType::Unavailable,
+            StoreError::Corrupt { .. } => ErrorType::Internal,
+        };
+        ApiError { kind, message: e.to_string() }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = json!({"status": "error", "errorType": self.kind.as_str(), "error": self.message});
+        (self.kind.status(), axum::Json(body)).into_response()
+    }
+}
+
+/// A successful answer, with optional warnings.
+pub fn success(data: Value, warnings: Vec<String>) -> Response {
+    let mut body = json!({"status": "success", "data": data});
+    if !warnings.is_empty() {
+        body["warnings"] = json!(warnings);
+    }
+    axum::Json(body).into_response()
+}
+
+/// `{"status":"success","data":<data>}` around data already in JSON text.
+pub fn success_raw(data: &str) -> Response {
+    let mut body = String::with_capacity(data.len() + 32);
+    body.push_str(r#"{"status":"success","data":"#);
+    body.push_str(data);
+    body.push('}');
+    ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+pub struct ApiState {
+    pub store: Arc<dyn Store>,
+    pub engine: strata_promql::EngineOptions,
+}
+
+/// The API routes for a store; merge into a tier's router.
+pub fn router(store: Arc<dyn Store>) -> Router {
+    router_with(store, strata_promql::EngineOptions::default())
+}
+
+pub fn router_with(store: Arc<dyn Store>, engine: strata_promql::EngineOptions) -> Router {
+    let state = Arc::new(ApiState { store, engine });
+    api_routes(state).layer(axum::middleware::from_fn(gzip_when_asked))
+}
+
+/// Compresses a response with gzip when the request accepts it, as Prometheus does.
+async fn gzip_when_asked(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use std::io::Write;
+    let wants = req
+        .headers()
+        .get(axum::http::header::ACCEPT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.split(',').any(|e| e.trim().starts_with("gzip")));
+    let resp = next.run(req).await;
+    if !wants {
+        return resp;
+    }
+    let (mut parts, body) = resp.into_parts();
+    let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
+        return ApiError { kind: ErrorType::Internal, message: "reading the response body failed".into() }.into_response();
+    };
+    let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 4), flate2::Compression::fast());
+    let Ok(gz) = enc.write_all(&bytes).and_then(|_| enc.finish()) else {
+        return Response::from_parts(parts, axum::body::Body::from(bytes));
+    };
+    parts.headers.insert(axum::http::header::CONTENT_ENCODING, axum::http::HeaderValue::from_static("gzip"));
+    parts.headers.remove(axum::http::header::CONTENT_LENGTH);
+    Response::from_parts(parts, axum::body::Body::from(gz))
+}
+
+fn api_routes(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/api/v1/query", get(query::instant).post(query::instant))
+        .route("/api/v1/query_range", get(query::range).post(query::range))
+        .route("/api/v1/series", get(series).post(series))
+        .route("/api/v1/labels", get(labels).post(labels))
+        .route("/api/v1/label/{name}/values", get(label_values))
+        .route("/api/v1/metadata", get(metadata))
+        .route("/api/v1/status/buildinfo", get(buildinfo))
+        .with_state(state)
+}
+
+fn matchers_of(p: &Params) -> Result<Vec<Vec<Matcher>>, ApiError> {
+    p.all("match[]")
+        .iter()
+        .map(|s| strata_promql::selector::parse_selector(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"match[]\": {e}"))))
+        .collect()
+}
+
+fn limit_of(p: &Params) -> Result<usize, ApiError> {
+    match p.get("limit") {
+        None | Some("") => Ok(0),
+        Some(s) => s.parse::<usize>().map_err(|_| ApiError::bad_data(format!("invalid parameter \"limit\": cannot parse {s:?} to a valid limit"))),
+    }
+}
+
+/// The `match[]` sets to query, or one empty set (no restriction) when none were given.
+fn with_empty_set(sets: &[Vec<Matcher>]) -> Vec<&[Matcher]> {
+    if sets.is_empty() { vec![&[]] } else { sets.iter().map(Vec::as_slice).collect() }
+}
+
+fn sort_dedup<T: Ord>(v: &mut Vec<T>) {
+    v.sort();
+    v.dedup();
+}
+
+fn truncate<T>(mut v: Vec<T>, limit: usize, warnings: &mut Vec<String>) -> Vec<T> {
+    if limit > 0 && v.len() > limit {
+        v.truncate(limit);
+        warnings.push("results truncated due to limit".into());
+    }
+    v
+}
+
+async fn series(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+    let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
+    let sets = matchers_of(&p)?;
+    if sets.is_empty() {
+        return Err(ApiError::bad_data("no match[] parameter provided"));
+    }
+    let (start, end) = p.range()?;
+    let mut all = Vec::new();
+    for ms in &sets {
+        all.extend(s.store.series(ms, start, end).await?);
+    }
+    sort_dedup(&mut all);
+    let mut warnings = Vec::new();
+    let all = truncate(all, limit_of(&p)?, &mut warnings);
+    let data: Vec<Value> = all.iter().map(labels_json).collect();
+    Ok(success(Value::Array(data), warnings))
+}
+
+pub fn labels_json(l: &strata_model::Labels) -> Value {
+    let mut m = serde_json::Map::new();
+    for x in l.iter() {
+        m.insert(x.name.to_string(), Value::String(x.value.to_string()));
+    }
+    Value::Object(m)
+}
+
+async fn labels(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+    let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
+    let sets = matchers_of(&p)?;
+    let (start, end) = p.range()?;
+    let mut names = Vec::new();
+    for ms in with_empty_set(&sets) {
+        names.extend(s.store.label_names(ms, start, end).await?);
+    }
+    sort_dedup(&mut names);
+    let mut warnings = Vec::new();
+    let names = truncate(names, limit_of(&p)?, &mut warnings);
+    Ok(success(json!(names), warnings))
+}
+
+async fn label_values(State(s): State<Arc<ApiState>>, Path(name): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::from_request(&Method::GET, &HeaderMap::new(), q.as_deref(), &Bytes::new())?;
+    if !strata_model::is_valid_label_name(&name) {
+        return Err(ApiError::bad_data(format!("invalid label name: {name:?}")));
+    }
+    let sets = matchers_of(&p)?;
+    let (start, end) = p.range()?;
+    let mut vals = Vec::new();
+    for ms in with_empty_set(&sets) {
+        vals.extend(s.store.label_values(&name, ms, start, end).await?);
+    }
+    sort_dedup(&mut vals);
+    let mut warnings = Vec::new();
+    let vals = truncate(vals, limit_of(&p)?, &mut warnings);
+    Ok(success(json!(vals), warnings))
+}
+
+async fn metadata(State(s): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+    let p = Params::from_request(&Method::GET, &HeaderMap::new(), q.as_deref(), &Bytes::new())?;
+    let limit = limit_of(&p)?;
+    let md = s.store.metadata(p.get("metric").filter(|m| !m.is_empty())).await?;
+    let mut out = serde_json::Map::new();
+    for (family, m) in md {
+        if limit > 0 && out.len() >= limit {
+            break;
+        }
+        out.insert(family, json!([{"type": m.metric_type.as_str(), "help": m.help, "unit": m.unit}]));
+    }
+    Ok(success(Value::Object(out), vec![]))
+}
+
+async fn buildinfo() -> Response {
+    success(
+        json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "revision": "",
+            "branch": "",
+            "buildUser": "",
+            "buildDate": "",
+            "goVersion": "strata (rust)",
+        }),
+        vec![],
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,186 @@
+use super::*;
+use strata_tsdb::{Tsdb, TsdbOptions};
+use strata_model::{Labels, Metadata, MetricType, Sample};
+use strata_tsdb::TsdbStore;
+use axum::body::Body;
+use axum::http::Request;
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+fn app() -> (tempfile::TempDir, Router) {
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    for gpu in 0..3 {
+        for name in ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP"] {
+            let s = db.series(&Labels::from_pairs([("__name__", name.to_string()), ("gpu", gpu.to_string()), ("job", "dcgm".into())])).unwrap();
+            db.commit(&[(s, Sample::new(1_700_000_000_000, 1.0))]).unwrap();
+        }
+    }
+    db.set_metadata("DCGM_FI_DEV_GPU_UTIL", Metadata { metric_type: MetricType::Gauge, help: "GPU utilization (in %).".into(), unit: String::new() }).unwrap();
+    (d, router(Arc::new(TsdbStore(db))))
+}
+
+async fn call(app: &Router, req: Request<Body>) -> (u16, Value) {
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+async fn get(app: &Router, uri: &str) -> (u16, Value) {
+    call(app, Request::get(uri).body(Body::empty()).unwrap()).await
+}
+
+#[tokio::test]
+async fn series_by_get_and_post() {
+    let (_d, app) = app();
+    let (code, v) = get(&app, "/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&match[]=%7Bgpu%3D%220%22%7D").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["status"], "success");
+    let data = v["data"].as_array().unwrap();
+    assert_eq!(data.len(), 4, "3 GPU_UTIL + GPU_TEMP of gpu 0, deduplicated: {v}");
+    assert_eq!(data[0]["__name__"], "DCGM_FI_DEV_GPU_TEMP");
+    let req = Request::post("/api/v1/series")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("match[]=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D~%221%7C2%22%7D&start=1699999999&end=2023-11-14T22:13:21Z"))
+        .unwrap();
+    let (code, v) = call(&app, req).await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn bad_requests_are_bad_data() {
+    let (_d, app) = app();
+    for uri in [
+        "/api/v1/series",
+        "/api/v1/series?match[]=rate(x%5B5m%5D)",
+        "/api/v1/series?match[]=x%7B",
+        "/api/v1/series?match[]=%7Ba%3D~%22.*%22%7D",
+        "/api/v1/series?match[]=up&start=yesterday",
+        "/api/v1/series?match[]=up&start=10&end=5",
+        "/api/v1/labels?limit=-1",
+        "/api/v1/label/1bad/values",
+    ] {
+        let (code, v) = get(&app, uri).await;
+        assert_eq!(code, 400, "{uri}: {v}");
+        assert_eq!(v["status"], "error");
+        assert_eq!(v["errorType"], "bad_data");
+        assert!(!v["error"].as_str().unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn labels_values_metadata_and_limits() {
+    let (_d, app) = app();
+    let (_, v) = get(&app, "/api/v1/labels").await;
+    assert_eq!(v["data"], json!(["__name__", "gpu", "job"]));
+    let (_, v) = get(&app, "/api/v1/label/gpu/values").await;
+    assert_eq!(v["data"], json!(["0", "1", "2"]));
+    let (_, v) = get(&app, "/api/v1/label/gpu/values?limit=2").await;
+    assert_eq!(v["data"], json!(["0", "1"]));
+    assert_eq!(v["warnings"][0], "results truncated due to limit");
+    let (_, v) = get(&app, "/api/v1/label/__name__/values?match[]=%7Bgpu%3D%221%22%7D").await;
+    assert_eq!(v["data"], json!(["DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_GPU_UTIL"]));
+    let (_, v) = get(&app, "/api/v1/metadata?metric=DCGM_FI_DEV_GPU_UTIL").await;
+    assert_eq!(v["data"]["DCGM_FI_DEV_GPU_UTIL"][0]["type"], "gauge");
+    let (code, v) = get(&app, "/api/v1/status/buildinfo").await;
+    assert_eq!(code, 200);
+    assert!(v["data"]["version"].is_string());
+}
+
+#[tokio::test]
+async fn instant_and_range_queries_in_prometheus_shapes() {
+    let (_d, app) = app();
+    let (code, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"]["resultType"], "vector");
+    assert_eq!(v["data"]["result"][0]["value"], json!([1700000000.0, "3"]));
+    assert_eq!(v["data"]["result"][0]["metric"], json!({}));
+    let (code, v) = get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D%220%22%7D&start=1700000000&end=1700000060&step=30s").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"]["resultType"], "matrix");
+    let s = &v["data"]["result"][0];
+    assert_eq!(s["metric"]["__name__"], "DCGM_FI_DEV_GPU_TEMP");
+    assert_eq!(s["values"], json!([[1700000000.0, "1"], [1700000030.0, "1"], [1700000060.0, "1"]]));
+    let (_, v) = get(&app, "/api/v1/query?query=1%2B1&time=10").await;
+    assert_eq!(v["data"], json!({"resultType": "scalar", "result": [10.0, "2"]}));
+}
+
+#[tokio::test]
+async fn stats_on_request_count_the_samples_touched() {
+    let (_d, app) = app();
+    let (_, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
+    assert!(v["data"].get("stats").is_none(), "no stats unless asked: {v}");
+    let (code, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000&stats=1").await;
+    assert_eq!(code, 200, "{v}");
+    let st = &v["data"]["stats"];
+    assert_eq!(st["samples"]["totalQueryableSamples"], 3, "{st}");
+    assert_eq!(st["samples"]["peakSamples"], 3, "{st}");
+    assert!(st["samples"].get("totalQueryableSamplesPerStep").is_none());
+    assert!(st["timings"]["evalTotalTime"].as_f64().is_some_and(|t| t >= 0.0), "{st}");
+    // Three GPUs, one sample each, looked back at from three steps 30 s apart.
+    let (_, v) = get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP&start=1700000000&end=1700000060&step=30s&stats=all").await;
+    let st = &v["data"]["stats"]["samples"];
+    assert_eq!(st["totalQueryableSamples"], 9, "{st}");
+    assert_eq!(st["totalQueryableSamplesPerStep"], json!([[1700000000.0, 3], [1700000030.0, 3], [1700000060.0, 3]]));
+    let (_, v) = get(&app, "/api/v1/query?query=count_over_time(DCGM_FI_DEV_GPU_TEMP[5m])&time=1700000060&stats=all").await;
+    assert_eq!(v["data"]["stats"]["samples"]["totalQueryableSamplesPerStep"], json!([[1700000060.0, 3]]));
+}
+
+#[tokio::test]
+async fn query_errors_have_prometheus_types_and_codes() {
+    let (_d, app) = app();
+    let (code, v) = get(&app, "/api/v1/query?query=sum(").await;
+    assert_eq!((code, v["errorType"].as_str()), (400, Some("bad_data")), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("query"), "{v}");
+    let (code, v) = get(&app, "/api/v1/query_range?query=up&start=0&end=100000&step=1").await;
+    assert_eq!(code, 400, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("11,000 points"), "{v}");
+    let (code, _) = get(&app, "/api/v1/query_range?query=up&start=0&end=100&step=0").await;
+    assert_eq!(code, 400);
+    // a sample limit names itself and answers 422
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    let s = db.series(&Labels::from_pairs([("__name__", "m")])).unwrap();
+    let batch: Vec<_> = (0..100).map(|i| (s.clone(), Sample::new(i * 1000, 1.0))).collect();
+    db.commit(&batch).unwrap();
+    let small = router_with(Arc::new(TsdbStore(db)), strata_promql::EngineOptions { max_samples: 10, ..Default::default() });
+    let (code, v) = get(&small, "/api/v1/query?query=sum_over_time(m%5B100s%5D)&time=100").await;
+    assert_eq!((code, v["errorType"].as_str()), (422, Some("execution")), "{v}");
+    assert!(v["error"].as_str().unwrap().contains("10"), "{v}");
+}
+
+#[tokio::test]
+async fn a_timeout_is_503_and_the_query_is_cancelled() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    for g in 0..50 {
+        let s = db.series(&Labels::from_pairs([("__name__", "m".to_string()), ("g", g.to_string())])).unwrap();
+        let batch: Vec<_> = (0..20_000).map(|i| (s.clone(), Sample::new(i * 1000, i as f64))).collect();
+        db.commit(&batch).unwrap();
+    }
+    let app = router(Arc::new(TsdbStore(db)));
+    let started = std::time::Instant::now();
+    // a heavy nested subquery: far more than a millisecond of evaluation
+    let (code, v) = get(&app, "/api/v1/query_range?query=max_over_time(sum_over_time(m%5B10m%5D)%5B1h%3A1s%5D)&start=3600&end=20000&step=10&timeout=1ms").await;
+    assert_eq!((code, v["errorType"].as_str()), (503, Some("timeout")), "{v}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5), "the evaluation stopped soon after its deadline");
+}
+
+#[tokio::test]
+async fn gzip_on_request() {
+    use std::io::Read;
+    let (_d, app) = app();
+    let req = Request::get("/api/v1/labels").header("accept-encoding", "gzip, deflate").body(Body::empty()).unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.headers().get("content-encoding").map(|v| v.to_str().unwrap()), Some("gzip"));
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    let mut text = String::new();
+    flate2::read::GzDecoder::new(&bytes[..]).read_to_string(&mut text).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["data"], json!(["__name__", "gpu", "job"]));
+    // without the header, plain JSON
+    let (code, v) = get(&app, "/api/v1/labels").await;
+    assert_eq!((code, v["status"].as_str()), (200, Some("success")));
+}

@@ -1,0 +1,112 @@
+//! The sealed chunk: immutable bytes plus the count and time range a reader needs to
+//! skip it without decoding.
+
+use crate::ChunkError;
+use crate::block;
+use crate::iter::ChunkIter;
+use std::sync::Arc;
+use strata_model::Sample;
+
+/// A sealed chunk: encoded bytes plus what a reader needs to skip it without decoding.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Chunk {
+    pub data: Arc<[u8]>,
+    pub n: u16,
+    pub min_t: i64,
+    pub max_t: i64,
+}
+
+impl Chunk {
+    pub fn iter(&self) -> ChunkIter<'_> {
+        ChunkIter::new(&self.data, self.n)
+    }
+
+    /// Whether the chunk is in the block encoding (see [`block`]).
+    pub fn is_block(&self) -> bool {
+        block::is_block(&self.data)
+    }
+
+    /// The same samples in the block encoding when that is no larger, else the chunk as
+    /// it is. Done once, when a chunk is sealed: queries decode block chunks several times
+    /// faster than they replay the streaming coder.
+    pub fn compact(self) -> Chunk {
+        if self.is_block() {
+            return self;
+        }
+        let Ok(samples) = self.decode() else { return self };
+        match block::encode(&samples) {
+            Some(bytes) if bytes.len() <= self.data.len() + self.data.len() / 32 => Chunk { data: Arc::from(bytes), ..self },
+            _ => self,
+        }
+    }
+
+    /// Decodes every sample, failing on damaged data instead of returning garbage.
+    pub fn decode(&self) -> Result<Vec<Sample>, ChunkError> {
+        let mut it = self.iter();
+        let mut out = Vec::with_capacity(self.n as usize);
+        for s in it.by_ref() {
+            out.push(s);
+        }
+        match it.error() {
+            Some(e) => Err(e),
+            None => Ok(out),
+        }
+    }
+
+    /// Appends the samples within `[mint, maxt]` to `out`; stops decoding past `maxt`.
+    pub fn decode_into(&self, mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        if self.is_block() {
+            let base = out.len();
+            block::decode(&self.data, self.n as usize, out)?;
+            if self.min_t < mint || self.max_t > maxt {
+                let keep_from = base + out[base..].partition_point(|s| s.t < mint);
+                let keep_to = base + out[base..].partition_point(|s| s.t <= maxt);
+                out.truncate(keep_to);
+                out.drain(base..keep_from);
+            }
+            return Ok(());
+        }
+        let mut it = self.iter();
+        out.reserve(self.n as usize);
+        while let Some(s) = it.step() {
+            if s.t > maxt {
+                break;
+            }
+            if s.t >= mint {
+                out.push(s);
+            }
+        }
+        match it.err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// About how many samples fall in `[mint, maxt]`, without decoding: all of them when
+    /// the chunk lies inside, else its sample count in proportion to the time covered
+    /// (rounded up). For limits, which must not count a whole chunk when a query needs a
+    /// minute of it.
+    pub fn samples_within(&self, mint: i64, maxt: i64) -> u64 {
+        if !self.overlaps(mint, maxt) {
+            return 0;
+        }
+        if self.min_t >= mint && self.max_t <= maxt {
+            return self.n as u64;
+        }
+        let span = (self.max_t as i128 - self.min_t as i128).max(1);
+        let covered = (maxt.min(self.max_t) as i128 - mint.max(self.min_t) as i128 + 1).clamp(1, span);
+        ((self.n as i128 * covered + span - 1) / span) as u64
+    }
+
+    /// Appends the samples within `[mint, maxt]` of a series' time-ordered chunks to `out`.
+    pub fn decode_range(chunks: &[Chunk], mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        for c in chunks.iter().filter(|c| c.overlaps(mint, maxt)) {
+            c.decode_into(mint, maxt, out)?;
+        }
+        Ok(())
+    }
+
+    pub fn overlaps(&self, mint: i64, maxt: i64) -> bool {
+        self.min_t <= maxt && self.max_t >= mint
+    }
+}

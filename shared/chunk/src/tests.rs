@@ -1,0 +1,192 @@
+use super::*;
+use strata_model::{stale_nan, Sample, STALE_NAN_BITS};
+use std::sync::Arc;
+
+fn roundtrip(samples: &[Sample]) -> usize {
+    let mut a = ChunkAppender::new();
+    for s in samples {
+        a.append(s.t, s.v);
+    }
+    let c = a.seal();
+    let back = c.decode().expect("decodes");
+    assert_eq!(back.len(), samples.len());
+    for (x, y) in samples.iter().zip(&back) {
+        assert!(x.bit_eq(y), "{x:?} != {y:?}");
+    }
+    c.data.len()
+}
+
+/// xorshift64*: deterministic test data without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+}
+
+#[test]
+fn random_floats_and_times_roundtrip() {
+    let mut r = Rng(42);
+    for _ in 0..50 {
+        let mut t = (r.next() % 1_000_000_000) as i64;
+        let mut v = Vec::new();
+        for _ in 0..CHUNK_MAX_SAMPLES {
+            t += 1 + (r.next() % 100_000) as i64;
+            v.push(Sample::new(t, f64::from_bits(r.next())));
+        }
+        roundtrip(&v);
+    }
+}
+
+#[test]
+fn adversarial_values_roundtrip() {
+    let vals = [
+        0.0,
+        -0.0,
+        f64::NAN,
+        stale_nan(),
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        1e308,
+        -1e308,
+        f64::MIN_POSITIVE,
+        5e-324,
+        9_223_372_036_854_775_794.0,
+        1.0,
+        612.318,
+        612.319,
+        1e15,
+        -1e15,
+        0.1,
+        0.2,
+        0.30000000000000004,
+        f64::from_bits(0x7ff8_0000_0000_0001),
+        123456.789012,
+        1.0,
+        1.0,
+    ];
+    let samples: Vec<_> = vals.iter().enumerate().map(|(i, &v)| Sample::new(i as i64 * 15_000, v)).collect();
+    roundtrip(&samples);
+    let back = {
+        let mut a = ChunkAppender::new();
+        samples.iter().for_each(|s| a.append(s.t, s.v));
+        a.seal().decode().unwrap()
+    };
+    assert_eq!(back[3].v.to_bits(), STALE_NAN_BITS);
+}
+
+#[test]
+fn random_decimals_at_mixed_scales_roundtrip() {
+    let mut r = Rng(99);
+    for _ in 0..200 {
+        let mut t = 0i64;
+        let v: Vec<_> = (0..CHUNK_MAX_SAMPLES)
+            .map(|_| {
+                t += 1 + (r.next() % 30_000) as i64;
+                let scale = (r.next() % 8) as i32;
+                let x = match r.next() % 20 {
+                    0 => f64::NAN,
+                    1 => stale_nan(),
+                    2 => (r.next() % 1_000_000_000_000) as f64,
+                    _ => ((r.next() % 2_000_000) as i64 - 1_000_000) as f64 / 10f64.powi(scale),
+                };
+                Sample::new(t, x)
+            })
+            .collect();
+        roundtrip(&v);
+    }
+}
+
+#[test]
+fn a_first_value_with_trailing_zeros_does_not_fix_the_scale() {
+    // 612.310 prints as 612.31: the chunk starts at scale 2, then meets 3 decimals.
+    let vals = [612.31, 612.318, 613.2, 611.999, 700.0, 0.001, 1e-6, 612.3185, 5e15, 1.5];
+    let samples: Vec<_> = vals.iter().enumerate().map(|(i, &v)| Sample::new(i as i64 * 5000, v)).collect();
+    roundtrip(&samples);
+    let noisy: Vec<_> = (0..240).map(|i| Sample::new(i * 5000, if i == 0 { 612.31 } else { 600.0 + ((i * 7919) % 10000) as f64 / 1000.0 })).collect();
+    let bytes = roundtrip(&noisy);
+    assert!(bytes < 240 * 3, "rescaled chunk took {bytes} bytes");
+}
+
+#[test]
+fn huge_time_jumps_and_negative_times_roundtrip() {
+    let ts = [i64::MIN / 4, -1, 0, 1, 2, 1 << 40, (1 << 40) + 1, i64::MAX / 4, i64::MAX / 4 + 5000];
+    let samples: Vec<_> = ts.iter().map(|&t| Sample::new(t, t as f64)).collect();
+    roundtrip(&samples);
+}
+
+#[test]
+fn decimal_gauges_compress_well() {
+    // a power reading with three decimals, scraped every 5 s with ms jitter
+    let mut r = Rng(7);
+    let mut samples = Vec::new();
+    let mut t = 1_700_000_000_000i64;
+    for i in 0..CHUNK_MAX_SAMPLES as i64 {
+        t += 5000 + (r.next() % 20) as i64 - 10;
+        let milli = 600_000 + (r.next() % 2000) as i64 + i;
+        samples.push(Sample::new(t, milli as f64 / 1000.0));
+    }
+    let bytes = roundtrip(&samples);
+    let per = bytes as f64 / samples.len() as f64;
+    assert!(per < 3.5, "power gauge took {per} bytes/sample");
+    // an integer counter with a steady rate: almost nothing per sample
+    let samples: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64).map(|i| Sample::new(i * 5000, (31_035_686_671 + i * 3_000_000) as f64)).collect();
+    let bytes = roundtrip(&samples);
+    let bits = bytes as f64 * 8.0 / CHUNK_MAX_SAMPLES as f64;
+    assert!(bits < 2.8, "steady counter took {bits} bits per sample");
+}
+
+#[test]
+fn jittered_timestamps_on_a_grid_use_the_grid_code() {
+    // 15 s scrapes with 0-39 ms of independent jitter, a constant value: the cost is
+    // almost all timestamp. Delta of delta needs ~7.3 bits here, the grid code ~6.
+    let mut r = Rng(5);
+    let samples: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64).map(|i| Sample::new(1_700_000_000_000 + i * 15_000 + (r.next() % 40) as i64, 0.0)).collect();
+    let bytes = roundtrip(&samples);
+    let bits = bytes as f64 * 8.0 / samples.len() as f64;
+    assert!(bits < 7.4, "jittered grid took {bits} bits per sample");
+    // and irregular timestamps still round-trip
+    let mut t = 0i64;
+    let irregular: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64).map(|i| { t += 1 + (r.next() % 100_000) as i64 * (i % 3); Sample::new(t, 1.0) }).collect();
+    roundtrip(&irregular);
+}
+
+#[test]
+fn random_bytes_decode_to_an_error_or_samples_never_a_panic() {
+    let mut r = Rng(77);
+    for _ in 0..2000 {
+        let len = (r.next() % 200) as usize;
+        let data: Vec<u8> = (0..len).map(|_| r.next() as u8).collect();
+        let c = Chunk { data: Arc::from(data), n: (r.next() % 1000) as u16, min_t: 0, max_t: 0 };
+        let _ = c.decode();
+    }
+}
+
+#[test]
+fn samples_within_a_range_are_estimated_without_decoding() {
+    let mut a = ChunkAppender::new();
+    for i in 0..100 {
+        a.append(i * 1000, 1.0);
+    }
+    let c = a.seal();
+    assert_eq!(c.samples_within(0, 99_000), 100);
+    assert_eq!(c.samples_within(-5, 200_000), 100);
+    assert_eq!(c.samples_within(100_000, 200_000), 0);
+    let half = c.samples_within(50_000, 200_000);
+    assert!((49..=52).contains(&half), "{half}");
+    assert_eq!(c.samples_within(99_000, 99_000), 1, "rounded up, never zero when overlapping");
+}
+
+#[test]
+fn truncated_data_is_an_error_not_garbage() {
+    let mut a = ChunkAppender::new();
+    for i in 0..100 {
+        a.append(i * 1000, (i as f64).sin());
+    }
+    let c = a.seal();
+    let cut = Chunk { data: Arc::from(&c.data[..c.data.len() / 2]), ..c.clone() };
+    assert!(matches!(cut.decode(), Err(ChunkError::Truncated(_))));
+}

@@ -1,0 +1,103 @@
+//! Time: the wall clock in milliseconds, and timestamps as Prometheus' API reads them.
+
+/// Prometheus' `minTime`/`maxTime` defaults for an open range, in ms.
+pub const MIN_TIME: i64 = -9_223_309_901_257_974; // time.Unix(math.MinInt64/1000+62135596801, 0)
+pub const MAX_TIME: i64 = 9_223_309_901_257_974;
+
+/// Milliseconds since the Unix epoch by the wall clock (0 if the clock is before 1970).
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A timestamp that is neither Unix seconds nor RFC 3339, or lies outside Prometheus' range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("cannot parse {0:?} to a valid timestamp")]
+pub struct TimeError(pub String);
+
+/// Parses a Prometheus API time: Unix seconds (with a fraction) or RFC 3339. Returns ms.
+pub fn parse_time(s: &str) -> Result<i64, TimeError> {
+    if let Ok(f) = s.parse::<f64>() {
+        if !f.is_finite() {
+            return Err(TimeError(s.to_string()));
+        }
+        // As Prometheus: split off the fraction and round it to milliseconds.
+        let secs = f.trunc();
+        let ms = secs * 1000.0 + ((f - secs) * 1000.0).round();
+        if ms.abs() > MAX_TIME as f64 {
+            return Err(TimeError(s.to_string()));
+        }
+        return Ok(ms as i64);
+    }
+    parse_rfc3339(s).ok_or_else(|| TimeError(s.to_string()))
+}
+
+fn parse_rfc3339(s: &str) -> Option<i64> {
+    // YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)
+    let b = s.as_bytes();
+    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b't' || b[10] == b' ') || b[13] != b':' || b[16] != b':' {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse::<i64>().ok() };
+    let (y, mo, d, h, mi, sec) = (num(0..4)?, num(5..7)?, num(8..10)?, num(11..13)?, num(14..16)?, num(17..19)?);
+    if !(1..=12).contains(&mo) || !(1..=31).contains(&d) || h > 23 || mi > 59 || sec > 60 {
+        return None;
+    }
+    let mut i = 19;
+    let mut ms = 0i64;
+    if b.get(i) == Some(&b'.') {
+        i += 1;
+        let start = i;
+        while i < b.len() && b[i].is_ascii_digit() {
+            i += 1;
+        }
+        let frac = s.get(start..i)?;
+        if frac.is_empty() {
+            return None;
+        }
+        let padded: String = frac.chars().chain(std::iter::repeat('0')).take(3).collect();
+        ms = padded.parse().ok()?;
+    }
+    let offset_min = match b.get(i)? {
+        b'Z' | b'z' if i + 1 == b.len() => 0,
+        c @ (b'+' | b'-') if b.len() == i + 6 && b[i + 3] == b':' => {
+            let oh = num(i + 1..i + 3)?;
+            let om = num(i + 4..i + 6)?;
+            let o = oh * 60 + om;
+            if *c == b'+' { o } else { -o }
+        }
+        _ => return None,
+    };
+    let days = days_from_civil(y, mo, d);
+    Some(((days * 86_400 + h * 3600 + mi * 60 + sec - offset_min * 60) * 1000) + ms)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times() {
+        assert_eq!(parse_time("1764460800").unwrap(), 1_764_460_800_000);
+        assert_eq!(parse_time("1764460800.123").unwrap(), 1_764_460_800_123);
+        assert_eq!(parse_time("2025-11-30T00:00:00Z").unwrap(), 1_764_460_800_000);
+        assert_eq!(parse_time("2025-11-30T01:00:00.5+01:00").unwrap(), 1_764_460_800_500);
+        assert_eq!(parse_time("1970-01-01T00:00:00Z").unwrap(), 0);
+        assert!(parse_time("yesterday").is_err());
+        assert!(parse_time("NaN").is_err());
+        assert!(parse_time("2025-13-30T00:00:00Z").is_err());
+    }
+}

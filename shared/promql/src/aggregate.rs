@@ -1,0 +1,424 @@
+//! Aggregation operators, per step and per group.
+
+use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
+use super::QueryError;
+use strata_model::value::format_value;
+use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
+use promql_parser::parser::{AggregateExpr, LabelModifier};
+use rayon::prelude::*;
+use std::collections::HashMap;
+
+fn group_labels(l: &Labels, m: &Option<LabelModifier>) -> Labels {
+    let mut b: LabelsBuilder = l.to_builder();
+    match m {
+        Some(LabelModifier::Include(by)) => b.retain(|x| by.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+        Some(LabelModifier::Exclude(without)) => b.retain(|x| x.name.as_ref() != METRIC_NAME && !without.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+        None => b.retain(|_| false),
+    }
+    b.build()
+}
+
+/// Prometheus' quantile over sorted values (linear interpolation, φ outside [0,1] → ±Inf).
+pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
+    if values.is_empty() || q.is_nan() {
+        return f64::NAN;
+    }
+    if q < 0.0 {
+        return f64::NEG_INFINITY;
+    }
+    if q > 1.0 {
+        return f64::INFINITY;
+    }
+    values.sort_by(|a, b| a.total_cmp(b));
+    let n = values.len() as f64;
+    let rank = q * (n - 1.0);
+    let lower = rank.floor().max(0.0) as usize;
+    let upper = (lower + 1).min(values.len() - 1);
+    let w = rank - rank.floor();
+    values[lower] * (1.0 - w) + values[upper] * w
+}
+
+/// Kahan-compensated running sum, as Prometheus 3 sums.
+#[derive(Default, Clone, Copy)]
+struct KahanSum {
+    sum: f64,
+    c: f64,
+}
+
+impl KahanSum {
+    fn add(&mut self, x: f64) {
+        let t = self.sum + x;
+        if t.is_infinite() {
+            self.c = 0.0;
+        } else if self.sum.abs() >= x.abs() {
+            self.c += (self.sum - t) + x;
+        } else {
+            self.c += (x - t) + self.sum;
+        }
+        self.sum = t;
+    }
+    fn value(&self) -> f64 {
+        self.sum + self.c
+    }
+}
+
+/// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays
+/// finite; once it would overflow, an incremental mean from there on (infinities kept).
+pub(crate) fn mean(vals: impl IntoIterator<Item = f64>) -> f64 {
+    let mut vals = vals.into_iter();
+    let Some(first) = vals.next() else { return f64::NAN };
+    // The first value starts the sum as it is, as a new group does in Prometheus.
+    let mut sum = KahanSum { sum: first, c: 0.0 };
+    let mut incremental: Option<KahanSum> = None;
+    let mut count = 1usize;
+    for x in vals {
+        count += 1;
+        let n = count as f64;
+        let m = match incremental.as_mut() {
+            Some(m) => m,
+            None => {
+                let mut next = sum;
+                next.add(x);
+                if !next.sum.is_infinite() {
+                    sum = next;
+                    continue;
+                }
+                incremental = Some(KahanSum { sum: sum.sum / (n - 1.0), c: sum.c / (n - 1.0) });
+                incremental.as_mut().expect("just set")
+            }
+        };
+        if m.sum.is_infinite() && ((x.is_infinite() && (m.sum > 0.0) == (x > 0.0)) || (!x.is_infinite() && !x.is_nan())) {
+            continue;
+        }
+        let current = m.sum + m.c;
+        m.add(x / n - current / n);
+    }
+    match incremental {
+        Some(m) => m.sum + m.c,
+        None => sum.value() / count as f64,
+    }
+}
+
+/// Welford's running variance, as Prometheus.
+pub(crate) fn variance(vals: impl IntoIterator<Item = f64>) -> f64 {
+    let (mut count, mut mean, mut m2) = (0.0, 0.0, 0.0);
+    for x in vals {
+        count += 1.0;
+        let delta = x - mean;
+        mean += delta / count;
+        m2 += delta * (x - mean);
+    }
+    m2 / count
+}
+
+pub(crate) fn kahan_sum(vals: impl IntoIterator<Item = f64>) -> f64 {
+    let mut k = KahanSum::default();
+    vals.into_iter().for_each(|x| k.add(x));
+    k.value()
+}
+
+pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
+    let op = a.op.to_string();
+    let Val::Vector(input) = ev.eval(&a.expr)? else {
+        return Err(QueryError::BadData(format!("expected instant vector in aggregation {op}")));
+    };
+    let param = match &a.param {
+        Some(p) => Some(ev.eval(p)?),
+        None => None,
+    };
+    let scalar_param = |i: usize| -> Result<f64, QueryError> {
+        match &param {
+            Some(Val::Scalar(v)) => Ok(v[i]),
+            _ => Err(QueryError::BadData(format!("expected scalar parameter for {op}"))),
+        }
+    };
+    let groups: Vec<Labels> = input.iter().map(|s| group_labels(&s.labels, &a.modifier)).collect();
+    let mut out = VectorBuilder::new(ev.steps);
+    match op.as_str() {
+        "topk" | "bottomk" | "limitk" => {
+            let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            for i in 0..ev.steps {
+                let k = scalar_param(i)?;
+                if k.is_nan() {
+                    return Err(QueryError::Execution(format!("Parameter value is NaN for {op}")));
+                }
+                let k = if k >= 1.0 { k.min(1e9) as usize } else { 0 };
+                // Prometheus keeps the k best in a heap per group, visiting series in order;
+                // replaying its heap exactly decides ties at the k-th place as it does.
+                let mut heaps: HashMap<&Labels, KHeap> = HashMap::new();
+                for (j, s) in input.iter().enumerate() {
+                    let Some(x) = s.vals[i] else { continue };
+                    let heap = heaps.entry(&groups[j]).or_insert_with(|| KHeap::new(op.as_str() == "bottomk"));
+                    match op.as_str() {
+                        "limitk" => {
+                            if heap.items.len() < k {
+                                heap.items.push((x, j));
+                            }
+                        }
+                        _ => heap.offer(k, (x, j)),
+                    }
+                }
+                for heap in heaps.into_values() {
+                    for (x, j) in heap.items {
+                        keep[j][i] = Some(x);
+                    }
+                }
+            }
+            let series = input
+                .into_iter()
+                .zip(keep)
+                .filter(|(_, v)| v.iter().any(Option::is_some))
+                .map(|(s, vals)| StepSeries { labels: s.labels, vals })
+                .collect();
+            return Ok(Val::Vector(series));
+        }
+        "limit_ratio" => {
+            // Keeps the series whose stable label hash falls under the ratio (negative ratios
+            // keep the complement), as Prometheus: the same series are kept at every step.
+            let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            for i in 0..ev.steps {
+                let r = scalar_param(i)?;
+                if r.is_nan() {
+                    return Err(QueryError::Execution("Ratio value is NaN".into()));
+                }
+                let r = r.clamp(-1.0, 1.0);
+                for (j, s) in input.iter().enumerate() {
+                    let Some(x) = s.vals[i] else { continue };
+                    let h = ratio_hash(&s.labels);
+                    if (r >= 0.0 && h < r) || (r < 0.0 && h >= 1.0 + r) {
+                        keep[j][i] = Some(x);
+                    }
+                }
+            }
+            let series = input.into_iter().zip(keep).filter(|(_, v)| v.iter().any(Option::is_some)).map(|(s, vals)| StepSeries { labels: s.labels, vals }).collect();
+            return Ok(Val::Vector(series));
+        }
+        "count_values" => {
+            let Some(Val::Str(label)) = &param else {
+                return Err(QueryError::BadData("count_values needs a string parameter".into()));
+            };
+            if !strata_model::is_valid_label_name(label) {
+                return Err(QueryError::Execution(format!("invalid label name {label:?}")));
+            }
+            for i in 0..ev.steps {
+                let mut counts: HashMap<Labels, f64> = HashMap::new();
+                for (j, s) in input.iter().enumerate() {
+                    if let Some(x) = s.vals[i] {
+                        let mut b = groups[j].to_builder();
+                        b.set(label, &format_value(x));
+                        *counts.entry(b.build()).or_default() += 1.0;
+                    }
+                }
+                for (l, c) in counts {
+                    out.set(l, i, c)?;
+                }
+            }
+            return Ok(out.finish());
+        }
+        _ => {}
+    }
+    // A series' group never changes: number the groups once, then gather per step.
+    let mut group_ids: HashMap<&Labels, usize> = HashMap::new();
+    let mut group_labels_list: Vec<&Labels> = Vec::new();
+    let member: Vec<usize> = groups
+        .iter()
+        .map(|g| {
+            *group_ids.entry(g).or_insert_with(|| {
+                group_labels_list.push(g);
+                group_labels_list.len() - 1
+            })
+        })
+        .collect();
+    let kind = match op.as_str() {
+        "sum" => Simple::Sum,
+        "avg" => Simple::Avg,
+        "min" => Simple::Min,
+        "max" => Simple::Max,
+        "count" => Simple::Count,
+        "group" => Simple::Group,
+        "stddev" => Simple::Stddev,
+        "stdvar" => Simple::Stdvar,
+        "quantile" => Simple::Quantile,
+        other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
+    };
+    let phi: Vec<f64> = match kind {
+        Simple::Quantile => (0..ev.steps).map(scalar_param).collect::<Result<_, _>>()?,
+        _ => Vec::new(),
+    };
+    // Steps are independent: each gathers its groups' values in series order and reduces
+    // them; the steps run in parallel and are transposed into series at the end.
+    let groups_n = group_labels_list.len();
+    let per_step: Vec<Vec<Option<f64>>> = (0..ev.steps)
+        .into_par_iter()
+        .map_init(
+            || vec![Vec::new(); groups_n],
+            |by_group: &mut Vec<Vec<f64>>, i| {
+                by_group.iter_mut().for_each(Vec::clear);
+                for (j, s) in input.iter().enumerate() {
+                    if let Some(x) = s.vals[i] {
+                        by_group[member[j]].push(x);
+                    }
+                }
+                by_group.iter_mut().map(|vals| (!vals.is_empty()).then(|| kind.reduce(vals, phi.get(i).copied().unwrap_or(0.0)))).collect()
+            },
+        )
+        .collect();
+    let series = (0..groups_n)
+        .filter_map(|gi| {
+            let vals: Vec<Option<f64>> = per_step.iter().map(|v| v[gi]).collect();
+            vals.iter().any(Option::is_some).then(|| StepSeries { labels: group_labels_list[gi].clone(), vals })
+        })
+        .collect();
+    Ok(Val::Vector(series))
+}
+
+/// The aggregations that reduce a group's values at a step to one number.
+#[derive(Clone, Copy)]
+enum Simple {
+    Sum,
+    Avg,
+    Min,
+    Max,
+    Count,
+    Group,
+    Stddev,
+    Stdvar,
+    Quantile,
+}
+
+impl Simple {
+    fn reduce(self, vals: &mut [f64], phi: f64) -> f64 {
+        match self {
+            Simple::Sum => kahan_sum(vals.iter().copied()),
+            Simple::Avg => mean(vals.iter().copied()),
+            Simple::Min => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
+            Simple::Max => vals.iter().copied().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
+            Simple::Count => vals.len() as f64,
+            Simple::Group => 1.0,
+            Simple::Stddev => variance(vals.iter().copied()).sqrt(),
+            Simple::Stdvar => variance(vals.iter().copied()),
+            Simple::Quantile => quantile(phi, vals),
+        }
+    }
+}
+
+/// The heap `topk` and `bottomk` keep per group: Go's `container/heap` with Prometheus'
+/// ordering (NaN below everything), so that equal values at the k-th place are decided
+/// exactly as Prometheus decides them, which depends on the heap's shape.
+struct KHeap {
+    items: Vec<(f64, usize)>,
+    /// `bottomk`: the largest value at the top.
+    reverse: bool,
+}
+
+impl KHeap {
+    fn new(reverse: bool) -> KHeap {
+        KHeap { items: Vec::new(), reverse }
+    }
+
+    fn less(&self, i: usize, j: usize) -> bool {
+        let (a, b) = (self.items[i].0, self.items[j].0);
+        if a.is_nan() {
+            return true;
+        }
+        if self.reverse { a > b } else { a < b }
+    }
+
+    /// Prometheus' step: push while under k, else replace the top when `x` beats it.
+    fn offer(&mut self, k: usize, x: (f64, usize)) {
+        if k == 0 {
+            return;
+        }
+        if self.items.len() < k {
+            self.items.push(x);
+            self.up(self.items.len() - 1);
+            return;
+        }
+        let top = self.items[0].0;
+        let beats = if self.reverse { top > x.0 } else { top < x.0 };
+        if beats || (top.is_nan() && !x.0.is_nan()) {
+            self.items[0] = x;
+            if k > 1 && !self.down(0) {
+                self.up(0);
+            }
+        }
+    }
+
+    fn up(&mut self, mut j: usize) {
+        while j > 0 {
+            let i = (j - 1) / 2;
+            if !self.less(j, i) {
+                break;
+            }
+            self.items.swap(i, j);
+            j = i;
+        }
+    }
+
+    fn down(&mut self, i0: usize) -> bool {
+        let n = self.items.len();
+        let mut i = i0;
+        loop {
+            let j1 = 2 * i + 1;
+            if j1 >= n {
+                break;
+            }
+            let mut j = j1;
+            if j1 + 1 < n && self.less(j1 + 1, j1) {
+                j = j1 + 1;
+            }
+            if !self.less(j, i) {
+                break;
+            }
+            self.items.swap(i, j);
+            i = j;
+        }
+        i > i0
+    }
+}
+
+/// A series' position in [0, 1] for `limit_ratio`: Prometheus' `labels.Hash()` (xxhash64 of
+/// the labels packed as length-prefixed names and values, its default `stringlabels` form)
+/// over `MaxUint64`, so the same series are kept as in Prometheus.
+fn ratio_hash(l: &Labels) -> f64 {
+    let mut buf = Vec::with_capacity(256);
+    let mut put = |b: &[u8]| {
+        let mut n = b.len();
+        while n >= 0x80 {
+            buf.push((n as u8) | 0x80);
+            n >>= 7;
+        }
+        buf.push(n as u8);
+        buf.extend_from_slice(b);
+    };
+    for x in l.iter() {
+        put(x.name.as_bytes());
+        put(x.value.as_bytes());
+    }
+    xxhash_rust::xxh64::xxh64(&buf, 0) as f64 / u64::MAX as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KHeap;
+
+    fn kept(values: &[f64], k: usize, reverse: bool) -> Vec<usize> {
+        let mut h = KHeap::new(reverse);
+        for (j, &x) in values.iter().enumerate() {
+            h.offer(k, (x, j));
+        }
+        let mut v: Vec<usize> = h.items.into_iter().map(|(_, j)| j).collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn ties_at_the_kth_place_are_decided_by_the_heap_as_in_prometheus() {
+        // A stable sort would keep the first 5; Prometheus' heap has the second on top
+        // when 7 arrives, so the first is the one replaced.
+        assert_eq!(kept(&[5.0, 5.0, 7.0], 2, false), vec![1, 2]);
+        assert_eq!(kept(&[5.0, 5.0, 3.0], 2, true), vec![1, 2]);
+        assert_eq!(kept(&[1.0, f64::NAN, 2.0, 3.0], 2, false), vec![2, 3]);
+        assert_eq!(kept(&[4.0, 9.0, 1.0], 0, false), Vec::<usize>::new());
+    }
+}

@@ -1,0 +1,500 @@
+//! Phase two: step-by-step evaluation over the fetched samples.
+
+use super::fetch::{self, Fetched};
+use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
+use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
+use promql_parser::parser::{Expr, SubqueryExpr, VectorSelector};
+use rayon::prelude::*;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::collections::HashMap;
+
+/// One series of an instant vector evaluated at every step.
+#[derive(Debug, Clone)]
+pub struct StepSeries {
+    pub labels: Labels,
+    pub vals: Vec<Option<f64>>,
+}
+
+#[derive(Debug, Clone)]
+pub enum Val {
+    /// One value per step.
+    Scalar(Vec<f64>),
+    Str(String),
+    Vector(Vec<StepSeries>),
+    /// Only as the result of an instant query of a range selector.
+    Matrix(Vec<SeriesPoints>),
+}
+
+/// Collects output series by label set, one value per step.
+pub struct VectorBuilder {
+    steps: usize,
+    index: HashMap<Labels, usize>,
+    pub series: Vec<StepSeries>,
+}
+
+impl VectorBuilder {
+    pub fn new(steps: usize) -> Self {
+        VectorBuilder { steps, index: HashMap::new(), series: Vec::new() }
+    }
+
+    /// Sets a value; a second value for the same labels at the same step is Prometheus'
+    /// "vector cannot contain metrics with the same labelset".
+    pub fn set(&mut self, labels: Labels, step: usize, v: f64) -> Result<(), QueryError> {
+        let i = match self.index.get(&labels) {
+            Some(&i) => i,
+            None => {
+                self.series.push(StepSeries { labels: labels.clone(), vals: vec![None; self.steps] });
+                self.index.insert(labels, self.series.len() - 1);
+                self.series.len() - 1
+            }
+        };
+        let slot = &mut self.series[i].vals[step];
+        if slot.is_some() {
+            return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
+        }
+        *slot = Some(v);
+        Ok(())
+    }
+
+    pub fn finish(self) -> Val {
+        Val::Vector(self.series)
+    }
+}
+
+/// Prometheus' "vector cannot contain metrics with the same labelset": after the metric
+/// name is dropped, two series may coincide at a step.
+pub fn check_unique(v: &Val) -> Result<(), QueryError> {
+    let Val::Vector(series) = v else { return Ok(()) };
+    let mut by_labels: HashMap<&Labels, usize> = HashMap::new();
+    for (i, s) in series.iter().enumerate() {
+        if let Some(&j) = by_labels.get(&s.labels) {
+            if s.vals.iter().zip(&series[j].vals).any(|(a, b)| a.is_some() && b.is_some()) {
+                return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
+            }
+        } else {
+            by_labels.insert(&s.labels, i);
+        }
+    }
+    Ok(())
+}
+
+pub fn drop_name(l: &Labels) -> Labels {
+    if l.get(METRIC_NAME).is_none() {
+        return l.clone();
+    }
+    let mut b: LabelsBuilder = l.to_builder();
+    b.del(METRIC_NAME);
+    b.build()
+}
+
+/// A series computed on a subquery's grid: labels and samples.
+type OwnedSeries = (Labels, Vec<Sample>);
+
+/// One range window at one step: the samples `all[a..b]` of a series, in `(start, end]`.
+pub struct Window<'s> {
+    pub all: &'s [Sample],
+    pub a: usize,
+    pub b: usize,
+    pub start: i64,
+    pub end: i64,
+    pub step: usize,
+}
+
+impl<'s> Window<'s> {
+    pub fn samples(&self) -> &'s [Sample] {
+        &self.all[self.a..self.b]
+    }
+}
+
+/// Samples a series' evaluation touches before it charges them to the query's budget.
+const CHARGE_BATCH: u64 = 1 << 16;
+
+/// The number of samples at or before `t` in a time-ordered slice, for times that mostly
+/// move forward: it walks on from the previous answer, and searches when `t` goes back
+/// (an `@` modifier or a subquery's offset can do that).
+#[derive(Default)]
+struct Cursor {
+    at: usize,
+    last: Option<i64>,
+}
+
+impl Cursor {
+    #[inline]
+    fn upto(&mut self, samples: &[Sample], t: i64) -> usize {
+        if self.last.is_some_and(|l| t < l) {
+            self.at = samples.partition_point(|x| x.t <= t);
+        } else {
+            while self.at < samples.len() && samples[self.at].t <= t {
+                self.at += 1;
+            }
+        }
+        self.last = Some(t);
+        self.at
+    }
+}
+
+pub struct Evaluator<'a> {
+    data: &'a Fetched,
+    /// The outermost query's range, which `@ start()` and `@ end()` refer to.
+    query_start: i64,
+    query_end: i64,
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+    pub steps: usize,
+    lookback: i64,
+    max_samples: u64,
+    samples: AtomicU64,
+    /// Evaluation stops with a timeout past this instant: checked as samples are charged,
+    /// so a long evaluation is cancelled for real and everything it held is freed.
+    deadline: Option<(std::time::Instant, std::time::Duration)>,
+    checks: AtomicU32,
+    /// Samples touched at each step, when the caller asked for per-step statistics
+    /// (`stats=all`); subqueries' inner grids do not count here.
+    per_step: Option<Vec<AtomicU64>>,
+}
+
+impl<'a> Evaluator<'a> {
+    pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
+        let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
+        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: AtomicU64::new(0), deadline: None, checks: AtomicU32::new(0), per_step: None }
+    }
+
+    /// Counts the samples each step touches, for `stats=all`.
+    pub fn with_step_stats(mut self) -> Self {
+        self.per_step = Some((0..self.steps).map(|_| AtomicU64::new(0)).collect());
+        self
+    }
+
+    /// Samples touched so far (Prometheus' `totalQueryableSamples`).
+    pub fn samples_touched(&self) -> u64 {
+        self.samples.load(Relaxed)
+    }
+
+    /// Samples touched per step, if counted: (time, samples).
+    pub fn step_stats(&self) -> Option<Vec<(i64, u64)>> {
+        self.per_step.as_ref().map(|v| v.iter().enumerate().map(|(i, n)| (self.time(i), n.load(Relaxed))).collect())
+    }
+
+    #[inline]
+    fn count_step(&self, step: usize, n: u64) {
+        if let Some(v) = &self.per_step {
+            v[step].fetch_add(n, Relaxed);
+        }
+    }
+
+    /// Sets the instant past which evaluation fails with [`QueryError::Timeout`].
+    pub fn with_deadline(mut self, at: std::time::Instant, timeout: std::time::Duration) -> Self {
+        self.deadline = Some((at, timeout));
+        self
+    }
+
+    /// An evaluator for a subquery's inner grid, sharing data, bounds and the sample budget.
+    fn inner(&self, start: i64, end: i64, step: i64) -> Evaluator<'a> {
+        let steps = if end < start { 0 } else { ((end - start) / step + 1) as usize };
+        Evaluator {
+            data: self.data,
+            query_start: self.query_start,
+            query_end: self.query_end,
+            start,
+            end,
+            step,
+            steps,
+            lookback: self.lookback,
+            max_samples: self.max_samples,
+            samples: AtomicU64::new(self.samples.load(Relaxed)),
+            deadline: self.deadline,
+            checks: AtomicU32::new(0),
+            per_step: None,
+        }
+    }
+
+    /// A subquery's result as series of samples on its inner grid, with the evaluation
+    /// time of each outer step.
+    fn subquery_series(&self, sq: &SubqueryExpr) -> Result<(Vec<OwnedSeries>, Vec<i64>), QueryError> {
+        let (s, e, st) = fetch::subquery_grid(sq, self.start, self.end, self.query_start, self.query_end);
+        let inner = self.inner(s, e, st);
+        let series = match inner.eval(&sq.expr)? {
+            Val::Vector(v) => v
+                .into_iter()
+                .map(|x| {
+                    let samples = x.vals.iter().enumerate().filter_map(|(k, v)| v.map(|v| Sample::new(inner.time(k), v))).collect();
+                    (x.labels, samples)
+                })
+                .collect(),
+            Val::Scalar(v) => vec![(Labels::default(), v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect())],
+            _ => return Err(QueryError::BadData("subquery is only allowed on instant vector".into())),
+        };
+        self.charge(inner.samples.load(Relaxed).saturating_sub(self.samples.load(Relaxed)))?;
+        let at = fetch::at_ms(&sq.at, self.query_start, self.query_end);
+        let o = fetch::offset_ms(&sq.offset);
+        let times = (0..self.steps).map(|i| at.unwrap_or_else(|| self.time(i)) - o).collect();
+        Ok((series, times))
+    }
+
+    pub fn time(&self, i: usize) -> i64 {
+        self.start + i as i64 * self.step.max(0)
+    }
+
+    /// Counts samples a step touches against the query's limit.
+    pub fn charge(&self, n: u64) -> Result<(), QueryError> {
+        let t = self.samples.fetch_add(n, Relaxed) + n;
+        if t > self.max_samples {
+            return Err(QueryError::TooManySamples(self.max_samples));
+        }
+        // Reading the clock on every call would cost more than the work it guards.
+        let c = self.checks.fetch_add(1, Relaxed).wrapping_add(1);
+        if let Some((at, timeout)) = self.deadline {
+            if c.is_multiple_of(256) && std::time::Instant::now() > at {
+                return Err(QueryError::Timeout(timeout));
+            }
+        }
+        Ok(())
+    }
+
+    fn series_of(&self, vs: &VectorSelector) -> &'a [fetch::FetchedSeries] {
+        self.data.get(&fetch::key(vs)).map(|v| v.as_slice()).unwrap_or(&[])
+    }
+
+    /// The evaluation time of a selector at step `i`: `@` fixes it, `offset` shifts it.
+    pub fn selector_time(&self, vs: &VectorSelector, i: usize) -> i64 {
+        fetch::at_ms(&vs.at, self.query_start, self.query_end).unwrap_or_else(|| self.time(i)) - fetch::offset_ms(&vs.offset)
+    }
+
+    fn vector_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        let times: Vec<i64> = (0..self.steps).map(|i| self.selector_time(vs, i)).collect();
+        let out: Vec<Option<StepSeries>> = self
+            .series_of(vs)
+            .par_iter()
+            .map(|s| {
+                let mut vals = vec![None; self.steps];
+                let mut n = 0u64;
+                s.with_samples(|samples| {
+                    let mut cursor = Cursor::default();
+                    for (i, (v, &t)) in vals.iter_mut().zip(&times).enumerate() {
+                        // The latest sample at or before t, within the lookback window (t - lookback, t].
+                        let idx = cursor.upto(samples, t);
+                        let Some(x) = idx.checked_sub(1).map(|i| samples[i]) else { continue };
+                        if x.t <= t - self.lookback || is_stale(x.v) {
+                            continue;
+                        }
+                        *v = Some(x.v);
+                        n += 1;
+                        self.count_step(i, 1);
+                    }
+                })?;
+                if n == 0 {
+                    return Ok(None);
+                }
+                self.charge(n)?;
+                Ok(Some(StepSeries { labels: s.labels.clone(), vals }))
+            })
+            .collect::<Result<_, QueryError>>()?;
+        Ok(Val::Vector(out.into_iter().flatten().collect()))
+    }
+
+    /// `timestamp(selector)`: the time of the sample the selector picks at each step.
+    pub fn selector_timestamps(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        let mut out = Vec::new();
+        for s in self.series_of(vs) {
+            let mut vals = vec![None; self.steps];
+            s.with_samples(|samples| {
+                for (i, v) in vals.iter_mut().enumerate() {
+                    let t = self.selector_time(vs, i);
+                    let idx = samples.partition_point(|x| x.t <= t);
+                    if idx > 0 {
+                        let x = samples[idx - 1];
+                        if x.t > t - self.lookback && !is_stale(x.v) {
+                            *v = Some(x.t as f64 / 1000.0);
+                        }
+                    }
+                }
+            })?;
+            if vals.iter().any(Option::is_some) {
+                out.push(StepSeries { labels: drop_name(&s.labels), vals });
+            }
+        }
+        let v = Val::Vector(out);
+        check_unique(&v)?;
+        Ok(v)
+    }
+
+    /// Calls `f(step, window, t - range, t)` with each series' non-empty window `(t - range, t]`
+    /// at every step (staleness markers removed) and collects its results. `arg` is a range
+    /// selector or a subquery.
+    pub fn range_windows(&self, arg: &Expr, keep_name: bool, f: impl Fn(usize, &[Sample], i64, i64) -> Option<f64> + Sync) -> Result<Val, QueryError> {
+        self.range_windows_with(arg, keep_name, |_| (), |_, w| f(w.step, w.samples(), w.start, w.end))
+    }
+
+    /// [`range_windows`](Self::range_windows) for functions that prepare something per
+    /// series first (`prepare`), which `f` then uses at every step.
+    pub fn range_windows_with<P>(
+        &self,
+        arg: &Expr,
+        keep_name: bool,
+        prepare: impl Fn(&[Sample]) -> P + Sync,
+        f: impl Fn(&P, &Window) -> Option<f64> + Sync,
+    ) -> Result<Val, QueryError> {
+        // Each series' windows, for a series whose samples are at hand.
+        let windows = |labels: &Labels, samples: &[Sample], times: &[i64], range: i64| -> Result<Option<StepSeries>, QueryError> {
+            let prepared = prepare(samples);
+            let mut vals = vec![None; self.steps];
+            let mut any = false;
+            let (mut lo, mut hi) = (Cursor::default(), Cursor::default());
+            // Charged in batches: a shared counter touched per window would cost more
+            // than the windows, and the deadline is still checked every few thousand.
+            let mut pending = 0u64;
+            for (i, v) in vals.iter_mut().enumerate() {
+                let t = times[i];
+                let (a, b) = (lo.upto(samples, t - range), hi.upto(samples, t));
+                if a >= b {
+                    continue;
+                }
+                pending += (b - a) as u64;
+                self.count_step(i, (b - a) as u64);
+                if pending >= CHARGE_BATCH {
+                    self.charge(std::mem::take(&mut pending))?;
+                }
+                if let Some(r) = f(&prepared, &Window { all: samples, a, b, start: t - range, end: t, step: i }) {
+                    *v = Some(r);
+                    any = true;
+                }
+            }
+            self.charge(pending)?;
+            Ok(any.then(|| StepSeries { labels: if keep_name { labels.clone() } else { drop_name(labels) }, vals }))
+        };
+        let out: Vec<Option<StepSeries>> = match arg {
+            Expr::MatrixSelector(ms) => {
+                let times: Vec<i64> = (0..self.steps).map(|i| self.selector_time(&ms.vs, i)).collect();
+                let range = ms.range.as_millis() as i64;
+                self.series_of(&ms.vs)
+                    .par_iter()
+                    .map(|s| {
+                        s.with_samples(|samples| {
+                            // Range windows never hold staleness markers.
+                            samples.retain(|x| !is_stale(x.v));
+                            windows(&s.labels, samples, &times, range)
+                        })?
+                    })
+                    .collect::<Result<_, QueryError>>()?
+            }
+            Expr::Subquery(sq) => {
+                let (series, times) = self.subquery_series(sq)?;
+                let range = sq.range.as_millis() as i64;
+                series.par_iter().map(|(labels, samples)| windows(labels, samples, &times, range)).collect::<Result<_, QueryError>>()?
+            }
+            _ => return Err(QueryError::BadData("expected a range vector".into())),
+        };
+        Ok(Val::Vector(out.into_iter().flatten().collect()))
+    }
+
+    pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
+        match e {
+            Expr::NumberLiteral(n) => Ok(Val::Scalar(vec![n.val; self.steps])),
+            Expr::StringLiteral(s) => Ok(Val::Str(s.val.clone())),
+            Expr::Paren(p) => self.eval(&p.expr),
+            Expr::Unary(u) => match self.eval(&u.expr)? {
+                Val::Scalar(v) => Ok(Val::Scalar(v.into_iter().map(|x| -x).collect())),
+                Val::Vector(v) => {
+                    let out = Val::Vector(
+                        v.into_iter().map(|s| StepSeries { labels: drop_name(&s.labels), vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect() }).collect(),
+                    );
+                    check_unique(&out)?;
+                    Ok(out)
+                }
+                _ => Err(QueryError::BadData("unary minus needs a scalar or an instant vector".into())),
+            },
+            Expr::VectorSelector(vs) => self.vector_selector(vs),
+            Expr::MatrixSelector(ms) => {
+                if self.steps != 1 {
+                    return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into()));
+                }
+                let t = self.selector_time(&ms.vs, 0);
+                let range = ms.range.as_millis() as i64;
+                let mut out = Vec::new();
+                for s in self.series_of(&ms.vs) {
+                    let points: Vec<(i64, f64)> =
+                        s.with_samples(|samples| samples.iter().filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v)).map(|x| (x.t, x.v)).collect())?;
+                    self.charge(points.len() as u64)?;
+                    self.count_step(0, points.len() as u64);
+                    if !points.is_empty() {
+                        out.push(SeriesPoints { labels: s.labels.clone(), points });
+                    }
+                }
+                Ok(Val::Matrix(out))
+            }
+            Expr::Call(c) => functions::call(self, c),
+            Expr::Aggregate(a) => aggregate::eval(self, a),
+            Expr::Binary(b) => binary::eval(self, b),
+            Expr::Subquery(sq) => {
+                if self.steps != 1 {
+                    return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into()));
+                }
+                let (series, times) = self.subquery_series(sq)?;
+                let (t, range) = (times[0], sq.range.as_millis() as i64);
+                Ok(Val::Matrix(
+                    series
+                        .into_iter()
+                        .filter_map(|(labels, s)| {
+                            let points: Vec<(i64, f64)> = s.iter().filter(|x| x.t > t - range && x.t <= t).map(|x| (x.t, x.v)).collect();
+                            (!points.is_empty()).then_some(SeriesPoints { labels, points })
+                        })
+                        .collect(),
+                ))
+            }
+            Expr::Extension(_) => Err(QueryError::Unsupported("extension expressions".into())),
+        }
+    }
+
+    pub fn instant_result(&self, e: &Expr, time: i64) -> Result<QueryValue, QueryError> {
+        Ok(match self.eval(e)? {
+            Val::Scalar(v) => QueryValue::Scalar(time, v[0]),
+            Val::Str(s) => QueryValue::String(time, s),
+            Val::Vector(v) => {
+                let mut out: Vec<(Labels, i64, f64)> = v.into_iter().filter_map(|s| s.vals[0].map(|x| (s.labels, time, x))).collect();
+                sort_for(e, &mut out);
+                QueryValue::Vector(out)
+            }
+            Val::Matrix(m) => QueryValue::Matrix(m),
+        })
+    }
+
+    pub fn range_result(&self, e: &Expr, steps: usize) -> Result<QueryValue, QueryError> {
+        let mut out = match self.eval(e)? {
+            Val::Scalar(v) => vec![SeriesPoints { labels: Labels::default(), points: v.into_iter().enumerate().map(|(i, x)| (self.time(i), x)).collect() }],
+            Val::Str(_) => return Err(QueryError::BadData("invalid expression type \"string\" for range query, must be Scalar or instant Vector".into())),
+            Val::Vector(v) => v
+                .into_iter()
+                .filter_map(|s| {
+                    let points: Vec<(i64, f64)> = s.vals.iter().enumerate().take(steps).filter_map(|(i, x)| x.map(|x| (self.time(i), x))).collect();
+                    (!points.is_empty()).then_some(SeriesPoints { labels: s.labels, points })
+                })
+                .collect(),
+            Val::Matrix(_) => return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into())),
+        };
+        out.sort_by(|a, b| a.labels.cmp(&b.labels));
+        Ok(QueryValue::Matrix(out))
+    }
+}
+
+/// Instant results of `sort`, `sort_desc`, `topk` and `bottomk` come in their order (NaN last).
+fn sort_for(e: &Expr, v: &mut [(Labels, i64, f64)]) {
+    let mut e = e;
+    while let Expr::Paren(p) = e {
+        e = &p.expr;
+    }
+    let desc = match e {
+        Expr::Call(c) if c.func.name == "sort" => false,
+        Expr::Call(c) if c.func.name == "sort_desc" => true,
+        Expr::Aggregate(a) if a.op.to_string() == "topk" => true,
+        Expr::Aggregate(a) if a.op.to_string() == "bottomk" => false,
+        _ => return,
+    };
+    v.sort_by(|a, b| match (a.2.is_nan(), b.2.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Greater,
+        (false, true) => std::cmp::Ordering::Less,
+        _ if desc => b.2.total_cmp(&a.2),
+        _ => a.2.total_cmp(&b.2),
+    });
+}

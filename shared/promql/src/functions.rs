@@ -1,0 +1,481 @@
+//! PromQL functions over instant vectors, range windows and scalars.
+
+use super::aggregate::{kahan_sum, mean, quantile, variance};
+use super::eval::{drop_name, Evaluator, StepSeries, Val};
+use super::windows::{IntegerPrefix, Resets};
+use super::QueryError;
+use strata_model::matcher::compile_anchored;
+use strata_model::{Labels, Sample, METRIC_NAME};
+use promql_parser::parser::{Call, Expr};
+
+fn unparen(mut e: &Expr) -> &Expr {
+    while let Expr::Paren(p) = e {
+        e = &p.expr;
+    }
+    e
+}
+
+/// A range-vector argument: a range selector or a subquery.
+fn range_arg(c: &Call, i: usize) -> Result<&Expr, QueryError> {
+    match c.args.args.get(i).map(|b| unparen(b)) {
+        Some(e @ (Expr::MatrixSelector(_) | Expr::Subquery(_))) => Ok(e),
+        _ => Err(QueryError::BadData(format!("expected a range vector argument for {}", c.func.name))),
+    }
+}
+
+/// Evaluates argument `i` and takes the kind `pick` accepts, or names what was expected.
+fn arg<T>(ev: &Evaluator, c: &Call, i: usize, kind: &str, pick: impl FnOnce(Val) -> Option<T>) -> Result<T, QueryError> {
+    let e = c.args.args.get(i).ok_or_else(|| QueryError::BadData(format!("missing argument for {}", c.func.name)))?;
+    pick(ev.eval(e)?).ok_or_else(|| QueryError::BadData(format!("expected {kind} argument for {}", c.func.name)))
+}
+
+fn scalar_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<f64>, QueryError> {
+    arg(ev, c, i, "a scalar", |v| if let Val::Scalar(x) = v { Some(x) } else { None })
+}
+
+fn string_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<String, QueryError> {
+    arg(ev, c, i, "a string", |v| if let Val::Str(x) = v { Some(x) } else { None })
+}
+
+fn vector_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<StepSeries>, QueryError> {
+    arg(ev, c, i, "an instant vector", |v| if let Val::Vector(x) = v { Some(x) } else { None })
+}
+
+/// Prometheus' extrapolated rate/increase/delta over a window `(start, end]`. For a
+/// counter, `resets` are the values just before each drop inside the window, in order.
+fn extrapolated(s: &[Sample], start: i64, end: i64, counter: bool, rate: bool, resets: impl Iterator<Item = f64>) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (first, last) = (s[0], s[s.len() - 1]);
+    let mut result = last.v - first.v;
+    if counter {
+        for prev in resets {
+            result += prev;
+        }
+    }
+    let mut to_start = (first.t - start) as f64 / 1000.0;
+    let mut to_end = (end - last.t) as f64 / 1000.0;
+    let sampled = (last.t - first.t) as f64 / 1000.0;
+    let avg = sampled / (s.len() - 1) as f64;
+    let threshold = avg * 1.1;
+    if to_start >= threshold {
+        to_start = avg / 2.0;
+    }
+    if counter && result > 0.0 && first.v >= 0.0 {
+        let to_zero = sampled * (first.v / result);
+        if to_zero < to_start {
+            to_start = to_zero;
+        }
+    }
+    if to_end >= threshold {
+        to_end = avg / 2.0;
+    }
+    let mut factor = (sampled + to_start + to_end) / sampled;
+    if rate {
+        factor /= (end - start) as f64 / 1000.0;
+    }
+    Some(result * factor)
+}
+
+fn instant_delta(s: &[Sample], rate: bool) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (prev, last) = (s[s.len() - 2], s[s.len() - 1]);
+    let d = if rate && last.v < prev.v { last.v } else { last.v - prev.v };
+    if !rate {
+        return Some(d);
+    }
+    let dt = (last.t - prev.t) as f64 / 1000.0;
+    if dt == 0.0 { None } else { Some(d / dt) }
+}
+
+/// Least-squares slope and intercept at `at` (seconds), as Prometheus' linearRegression.
+fn linear_regression(s: &[Sample], at: i64) -> Option<(f64, f64)> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (mut n, mut sx, mut sy, mut sxy, mut sxx) = (0.0, 0.0, 0.0, 0.0, 0.0);
+    let const_y = s.iter().all(|x| x.v == s[0].v);
+    for x in s {
+        let t = (x.t - at) as f64 / 1000.0;
+        n += 1.0;
+        sx += t;
+        sy += x.v;
+        sxy += t * x.v;
+        sxx += t * t;
+    }
+    if const_y {
+        return Some((0.0, s[0].v));
+    }
+    let cov = sxy - sx * sy / n;
+    let var = sxx - sx * sx / n;
+    let slope = cov / var;
+    let intercept = sy / n - slope * sx / n;
+    Some((slope, intercept))
+}
+
+/// The range functions that reduce a window's values to one number, named once per query
+/// rather than per window.
+#[derive(Clone, Copy, PartialEq)]
+enum OverTime {
+    Avg,
+    Sum,
+    Min,
+    Max,
+    Count,
+    Last,
+    Present,
+    Stddev,
+    Stdvar,
+    Quantile,
+    Changes,
+    Resets,
+}
+
+impl OverTime {
+    fn parse(name: &str) -> Option<OverTime> {
+        Some(match name {
+            "avg_over_time" => OverTime::Avg,
+            "sum_over_time" => OverTime::Sum,
+            "min_over_time" => OverTime::Min,
+            "max_over_time" => OverTime::Max,
+            "count_over_time" => OverTime::Count,
+            "last_over_time" => OverTime::Last,
+            "present_over_time" => OverTime::Present,
+            "stddev_over_time" => OverTime::Stddev,
+            "stdvar_over_time" => OverTime::Stdvar,
+            "quantile_over_time" => OverTime::Quantile,
+            "changes" => OverTime::Changes,
+            "resets" => OverTime::Resets,
+            _ => return None,
+        })
+    }
+
+    /// The window's value; `s` is never empty. `q` is quantile_over_time's φ.
+    fn apply(self, s: &[Sample], q: f64) -> f64 {
+        let vals = || s.iter().map(|x| x.v);
+        match self {
+            OverTime::Avg => mean(vals()),
+            OverTime::Sum => kahan_sum(vals()),
+            OverTime::Min => vals().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
+            OverTime::Max => vals().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
+            OverTime::Count => s.len() as f64,
+            OverTime::Last => s[s.len() - 1].v,
+            OverTime::Present => 1.0,
+            OverTime::Stddev => variance(vals()).sqrt(),
+            OverTime::Stdvar => variance(vals()),
+            OverTime::Quantile => quantile(q, &mut vals().collect::<Vec<_>>()),
+            OverTime::Changes => s.windows(2).filter(|w| w[0].v != w[1].v && !(w[0].v.is_nan() && w[1].v.is_nan())).count() as f64,
+            OverTime::Resets => s.windows(2).filter(|w| w[1].v < w[0].v).count() as f64,
+        }
+    }
+}
+
+/// `*_over_time`, `changes` and `resets`.
+fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, QueryError> {
+    match kind {
+        OverTime::Quantile => {
+            let q = scalar_arg(ev, c, 0)?;
+            ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| Some(kind.apply(s, q[i])))
+        }
+        // The only one that keeps the metric name.
+        OverTime::Last => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| Some(kind.apply(s, 0.0))),
+        OverTime::Avg | OverTime::Sum => ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
+            Some(p) if kind == OverTime::Avg => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
+            Some(p) => Some(p.sum(w.a, w.b)),
+            None => Some(kind.apply(w.samples(), 0.0)),
+        }),
+        _ => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| Some(kind.apply(s, 0.0))),
+    }
+}
+
+fn math(name: &str, x: f64) -> Option<f64> {
+    Some(match name {
+        "abs" => x.abs(),
+        "ceil" => x.ceil(),
+        "floor" => x.floor(),
+        "exp" => x.exp(),
+        "ln" => x.ln(),
+        "log2" => x.log2(),
+        "log10" => x.log10(),
+        "sqrt" => x.sqrt(),
+        "sgn" => {
+            if x > 0.0 {
+                1.0
+            } else if x < 0.0 {
+                -1.0
+            } else {
+                x
+            }
+        }
+        "sin" => x.sin(),
+        "cos" => x.cos(),
+        "tan" => x.tan(),
+        "asin" => x.asin(),
+        "acos" => x.acos(),
+        "atan" => x.atan(),
+        "sinh" => x.sinh(),
+        "cosh" => x.cosh(),
+        "tanh" => x.tanh(),
+        "asinh" => x.asinh(),
+        "acosh" => x.acosh(),
+        "atanh" => x.atanh(),
+        "deg" => x.to_degrees(),
+        "rad" => x.to_radians(),
+        _ => return None,
+    })
+}
+
+/// (year, month 1-12, day 1-31) of days since 1970-01-01 (Howard Hinnant's algorithm).
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (if m <= 2 { y + 1 } else { y }, m, d)
+}
+
+fn date_part(name: &str, secs: f64) -> Option<f64> {
+    if !secs.is_finite() {
+        return Some(f64::NAN);
+    }
+    let s = secs.floor() as i64;
+    let days = s.div_euclid(86_400);
+    let sod = s.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+    let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+    Some(match name {
+        "year" => y as f64,
+        "month" => m as f64,
+        "day_of_month" => d as f64,
+        "day_of_week" => (days + 4).rem_euclid(7) as f64,
+        "day_of_year" => (month_days[..(m - 1) as usize].iter().sum::<u32>() + d) as f64,
+        "days_in_month" => month_days[(m - 1) as usize] as f64,
+        "hour" => (sod / 3600) as f64,
+        "minute" => ((sod % 3600) / 60) as f64,
+        _ => return None,
+    })
+}
+
+/// `absent`'s answer: 1 with `labels` at the steps where no series of `v` has a value.
+fn absent_where_empty(ev: &Evaluator, v: &[StepSeries], labels: Labels) -> Val {
+    let vals: Vec<Option<f64>> = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect();
+    if vals.iter().all(Option::is_none) {
+        return Val::Vector(vec![]);
+    }
+    Val::Vector(vec![StepSeries { labels, vals }])
+}
+
+fn map_vector(v: Vec<StepSeries>, keep_name: bool, mut f: impl FnMut(usize, f64) -> Option<f64>) -> Val {
+    Val::Vector(
+        v.into_iter()
+            .map(|s| StepSeries {
+                labels: if keep_name { s.labels } else { drop_name(&s.labels) },
+                vals: s.vals.iter().enumerate().map(|(i, x)| x.and_then(|x| f(i, x))).collect(),
+            })
+            .filter(|s| s.vals.iter().any(Option::is_some))
+            .collect(),
+    )
+}
+
+pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
+    let name = c.func.name;
+    if c.func.experimental {
+        return Err(QueryError::Unsupported(format!("experimental function {name}()")));
+    }
+    let out = call_inner(ev, c, name)?;
+    super::eval::check_unique(&out)?;
+    Ok(out)
+}
+
+fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
+    if let Some(kind) = OverTime::parse(name) {
+        return over_time_call(ev, c, kind);
+    }
+    match name {
+        "rate" | "increase" | "delta" => {
+            let ms = range_arg(c, 0)?;
+            let counter = name != "delta";
+            let prepare = |s: &[Sample]| counter.then(|| Resets::new(s));
+            ev.range_windows_with(ms, false, prepare, |resets, w| {
+                let drops = resets.as_ref().map(|r| r.within(w.a, w.b)).unwrap_or_default();
+                extrapolated(w.samples(), w.start, w.end, counter, name == "rate", drops.iter().map(|&i| w.all[i - 1].v))
+            })
+        }
+        "irate" | "idelta" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| instant_delta(s, name == "irate")),
+        "deriv" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| linear_regression(s, s[0].t).map(|x| x.0)),
+        "predict_linear" => {
+            let ms = range_arg(c, 0)?;
+            let d = scalar_arg(ev, c, 1)?;
+            // Anchored at the step's time, not the window's (which `@` may move).
+            ev.range_windows(ms, false, |i, s, _, _| linear_regression(s, ev.time(i)).map(|(slope, icpt)| icpt + slope * d[i]))
+        }
+        "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
+        "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
+        "vector" => {
+            let v = scalar_arg(ev, c, 0)?;
+            Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: v.into_iter().map(Some).collect() }]))
+        }
+        "scalar" => {
+            let v = vector_arg(ev, c, 0)?;
+            Ok(Val::Scalar(
+                (0..ev.steps)
+                    .map(|i| {
+                        let present: Vec<f64> = v.iter().filter_map(|s| s.vals[i]).collect();
+                        if present.len() == 1 { present[0] } else { f64::NAN }
+                    })
+                    .collect(),
+            ))
+        }
+        "timestamp" => match c.args.args.first().map(|b| unparen(b)) {
+            // The timestamp of the sample each step's selector picked.
+            Some(Expr::VectorSelector(vs)) => ev.selector_timestamps(vs),
+            _ => {
+                let v = vector_arg(ev, c, 0)?;
+                Ok(map_vector(v, false, |i, _| Some(ev.time(i) as f64 / 1000.0)))
+            }
+        },
+        "absent_over_time" => {
+            let arg = range_arg(c, 0)?;
+            let present = ev.range_windows(arg, false, |_, _, _, _| Some(1.0))?;
+            let Val::Vector(v) = present else { return Ok(Val::Vector(vec![])) };
+            let labels = match arg {
+                Expr::MatrixSelector(ms) => absent_labels_of(Some(&ms.vs)),
+                _ => absent_labels_of(None),
+            };
+            Ok(absent_where_empty(ev, &v, labels))
+        }
+        "absent" => {
+            let v = vector_arg(ev, c, 0)?;
+            Ok(absent_where_empty(ev, &v, absent_labels(c)))
+        }
+        "round" => {
+            let v = vector_arg(ev, c, 0)?;
+            let to = if c.args.args.len() > 1 { scalar_arg(ev, c, 1)? } else { vec![1.0; ev.steps] };
+            Ok(map_vector(v, false, |i, x| {
+                let inv = 1.0 / to[i];
+                Some((x * inv + 0.5).floor() / inv)
+            }))
+        }
+        "clamp" => {
+            let v = vector_arg(ev, c, 0)?;
+            let (lo, hi) = (scalar_arg(ev, c, 1)?, scalar_arg(ev, c, 2)?);
+            Ok(map_vector(v, false, |i, x| if lo[i] > hi[i] { None } else { Some(go_max(lo[i], go_min(hi[i], x))) }))
+        }
+        "clamp_min" | "clamp_max" => {
+            let v = vector_arg(ev, c, 0)?;
+            let b = scalar_arg(ev, c, 1)?;
+            Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { go_max(b[i], x) } else { go_min(b[i], x) })))
+        }
+        "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
+        "label_replace" => {
+            let v = vector_arg(ev, c, 0)?;
+            let (dst, repl, src, re) = (string_arg(ev, c, 1)?, string_arg(ev, c, 2)?, string_arg(ev, c, 3)?, string_arg(ev, c, 4)?);
+            let re = compile_anchored(&re).map_err(|e| QueryError::BadData(format!("invalid regular expression in label_replace(): {re}: {e}")))?;
+            if !strata_model::is_valid_label_name(&dst) {
+                return Err(QueryError::Execution(format!("invalid destination label name in label_replace(): {dst}")));
+            }
+            let out = v
+                .into_iter()
+                .map(|s| {
+                    let val = s.labels.get(&src).unwrap_or("").to_string();
+                    let labels = match re.captures(&val) {
+                        Some(caps) => {
+                            let mut res = String::new();
+                            caps.expand(&repl, &mut res);
+                            let mut b = s.labels.to_builder();
+                            b.set(&dst, &res);
+                            b.build()
+                        }
+                        None => s.labels,
+                    };
+                    StepSeries { labels, vals: s.vals }
+                })
+                .collect();
+            Ok(Val::Vector(out))
+        }
+        "label_join" => {
+            let v = vector_arg(ev, c, 0)?;
+            let dst = string_arg(ev, c, 1)?;
+            let sep = string_arg(ev, c, 2)?;
+            let mut srcs = Vec::new();
+            for i in 3..c.args.args.len() {
+                srcs.push(string_arg(ev, c, i)?);
+            }
+            if !strata_model::is_valid_label_name(&dst) {
+                return Err(QueryError::Execution(format!("invalid destination label name in label_join(): {dst}")));
+            }
+            if let Some(bad) = srcs.iter().find(|s| !strata_model::is_valid_label_name(s)) {
+                return Err(QueryError::Execution(format!("invalid source label name in label_join(): {bad}")));
+            }
+            let out = v
+                .into_iter()
+                .map(|s| {
+                    let joined = srcs.iter().map(|n| s.labels.get(n).unwrap_or("")).collect::<Vec<_>>().join(&sep);
+                    let mut b = s.labels.to_builder();
+                    b.set(&dst, &joined);
+                    StepSeries { labels: b.build(), vals: s.vals }
+                })
+                .collect();
+            Ok(Val::Vector(out))
+        }
+        n if date_part(n, 0.0).is_some() => {
+            if c.args.args.is_empty() {
+                let t: Vec<f64> = (0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect();
+                return Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: t.iter().map(|x| date_part(n, *x)).collect() }]));
+            }
+            let v = vector_arg(ev, c, 0)?;
+            Ok(map_vector(v, false, |_, x| date_part(n, x)))
+        }
+        n if math(n, 0.0).is_some() => {
+            let v = vector_arg(ev, c, 0)?;
+            Ok(map_vector(v, false, |_, x| math(n, x)))
+        }
+        other => Err(QueryError::Unsupported(format!("function {other}()"))),
+    }
+}
+
+/// Go's `math.Max`/`math.Min`: NaN wins.
+fn go_max(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+}
+
+fn go_min(a: f64, b: f64) -> f64 {
+    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
+}
+
+/// The labels `absent` gives its result, as Prometheus: each equality matcher of a plain
+/// selector sets its label the first time; any other matcher on it, or a second one, removes it.
+fn absent_labels(c: &Call) -> Labels {
+    match c.args.args.first().map(|b| unparen(b)) {
+        Some(Expr::VectorSelector(vs)) => absent_labels_of(Some(vs)),
+        _ => absent_labels_of(None),
+    }
+}
+
+fn absent_labels_of(vs: Option<&promql_parser::parser::VectorSelector>) -> Labels {
+    let mut b = strata_model::LabelsBuilder::default();
+    let mut seen = std::collections::HashSet::new();
+    if let Some(vs) = vs {
+        for m in &vs.matchers.matchers {
+            if m.name == METRIC_NAME {
+                continue;
+            }
+            if matches!(m.op, promql_parser::label::MatchOp::Equal) && !seen.contains(&m.name) {
+                b.set(&m.name, &m.value);
+            } else {
+                b.del(&m.name);
+            }
+            seen.insert(m.name.clone());
+        }
+    }
+    b.build()
+}

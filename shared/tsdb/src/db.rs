@@ -1,0 +1,285 @@
+//! `Tsdb`: the head block made durable by the WAL, with retention and the append policy.
+//!
+//! Append policy (documented for users in the README):
+//! * per series, samples must arrive in time order: an older timestamp is refused as
+//!   "out of order"; the same timestamp with a different value as "duplicate sample for
+//!   timestamp"; a sample identical (timestamp and value) to one already stored is accepted
+//!   and ignored, so a retried write is harmless;
+//! * a sample older than `newest sample held − retention` is refused as "out of bounds";
+//! * an empty database accepts any timestamp, so a day of history can be backfilled in
+//!   time order.
+//!
+//! Every append is logged to the WAL before it is applied in memory and before the call
+//! returns; a refused sample is neither logged nor applied.
+
+use crate::head::{HeadBlock, HeadError, HeadStats, MemSeries, SampleError};
+use crate::index::SeriesRef;
+use crate::metrics::TsdbMetrics;
+use strata_model::{Labels, Metadata, Sample};
+use crate::wal::{self, SyncPolicy, Wal, WalError, WalRecord};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct TsdbOptions {
+    pub retention: Duration,
+    pub max_series: usize,
+    pub wal_sync: SyncPolicy,
+    pub wal_segment_bytes: u64,
+}
+
+impl Default for TsdbOptions {
+    fn default() -> Self {
+        TsdbOptions {
+            retention: Duration::from_secs(24 * 3600),
+            max_series: 5_000_000,
+            wal_sync: SyncPolicy::default(),
+            wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TsdbError {
+    #[error(transparent)]
+    Wal(#[from] WalError),
+    #[error(transparent)]
+    Head(#[from] HeadError),
+}
+
+/// What happened to a batch of samples.
+#[derive(Debug, Default)]
+pub struct CommitOutcome {
+    pub appended: usize,
+    /// Exact duplicates of stored samples, accepted and ignored.
+    pub ignored_duplicates: usize,
+    pub rejected: Vec<(SeriesRef, Sample, SampleError)>,
+}
+
+/// The WAL writer and the scratch space of [`Tsdb::commit`], which the WAL lock serialises.
+struct Writer {
+    wal: Wal,
+    /// Newest accepted sample per series within the batch being committed.
+    pending: HashMap<SeriesRef, Sample, foldhash::fast::RandomState>,
+}
+
+pub struct Tsdb {
+    head: HeadBlock,
+    wal: Mutex<Writer>,
+    dir: PathBuf,
+    opts: TsdbOptions,
+    metrics: TsdbMetrics,
+}
+
+impl Tsdb {
+    /// Opens (or creates) the database in `dir`, replaying its WAL.
+    pub fn open(dir: &Path, opts: TsdbOptions) -> Result<Tsdb, TsdbError> {
+        let wal_dir = dir.join("wal");
+        let head = HeadBlock::new(opts.max_series);
+        let mut unknown_refs = 0u64;
+        let stats = wal::replay(&wal_dir, |rec| match rec {
+            WalRecord::Series { series_ref, labels } => {
+                head.restore(series_ref, &labels);
+            }
+            WalRecord::Samples(samples) => {
+                for (r, s) in samples {
+                    let Some(series) = head.series(r) else {
+                        unknown_refs += 1;
+                        continue;
+                    };
+                    let mut g = series.samples.lock();
+                    // Replay may see a sample twice when a segment repeats after a crash;
+                    // the same check as on append keeps the series ordered.
+                    if g.check(&s) == Ok(true) {
+                        g.append(s);
+                        head.note_time(s.t);
+                    }
+                }
+            }
+            WalRecord::Metadata { family, meta } => {
+                head.set_metadata(&family, meta);
+            }
+        })?;
+        if unknown_refs > 0 {
+            tracing::warn!(samples = unknown_refs, "WAL replay: samples for series whose definition was lost to damage were skipped");
+        }
+        let wal = Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
+        let db = Tsdb { head, wal: Mutex::new(Writer { wal, pending: HashMap::default() }), dir: dir.to_path_buf(), opts, metrics: TsdbMetrics::default() };
+        db.apply_retention()?;
+        Ok(db)
+    }
+
+    pub fn head(&self) -> &HeadBlock {
+        &self.head
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn wal_dir(&self) -> PathBuf {
+        self.dir.join("wal")
+    }
+
+    pub fn options(&self) -> &TsdbOptions {
+        &self.opts
+    }
+
+    pub fn metrics(&self) -> &TsdbMetrics {
+        &self.metrics
+    }
+
+    /// Finds or creates the series; creation is logged with the next commit that uses it.
+    pub fn series(&self, labels: &Labels) -> Result<Arc<MemSeries>, HeadError> {
+        self.head.get_or_create(labels).map(|(s, _)| s)
+    }
+
+    /// Oldest timestamp still accepted.
+    fn min_valid_time(&self) -> i64 {
+        let max = self.head.max_time();
+        if max == i64::MIN {
+            return i64::MIN;
+        }
+        max.saturating_sub(self.opts.retention.as_millis() as i64)
+    }
+
+    /// Validates, logs and applies a batch. Samples of one series must be in time order
+    /// within the batch; each refused sample is reported and the rest still go in.
+    pub fn commit(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
+        self.commit_inner(batch, false)
+    }
+
+    /// [`commit`](Self::commit) for a batch whose samples all belong to different series,
+    /// as a scrape's (checked for duplicate series before): skips tracking repeats within
+    /// the batch. A batch that breaks the contract would let a series' samples in out of order.
+    pub fn commit_distinct(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
+        debug_assert!({
+            let mut refs: Vec<_> = batch.iter().map(|(s, _)| s.series_ref).collect();
+            refs.sort_unstable();
+            refs.windows(2).all(|w| w[0] != w[1])
+        });
+        self.commit_inner(batch, true)
+    }
+
+    fn commit_inner(&self, batch: &[(Arc<MemSeries>, Sample)], distinct: bool) -> Result<CommitOutcome, TsdbError> {
+        let mut out = CommitOutcome::default();
+        if batch.is_empty() {
+            return Ok(out);
+        }
+        let mut writer = self.wal.lock();
+        let Writer { wal, pending } = &mut *writer;
+        pending.clear();
+        let rotated = wal.rotate_if_full()?;
+        let segment = wal.current_segment();
+        let min_valid = self.min_valid_time();
+
+        let mut records = Vec::new();
+        if rotated {
+            for (family, meta) in self.head.all_metadata() {
+                records.push(WalRecord::Metadata { family, meta });
+            }
+        }
+        let mut accepted: Vec<(SeriesRef, Sample)> = Vec::with_capacity(batch.len());
+        let mut accepted_idx: Vec<usize> = Vec::with_capacity(batch.len());
+        for (i, (series, s)) in batch.iter().enumerate() {
+            if s.t < min_valid {
+                out.rejected.push((series.series_ref, *s, SampleError::OutOfBounds));
+                continue;
+            }
+            let repeat = if distinct { None } else { pending.get(&series.series_ref) };
+            let check = match repeat {
+                Some(p) if s.t > p.t => Ok(true),
+                Some(p) if s.t == p.t && p.v.to_bits() == s.v.to_bits() => Ok(false),
+                Some(p) if s.t == p.t => Err(SampleError::DuplicateTimestamp),
+                Some(_) => Err(SampleError::OutOfOrder),
+                None => series.samples.lock().check(s),
+            };
+            match check {
+                Ok(true) => {
+                    if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) != segment
+                        && (distinct || !pending.contains_key(&series.series_ref))
+                    {
+                        records.push(WalRecord::Series { series_ref: series.series_ref, labels: series.labels.clone() });
+                    }
+                    if !distinct {
+                        pending.insert(series.series_ref, *s);
+                    }
+                    accepted.push((series.series_ref, *s));
+                    accepted_idx.push(i);
+                }
+                Ok(false) => out.ignored_duplicates += 1,
+                Err(e) => out.rejected.push((series.series_ref, *s, e)),
+            }
+        }
+        if accepted.is_empty() && records.is_empty() {
+            return Ok(out);
+        }
+        let n = accepted.len();
+        if n > 0 {
+            records.push(WalRecord::Samples(accepted));
+        }
+        wal.log(&records)?;
+        let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        for &i in &accepted_idx {
+            let (series, s) = &batch[i];
+            series.logged_segment.store(segment, std::sync::atomic::Ordering::Relaxed);
+            series.samples.lock().append(*s);
+            lo = lo.min(s.t);
+            hi = hi.max(s.t);
+        }
+        if lo <= hi {
+            self.head.note_time(lo);
+            self.head.note_time(hi);
+        }
+        out.appended = n;
+        self.metrics.samples_appended.inc_by(n as u64);
+        Ok(out)
+    }
+
+    /// Records a metric family's metadata, logging it when it changed.
+    pub fn set_metadata(&self, family: &str, meta: Metadata) -> Result<(), TsdbError> {
+        if self.head.set_metadata(family, meta.clone()) {
+            self.wal.lock().wal.log(&[WalRecord::Metadata { family: family.to_string(), meta }])?;
+        }
+        Ok(())
+    }
+
+    /// `fsync`s the WAL; returns how long it took.
+    pub fn sync_wal(&self) -> Result<Duration, TsdbError> {
+        let mut w = self.wal.lock();
+        w.wal.sync()?;
+        Ok(w.wal.last_fsync.unwrap_or_default())
+    }
+
+    pub fn wal_cursor(&self) -> wal::WalCursor {
+        self.wal.lock().wal.cursor()
+    }
+
+    pub fn wal_disk_bytes(&self) -> u64 {
+        self.wal.lock().wal.disk_bytes()
+    }
+
+    /// Drops data older than the retention window, counted back from the newest sample.
+    pub fn apply_retention(&self) -> Result<(usize, usize), TsdbError> {
+        let cutoff = self.min_valid_time();
+        if cutoff == i64::MIN {
+            return Ok((0, 0));
+        }
+        let series = self.head.truncate_before(cutoff);
+        let segments = self.wal.lock().wal.truncate_before(cutoff)?;
+        if series > 0 || segments > 0 {
+            tracing::info!(series, segments, cutoff, "retention removed old data");
+        }
+        Ok((series, segments))
+    }
+
+    pub fn stats(&self) -> HeadStats {
+        self.head.stats()
+    }
+}
+
+#[cfg(test)]
+mod tests;

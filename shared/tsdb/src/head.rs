@@ -1,0 +1,368 @@
+//! The head block: every active series in memory, as sealed chunks plus one open chunk,
+//! with the inverted index over their labels.
+//!
+//! Concurrency: the series table and index sit behind one `RwLock` (taken for writing only
+//! when a series is created or garbage-collected); each series' samples behind their own
+//! mutex, so queries and appends to different series do not contend.
+
+use strata_chunk::{Chunk, ChunkAppender};
+use crate::index::{Interner, PostingsIndex, SeriesRef};
+use strata_model::matcher::Matcher;
+use strata_model::{Labels, Metadata, MetricType, Sample};
+use parking_lot::{Mutex, RwLock};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Why one sample was refused. Matches Prometheus' append errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum SampleError {
+    #[error("out of order sample")]
+    OutOfOrder,
+    #[error("duplicate sample for timestamp")]
+    DuplicateTimestamp,
+    #[error("out of bounds: older than the retention window")]
+    OutOfBounds,
+}
+
+impl SampleError {
+    pub fn reason(&self) -> &'static str {
+        match self {
+            SampleError::OutOfOrder => "out_of_order",
+            SampleError::DuplicateTimestamp => "duplicate",
+            SampleError::OutOfBounds => "out_of_bounds",
+        }
+    }
+}
+
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+pub enum HeadError {
+    #[error("series limit of {limit} reached: refusing new series {series}")]
+    SeriesLimit { limit: usize, series: String },
+    #[error("invalid series {series}: {reason}")]
+    InvalidSeries { series: String, reason: String },
+}
+
+pub struct SeriesSamples {
+    sealed: Vec<Chunk>,
+    open: ChunkAppender,
+    last: Option<Sample>,
+}
+
+impl SeriesSamples {
+    fn new() -> Self {
+        SeriesSamples { sealed: Vec::new(), open: ChunkAppender::new(), last: None }
+    }
+
+    /// Checks a sample against this series' newest one. `Ok(false)` is an exact duplicate
+    /// of a stored sample, accepted and ignored, so a retried write is idempotent; an older
+    /// sample that is not already stored is out of order.
+    pub fn check(&self, s: &Sample) -> Result<bool, SampleError> {
+        match self.last {
+            None => Ok(true),
+            Some(last) if s.t > last.t => Ok(true),
+            Some(last) if s.t == last.t => {
+                if last.v.to_bits() == s.v.to_bits() {
+                    Ok(false)
+                } else {
+                    Err(SampleError::DuplicateTimestamp)
+                }
+            }
+            Some(_) if self.holds(s) => Ok(false),
+            Some(_) => Err(SampleError::OutOfOrder),
+        }
+    }
+
+    /// Whether this exact sample (timestamp and value bits) is stored. Only the rare
+    /// out-of-order path pays for the decode.
+    fn holds(&self, s: &Sample) -> bool {
+        let i = self.sealed.partition_point(|c| c.max_t < s.t);
+        let found = |mut it: strata_chunk::ChunkIter<'_>| it.any(|x| x.bit_eq(s));
+        match self.sealed.get(i) {
+            Some(c) if c.min_t <= s.t => found(c.iter()),
+            Some(_) => false,
+            None => !self.open.is_empty() && self.open.min_t() <= s.t && found(self.open.seal().iter()),
+        }
+    }
+
+    /// Appends a sample that passed [`check`](Self::check).
+    pub fn append(&mut self, s: Sample) {
+        self.open.append(s.t, s.v);
+        self.last = Some(s);
+        if self.open.is_full() {
+            // Sealed as soon as it fills, so queries of the recent past meet the block form.
+            let sealed = self.open.seal();
+            self.open = ChunkAppender::with_capacity(sealed.data.len() + sealed.data.len() / 8);
+            self.sealed.push(sealed.compact());
+        }
+    }
+
+    pub fn last(&self) -> Option<Sample> {
+        self.last
+    }
+
+    /// Chunks overlapping `[mint, maxt]`, the open one sealed as a snapshot.
+    fn chunks(&self, mint: i64, maxt: i64) -> Vec<Chunk> {
+        let mut v: Vec<Chunk> = self.sealed.iter().filter(|c| c.overlaps(mint, maxt)).cloned().collect();
+        if !self.open.is_empty() && self.open.min_t() <= maxt && self.open.max_t() >= mint {
+            v.push(self.open.seal());
+        }
+        v
+    }
+
+    fn byte_size(&self) -> usize {
+        self.sealed.iter().map(|c| c.data.len()).sum::<usize>() + self.open.byte_len()
+    }
+
+    fn sample_count(&self) -> u64 {
+        self.sealed.iter().map(|c| c.n as u64).sum::<u64>() + self.open.len() as u64
+    }
+}
+
+pub struct MemSeries {
+    pub series_ref: SeriesRef,
+    pub labels: Labels,
+    pub samples: Mutex<SeriesSamples>,
+    /// WAL segment in which this series' labels were last logged (u32::MAX: never).
+    pub logged_segment: AtomicU32,
+}
+
+#[derive(Default)]
+struct SeriesTable {
+    by_hash: HashMap<u64, Vec<SeriesRef>>,
+    series: HashMap<SeriesRef, Arc<MemSeries>>,
+    index: PostingsIndex,
+    interner: Interner,
+}
+
+/// Counts the head exposes for self-monitoring and benchmarks.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct HeadStats {
+    pub series: usize,
+    pub samples: u64,
+    pub chunk_bytes: usize,
+    pub index_bytes: usize,
+    pub label_bytes: usize,
+}
+
+pub struct HeadBlock {
+    table: RwLock<SeriesTable>,
+    metadata: RwLock<HashMap<String, Metadata>>,
+    next_ref: AtomicU64,
+    max_series: usize,
+    min_t: AtomicI64,
+    max_t: AtomicI64,
+}
+
+/// Suffixes under which a metric's samples appear while its metadata names the family.
+const FAMILY_SUFFIXES: [&str; 6] = ["_total", "_bucket", "_count", "_sum", "_created", "_info"];
+
+impl HeadBlock {
+    pub fn new(max_series: usize) -> Self {
+        HeadBlock {
+            table: RwLock::new(SeriesTable::default()),
+            metadata: RwLock::new(HashMap::new()),
+            next_ref: AtomicU64::new(1),
+            max_series,
+            min_t: AtomicI64::new(i64::MAX),
+            max_t: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    pub fn min_time(&self) -> i64 {
+        self.min_t.load(Ordering::Relaxed)
+    }
+
+    /// Newest sample timestamp held, `i64::MIN` when empty.
+    pub fn max_time(&self) -> i64 {
+        self.max_t.load(Ordering::Relaxed)
+    }
+
+    pub fn note_time(&self, t: i64) {
+        self.min_t.fetch_min(t, Ordering::Relaxed);
+        self.max_t.fetch_max(t, Ordering::Relaxed);
+    }
+
+    fn find(table: &SeriesTable, hash: u64, labels: &Labels) -> Option<Arc<MemSeries>> {
+        table.by_hash.get(&hash)?.iter().filter_map(|r| table.series.get(r)).find(|s| &s.labels == labels).cloned()
+    }
+
+    /// The series with these labels, created if new. The bool says whether it was created.
+    pub fn get_or_create(&self, labels: &Labels) -> Result<(Arc<MemSeries>, bool), HeadError> {
+        let hash = labels.stable_hash();
+        if let Some(s) = Self::find(&self.table.read(), hash, labels) {
+            return Ok((s, false));
+        }
+        if labels.metric_name().is_none() {
+            return Err(HeadError::InvalidSeries { series: labels.to_string(), reason: "no metric name".into() });
+        }
+        let mut t = self.table.write();
+        if let Some(s) = Self::find(&t, hash, labels) {
+            return Ok((s, false));
+        }
+        if t.series.len() >= self.max_series {
+            return Err(HeadError::SeriesLimit { limit: self.max_series, series: labels.to_string() });
+        }
+        let r = self.next_ref.fetch_add(1, Ordering::Relaxed);
+        Ok((Self::insert(&mut t, r, hash, labels), true))
+    }
+
+    fn insert(t: &mut SeriesTable, r: SeriesRef, hash: u64, labels: &Labels) -> Arc<MemSeries> {
+        let labels = t.interner.intern_labels(labels);
+        let s = Arc::new(MemSeries {
+            series_ref: r,
+            labels,
+            samples: Mutex::new(SeriesSamples::new()),
+            logged_segment: AtomicU32::new(u32::MAX),
+        });
+        t.index.add(r, &s.labels);
+        t.by_hash.entry(hash).or_default().push(r);
+        t.series.insert(r, s.clone());
+        s
+    }
+
+    /// Re-creates a series under the reference the WAL recorded (replay). The series limit
+    /// does not apply: what was acknowledged once is never refused on restart.
+    pub fn restore(&self, r: SeriesRef, labels: &Labels) -> Arc<MemSeries> {
+        let mut t = self.table.write();
+        if let Some(s) = t.series.get(&r) {
+            return s.clone();
+        }
+        self.next_ref.fetch_max(r + 1, Ordering::Relaxed);
+        let hash = labels.stable_hash();
+        Self::insert(&mut t, r, hash, labels)
+    }
+
+    pub fn series(&self, r: SeriesRef) -> Option<Arc<MemSeries>> {
+        self.table.read().series.get(&r).cloned()
+    }
+
+    pub fn num_series(&self) -> usize {
+        self.table.read().series.len()
+    }
+
+    pub fn set_metadata(&self, family: &str, meta: Metadata) -> bool {
+        let mut m = self.metadata.write();
+        if m.get(family) == Some(&meta) {
+            return false;
+        }
+        m.insert(family.to_string(), meta);
+        true
+    }
+
+    pub fn all_metadata(&self) -> Vec<(String, Metadata)> {
+        let mut v: Vec<_> = self.metadata.read().iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The type of a metric, looked up by its name or by its family (`foo_total` → `foo`).
+    pub fn metric_type(&self, metric: &str) -> MetricType {
+        let m = self.metadata.read();
+        if let Some(x) = m.get(metric) {
+            return x.metric_type;
+        }
+        FAMILY_SUFFIXES
+            .iter()
+            .filter_map(|s| metric.strip_suffix(s))
+            .find_map(|f| m.get(f).map(|x| x.metric_type))
+            .unwrap_or_default()
+    }
+
+    /// Series matching the matchers that hold samples in `[mint, maxt]`, sorted by labels.
+    pub fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Vec<(Arc<MemSeries>, Vec<Chunk>)> {
+        let series: Vec<Arc<MemSeries>> = {
+            let t = self.table.read();
+            t.index.select(matchers).iter().filter_map(|r| t.series.get(r).cloned()).collect()
+        };
+        let mut out: Vec<_> = series
+            .into_iter()
+            .filter_map(|s| {
+                let chunks = s.samples.lock().chunks(mint, maxt);
+                (!chunks.is_empty()).then_some((s, chunks))
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.labels.cmp(&b.0.labels));
+        out
+    }
+
+    /// Matching series that have samples in range, without their data (for label queries).
+    pub fn select_labels(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Vec<Labels> {
+        let series: Vec<Arc<MemSeries>> = {
+            let t = self.table.read();
+            t.index.select(matchers).iter().filter_map(|r| t.series.get(r).cloned()).collect()
+        };
+        let mut out: Vec<Labels> = series
+            .into_iter()
+            .filter(|s| {
+                let g = s.samples.lock();
+                let lo = g.sealed.first().map(|c| c.min_t).unwrap_or(g.open.min_t());
+                g.last.is_some_and(|l| l.t >= mint) && lo <= maxt
+            })
+            .map(|s| s.labels.clone())
+            .collect();
+        out.sort();
+        out
+    }
+
+    pub fn label_names(&self) -> Vec<String> {
+        self.table.read().index.label_names()
+    }
+
+    pub fn label_values(&self, name: &str) -> Vec<String> {
+        self.table.read().index.label_values(name)
+    }
+
+    /// Drops chunks entirely older than `cutoff`, and series left with nothing newer.
+    /// Returns the number of series removed.
+    pub fn truncate_before(&self, cutoff: i64) -> usize {
+        let all: Vec<Arc<MemSeries>> = self.table.read().series.values().cloned().collect();
+        let mut dead = Vec::new();
+        for s in all {
+            let mut g = s.samples.lock();
+            g.sealed.retain(|c| c.max_t >= cutoff);
+            let empty = g.last.is_none_or(|l| l.t < cutoff);
+            if empty {
+                dead.push(s.clone());
+            }
+        }
+        let removed = dead.len();
+        if !dead.is_empty() {
+            let mut t = self.table.write();
+            for s in &dead {
+                t.index.remove(s.series_ref, &s.labels);
+                t.series.remove(&s.series_ref);
+                let hash = s.labels.stable_hash();
+                if let Some(v) = t.by_hash.get_mut(&hash) {
+                    v.retain(|r| *r != s.series_ref);
+                    if v.is_empty() {
+                        t.by_hash.remove(&hash);
+                    }
+                }
+            }
+            drop(t);
+            // The dead series' labels hold their strings until `dead` drops.
+            drop(dead);
+            self.table.write().interner.gc();
+        }
+        if cutoff > self.min_t.load(Ordering::Relaxed) {
+            self.min_t.store(cutoff, Ordering::Relaxed);
+        }
+        removed
+    }
+
+    pub fn stats(&self) -> HeadStats {
+        let t = self.table.read();
+        let mut st = HeadStats { series: t.series.len(), ..Default::default() };
+        for s in t.series.values() {
+            let g = s.samples.lock();
+            st.chunk_bytes += g.byte_size();
+            st.samples += g.sample_count();
+        }
+        // per series: the Arc'd MemSeries struct, its label vector, two map entries
+        let per_series = std::mem::size_of::<MemSeries>() + 16 + 8 + 16 + 24;
+        st.label_bytes = t.series.values().map(|s| s.labels.len() * std::mem::size_of::<strata_model::Label>()).sum();
+        st.index_bytes = t.index.byte_size() + t.interner.byte_size() + t.series.len() * per_series + st.label_bytes;
+        st
+    }
+}

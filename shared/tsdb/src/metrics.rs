@@ -1,0 +1,54 @@
+//! The database's self-metrics. They belong to the [`Tsdb`](crate::Tsdb), which counts its
+//! own appends and fsyncs, so every tier that holds a database reports the same series
+//! under the same names; a tier registers them into its registry with
+//! [`TsdbMetrics::register`] and refreshes the gauges with [`TsdbMetrics::refresh`] when
+//! it is scraped.
+
+use crate::db::Tsdb;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Debug, Clone)]
+pub struct TsdbMetrics {
+    pub samples_appended: Counter,
+    pub head_series: Gauge,
+    pub head_chunk_bytes: Gauge,
+    pub wal_bytes: Gauge,
+    pub wal_fsync_seconds: Histogram,
+    pub retention_failures: Counter,
+}
+
+impl Default for TsdbMetrics {
+    fn default() -> Self {
+        TsdbMetrics {
+            samples_appended: Counter::default(),
+            head_series: Gauge::default(),
+            head_chunk_bytes: Gauge::default(),
+            wal_bytes: Gauge::default(),
+            wal_fsync_seconds: Histogram::new([0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+            retention_failures: Counter::default(),
+        }
+    }
+}
+
+impl TsdbMetrics {
+    /// Registers every metric (sharing the counters, so later updates show).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register("head_samples_appended", "Samples appended to the head (after WAL logging)", self.samples_appended.clone());
+        registry.register("head_series", "Series held in the head", self.head_series.clone());
+        registry.register("head_chunk_bytes", "Bytes of compressed chunk data in the head", self.head_chunk_bytes.clone());
+        registry.register("wal_bytes", "Bytes of WAL segments on disk", self.wal_bytes.clone());
+        registry.register("wal_fsync_duration_seconds", "Duration of WAL fsync calls", self.wal_fsync_seconds.clone());
+        registry.register("retention_failures", "Retention runs that failed", self.retention_failures.clone());
+    }
+
+    /// Sets the gauges from the database's current state.
+    pub fn refresh(&self, db: &Tsdb) {
+        let st = db.stats();
+        self.head_series.set(i64::try_from(st.series).unwrap_or(i64::MAX));
+        self.head_chunk_bytes.set(i64::try_from(st.chunk_bytes).unwrap_or(i64::MAX));
+        self.wal_bytes.set(i64::try_from(db.wal_disk_bytes()).unwrap_or(i64::MAX));
+    }
+}

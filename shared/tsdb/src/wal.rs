@@ -1,0 +1,572 @@
+//! Write-ahead log: what the edge acknowledged survives a crash.
+//!
+//! Layout: a directory of segment files named by a zero-padded number. Each segment starts
+//! with the 8-byte magic [`SEGMENT_MAGIC`]; then records, each framed as
+//! `len: u32 LE | crc32(type ‖ payload): u32 LE | type: u8 | payload`.
+//!
+//! Every segment is self-contained: the writer re-logs a series' labels (and all metric
+//! metadata) before a segment's first sample of it, so any suffix of segments replays on
+//! its own. That is what lets retention delete old segments without a checkpoint, lets a
+//! reader resume from a [`WalCursor`], and lets replay skip past a damaged segment.
+//!
+//! Durability, per method:
+//! * [`Wal::log`] writes the records to the OS before it returns: they survive the process
+//!   being killed (SIGKILL, panic, OOM). With [`SyncPolicy::Always`] it also `fsync`s, so
+//!   they survive power loss; with [`SyncPolicy::Interval`] (the default, 1 s) a background
+//!   task calls [`Wal::sync`], so power loss can lose up to that interval.
+//! * Rotation to a new segment `fsync`s the old one first.
+//! * [`replay`] cuts a torn or corrupt tail with a warning (never fatal) and keeps going
+//!   with the next segment.
+
+use crate::index::SeriesRef;
+use strata_model::{Label, Labels, Metadata, MetricType, Sample};
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub const SEGMENT_MAGIC: &[u8; 8] = b"STRWAL01";
+/// A segment is rotated once it passes this size.
+pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
+/// No record may be larger than this; a larger length field means corruption.
+const MAX_RECORD_BYTES: u32 = 256 << 20;
+
+const REC_SERIES: u8 = 1;
+const REC_SAMPLES: u8 = 2;
+const REC_METADATA: u8 = 3;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WalError {
+    #[error("WAL {path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error("WAL segment {path} at offset {offset}: {reason}")]
+    Corrupt { path: PathBuf, offset: u64, reason: String },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
+    move |source| WalError::Io { path: path.to_path_buf(), source }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncPolicy {
+    /// `fsync` after every [`Wal::log`].
+    Always,
+    /// `fsync` from a background task at this interval.
+    Interval(Duration),
+}
+
+impl Default for SyncPolicy {
+    fn default() -> Self {
+        SyncPolicy::Interval(Duration::from_secs(1))
+    }
+}
+
+/// A position in the WAL: the record starting at `offset` in segment `segment`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct WalCursor {
+    pub segment: u32,
+    pub offset: u64,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum WalRecord {
+    Series { series_ref: SeriesRef, labels: Labels },
+    Samples(Vec<(SeriesRef, Sample)>),
+    Metadata { family: String, meta: Metadata },
+}
+
+// ---- encoding ----
+
+fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        buf.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    buf.push(v as u8);
+}
+
+fn put_varint(buf: &mut Vec<u8>, v: i64) {
+    put_uvarint(buf, ((v << 1) ^ (v >> 63)) as u64);
+}
+
+fn put_str(buf: &mut Vec<u8>, s: &str) {
+    put_uvarint(buf, s.len() as u64);
+    buf.extend_from_slice(s.as_bytes());
+}
+
+struct Dec<'a> {
+    b: &'a [u8],
+    i: usize,
+}
+
+impl<'a> Dec<'a> {
+    fn uvarint(&mut self) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = *self.b.get(self.i)?;
+            self.i += 1;
+            v |= ((byte & 0x7f) as u64) << shift;
+            if byte < 0x80 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    fn varint(&mut self) -> Option<i64> {
+        let u = self.uvarint()?;
+        Some(((u >> 1) as i64) ^ -((u & 1) as i64))
+    }
+    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
+        let end = self.i.checked_add(n)?;
+        let s = self.b.get(self.i..end)?;
+        self.i = end;
+        Some(s)
+    }
+    fn str(&mut self) -> Option<&'a str> {
+        let n = self.uvarint()? as usize;
+        std::str::from_utf8(self.bytes(n)?).ok()
+    }
+    fn u8(&mut self) -> Option<u8> {
+        Some(self.bytes(1)?[0])
+    }
+    fn f64(&mut self) -> Option<f64> {
+        let b = self.bytes(8)?;
+        Some(f64::from_bits(u64::from_le_bytes(b.try_into().ok()?)))
+    }
+}
+
+impl WalRecord {
+    /// Appends the framed record to `out`.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        let mut payload = Vec::new();
+        let ty = match self {
+            WalRecord::Series { series_ref, labels } => {
+                put_uvarint(&mut payload, *series_ref);
+                put_uvarint(&mut payload, labels.len() as u64);
+                for l in labels.iter() {
+                    put_str(&mut payload, &l.name);
+                    put_str(&mut payload, &l.value);
+                }
+                REC_SERIES
+            }
+            WalRecord::Samples(samples) => {
+                put_uvarint(&mut payload, samples.len() as u64);
+                let base = samples.first().map(|s| s.1.t).unwrap_or(0);
+                put_varint(&mut payload, base);
+                payload.reserve(samples.len() * 14);
+                for (r, s) in samples {
+                    put_uvarint(&mut payload, *r);
+                    put_varint(&mut payload, s.t.wrapping_sub(base));
+                    payload.extend_from_slice(&s.v.to_bits().to_le_bytes());
+                }
+                REC_SAMPLES
+            }
+            WalRecord::Metadata { family, meta } => {
+                put_str(&mut payload, family);
+                payload.push(meta.metric_type.to_u8());
+                put_str(&mut payload, &meta.help);
+                put_str(&mut payload, &meta.unit);
+                REC_METADATA
+            }
+        };
+        let mut h = crc32fast::Hasher::new();
+        h.update(&[ty]);
+        h.update(&payload);
+        out.extend_from_slice(&(payload.len() as u32 + 1).to_le_bytes());
+        out.extend_from_slice(&h.finalize().to_le_bytes());
+        out.push(ty);
+        out.extend_from_slice(&payload);
+    }
+
+    fn decode(ty: u8, payload: &[u8]) -> Option<WalRecord> {
+        let mut d = Dec { b: payload, i: 0 };
+        let rec = match ty {
+            REC_SERIES => {
+                let series_ref = d.uvarint()?;
+                let n = d.uvarint()? as usize;
+                let mut labels = Vec::with_capacity(n.min(256));
+                for _ in 0..n {
+                    let name: Arc<str> = d.str()?.into();
+                    let value: Arc<str> = d.str()?.into();
+                    labels.push(Label { name, value });
+                }
+                if !labels.windows(2).all(|w| w[0].name < w[1].name) {
+                    return None;
+                }
+                WalRecord::Series { series_ref, labels: Labels::from_sorted_unchecked(labels) }
+            }
+            REC_SAMPLES => {
+                let n = d.uvarint()? as usize;
+                let base = d.varint()?;
+                let mut v = Vec::with_capacity(n.min(1 << 20));
+                for _ in 0..n {
+                    let r = d.uvarint()?;
+                    let t = base.wrapping_add(d.varint()?);
+                    v.push((r, Sample { t, v: d.f64()? }));
+                }
+                WalRecord::Samples(v)
+            }
+            REC_METADATA => {
+                let family = d.str()?.to_string();
+                let metric_type = MetricType::from_u8(d.u8()?);
+                let help = d.str()?.to_string();
+                let unit = d.str()?.to_string();
+                WalRecord::Metadata { family, meta: Metadata { metric_type, help, unit } }
+            }
+            _ => return None,
+        };
+        (d.i == payload.len()).then_some(rec)
+    }
+}
+
+fn segment_path(dir: &Path, n: u32) -> PathBuf {
+    dir.join(format!("{n:08}"))
+}
+
+/// Segment numbers present in `dir`, ascending. Files with other names are ignored.
+pub fn list_segments(dir: &Path) -> Result<Vec<u32>, WalError> {
+    let mut v = Vec::new();
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(v),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    for e in rd {
+        let e = e.map_err(io_err(dir))?;
+        if let Some(n) = e.file_name().to_str().filter(|s| s.len() == 8).and_then(|s| s.parse::<u32>().ok()) {
+            v.push(n);
+        }
+    }
+    v.sort_unstable();
+    Ok(v)
+}
+
+/// Reads records of one segment from `offset` (0 = from the start, past the magic).
+pub struct SegmentReader {
+    path: PathBuf,
+    data: Vec<u8>,
+    pos: usize,
+}
+
+pub enum ReadOutcome {
+    Record(WalRecord),
+    End,
+    /// Damage at this offset; nothing after it in this segment can be trusted.
+    Damaged { offset: u64, reason: String },
+}
+
+impl SegmentReader {
+    pub fn open(path: &Path, offset: u64) -> Result<Self, WalError> {
+        let mut f = File::open(path).map_err(io_err(path))?;
+        let mut data = Vec::new();
+        f.read_to_end(&mut data).map_err(io_err(path))?;
+        let pos = (offset as usize).max(SEGMENT_MAGIC.len());
+        Ok(SegmentReader { path: path.to_path_buf(), data, pos })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Offset of the next record.
+    pub fn offset(&self) -> u64 {
+        self.pos as u64
+    }
+
+    pub fn next_record(&mut self) -> ReadOutcome {
+        if self.data.len() < SEGMENT_MAGIC.len() || &self.data[..8] != SEGMENT_MAGIC {
+            if self.data.is_empty() {
+                return ReadOutcome::End;
+            }
+            return ReadOutcome::Damaged { offset: 0, reason: "bad segment magic".into() };
+        }
+        let start = self.pos;
+        if start == self.data.len() {
+            return ReadOutcome::End;
+        }
+        let damaged = |reason: &str| ReadOutcome::Damaged { offset: start as u64, reason: reason.to_string() };
+        let Some(head) = self.data.get(start..start + 8) else {
+            return damaged("torn record header");
+        };
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
+        if len == 0 || len > MAX_RECORD_BYTES {
+            return damaged("invalid record length");
+        }
+        let Some(body) = self.data.get(start + 8..start + 8 + len as usize) else {
+            return damaged("torn record");
+        };
+        if crc32fast::hash(body) != crc {
+            return damaged("checksum mismatch");
+        }
+        match WalRecord::decode(body[0], &body[1..]) {
+            Some(r) => {
+                self.pos = start + 8 + len as usize;
+                ReadOutcome::Record(r)
+            }
+            None => damaged("undecodable record"),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone)]
+pub struct ReplayStats {
+    pub segments: usize,
+    pub records: u64,
+    pub samples: u64,
+    pub damaged_segments: usize,
+    /// Highest sample timestamp seen per segment, for retention.
+    pub segment_max_t: Vec<(u32, i64)>,
+}
+
+/// Replays every segment in order, calling `f` for each record. A damaged tail is cut off
+/// (the file is truncated there) with a warning; replay continues with the next segment.
+pub fn replay(dir: &Path, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
+    let segs = list_segments(dir)?;
+    let mut stats = ReplayStats::default();
+    let started = Instant::now();
+    let mut last_log = Instant::now();
+    for (i, &n) in segs.iter().enumerate() {
+        let path = segment_path(dir, n);
+        let mut r = SegmentReader::open(&path, 0)?;
+        let mut max_t = i64::MIN;
+        loop {
+            match r.next_record() {
+                ReadOutcome::Record(rec) => {
+                    stats.records += 1;
+                    if let WalRecord::Samples(s) = &rec {
+                        stats.samples += s.len() as u64;
+                        max_t = s.iter().map(|x| x.1.t).fold(max_t, i64::max);
+                    }
+                    f(rec);
+                }
+                ReadOutcome::End => break,
+                ReadOutcome::Damaged { offset, reason } => {
+                    tracing::warn!(segment = %path.display(), offset, reason, "WAL damaged: cutting the segment here and continuing with the next one");
+                    stats.damaged_segments += 1;
+                    let keep = if offset == 0 { 0 } else { offset };
+                    let file = OpenOptions::new().write(true).open(&path).map_err(io_err(&path))?;
+                    file.set_len(keep).map_err(io_err(&path))?;
+                    file.sync_all().map_err(io_err(&path))?;
+                    break;
+                }
+            }
+        }
+        stats.segments += 1;
+        stats.segment_max_t.push((n, max_t));
+        if last_log.elapsed() > Duration::from_secs(2) {
+            tracing::info!(segment = i + 1, of = segs.len(), samples = stats.samples, "replaying WAL");
+            last_log = Instant::now();
+        }
+    }
+    if !segs.is_empty() {
+        tracing::info!(segments = stats.segments, records = stats.records, samples = stats.samples,
+            damaged = stats.damaged_segments, secs = started.elapsed().as_secs_f64(), "WAL replayed");
+    }
+    Ok(stats)
+}
+
+/// The WAL writer. Not thread-safe by itself; the database holds it behind a mutex.
+pub struct Wal {
+    dir: PathBuf,
+    policy: SyncPolicy,
+    segment_bytes: u64,
+    current: u32,
+    file: BufWriter<File>,
+    written: u64,
+    /// (segment, highest sample timestamp) of every segment, oldest first.
+    segments: Vec<(u32, i64)>,
+    scratch: Vec<u8>,
+    /// Seconds of the last fsync, for the self-monitoring histogram.
+    pub last_fsync: Option<Duration>,
+}
+
+impl Wal {
+    /// Opens the WAL for writing in a new segment after the existing ones. Call [`replay`]
+    /// first; pass its `segment_max_t` so retention knows the old segments.
+    pub fn open(dir: &Path, policy: SyncPolicy, known: Vec<(u32, i64)>) -> Result<Wal, WalError> {
+        fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let next = list_segments(dir)?.last().map(|n| n + 1).unwrap_or(0);
+        let (file, path) = Self::create_segment(dir, next)?;
+        let _ = path;
+        let mut segments = known;
+        segments.push((next, i64::MIN));
+        Ok(Wal {
+            dir: dir.to_path_buf(),
+            policy,
+            segment_bytes: DEFAULT_SEGMENT_BYTES,
+            current: next,
+            file,
+            written: SEGMENT_MAGIC.len() as u64,
+            segments,
+            scratch: Vec::new(),
+            last_fsync: None,
+        })
+    }
+
+    pub fn with_segment_bytes(mut self, n: u64) -> Self {
+        self.segment_bytes = n.max(1024);
+        self
+    }
+
+    fn create_segment(dir: &Path, n: u32) -> Result<(BufWriter<File>, PathBuf), WalError> {
+        let path = segment_path(dir, n);
+        let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&path).map_err(io_err(&path))?;
+        f.write_all(SEGMENT_MAGIC).map_err(io_err(&path))?;
+        f.sync_all().map_err(io_err(&path))?;
+        if let Ok(d) = File::open(dir) {
+            let _ = d.sync_all();
+        }
+        Ok((BufWriter::with_capacity(1 << 20, f), path))
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn current_segment(&self) -> u32 {
+        self.current
+    }
+
+    pub fn cursor(&self) -> WalCursor {
+        WalCursor { segment: self.current, offset: self.written }
+    }
+
+    /// Bytes of all segments on disk.
+    pub fn disk_bytes(&self) -> u64 {
+        self.segments
+            .iter()
+            .filter_map(|(n, _)| fs::metadata(segment_path(&self.dir, *n)).ok())
+            .map(|m| m.len())
+            .sum::<u64>()
+            .max(self.written)
+    }
+
+    /// Rotates to a new segment if the current one is full. Returns true when it did: the
+    /// caller must then re-log series definitions and metadata before their next use.
+    pub fn rotate_if_full(&mut self) -> Result<bool, WalError> {
+        if self.written < self.segment_bytes {
+            return Ok(false);
+        }
+        self.sync()?;
+        let next = self.current + 1;
+        let (file, _) = Self::create_segment(&self.dir, next)?;
+        self.file = file;
+        self.current = next;
+        self.written = SEGMENT_MAGIC.len() as u64;
+        self.segments.push((next, i64::MIN));
+        Ok(true)
+    }
+
+    /// Writes the records to the OS (and to disk under [`SyncPolicy::Always`]).
+    pub fn log(&mut self, records: &[WalRecord]) -> Result<(), WalError> {
+        self.scratch.clear();
+        let mut max_t = i64::MIN;
+        for r in records {
+            r.encode(&mut self.scratch);
+            if let WalRecord::Samples(s) = r {
+                max_t = s.iter().map(|x| x.1.t).fold(max_t, i64::max);
+            }
+        }
+        let path = segment_path(&self.dir, self.current);
+        self.file.write_all(&self.scratch).map_err(io_err(&path))?;
+        self.file.flush().map_err(io_err(&path))?;
+        self.written += self.scratch.len() as u64;
+        if let Some(last) = self.segments.last_mut() {
+            last.1 = last.1.max(max_t);
+        }
+        if self.policy == SyncPolicy::Always {
+            self.sync()?;
+        }
+        Ok(())
+    }
+
+    /// Flushes and `fsync`s the current segment.
+    pub fn sync(&mut self) -> Result<(), WalError> {
+        let path = segment_path(&self.dir, self.current);
+        let t0 = Instant::now();
+        self.file.flush().map_err(io_err(&path))?;
+        self.file.get_ref().sync_data().map_err(io_err(&path))?;
+        self.last_fsync = Some(t0.elapsed());
+        Ok(())
+    }
+
+    /// Deletes whole segments whose samples are all older than `cutoff`; never the current
+    /// one. Returns how many were deleted.
+    pub fn truncate_before(&mut self, cutoff: i64) -> Result<usize, WalError> {
+        let mut deleted = 0;
+        while self.segments.len() > 1 && self.segments[0].1 < cutoff {
+            let (n, _) = self.segments.remove(0);
+            let path = segment_path(&self.dir, n);
+            match fs::remove_file(&path) {
+                Ok(()) => deleted += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(&path)(e)),
+            }
+        }
+        Ok(deleted)
+    }
+}
+
+/// Reads the WAL from a cursor onwards, across segments: the source for streaming upstream.
+pub struct WalReader {
+    dir: PathBuf,
+    cursor: WalCursor,
+    current: Option<SegmentReader>,
+}
+
+impl WalReader {
+    pub fn new(dir: &Path, from: WalCursor) -> Self {
+        WalReader { dir: dir.to_path_buf(), cursor: from, current: None }
+    }
+
+    pub fn cursor(&self) -> WalCursor {
+        self.cursor
+    }
+
+    /// The next record and the cursor just after it; `Ok(None)` at the current end.
+    pub fn next_record(&mut self) -> Result<Option<(WalRecord, WalCursor)>, WalError> {
+        loop {
+            if self.current.is_none() {
+                let path = segment_path(&self.dir, self.cursor.segment);
+                if !path.exists() {
+                    // The segment was deleted by retention or never existed: move to the next one that does.
+                    let segs = list_segments(&self.dir)?;
+                    match segs.into_iter().find(|&n| n > self.cursor.segment) {
+                        Some(n) => {
+                            self.cursor = WalCursor { segment: n, offset: 0 };
+                            continue;
+                        }
+                        None => return Ok(None),
+                    }
+                }
+                self.current = Some(SegmentReader::open(&path, self.cursor.offset)?);
+            }
+            let Some(r) = self.current.as_mut() else { return Ok(None) };
+            match r.next_record() {
+                ReadOutcome::Record(rec) => {
+                    self.cursor.offset = r.offset();
+                    return Ok(Some((rec, self.cursor)));
+                }
+                ReadOutcome::End | ReadOutcome::Damaged { .. } => {
+                    let has_next = list_segments(&self.dir)?.into_iter().any(|n| n > self.cursor.segment);
+                    if !has_next {
+                        // Re-open later to see records appended since.
+                        self.current = None;
+                        return Ok(None);
+                    }
+                    self.cursor = WalCursor { segment: self.cursor.segment + 1, offset: 0 };
+                    self.current = None;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

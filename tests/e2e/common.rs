@@ -1,0 +1,106 @@
+//! Helpers for end-to-end tests: start `strata` processes on loopback with free ports,
+//! wait for them, stop them. Every process is killed when its guard drops.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free loopback port")
+}
+
+pub struct Proc {
+    pub name: String,
+    pub child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl Proc {
+    /// Starts a program with its output in `<dir>/<name>.log`.
+    pub fn start(program: &str, args: &[String], dir: &Path, name: &str) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().expect("log file"))
+            .stderr(f)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {program}: {e}"));
+        Proc { name: name.to_string(), child: Some(child), log }
+    }
+
+    pub fn strata(args: &[&str], dir: &Path, name: &str) -> Proc {
+        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        Self::start(env!("CARGO_BIN_EXE_strata"), &args, dir, name)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL, as a crash.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM, then wait up to 30 s.
+    pub fn terminate(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = c.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+            panic!("{} did not stop within 30 s of SIGTERM", self.name);
+        }
+    }
+
+    pub fn assert_running(&mut self) {
+        if let Some(c) = self.child.as_mut() {
+            if let Ok(Some(st)) = c.try_wait() {
+                panic!("{} exited early ({st}):\n{}", self.name, self.log_text());
+            }
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn client() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder().timeout(Duration::from_secs(10)).build().expect("http client")
+}
+
+/// Polls `url` until it answers 200, failing with the process log after `within`.
+pub fn wait_ready(url: &str, p: &mut Proc, within: Duration) {
+    let c = client();
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
+        p.assert_running();
+        if c.get(url).send().map(|r| r.status().is_success()).unwrap_or(false) {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("{url} not ready within {within:?}; log of {}:\n{}", p.name, p.log_text());
+}
+
+/// Reads one unlabelled sample value from a /metrics page.
+pub fn metric_value(page: &str, name: &str) -> Option<f64> {
+    page.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).and_then(|l| l[name.len() + 1..].trim().parse().ok())
+}
+
+pub use strata_model::time::now_ms;

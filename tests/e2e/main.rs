@@ -1,0 +1,10 @@
+//! End-to-end tests: real `strata` processes (and Prometheus where a comparison needs it)
+//! on loopback with free ports, bounded in time, killed when a test ends. They are modules
+//! of one test binary, since every test binary links the whole dependency graph.
+
+mod common;
+mod edge_crash;
+mod edge_scrape;
+mod prometheus;
+mod promql_conformance;
+mod strata_up;

@@ -1,0 +1,33 @@
+//! Prometheus' own PromQL test files, run against Strata's engine. They are not part of the
+//! repository: the runner reads `$PROMQL_TESTDATA`, else `../shared/promql-testdata`, and
+//! says plainly when neither exists; under `CI=true` (where they are always laid out) a
+//! missing directory fails the test instead of passing quietly.
+//!
+//! A wrong answer fails the test. Skipped cases, printed with their reasons, are those that
+//! need native histograms or a feature flag experimental in Prometheus 3.0; the list is in
+//! `docs/promql-conformance.md`.
+
+use std::path::Path;
+use strata_promql::testfile;
+
+#[test]
+fn prometheus_promql_conformance_files() {
+    let dir = testfile::default_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
+    if !dir.is_dir() {
+        let msg = format!("THE PROMQL CONFORMANCE SUITE DID NOT RUN: {} does not exist; set PROMQL_TESTDATA", dir.display());
+        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{msg}");
+        println!("{msg}");
+        return;
+    }
+    let report = testfile::run_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    for s in &report.skipped {
+        println!("skipped: {s}");
+    }
+    for f in &report.failed {
+        println!("FAILED: {f}");
+    }
+    println!("promql conformance: {} passed, {} failed, {} skipped ({} files)", report.passed, report.failed.len(), report.skipped.len(), report.files);
+    assert!(report.files >= 10, "only {} test files in {}", report.files, dir.display());
+    assert!(report.failed.is_empty(), "{} conformance cases gave wrong answers", report.failed.len());
+    assert!(report.passed >= 600, "only {} cases passed", report.passed);
+}
