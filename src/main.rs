@@ -58,9 +58,15 @@ enum Command {
 }
 
 fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr)
+        .init();
 }
 
 /// Resolves on Ctrl-C or SIGTERM.
@@ -90,7 +96,10 @@ fn promql_test(dir: Option<PathBuf>, verbose: bool) -> anyhow::Result<()> {
     use strata_promql::testfile;
     let dir = dir.unwrap_or_else(|| testfile::default_dir(std::path::Path::new(".")));
     if !dir.is_dir() {
-        anyhow::bail!("the PromQL conformance suite did not run: {} does not exist (set PROMQL_TESTDATA)", dir.display());
+        anyhow::bail!(
+            "the PromQL conformance suite did not run: {} does not exist (set PROMQL_TESTDATA)",
+            dir.display()
+        );
     }
     let report = testfile::run_dir(&dir).with_context(|| format!("reading {}", dir.display()))?;
     let shown = if verbose { usize::MAX } else { 20 };
@@ -102,7 +111,14 @@ fn promql_test(dir: Option<PathBuf>, verbose: bool) -> anyhow::Result<()> {
             println!("SKIP {s}");
         }
     }
-    println!("promql conformance ({} files from {}): {} passed, {} failed, {} skipped", report.files, dir.display(), report.passed, report.failed.len(), report.skipped.len());
+    println!(
+        "promql conformance ({} files from {}): {} passed, {} failed, {} skipped",
+        report.files,
+        dir.display(),
+        report.passed,
+        report.failed.len(),
+        report.skipped.len()
+    );
     Ok(())
 }
 
@@ -120,9 +136,16 @@ async fn main() -> anyhow::Result<()> {
         Command::Simulate { nodes, gpus_per_node, listen, seed, start_at } => {
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             let addr = listener.local_addr()?;
-            let offset = start_at.map(|s| s.saturating_mul(1000).saturating_sub(strata_model::time::now_ms())).unwrap_or(0);
+            let offset =
+                start_at.map(|s| s.saturating_mul(1000).saturating_sub(strata_model::time::now_ms())).unwrap_or(0);
             println!("simulator listening on http://{addr} ({nodes} nodes x {gpus_per_node} GPUs: http://{addr}/node/0/metrics ...)");
-            strata_simulator::serve(listener, strata_simulator::Fleet::new(seed, nodes, gpus_per_node), offset, shutdown_signal()).await?;
+            strata_simulator::serve(
+                listener,
+                strata_simulator::Fleet::new(seed, nodes, gpus_per_node),
+                offset,
+                shutdown_signal(),
+            )
+            .await?;
             Ok(())
         }
         Command::Edge { config, http_listen, data } => {

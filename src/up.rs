@@ -47,7 +47,9 @@ fn write_config(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
 
 pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let sim_addr: SocketAddr = ([127, 0, 0, 1], a.port_base).into();
-    let listener = tokio::net::TcpListener::bind(sim_addr).await.with_context(|| format!("binding the simulator to {sim_addr}"))?;
+    let listener = tokio::net::TcpListener::bind(sim_addr)
+        .await
+        .with_context(|| format!("binding the simulator to {sim_addr}"))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let fleet = strata_simulator::Fleet::new(1, a.nodes, a.gpus_per_node);
     let mut rx = stop_rx.clone();
@@ -65,10 +67,19 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         edges.push((replica.to_string(), strata_edge::Edge::start(opts).await?));
     }
 
-    println!("strata up: {} nodes x {} GPUs in {}, data under {}", a.nodes, a.gpus_per_node, a.cluster, a.data.display());
+    println!(
+        "strata up: {} nodes x {} GPUs in {}, data under {}",
+        a.nodes,
+        a.gpus_per_node,
+        a.cluster,
+        a.data.display()
+    );
     println!("  simulator (dcgm-exporter)  http://{sim_addr}/node/0/metrics");
     for (replica, e) in &edges {
-        println!("  edge replica={replica}            http://{}/metrics   remote write: http://{}/api/v1/write", e.http_addr, e.http_addr);
+        println!(
+            "  edge replica={replica}            http://{}/metrics   remote write: http://{}/api/v1/write",
+            e.http_addr, e.http_addr
+        );
     }
     println!("Ctrl-C stops everything.");
     crate::shutdown_signal().await;

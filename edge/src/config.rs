@@ -179,7 +179,8 @@ pub const DEFAULT_SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl EdgeConfig {
     pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
         Self::parse(&text, path)
     }
 
@@ -187,7 +188,8 @@ impl EdgeConfig {
         let raw: RawConfig = if text.trim().is_empty() {
             RawConfig::default()
         } else {
-            serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?
+            serde_saphyr::from_str(text)
+                .map_err(|e| ConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?
         };
         let g_interval = raw.global.scrape_interval.map(|d| d.0).unwrap_or(DEFAULT_SCRAPE_INTERVAL);
         let g_timeout = raw.global.scrape_timeout.map(|d| d.0).unwrap_or(DEFAULT_SCRAPE_TIMEOUT);
@@ -199,7 +201,10 @@ impl EdgeConfig {
         }
         for name in raw.global.external_labels.keys() {
             if !is_valid_label_name(name) {
-                return Err(ConfigError::Invalid { path: path.to_path_buf(), message: format!("{name:?} is not a valid external label name") });
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("{name:?} is not a valid external label name"),
+                });
             }
         }
         let mut jobs = Vec::new();
@@ -258,10 +263,18 @@ impl EdgeConfig {
         }
         if let Some(p) = &raw.strata.wal_fsync {
             if p != "always" {
-                parse_duration(p).map_err(|m| ConfigError::Invalid { path: path.to_path_buf(), message: format!("strata.wal_fsync: {m}") })?;
+                parse_duration(p).map_err(|m| ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    message: format!("strata.wal_fsync: {m}"),
+                })?;
             }
         }
-        Ok(EdgeConfig { path: path.to_path_buf(), external_labels: raw.global.external_labels, jobs, strata: raw.strata })
+        Ok(EdgeConfig {
+            path: path.to_path_buf(),
+            external_labels: raw.global.external_labels,
+            jobs,
+            strata: raw.strata,
+        })
     }
 }
 
@@ -325,7 +338,10 @@ strata:
             ("scrape_configs:\n  - job_name: a\n  - job_name: a\n", "multiple"),
             ("scrape_configs:\n  - job_name: a\n    scrape_interval: 5s\n    scrape_timeout: 10s\n", "greater"),
             ("scrape_configs:\n  - job_name: a\n    relabel_configs:\n      - action: hashmod\n", "target_label"),
-            ("scrape_configs:\n  - job_name: a\n    relabel_configs:\n      - regex: '('\n        target_label: x\n", "regex"),
+            (
+                "scrape_configs:\n  - job_name: a\n    relabel_configs:\n      - regex: '('\n        target_label: x\n",
+                "regex",
+            ),
             ("global:\n  scrape_interval: 5 parsecs\n", "duration"),
             ("scrape_configs: [1, 2", "parsing"),
             ("strata:\n  unknown_key: 1\n", "parsing"),

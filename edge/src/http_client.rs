@@ -50,7 +50,11 @@ impl Endpoint {
         if host.is_empty() || host.contains('@') {
             return Err(HttpError::UnsupportedUrl(url.to_string()));
         }
-        let host_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) { host.to_string() } else { format!("{host}:80") };
+        let host_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
+            host.to_string()
+        } else {
+            format!("{host}:80")
+        };
         Ok(Endpoint { host_port, path: path.to_string() })
     }
 }
@@ -75,14 +79,18 @@ fn parse_head(raw: &[u8]) -> Result<Head, HttpError> {
     if !version.starts_with("HTTP/1.") {
         return Err(HttpError::Protocol(format!("bad status line {status_line:?}")));
     }
-    let status = parts.next().and_then(|s| s.parse::<u16>().ok()).ok_or_else(|| HttpError::Protocol(format!("bad status line {status_line:?}")))?;
+    let status = parts
+        .next()
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| HttpError::Protocol(format!("bad status line {status_line:?}")))?;
     let mut h = Head { status, close: version == "HTTP/1.0", ..Default::default() };
     for line in lines {
         let Some((name, value)) = line.split_once(':') else { continue };
         let value = value.trim();
         match name.trim().to_ascii_lowercase().as_str() {
             "content-length" => {
-                h.content_length = Some(value.parse().map_err(|_| HttpError::Protocol(format!("bad Content-Length {value:?}")))?);
+                h.content_length =
+                    Some(value.parse().map_err(|_| HttpError::Protocol(format!("bad Content-Length {value:?}")))?);
             }
             "transfer-encoding" => h.chunked = value.to_ascii_lowercase().contains("chunked"),
             "content-encoding" => h.gzip = value.eq_ignore_ascii_case("gzip"),
@@ -100,9 +108,11 @@ fn dechunk(data: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, 
     let mut i = 0;
     loop {
         let Some(eol) = data[i..].windows(2).position(|w| w == b"\r\n") else { return Ok(None) };
-        let size_line = std::str::from_utf8(&data[i..i + eol]).map_err(|_| HttpError::Protocol("bad chunk size".into()))?;
+        let size_line =
+            std::str::from_utf8(&data[i..i + eol]).map_err(|_| HttpError::Protocol("bad chunk size".into()))?;
         let size_hex = size_line.split(';').next().unwrap_or_default().trim();
-        let size = usize::from_str_radix(size_hex, 16).map_err(|_| HttpError::Protocol(format!("bad chunk size {size_hex:?}")))?;
+        let size = usize::from_str_radix(size_hex, 16)
+            .map_err(|_| HttpError::Protocol(format!("bad chunk size {size_hex:?}")))?;
         i += eol + 2;
         if size == 0 {
             // trailers end with an empty line
@@ -115,7 +125,10 @@ fn dechunk(data: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, 
                 None => Ok(None),
             };
         }
-        let end = i.checked_add(size).and_then(|e| e.checked_add(2)).ok_or_else(|| HttpError::Protocol(format!("chunk size {size_hex:?} too large")))?;
+        let end = i
+            .checked_add(size)
+            .and_then(|e| e.checked_add(2))
+            .ok_or_else(|| HttpError::Protocol(format!("chunk size {size_hex:?} too large")))?;
         if limit > 0 && size as u64 > limit {
             return Err(HttpError::BodyTooLarge(limit));
         }
@@ -161,12 +174,16 @@ fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64
     let flags = input[3];
     let mut pos = 10;
     if flags & 4 != 0 {
-        let xlen = u16::from_le_bytes([*input.get(pos).ok_or_else(|| bad("truncated header"))?, *input.get(pos + 1).ok_or_else(|| bad("truncated header"))?]);
+        let xlen = u16::from_le_bytes([
+            *input.get(pos).ok_or_else(|| bad("truncated header"))?,
+            *input.get(pos + 1).ok_or_else(|| bad("truncated header"))?,
+        ]);
         pos += 2 + xlen as usize;
     }
     for flag in [8u8, 16] {
         if flags & flag != 0 {
-            let end = input.get(pos..).and_then(|r| r.iter().position(|&b| b == 0)).ok_or_else(|| bad("truncated header"))?;
+            let end =
+                input.get(pos..).and_then(|r| r.iter().position(|&b| b == 0)).ok_or_else(|| bad("truncated header"))?;
             pos += end + 1;
         }
     }
@@ -179,7 +196,8 @@ fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64
     out.reserve(data.len() * 4);
     loop {
         let before = inflater.total_in() as usize;
-        let status = inflater.decompress_vec(&data[before..], out, FlushDecompress::Finish).map_err(|e| bad(&e.to_string()))?;
+        let status =
+            inflater.decompress_vec(&data[before..], out, FlushDecompress::Finish).map_err(|e| bad(&e.to_string()))?;
         if limit > 0 && out.len() as u64 > limit {
             return Err(HttpError::BodyTooLarge(limit));
         }
@@ -245,7 +263,12 @@ impl ScrapeClient {
     }
 
     /// Fetches the page within `timeout`; `limit` (0: none) caps the decoded body.
-    pub async fn get<'b>(&mut self, bufs: &'b mut Buffers, timeout: Duration, limit: u64) -> Result<Response<'b>, HttpError> {
+    pub async fn get<'b>(
+        &mut self,
+        bufs: &'b mut Buffers,
+        timeout: Duration,
+        limit: u64,
+    ) -> Result<Response<'b>, HttpError> {
         let result = match tokio::time::timeout(timeout, self.exchange(bufs, limit)).await {
             Ok(r) => r,
             Err(_) => Err(HttpError::Timeout(timeout)),
@@ -289,7 +312,9 @@ impl ScrapeClient {
         let Buffers { buf, body, .. } = bufs;
         if self.conn.is_none() {
             let addr = self.endpoint.as_ref().map_err(Clone::clone)?.host_port.as_str();
-            let s = TcpStream::connect(addr).await.map_err(|e| HttpError::Connect { addr: addr.to_string(), reason: e.to_string() })?;
+            let s = TcpStream::connect(addr)
+                .await
+                .map_err(|e| HttpError::Connect { addr: addr.to_string(), reason: e.to_string() })?;
             let _ = s.set_nodelay(true);
             self.conn = Some(s);
         }
@@ -368,7 +393,10 @@ mod tests {
 
     #[test]
     fn endpoints() {
-        assert_eq!(Endpoint::parse("http://h:9400/node/1/metrics?a=b").unwrap(), Endpoint { host_port: "h:9400".into(), path: "/node/1/metrics?a=b".into() });
+        assert_eq!(
+            Endpoint::parse("http://h:9400/node/1/metrics?a=b").unwrap(),
+            Endpoint { host_port: "h:9400".into(), path: "/node/1/metrics?a=b".into() }
+        );
         assert_eq!(Endpoint::parse("http://h").unwrap(), Endpoint { host_port: "h:80".into(), path: "/".into() });
         assert!(matches!(Endpoint::parse("https://h/metrics"), Err(HttpError::UnsupportedUrl(_))));
     }
@@ -385,7 +413,10 @@ mod tests {
         assert_eq!(dechunk(b"5\r\nhel", &mut out, 0).unwrap(), None);
         assert_eq!(dechunk(b"5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", &mut out, 0).unwrap(), Some(29));
         assert!(dechunk(b"zz\r\n", &mut out, 0).is_err());
-        assert!(dechunk(b"ffffffffffffffff\r\nx", &mut out, 0).is_err(), "a huge chunk size is an error, not an overflow");
+        assert!(
+            dechunk(b"ffffffffffffffff\r\nx", &mut out, 0).is_err(),
+            "a huge chunk size is an error, not an overflow"
+        );
         assert_eq!(dechunk(b"ffffff\r\nx", &mut out, 100), Err(HttpError::BodyTooLarge(100)));
         assert_eq!(dechunk(b"5\r\nhello\r\n0\r\n\r\n", &mut out, 3), Err(HttpError::BodyTooLarge(3)));
     }
@@ -427,7 +458,11 @@ mod tests {
     #[test]
     fn gzip_members_with_header_fields_crc_and_limits() {
         let page = b"DCGM_FI_DEV_GPU_TEMP{gpu=\"0\"} 61\n".repeat(1000);
-        let mut z = flate2::GzBuilder::new().filename("page.txt").comment("c").extra(vec![1, 2, 3]).write(Vec::new(), flate2::Compression::fast());
+        let mut z = flate2::GzBuilder::new()
+            .filename("page.txt")
+            .comment("c")
+            .extra(vec![1, 2, 3])
+            .write(Vec::new(), flate2::Compression::fast());
         z.write_all(&page).unwrap();
         let z = z.finish().unwrap();
         let (mut out, mut inf) = (Vec::new(), Decompress::new(false));
@@ -449,7 +484,8 @@ mod tests {
     async fn keep_alive_chunked_gzip_and_errors() {
         let page = b"m 1\n".repeat(100);
         let z = gz(&page);
-        let mut gz_resp = format!("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n", z.len()).into_bytes();
+        let mut gz_resp =
+            format!("HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: {}\r\n\r\n", z.len()).into_bytes();
         gz_resp.extend_from_slice(&z);
         let responses = vec![
             b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Type: text/plain\r\n\r\nm 1\n".to_vec(),

@@ -1,7 +1,7 @@
 //! The edge tier: scrapes dcgm-exporter (or any `/metrics`) and accepts Prometheus remote
-//! write, storing both in a compressed, WAL-backed head; serves self-monitoring and, next,
-//! the query API. This crate is wiring and loops; the storage, codecs and relabeling live in
-//! `strata-shared`.
+//! write, storing both in a compressed, WAL-backed head; serves self-monitoring and the
+//! Prometheus query API. This crate is wiring and loops: the parser and relabeling live in
+//! `strata-ingest`, the storage in `strata-tsdb`, the query API in `strata-api`.
 
 pub mod config;
 pub mod http_client;

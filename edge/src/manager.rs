@@ -5,8 +5,8 @@
 //! ones are stopped (their series are marked stale), new ones start.
 
 use crate::config::{EdgeConfig, ScrapeJob, StaticConfig};
-use crate::metrics::EdgeMetrics;
 use crate::http_client::BufferPool;
+use crate::metrics::EdgeMetrics;
 use crate::scrape::ScrapeLoop;
 use crate::targets::{build_targets, expand_glob, read_sd_file, Target};
 use parking_lot::Mutex;
@@ -14,8 +14,8 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use strata_tsdb::db::Tsdb;
 use strata_model::Fnv64;
+use strata_tsdb::db::Tsdb;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -33,7 +33,6 @@ pub struct ScrapeManager {
     loops: tokio::sync::Mutex<HashMap<LoopKey, LoopHandle>>,
     /// (path, modified) of every file-SD file last read, to notice changes.
     sd_state: Mutex<Vec<(PathBuf, Option<SystemTime>)>>,
-    active: Mutex<Vec<Target>>,
     buffers: Arc<BufferPool>,
 }
 
@@ -51,7 +50,6 @@ impl ScrapeManager {
             config: Mutex::new(None),
             loops: tokio::sync::Mutex::new(HashMap::new()),
             sd_state: Mutex::new(Vec::new()),
-            active: Mutex::new(Vec::new()),
             buffers: Arc::default(),
         })
     }
@@ -106,9 +104,8 @@ impl ScrapeManager {
                 let _ = h.task.await;
             }
         }
-        let mut active = Vec::new();
+        let targets = desired.len();
         for (k, (target, job)) in desired {
-            active.push(target.clone());
             if loops.contains_key(&k) {
                 continue;
             }
@@ -117,13 +114,7 @@ impl ScrapeManager {
             let task = tokio::spawn(lp.run(rx));
             loops.insert(k, LoopHandle { stop: tx, task });
         }
-        active.sort_by(|a, b| a.labels.cmp(&b.labels));
-        tracing::info!(targets = active.len(), "scrape targets synced");
-        *self.active.lock() = active;
-    }
-
-    pub fn active_targets(&self) -> Vec<Target> {
-        self.active.lock().clone()
+        tracing::info!(targets, "scrape targets synced");
     }
 
     fn sd_changed(&self) -> bool {

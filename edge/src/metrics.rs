@@ -44,15 +44,31 @@ impl EdgeMetrics {
         let scrape_failures = Family::default();
         registry.register("scrape_failures", "Scrapes that failed (up = 0), by job", scrape_failures.clone());
         let remote_write_requests = Family::default();
-        registry.register("remote_write_requests", "Remote-write requests by HTTP status code", remote_write_requests.clone());
+        registry.register(
+            "remote_write_requests",
+            "Remote-write requests by HTTP status code",
+            remote_write_requests.clone(),
+        );
         let remote_write_samples = Counter::default();
-        registry.register("remote_write_samples", "Samples received by remote write and stored", remote_write_samples.clone());
+        registry.register(
+            "remote_write_samples",
+            "Samples received by remote write and stored",
+            remote_write_samples.clone(),
+        );
         let remote_write_rejected = Family::default();
-        registry.register("remote_write_rejected_samples", "Remote-write samples refused, by reason", remote_write_rejected.clone());
+        registry.register(
+            "remote_write_rejected_samples",
+            "Remote-write samples refused, by reason",
+            remote_write_rejected.clone(),
+        );
         let config_reloads = Family::default();
         registry.register("config_reloads", "Configuration reloads by result", config_reloads.clone());
         let config_last_reload_success = Gauge::default();
-        registry.register("config_last_reload_successful", "Whether the last configuration reload succeeded", config_last_reload_success.clone());
+        registry.register(
+            "config_last_reload_successful",
+            "Whether the last configuration reload succeeded",
+            config_last_reload_success.clone(),
+        );
         EdgeMetrics {
             registry,
             scrapes,

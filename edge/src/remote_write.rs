@@ -13,10 +13,10 @@ use crate::metrics::{CodeLabel, EdgeMetrics, ReasonLabel};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 use strata_proto::prometheus::{metric_metadata::MetricType as PbType, WriteRequest};
 use strata_tsdb::db::Tsdb;
 use strata_tsdb::head::HeadError;
-use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 
 #[derive(Debug, Clone, Copy)]
 pub struct WriteLimits {
@@ -54,11 +54,11 @@ fn convert_type(t: i32) -> MetricType {
 #[derive(Debug, thiserror::Error)]
 enum LabelsError {
     #[error("invalid label name {0:?}")]
-    InvalidName(String),
+    Invalid(String),
     #[error("duplicate label name")]
-    DuplicateName,
+    Duplicate,
     #[error("missing metric name")]
-    MissingName,
+    NoMetricName,
 }
 
 /// Builds a label set, refusing what Prometheus refuses: invalid or duplicate names,
@@ -67,7 +67,7 @@ fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, LabelsE
     let mut v: Vec<Label> = Vec::with_capacity(pb.len());
     for l in pb {
         if !strata_model::is_valid_label_name(&l.name) {
-            return Err(LabelsError::InvalidName(l.name));
+            return Err(LabelsError::Invalid(l.name));
         }
         if l.value.is_empty() {
             continue;
@@ -76,11 +76,11 @@ fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, LabelsE
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
     if v.windows(2).any(|w| w[0].name == w[1].name) {
-        return Err(LabelsError::DuplicateName);
+        return Err(LabelsError::Duplicate);
     }
     let labels = Labels::from_sorted_unchecked(v);
     if labels.metric_name().is_none() {
-        return Err(LabelsError::MissingName);
+        return Err(LabelsError::NoMetricName);
     }
     Ok(labels)
 }
@@ -93,7 +93,13 @@ pub fn handle(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimit
     out
 }
 
-fn reject(metrics: &EdgeMetrics, reasons: &mut BTreeMap<&'static str, (usize, String)>, reason: &'static str, n: usize, example: String) {
+fn reject(
+    metrics: &EdgeMetrics,
+    reasons: &mut BTreeMap<&'static str, (usize, String)>,
+    reason: &'static str,
+    n: usize,
+    example: String,
+) {
     metrics.remote_write_rejected.get_or_create(&ReasonLabel { reason: reason.to_string() }).inc_by(n as u64);
     let e = reasons.entry(reason).or_insert((0, example));
     e.0 += n;
@@ -109,7 +115,10 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
         Err(e) => return fail(400, format!("body is not snappy-compressed: {e}")),
     };
     if decoded_len > limits.max_decoded_bytes {
-        return fail(413, format!("decompressed body of {decoded_len} bytes is over the limit of {} bytes", limits.max_decoded_bytes));
+        return fail(
+            413,
+            format!("decompressed body of {decoded_len} bytes is over the limit of {} bytes", limits.max_decoded_bytes),
+        );
     }
     let raw = match snap::raw::Decoder::new().decompress_vec(body) {
         Ok(r) => r,
@@ -173,7 +182,11 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
     let refused: usize = reasons.values().map(|r| r.0).sum();
     let detail: Vec<String> = reasons.iter().map(|(k, (n, ex))| format!("{k}: {n} (first: {ex})")).collect();
     tracing::warn!(stored, refused, detail = %detail.join("; "), "remote write: samples refused");
-    WriteOutcome { status: 400, message: format!("{refused} of {total} samples refused, {stored} stored; {}", detail.join("; ")), stored }
+    WriteOutcome {
+        status: 400,
+        message: format!("{refused} of {total} samples refused, {stored} stored; {}", detail.join("; ")),
+        stored,
+    }
 }
 
 /// Shared state the HTTP handler needs.
@@ -186,11 +199,14 @@ pub struct RemoteWrite {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_model::matcher::Matcher;
     use strata_proto::prometheus::{Label as PbLabel, Sample as PbSample, TimeSeries};
     use strata_tsdb::db::TsdbOptions;
-    use strata_model::matcher::Matcher;
 
-    fn body(series: Vec<(Vec<(&str, &str)>, Vec<(i64, f64)>)>) -> Vec<u8> {
+    /// One test series: label pairs and (timestamp, value) samples.
+    type TestSeries<'a> = (Vec<(&'a str, &'a str)>, Vec<(i64, f64)>);
+
+    fn body(series: Vec<TestSeries>) -> Vec<u8> {
         let req = WriteRequest {
             timeseries: series
                 .into_iter()
@@ -213,7 +229,11 @@ mod tests {
     }
 
     fn count(db: &Tsdb, name: &str) -> usize {
-        db.head().select(&[Matcher::eq("__name__", name)], i64::MIN, i64::MAX).iter().map(|(_, c)| c.iter().map(|c| c.n as usize).sum::<usize>()).sum()
+        db.head()
+            .select(&[Matcher::eq("__name__", name)], i64::MIN, i64::MAX)
+            .iter()
+            .map(|(_, c)| c.iter().map(|c| c.n as usize).sum::<usize>())
+            .sum()
     }
 
     #[test]
@@ -231,7 +251,9 @@ mod tests {
     #[test]
     fn malformed_bodies_are_400_and_store_nothing() {
         let (_d, db, m) = setup();
-        for b in [b"not snappy at all".to_vec(), snap::raw::Encoder::new().compress_vec(b"\xff\xff\xff garbage").unwrap()] {
+        for b in
+            [b"not snappy at all".to_vec(), snap::raw::Encoder::new().compress_vec(b"\xff\xff\xff garbage").unwrap()]
+        {
             let out = handle(&db, &m, &b, &WriteLimits::default());
             assert_eq!(out.status, 400, "{}", out.message);
         }

@@ -16,13 +16,13 @@ use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata_model::time::now_ms;
-use strata_tsdb::db::{TsdbError, Tsdb};
 use strata_ingest::exposition::{self, Entry, Format, ParseError};
+use strata_ingest::relabel;
+use strata_model::time::now_ms;
+use strata_model::{stale_nan, Labels, LabelsBuilder, Metadata, Sample, METRIC_NAME};
+use strata_tsdb::db::{Tsdb, TsdbError};
 use strata_tsdb::head::{HeadError, MemSeries};
 use strata_tsdb::index::SeriesRef;
-use strata_model::{stale_nan, Labels, LabelsBuilder, Metadata, Sample, METRIC_NAME};
-use strata_ingest::relabel;
 use tokio::sync::watch;
 
 pub const ACCEPT_HEADER: &str = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
@@ -213,7 +213,13 @@ impl ScrapeIngest {
     /// Resolves the raw series on line position `pos` to its head series, or `None` when
     /// relabeling drops it. Bytes found in the cache were validated when first seen; new ones
     /// are validated here.
-    fn resolve(&mut self, pos: usize, raw: &[u8], line: usize, steady: &mut bool) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
+    fn resolve(
+        &mut self,
+        pos: usize,
+        raw: &[u8],
+        line: usize,
+        steady: &mut bool,
+    ) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
         let known = match self.cache.positional(pos, raw) {
             Some(slot) => Some(slot),
             None => {
@@ -238,7 +244,10 @@ impl ScrapeIngest {
             None => None,
             Some(labels) => {
                 if labels.metric_name().is_none_or(str::is_empty) {
-                    return Err(ScrapeError::InvalidSeries(format!("{}: relabeling removed the metric name", String::from_utf8_lossy(raw))));
+                    return Err(ScrapeError::InvalidSeries(format!(
+                        "{}: relabeling removed the metric name",
+                        String::from_utf8_lossy(raw)
+                    )));
                 }
                 if self.job.label_limit > 0 && labels.len() as u64 > self.job.label_limit {
                     return Err(ScrapeError::LabelLimit { limit: self.job.label_limit, series: labels.to_string() });
@@ -266,7 +275,13 @@ impl ScrapeIngest {
     /// Parses, relabels and appends one page scraped at `ts` (ms) that took `duration` to
     /// fetch, with its report series (`up` = 1, `scrape_*`), in one commit. Nothing is
     /// appended on error: call [`fail`](Self::fail) then.
-    pub fn ingest(&mut self, body: &[u8], format: Format, ts: i64, duration: Duration) -> Result<ScrapeReport, ScrapeError> {
+    pub fn ingest(
+        &mut self,
+        body: &[u8],
+        format: Format,
+        ts: i64,
+        duration: Duration,
+    ) -> Result<ScrapeReport, ScrapeError> {
         self.iteration += 1;
         self.batch.clear();
         self.cache.next_order.clear();
@@ -294,17 +309,21 @@ impl ScrapeIngest {
                 ),
                 Entry::Help { family, help } => self.note_metadata(
                     family,
-                    |m| m.help != help && {
-                        m.help = help.into_owned();
-                        true
+                    |m| {
+                        m.help != help && {
+                            m.help = help.into_owned();
+                            true
+                        }
                     },
                     &mut changed_meta,
                 ),
                 Entry::Unit { family, unit } => self.note_metadata(
                     family,
-                    |m| m.unit != unit && {
-                        m.unit = unit.to_string();
-                        true
+                    |m| {
+                        m.unit != unit && {
+                            m.unit = unit.to_string();
+                            true
+                        }
                     },
                     &mut changed_meta,
                 ),
@@ -338,7 +357,8 @@ impl ScrapeIngest {
         let report_samples = self.report_samples(ts, true, duration, &report)?;
         // The page's series are distinct (checked for duplicates, or line for line the last
         // page); the report's are too, unless the page exposes one of them itself.
-        let distinct = !self.batch.iter().any(|(s, _)| report_samples.iter().any(|(r, _)| r.series_ref == s.series_ref));
+        let distinct =
+            !self.batch.iter().any(|(s, _)| report_samples.iter().any(|(r, _)| r.series_ref == s.series_ref));
         self.batch.extend(report_samples);
         let mut out = if distinct { self.db.commit_distinct(&self.batch)? } else { self.db.commit(&self.batch)? };
         out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
@@ -348,7 +368,7 @@ impl ScrapeIngest {
             self.previous.extend(self.batch.iter().take(report.post_relabel).map(|(s, _)| s.clone()));
         }
         self.cache.commit_order();
-        if self.iteration % CACHE_KEEP_SCRAPES == 0 {
+        if self.iteration.is_multiple_of(CACHE_KEEP_SCRAPES) {
             self.cache.evict(self.iteration.saturating_sub(CACHE_KEEP_SCRAPES));
         }
         Ok(report)
@@ -377,7 +397,13 @@ impl ScrapeIngest {
     }
 
     /// The report series of a scrape: `up`, `scrape_duration_seconds` and the sample counts.
-    fn report_samples(&mut self, ts: i64, up: bool, duration: Duration, r: &ScrapeReport) -> Result<Vec<(Arc<MemSeries>, Sample)>, ScrapeError> {
+    fn report_samples(
+        &mut self,
+        ts: i64,
+        up: bool,
+        duration: Duration,
+        r: &ScrapeReport,
+    ) -> Result<Vec<(Arc<MemSeries>, Sample)>, ScrapeError> {
         let values: [(&'static str, f64); 5] = [
             ("up", if up { 1.0 } else { 0.0 }),
             ("scrape_duration_seconds", duration.as_secs_f64()),
@@ -424,7 +450,13 @@ pub struct ScrapeLoop {
 }
 
 impl ScrapeLoop {
-    pub fn new(target: Target, job: Arc<ScrapeJob>, db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>, buffers: Arc<BufferPool>) -> Self {
+    pub fn new(
+        target: Target,
+        job: Arc<ScrapeJob>,
+        db: Arc<Tsdb>,
+        metrics: Arc<EdgeMetrics>,
+        buffers: Arc<BufferPool>,
+    ) -> Self {
         let client = ScrapeClient::new(&target.url, ACCEPT_HEADER, job.timeout);
         ScrapeLoop { ingest: ScrapeIngest::new(target, job, db), client, metrics, buffers }
     }

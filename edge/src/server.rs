@@ -3,7 +3,6 @@
 //! `POST /-/reload` (a bad new configuration is refused and the running one kept).
 
 use crate::config::{ConfigError, EdgeConfig};
-use strata_model::duration::parse_duration;
 use crate::manager::ScrapeManager;
 use crate::metrics::{EdgeMetrics, ReasonLabel};
 use crate::remote_write::{self, RemoteWrite, WriteLimits};
@@ -17,9 +16,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_model::duration::parse_duration;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
-use strata_tsdb::TsdbStore;
 use strata_tsdb::wal::SyncPolicy;
+use strata_tsdb::TsdbStore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -54,7 +54,10 @@ impl EdgeState {
     pub async fn reload(&self) -> Result<(), ConfigError> {
         let result = EdgeConfig::load(&self.config_path);
         let ok = result.is_ok();
-        self.metrics.config_reloads.get_or_create(&ReasonLabel { reason: if ok { "success" } else { "failure" }.into() }).inc();
+        self.metrics
+            .config_reloads
+            .get_or_create(&ReasonLabel { reason: if ok { "success" } else { "failure" }.into() })
+            .inc();
         self.metrics.config_last_reload_success.set(ok as i64);
         match result {
             Ok(cfg) => {
@@ -84,7 +87,8 @@ pub fn router(state: Arc<EdgeState>) -> Router {
 
 async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {
     s.db.metrics().refresh(&s.db);
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode()).into_response()
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode())
+        .into_response()
 }
 
 async fn reload(State(s): State<Arc<EdgeState>>) -> Response {
@@ -100,7 +104,11 @@ async fn write(State(s): State<Arc<EdgeState>>, body: Bytes) -> Response {
     match out {
         Ok(o) => {
             let code = StatusCode::from_u16(o.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            if o.message.is_empty() { code.into_response() } else { (code, o.message + "\n").into_response() }
+            if o.message.is_empty() {
+                code.into_response()
+            } else {
+                (code, o.message + "\n").into_response()
+            }
         }
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("remote write failed: {e}\n")).into_response(),
     }
@@ -159,7 +167,11 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
 impl Edge {
     pub async fn start(opts: EdgeOptions) -> Result<Edge, EdgeError> {
         let cfg = EdgeConfig::load(&opts.config_path)?;
-        let data_dir = opts.data_dir.clone().or_else(|| cfg.strata.data_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let data_dir = opts
+            .data_dir
+            .clone()
+            .or_else(|| cfg.strata.data_dir.clone())
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
         let tsdb_opts = tsdb_options(&cfg);
         tracing::info!(data = %data_dir.display(), "opening the edge database and replaying its WAL");
         let dir = data_dir.clone();
@@ -192,7 +204,9 @@ impl Edge {
         {
             let st = state.clone();
             tasks.push(tokio::spawn(async move {
-                let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else { return };
+                let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+                    return;
+                };
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: reloading configuration");
                     let _ = st.reload().await;

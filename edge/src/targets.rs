@@ -4,12 +4,12 @@
 //! URL was taken from them.
 
 use crate::config::{ScrapeJob, StaticConfig};
-use strata_model::duration::format_duration;
-use strata_model::is_valid_label_name;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use strata_model::{Labels, LabelsBuilder};
 use strata_ingest::relabel;
+use strata_model::duration::format_duration;
+use strata_model::is_valid_label_name;
+use strata_model::{Labels, LabelsBuilder};
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Target {

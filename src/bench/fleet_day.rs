@@ -2,8 +2,8 @@
 
 use std::path::PathBuf;
 use std::time::Instant;
-use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_ingest::import::import_openmetrics;
+use strata_tsdb::db::{Tsdb, TsdbOptions};
 
 /// The loaded database, with the directory that holds its WAL (removed when dropped).
 pub struct Loaded(pub Tsdb, pub tempfile::TempDir);
@@ -19,7 +19,10 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
         );
     }
     let dir = tempfile::tempdir()?;
-    let db = Tsdb::open(dir.path(), TsdbOptions { retention: std::time::Duration::from_secs(100 * 86400), ..Default::default() })?;
+    let db = Tsdb::open(
+        dir.path(),
+        TsdbOptions { retention: std::time::Duration::from_secs(100 * 86400), ..Default::default() },
+    )?;
     println!("bench fleet-day: importing {}", file.display());
     let started = Instant::now();
     let f = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(&file)?);
@@ -39,7 +42,10 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
         e.3 += chunks.len();
     }
     for (name, (bytes, n, blocks, chunks)) in per {
-        println!("    {name:<40} {:.3} bytes/sample, {blocks} of {chunks} chunks in the block encoding", bytes as f64 / n.max(1) as f64);
+        println!(
+            "    {name:<40} {:.3} bytes/sample, {blocks} of {chunks} chunks in the block encoding",
+            bytes as f64 / n.max(1) as f64
+        );
     }
     print_decode_speed(&db)?;
     Ok(Loaded(db, dir))
@@ -71,7 +77,11 @@ fn print_decode_speed(db: &Tsdb) -> anyhow::Result<()> {
         times.push(started.elapsed().as_secs_f64());
     }
     times.sort_by(f64::total_cmp);
-    println!("  decode, one thread: {:.2} ns/sample median of 15 ({n} samples, best {:.2})", times[7] * 1e9 / n as f64, times[0] * 1e9 / n as f64);
+    println!(
+        "  decode, one thread: {:.2} ns/sample median of 15 ({n} samples, best {:.2})",
+        times[7] * 1e9 / n as f64,
+        times[0] * 1e9 / n as f64
+    );
     // What sealing costs: the streaming chunks rebuilt, then transcoded to blocks.
     let mut stream = Vec::new();
     for c in chunks.iter().take(2000) {

@@ -7,13 +7,15 @@ use std::time::{Duration, Instant};
 use strata_edge::config::EdgeConfig;
 use strata_edge::scrape::ScrapeIngest;
 use strata_edge::targets::Target;
-use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_ingest::exposition::Format;
 use strata_model::Labels;
+use strata_tsdb::db::{Tsdb, TsdbOptions};
 
 /// Runs the measurement `reps` times on fresh databases; prints the best and the median.
 pub fn run(nodes: usize, gpus: usize, scrapes: usize, reps: usize) -> anyhow::Result<()> {
-    println!("bench ingest: {nodes} nodes x {gpus} GPUs x 25 DCGM fields, {scrapes} scrapes each, one thread, {reps} runs");
+    println!(
+        "bench ingest: {nodes} nodes x {gpus} GPUs x 25 DCGM fields, {scrapes} scrapes each, one thread, {reps} runs"
+    );
     let mut rates = Vec::new();
     for rep in 0..reps.max(1) {
         rates.push(once(nodes, gpus, scrapes, rep + 1 == reps.max(1))?);
@@ -38,7 +40,14 @@ fn once(nodes: usize, gpus: usize, scrapes: usize, report: bool) -> anyhow::Resu
     let fleet = strata_simulator::Fleet::new(1, nodes, gpus);
     let mut loops: Vec<ScrapeIngest> = (0..nodes)
         .map(|n| {
-            let t = Target { job: "dcgm".into(), labels: Labels::from_pairs([("job", "dcgm".to_string()), ("instance", format!("gpu-node-{n:03}:9400"))]), url: String::new() };
+            let t = Target {
+                job: "dcgm".into(),
+                labels: Labels::from_pairs([
+                    ("job", "dcgm".to_string()),
+                    ("instance", format!("gpu-node-{n:03}:9400")),
+                ]),
+                url: String::new(),
+            };
             ScrapeIngest::new(t, job.clone(), db.clone())
         })
         .collect();

@@ -59,13 +59,21 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BenchCommand::VsPrometheus { nodes, seconds, prometheus } => vs_prometheus::run(nodes, seconds, &prometheus).await,
+        BenchCommand::VsPrometheus { nodes, seconds, prometheus } => {
+            vs_prometheus::run(nodes, seconds, &prometheus).await
+        }
     }
 }
 
 pub fn print_head_stats(db: &strata_tsdb::db::Tsdb) {
     let st = db.stats();
     println!("  head: {} series, {} samples", st.series, st.samples);
-    println!("  head chunk bytes per sample: {:.3}  (goal <= 1.3; VictoriaMetrics keeps the fleet-day set in 1.7 on disk)", st.chunk_bytes as f64 / st.samples.max(1) as f64);
-    println!("  index bytes per series:      {:.0}  (goal <= 1024; postings, interned strings, label vectors, series table)", st.index_bytes as f64 / st.series.max(1) as f64);
+    println!(
+        "  head chunk bytes per sample: {:.3}  (goal <= 1.3; VictoriaMetrics keeps the fleet-day set in 1.7 on disk)",
+        st.chunk_bytes as f64 / st.samples.max(1) as f64
+    );
+    println!(
+        "  index bytes per series:      {:.0}  (goal <= 1024; postings, interned strings, label vectors, series table)",
+        st.index_bytes as f64 / st.series.max(1) as f64
+    );
 }

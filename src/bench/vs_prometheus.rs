@@ -20,7 +20,12 @@ fn proc_stats(pid: u32) -> anyhow::Result<ProcStats> {
     let utime: f64 = f.get(11).and_then(|s| s.parse().ok()).unwrap_or(0.0);
     let stime: f64 = f.get(12).and_then(|s| s.parse().ok()).unwrap_or(0.0);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let hwm_kb: f64 = status.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|s| s.parse().ok()).unwrap_or(0.0);
+    let hwm_kb: f64 = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0.0);
     Ok(ProcStats { cpu_secs: (utime + stime) / ticks, peak_rss_mb: hwm_kb / 1024.0 })
 }
 
@@ -77,7 +82,15 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     let exe = std::env::current_exe()?;
     let edge = Guard(
         Command::new(exe)
-            .args(["edge", "--config", &cfg_path.display().to_string(), "--data", &dir.path().join("edge").display().to_string(), "--http-listen", &format!("127.0.0.1:{edge_port}")])
+            .args([
+                "edge",
+                "--config",
+                &cfg_path.display().to_string(),
+                "--data",
+                &dir.path().join("edge").display().to_string(),
+                "--http-listen",
+                &format!("127.0.0.1:{edge_port}"),
+            ])
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -98,7 +111,10 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     );
     wait_ready(&format!("http://127.0.0.1:{edge_port}/-/ready")).await?;
     wait_ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await?;
-    println!("bench vs-prometheus: {nodes} nodes x 8 GPUs (~{} series) scraped every 5 s by both, for {seconds} s", nodes * 8 * 25);
+    println!(
+        "bench vs-prometheus: {nodes} nodes x 8 GPUs (~{} series) scraped every 5 s by both, for {seconds} s",
+        nodes * 8 * 25
+    );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
 
     let edge_page = get(&format!("http://127.0.0.1:{edge_port}/metrics")).await?;
@@ -108,11 +124,19 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     let es = proc_stats(edge.0.id())?;
     let ps = proc_stats(prom.0.id())?;
     let per_m = |x: f64, n: f64| x / (n / 1e6).max(1e-9);
-    println!("  {:<12} {:>12} {:>10} {:>16} {:>13} {:>18}", "", "samples", "CPU s", "CPU s / M samp.", "peak RSS MB", "peak MB / M samp.");
+    println!(
+        "  {:<12} {:>12} {:>10} {:>16} {:>13} {:>18}",
+        "", "samples", "CPU s", "CPU s / M samp.", "peak RSS MB", "peak MB / M samp."
+    );
     for (name, s, st) in [("prometheus", prom_samples, &ps), ("strata edge", edge_samples, &es)] {
         println!(
             "  {:<12} {:>12.0} {:>10.2} {:>16.3} {:>13.1} {:>18.1}",
-            name, s, st.cpu_secs, per_m(st.cpu_secs, s), st.peak_rss_mb, per_m(st.peak_rss_mb, s)
+            name,
+            s,
+            st.cpu_secs,
+            per_m(st.cpu_secs, s),
+            st.peak_rss_mb,
+            per_m(st.peak_rss_mb, s)
         );
     }
     let cpu_ratio = per_m(es.cpu_secs, edge_samples) / per_m(ps.cpu_secs, prom_samples);

@@ -100,7 +100,9 @@ pub fn wait_ready(url: &str, p: &mut Proc, within: Duration) {
 
 /// Reads one unlabelled sample value from a /metrics page.
 pub fn metric_value(page: &str, name: &str) -> Option<f64> {
-    page.lines().find(|l| l.starts_with(name) && l[name.len()..].starts_with(' ')).and_then(|l| l[name.len() + 1..].trim().parse().ok())
+    page.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l[name.len() + 1..].trim().parse().ok())
 }
 
 pub use strata_model::time::now_ms;

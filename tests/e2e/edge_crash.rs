@@ -2,16 +2,14 @@
 //! sample: every remote write answered 204 and every sample the edge counted as appended
 //! is there after a restart.
 
-
-
 use crate::common::*;
 use prost::Message;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_model::matcher::Matcher;
 use strata_proto::prometheus::{Label, Sample as PbSample, TimeSeries, WriteRequest};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
-use strata_model::matcher::Matcher;
 
 fn write_body(batch: u64, series: usize, t: i64) -> (Vec<u8>, Vec<(String, i64, f64)>) {
     let mut acked = Vec::new();
@@ -21,7 +19,10 @@ fn write_body(batch: u64, series: usize, t: i64) -> (Vec<u8>, Vec<(String, i64, 
             let v = (batch * 1000 + i as u64) as f64 + 0.25;
             acked.push((name.clone(), t, v));
             TimeSeries {
-                labels: vec![Label { name: "__name__".into(), value: name }, Label { name: "source".into(), value: "test".into() }],
+                labels: vec![
+                    Label { name: "__name__".into(), value: name },
+                    Label { name: "source".into(), value: "test".into() },
+                ],
                 samples: vec![PbSample { value: v, timestamp: t }],
                 exemplars: vec![],
             }
@@ -36,7 +37,8 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
     let dir = tempfile::tempdir().unwrap();
     let sim_port = free_port();
     let edge_port = free_port();
-    let mut sim = Proc::strata(&["simulate", "--nodes", "4", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
+    let mut sim =
+        Proc::strata(&["simulate", "--nodes", "4", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
     wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
 
     let mut targets = String::new();
@@ -44,10 +46,22 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
         targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));
     }
     let cfg = dir.path().join("edge.yml");
-    std::fs::write(&cfg, format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}")).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}"),
+    )
+    .unwrap();
     let data = dir.path().join("data");
     let edge_args = |port: u16| {
-        vec!["edge".to_string(), "--config".into(), cfg.display().to_string(), "--data".into(), data.display().to_string(), "--http-listen".into(), format!("127.0.0.1:{port}")]
+        vec![
+            "edge".to_string(),
+            "--config".into(),
+            cfg.display().to_string(),
+            "--data".into(),
+            data.display().to_string(),
+            "--http-listen".into(),
+            format!("127.0.0.1:{port}"),
+        ]
     };
     let start_edge = |port: u16, name: &str| {
         let args = edge_args(port);
@@ -72,7 +86,12 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
                     batch += 1;
                     sent += 1;
                     let (body, samples) = write_body(batch, 50, now_ms());
-                    let r = c.post(&url).header("Content-Encoding", "snappy").header("Content-Type", "application/x-protobuf").body(body).send();
+                    let r = c
+                        .post(&url)
+                        .header("Content-Encoding", "snappy")
+                        .header("Content-Type", "application/x-protobuf")
+                        .body(body)
+                        .send();
                     if let Ok(r) = r {
                         if r.status().as_u16() == 204 {
                             acked.add(samples);
@@ -97,7 +116,12 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
     let port2 = free_port();
     let mut edge = start_edge(port2, "edge-2");
     wait_ready(&format!("http://127.0.0.1:{port2}/-/ready"), &mut edge, Duration::from_secs(60));
-    let text = client().get(format!("http://127.0.0.1:{port2}/api/v1/series?match[]=%7Bsource%3D%22test%22%7D")).send().unwrap().text().unwrap();
+    let text = client()
+        .get(format!("http://127.0.0.1:{port2}/api/v1/series?match[]=%7Bsource%3D%22test%22%7D"))
+        .send()
+        .unwrap()
+        .text()
+        .unwrap();
     let series: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert_eq!(series["data"].as_array().map(|a| a.len()), Some(50), "{series}");
     edge.kill9();
@@ -106,7 +130,11 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
     let db = Tsdb::open(&data, TsdbOptions::default()).unwrap();
     let mut stored: HashMap<(String, i64), f64> = HashMap::new();
     let mut before_kill = 0u64;
-    for (s, chunks) in db.head().select(&[Matcher::new(strata_model::matcher::MatchOp::Regex, "__name__", ".+").unwrap()], i64::MIN, i64::MAX) {
+    for (s, chunks) in db.head().select(
+        &[Matcher::new(strata_model::matcher::MatchOp::Regex, "__name__", ".+").unwrap()],
+        i64::MIN,
+        i64::MAX,
+    ) {
         let name = s.labels.metric_name().unwrap_or_default().to_string();
         for c in chunks {
             for x in c.decode().unwrap() {
@@ -119,9 +147,16 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
             }
         }
     }
-    let missing: Vec<_> = acked.iter().filter(|(n, t, v)| stored.get(&(n.clone(), *t)).map(|x| x.to_bits()) != Some(v.to_bits())).take(5).collect();
+    let missing: Vec<_> = acked
+        .iter()
+        .filter(|(n, t, v)| stored.get(&(n.clone(), *t)).map(|x| x.to_bits()) != Some(v.to_bits()))
+        .take(5)
+        .collect();
     assert!(missing.is_empty(), "acknowledged samples missing after kill -9: {missing:?}");
-    assert!(before_kill as f64 >= appended, "the edge had appended {appended} samples before the kill, {before_kill} came back");
+    assert!(
+        before_kill as f64 >= appended,
+        "the edge had appended {appended} samples before the kill, {before_kill} came back"
+    );
 }
 
 /// A tiny mutex-protected list, to keep the test free of extra dependencies.

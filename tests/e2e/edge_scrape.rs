@@ -2,8 +2,6 @@
 //! content negotiation, a bad page (up = 0, a log line naming the target and the line, and
 //! nothing lost), reload by `POST /-/reload` and SIGHUP, a bad config refused, file SD.
 
-
-
 use crate::common::*;
 use flate2::write::GzEncoder;
 use std::io::{Read, Write};
@@ -38,7 +36,10 @@ fn serve_pages() -> u16 {
                 "/bad" => ("text/plain; version=0.0.4", None, b"good_metric 1\nthis line is garbage\n".to_vec()),
                 _ => ("text/plain", None, b"plain_metric 1\n".to_vec()),
             };
-            let mut head = format!("HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nContent-Length: {}\r\nConnection: close\r\n", body.len());
+            let mut head = format!(
+                "HTTP/1.1 200 OK\r\nContent-Type: {ct}\r\nContent-Length: {}\r\nConnection: close\r\n",
+                body.len()
+            );
             if let Some(e) = enc {
                 head.push_str(&format!("Content-Encoding: {e}\r\n"));
             }
@@ -51,11 +52,16 @@ fn serve_pages() -> u16 {
 }
 
 fn job(name: &str, port: u16, path: &str) -> String {
-    format!("  - job_name: {name}\n    metrics_path: {path}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n")
+    format!(
+        "  - job_name: {name}\n    metrics_path: {path}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n"
+    )
 }
 
 fn series(base: &str, selector: &str) -> Vec<serde_json::Value> {
-    let url = format!("{base}/api/v1/series?match[]={}", selector.replace('{', "%7B").replace('}', "%7D").replace('"', "%22").replace('=', "%3D"));
+    let url = format!(
+        "{base}/api/v1/series?match[]={}",
+        selector.replace('{', "%7B").replace('}', "%7D").replace('"', "%22").replace('=', "%3D")
+    );
     let v: serde_json::Value = serde_json::from_str(&client().get(url).send().unwrap().text().unwrap()).unwrap();
     v["data"].as_array().cloned().unwrap_or_default()
 }
@@ -78,17 +84,36 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
     let cfg = dir.path().join("edge.yml");
     let head = "global:\n  scrape_interval: 1s\nscrape_configs:\n";
     let big = format!("  - job_name: big\n    metrics_path: /plain\n    body_size_limit: 4B\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n");
-    std::fs::write(&cfg, format!("{head}{}{}{}{big}", job("gz", port, "/gz"), job("om", port, "/om"), job("bad", port, "/bad"))).unwrap();
+    std::fs::write(
+        &cfg,
+        format!("{head}{}{}{}{big}", job("gz", port, "/gz"), job("om", port, "/om"), job("bad", port, "/bad")),
+    )
+    .unwrap();
     let edge_port = free_port();
     let base = format!("http://127.0.0.1:{edge_port}");
-    let mut edge = Proc::strata(&["edge", "--config", &cfg.display().to_string(), "--data", &dir.path().join("data").display().to_string(), "--http-listen", &format!("127.0.0.1:{edge_port}")], dir.path(), "edge");
+    let mut edge = Proc::strata(
+        &[
+            "edge",
+            "--config",
+            &cfg.display().to_string(),
+            "--data",
+            &dir.path().join("data").display().to_string(),
+            "--http-listen",
+            &format!("127.0.0.1:{edge_port}"),
+        ],
+        dir.path(),
+        "edge",
+    );
     wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
 
     wait_for("gzip and OpenMetrics pages", Duration::from_secs(15), || {
         !series(&base, "gz_metric").is_empty() && !series(&base, "om_energy_total").is_empty()
     });
     assert!(series(&base, "not_negotiated").is_empty(), "the edge asked for OpenMetrics");
-    let md: serde_json::Value = serde_json::from_str(&client().get(format!("{base}/api/v1/metadata?metric=om_energy")).send().unwrap().text().unwrap()).unwrap();
+    let md: serde_json::Value = serde_json::from_str(
+        &client().get(format!("{base}/api/v1/metadata?metric=om_energy")).send().unwrap().text().unwrap(),
+    )
+    .unwrap();
     assert_eq!(md["data"]["om_energy"][0]["type"], "counter");
     assert_eq!(md["data"]["om_energy"][0]["unit"], "joules");
 
@@ -99,11 +124,16 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
     });
     assert!(series(&base, "good_metric").is_empty(), "nothing of a bad page is stored");
     let log = edge.log_text();
-    let line = log.lines().find(|l| l.contains("scrape failed") && l.contains("/bad")).unwrap_or_else(|| panic!("no log line for the bad target:\n{log}"));
+    let line = log
+        .lines()
+        .find(|l| l.contains("scrape failed") && l.contains("/bad"))
+        .unwrap_or_else(|| panic!("no log line for the bad target:\n{log}"));
     assert!(line.contains("line 2") && line.contains("this line is garbage"), "{line}");
     assert_eq!(series(&base, "up{job=\"bad\"}").len(), 1, "up is recorded for the failing target");
     // An oversize body fails its scrape too.
-    wait_for("a failed scrape of the oversize page", Duration::from_secs(15), || edge.log_text().contains("body size limit of 4 bytes exceeded"));
+    wait_for("a failed scrape of the oversize page", Duration::from_secs(15), || {
+        edge.log_text().contains("body size limit of 4 bytes exceeded")
+    });
     assert!(series(&base, "plain_metric{job=\"big\"}").is_empty());
 
     // Reload by POST: a new job starts scraping.
@@ -123,12 +153,18 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
 
     // SIGHUP with file SD: targets come from a file, and a change to the file is picked up.
     let sd = dir.path().join("targets.json");
-    std::fs::write(&sd, format!("[{{\"targets\": [\"127.0.0.1:{port}\"], \"labels\": {{\"zone\": \"z1\"}}}}]")).unwrap();
+    std::fs::write(&sd, format!("[{{\"targets\": [\"127.0.0.1:{port}\"], \"labels\": {{\"zone\": \"z1\"}}}}]"))
+        .unwrap();
     std::fs::write(&cfg, format!("{head}  - job_name: filesd\n    metrics_path: /plain\n    file_sd_configs:\n      - files: ['targets.json']\n")).unwrap();
     let pid = edge.child.as_ref().map(|c| c.id()).unwrap();
     assert!(std::process::Command::new("kill").arg("-HUP").arg(pid.to_string()).status().unwrap().success());
-    wait_for("the file-SD target after SIGHUP", Duration::from_secs(15), || !series(&base, "plain_metric{job=\"filesd\",zone=\"z1\"}").is_empty());
-    std::fs::write(&sd, format!("[{{\"targets\": [\"127.0.0.1:{port}\"], \"labels\": {{\"zone\": \"z2\"}}}}]")).unwrap();
-    wait_for("the changed file-SD target", Duration::from_secs(20), || !series(&base, "plain_metric{job=\"filesd\",zone=\"z2\"}").is_empty());
+    wait_for("the file-SD target after SIGHUP", Duration::from_secs(15), || {
+        !series(&base, "plain_metric{job=\"filesd\",zone=\"z1\"}").is_empty()
+    });
+    std::fs::write(&sd, format!("[{{\"targets\": [\"127.0.0.1:{port}\"], \"labels\": {{\"zone\": \"z2\"}}}}]"))
+        .unwrap();
+    wait_for("the changed file-SD target", Duration::from_secs(20), || {
+        !series(&base, "plain_metric{job=\"filesd\",zone=\"z2\"}").is_empty()
+    });
     edge.terminate();
 }

@@ -5,15 +5,13 @@
 //! Needs the `prometheus` binary (the README's test command installs it). Without it the
 //! test fails and says so, unless STRATA_SKIP_PROMETHEUS=1 is set on purpose.
 
-
-
 use crate::common::*;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
-use strata_tsdb::db::{Tsdb, TsdbOptions};
-use strata_model::matcher::{MatchOp, Matcher};
 use strata_model::is_stale;
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
 
 const NODES: usize = 2;
 const SEED: u64 = 1;
@@ -51,13 +49,25 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
             eprintln!("SKIPPED: prometheus not installed and STRATA_SKIP_PROMETHEUS=1");
             return;
         }
-        panic!("the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it");
+        panic!(
+            "the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it"
+        );
     }
     let dir = tempfile::tempdir().unwrap();
     let (sim_port, edge_port, prom_port) = (free_port(), free_port(), free_port());
     let start = quiet_start().to_string();
     let mut sim = Proc::strata(
-        &["simulate", "--nodes", &NODES.to_string(), "--seed", &SEED.to_string(), "--start-at", &start, "--listen", &format!("127.0.0.1:{sim_port}")],
+        &[
+            "simulate",
+            "--nodes",
+            &NODES.to_string(),
+            "--seed",
+            &SEED.to_string(),
+            "--start-at",
+            &start,
+            "--listen",
+            &format!("127.0.0.1:{sim_port}"),
+        ],
         dir.path(),
         "sim",
     );
@@ -67,7 +77,8 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
     for i in 0..NODES {
         targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));
     }
-    let scrape = format!("scrape_configs:\n  - job_name: dcgm\n    scrape_interval: 2s\n    static_configs:\n{targets}");
+    let scrape =
+        format!("scrape_configs:\n  - job_name: dcgm\n    scrape_interval: 2s\n    static_configs:\n{targets}");
     let edge_cfg = dir.path().join("edge.yml");
     std::fs::write(&edge_cfg, format!("global:\n  scrape_interval: 2s\n{scrape}")).unwrap();
     let prom_cfg = dir.path().join("prometheus.yml");
@@ -80,7 +91,15 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
     .unwrap();
     let data = dir.path().join("edge-data");
     let mut edge = Proc::strata(
-        &["edge", "--config", &edge_cfg.display().to_string(), "--data", &data.display().to_string(), "--http-listen", &format!("127.0.0.1:{edge_port}")],
+        &[
+            "edge",
+            "--config",
+            &edge_cfg.display().to_string(),
+            "--data",
+            &data.display().to_string(),
+            "--http-listen",
+            &format!("127.0.0.1:{edge_port}"),
+        ],
         dir.path(),
         "edge",
     );
@@ -100,8 +119,14 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
 
     // 1. The same series, label for label (synthetic `up` and `scrape_*` included).
     let q = "match[]=%7Bjob%3D%22dcgm%22%7D";
-    let prom_series: BTreeSet<_> = get_json(&format!("{prom_base}/api/v1/series?{q}&end={t_end}"))["data"].as_array().unwrap().iter().map(label_set).collect();
-    let edge_series: BTreeSet<_> = get_json(&format!("http://127.0.0.1:{edge_port}/api/v1/series?{q}&end={t_end}"))["data"]
+    let prom_series: BTreeSet<_> = get_json(&format!("{prom_base}/api/v1/series?{q}&end={t_end}"))["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(label_set)
+        .collect();
+    let edge_series: BTreeSet<_> = get_json(&format!("http://127.0.0.1:{edge_port}/api/v1/series?{q}&end={t_end}"))
+        ["data"]
         .as_array()
         .unwrap()
         .iter()
@@ -111,7 +136,10 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
     assert!(prom_series.len() > 25 * 8 * NODES, "Prometheus scraped {} series", prom_series.len());
     let only_prom: Vec<_> = prom_series.difference(&edge_series).take(3).collect();
     let only_edge: Vec<_> = edge_series.difference(&prom_series).take(3).collect();
-    assert!(only_prom.is_empty() && only_edge.is_empty(), "series differ: only in Prometheus {only_prom:?}, only in the edge {only_edge:?}");
+    assert!(
+        only_prom.is_empty() && only_edge.is_empty(),
+        "series differ: only in Prometheus {only_prom:?}, only in the edge {only_edge:?}"
+    );
 
     // 2. What Prometheus holds up to t_end, raw, to compare with what it remote-wrote.
     let raw = get_json(&format!("{prom_base}/api/v1/query?query=%7Bjob%3D%22dcgm%22%7D%5B1h%5D&time={t_end}"));
@@ -119,7 +147,12 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
     for s in raw["data"]["result"].as_array().unwrap() {
         let mut l = label_set(&s["metric"]);
         l.insert("source".into(), "prometheus".into());
-        let vals = s["values"].as_array().unwrap().iter().map(|p| ((p[0].as_f64().unwrap() * 1000.0).round() as i64, p[1].as_str().unwrap().to_string())).collect();
+        let vals = s["values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| ((p[0].as_f64().unwrap() * 1000.0).round() as i64, p[1].as_str().unwrap().to_string()))
+            .collect();
         want.insert(l, vals);
     }
     // Give remote write time to deliver everything up to t_end.
@@ -136,8 +169,14 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
     let t = format!("{:.3}", t_end - 1.0);
     let (t0, t1) = (format!("{:.3}", t_end - 8.0), format!("{:.3}", t_end - 1.0));
     let pairs = [
-        ("sum by (gpu) (DCGM_FI_DEV_GPU_TEMP{node=\"0\"})", "sum by (gpu) (DCGM_FI_DEV_GPU_TEMP{node=\"0\",source=\"prometheus\"})"),
-        ("max by (node) (DCGM_FI_DEV_POWER_USAGE) * 2", "max by (node) (DCGM_FI_DEV_POWER_USAGE{source=\"prometheus\"}) * 2"),
+        (
+            "sum by (gpu) (DCGM_FI_DEV_GPU_TEMP{node=\"0\"})",
+            "sum by (gpu) (DCGM_FI_DEV_GPU_TEMP{node=\"0\",source=\"prometheus\"})",
+        ),
+        (
+            "max by (node) (DCGM_FI_DEV_POWER_USAGE) * 2",
+            "max by (node) (DCGM_FI_DEV_POWER_USAGE{source=\"prometheus\"}) * 2",
+        ),
         ("count(up == 1)", "count(up{source=\"prometheus\"} == 1)"),
     ];
     for (pq, eq) in pairs {
@@ -153,16 +192,29 @@ fn edge_matches_prometheus_and_receives_its_remote_write() {
     let a = promtool(&["query", "series", "--match", "DCGM_FI_DEV_GPU_TEMP{node=\"1\"}", &prom_base]);
     let b = promtool(&["query", "series", "--match", "DCGM_FI_DEV_GPU_TEMP{node=\"1\",source=\"\"}", &edge_base]);
     assert_eq!(a, b, "series");
-    assert_eq!(promtool(&["query", "labels", &prom_base, "gpu"]), promtool(&["query", "labels", &edge_base, "gpu"]), "label values");
+    assert_eq!(
+        promtool(&["query", "labels", &prom_base, "gpu"]),
+        promtool(&["query", "labels", &edge_base, "gpu"]),
+        "label values"
+    );
 
     prom.terminate();
     edge.terminate();
 
     let db = Tsdb::open(&data, TsdbOptions::default()).unwrap();
     let mut got: BTreeMap<BTreeMap<String, String>, Vec<(i64, f64)>> = BTreeMap::new();
-    for (s, chunks) in db.head().select(&[Matcher::new(MatchOp::Equal, "source", "prometheus").unwrap()], i64::MIN, (t_end * 1000.0) as i64) {
+    for (s, chunks) in db.head().select(
+        &[Matcher::new(MatchOp::Equal, "source", "prometheus").unwrap()],
+        i64::MIN,
+        (t_end * 1000.0) as i64,
+    ) {
         let l: BTreeMap<String, String> = s.labels.iter().map(|x| (x.name.to_string(), x.value.to_string())).collect();
-        let samples = chunks.iter().flat_map(|c| c.decode().unwrap()).filter(|x| x.t <= (t_end * 1000.0) as i64 && !is_stale(x.v)).map(|x| (x.t, x.v)).collect();
+        let samples = chunks
+            .iter()
+            .flat_map(|c| c.decode().unwrap())
+            .filter(|x| x.t <= (t_end * 1000.0) as i64 && !is_stale(x.v))
+            .map(|x| (x.t, x.v))
+            .collect();
         got.insert(l, samples);
     }
     assert_eq!(got.len(), want.len(), "every series Prometheus scraped arrived by remote write");

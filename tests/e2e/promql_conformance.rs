@@ -14,7 +14,8 @@ use strata_promql::testfile;
 fn prometheus_promql_conformance_files() {
     let dir = testfile::default_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
     if !dir.is_dir() {
-        let msg = format!("THE PROMQL CONFORMANCE SUITE DID NOT RUN: {} does not exist; set PROMQL_TESTDATA", dir.display());
+        let msg =
+            format!("THE PROMQL CONFORMANCE SUITE DID NOT RUN: {} does not exist; set PROMQL_TESTDATA", dir.display());
         assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{msg}");
         println!("{msg}");
         return;
@@ -26,7 +27,13 @@ fn prometheus_promql_conformance_files() {
     for f in &report.failed {
         println!("FAILED: {f}");
     }
-    println!("promql conformance: {} passed, {} failed, {} skipped ({} files)", report.passed, report.failed.len(), report.skipped.len(), report.files);
+    println!(
+        "promql conformance: {} passed, {} failed, {} skipped ({} files)",
+        report.passed,
+        report.failed.len(),
+        report.skipped.len(),
+        report.files
+    );
     assert!(report.files >= 10, "only {} test files in {}", report.files, dir.display());
     assert!(report.failed.is_empty(), "{} conformance cases gave wrong answers", report.failed.len());
     assert!(report.passed >= 600, "only {} cases passed", report.passed);

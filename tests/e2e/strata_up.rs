@@ -1,8 +1,6 @@
 //! `strata up`: the simulator and an HA pair of edges start, both replicas scrape the whole
 //! fleet, and Ctrl-C (SIGINT) stops everything cleanly with the data kept.
 
-
-
 use crate::common::*;
 use std::time::{Duration, Instant};
 
@@ -15,7 +13,11 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
         .find(|&p| p < 65000 && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
         .expect("three free ports");
     let data = dir.path().join("strata-data");
-    let mut up = Proc::strata(&["up", "--data", &data.display().to_string(), "--port-base", &base.to_string(), "--nodes", "2"], dir.path(), "up");
+    let mut up = Proc::strata(
+        &["up", "--data", &data.display().to_string(), "--port-base", &base.to_string(), "--nodes", "2"],
+        dir.path(),
+        "up",
+    );
     for port in [base + 1, base + 2] {
         wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut up, Duration::from_secs(60));
     }
@@ -23,7 +25,12 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let deadline = Instant::now() + Duration::from_secs(30);
     for port in [base + 1, base + 2] {
         loop {
-            let text = client().get(format!("http://127.0.0.1:{port}/api/v1/series?match[]=DCGM_FI_DEV_GPU_TEMP")).send().unwrap().text().unwrap();
+            let text = client()
+                .get(format!("http://127.0.0.1:{port}/api/v1/series?match[]=DCGM_FI_DEV_GPU_TEMP"))
+                .send()
+                .unwrap()
+                .text()
+                .unwrap();
             let v: serde_json::Value = serde_json::from_str(&text).unwrap();
             let n = v["data"].as_array().map(|a| a.len()).unwrap_or(0);
             if n >= 16 {

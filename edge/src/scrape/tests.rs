@@ -1,9 +1,9 @@
 use super::*;
 use crate::config::EdgeConfig;
 use std::path::Path;
-use strata_tsdb::db::TsdbOptions;
 use strata_model::matcher::Matcher;
 use strata_model::{is_stale, MetricType};
+use strata_tsdb::db::TsdbOptions;
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -19,7 +19,11 @@ fn fixture() -> Fixture {
 fn ingest_for(db: &Arc<Tsdb>, job_yaml: &str) -> ScrapeIngest {
     let cfg = EdgeConfig::parse(job_yaml, Path::new("x.yml")).unwrap();
     let job = Arc::new(cfg.jobs[0].clone());
-    let target = Target { job: job.job_name.clone(), labels: Labels::from_pairs([("job", "dcgm"), ("instance", "node-0")]), url: "http://x/metrics".into() };
+    let target = Target {
+        job: job.job_name.clone(),
+        labels: Labels::from_pairs([("job", "dcgm"), ("instance", "node-0")]),
+        url: "http://x/metrics".into(),
+    };
     ScrapeIngest::new(target, job, db.clone())
 }
 
@@ -115,7 +119,8 @@ fn honor_labels_and_timestamps() {
     assert_eq!(got[0].1[0].t, 500, "honor_timestamps defaults to true");
 
     let f = fixture();
-    let mut ing = ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    honor_labels: true\n    honor_timestamps: false\n");
+    let mut ing =
+        ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    honor_labels: true\n    honor_timestamps: false\n");
     ing.ingest(page, Format::Text, 1000, Duration::ZERO).unwrap();
     let got = samples_of(&f.db, &[name("m")]);
     assert_eq!(got[0].0.get("job"), Some("inner"));
@@ -140,16 +145,28 @@ fn metric_relabeling_and_label_limit() {
 fn a_reordered_or_changed_page_resolves_every_series_right() {
     let f = fixture();
     let mut ing = ingest_for(&f.db, JOB);
-    ing.ingest(b"# TYPE u untyped\nm{a=\"1\"} 1\nm{a=\"2\"} 2\nm{a=\"3\"} 3\n", Format::Text, 1000, Duration::ZERO).unwrap();
+    ing.ingest(b"# TYPE u untyped\nm{a=\"1\"} 1\nm{a=\"2\"} 2\nm{a=\"3\"} 3\n", Format::Text, 1000, Duration::ZERO)
+        .unwrap();
     // same series, other order, one new and one gone
     ing.ingest(b"m{a=\"3\"} 30\nm{a=\"4\"} 40\nm{a=\"1\"} 10\n", Format::Text, 2000, Duration::ZERO).unwrap();
     ing.ingest(b"m{a=\"3\"} 300\nm{a=\"4\"} 400\nm{a=\"1\"} 100\n", Format::Text, 3000, Duration::ZERO).unwrap();
-    let v = |a: &str| samples_of(&f.db, &[name("m"), Matcher::eq("a", a)])[0].1.iter().map(|s| s.v).filter(|v| !is_stale(*v)).collect::<Vec<_>>();
+    let v = |a: &str| {
+        samples_of(&f.db, &[name("m"), Matcher::eq("a", a)])[0]
+            .1
+            .iter()
+            .map(|s| s.v)
+            .filter(|v| !is_stale(*v))
+            .collect::<Vec<_>>()
+    };
     assert_eq!(v("1"), [1.0, 10.0, 100.0]);
     assert_eq!(v("2"), [2.0]);
     assert_eq!(v("3"), [3.0, 30.0, 300.0]);
     assert_eq!(v("4"), [40.0, 400.0]);
-    assert_eq!(f.db.head().all_metadata().iter().find(|m| m.0 == "u").map(|m| m.1.metric_type), Some(MetricType::Unknown), "untyped families are recorded too");
+    assert_eq!(
+        f.db.head().all_metadata().iter().find(|m| m.0 == "u").map(|m| m.1.metric_type),
+        Some(MetricType::Unknown),
+        "untyped families are recorded too"
+    );
     // many scrapes later the cache has been evicted and rebuilt, and still resolves right
     for i in 0..25 {
         ing.ingest(b"m{a=\"1\"} 5\n", Format::Text, 4000 + i * 1000, Duration::ZERO).unwrap();
@@ -183,7 +200,11 @@ fn scrape_offsets_spread_over_the_interval() {
     let interval = Duration::from_secs(5);
     let offsets: std::collections::HashSet<_> = (0..64)
         .map(|i| {
-            let t = Target { job: "dcgm".into(), labels: Labels::from_pairs([("instance", format!("node-{i}:9400"))]), url: format!("http://node-{i}:9400/metrics") };
+            let t = Target {
+                job: "dcgm".into(),
+                labels: Labels::from_pairs([("instance", format!("node-{i}:9400"))]),
+                url: format!("http://node-{i}:9400/metrics"),
+            };
             let o = scrape_offset(&t, interval);
             assert!(o < interval);
             o.as_millis() / 500

@@ -9,8 +9,6 @@
 mod params;
 mod query;
 
-use strata_model::matcher::Matcher;
-use strata_store::{Store, StoreError};
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderMap, Method, StatusCode};
@@ -20,6 +18,8 @@ use axum::Router;
 pub use params::Params;
 use serde_json::{json, Value};
 use std::sync::Arc;
+use strata_model::matcher::Matcher;
+use strata_store::{Store, StoreError};
 
 /// Prometheus' error types, each with its HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -135,7 +135,8 @@ async fn gzip_when_asked(req: axum::extract::Request, next: axum::middleware::Ne
     }
     let (mut parts, body) = resp.into_parts();
     let Ok(bytes) = axum::body::to_bytes(body, usize::MAX).await else {
-        return ApiError { kind: ErrorType::Internal, message: "reading the response body failed".into() }.into_response();
+        return ApiError { kind: ErrorType::Internal, message: "reading the response body failed".into() }
+            .into_response();
     };
     let mut enc = flate2::write::GzEncoder::new(Vec::with_capacity(bytes.len() / 4), flate2::Compression::fast());
     let Ok(gz) = enc.write_all(&bytes).and_then(|_| enc.finish()) else {
@@ -161,20 +162,29 @@ fn api_routes(state: Arc<ApiState>) -> Router {
 fn matchers_of(p: &Params) -> Result<Vec<Vec<Matcher>>, ApiError> {
     p.all("match[]")
         .iter()
-        .map(|s| strata_promql::selector::parse_selector(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"match[]\": {e}"))))
+        .map(|s| {
+            strata_promql::selector::parse_selector(s)
+                .map_err(|e| ApiError::bad_data(format!("invalid parameter \"match[]\": {e}")))
+        })
         .collect()
 }
 
 fn limit_of(p: &Params) -> Result<usize, ApiError> {
     match p.get("limit") {
         None | Some("") => Ok(0),
-        Some(s) => s.parse::<usize>().map_err(|_| ApiError::bad_data(format!("invalid parameter \"limit\": cannot parse {s:?} to a valid limit"))),
+        Some(s) => s.parse::<usize>().map_err(|_| {
+            ApiError::bad_data(format!("invalid parameter \"limit\": cannot parse {s:?} to a valid limit"))
+        }),
     }
 }
 
 /// The `match[]` sets to query, or one empty set (no restriction) when none were given.
 fn with_empty_set(sets: &[Vec<Matcher>]) -> Vec<&[Matcher]> {
-    if sets.is_empty() { vec![&[]] } else { sets.iter().map(Vec::as_slice).collect() }
+    if sets.is_empty() {
+        vec![&[]]
+    } else {
+        sets.iter().map(Vec::as_slice).collect()
+    }
 }
 
 fn sort_dedup<T: Ord>(v: &mut Vec<T>) {
@@ -190,7 +200,13 @@ fn truncate<T>(mut v: Vec<T>, limit: usize, warnings: &mut Vec<String>) -> Vec<T
     v
 }
 
-async fn series(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+async fn series(
+    State(s): State<Arc<ApiState>>,
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let sets = matchers_of(&p)?;
     if sets.is_empty() {
@@ -216,7 +232,13 @@ pub fn labels_json(l: &strata_model::Labels) -> Value {
     Value::Object(m)
 }
 
-async fn labels(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+async fn labels(
+    State(s): State<Arc<ApiState>>,
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
@@ -230,7 +252,11 @@ async fn labels(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderM
     Ok(success(json!(names), warnings))
 }
 
-async fn label_values(State(s): State<Arc<ApiState>>, Path(name): Path<String>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
+async fn label_values(
+    State(s): State<Arc<ApiState>>,
+    Path(name): Path<String>,
+    RawQuery(q): RawQuery,
+) -> Result<Response, ApiError> {
     let p = Params::from_request(&Method::GET, &HeaderMap::new(), q.as_deref(), &Bytes::new())?;
     if !strata_model::is_valid_label_name(&name) {
         return Err(ApiError::bad_data(format!("invalid label name: {name:?}")));

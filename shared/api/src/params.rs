@@ -2,21 +2,28 @@
 //! string plus an `application/x-www-form-urlencoded` body for POST, keys repeatable.
 
 use super::ApiError;
-use strata_model::time::{parse_time, MAX_TIME, MIN_TIME};
 use axum::http::{header, HeaderMap, Method};
+use strata_model::time::{parse_time, MAX_TIME, MIN_TIME};
 
 pub struct Params {
     pairs: Vec<(String, String)>,
 }
 
-
 impl Params {
-    pub fn from_request(method: &Method, headers: &HeaderMap, query: Option<&str>, body: &[u8]) -> Result<Params, ApiError> {
-        let mut pairs: Vec<(String, String)> = form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+    pub fn from_request(
+        method: &Method,
+        headers: &HeaderMap,
+        query: Option<&str>,
+        body: &[u8],
+    ) -> Result<Params, ApiError> {
+        let mut pairs: Vec<(String, String)> =
+            form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
         if method == Method::POST && !body.is_empty() {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             if !ct.starts_with("application/x-www-form-urlencoded") {
-                return Err(ApiError::bad_data(format!("unsupported Content-Type {ct:?}: send application/x-www-form-urlencoded")));
+                return Err(ApiError::bad_data(format!(
+                    "unsupported Content-Type {ct:?}: send application/x-www-form-urlencoded"
+                )));
             }
             pairs.extend(form_urlencoded::parse(body).into_owned());
         }
@@ -34,11 +41,15 @@ impl Params {
     /// `start` and `end`, defaulting to the whole time range.
     pub fn range(&self) -> Result<(i64, i64), ApiError> {
         let start = match self.get("start") {
-            Some(s) if !s.is_empty() => parse_time(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"start\": {e}")))?,
+            Some(s) if !s.is_empty() => {
+                parse_time(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"start\": {e}")))?
+            }
             _ => MIN_TIME,
         };
         let end = match self.get("end") {
-            Some(s) if !s.is_empty() => parse_time(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"end\": {e}")))?,
+            Some(s) if !s.is_empty() => {
+                parse_time(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"end\": {e}")))?
+            }
             _ => MAX_TIME,
         };
         if end < start {

@@ -1,10 +1,6 @@
 //! `/api/v1/query` and `/api/v1/query_range`: PromQL over the store, Prometheus' JSON.
 
 use super::{labels_json, success, ApiError, ApiState, ErrorType, Params};
-use strata_model::duration::parse_duration_ms;
-use strata_model::time::{now_ms, parse_time};
-use strata_model::value::format_value;
-use strata_promql::{Engine, QueryError, QueryStats, QueryValue};
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, Method};
@@ -12,6 +8,10 @@ use axum::response::Response;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_model::duration::parse_duration_ms;
+use strata_model::time::{now_ms, parse_time};
+use strata_model::value::format_value;
+use strata_promql::{Engine, QueryError, QueryStats, QueryValue};
 
 /// Prometheus refuses range queries above this many points per series.
 const MAX_POINTS: i64 = 11_000;
@@ -135,11 +135,15 @@ fn duration_param(p: &Params, name: &str) -> Result<Option<i64>, ApiError> {
     let Some(s) = p.get(name).filter(|s| !s.is_empty()) else { return Ok(None) };
     if let Ok(f) = s.parse::<f64>() {
         if !f.is_finite() || f * 1000.0 > i64::MAX as f64 || f * 1000.0 < i64::MIN as f64 {
-            return Err(ApiError::bad_data(format!("invalid parameter \"{name}\": cannot parse {s:?} to a valid duration")));
+            return Err(ApiError::bad_data(format!(
+                "invalid parameter \"{name}\": cannot parse {s:?} to a valid duration"
+            )));
         }
         return Ok(Some((f * 1000.0).round() as i64));
     }
-    parse_duration_ms(s).map(Some).map_err(|e| ApiError::bad_data(format!("invalid parameter \"{name}\": cannot parse {s:?} to a valid duration: {e}")))
+    parse_duration_ms(s).map(Some).map_err(|e| {
+        ApiError::bad_data(format!("invalid parameter \"{name}\": cannot parse {s:?} to a valid duration: {e}"))
+    })
 }
 
 fn engine_for(state: &ApiState, p: &Params) -> Result<Engine, ApiError> {
@@ -157,7 +161,13 @@ fn parse_query(p: &Params) -> Result<promql_parser::parser::Expr, ApiError> {
     promql_parser::parser::parse(q).map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {e}")))
 }
 
-pub async fn instant(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+pub async fn instant(
+    State(s): State<Arc<ApiState>>,
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let expr = parse_query(&p)?;
     let time = match p.get("time").filter(|t| !t.is_empty()) {
@@ -169,7 +179,13 @@ pub async fn instant(State(s): State<Arc<ApiState>>, method: Method, headers: He
     Ok(success(with_stats(result_json(v), &p, &stats), vec![]))
 }
 
-pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: HeaderMap, RawQuery(q): RawQuery, body: Bytes) -> Result<Response, ApiError> {
+pub async fn range(
+    State(s): State<Arc<ApiState>>,
+    method: Method,
+    headers: HeaderMap,
+    RawQuery(q): RawQuery,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let start = match p.get("start") {
         Some(t) => parse_time(t).map_err(|e| ApiError::bad_data(format!("invalid parameter \"start\": {e}")))?,
@@ -182,7 +198,8 @@ pub async fn range(State(s): State<Arc<ApiState>>, method: Method, headers: Head
     if end < start {
         return Err(ApiError::bad_data("invalid parameter \"end\": end timestamp must not be before start time"));
     }
-    let step = duration_param(&p, "step")?.ok_or_else(|| ApiError::bad_data("invalid parameter \"step\": cannot parse \"\" to a valid duration"))?;
+    let step = duration_param(&p, "step")?
+        .ok_or_else(|| ApiError::bad_data("invalid parameter \"step\": cannot parse \"\" to a valid duration"))?;
     if step <= 0 {
         return Err(ApiError::bad_data("invalid parameter \"step\": zero or negative query resolution step widths are not accepted. Try a positive integer"));
     }
@@ -209,10 +226,21 @@ mod tests {
     fn matrix_text_is_the_json_tree_written_out() {
         let m = vec![
             SeriesPoints {
-                labels: Labels::from_pairs([("__name__", "up".to_string()), ("job", "a \"quoted\" \\ job\n".to_string())]),
-                points: vec![(1_700_000_000_000, 1.0), (1_700_000_000_500, f64::NAN), (1_700_000_001_000, f64::INFINITY), (1_700_000_002_000, -1e-7)],
+                labels: Labels::from_pairs([
+                    ("__name__", "up".to_string()),
+                    ("job", "a \"quoted\" \\ job\n".to_string()),
+                ]),
+                points: vec![
+                    (1_700_000_000_000, 1.0),
+                    (1_700_000_000_500, f64::NAN),
+                    (1_700_000_001_000, f64::INFINITY),
+                    (1_700_000_002_000, -1e-7),
+                ],
             },
-            SeriesPoints { labels: Labels::default(), points: vec![(-1500, f64::NEG_INFINITY), (0, 123456789012345680000.0)] },
+            SeriesPoints {
+                labels: Labels::default(),
+                points: vec![(-1500, f64::NEG_INFINITY), (0, 123456789012345680000.0)],
+            },
         ];
         let text: Value = serde_json::from_str(&matrix_json(&m, None)).expect("valid JSON");
         assert_eq!(text, result_json(QueryValue::Matrix(m.clone())));

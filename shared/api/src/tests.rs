@@ -1,10 +1,10 @@
 use super::*;
-use strata_tsdb::{Tsdb, TsdbOptions};
-use strata_model::{Labels, Metadata, MetricType, Sample};
-use strata_tsdb::TsdbStore;
 use axum::body::Body;
 use axum::http::Request;
 use http_body_util::BodyExt;
+use strata_model::{Labels, Metadata, MetricType, Sample};
+use strata_tsdb::TsdbStore;
+use strata_tsdb::{Tsdb, TsdbOptions};
 use tower::ServiceExt;
 
 fn app() -> (tempfile::TempDir, Router) {
@@ -12,11 +12,21 @@ fn app() -> (tempfile::TempDir, Router) {
     let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
     for gpu in 0..3 {
         for name in ["DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_GPU_TEMP"] {
-            let s = db.series(&Labels::from_pairs([("__name__", name.to_string()), ("gpu", gpu.to_string()), ("job", "dcgm".into())])).unwrap();
+            let s = db
+                .series(&Labels::from_pairs([
+                    ("__name__", name.to_string()),
+                    ("gpu", gpu.to_string()),
+                    ("job", "dcgm".into()),
+                ]))
+                .unwrap();
             db.commit(&[(s, Sample::new(1_700_000_000_000, 1.0))]).unwrap();
         }
     }
-    db.set_metadata("DCGM_FI_DEV_GPU_UTIL", Metadata { metric_type: MetricType::Gauge, help: "GPU utilization (in %).".into(), unit: String::new() }).unwrap();
+    db.set_metadata(
+        "DCGM_FI_DEV_GPU_UTIL",
+        Metadata { metric_type: MetricType::Gauge, help: "GPU utilization (in %).".into(), unit: String::new() },
+    )
+    .unwrap();
     (d, router(Arc::new(TsdbStore(db))))
 }
 
@@ -42,7 +52,9 @@ async fn series_by_get_and_post() {
     assert_eq!(data[0]["__name__"], "DCGM_FI_DEV_GPU_TEMP");
     let req = Request::post("/api/v1/series")
         .header("content-type", "application/x-www-form-urlencoded")
-        .body(Body::from("match[]=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D~%221%7C2%22%7D&start=1699999999&end=2023-11-14T22:13:21Z"))
+        .body(Body::from(
+            "match[]=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D~%221%7C2%22%7D&start=1699999999&end=2023-11-14T22:13:21Z",
+        ))
         .unwrap();
     let (code, v) = call(&app, req).await;
     assert_eq!(code, 200, "{v}");
@@ -97,7 +109,11 @@ async fn instant_and_range_queries_in_prometheus_shapes() {
     assert_eq!(v["data"]["resultType"], "vector");
     assert_eq!(v["data"]["result"][0]["value"], json!([1700000000.0, "3"]));
     assert_eq!(v["data"]["result"][0]["metric"], json!({}));
-    let (code, v) = get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D%220%22%7D&start=1700000000&end=1700000060&step=30s").await;
+    let (code, v) = get(
+        &app,
+        "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP%7Bgpu%3D%220%22%7D&start=1700000000&end=1700000060&step=30s",
+    )
+    .await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["data"]["resultType"], "matrix");
     let s = &v["data"]["result"][0];
@@ -120,11 +136,14 @@ async fn stats_on_request_count_the_samples_touched() {
     assert!(st["samples"].get("totalQueryableSamplesPerStep").is_none());
     assert!(st["timings"]["evalTotalTime"].as_f64().is_some_and(|t| t >= 0.0), "{st}");
     // Three GPUs, one sample each, looked back at from three steps 30 s apart.
-    let (_, v) = get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP&start=1700000000&end=1700000060&step=30s&stats=all").await;
+    let (_, v) =
+        get(&app, "/api/v1/query_range?query=DCGM_FI_DEV_GPU_TEMP&start=1700000000&end=1700000060&step=30s&stats=all")
+            .await;
     let st = &v["data"]["stats"]["samples"];
     assert_eq!(st["totalQueryableSamples"], 9, "{st}");
     assert_eq!(st["totalQueryableSamplesPerStep"], json!([[1700000000.0, 3], [1700000030.0, 3], [1700000060.0, 3]]));
-    let (_, v) = get(&app, "/api/v1/query?query=count_over_time(DCGM_FI_DEV_GPU_TEMP[5m])&time=1700000060&stats=all").await;
+    let (_, v) =
+        get(&app, "/api/v1/query?query=count_over_time(DCGM_FI_DEV_GPU_TEMP[5m])&time=1700000060&stats=all").await;
     assert_eq!(v["data"]["stats"]["samples"]["totalQueryableSamplesPerStep"], json!([[1700000060.0, 3]]));
 }
 
@@ -145,7 +164,8 @@ async fn query_errors_have_prometheus_types_and_codes() {
     let s = db.series(&Labels::from_pairs([("__name__", "m")])).unwrap();
     let batch: Vec<_> = (0..100).map(|i| (s.clone(), Sample::new(i * 1000, 1.0))).collect();
     db.commit(&batch).unwrap();
-    let small = router_with(Arc::new(TsdbStore(db)), strata_promql::EngineOptions { max_samples: 10, ..Default::default() });
+    let small =
+        router_with(Arc::new(TsdbStore(db)), strata_promql::EngineOptions { max_samples: 10, ..Default::default() });
     let (code, v) = get(&small, "/api/v1/query?query=sum_over_time(m%5B100s%5D)&time=100").await;
     assert_eq!((code, v["errorType"].as_str()), (422, Some("execution")), "{v}");
     assert!(v["error"].as_str().unwrap().contains("10"), "{v}");

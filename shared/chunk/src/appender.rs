@@ -1,12 +1,12 @@
 //! The open chunk: samples appended one at a time in the streaming encoding.
 
-use crate::CHUNK_MAX_SAMPLES;
 use crate::bits::BitWriter;
 use crate::rice::{write_escape, write_long, write_rice, zigzag};
 use crate::scale::{decimal_scale, scaled_at};
 use crate::sealed::Chunk;
 use crate::timestamp::TsState;
 use crate::value::ValueState;
+use crate::CHUNK_MAX_SAMPLES;
 use std::sync::Arc;
 
 /// An open chunk that accepts samples in time order.

@@ -1,7 +1,5 @@
 //! Bit I/O, most significant bit first, through a 64-bit window.
 
-
-
 /// Bits are written most significant first into a 64-bit accumulator and moved to the
 /// byte vector whole bytes at a time. (Flushing four bytes at a time was faster to write
 /// but raised the edge's peak memory by a quarter in `bench vs-prometheus`.)
@@ -14,7 +12,11 @@ pub(crate) struct BitWriter {
 }
 
 pub(crate) fn low_mask(n: u32) -> u64 {
-    if n >= 64 { u64::MAX } else { (1u64 << n) - 1 }
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
 }
 
 impl BitWriter {

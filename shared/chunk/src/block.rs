@@ -1,7 +1,7 @@
 //! The block encoding of a sealed chunk: the same samples as the streaming encoding, laid
 //! out so that a query decodes them in tight loops instead of replaying an adaptive coder.
 //!
-//! A chunk is written sample by sample in the streaming encoding (see the parent module)
+//! A chunk is written sample by sample in the streaming encoding (see the crate's `appender` and `iter`)
 //! while it is open; when it fills, it is transcoded once into this form if that is no
 //! larger, which on scraped data it nearly always is. Every choice the streaming coder
 //! adapts per sample is made here once per chunk, with the whole chunk in view:
@@ -21,11 +21,11 @@
 //! encoding. The block form starts with the 3-bit scale code `0b111`, which the streaming
 //! encoding never writes, so a chunk's bytes say which encoding they hold.
 
-use crate::ChunkError;
 use crate::bits::{BitReader, BitWriter};
-use crate::rice::{ESCAPE, RiceRead, read_long, read_rice, unzigzag, write_long, write_rice, zigzag};
-use crate::scale::{MAX_EXACT, MAX_SCALE, decimal_scale, scaled_at, unscale};
+use crate::rice::{read_long, read_rice, unzigzag, write_long, write_rice, zigzag, RiceRead, ESCAPE};
+use crate::scale::{decimal_scale, scaled_at, unscale, MAX_EXACT, MAX_SCALE};
 use crate::timestamp::rice_len;
+use crate::ChunkError;
 use strata_model::Sample;
 
 /// The first three bits of a block-encoded chunk.
@@ -185,7 +185,13 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
 
 /// Residuals of one partition with predictor order `ORDER`, into the samples' values.
 #[inline(always)]
-fn decode_partition<const ORDER: usize>(part: &mut [Sample], bits: &mut BitBuf, k: u32, hist: &mut [i64; 3], scale: u32) -> Result<(), ChunkError> {
+fn decode_partition<const ORDER: usize>(
+    part: &mut [Sample],
+    bits: &mut BitBuf,
+    k: u32,
+    hist: &mut [i64; 3],
+    scale: u32,
+) -> Result<(), ChunkError> {
     for slot in part {
         let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
         let s = predict::<ORDER>(hist).wrapping_add(unzigzag(z));
@@ -446,7 +452,10 @@ mod tests {
     fn jittered_decimal_gauges_roundtrip_and_pack_offsets_in_mixed_radix() {
         let mut seed = 7;
         let samples: Vec<Sample> = (0..960)
-            .map(|i| Sample { t: 1_700_000_000_000 + i * 15_000 + (lcg(&mut seed) % 40) as i64, v: (300_000 + (lcg(&mut seed) % 10_000) as i64) as f64 / 1000.0 })
+            .map(|i| Sample {
+                t: 1_700_000_000_000 + i * 15_000 + (lcg(&mut seed) % 40) as i64,
+                v: (300_000 + (lcg(&mut seed) % 10_000) as i64) as f64 / 1000.0,
+            })
             .collect();
         let bytes = roundtrip(&samples);
         // 40 jitter values pack 6 to 32 bits: under 5.4 bits per timestamp.
@@ -493,7 +502,8 @@ mod tests {
 
     #[test]
     fn damaged_blocks_are_errors_or_samples_never_a_panic() {
-        let samples: Vec<Sample> = (0..300).map(|i| Sample { t: i * 15_000 + (i * 7 % 23), v: (i * i % 101) as f64 }).collect();
+        let samples: Vec<Sample> =
+            (0..300).map(|i| Sample { t: i * 15_000 + (i * 7 % 23), v: (i * i % 101) as f64 }).collect();
         let bytes = encode(&samples).expect("qualifies");
         let mut out = vec![Sample { t: 1, v: 1.0 }];
         assert!(decode(&bytes[..bytes.len() / 2], samples.len(), &mut out).is_err());

@@ -1,12 +1,12 @@
 //! Decoding a chunk's samples in order, from either encoding.
 
-use crate::ChunkError;
 use crate::bits::BitReader;
 use crate::block;
-use crate::rice::{RiceRead, read_long, read_rice, unzigzag};
-use crate::scale::{MAX_EXACT, MAX_SCALE, scaled_at, unscale};
+use crate::rice::{read_long, read_rice, unzigzag, RiceRead};
+use crate::scale::{scaled_at, unscale, MAX_EXACT, MAX_SCALE};
 use crate::timestamp::TsState;
 use crate::value::ValueState;
+use crate::ChunkError;
 use strata_model::Sample;
 
 /// Decodes a chunk's samples in order. Damaged data ends the iteration; `error()` tells.
@@ -23,7 +23,15 @@ pub struct ChunkIter<'a> {
 
 impl<'a> ChunkIter<'a> {
     pub(crate) fn new(bytes: &'a [u8], n: u16) -> Self {
-        let mut it = ChunkIter { block: None, r: BitReader { bytes, pos: 0 }, n, read: 0, ts: TsState::new(0), vs: ValueState::default(), err: None };
+        let mut it = ChunkIter {
+            block: None,
+            r: BitReader { bytes, pos: 0 },
+            n,
+            read: 0,
+            ts: TsState::new(0),
+            vs: ValueState::default(),
+            err: None,
+        };
         if block::is_block(bytes) {
             let mut samples = Vec::new();
             it.err = block::decode(bytes, n as usize, &mut samples).err();
@@ -39,7 +47,11 @@ impl<'a> ChunkIter<'a> {
     fn read_first(&mut self) -> Option<Sample> {
         let scale = (self.r.read_bits(3) as u32).min(MAX_SCALE);
         let t = unzigzag(read_long(&mut self.r)?);
-        let v = if self.r.read_bit() { unscale(unzigzag(read_long(&mut self.r)?), scale) } else { f64::from_bits(self.r.read_bits(64)) };
+        let v = if self.r.read_bit() {
+            unscale(unzigzag(read_long(&mut self.r)?), scale)
+        } else {
+            f64::from_bits(self.r.read_bits(64))
+        };
         self.vs.scale = scale.min(MAX_SCALE);
         self.ts = TsState::new(t);
         let scaled = scaled_at(v, self.vs.scale);

@@ -53,8 +53,6 @@ pub const CHUNK_MAX_SAMPLES: u16 = 960;
 pub enum ChunkError {
     #[error("chunk data ends early after {0} samples")]
     Truncated(u16),
-    #[error("chunk encoding {0} is unknown")]
-    UnknownEncoding(u8),
 }
 
 #[cfg(test)]

@@ -1,7 +1,5 @@
 //! Exact decimals: the scale at which a value is a whole number, and the way back.
 
-
-
 /// The largest decimal scale: values with up to six decimals take the decimal path.
 pub(crate) const MAX_SCALE: u32 = 6;
 pub(crate) const POW10: [f64; 7] = [1.0, 10.0, 100.0, 1e3, 1e4, 1e5, 1e6];
@@ -49,5 +47,9 @@ pub(crate) fn round_half_away(x: f64) -> f64 {
 #[inline(always)]
 pub(crate) fn unscale(s: i64, k: u32) -> f64 {
     // Integers (scale 0, most DCGM values) need no division.
-    if k == 0 { s as f64 } else { s as f64 / POW10[k as usize] }
+    if k == 0 {
+        s as f64
+    } else {
+        s as f64 / POW10[k as usize]
+    }
 }

@@ -1,9 +1,9 @@
 //! The sealed chunk: immutable bytes plus the count and time range a reader needs to
 //! skip it without decoding.
 
-use crate::ChunkError;
 use crate::block;
 use crate::iter::ChunkIter;
+use crate::ChunkError;
 use std::sync::Arc;
 use strata_model::Sample;
 
@@ -35,7 +35,9 @@ impl Chunk {
         }
         let Ok(samples) = self.decode() else { return self };
         match block::encode(&samples) {
-            Some(bytes) if bytes.len() <= self.data.len() + self.data.len() / 32 => Chunk { data: Arc::from(bytes), ..self },
+            Some(bytes) if bytes.len() <= self.data.len() + self.data.len() / 32 => {
+                Chunk { data: Arc::from(bytes), ..self }
+            }
             _ => self,
         }
     }

@@ -1,6 +1,6 @@
 use super::*;
-use strata_model::{stale_nan, Sample, STALE_NAN_BITS};
 use std::sync::Arc;
+use strata_model::{stale_nan, Sample, STALE_NAN_BITS};
 
 fn roundtrip(samples: &[Sample]) -> usize {
     let mut a = ChunkAppender::new();
@@ -106,7 +106,9 @@ fn a_first_value_with_trailing_zeros_does_not_fix_the_scale() {
     let vals = [612.31, 612.318, 613.2, 611.999, 700.0, 0.001, 1e-6, 612.3185, 5e15, 1.5];
     let samples: Vec<_> = vals.iter().enumerate().map(|(i, &v)| Sample::new(i as i64 * 5000, v)).collect();
     roundtrip(&samples);
-    let noisy: Vec<_> = (0..240).map(|i| Sample::new(i * 5000, if i == 0 { 612.31 } else { 600.0 + ((i * 7919) % 10000) as f64 / 1000.0 })).collect();
+    let noisy: Vec<_> = (0..240)
+        .map(|i| Sample::new(i * 5000, if i == 0 { 612.31 } else { 600.0 + ((i * 7919) % 10000) as f64 / 1000.0 }))
+        .collect();
     let bytes = roundtrip(&noisy);
     assert!(bytes < 240 * 3, "rescaled chunk took {bytes} bytes");
 }
@@ -133,7 +135,8 @@ fn decimal_gauges_compress_well() {
     let per = bytes as f64 / samples.len() as f64;
     assert!(per < 3.5, "power gauge took {per} bytes/sample");
     // an integer counter with a steady rate: almost nothing per sample
-    let samples: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64).map(|i| Sample::new(i * 5000, (31_035_686_671 + i * 3_000_000) as f64)).collect();
+    let samples: Vec<_> =
+        (0..CHUNK_MAX_SAMPLES as i64).map(|i| Sample::new(i * 5000, (31_035_686_671 + i * 3_000_000) as f64)).collect();
     let bytes = roundtrip(&samples);
     let bits = bytes as f64 * 8.0 / CHUNK_MAX_SAMPLES as f64;
     assert!(bits < 2.8, "steady counter took {bits} bits per sample");
@@ -144,13 +147,20 @@ fn jittered_timestamps_on_a_grid_use_the_grid_code() {
     // 15 s scrapes with 0-39 ms of independent jitter, a constant value: the cost is
     // almost all timestamp. Delta of delta needs ~7.3 bits here, the grid code ~6.
     let mut r = Rng(5);
-    let samples: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64).map(|i| Sample::new(1_700_000_000_000 + i * 15_000 + (r.next() % 40) as i64, 0.0)).collect();
+    let samples: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64)
+        .map(|i| Sample::new(1_700_000_000_000 + i * 15_000 + (r.next() % 40) as i64, 0.0))
+        .collect();
     let bytes = roundtrip(&samples);
     let bits = bytes as f64 * 8.0 / samples.len() as f64;
     assert!(bits < 7.4, "jittered grid took {bits} bits per sample");
     // and irregular timestamps still round-trip
     let mut t = 0i64;
-    let irregular: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64).map(|i| { t += 1 + (r.next() % 100_000) as i64 * (i % 3); Sample::new(t, 1.0) }).collect();
+    let irregular: Vec<_> = (0..CHUNK_MAX_SAMPLES as i64)
+        .map(|i| {
+            t += 1 + (r.next() % 100_000) as i64 * (i % 3);
+            Sample::new(t, 1.0)
+        })
+        .collect();
     roundtrip(&irregular);
 }
 

@@ -2,7 +2,7 @@
 //! the offset from a fixed grid, whichever cost less recently.
 
 use crate::bits::{BitReader, BitWriter};
-use crate::rice::{ESCAPE, Mean, RiceRead, read_long, read_rice, unzigzag, write_long, write_rice, zigzag};
+use crate::rice::{read_long, read_rice, unzigzag, write_long, write_rice, zigzag, Mean, RiceRead, ESCAPE};
 
 /// Timestamp coding state, the same on both sides. Two predictors compete, each sample
 /// coded by the one that cost fewer bits recently:
@@ -40,7 +40,11 @@ pub(crate) const ESCAPE_K: u32 = 2;
 #[inline(always)]
 pub(crate) fn rice_len(z: u64, k: u32) -> u64 {
     let q = z >> k;
-    if q < ESCAPE { q + 1 + k as u64 } else { ESCAPE + 1 + 7 + (64 - z.leading_zeros()) as u64 }
+    if q < ESCAPE {
+        q + 1 + k as u64
+    } else {
+        ESCAPE + 1 + 7 + (64 - z.leading_zeros()) as u64
+    }
 }
 
 /// Truncated binary code of `x` in `[0, m)`: `floor(log2 m)` or one more bit.
@@ -186,7 +190,8 @@ impl TsState {
     pub(crate) fn observe(&mut self, t: i64, grid_bits: Option<u64>) {
         let dt = t.wrapping_sub(self.prev_t);
         if self.n == 1 {
-            self.step = if dt >= 1000 && (dt % 1000 <= 100 || dt % 1000 >= 900) { (dt + 500) / 1000 * 1000 } else { dt };
+            self.step =
+                if dt >= 1000 && (dt % 1000 <= 100 || dt % 1000 >= 900) { (dt + 500) / 1000 * 1000 } else { dt };
             self.grid_t = self.t0.wrapping_add(self.step);
             let g = t.wrapping_sub(self.grid_t);
             self.lo = g.min(0);

@@ -1,7 +1,7 @@
 //! Value prediction shared by the encoder and the decoder: FLAC's fixed predictors over
 //! scaled decimals, with Gorilla's XOR as the fallback.
 
-use crate::rice::{Mean, zigzag};
+use crate::rice::{zigzag, Mean};
 use crate::scale::{MAX_EXACT, MAX_SCALE};
 
 /// Prediction orders of the decimal path: previous value, linear, quadratic extrapolation

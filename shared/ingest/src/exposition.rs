@@ -10,8 +10,8 @@
 //! for the staleness marker; OpenMetrics timestamps are float seconds truncated to
 //! milliseconds (`int64(ts*1000)`, as Prometheus does); exemplars are skipped.
 
-use strata_model::{Labels, LabelsBuilder, MetricType, METRIC_NAME};
 use std::borrow::Cow;
+use strata_model::{Labels, LabelsBuilder, MetricType, METRIC_NAME};
 
 /// Prometheus' `value.NormalNaN`.
 pub const NORMAL_NAN_BITS: u64 = 0x7ff8_0000_0000_0001;
@@ -36,13 +36,29 @@ impl Format {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Entry<'a> {
-    Help { family: &'a str, help: Cow<'a, str> },
-    Type { family: &'a str, metric_type: MetricType },
-    Unit { family: &'a str, unit: &'a str },
+    Help {
+        family: &'a str,
+        help: Cow<'a, str>,
+    },
+    Type {
+        family: &'a str,
+        metric_type: MetricType,
+    },
+    Unit {
+        family: &'a str,
+        unit: &'a str,
+    },
     /// One sample. `series` is the raw `name{labels}` text; when `validated` is false the
     /// parser only located it (from the end of the line), and the consumer must check it
     /// with [`parse_series`] unless it has seen these exact bytes validated before.
-    Sample { series: &'a [u8], name: &'a str, value: f64, timestamp_ms: Option<i64>, line: usize, validated: bool },
+    Sample {
+        series: &'a [u8],
+        name: &'a str,
+        value: f64,
+        timestamp_ms: Option<i64>,
+        line: usize,
+        validated: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -72,7 +88,15 @@ impl<'a> Parser<'a> {
 
     /// A parser for one piece of a large file read in parts; `first_line` numbers its lines.
     pub fn fragment(buf: &'a [u8], format: Format, first_line: usize) -> Self {
-        Parser { buf, pos: 0, line: first_line.saturating_sub(1), format, seen_eof: false, failed: false, fragment: true }
+        Parser {
+            buf,
+            pos: 0,
+            line: first_line.saturating_sub(1),
+            format,
+            seen_eof: false,
+            failed: false,
+            fragment: true,
+        }
     }
 
     /// Whether `# EOF` was seen.
@@ -172,7 +196,9 @@ impl<'a> Parser<'a> {
             None => None,
             Some(tok) => match parse_timestamp(tok, self.format) {
                 Some(t) => Some(t),
-                None => return Some(Err(self.error(line, format!("invalid timestamp {:?}", String::from_utf8_lossy(tok))))),
+                None => {
+                    return Some(Err(self.error(line, format!("invalid timestamp {:?}", String::from_utf8_lossy(tok)))))
+                }
             },
         };
         Some(Ok(Entry::Sample { series, name, value, timestamp_ms, line: self.line, validated: false }))
@@ -270,7 +296,11 @@ fn trim_end(s: &[u8]) -> &[u8] {
 
 /// [`parse_series`] with the error reported against its line, as the parser would.
 pub fn parse_series_at(raw: &[u8], line: usize) -> Result<Labels, ParseError> {
-    parse_series(raw).map_err(|reason| ParseError { line, reason, text: String::from_utf8_lossy(&raw[..raw.len().min(200)]).into_owned() })
+    parse_series(raw).map_err(|reason| ParseError {
+        line,
+        reason,
+        text: String::from_utf8_lossy(&raw[..raw.len().min(200)]).into_owned(),
+    })
 }
 
 impl<'a> Iterator for Parser<'a> {

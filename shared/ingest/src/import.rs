@@ -5,13 +5,13 @@
 //! memory; series are resolved through a cache keyed by their raw text, as the scrape path
 //! does, and appended in batches.
 
-use strata_tsdb::db::{Tsdb, TsdbError};
 use crate::exposition::{self, Entry, Format, ParseError};
-use strata_tsdb::head::{HeadError, MemSeries};
-use strata_model::{Metadata, Sample};
 use std::collections::HashMap;
 use std::io::Read;
 use std::sync::Arc;
+use strata_model::{Metadata, Sample};
+use strata_tsdb::db::{Tsdb, TsdbError};
+use strata_tsdb::head::{HeadError, MemSeries};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
@@ -39,7 +39,11 @@ const PIECE: usize = 16 << 20;
 const BATCH: usize = 200_000;
 
 /// Imports everything `input` holds; `progress` is called with running totals.
-pub fn import_openmetrics(db: &Tsdb, mut input: impl Read, mut progress: impl FnMut(&ImportStats)) -> Result<ImportStats, ImportError> {
+pub fn import_openmetrics(
+    db: &Tsdb,
+    mut input: impl Read,
+    mut progress: impl FnMut(&ImportStats),
+) -> Result<ImportStats, ImportError> {
     let mut stats = ImportStats::default();
     let mut cache: HashMap<Box<[u8]>, Arc<MemSeries>, foldhash::fast::RandomState> = HashMap::default();
     let mut meta: HashMap<String, Metadata> = HashMap::new();
@@ -82,7 +86,9 @@ pub fn import_openmetrics(db: &Tsdb, mut input: impl Read, mut progress: impl Fn
                         progress(&stats);
                     }
                 }
-                Entry::Type { family, metric_type } => meta.entry(family.to_string()).or_default().metric_type = metric_type,
+                Entry::Type { family, metric_type } => {
+                    meta.entry(family.to_string()).or_default().metric_type = metric_type
+                }
                 Entry::Help { family, help } => meta.entry(family.to_string()).or_default().help = help.into_owned(),
                 Entry::Unit { family, unit } => meta.entry(family.to_string()).or_default().unit = unit.to_string(),
             }
@@ -114,9 +120,9 @@ fn flush(db: &Tsdb, batch: &mut Vec<(Arc<MemSeries>, Sample)>, stats: &mut Impor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use strata_tsdb::db::TsdbOptions;
     use strata_model::matcher::Matcher;
     use strata_model::MetricType;
+    use strata_tsdb::db::TsdbOptions;
 
     #[test]
     fn imports_a_file_in_pieces() {

@@ -1,10 +1,10 @@
 //! Prometheus relabeling (`relabel_configs`, `metric_relabel_configs`), every action of
 //! Prometheus 2.42 with its validation rules and template semantics (`$1`, `${name}`).
 
-use strata_model::matcher::compile_anchored;
-use strata_model::{is_valid_label_name, Labels, LabelsBuilder};
 use regex::Regex;
 use serde::Deserialize;
+use strata_model::matcher::compile_anchored;
+use strata_model::{is_valid_label_name, Labels, LabelsBuilder};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Action {
@@ -86,18 +86,26 @@ impl RelabelRule {
         let action = cfg.action;
         let invalid = |reason: &str| RelabelError::Invalid { action, reason: reason.to_string() };
         let pattern = cfg.regex.clone().unwrap_or_else(|| "(.*)".to_string());
-        let regex = compile_anchored(&pattern).map_err(|source| RelabelError::Regex { pattern: pattern.clone(), source })?;
+        let regex =
+            compile_anchored(&pattern).map_err(|source| RelabelError::Regex { pattern: pattern.clone(), source })?;
         let target_label = cfg.target_label.clone().unwrap_or_default();
         let replacement = cfg.replacement.clone().unwrap_or_else(|| "$1".to_string());
         let needs_target = matches!(
             action,
-            Action::Replace | Action::HashMod | Action::Lowercase | Action::Uppercase | Action::KeepEqual | Action::DropEqual
+            Action::Replace
+                | Action::HashMod
+                | Action::Lowercase
+                | Action::Uppercase
+                | Action::KeepEqual
+                | Action::DropEqual
         );
         if needs_target && target_label.is_empty() {
             return Err(invalid("requires target_label"));
         }
-        if matches!(action, Action::Lowercase | Action::Uppercase | Action::HashMod | Action::KeepEqual | Action::DropEqual)
-            && !is_valid_label_name(&target_label)
+        if matches!(
+            action,
+            Action::Lowercase | Action::Uppercase | Action::HashMod | Action::KeepEqual | Action::DropEqual
+        ) && !is_valid_label_name(&target_label)
         {
             return Err(invalid(&format!("{target_label:?} is an invalid target_label")));
         }
@@ -135,12 +143,7 @@ impl RelabelRule {
 
     /// Applies the rule; false means the target or series is dropped.
     pub fn apply(&self, lb: &mut LabelsBuilder) -> bool {
-        let val = self
-            .source_labels
-            .iter()
-            .map(|n| lb.get(n).unwrap_or(""))
-            .collect::<Vec<_>>()
-            .join(&self.separator);
+        let val = self.source_labels.iter().map(|n| lb.get(n).unwrap_or("")).collect::<Vec<_>>().join(&self.separator);
         match self.action {
             Action::Drop => return !self.regex.is_match(&val),
             Action::Keep => return self.regex.is_match(&val),
@@ -222,7 +225,9 @@ mod tests {
     #[test]
     fn table_of_actions() {
         let base = [("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "Train-A")];
-        let cases: Vec<(&str, Vec<RelabelConfig>, Option<Vec<(&str, &str)>>)> = vec![
+        // (what the case shows, rules, expected labels: None when the series is dropped)
+        type Case<'a> = (&'a str, Vec<RelabelConfig>, Option<Vec<(&'a str, &'a str)>>);
+        let cases: Vec<Case> = vec![
             (
                 "replace with capture groups and a separator",
                 vec![RelabelConfig {
@@ -232,56 +237,154 @@ mod tests {
                     replacement: Some("${1}-$2".into()),
                     ..cfg(Action::Replace)
                 }],
-                Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "Train-A"), ("slot", "7-3")]),
+                Some(vec![
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL"),
+                    ("gpu", "3"),
+                    ("Hostname", "node-7"),
+                    ("pod", "Train-A"),
+                    ("slot", "7-3"),
+                ]),
             ),
             (
                 "replace that does not match changes nothing",
-                vec![RelabelConfig { source_labels: vec!["gpu".into()], regex: Some("9".into()), target_label: Some("x".into()), ..cfg(Action::Replace) }],
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    regex: Some("9".into()),
+                    target_label: Some("x".into()),
+                    ..cfg(Action::Replace)
+                }],
                 Some(base.to_vec()),
             ),
             (
                 "replace is anchored: a partial match is no match",
-                vec![RelabelConfig { source_labels: vec!["Hostname".into()], regex: Some("node".into()), target_label: Some("x".into()), replacement: Some("y".into()), ..cfg(Action::Replace) }],
+                vec![RelabelConfig {
+                    source_labels: vec!["Hostname".into()],
+                    regex: Some("node".into()),
+                    target_label: Some("x".into()),
+                    replacement: Some("y".into()),
+                    ..cfg(Action::Replace)
+                }],
                 Some(base.to_vec()),
             ),
             (
                 "replace with an empty result deletes the target",
-                vec![RelabelConfig { source_labels: vec!["nope".into()], target_label: Some("pod".into()), ..cfg(Action::Replace) }],
+                vec![RelabelConfig {
+                    source_labels: vec!["nope".into()],
+                    target_label: Some("pod".into()),
+                    ..cfg(Action::Replace)
+                }],
                 Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7")]),
             ),
             (
                 "replace with a templated target label",
-                vec![RelabelConfig { source_labels: vec!["gpu".into()], regex: Some("(.*)".into()), target_label: Some("gpu_$1".into()), replacement: Some("yes".into()), ..cfg(Action::Replace) }],
-                Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "Train-A"), ("gpu_3", "yes")]),
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    regex: Some("(.*)".into()),
+                    target_label: Some("gpu_$1".into()),
+                    replacement: Some("yes".into()),
+                    ..cfg(Action::Replace)
+                }],
+                Some(vec![
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL"),
+                    ("gpu", "3"),
+                    ("Hostname", "node-7"),
+                    ("pod", "Train-A"),
+                    ("gpu_3", "yes"),
+                ]),
             ),
             (
                 "keep on a match",
-                vec![RelabelConfig { source_labels: vec!["gpu".into()], regex: Some("[0-3]".into()), ..cfg(Action::Keep) }],
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    regex: Some("[0-3]".into()),
+                    ..cfg(Action::Keep)
+                }],
                 Some(base.to_vec()),
             ),
-            ("keep drops on no match", vec![RelabelConfig { source_labels: vec!["gpu".into()], regex: Some("[4-7]".into()), ..cfg(Action::Keep) }], None),
-            ("drop on a match", vec![RelabelConfig { source_labels: vec!["__name__".into()], regex: Some("DCGM_.*".into()), ..cfg(Action::Drop) }], None),
+            (
+                "keep drops on no match",
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    regex: Some("[4-7]".into()),
+                    ..cfg(Action::Keep)
+                }],
+                None,
+            ),
+            (
+                "drop on a match",
+                vec![RelabelConfig {
+                    source_labels: vec!["__name__".into()],
+                    regex: Some("DCGM_.*".into()),
+                    ..cfg(Action::Drop)
+                }],
+                None,
+            ),
             (
                 "drop keeps on no match",
-                vec![RelabelConfig { source_labels: vec!["__name__".into()], regex: Some("up".into()), ..cfg(Action::Drop) }],
+                vec![RelabelConfig {
+                    source_labels: vec!["__name__".into()],
+                    regex: Some("up".into()),
+                    ..cfg(Action::Drop)
+                }],
                 Some(base.to_vec()),
             ),
             (
                 "keepequal keeps when equal",
-                vec![RelabelConfig { source_labels: vec!["gpu".into()], target_label: Some("gpu".into()), ..cfg(Action::KeepEqual) }],
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    target_label: Some("gpu".into()),
+                    ..cfg(Action::KeepEqual)
+                }],
                 Some(base.to_vec()),
             ),
-            ("keepequal drops when different", vec![RelabelConfig { source_labels: vec!["gpu".into()], target_label: Some("pod".into()), ..cfg(Action::KeepEqual) }], None),
-            ("dropequal drops when equal", vec![RelabelConfig { source_labels: vec!["gpu".into()], target_label: Some("gpu".into()), ..cfg(Action::DropEqual) }], None),
+            (
+                "keepequal drops when different",
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    target_label: Some("pod".into()),
+                    ..cfg(Action::KeepEqual)
+                }],
+                None,
+            ),
+            (
+                "dropequal drops when equal",
+                vec![RelabelConfig {
+                    source_labels: vec!["gpu".into()],
+                    target_label: Some("gpu".into()),
+                    ..cfg(Action::DropEqual)
+                }],
+                None,
+            ),
             (
                 "hashmod",
-                vec![RelabelConfig { source_labels: vec!["Hostname".into()], modulus: Some(8), target_label: Some("shard".into()), ..cfg(Action::HashMod) }],
-                Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "Train-A"), ("shard", "HASH")]),
+                vec![RelabelConfig {
+                    source_labels: vec!["Hostname".into()],
+                    modulus: Some(8),
+                    target_label: Some("shard".into()),
+                    ..cfg(Action::HashMod)
+                }],
+                Some(vec![
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL"),
+                    ("gpu", "3"),
+                    ("Hostname", "node-7"),
+                    ("pod", "Train-A"),
+                    ("shard", "HASH"),
+                ]),
             ),
             (
                 "labelmap copies matching names",
-                vec![RelabelConfig { regex: Some("(Host)name".into()), replacement: Some("${1}_name".into()), ..cfg(Action::LabelMap) }],
-                Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "Train-A"), ("Host_name", "node-7")]),
+                vec![RelabelConfig {
+                    regex: Some("(Host)name".into()),
+                    replacement: Some("${1}_name".into()),
+                    ..cfg(Action::LabelMap)
+                }],
+                Some(vec![
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL"),
+                    ("gpu", "3"),
+                    ("Hostname", "node-7"),
+                    ("pod", "Train-A"),
+                    ("Host_name", "node-7"),
+                ]),
             ),
             (
                 "labeldrop",
@@ -295,24 +398,46 @@ mod tests {
             ),
             (
                 "lowercase",
-                vec![RelabelConfig { source_labels: vec!["pod".into()], target_label: Some("pod_lc".into()), ..cfg(Action::Lowercase) }],
-                Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "Train-A"), ("pod_lc", "train-a")]),
+                vec![RelabelConfig {
+                    source_labels: vec!["pod".into()],
+                    target_label: Some("pod_lc".into()),
+                    ..cfg(Action::Lowercase)
+                }],
+                Some(vec![
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL"),
+                    ("gpu", "3"),
+                    ("Hostname", "node-7"),
+                    ("pod", "Train-A"),
+                    ("pod_lc", "train-a"),
+                ]),
             ),
             (
                 "uppercase",
-                vec![RelabelConfig { source_labels: vec!["pod".into()], target_label: Some("pod".into()), ..cfg(Action::Uppercase) }],
-                Some(vec![("__name__", "DCGM_FI_DEV_GPU_UTIL"), ("gpu", "3"), ("Hostname", "node-7"), ("pod", "TRAIN-A")]),
+                vec![RelabelConfig {
+                    source_labels: vec!["pod".into()],
+                    target_label: Some("pod".into()),
+                    ..cfg(Action::Uppercase)
+                }],
+                Some(vec![
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL"),
+                    ("gpu", "3"),
+                    ("Hostname", "node-7"),
+                    ("pod", "TRAIN-A"),
+                ]),
             ),
         ];
         // hashmod expectation computed independently: md5, low 8 bytes big-endian, mod 8
         let d = md5::compute(b"node-7").0;
-        let expected_shard = (u64::from_be_bytes([d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15]]) % 8).to_string();
+        let expected_shard =
+            (u64::from_be_bytes([d[8], d[9], d[10], d[11], d[12], d[13], d[14], d[15]]) % 8).to_string();
         for (name, cfgs, want) in cases {
             let rules: Vec<_> = cfgs.iter().map(|c| rule(c.clone())).collect();
             let got = process(&rules, ls(&base).to_builder());
             let want = want.map(|w| {
-                let w: Vec<(&str, String)> =
-                    w.into_iter().map(|(k, v)| (k, if v == "HASH" { expected_shard.clone() } else { v.to_string() })).collect();
+                let w: Vec<(&str, String)> = w
+                    .into_iter()
+                    .map(|(k, v)| (k, if v == "HASH" { expected_shard.clone() } else { v.to_string() }))
+                    .collect();
                 Labels::from_pairs(w)
             });
             assert_eq!(got, want, "case: {name}");
@@ -322,16 +447,22 @@ mod tests {
     #[test]
     fn invalid_rules_are_rejected() {
         assert!(RelabelRule::compile(&cfg(Action::HashMod)).is_err(), "hashmod without target/modulus");
-        assert!(RelabelRule::compile(&RelabelConfig { target_label: Some("x".into()), ..cfg(Action::HashMod) }).is_err());
+        assert!(
+            RelabelRule::compile(&RelabelConfig { target_label: Some("x".into()), ..cfg(Action::HashMod) }).is_err()
+        );
         assert!(RelabelRule::compile(&RelabelConfig { regex: Some("(".into()), ..cfg(Action::Keep) }).is_err());
-        assert!(RelabelRule::compile(&RelabelConfig { source_labels: vec!["a".into()], ..cfg(Action::LabelDrop) }).is_err());
-        assert!(RelabelRule::compile(&RelabelConfig { target_label: Some("1bad".into()), ..cfg(Action::Lowercase) }).is_err());
+        assert!(
+            RelabelRule::compile(&RelabelConfig { source_labels: vec!["a".into()], ..cfg(Action::LabelDrop) }).is_err()
+        );
+        assert!(RelabelRule::compile(&RelabelConfig { target_label: Some("1bad".into()), ..cfg(Action::Lowercase) })
+            .is_err());
         assert!(RelabelRule::compile(&cfg(Action::Replace)).is_err(), "replace needs a target");
     }
 
     #[test]
     fn ascii_digit_class_like_go() {
-        let r = rule(RelabelConfig { source_labels: vec!["gpu".into()], regex: Some("\\d".into()), ..cfg(Action::Keep) });
+        let r =
+            rule(RelabelConfig { source_labels: vec!["gpu".into()], regex: Some("\\d".into()), ..cfg(Action::Keep) });
         assert!(!r.apply(&mut ls(&[("gpu", "٣")]).to_builder()));
         assert!(r.apply(&mut ls(&[("gpu", "3")]).to_builder()));
     }

@@ -61,7 +61,11 @@ pub fn parse_duration_ms(s: &str) -> Result<i64, DurationError> {
         next_unit += k + 1;
         let out_of_range = || DurationError::OutOfRange(s.to_string());
         let n: i64 = digits.parse().map_err(|_| out_of_range())?;
-        total = n.checked_mul(mult).and_then(|x| total.checked_add(x)).filter(|t| *t <= MAX_DURATION_MS).ok_or_else(out_of_range)?;
+        total = n
+            .checked_mul(mult)
+            .and_then(|x| total.checked_add(x))
+            .filter(|t| *t <= MAX_DURATION_MS)
+            .ok_or_else(out_of_range)?;
     }
     Ok(total)
 }
@@ -86,7 +90,7 @@ pub fn format_duration_ms(ms: i64) -> String {
     for (unit, mult) in UNITS {
         let mult = mult.unsigned_abs();
         let exact_only = unit == "y" || unit == "w";
-        if exact_only && rest % mult != 0 {
+        if exact_only && !rest.is_multiple_of(mult) {
             continue;
         }
         let n = rest / mult;
@@ -124,7 +128,10 @@ mod tests {
         assert_eq!(parse_duration("1h30m").unwrap(), Duration::from_secs(5400));
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert_eq!(parse_duration("1d").unwrap(), Duration::from_secs(86400));
-        assert_eq!(parse_duration_ms("1y2w3d4h5m6s7ms").unwrap(), 31_536_000_000 + 1_209_600_000 + 259_200_000 + 14_400_000 + 300_000 + 6000 + 7);
+        assert_eq!(
+            parse_duration_ms("1y2w3d4h5m6s7ms").unwrap(),
+            31_536_000_000 + 1_209_600_000 + 259_200_000 + 14_400_000 + 300_000 + 6000 + 7
+        );
         assert_eq!(parse_duration_ms("0").unwrap(), 0);
         assert_eq!(parse_duration_ms("0s").unwrap(), 0);
         for bad in ["", "1.5h", "h", "5", "1m1h", "1m1m", "-5m", "5 m", "5M"] {

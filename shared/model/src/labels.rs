@@ -13,7 +13,9 @@ pub const METRIC_NAME: &str = "__name__";
 /// A valid Prometheus label name: `[a-zA-Z_][a-zA-Z0-9_]*`.
 pub fn is_valid_label_name(s: &str) -> bool {
     let b = s.as_bytes();
-    !b.is_empty() && (b[0].is_ascii_alphabetic() || b[0] == b'_') && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
+    !b.is_empty()
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter().all(|c| c.is_ascii_alphanumeric() || *c == b'_')
 }
 
 /// One label.
@@ -44,10 +46,7 @@ impl Labels {
     }
 
     pub fn get(&self, name: &str) -> Option<&str> {
-        self.0
-            .binary_search_by(|l| l.name.as_ref().cmp(name))
-            .ok()
-            .map(|i| self.0[i].value.as_ref())
+        self.0.binary_search_by(|l| l.name.as_ref().cmp(name)).ok().map(|i| self.0[i].value.as_ref())
     }
 
     pub fn metric_name(&self) -> Option<&str> {

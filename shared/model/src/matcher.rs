@@ -91,11 +91,6 @@ impl Matcher {
     pub fn matches_labels(&self, labels: &Labels) -> bool {
         self.matches(labels.get(&self.name).unwrap_or(""))
     }
-
-    /// True for `=`/`=~` matchers, which select by what is present.
-    pub fn is_positive(&self) -> bool {
-        matches!(self.op, MatchOp::Equal | MatchOp::Regex)
-    }
 }
 
 /// True when every matcher accepts the label set.

@@ -37,7 +37,13 @@ pub fn parse_time(s: &str) -> Result<i64, TimeError> {
 fn parse_rfc3339(s: &str) -> Option<i64> {
     // YYYY-MM-DDTHH:MM:SS[.frac](Z|±HH:MM)
     let b = s.as_bytes();
-    if b.len() < 20 || b[4] != b'-' || b[7] != b'-' || !(b[10] == b'T' || b[10] == b't' || b[10] == b' ') || b[13] != b':' || b[16] != b':' {
+    if b.len() < 20
+        || b[4] != b'-'
+        || b[7] != b'-'
+        || !(b[10] == b'T' || b[10] == b't' || b[10] == b' ')
+        || b[13] != b':'
+        || b[16] != b':'
+    {
         return None;
     }
     let num = |r: std::ops::Range<usize>| -> Option<i64> { s.get(r)?.parse::<i64>().ok() };
@@ -66,7 +72,11 @@ fn parse_rfc3339(s: &str) -> Option<i64> {
             let oh = num(i + 1..i + 3)?;
             let om = num(i + 4..i + 6)?;
             let o = oh * 60 + om;
-            if *c == b'+' { o } else { -o }
+            if *c == b'+' {
+                o
+            } else {
+                -o
+            }
         }
         _ => return None,
     };

@@ -2,17 +2,19 @@
 
 use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
 use super::QueryError;
-use strata_model::value::format_value;
-use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
 use promql_parser::parser::{AggregateExpr, LabelModifier};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use strata_model::value::format_value;
+use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
 
 fn group_labels(l: &Labels, m: &Option<LabelModifier>) -> Labels {
     let mut b: LabelsBuilder = l.to_builder();
     match m {
         Some(LabelModifier::Include(by)) => b.retain(|x| by.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
-        Some(LabelModifier::Exclude(without)) => b.retain(|x| x.name.as_ref() != METRIC_NAME && !without.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+        Some(LabelModifier::Exclude(without)) => b.retain(|x| {
+            x.name.as_ref() != METRIC_NAME && !without.labels.iter().any(|n| n.as_str() == x.name.as_ref())
+        }),
         None => b.retain(|_| false),
     }
     b.build()
@@ -87,7 +89,8 @@ pub(crate) fn mean(vals: impl IntoIterator<Item = f64>) -> f64 {
                 incremental.as_mut().expect("just set")
             }
         };
-        if m.sum.is_infinite() && ((x.is_infinite() && (m.sum > 0.0) == (x > 0.0)) || (!x.is_infinite() && !x.is_nan())) {
+        if m.sum.is_infinite() && ((x.is_infinite() && (m.sum > 0.0) == (x > 0.0)) || (!x.is_infinite() && !x.is_nan()))
+        {
             continue;
         }
         let current = m.sum + m.c;
@@ -137,6 +140,8 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
     match op.as_str() {
         "topk" | "bottomk" | "limitk" => {
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
+            #[allow(clippy::needless_range_loop)]
             for i in 0..ev.steps {
                 let k = scalar_param(i)?;
                 if k.is_nan() {
@@ -176,6 +181,8 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             // Keeps the series whose stable label hash falls under the ratio (negative ratios
             // keep the complement), as Prometheus: the same series are kept at every step.
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
+            #[allow(clippy::needless_range_loop)]
             for i in 0..ev.steps {
                 let r = scalar_param(i)?;
                 if r.is_nan() {
@@ -190,7 +197,12 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                     }
                 }
             }
-            let series = input.into_iter().zip(keep).filter(|(_, v)| v.iter().any(Option::is_some)).map(|(s, vals)| StepSeries { labels: s.labels, vals }).collect();
+            let series = input
+                .into_iter()
+                .zip(keep)
+                .filter(|(_, v)| v.iter().any(Option::is_some))
+                .map(|(s, vals)| StepSeries { labels: s.labels, vals })
+                .collect();
             return Ok(Val::Vector(series));
         }
         "count_values" => {
@@ -259,7 +271,10 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                         by_group[member[j]].push(x);
                     }
                 }
-                by_group.iter_mut().map(|vals| (!vals.is_empty()).then(|| kind.reduce(vals, phi.get(i).copied().unwrap_or(0.0)))).collect()
+                by_group
+                    .iter_mut()
+                    .map(|vals| (!vals.is_empty()).then(|| kind.reduce(vals, phi.get(i).copied().unwrap_or(0.0))))
+                    .collect()
             },
         )
         .collect();
@@ -321,7 +336,11 @@ impl KHeap {
         if a.is_nan() {
             return true;
         }
-        if self.reverse { a > b } else { a < b }
+        if self.reverse {
+            a > b
+        } else {
+            a < b
+        }
     }
 
     /// Prometheus' step: push while under k, else replace the top when `x` beats it.

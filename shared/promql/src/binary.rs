@@ -3,9 +3,9 @@
 
 use super::eval::{drop_name, Evaluator, StepSeries, Val, VectorBuilder};
 use super::QueryError;
-use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
 use promql_parser::parser::{BinaryExpr, LabelModifier, VectorMatchCardinality};
 use std::collections::HashMap;
+use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
 
 fn arith(op: &str, a: f64, b: f64) -> Option<f64> {
     Some(match op {
@@ -82,7 +82,14 @@ fn unique(v: Val) -> Result<Val, QueryError> {
     Ok(v)
 }
 
-fn scalar_side(v: Vec<StepSeries>, s: &[f64], op: &str, return_bool: bool, drop: bool, scalar_left: bool) -> Result<Val, QueryError> {
+fn scalar_side(
+    v: Vec<StepSeries>,
+    s: &[f64],
+    op: &str,
+    return_bool: bool,
+    drop: bool,
+    scalar_left: bool,
+) -> Result<Val, QueryError> {
     let mut out = Vec::with_capacity(v.len());
     for series in v {
         let mut vals = vec![None; series.vals.len()];
@@ -104,7 +111,9 @@ fn signature(l: &Labels, matching: &Option<LabelModifier>) -> Labels {
     let mut b: LabelsBuilder = l.to_builder();
     match matching {
         Some(LabelModifier::Include(on)) => b.retain(|x| on.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
-        Some(LabelModifier::Exclude(ign)) => b.retain(|x| x.name.as_ref() != METRIC_NAME && !ign.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+        Some(LabelModifier::Exclude(ign)) => {
+            b.retain(|x| x.name.as_ref() != METRIC_NAME && !ign.labels.iter().any(|n| n.as_str() == x.name.as_ref()))
+        }
         None => b.del(METRIC_NAME),
     }
     b.build()
@@ -160,7 +169,15 @@ fn set_op(ev: &Evaluator, op: &str, l: Vec<StepSeries>, r: Vec<StepSeries>, b: &
     Ok(Val::Vector(out))
 }
 
-fn vector_vector(ev: &Evaluator, op: &str, l: Vec<StepSeries>, r: Vec<StepSeries>, b: &BinaryExpr, return_bool: bool, drop: bool) -> Result<Val, QueryError> {
+fn vector_vector(
+    ev: &Evaluator,
+    op: &str,
+    l: Vec<StepSeries>,
+    r: Vec<StepSeries>,
+    b: &BinaryExpr,
+    return_bool: bool,
+    drop: bool,
+) -> Result<Val, QueryError> {
     let modifier = b.modifier.as_ref();
     let matching = modifier.and_then(|m| m.matching.clone());
     let card = modifier.map(|m| m.card.clone()).unwrap_or(VectorMatchCardinality::OneToOne);
@@ -201,7 +218,14 @@ fn vector_vector(ev: &Evaluator, op: &str, l: Vec<StepSeries>, r: Vec<StepSeries
     Ok(builder.finish())
 }
 
-fn result_labels(many: &Labels, one: &Labels, matching: &Option<LabelModifier>, one_to_one: bool, include: &[String], drop: bool) -> Labels {
+fn result_labels(
+    many: &Labels,
+    one: &Labels,
+    matching: &Option<LabelModifier>,
+    one_to_one: bool,
+    include: &[String],
+    drop: bool,
+) -> Labels {
     let mut b = many.to_builder();
     if drop {
         b.del(METRIC_NAME);
@@ -209,7 +233,9 @@ fn result_labels(many: &Labels, one: &Labels, matching: &Option<LabelModifier>, 
     if one_to_one {
         match matching {
             Some(LabelModifier::Include(on)) => b.retain(|x| on.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
-            Some(LabelModifier::Exclude(ign)) => b.retain(|x| !ign.labels.iter().any(|n| n.as_str() == x.name.as_ref())),
+            Some(LabelModifier::Exclude(ign)) => {
+                b.retain(|x| !ign.labels.iter().any(|n| n.as_str() == x.name.as_ref()))
+            }
             None => {}
         }
     }

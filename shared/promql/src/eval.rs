@@ -2,11 +2,11 @@
 
 use super::fetch::{self, Fetched};
 use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
-use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
 use promql_parser::parser::{Expr, SubqueryExpr, VectorSelector};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
 
 /// One series of an instant vector evaluated at every step.
 #[derive(Debug, Clone)]
@@ -157,7 +157,21 @@ pub struct Evaluator<'a> {
 impl<'a> Evaluator<'a> {
     pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
         let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
-        Evaluator { data, query_start: start, query_end: end, start, end, step, steps, lookback, max_samples, samples: AtomicU64::new(0), deadline: None, checks: AtomicU32::new(0), per_step: None }
+        Evaluator {
+            data,
+            query_start: start,
+            query_end: end,
+            start,
+            end,
+            step,
+            steps,
+            lookback,
+            max_samples,
+            samples: AtomicU64::new(0),
+            deadline: None,
+            checks: AtomicU32::new(0),
+            per_step: None,
+        }
     }
 
     /// Counts the samples each step touches, for `stats=all`.
@@ -218,11 +232,18 @@ impl<'a> Evaluator<'a> {
             Val::Vector(v) => v
                 .into_iter()
                 .map(|x| {
-                    let samples = x.vals.iter().enumerate().filter_map(|(k, v)| v.map(|v| Sample::new(inner.time(k), v))).collect();
+                    let samples = x
+                        .vals
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(k, v)| v.map(|v| Sample::new(inner.time(k), v)))
+                        .collect();
                     (x.labels, samples)
                 })
                 .collect(),
-            Val::Scalar(v) => vec![(Labels::default(), v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect())],
+            Val::Scalar(v) => {
+                vec![(Labels::default(), v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect())]
+            }
             _ => return Err(QueryError::BadData("subquery is only allowed on instant vector".into())),
         };
         self.charge(inner.samples.load(Relaxed).saturating_sub(self.samples.load(Relaxed)))?;
@@ -258,7 +279,8 @@ impl<'a> Evaluator<'a> {
 
     /// The evaluation time of a selector at step `i`: `@` fixes it, `offset` shifts it.
     pub fn selector_time(&self, vs: &VectorSelector, i: usize) -> i64 {
-        fetch::at_ms(&vs.at, self.query_start, self.query_end).unwrap_or_else(|| self.time(i)) - fetch::offset_ms(&vs.offset)
+        fetch::at_ms(&vs.at, self.query_start, self.query_end).unwrap_or_else(|| self.time(i))
+            - fetch::offset_ms(&vs.offset)
     }
 
     fn vector_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
@@ -322,7 +344,12 @@ impl<'a> Evaluator<'a> {
     /// Calls `f(step, window, t - range, t)` with each series' non-empty window `(t - range, t]`
     /// at every step (staleness markers removed) and collects its results. `arg` is a range
     /// selector or a subquery.
-    pub fn range_windows(&self, arg: &Expr, keep_name: bool, f: impl Fn(usize, &[Sample], i64, i64) -> Option<f64> + Sync) -> Result<Val, QueryError> {
+    pub fn range_windows(
+        &self,
+        arg: &Expr,
+        keep_name: bool,
+        f: impl Fn(usize, &[Sample], i64, i64) -> Option<f64> + Sync,
+    ) -> Result<Val, QueryError> {
         self.range_windows_with(arg, keep_name, |_| (), |_, w| f(w.step, w.samples(), w.start, w.end))
     }
 
@@ -336,7 +363,11 @@ impl<'a> Evaluator<'a> {
         f: impl Fn(&P, &Window) -> Option<f64> + Sync,
     ) -> Result<Val, QueryError> {
         // Each series' windows, for a series whose samples are at hand.
-        let windows = |labels: &Labels, samples: &[Sample], times: &[i64], range: i64| -> Result<Option<StepSeries>, QueryError> {
+        let windows = |labels: &Labels,
+                       samples: &[Sample],
+                       times: &[i64],
+                       range: i64|
+         -> Result<Option<StepSeries>, QueryError> {
             let prepared = prepare(samples);
             let mut vals = vec![None; self.steps];
             let mut any = false;
@@ -381,7 +412,11 @@ impl<'a> Evaluator<'a> {
             Expr::Subquery(sq) => {
                 let (series, times) = self.subquery_series(sq)?;
                 let range = sq.range.as_millis() as i64;
-                series.par_iter().map(|(labels, samples)| windows(labels, samples, &times, range)).collect::<Result<_, QueryError>>()?
+                series.par_iter().map(|(labels, samples)| windows(labels, samples, &times, range)).collect::<Result<
+                    _,
+                    QueryError,
+                >>(
+                )?
             }
             _ => return Err(QueryError::BadData("expected a range vector".into())),
         };
@@ -397,7 +432,12 @@ impl<'a> Evaluator<'a> {
                 Val::Scalar(v) => Ok(Val::Scalar(v.into_iter().map(|x| -x).collect())),
                 Val::Vector(v) => {
                     let out = Val::Vector(
-                        v.into_iter().map(|s| StepSeries { labels: drop_name(&s.labels), vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect() }).collect(),
+                        v.into_iter()
+                            .map(|s| StepSeries {
+                                labels: drop_name(&s.labels),
+                                vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect(),
+                            })
+                            .collect(),
                     );
                     check_unique(&out)?;
                     Ok(out)
@@ -407,14 +447,22 @@ impl<'a> Evaluator<'a> {
             Expr::VectorSelector(vs) => self.vector_selector(vs),
             Expr::MatrixSelector(ms) => {
                 if self.steps != 1 {
-                    return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into()));
+                    return Err(QueryError::BadData(
+                        "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector"
+                            .into(),
+                    ));
                 }
                 let t = self.selector_time(&ms.vs, 0);
                 let range = ms.range.as_millis() as i64;
                 let mut out = Vec::new();
                 for s in self.series_of(&ms.vs) {
-                    let points: Vec<(i64, f64)> =
-                        s.with_samples(|samples| samples.iter().filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v)).map(|x| (x.t, x.v)).collect())?;
+                    let points: Vec<(i64, f64)> = s.with_samples(|samples| {
+                        samples
+                            .iter()
+                            .filter(|x| x.t > t - range && x.t <= t && !is_stale(x.v))
+                            .map(|x| (x.t, x.v))
+                            .collect()
+                    })?;
                     self.charge(points.len() as u64)?;
                     self.count_step(0, points.len() as u64);
                     if !points.is_empty() {
@@ -428,7 +476,10 @@ impl<'a> Evaluator<'a> {
             Expr::Binary(b) => binary::eval(self, b),
             Expr::Subquery(sq) => {
                 if self.steps != 1 {
-                    return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into()));
+                    return Err(QueryError::BadData(
+                        "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector"
+                            .into(),
+                    ));
                 }
                 let (series, times) = self.subquery_series(sq)?;
                 let (t, range) = (times[0], sq.range.as_millis() as i64);
@@ -436,7 +487,8 @@ impl<'a> Evaluator<'a> {
                     series
                         .into_iter()
                         .filter_map(|(labels, s)| {
-                            let points: Vec<(i64, f64)> = s.iter().filter(|x| x.t > t - range && x.t <= t).map(|x| (x.t, x.v)).collect();
+                            let points: Vec<(i64, f64)> =
+                                s.iter().filter(|x| x.t > t - range && x.t <= t).map(|x| (x.t, x.v)).collect();
                             (!points.is_empty()).then_some(SeriesPoints { labels, points })
                         })
                         .collect(),
@@ -451,7 +503,8 @@ impl<'a> Evaluator<'a> {
             Val::Scalar(v) => QueryValue::Scalar(time, v[0]),
             Val::Str(s) => QueryValue::String(time, s),
             Val::Vector(v) => {
-                let mut out: Vec<(Labels, i64, f64)> = v.into_iter().filter_map(|s| s.vals[0].map(|x| (s.labels, time, x))).collect();
+                let mut out: Vec<(Labels, i64, f64)> =
+                    v.into_iter().filter_map(|s| s.vals[0].map(|x| (s.labels, time, x))).collect();
                 sort_for(e, &mut out);
                 QueryValue::Vector(out)
             }
@@ -461,16 +514,33 @@ impl<'a> Evaluator<'a> {
 
     pub fn range_result(&self, e: &Expr, steps: usize) -> Result<QueryValue, QueryError> {
         let mut out = match self.eval(e)? {
-            Val::Scalar(v) => vec![SeriesPoints { labels: Labels::default(), points: v.into_iter().enumerate().map(|(i, x)| (self.time(i), x)).collect() }],
-            Val::Str(_) => return Err(QueryError::BadData("invalid expression type \"string\" for range query, must be Scalar or instant Vector".into())),
+            Val::Scalar(v) => vec![SeriesPoints {
+                labels: Labels::default(),
+                points: v.into_iter().enumerate().map(|(i, x)| (self.time(i), x)).collect(),
+            }],
+            Val::Str(_) => {
+                return Err(QueryError::BadData(
+                    "invalid expression type \"string\" for range query, must be Scalar or instant Vector".into(),
+                ))
+            }
             Val::Vector(v) => v
                 .into_iter()
                 .filter_map(|s| {
-                    let points: Vec<(i64, f64)> = s.vals.iter().enumerate().take(steps).filter_map(|(i, x)| x.map(|x| (self.time(i), x))).collect();
+                    let points: Vec<(i64, f64)> = s
+                        .vals
+                        .iter()
+                        .enumerate()
+                        .take(steps)
+                        .filter_map(|(i, x)| x.map(|x| (self.time(i), x)))
+                        .collect();
                     (!points.is_empty()).then_some(SeriesPoints { labels: s.labels, points })
                 })
                 .collect(),
-            Val::Matrix(_) => return Err(QueryError::BadData("invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into())),
+            Val::Matrix(_) => {
+                return Err(QueryError::BadData(
+                    "invalid expression type \"range vector\" for range query, must be Scalar or instant Vector".into(),
+                ))
+            }
         };
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
         Ok(QueryValue::Matrix(out))

@@ -2,14 +2,14 @@
 //! evaluated at, and decoded. Selectors are keyed by their address in the AST.
 
 use super::QueryError;
-use strata_model::matcher::Matcher;
-use strata_model::{Labels, MetricType, Sample};
-use strata_chunk::Chunk;
-use strata_store::{SelectLimits, SelectRequest, Store};
-use std::cell::RefCell;
 use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::time::UNIX_EPOCH;
+use strata_chunk::Chunk;
+use strata_model::matcher::Matcher;
+use strata_model::{Labels, MetricType, Sample};
+use strata_store::{SelectLimits, SelectRequest, Store};
 
 /// One selected series, still encoded: evaluation decodes it when it gets to it, into a
 /// buffer its thread reuses, so a query holds compressed chunks plus the few series being
@@ -33,7 +33,8 @@ impl FetchedSeries {
     pub fn with_samples<R>(&self, f: impl FnOnce(&mut Vec<Sample>) -> R) -> Result<R, QueryError> {
         let decode = |buf: &mut Vec<Sample>| -> Result<R, QueryError> {
             buf.clear();
-            Chunk::decode_range(&self.chunks, self.mint, self.maxt, buf).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", self.labels)))?;
+            Chunk::decode_range(&self.chunks, self.mint, self.maxt, buf)
+                .map_err(|e| QueryError::Execution(format!("decoding {}: {e}", self.labels)))?;
             Ok(f(buf))
         };
         DECODE_BUFFER.with(|cell| match cell.try_borrow_mut() {
@@ -113,7 +114,15 @@ pub fn subquery_grid(sq: &SubqueryExpr, start: i64, end: i64, qs: i64, qe: i64) 
 }
 
 #[allow(clippy::too_many_arguments)]
-fn collect<'a>(e: &'a Expr, start: i64, end: i64, qs: i64, qe: i64, lookback: i64, out: &mut Vec<Need<'a>>) -> Result<(), QueryError> {
+fn collect<'a>(
+    e: &'a Expr,
+    start: i64,
+    end: i64,
+    qs: i64,
+    qe: i64,
+    lookback: i64,
+    out: &mut Vec<Need<'a>>,
+) -> Result<(), QueryError> {
     let mut add = |vs: &'a VectorSelector, range: i64| {
         let o = offset_ms(&vs.offset);
         let (lo, hi) = match at_ms(&vs.at, qs, qe) {
@@ -152,7 +161,14 @@ fn collect<'a>(e: &'a Expr, start: i64, end: i64, qs: i64, qe: i64, lookback: i6
     Ok(())
 }
 
-pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, lookback: i64, limits: SelectLimits) -> Result<Fetched, QueryError> {
+pub async fn fetch(
+    store: &dyn Store,
+    e: &Expr,
+    start: i64,
+    end: i64,
+    lookback: i64,
+    limits: SelectLimits,
+) -> Result<Fetched, QueryError> {
     let mut needs = Vec::new();
     collect(e, start, end, start, end, lookback, &mut needs)?;
     // A selector fetched for several contexts (a subquery and its outer query) gets the union.
@@ -180,7 +196,13 @@ pub async fn fetch(store: &dyn Store, e: &Expr, start: i64, end: i64, lookback: 
         }
         let got = series
             .into_iter()
-            .map(|s| FetchedSeries { labels: s.labels, metric_type: s.metric_type, chunks: s.chunks, mint: n.mint, maxt: n.maxt })
+            .map(|s| FetchedSeries {
+                labels: s.labels,
+                metric_type: s.metric_type,
+                chunks: s.chunks,
+                mint: n.mint,
+                maxt: n.maxt,
+            })
             .collect();
         out.insert(key(n.vs), got);
     }

@@ -4,9 +4,9 @@ use super::aggregate::{kahan_sum, mean, quantile, variance};
 use super::eval::{drop_name, Evaluator, StepSeries, Val};
 use super::windows::{IntegerPrefix, Resets};
 use super::QueryError;
+use promql_parser::parser::{Call, Expr};
 use strata_model::matcher::compile_anchored;
 use strata_model::{Labels, Sample, METRIC_NAME};
-use promql_parser::parser::{Call, Expr};
 
 fn unparen(mut e: &Expr) -> &Expr {
     while let Expr::Paren(p) = e {
@@ -24,7 +24,13 @@ fn range_arg(c: &Call, i: usize) -> Result<&Expr, QueryError> {
 }
 
 /// Evaluates argument `i` and takes the kind `pick` accepts, or names what was expected.
-fn arg<T>(ev: &Evaluator, c: &Call, i: usize, kind: &str, pick: impl FnOnce(Val) -> Option<T>) -> Result<T, QueryError> {
+fn arg<T>(
+    ev: &Evaluator,
+    c: &Call,
+    i: usize,
+    kind: &str,
+    pick: impl FnOnce(Val) -> Option<T>,
+) -> Result<T, QueryError> {
     let e = c.args.args.get(i).ok_or_else(|| QueryError::BadData(format!("missing argument for {}", c.func.name)))?;
     pick(ev.eval(e)?).ok_or_else(|| QueryError::BadData(format!("expected {kind} argument for {}", c.func.name)))
 }
@@ -43,7 +49,14 @@ fn vector_arg(ev: &Evaluator, c: &Call, i: usize) -> Result<Vec<StepSeries>, Que
 
 /// Prometheus' extrapolated rate/increase/delta over a window `(start, end]`. For a
 /// counter, `resets` are the values just before each drop inside the window, in order.
-fn extrapolated(s: &[Sample], start: i64, end: i64, counter: bool, rate: bool, resets: impl Iterator<Item = f64>) -> Option<f64> {
+fn extrapolated(
+    s: &[Sample],
+    start: i64,
+    end: i64,
+    counter: bool,
+    rate: bool,
+    resets: impl Iterator<Item = f64>,
+) -> Option<f64> {
     if s.len() < 2 {
         return None;
     }
@@ -88,7 +101,11 @@ fn instant_delta(s: &[Sample], rate: bool) -> Option<f64> {
         return Some(d);
     }
     let dt = (last.t - prev.t) as f64 / 1000.0;
-    if dt == 0.0 { None } else { Some(d / dt) }
+    if dt == 0.0 {
+        None
+    } else {
+        Some(d / dt)
+    }
 }
 
 /// Least-squares slope and intercept at `at` (seconds), as Prometheus' linearRegression.
@@ -167,7 +184,9 @@ impl OverTime {
             OverTime::Stddev => variance(vals()).sqrt(),
             OverTime::Stdvar => variance(vals()),
             OverTime::Quantile => quantile(q, &mut vals().collect::<Vec<_>>()),
-            OverTime::Changes => s.windows(2).filter(|w| w[0].v != w[1].v && !(w[0].v.is_nan() && w[1].v.is_nan())).count() as f64,
+            OverTime::Changes => {
+                s.windows(2).filter(|w| w[0].v != w[1].v && !(w[0].v.is_nan() && w[1].v.is_nan())).count() as f64
+            }
             OverTime::Resets => s.windows(2).filter(|w| w[1].v < w[0].v).count() as f64,
         }
     }
@@ -182,11 +201,13 @@ fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, Query
         }
         // The only one that keeps the metric name.
         OverTime::Last => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| Some(kind.apply(s, 0.0))),
-        OverTime::Avg | OverTime::Sum => ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
-            Some(p) if kind == OverTime::Avg => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
-            Some(p) => Some(p.sum(w.a, w.b)),
-            None => Some(kind.apply(w.samples(), 0.0)),
-        }),
+        OverTime::Avg | OverTime::Sum => {
+            ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
+                Some(p) if kind == OverTime::Avg => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
+                Some(p) => Some(p.sum(w.a, w.b)),
+                None => Some(kind.apply(w.samples(), 0.0)),
+            })
+        }
         _ => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| Some(kind.apply(s, 0.0))),
     }
 }
@@ -267,7 +288,8 @@ fn date_part(name: &str, secs: f64) -> Option<f64> {
 
 /// `absent`'s answer: 1 with `labels` at the steps where no series of `v` has a value.
 fn absent_where_empty(ev: &Evaluator, v: &[StepSeries], labels: Labels) -> Val {
-    let vals: Vec<Option<f64>> = (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect();
+    let vals: Vec<Option<f64>> =
+        (0..ev.steps).map(|i| if v.iter().any(|s| s.vals[i].is_some()) { None } else { Some(1.0) }).collect();
     if vals.iter().all(Option::is_none) {
         return Val::Vector(vec![]);
     }
@@ -307,7 +329,14 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             let prepare = |s: &[Sample]| counter.then(|| Resets::new(s));
             ev.range_windows_with(ms, false, prepare, |resets, w| {
                 let drops = resets.as_ref().map(|r| r.within(w.a, w.b)).unwrap_or_default();
-                extrapolated(w.samples(), w.start, w.end, counter, name == "rate", drops.iter().map(|&i| w.all[i - 1].v))
+                extrapolated(
+                    w.samples(),
+                    w.start,
+                    w.end,
+                    counter,
+                    name == "rate",
+                    drops.iter().map(|&i| w.all[i - 1].v),
+                )
             })
         }
         "irate" | "idelta" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| instant_delta(s, name == "irate")),
@@ -316,7 +345,9 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             let ms = range_arg(c, 0)?;
             let d = scalar_arg(ev, c, 1)?;
             // Anchored at the step's time, not the window's (which `@` may move).
-            ev.range_windows(ms, false, |i, s, _, _| linear_regression(s, ev.time(i)).map(|(slope, icpt)| icpt + slope * d[i]))
+            ev.range_windows(ms, false, |i, s, _, _| {
+                linear_regression(s, ev.time(i)).map(|(slope, icpt)| icpt + slope * d[i])
+            })
         }
         "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
         "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
@@ -330,7 +361,11 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
                 (0..ev.steps)
                     .map(|i| {
                         let present: Vec<f64> = v.iter().filter_map(|s| s.vals[i]).collect();
-                        if present.len() == 1 { present[0] } else { f64::NAN }
+                        if present.len() == 1 {
+                            present[0]
+                        } else {
+                            f64::NAN
+                        }
                     })
                     .collect(),
             ))
@@ -378,8 +413,11 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
         "label_replace" => {
             let v = vector_arg(ev, c, 0)?;
-            let (dst, repl, src, re) = (string_arg(ev, c, 1)?, string_arg(ev, c, 2)?, string_arg(ev, c, 3)?, string_arg(ev, c, 4)?);
-            let re = compile_anchored(&re).map_err(|e| QueryError::BadData(format!("invalid regular expression in label_replace(): {re}: {e}")))?;
+            let (dst, repl, src, re) =
+                (string_arg(ev, c, 1)?, string_arg(ev, c, 2)?, string_arg(ev, c, 3)?, string_arg(ev, c, 4)?);
+            let re = compile_anchored(&re).map_err(|e| {
+                QueryError::BadData(format!("invalid regular expression in label_replace(): {re}: {e}"))
+            })?;
             if !strata_model::is_valid_label_name(&dst) {
                 return Err(QueryError::Execution(format!("invalid destination label name in label_replace(): {dst}")));
             }
@@ -430,7 +468,10 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         n if date_part(n, 0.0).is_some() => {
             if c.args.args.is_empty() {
                 let t: Vec<f64> = (0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect();
-                return Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: t.iter().map(|x| date_part(n, *x)).collect() }]));
+                return Ok(Val::Vector(vec![StepSeries {
+                    labels: Labels::default(),
+                    vals: t.iter().map(|x| date_part(n, *x)).collect(),
+                }]));
             }
             let v = vector_arg(ev, c, 0)?;
             Ok(map_vector(v, false, |_, x| date_part(n, x)))
@@ -445,11 +486,19 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
 
 /// Go's `math.Max`/`math.Min`: NaN wins.
 fn go_max(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.max(b) }
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.max(b)
+    }
 }
 
 fn go_min(a: f64, b: f64) -> f64 {
-    if a.is_nan() || b.is_nan() { f64::NAN } else { a.min(b) }
+    if a.is_nan() || b.is_nan() {
+        f64::NAN
+    } else {
+        a.min(b)
+    }
 }
 
 /// The labels `absent` gives its result, as Prometheus: each equality matcher of a plain

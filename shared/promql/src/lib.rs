@@ -18,15 +18,15 @@ mod binary;
 mod eval;
 mod fetch;
 mod functions;
-mod windows;
 pub mod selector;
 #[cfg(feature = "testfile")]
 pub mod testfile;
+mod windows;
 
-use strata_model::Labels;
-use strata_store::{SelectLimits, Store, StoreError};
 use promql_parser::parser::Expr;
 use std::time::{Duration, Instant};
+use strata_model::Labels;
+use strata_store::{SelectLimits, Store, StoreError};
 
 pub use eval::Evaluator;
 
@@ -41,7 +41,12 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { lookback: Duration::from_secs(300), max_samples: 50_000_000, timeout: Duration::from_secs(120), max_series: 1_000_000 }
+        EngineOptions {
+            lookback: Duration::from_secs(300),
+            max_samples: 50_000_000,
+            timeout: Duration::from_secs(120),
+            max_series: 1_000_000,
+        }
     }
 }
 
@@ -109,17 +114,38 @@ impl Engine {
     }
 
     /// Evaluates `expr` at every step from `start` to `end` (ms, inclusive).
-    pub async fn range(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: i64) -> Result<QueryValue, QueryError> {
+    pub async fn range(
+        &self,
+        store: &dyn Store,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: i64,
+    ) -> Result<QueryValue, QueryError> {
         Ok(self.range_with_stats(store, expr, start, end, step, false).await?.0)
     }
 
     /// [`instant`](Self::instant), with Prometheus' query statistics.
-    pub async fn instant_with_stats(&self, store: &dyn Store, expr: &Expr, time: i64, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+    pub async fn instant_with_stats(
+        &self,
+        store: &dyn Store,
+        expr: &Expr,
+        time: i64,
+        per_step: bool,
+    ) -> Result<(QueryValue, QueryStats), QueryError> {
         self.run(store, expr, time, time, None, per_step).await
     }
 
     /// [`range`](Self::range), with Prometheus' query statistics (`per_step`: `stats=all`).
-    pub async fn range_with_stats(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: i64, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+    pub async fn range_with_stats(
+        &self,
+        store: &dyn Store,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: i64,
+        per_step: bool,
+    ) -> Result<(QueryValue, QueryStats), QueryError> {
         if step <= 0 {
             return Err(QueryError::BadData("zero or negative query resolution step widths are not accepted".into()));
         }
@@ -127,7 +153,15 @@ impl Engine {
     }
 
     /// An instant query has no `step`.
-    async fn run(&self, store: &dyn Store, expr: &Expr, start: i64, end: i64, step: Option<i64>, per_step: bool) -> Result<(QueryValue, QueryStats), QueryError> {
+    async fn run(
+        &self,
+        store: &dyn Store,
+        expr: &Expr,
+        start: i64,
+        end: i64,
+        step: Option<i64>,
+        per_step: bool,
+    ) -> Result<(QueryValue, QueryStats), QueryError> {
         let began = Instant::now();
         let deadline = began + self.options.timeout;
         let (instant, step) = (step.is_none(), step.unwrap_or(1));
@@ -135,12 +169,14 @@ impl Engine {
             let lookback = self.options.lookback.as_millis() as i64;
             let data = fetch::fetch(store, expr, start, end, lookback, self.limits()).await?;
             let prepared = began.elapsed();
-            let mut ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples).with_deadline(deadline, self.options.timeout);
+            let mut ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples)
+                .with_deadline(deadline, self.options.timeout);
             if per_step {
                 ev = ev.with_step_stats();
             }
             let steps = ((end - start) / step + 1) as usize;
-            let value = evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
+            let value =
+                evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
             let stats = QueryStats {
                 total_queryable_samples: ev.samples_touched(),
                 peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),

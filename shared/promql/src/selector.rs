@@ -1,9 +1,9 @@
 //! Series selectors (`match[]`, `foo{a="b"}`) parsed with `promql-parser` into matchers.
 
-use strata_model::matcher::{MatchOp, Matcher};
-use strata_model::METRIC_NAME;
 use promql_parser::label::MatchOp as PMatchOp;
 use promql_parser::parser::{self, Expr, VectorSelector};
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_model::METRIC_NAME;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SelectorError {

@@ -4,9 +4,9 @@
 //! stable set are skipped with their reason; everything else passes or fails.
 
 use super::{Engine, EngineOptions, QueryValue};
-use strata_model::{stale_nan, Labels, MetricType, Sample};
 use std::path::{Path, PathBuf};
 use strata_model::duration::parse_duration_ms;
+use strata_model::{stale_nan, Labels, MetricType, Sample};
 use strata_store::memory::MemoryStore;
 
 #[derive(Debug, Default)]
@@ -44,7 +44,8 @@ pub fn run_dir(dir: &Path) -> std::io::Result<Report> {
 /// Splits `{labels} values...` or `metric{labels} values...`.
 fn split_series(line: &str) -> Option<(Labels, &str)> {
     let line = line.trim();
-    let (series, rest) = if let Some(close) = find_series_end(line) { (&line[..close], &line[close..]) } else { return None };
+    let (series, rest) =
+        if let Some(close) = find_series_end(line) { (&line[..close], &line[close..]) } else { return None };
     let labels = strata_ingest::exposition::parse_series(series.as_bytes()).ok().or_else(|| {
         // `{a="b"}` without a metric name, or with `__name__` inside the braces
         let with_name = format!("x{}", series.replace("__name__=", "__strata_name__="));
@@ -88,7 +89,9 @@ fn parse_number(s: &str) -> Option<f64> {
         "Inf" | "+Inf" | "inf" => Some(f64::INFINITY),
         "-Inf" | "-inf" => Some(f64::NEG_INFINITY),
         "NaN" => Some(f64::NAN),
-        _ => s.parse().ok().or_else(|| i64::from_str_radix(s.trim_start_matches("0x"), 16).ok().filter(|_| s.starts_with("0x")).map(|v| v as f64)),
+        _ => s.parse().ok().or_else(|| {
+            i64::from_str_radix(s.trim_start_matches("0x"), 16).ok().filter(|_| s.starts_with("0x")).map(|v| v as f64)
+        }),
     }
 }
 
@@ -172,7 +175,9 @@ fn check(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<
     if e.fail {
         return match got {
             Err(m) => match &e.expected_fail_message {
-                Some(want) if !m.contains(want.as_str()) => Err(format!("failed with {m:?}, expected message {want:?}")),
+                Some(want) if !m.contains(want.as_str()) => {
+                    Err(format!("failed with {m:?}, expected message {want:?}"))
+                }
                 _ => Ok(()),
             },
             Ok(v) => Err(format!("expected an error, got {v:?}")),
@@ -205,7 +210,12 @@ fn check(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<
                 return Err(format!("got a vector, expected scalar {w}"));
             }
             if v.len() != want.len() {
-                return Err(format!("got {} series, expected {}: {:?}", v.len(), want.len(), v.iter().map(|x| x.0.to_string()).collect::<Vec<_>>()));
+                return Err(format!(
+                    "got {} series, expected {}: {:?}",
+                    v.len(),
+                    want.len(),
+                    v.iter().map(|x| x.0.to_string()).collect::<Vec<_>>()
+                ));
             }
             for (i, (l, _, x)) in v.iter().enumerate() {
                 let pos = if e.ordered { (want[i].0 == *l).then_some(i) } else { want.iter().position(|w| w.0 == *l) };
@@ -218,16 +228,28 @@ fn check(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<
             Ok(())
         }
         QueryValue::Matrix(m) => {
-            let step_times: Option<Vec<i64>> = e.range.map(|(s, end, st)| (0..=((end - s) / st)).map(|i| s + i * st).collect());
+            let step_times: Option<Vec<i64>> =
+                e.range.map(|(s, end, st)| (0..=((end - s) / st)).map(|i| s + i * st).collect());
             let nonempty = want.iter().filter(|w| w.1.iter().any(Option::is_some)).count();
             if m.len() != nonempty {
-                return Err(format!("got {} series, expected {}: {:?}", m.len(), nonempty, m.iter().map(|x| x.labels.to_string()).collect::<Vec<_>>()));
+                return Err(format!(
+                    "got {} series, expected {}: {:?}",
+                    m.len(),
+                    nonempty,
+                    m.iter().map(|x| x.labels.to_string()).collect::<Vec<_>>()
+                ));
             }
             for s in &m {
-                let Some(w) = want.iter().find(|w| w.0 == s.labels) else { return Err(format!("unexpected series {}", s.labels)) };
-                let Some(times) = &step_times else { return Err("range vector result of an instant query is not compared yet".into()) };
+                let Some(w) = want.iter().find(|w| w.0 == s.labels) else {
+                    return Err(format!("unexpected series {}", s.labels));
+                };
+                let Some(times) = &step_times else {
+                    return Err("range vector result of an instant query is not compared yet".into());
+                };
                 let expect: Vec<(i64, f64)> = times.iter().zip(&w.1).filter_map(|(t, v)| v.map(|v| (*t, v))).collect();
-                if expect.len() != s.points.len() || expect.iter().zip(&s.points).any(|(a, b)| a.0 != b.0 || !almost_equal(a.1, b.1)) {
+                if expect.len() != s.points.len()
+                    || expect.iter().zip(&s.points).any(|(a, b)| a.0 != b.0 || !almost_equal(a.1, b.1))
+                {
                     return Err(format!("{}: got {:?}, expected {:?}", s.labels, s.points, expect));
                 }
             }
@@ -292,7 +314,8 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                     report.failed.push(format!("{name}:{i}: cannot parse values {l:?}"));
                     continue;
                 };
-                let samples = vals.iter().enumerate().filter_map(|(k, v)| v.map(|v| Sample::new(k as i64 * interval, v)));
+                let samples =
+                    vals.iter().enumerate().filter_map(|(k, v)| v.map(|v| Sample::new(k as i64 * interval, v)));
                 store.add(labels, MetricType::Unknown, samples.collect::<Vec<_>>());
             }
             continue;
@@ -300,24 +323,34 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
         if line.starts_with("eval") {
             let start_line = i;
             let (cmd, rest) = line.split_once(' ').unwrap_or((line, ""));
-            let mut e = Eval { line_no: start_line, expr: String::new(), range: None, at: 0, fail: cmd == "eval_fail", ordered: cmd == "eval_ordered", expected: vec![], expected_fail_message: None };
+            let mut e = Eval {
+                line_no: start_line,
+                expr: String::new(),
+                range: None,
+                at: 0,
+                fail: cmd == "eval_fail",
+                ordered: cmd == "eval_ordered",
+                expected: vec![],
+                expected_fail_message: None,
+            };
             let parsed = if let Some(r) = rest.strip_prefix("instant at ") {
-                r.split_once(' ').and_then(|(t, x)| parse_duration_ms(t).ok().map(|t| (t, x)))
-                    .map(|(t, x)| {
-                        e.at = t;
-                        x.to_string()
-                    })
+                r.split_once(' ').and_then(|(t, x)| parse_duration_ms(t).ok().map(|t| (t, x))).map(|(t, x)| {
+                    e.at = t;
+                    x.to_string()
+                })
             } else if let Some(r) = rest.strip_prefix("range from ") {
                 // range from <start> to <end> step <step> <expr>
                 let parts: Vec<&str> = r.splitn(6, ' ').collect();
                 match (parts.first(), parts.get(2), parts.get(4), parts.get(5)) {
-                    (Some(s), Some(en), Some(st), Some(x)) => match (parse_duration_ms(s).ok(), parse_duration_ms(en).ok(), parse_duration_ms(st).ok()) {
-                        (Some(s), Some(en), Some(st)) => {
-                            e.range = Some((s, en, st));
-                            Some(x.to_string())
+                    (Some(s), Some(en), Some(st), Some(x)) => {
+                        match (parse_duration_ms(s).ok(), parse_duration_ms(en).ok(), parse_duration_ms(st).ok()) {
+                            (Some(s), Some(en), Some(st)) => {
+                                e.range = Some((s, en, st));
+                                Some(x.to_string())
+                            }
+                            _ => None,
                         }
-                        _ => None,
-                    },
+                    }
                     _ => None,
                 }
             } else {
@@ -327,7 +360,10 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 let l = lines[i].trim();
                 if let Some(m) = l.strip_prefix("expected_fail_message ") {
                     e.expected_fail_message = Some(m.to_string());
-                } else if !l.starts_with("expected_fail_regexp") && !l.starts_with("expected_warn") && !l.starts_with("expected_info") {
+                } else if !l.starts_with("expected_fail_regexp")
+                    && !l.starts_with("expected_warn")
+                    && !l.starts_with("expected_info")
+                {
                     e.expected.push(l.to_string());
                 }
                 i += 1;
@@ -347,11 +383,15 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 continue;
             }
             if e.expr.contains("limitk(") || e.expr.contains("limit_ratio(") {
-                report.skipped.push(format!("{id}: limitk/limit_ratio need the promql-experimental-functions feature flag in Prometheus 3.0"));
+                report.skipped.push(format!(
+                    "{id}: limitk/limit_ratio need the promql-experimental-functions feature flag in Prometheus 3.0"
+                ));
                 continue;
             }
             if name == "name_label_dropping.test" {
-                report.skipped.push(format!("{id}: needs the promql-delayed-name-removal feature flag (experimental in Prometheus 3.0)"));
+                report.skipped.push(format!(
+                    "{id}: needs the promql-delayed-name-removal feature flag (experimental in Prometheus 3.0)"
+                ));
                 continue;
             }
             match check(&store, &e, &rt) {

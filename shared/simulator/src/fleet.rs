@@ -9,6 +9,7 @@
 //! * a GPU falls off the bus for 15 minutes (per node and 2 h window): it leaves the page;
 //! * thermal episode (per GPU and hour): memory temperature climbs for 7 minutes, then the
 //!   GPU throttles (SM clock down, temperature up) for 3 more.
+//!
 //! Two GPUs of every fourth node are MIG-partitioned into three instances; pod attribution
 //! changes with the job.
 
@@ -73,7 +74,14 @@ impl Fleet {
 
     fn uuid(&self, node: usize, gpu: usize) -> String {
         let a = h(self.seed, &[1, node as i64, gpu as i64]);
-        format!("GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}", a >> 32, (a >> 16) & 0xffff, a & 0xffff, (a >> 48) ^ 0xabcd, mix(a) & 0xffff_ffff_ffff)
+        format!(
+            "GPU-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+            a >> 32,
+            (a >> 16) & 0xffff,
+            a & 0xffff,
+            (a >> 48) ^ 0xabcd,
+            mix(a) & 0xffff_ffff_ffff
+        )
     }
 
     fn is_mig(&self, node: usize, gpu: usize) -> bool {
@@ -100,8 +108,14 @@ impl Fleet {
         let team = ["team-a", "team-b", "team-c", "research"][(x % 4) as usize];
         match job {
             Job::Idle => Attribution { namespace: String::new(), pod: String::new(), container: "" },
-            Job::Training { .. } => Attribution { namespace: team.into(), pod: format!("llm-pretrain-{}", x % 1000), container: "trainer" },
-            Job::Inference { .. } => Attribution { namespace: team.into(), pod: format!("serve-{}-{:04x}", x % 50, (x >> 20) & 0xffff), container: "server" },
+            Job::Training { .. } => {
+                Attribution { namespace: team.into(), pod: format!("llm-pretrain-{}", x % 1000), container: "trainer" }
+            }
+            Job::Inference { .. } => Attribution {
+                namespace: team.into(),
+                pod: format!("serve-{}-{:04x}", x % 50, (x >> 20) & 0xffff),
+                container: "server",
+            },
         }
     }
 
@@ -114,7 +128,11 @@ impl Fleet {
             Job::Idle => return 0.0,
             Job::Training { intensity } => {
                 let in_slot = t.rem_euclid(SLOT_S);
-                if in_slot < 20 { 15.0 } else { 100.0 * intensity + noise }
+                if in_slot < 20 {
+                    15.0
+                } else {
+                    100.0 * intensity + noise
+                }
             }
             Job::Inference { intensity } => {
                 let phase = (t as f64 / 900.0 + gpu as f64).sin();
@@ -129,7 +147,7 @@ impl Fleet {
         let x = h(self.seed, &[5, node as i64, window]);
         // Random reloads, plus one guaranteed every 12 windows (48 h) so uptime is bounded.
         let forced = window.rem_euclid(12) == (node % 12) as i64;
-        (x % 6 == 0 || forced).then(|| window * RELOAD_WINDOW_S + (mix(x) % RELOAD_WINDOW_S as u64) as i64)
+        (x.is_multiple_of(6) || forced).then(|| window * RELOAD_WINDOW_S + (mix(x) % RELOAD_WINDOW_S as u64) as i64)
     }
 
     /// Start of the current driver epoch (last reload at or before `t`).
@@ -149,7 +167,7 @@ impl Fleet {
     pub fn gpu_off_bus(&self, node: usize, t: i64) -> Option<usize> {
         let w = t.div_euclid(BUS_WINDOW_S);
         let x = h(self.seed, &[6, node as i64, w]);
-        if x % 10 != 0 {
+        if !x.is_multiple_of(10) {
             return None;
         }
         let start = w * BUS_WINDOW_S + (mix(x) % (BUS_WINDOW_S - BUS_OUT_S) as u64) as i64;
@@ -160,7 +178,7 @@ impl Fleet {
     fn thermal(&self, node: usize, gpu: usize, t: i64) -> Option<i64> {
         let w = t.div_euclid(THERMAL_WINDOW_S);
         let x = h(self.seed, &[7, node as i64, gpu as i64, w]);
-        if x % 12 != 0 {
+        if !x.is_multiple_of(12) {
             return None;
         }
         let start = w * THERMAL_WINDOW_S + (mix(x) % (THERMAL_WINDOW_S - THERMAL_S) as u64) as i64;
@@ -198,7 +216,7 @@ impl Fleet {
         let mut slot = t.div_euclid(SLOT_S);
         while slot * SLOT_S + SLOT_S > boot && slot * SLOT_S + SLOT_S > t - 48 * 3600 {
             let x = h(self.seed, &[8, node as i64, gpu as i64, slot]);
-            if x % 150 == 0 {
+            if x.is_multiple_of(150) {
                 let at = slot * SLOT_S + (mix(x) % SLOT_S as u64) as i64;
                 if at <= t && at >= boot {
                     return XID_CODES[(x >> 40) as usize % XID_CODES.len()];
@@ -294,7 +312,17 @@ impl Fleet {
         let power = 70.0 + 6.3 * util * share + noise(1) * 8.0 - 4.0;
         let base_temp = 32.0 + 0.45 * util + noise(2) * 2.0;
         let _ = match field {
-            "DCGM_FI_DEV_SM_CLOCK" => write!(out, "{}", if throttling { 1410 } else if util > 0.0 { 1980 } else { 345 }),
+            "DCGM_FI_DEV_SM_CLOCK" => write!(
+                out,
+                "{}",
+                if throttling {
+                    1410
+                } else if util > 0.0 {
+                    1980
+                } else {
+                    345
+                }
+            ),
             "DCGM_FI_DEV_MEM_CLOCK" => write!(out, "2619"),
             "DCGM_FI_DEV_GPU_TEMP" => write!(out, "{}", (base_temp + if throttling { 12.0 } else { 0.0 }).round()),
             "DCGM_FI_DEV_MEMORY_TEMP" => {
@@ -302,13 +330,17 @@ impl Fleet {
                 write!(out, "{}", (base_temp + 6.0 + climb).round())
             }
             "DCGM_FI_DEV_POWER_USAGE" => write!(out, "{:.6}", (power * 1000.0).round() / 1000.0),
-            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => write!(out, "{}", (self.energy_mj(node, gpu, t) as f64 * share) as u64),
+            "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION" => {
+                write!(out, "{}", (self.energy_mj(node, gpu, t) as f64 * share) as u64)
+            }
             "DCGM_FI_DEV_PCIE_REPLAY_COUNTER" => write!(out, "{}", (t - self.boot_time(node, t)) / 7200),
             "DCGM_FI_DEV_GPU_UTIL" => write!(out, "{}", util),
             "DCGM_FI_DEV_MEM_COPY_UTIL" => write!(out, "{}", (util * 0.6 + noise(3) * 4.0).round().clamp(0.0, 100.0)),
             "DCGM_FI_DEV_ENC_UTIL" if mig.is_some() => write!(out, "{UNSUPPORTED}"),
             "DCGM_FI_DEV_ENC_UTIL" => write!(out, "0"),
-            "DCGM_FI_DEV_DEC_UTIL" => write!(out, "{}", if util > 0.0 && gpu % 4 == 3 { (noise(4) * 10.0).round() } else { 0.0 }),
+            "DCGM_FI_DEV_DEC_UTIL" => {
+                write!(out, "{}", if util > 0.0 && gpu % 4 == 3 { (noise(4) * 10.0).round() } else { 0.0 })
+            }
             "DCGM_FI_DEV_XID_ERRORS" => write!(out, "{}", self.last_xid(node, gpu, t)),
             "DCGM_FI_DEV_FB_USED" | "DCGM_FI_DEV_FB_FREE" => {
                 let total = (81559.0 * share).round();
@@ -321,10 +353,14 @@ impl Fleet {
             }
             "DCGM_FI_DEV_VGPU_LICENSE_STATUS" => write!(out, "0"),
             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS" => write!(out, "0"),
-            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS" => write!(out, "{}", if (node + gpu) % 11 == 0 { 2 } else { 0 }),
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS" => {
+                write!(out, "{}", if (node + gpu).is_multiple_of(11) { 2 } else { 0 })
+            }
             "DCGM_FI_DEV_ROW_REMAP_FAILURE" => write!(out, "0"),
             "DCGM_FI_PROF_GR_ENGINE_ACTIVE" => write!(out, "{:.6}", (util / 100.0 * 0.98).min(1.0)),
-            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => write!(out, "{:.6}", (util / 100.0 * (0.35 + 0.2 * noise(6))).min(1.0)),
+            "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE" => {
+                write!(out, "{:.6}", (util / 100.0 * (0.35 + 0.2 * noise(6))).min(1.0))
+            }
             "DCGM_FI_PROF_DRAM_ACTIVE" => write!(out, "{:.6}", (util / 100.0 * (0.5 + 0.2 * noise(7))).min(1.0)),
             "DCGM_FI_PROF_PCIE_TX_BYTES" => write!(out, "{}", ((util * 2.0e7) * (0.5 + noise(8))) as u64),
             "DCGM_FI_PROF_PCIE_RX_BYTES" => write!(out, "{}", ((util * 6.0e7) * (0.5 + noise(9))) as u64),
@@ -453,7 +489,13 @@ mod tests {
                 .to_string();
             line
         };
-        let clock = |t: i64| f.render_node(node, t * 1000).unwrap().lines().any(|l| l.starts_with("DCGM_FI_DEV_SM_CLOCK{") && l.contains(&format!("device=\"nvidia{gpu}\"")) && l.ends_with(" 1410"));
+        let clock = |t: i64| {
+            f.render_node(node, t * 1000).unwrap().lines().any(|l| {
+                l.starts_with("DCGM_FI_DEV_SM_CLOCK{")
+                    && l.contains(&format!("device=\"nvidia{gpu}\""))
+                    && l.ends_with(" 1410")
+            })
+        };
         assert!(!clock(begin + 60), "no throttle in the first minutes");
         assert!(clock(begin + 500), "throttles after memory temperature climbed");
         let _ = mem(begin);

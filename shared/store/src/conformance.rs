@@ -22,7 +22,9 @@ pub struct FixtureSeries {
 pub fn fixture() -> Vec<FixtureSeries> {
     let mut out = Vec::new();
     for gpu in 0..3 {
-        for (name, ty) in [("DCGM_FI_DEV_GPU_UTIL", MetricType::Gauge), ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", MetricType::Counter)] {
+        for (name, ty) in
+            [("DCGM_FI_DEV_GPU_UTIL", MetricType::Gauge), ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", MetricType::Counter)]
+        {
             let labels = Labels::from_pairs([
                 ("__name__", name.to_string()),
                 ("gpu", gpu.to_string()),
@@ -31,7 +33,8 @@ pub fn fixture() -> Vec<FixtureSeries> {
             let samples = (0..240)
                 .map(|i| {
                     let t = 1_700_000_000_000 + i * 15_000 + gpu * 7;
-                    let v = if ty == MetricType::Counter { (i * 1000 + gpu) as f64 } else { ((i * 7 + gpu) % 101) as f64 };
+                    let v =
+                        if ty == MetricType::Counter { (i * 1000 + gpu) as f64 } else { ((i * 7 + gpu) % 101) as f64 };
                     Sample::new(t, v)
                 })
                 .collect();
@@ -95,15 +98,28 @@ async fn names(store: &impl Store, ms: Vec<Matcher>) -> Vec<String> {
 async fn select_by_every_matcher(store: &impl Store) {
     use MatchOp::*;
     assert_eq!(names(store, vec![m(Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL")]).await.len(), 3);
-    assert_eq!(names(store, vec![m(Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL"), m(NotEqual, "gpu", "1")]).await.len(), 2);
+    assert_eq!(
+        names(store, vec![m(Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL"), m(NotEqual, "gpu", "1")]).await.len(),
+        2
+    );
     assert_eq!(names(store, vec![m(Regex, "__name__", "DCGM_.*"), m(Regex, "gpu", "0|2")]).await.len(), 5);
-    assert_eq!(names(store, vec![m(Regex, "__name__", ".+"), m(NotRegex, "Hostname", "node-0")]).await.len(), 3, "node-1 twice plus the series without Hostname");
-    assert_eq!(names(store, vec![m(Regex, "__name__", ".+"), m(Equal, "gpu", "")]).await, ["odd_values{kind=\"special\"}"]);
+    assert_eq!(
+        names(store, vec![m(Regex, "__name__", ".+"), m(NotRegex, "Hostname", "node-0")]).await.len(),
+        3,
+        "node-1 twice plus the series without Hostname"
+    );
+    assert_eq!(
+        names(store, vec![m(Regex, "__name__", ".+"), m(Equal, "gpu", "")]).await,
+        ["odd_values{kind=\"special\"}"]
+    );
     assert!(names(store, vec![m(Equal, "__name__", "nope")]).await.is_empty());
 }
 
 async fn select_returns_exact_samples_sorted(store: &impl Store) {
-    let r = store.select(&SelectRequest::new(vec![m(MatchOp::Regex, "__name__", "DCGM_.*")], T0, T_LONG_END)).await.expect("select");
+    let r = store
+        .select(&SelectRequest::new(vec![m(MatchOp::Regex, "__name__", "DCGM_.*")], T0, T_LONG_END))
+        .await
+        .expect("select");
     let labels: Vec<_> = r.iter().map(|s| s.labels.clone()).collect();
     let mut sorted = labels.clone();
     sorted.sort();
@@ -124,20 +140,23 @@ async fn time_range_filters_series_and_samples(store: &impl Store) {
     assert_eq!(s.first().map(|x| x.t), Some(T0 + 60_000));
     assert_eq!(s.last().map(|x| x.t), Some(T0 + 120_000), "bounds are inclusive");
     assert_eq!(s.len(), 5);
-    let r = store.select(&SelectRequest::new(ms, T_LONG_END + 1_000_000, T_LONG_END + 2_000_000)).await.expect("select");
+    let r =
+        store.select(&SelectRequest::new(ms, T_LONG_END + 1_000_000, T_LONG_END + 2_000_000)).await.expect("select");
     assert!(r.is_empty(), "no series without samples in range");
     // A cut through the middle of sealed chunks.
     let ms = vec![m(MatchOp::Equal, "__name__", "DCGM_FI_DEV_POWER_USAGE")];
     let (a, b) = (T0 + 900 * 15_000 + 5, T0 + 2_100 * 15_000);
     let r = store.select(&SelectRequest::new(ms, a, b)).await.expect("select");
     let got = r[0].samples(a, b).expect("decodes");
-    let want: Vec<Sample> = fixture().pop().expect("the long series").samples.into_iter().filter(|s| s.t >= a && s.t <= b).collect();
+    let want: Vec<Sample> =
+        fixture().pop().expect("the long series").samples.into_iter().filter(|s| s.t >= a && s.t <= b).collect();
     assert_eq!(got.len(), want.len());
     assert!(got.iter().zip(&want).all(|(x, y)| x.bit_eq(y)), "samples cut from sealed chunks differ");
 }
 
 async fn special_values_survive(store: &impl Store) {
-    let r = store.select(&SelectRequest::new(vec![m(MatchOp::Equal, "kind", "special")], T0, T_END)).await.expect("select");
+    let r =
+        store.select(&SelectRequest::new(vec![m(MatchOp::Equal, "kind", "special")], T0, T_END)).await.expect("select");
     let s = r[0].samples(T0, T_END).expect("decodes");
     assert!(s[0].v.is_nan() && s[0].v.to_bits() != STALE_NAN_BITS);
     assert_eq!(s[1].v, f64::INFINITY);
@@ -161,7 +180,11 @@ async fn label_queries(store: &impl Store) {
 async fn metadata_and_types(store: &impl Store) {
     let r = store.select(&SelectRequest::new(vec![m(MatchOp::Equal, "gpu", "0")], T0, T_END)).await.expect("select");
     for s in &r {
-        let want = if s.labels.metric_name() == Some("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") { MetricType::Counter } else { MetricType::Gauge };
+        let want = if s.labels.metric_name() == Some("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") {
+            MetricType::Counter
+        } else {
+            MetricType::Gauge
+        };
         assert_eq!(s.metric_type, want, "{}", s.labels);
     }
     let md = store.metadata(Some("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")).await.expect("metadata");

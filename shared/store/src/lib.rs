@@ -83,7 +83,9 @@ impl StoreError {
             StoreError::LimitExceeded { what, limit } => StoreError::LimitExceeded { what, limit: *limit },
             StoreError::InvalidRequest(m) => StoreError::InvalidRequest(m.clone()),
             StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-            StoreError::Corrupt { series, reason } => StoreError::Corrupt { series: series.clone(), reason: reason.clone() },
+            StoreError::Corrupt { series, reason } => {
+                StoreError::Corrupt { series: series.clone(), reason: reason.clone() }
+            }
         }
     }
 }
@@ -111,17 +113,33 @@ pub trait Store: Send + Sync {
 
     /// [`select`](Self::select) after validation: charge every series to `budget` with
     /// [`SelectBudget::charge_series`] before keeping it.
-    async fn select_within(&self, req: &SelectRequest, budget: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError>;
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError>;
 
     /// [`series`](Self::series) after validation: charge every series with
     /// [`SelectBudget::charge_labels`] before keeping it.
-    async fn series_within(&self, matchers: &[Matcher], start: i64, end: i64, budget: &mut SelectBudget) -> Result<Vec<Labels>, StoreError>;
+    async fn series_within(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError>;
 
     /// Sorted label names; with matchers, only those of matching series in range.
     async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError>;
 
     /// Sorted values of a label; with matchers, only those of matching series in range.
-    async fn label_values(&self, name: &str, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError>;
+    async fn label_values(
+        &self,
+        name: &str,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, StoreError>;
 
     /// Metric family metadata, optionally for one metric, sorted by family.
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError>;

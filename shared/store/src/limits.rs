@@ -11,7 +11,9 @@ use strata_model::Matcher;
 /// would match every series there is.
 pub fn require_matchers(matchers: &[Matcher]) -> Result<(), StoreError> {
     if matchers.iter().all(|m| m.matches("")) {
-        return Err(StoreError::InvalidRequest("match[] must contain at least one matcher that does not match the empty string".into()));
+        return Err(StoreError::InvalidRequest(
+            "match[] must contain at least one matcher that does not match the empty string".into(),
+        ));
     }
     Ok(())
 }
@@ -89,7 +91,10 @@ mod tests {
     fn budget_stops_at_the_first_series_or_sample_too_many() {
         let mut b = SelectBudget::new(SelectLimits { max_series: 2, max_samples: 15 }, 0, 100);
         b.charge_series(&[chunk(0..10)]).unwrap();
-        assert!(matches!(b.charge_series(&[chunk(0..10)]), Err(StoreError::LimitExceeded { what: "samples", limit: 15 })));
+        assert!(matches!(
+            b.charge_series(&[chunk(0..10)]),
+            Err(StoreError::LimitExceeded { what: "samples", limit: 15 })
+        ));
         let mut b = SelectBudget::new(SelectLimits { max_series: 2, max_samples: 1000 }, 0, 100);
         assert!(b.check_series_count(2).is_ok());
         assert!(b.check_series_count(3).is_err());

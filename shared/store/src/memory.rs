@@ -38,7 +38,11 @@ impl MemoryStore {
     }
 
     fn matching(&self, ms: &[Matcher], start: i64, end: i64) -> Vec<&(Labels, MetricType, Vec<Sample>)> {
-        let mut v: Vec<_> = self.series.iter().filter(|s| matches_all(ms, &s.0) && s.2.iter().any(|x| x.t >= start && x.t <= end)).collect();
+        let mut v: Vec<_> = self
+            .series
+            .iter()
+            .filter(|s| matches_all(ms, &s.0) && s.2.iter().any(|x| x.t >= start && x.t <= end))
+            .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
     }
@@ -46,7 +50,11 @@ impl MemoryStore {
 
 #[async_trait]
 impl Store for MemoryStore {
-    async fn select_within(&self, req: &SelectRequest, budget: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError> {
         let found = self.matching(&req.matchers, req.start, req.end);
         budget.check_series_count(found.len())?;
         let mut out = Vec::new();
@@ -70,7 +78,13 @@ impl Store for MemoryStore {
         Ok(out)
     }
 
-    async fn series_within(&self, ms: &[Matcher], start: i64, end: i64, budget: &mut SelectBudget) -> Result<Vec<Labels>, StoreError> {
+    async fn series_within(
+        &self,
+        ms: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
         let found = self.matching(ms, start, end);
         let mut out = Vec::with_capacity(found.len());
         for s in found {
@@ -81,14 +95,24 @@ impl Store for MemoryStore {
     }
 
     async fn label_names(&self, ms: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
-        let mut v: Vec<String> = self.series.iter().filter(|s| matches_all(ms, &s.0) && s.2.iter().any(|x| x.t >= start && x.t <= end)).flat_map(|s| s.0.iter().map(|l| l.name.to_string()).collect::<Vec<_>>()).collect();
+        let mut v: Vec<String> = self
+            .series
+            .iter()
+            .filter(|s| matches_all(ms, &s.0) && s.2.iter().any(|x| x.t >= start && x.t <= end))
+            .flat_map(|s| s.0.iter().map(|l| l.name.to_string()).collect::<Vec<_>>())
+            .collect();
         v.sort();
         v.dedup();
         Ok(v)
     }
 
     async fn label_values(&self, name: &str, ms: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
-        let mut v: Vec<String> = self.series.iter().filter(|s| matches_all(ms, &s.0) && s.2.iter().any(|x| x.t >= start && x.t <= end)).filter_map(|s| s.0.get(name).map(str::to_string)).collect();
+        let mut v: Vec<String> = self
+            .series
+            .iter()
+            .filter(|s| matches_all(ms, &s.0) && s.2.iter().any(|x| x.t >= start && x.t <= end))
+            .filter_map(|s| s.0.get(name).map(str::to_string))
+            .collect();
         v.sort();
         v.dedup();
         Ok(v)

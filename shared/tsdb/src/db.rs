@@ -15,13 +15,13 @@
 use crate::head::{HeadBlock, HeadError, HeadStats, MemSeries, SampleError};
 use crate::index::SeriesRef;
 use crate::metrics::TsdbMetrics;
-use strata_model::{Labels, Metadata, Sample};
 use crate::wal::{self, SyncPolicy, Wal, WalError, WalRecord};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_model::{Labels, Metadata, Sample};
 
 #[derive(Debug, Clone)]
 pub struct TsdbOptions {
@@ -104,10 +104,19 @@ impl Tsdb {
             }
         })?;
         if unknown_refs > 0 {
-            tracing::warn!(samples = unknown_refs, "WAL replay: samples for series whose definition was lost to damage were skipped");
+            tracing::warn!(
+                samples = unknown_refs,
+                "WAL replay: samples for series whose definition was lost to damage were skipped"
+            );
         }
         let wal = Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
-        let db = Tsdb { head, wal: Mutex::new(Writer { wal, pending: HashMap::default() }), dir: dir.to_path_buf(), opts, metrics: TsdbMetrics::default() };
+        let db = Tsdb {
+            head,
+            wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
+            dir: dir.to_path_buf(),
+            opts,
+            metrics: TsdbMetrics::default(),
+        };
         db.apply_retention()?;
         Ok(db)
     }
@@ -202,7 +211,8 @@ impl Tsdb {
                     if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) != segment
                         && (distinct || !pending.contains_key(&series.series_ref))
                     {
-                        records.push(WalRecord::Series { series_ref: series.series_ref, labels: series.labels.clone() });
+                        records
+                            .push(WalRecord::Series { series_ref: series.series_ref, labels: series.labels.clone() });
                     }
                     if !distinct {
                         pending.insert(series.series_ref, *s);
@@ -252,10 +262,6 @@ impl Tsdb {
         let mut w = self.wal.lock();
         w.wal.sync()?;
         Ok(w.wal.last_fsync.unwrap_or_default())
-    }
-
-    pub fn wal_cursor(&self) -> wal::WalCursor {
-        self.wal.lock().wal.cursor()
     }
 
     pub fn wal_disk_bytes(&self) -> u64 {

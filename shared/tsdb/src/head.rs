@@ -5,14 +5,14 @@
 //! when a series is created or garbage-collected); each series' samples behind their own
 //! mutex, so queries and appends to different series do not contend.
 
-use strata_chunk::{Chunk, ChunkAppender};
 use crate::index::{Interner, PostingsIndex, SeriesRef};
-use strata_model::matcher::Matcher;
-use strata_model::{Labels, Metadata, MetricType, Sample};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
+use strata_chunk::{Chunk, ChunkAppender};
+use strata_model::matcher::Matcher;
+use strata_model::{Labels, Metadata, MetricType, Sample};
 
 /// Why one sample was refused. Matches Prometheus' append errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -167,10 +167,6 @@ impl HeadBlock {
             min_t: AtomicI64::new(i64::MAX),
             max_t: AtomicI64::new(i64::MIN),
         }
-    }
-
-    pub fn min_time(&self) -> i64 {
-        self.min_t.load(Ordering::Relaxed)
     }
 
     /// Newest sample timestamp held, `i64::MIN` when empty.

@@ -6,10 +6,10 @@
 //! accepts the empty value also accepts series without the label. Regexes are run over the
 //! distinct values of one label name, never over every series.
 
-use strata_model::matcher::{MatchOp, Matcher};
-use strata_model::{Label, Labels};
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_model::{Label, Labels};
 
 pub type SeriesRef = u64;
 
@@ -189,7 +189,8 @@ impl PostingsIndex {
     }
 
     pub fn label_values(&self, name: &str) -> Vec<String> {
-        let mut v: Vec<String> = self.postings.get(name).map(|bv| bv.keys().map(|k| k.to_string()).collect()).unwrap_or_default();
+        let mut v: Vec<String> =
+            self.postings.get(name).map(|bv| bv.keys().map(|k| k.to_string()).collect()).unwrap_or_default();
         v.sort();
         v
     }

@@ -36,9 +36,17 @@ impl Default for TsdbMetrics {
 impl TsdbMetrics {
     /// Registers every metric (sharing the counters, so later updates show).
     pub fn register(&self, registry: &mut Registry) {
-        registry.register("head_samples_appended", "Samples appended to the head (after WAL logging)", self.samples_appended.clone());
+        registry.register(
+            "head_samples_appended",
+            "Samples appended to the head (after WAL logging)",
+            self.samples_appended.clone(),
+        );
         registry.register("head_series", "Series held in the head", self.head_series.clone());
-        registry.register("head_chunk_bytes", "Bytes of compressed chunk data in the head", self.head_chunk_bytes.clone());
+        registry.register(
+            "head_chunk_bytes",
+            "Bytes of compressed chunk data in the head",
+            self.head_chunk_bytes.clone(),
+        );
         registry.register("wal_bytes", "Bytes of WAL segments on disk", self.wal_bytes.clone());
         registry.register("wal_fsync_duration_seconds", "Duration of WAL fsync calls", self.wal_fsync_seconds.clone());
         registry.register("retention_failures", "Retention runs that failed", self.retention_failures.clone());

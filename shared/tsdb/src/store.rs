@@ -14,7 +14,11 @@ pub struct TsdbStore(pub Arc<Tsdb>);
 
 #[async_trait]
 impl Store for TsdbStore {
-    async fn select_within(&self, req: &SelectRequest, budget: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError> {
         let head = self.0.head();
         let found = head.select(&req.matchers, req.start, req.end);
         budget.check_series_count(found.len())?;
@@ -27,7 +31,13 @@ impl Store for TsdbStore {
         Ok(out)
     }
 
-    async fn series_within(&self, matchers: &[Matcher], start: i64, end: i64, budget: &mut SelectBudget) -> Result<Vec<Labels>, StoreError> {
+    async fn series_within(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
         let found = self.0.head().select_labels(matchers, start, end);
         budget.check_series_count(found.len())?;
         Ok(found)
@@ -49,7 +59,13 @@ impl Store for TsdbStore {
         Ok(names)
     }
 
-    async fn label_values(&self, name: &str, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
+    async fn label_values(
+        &self,
+        name: &str,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, StoreError> {
         let head = self.0.head();
         if matchers.is_empty() {
             return Ok(head.label_values(name));

@@ -19,12 +19,12 @@
 //!   with the next segment.
 
 use crate::index::SeriesRef;
-use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"STRWAL01";
 /// A segment is rotated once it passes this size.
@@ -44,8 +44,6 @@ pub enum WalError {
         #[source]
         source: io::Error,
     },
-    #[error("WAL segment {path} at offset {offset}: {reason}")]
-    Corrupt { path: PathBuf, offset: u64, reason: String },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
@@ -257,7 +255,10 @@ pub enum ReadOutcome {
     Record(WalRecord),
     End,
     /// Damage at this offset; nothing after it in this segment can be trusted.
-    Damaged { offset: u64, reason: String },
+    Damaged {
+        offset: u64,
+        reason: String,
+    },
 }
 
 impl SegmentReader {
@@ -365,8 +366,14 @@ pub fn replay(dir: &Path, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, W
         }
     }
     if !segs.is_empty() {
-        tracing::info!(segments = stats.segments, records = stats.records, samples = stats.samples,
-            damaged = stats.damaged_segments, secs = started.elapsed().as_secs_f64(), "WAL replayed");
+        tracing::info!(
+            segments = stats.segments,
+            records = stats.records,
+            samples = stats.samples,
+            damaged = stats.damaged_segments,
+            secs = started.elapsed().as_secs_f64(),
+            "WAL replayed"
+        );
     }
     Ok(stats)
 }

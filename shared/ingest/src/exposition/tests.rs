@@ -140,7 +140,15 @@ fn duplicate_label_names_are_rejected_when_building_labels() {
 
 #[test]
 fn the_strict_series_parser_refuses_what_the_tail_split_lets_through() {
-    for bad in [&b"m{a=\"x\"}junk}"[..], b"m junk", b"m{a=\"x\" b=\"y\"}", b"m{a=\"x}", b"{a=\"1\"}", b"m{=\"1\"}", b"m{a=\"\xff\"}"] {
+    for bad in [
+        &b"m{a=\"x\"}junk}"[..],
+        b"m junk",
+        b"m{a=\"x\" b=\"y\"}",
+        b"m{a=\"x}",
+        b"{a=\"1\"}",
+        b"m{=\"1\"}",
+        b"m{a=\"\xff\"}",
+    ] {
         assert!(parse_series(bad).is_err(), "{:?}", String::from_utf8_lossy(bad));
     }
     assert!(parse_series(b"m { a = \"x\" , }").is_ok());
@@ -158,7 +166,10 @@ fn values_and_timestamps_split_from_the_end_even_with_blanks_in_labels() {
 
 #[test]
 fn content_type_negotiation() {
-    assert_eq!(Format::from_content_type(Some("application/openmetrics-text; version=1.0.0; charset=utf-8")), Format::OpenMetrics);
+    assert_eq!(
+        Format::from_content_type(Some("application/openmetrics-text; version=1.0.0; charset=utf-8")),
+        Format::OpenMetrics
+    );
     assert_eq!(Format::from_content_type(Some("text/plain; version=0.0.4")), Format::Text);
     assert_eq!(Format::from_content_type(None), Format::Text);
 }

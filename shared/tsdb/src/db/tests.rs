@@ -1,7 +1,7 @@
 use super::*;
+use crate::TsdbStore;
 use strata_model::matcher::Matcher;
 use strata_model::MetricType;
-use crate::TsdbStore;
 use strata_store::conformance;
 
 fn labels(gpu: &str) -> Labels {
@@ -25,7 +25,8 @@ fn appended_samples_survive_a_restart() {
         let s = db.series(&labels("0")).unwrap();
         let batch: Vec<_> = (0..1000).map(|i| (s.clone(), Sample::new(i * 1000, i as f64))).collect();
         assert_eq!(db.commit(&batch).unwrap().appended, 1000);
-        db.set_metadata("DCGM_FI_DEV_GPU_UTIL", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+        db.set_metadata("DCGM_FI_DEV_GPU_UTIL", Metadata { metric_type: MetricType::Gauge, ..Default::default() })
+            .unwrap();
         // dropped without a sync: the records are in the OS, as after SIGKILL
     }
     let db = open(d.path());
@@ -46,12 +47,12 @@ fn out_of_order_and_duplicates_follow_the_policy() {
     db.commit(&[(s.clone(), Sample::new(5_000, 7.0)), (s.clone(), Sample::new(10_000, 1.0))]).unwrap();
     let out = db
         .commit(&[
-            (s.clone(), Sample::new(9_000, 1.0)),   // out of order
-            (s.clone(), Sample::new(5_000, 7.0)),   // a retry of a stored sample: ignored
-            (s.clone(), Sample::new(10_000, 2.0)),  // duplicate timestamp, other value
-            (s.clone(), Sample::new(10_000, 1.0)),  // exact duplicate: ignored
-            (s.clone(), Sample::new(11_000, 3.0)),  // fine
-            (s.clone(), Sample::new(11_000, 4.0)),  // conflicts within the batch
+            (s.clone(), Sample::new(9_000, 1.0)),  // out of order
+            (s.clone(), Sample::new(5_000, 7.0)),  // a retry of a stored sample: ignored
+            (s.clone(), Sample::new(10_000, 2.0)), // duplicate timestamp, other value
+            (s.clone(), Sample::new(10_000, 1.0)), // exact duplicate: ignored
+            (s.clone(), Sample::new(11_000, 3.0)), // fine
+            (s.clone(), Sample::new(11_000, 4.0)), // conflicts within the batch
         ])
         .unwrap();
     assert_eq!(out.appended, 1);
@@ -123,7 +124,12 @@ async fn tsdb_store_passes_the_store_conformance_suite() {
     }
     // The head seals full chunks into the block encoding, except one holding a staleness
     // marker; the last chunk is still open. The suite below reads all three kinds.
-    let all = strata_model::matcher::Matcher::new(strata_model::matcher::MatchOp::Equal, "__name__", "DCGM_FI_DEV_POWER_USAGE").unwrap();
+    let all = strata_model::matcher::Matcher::new(
+        strata_model::matcher::MatchOp::Equal,
+        "__name__",
+        "DCGM_FI_DEV_POWER_USAGE",
+    )
+    .unwrap();
     let found = db.head().select(&[all], i64::MIN, i64::MAX);
     let kinds: Vec<bool> = found[0].1.iter().map(|c| c.is_block()).collect();
     assert_eq!(kinds, [true, false, false], "a block, a sealed stream chunk, the open chunk");

@@ -105,7 +105,8 @@ fn garbage_file_is_not_fatal() {
 #[test]
 fn rotation_and_truncation_by_time() {
     let d = tempfile::tempdir().unwrap();
-    let mut w = Wal::open(d.path(), SyncPolicy::Interval(Duration::from_secs(1)), vec![]).unwrap().with_segment_bytes(1024);
+    let mut w =
+        Wal::open(d.path(), SyncPolicy::Interval(Duration::from_secs(1)), vec![]).unwrap().with_segment_bytes(1024);
     for i in 0..20 {
         w.rotate_if_full().unwrap();
         w.log(&[series(1, "0"), samples(1, i * 100, 50)]).unwrap();

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace. Installs what the tests need when it is missing
-# (Debian's `prometheus` for the end-to-end tests), so this alone passes on a fresh machine.
+# The test command: formatting, lints, then every test of the workspace. Installs what the
+# tests need when it is missing (Debian's `prometheus` for the end-to-end tests), so this
+# alone passes on a fresh machine. `.ci/run` runs it with CI=true.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
@@ -15,8 +16,14 @@ if ! command -v prometheus >/dev/null 2>&1; then
 fi
 
 if [ -z "${PROMQL_TESTDATA:-}" ] && [ ! -d ../shared/promql-testdata ]; then
-  echo "== NOTE: the PromQL conformance files are absent (../shared/promql-testdata, or set PROMQL_TESTDATA): that suite will not run"
+  echo "== NOTE: the PromQL conformance files are absent (../shared/promql-testdata, or set PROMQL_TESTDATA): that suite will not run (and fails under CI=true)"
 fi
+
+echo "== cargo fmt --check"
+cargo fmt --all --check
+
+echo "== cargo clippy (warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
 
 echo "== cargo test (target dir: $CARGO_TARGET_DIR)"
 cargo test --workspace --all-targets --locked
