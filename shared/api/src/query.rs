@@ -156,9 +156,9 @@ fn engine_for(state: &ApiState, p: &Params) -> Result<Engine, ApiError> {
     Ok(Engine::new(opts))
 }
 
-fn parse_query(p: &Params) -> Result<promql_parser::parser::Expr, ApiError> {
+fn parse_query(p: &Params) -> Result<strata_promql::Expr, ApiError> {
     let q = p.get("query").unwrap_or("");
-    promql_parser::parser::parse(q).map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {e}")))
+    strata_promql::parse(q).map_err(|e| ApiError::bad_data(format!("invalid parameter \"query\": {e}")))
 }
 
 pub async fn instant(

@@ -23,12 +23,22 @@ pub mod selector;
 pub mod testfile;
 mod windows;
 
-use promql_parser::parser::Expr;
 use std::time::{Duration, Instant};
 use strata_model::Labels;
 use strata_store::{SelectLimits, Store, StoreError};
 
 pub use eval::Evaluator;
+/// A parsed PromQL expression; callers get one from [`parse`] and never name the parser crate.
+pub use promql_parser::parser::Expr;
+/// A query that does not parse, with the parser's message.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ParseError(pub String);
+
+/// Parses a PromQL expression (Prometheus 3 grammar).
+pub fn parse(query: &str) -> Result<Expr, ParseError> {
+    promql_parser::parser::parse(query).map_err(ParseError)
+}
 
 /// Prometheus' defaults.
 #[derive(Debug, Clone)]

@@ -2,7 +2,7 @@
 //! loop (with the `Interval` sync policy) and the retention loop. Both run the blocking
 //! work off the async workers and report failures in the log and in [`TsdbMetrics`](crate::metrics::TsdbMetrics).
 
-use crate::db::Tsdb;
+use crate::db::{Tsdb, TsdbError};
 use crate::wal::SyncPolicy;
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,37 +23,40 @@ pub fn spawn(db: &Arc<Tsdb>) -> Vec<JoinHandle<()>> {
 
 /// `fsync`s the WAL every `every`, recording how long each call took.
 pub fn spawn_fsync(db: Arc<Tsdb>, every: Duration) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        loop {
-            tick.tick().await;
-            let db2 = db.clone();
-            match tokio::task::spawn_blocking(move || db2.sync_wal()).await {
-                Ok(Ok(d)) => db.metrics().wal_fsync_seconds.observe(d.as_secs_f64()),
-                Ok(Err(e)) => tracing::error!(error = %e, dir = %db.dir().display(), "WAL fsync failed"),
-                Err(e) => tracing::error!(error = %e, "WAL fsync task failed"),
-            }
-        }
+    spawn_every(db, every, "WAL fsync", |db| {
+        let took = db.sync_wal()?;
+        db.metrics().wal_fsync_seconds.observe(took.as_secs_f64());
+        Ok(())
     })
 }
 
 /// Applies retention every `every`.
 pub fn spawn_retention(db: Arc<Tsdb>, every: Duration) -> JoinHandle<()> {
+    spawn_every(db, every, "retention", |db| {
+        db.apply_retention().inspect_err(|_| {
+            db.metrics().retention_failures.inc();
+        })?;
+        Ok(())
+    })
+}
+
+/// Runs `work` on a blocking thread every `every`; a failure is logged with the database's
+/// directory and the loop goes on.
+fn spawn_every(
+    db: Arc<Tsdb>,
+    every: Duration,
+    what: &'static str,
+    work: fn(&Tsdb) -> Result<(), TsdbError>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         loop {
             tick.tick().await;
             let db2 = db.clone();
-            match tokio::task::spawn_blocking(move || db2.apply_retention()).await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => {
-                    db.metrics().retention_failures.inc();
-                    tracing::error!(error = %e, dir = %db.dir().display(), "retention failed");
-                }
-                Err(e) => {
-                    db.metrics().retention_failures.inc();
-                    tracing::error!(error = %e, "retention task failed");
-                }
+            match tokio::task::spawn_blocking(move || work(&db2)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::error!(error = %e, dir = %db.dir().display(), "{what} failed"),
+                Err(e) => tracing::error!(error = %e, "{what} task failed"),
             }
         }
     })

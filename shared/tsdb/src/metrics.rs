@@ -60,3 +60,29 @@ impl TsdbMetrics {
         self.wal_bytes.set(i64::try_from(db.wal_disk_bytes()).unwrap_or(i64::MAX));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Tsdb, TsdbOptions};
+    use prometheus_client::registry::Registry;
+    use strata_model::{Labels, Sample};
+
+    #[test]
+    fn the_database_counts_its_own_appends_and_reports_its_state() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Tsdb::open(d.path(), TsdbOptions::default()).unwrap();
+        let mut registry = Registry::with_prefix("strata");
+        db.metrics().register(&mut registry);
+        let s = db.series(&Labels::from_pairs([("__name__", "up"), ("job", "x")])).unwrap();
+        let batch: Vec<_> = (0..10).map(|i| (s.clone(), Sample::new(i * 1000, 1.0))).collect();
+        db.commit(&batch).unwrap();
+        // An exact retry is accepted and ignored: it is not counted again.
+        db.commit(&batch).unwrap();
+        db.metrics().refresh(&db);
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
+        assert!(page.contains("strata_head_samples_appended_total 10\n"), "{page}");
+        assert!(page.contains("strata_head_series 1\n"), "{page}");
+        assert!(!page.contains("strata_wal_bytes 0\n"), "{page}");
+    }
+}
