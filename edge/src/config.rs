@@ -129,6 +129,8 @@ pub struct RawScrapeConfig {
 pub struct RawStrata {
     pub data_dir: Option<PathBuf>,
     pub retention: Option<PromDuration>,
+    /// How far ahead of the wall clock a sample may be stamped (default 10m).
+    pub future_grace_period: Option<PromDuration>,
     pub max_series: Option<usize>,
     /// `always` or a duration such as `1s` (the default).
     pub wal_fsync: Option<String>,

@@ -292,4 +292,27 @@ mod tests {
         assert_eq!(handle(&db, &m, &b, &tiny_decoded).status, 413);
         assert_eq!(db.head().num_series(), 0);
     }
+
+    #[test]
+    fn a_sample_from_the_future_is_refused_and_later_samples_still_go_in() {
+        let (_d, db, m) = setup();
+        let now = strata_model::time::now_ms();
+        let year_2100 = 4_102_444_800_000;
+        let b = body(vec![
+            (vec![("__name__", "a")], vec![(now - 1000, 1.0)]),
+            (vec![("__name__", "b")], vec![(year_2100, 1.0)]),
+        ]);
+        let out = handle(&db, &m, &b, &WriteLimits::default());
+        assert_eq!(out.status, 400);
+        assert!(out.message.contains("too_far_in_future: 1"), "{}", out.message);
+        assert!(
+            m.encode().contains(r#"strata_remote_write_rejected_samples_total{reason="too_far_in_future"} 1"#),
+            "{}",
+            m.encode()
+        );
+        let b = body(vec![(vec![("__name__", "a")], vec![(now, 2.0)])]);
+        assert_eq!(handle(&db, &m, &b, &WriteLimits::default()).status, 204);
+        assert_eq!(count(&db, "a"), 2);
+        assert_eq!(count(&db, "b"), 0);
+    }
 }

@@ -39,6 +39,8 @@ pub enum ScrapeError {
     InvalidSeries(String),
     #[error("duplicate series on the page: {0}")]
     DuplicateSeries(String),
+    #[error("line {line}: sample timestamp {t} is too far in the future{hint}")]
+    FutureTimestamp { line: usize, t: i64, hint: &'static str },
     #[error("sample_limit of {0} exceeded")]
     SampleLimit(u64),
     #[error("label_limit of {limit} exceeded by {series}")]
@@ -297,7 +299,12 @@ impl ScrapeIngest {
                     let Some(s) = resolved else { continue };
                     report.series_added += created as usize;
                     let t = match timestamp_ms {
-                        Some(t) if self.job.honor_timestamps => t,
+                        Some(t) if self.job.honor_timestamps => {
+                            if t > self.db.max_valid_time(ts) {
+                                return Err(future_timestamp(t, ts, line));
+                            }
+                            t
+                        }
                         _ => ts,
                     };
                     self.batch.push((s, Sample::new(t, value)));
@@ -426,6 +433,20 @@ impl ScrapeIngest {
         self.db.commit(&batch)?;
         Ok(())
     }
+}
+
+/// The scrape error for an explicit timestamp past the grace period, with a hint when it
+/// reads as a present time in microseconds or nanoseconds (the exposition formats want ms).
+fn future_timestamp(t: i64, now: i64, line: usize) -> ScrapeError {
+    let near = |x: i64| (x - now).abs() < 86_400_000;
+    let hint = if near(t / 1000) {
+        " (it reads as microseconds: exposition timestamps are in milliseconds)"
+    } else if near(t / 1_000_000) {
+        " (it reads as nanoseconds: exposition timestamps are in milliseconds)"
+    } else {
+        ""
+    };
+    ScrapeError::FutureTimestamp { line, t, hint }
 }
 
 fn describe_fetch(e: &HttpError) -> String {

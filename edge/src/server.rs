@@ -149,6 +149,9 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     if let Some(r) = cfg.strata.retention {
         o.retention = r.0;
     }
+    if let Some(g) = cfg.strata.future_grace_period {
+        o.future_grace_period = g.0;
+    }
     if let Some(n) = cfg.strata.max_series {
         o.max_series = n;
     }

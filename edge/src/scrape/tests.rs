@@ -240,3 +240,20 @@ fn a_page_that_exposes_up_itself_keeps_the_first_sample() {
     assert_eq!(up.len(), 1);
     assert_eq!(up[0].1.iter().map(|s| (s.t, s.v)).collect::<Vec<_>>(), [(1000, 0.0), (2000, 0.0)]);
 }
+
+#[test]
+fn microsecond_timestamps_fail_the_scrape_with_a_clear_error() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let now = strata_model::time::now_ms();
+    let page = format!("a 1 {now}\nb 2 {}\n", now * 1000);
+    let e = ing.ingest(page.as_bytes(), Format::Text, now, Duration::ZERO).unwrap_err();
+    assert!(matches!(e, ScrapeError::FutureTimestamp { line: 2, .. }), "{e}");
+    assert!(e.to_string().contains("microseconds"), "{e}");
+    assert!(samples_of(&f.db, &[name("a")]).iter().all(|(_, s)| s.is_empty()), "a failed scrape stored samples");
+    assert_eq!(f.db.head().max_time(), i64::MIN, "the head's time moved");
+    // Within the grace period, an explicit timestamp is kept as it is.
+    let page = format!("a 1 {}\n", now + 60_000);
+    ing.ingest(page.as_bytes(), Format::Text, now, Duration::ZERO).unwrap();
+    assert_eq!(samples_of(&f.db, &[name("a")])[0].1[0].t, now + 60_000);
+}

@@ -5,7 +5,12 @@
 //!   "out of order"; the same timestamp with a different value as "duplicate sample for
 //!   timestamp"; a sample identical (timestamp and value) to one already stored is accepted
 //!   and ignored, so a retried write is harmless;
-//! * a sample older than `newest sample held − retention` is refused as "out of bounds";
+//! * a sample older than `newest sample held − retention` is refused as "out of bounds",
+//!   where the newest sample counts only up to the wall clock;
+//! * a sample more than `future_grace_period` (10 minutes) ahead of the wall clock is
+//!   refused as "too far in the future": it would otherwise become the newest sample and
+//!   push the retention window past everything held. WAL replay skips such samples too, so
+//!   a WAL written before this rule cannot poison a restart;
 //! * an empty database accepts any timestamp, so a day of history can be backfilled in
 //!   time order.
 //!
@@ -21,11 +26,18 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_model::time::now_ms;
 use strata_model::{Labels, Metadata, Sample};
+
+/// How far ahead of the wall clock a sample may be, by default (as Mimir's
+/// `creation_grace_period`).
+pub const DEFAULT_FUTURE_GRACE_PERIOD: Duration = Duration::from_secs(600);
 
 #[derive(Debug, Clone)]
 pub struct TsdbOptions {
     pub retention: Duration,
+    /// How far ahead of the wall clock a sample may be stamped.
+    pub future_grace_period: Duration,
     pub max_series: usize,
     pub wal_sync: SyncPolicy,
     pub wal_segment_bytes: u64,
@@ -35,6 +47,7 @@ impl Default for TsdbOptions {
     fn default() -> Self {
         TsdbOptions {
             retention: Duration::from_secs(24 * 3600),
+            future_grace_period: DEFAULT_FUTURE_GRACE_PERIOD,
             max_series: 5_000_000,
             wal_sync: SyncPolicy::default(),
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
@@ -80,7 +93,9 @@ impl Tsdb {
         let wal_dir = dir.join("wal");
         let head = HeadBlock::new(opts.max_series);
         let mut unknown_refs = 0u64;
-        let stats = wal::replay(&wal_dir, |rec| match rec {
+        let mut future = 0u64;
+        let max_valid = now_ms().saturating_add(duration_ms(opts.future_grace_period));
+        let mut stats = wal::replay(&wal_dir, |rec| match rec {
             WalRecord::Series { series_ref, labels } => {
                 head.restore(series_ref, &labels);
             }
@@ -90,6 +105,10 @@ impl Tsdb {
                         unknown_refs += 1;
                         continue;
                     };
+                    if s.t > max_valid {
+                        future += 1;
+                        continue;
+                    }
                     let mut g = series.samples.lock();
                     // Replay may see a sample twice when a segment repeats after a crash;
                     // the same check as on append keeps the series ordered.
@@ -108,6 +127,17 @@ impl Tsdb {
                 samples = unknown_refs,
                 "WAL replay: samples for series whose definition was lost to damage were skipped"
             );
+        }
+        if future > 0 {
+            tracing::warn!(
+                samples = future,
+                dir = %wal_dir.display(),
+                "WAL replay: samples stamped too far in the future were skipped (written before the grace period applied)"
+            );
+            // Their segments age out by the time of what was kept, not by the bad stamps.
+            for (_, max_t) in &mut stats.segment_max_t {
+                *max_t = (*max_t).min(max_valid);
+            }
         }
         let wal = Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
         let db = Tsdb {
@@ -146,13 +176,19 @@ impl Tsdb {
         self.head.get_or_create(labels).map(|(s, _)| s)
     }
 
-    /// Oldest timestamp still accepted.
-    fn min_valid_time(&self) -> i64 {
+    /// Oldest timestamp still accepted at wall-clock time `now`: the retention window back
+    /// from the newest sample held, but never from beyond the wall clock.
+    fn min_valid_time(&self, now: i64) -> i64 {
         let max = self.head.max_time();
         if max == i64::MIN {
             return i64::MIN;
         }
-        max.saturating_sub(self.opts.retention.as_millis() as i64)
+        max.min(now).saturating_sub(duration_ms(self.opts.retention))
+    }
+
+    /// Newest timestamp accepted at wall-clock time `now`.
+    pub fn max_valid_time(&self, now: i64) -> i64 {
+        now.saturating_add(duration_ms(self.opts.future_grace_period))
     }
 
     /// Validates, logs and applies a batch. Samples of one series must be in time order
@@ -183,7 +219,9 @@ impl Tsdb {
         pending.clear();
         let rotated = wal.rotate_if_full()?;
         let segment = wal.current_segment();
-        let min_valid = self.min_valid_time();
+        let now = now_ms();
+        let min_valid = self.min_valid_time(now);
+        let max_valid = self.max_valid_time(now);
 
         let mut records = Vec::new();
         if rotated {
@@ -196,6 +234,10 @@ impl Tsdb {
         for (i, (series, s)) in batch.iter().enumerate() {
             if s.t < min_valid {
                 out.rejected.push((series.series_ref, *s, SampleError::OutOfBounds));
+                continue;
+            }
+            if s.t > max_valid {
+                out.rejected.push((series.series_ref, *s, SampleError::TooFarInFuture));
                 continue;
             }
             let repeat = if distinct { None } else { pending.get(&series.series_ref) };
@@ -270,7 +312,7 @@ impl Tsdb {
 
     /// Drops data older than the retention window, counted back from the newest sample.
     pub fn apply_retention(&self) -> Result<(usize, usize), TsdbError> {
-        let cutoff = self.min_valid_time();
+        let cutoff = self.min_valid_time(now_ms());
         if cutoff == i64::MIN {
             return Ok((0, 0));
         }
@@ -285,6 +327,11 @@ impl Tsdb {
     pub fn stats(&self) -> HeadStats {
         self.head.stats()
     }
+}
+
+/// A duration in milliseconds, saturating (a configured duration can be any size).
+fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 #[cfg(test)]

@@ -23,6 +23,8 @@ pub enum SampleError {
     DuplicateTimestamp,
     #[error("out of bounds: older than the retention window")]
     OutOfBounds,
+    #[error("too far in the future: more than the grace period ahead of the wall clock")]
+    TooFarInFuture,
 }
 
 impl SampleError {
@@ -31,6 +33,7 @@ impl SampleError {
             SampleError::OutOfOrder => "out_of_order",
             SampleError::DuplicateTimestamp => "duplicate",
             SampleError::OutOfBounds => "out_of_bounds",
+            SampleError::TooFarInFuture => "too_far_in_future",
         }
     }
 }

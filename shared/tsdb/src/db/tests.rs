@@ -135,3 +135,62 @@ async fn tsdb_store_passes_the_store_conformance_suite() {
     assert_eq!(kinds, [true, false, false], "a block, a sealed stream chunk, the open chunk");
     conformance::run_all(&TsdbStore(db)).await;
 }
+
+const MINUTE: i64 = 60_000;
+
+#[test]
+fn a_sample_from_the_future_is_refused_and_moves_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let db = open(d.path());
+    let now = strata_model::time::now_ms();
+    let s = db.series(&labels("0")).unwrap();
+    db.commit(&[(s.clone(), Sample::new(now - MINUTE, 1.0))]).unwrap();
+    let year_2100 = 4_102_444_800_000;
+    let out = db.commit(&[(s.clone(), Sample::new(year_2100, 2.0))]).unwrap();
+    assert_eq!(out.appended, 0);
+    assert_eq!(out.rejected.len(), 1);
+    assert_eq!(out.rejected[0].2, SampleError::TooFarInFuture);
+    assert_eq!(db.head().max_time(), now - MINUTE, "a refused sample moved the head's time");
+    // Later normal samples still go in, and retention keeps what was there.
+    assert_eq!(db.commit(&[(s.clone(), Sample::new(now, 3.0))]).unwrap().appended, 1);
+    db.apply_retention().unwrap();
+    assert_eq!(read_all(&db, "0").len(), 2);
+    // Within the grace period is fine.
+    assert_eq!(db.commit(&[(s, Sample::new(now + 5 * MINUTE, 4.0))]).unwrap().appended, 1);
+}
+
+#[test]
+fn retention_counts_from_the_wall_clock_at_most() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(d.path(), TsdbOptions { retention: Duration::from_secs(3600), ..Default::default() }).unwrap();
+    let now = strata_model::time::now_ms();
+    let s = db.series(&labels("0")).unwrap();
+    db.commit(&[(s, Sample::new(now + 9 * MINUTE, 2.0))]).unwrap();
+    // Counted from the sample 9 minutes ahead, the window would start 51 minutes ago and
+    // refuse this one as out of bounds.
+    let other = db.series(&labels("1")).unwrap();
+    assert_eq!(db.commit(&[(other, Sample::new(now - 55 * MINUTE, 1.0))]).unwrap().appended, 1);
+    db.apply_retention().unwrap();
+    assert_eq!(read_all(&db, "1").len(), 1);
+}
+
+#[test]
+fn a_wal_that_holds_future_samples_replays_without_poisoning() {
+    let d = tempfile::tempdir().unwrap();
+    let now = strata_model::time::now_ms();
+    let year_2100 = 4_102_444_800_000;
+    {
+        // A WAL written without the guard, as before it existed.
+        let lax = TsdbOptions { future_grace_period: Duration::from_secs(200 * 365 * 86_400), ..Default::default() };
+        let db = Tsdb::open(d.path(), lax).unwrap();
+        let s = db.series(&labels("0")).unwrap();
+        db.commit(&[(s.clone(), Sample::new(now - MINUTE, 1.0)), (s, Sample::new(year_2100, 2.0))]).unwrap();
+    }
+    let db = open(d.path());
+    assert_eq!(read_all(&db, "0"), vec![Sample::new(now - MINUTE, 1.0)]);
+    assert_eq!(db.head().max_time(), now - MINUTE);
+    let s = db.series(&labels("0")).unwrap();
+    assert_eq!(db.commit(&[(s, Sample::new(now, 3.0))]).unwrap().appended, 1);
+    db.apply_retention().unwrap();
+    assert_eq!(read_all(&db, "0").len(), 2);
+}
