@@ -54,6 +54,9 @@ enum Command {
         http_listen: Option<SocketAddr>,
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
+        #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
+        query_max_concurrency: usize,
     },
 }
 
@@ -148,10 +151,11 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Edge { config, http_listen, data } => {
+        Command::Edge { config, http_listen, data, query_max_concurrency } => {
             let mut opts = strata_edge::EdgeOptions::new(config);
             opts.http_listen = http_listen;
             opts.data_dir = data;
+            opts.api.max_concurrency = query_max_concurrency;
             let edge = strata_edge::Edge::start(opts).await?;
             println!("edge listening on http://{}", edge.http_addr);
             shutdown_signal().await;

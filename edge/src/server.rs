@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_api::ApiOptions;
 use strata_model::duration::parse_duration;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::wal::SyncPolicy;
@@ -30,11 +31,19 @@ pub struct EdgeOptions {
     pub data_dir: Option<PathBuf>,
     /// How often file-SD files are checked for changes.
     pub file_sd_check: Duration,
+    /// How the query API runs queries (concurrency, engine limits).
+    pub api: ApiOptions,
 }
 
 impl EdgeOptions {
     pub fn new(config_path: PathBuf) -> Self {
-        EdgeOptions { config_path, http_listen: None, data_dir: None, file_sd_check: Duration::from_secs(5) }
+        EdgeOptions {
+            config_path,
+            http_listen: None,
+            data_dir: None,
+            file_sd_check: Duration::from_secs(5),
+            api: ApiOptions::default(),
+        }
     }
 }
 
@@ -47,6 +56,7 @@ pub struct EdgeState {
     pub manager: Arc<ScrapeManager>,
     pub config_path: PathBuf,
     pub remote_write: Arc<RemoteWrite>,
+    pub api: ApiOptions,
 }
 
 impl EdgeState {
@@ -82,7 +92,7 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/-/reload", post(reload).put(reload))
         .route("/api/v1/write", post(write).layer(DefaultBodyLimit::max(limit)))
         .with_state(state.clone())
-        .merge(strata_api::router(Arc::new(TsdbStore(state.db.clone()))))
+        .merge(strata_api::router_with(Arc::new(TsdbStore(state.db.clone())), state.api.clone()))
 }
 
 async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {
@@ -195,6 +205,7 @@ impl Edge {
             manager: manager.clone(),
             config_path: opts.config_path.clone(),
             remote_write: Arc::new(RemoteWrite { db: db.clone(), metrics: metrics.clone(), limits }),
+            api: opts.api.clone(),
         });
         let addr = opts.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("constant address parses"));
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;

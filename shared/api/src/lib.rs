@@ -106,18 +106,59 @@ pub fn success_raw(data: &str) -> Response {
     ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// How the API runs queries.
+#[derive(Debug, Clone)]
+pub struct ApiOptions {
+    pub engine: strata_promql::EngineOptions,
+    /// Queries evaluated at once (Prometheus' `--query.max-concurrency`); the rest wait for
+    /// a slot within their timeout.
+    pub max_concurrency: usize,
+}
+
+/// Prometheus' default for `--query.max-concurrency`.
+pub const DEFAULT_MAX_CONCURRENCY: usize = 20;
+
+impl Default for ApiOptions {
+    fn default() -> Self {
+        ApiOptions { engine: Default::default(), max_concurrency: DEFAULT_MAX_CONCURRENCY }
+    }
+}
+
 pub struct ApiState {
     pub store: Arc<dyn Store>,
     pub engine: strata_promql::EngineOptions,
+    queries: Arc<tokio::sync::Semaphore>,
+    max_concurrency: usize,
+}
+
+impl ApiState {
+    /// Waits for one of the query slots, at most `timeout`.
+    async fn query_slot(&self, timeout: std::time::Duration) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let waited = tokio::time::timeout(timeout, self.queries.clone().acquire_owned()).await;
+        match waited {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) => Err(ApiError { kind: ErrorType::Unavailable, message: "the query queue is closed".into() }),
+            Err(_) => Err(ApiError {
+                kind: ErrorType::Timeout,
+                message: format!("query timed out waiting for one of the {} query slots", self.max_concurrency),
+            }),
+        }
+    }
 }
 
 /// The API routes for a store; merge into a tier's router.
 pub fn router(store: Arc<dyn Store>) -> Router {
-    router_with(store, strata_promql::EngineOptions::default())
+    router_with(store, ApiOptions::default())
 }
 
-pub fn router_with(store: Arc<dyn Store>, engine: strata_promql::EngineOptions) -> Router {
-    let state = Arc::new(ApiState { store, engine });
+pub fn router_with(store: Arc<dyn Store>, opts: ApiOptions) -> Router {
+    let slots = opts.max_concurrency.max(1);
+    let state = Arc::new(ApiState {
+        store,
+        engine: opts.engine,
+        queries: Arc::new(tokio::sync::Semaphore::new(slots)),
+        max_concurrency: slots,
+    });
     api_routes(state).layer(axum::middleware::from_fn(gzip_when_asked))
 }
 

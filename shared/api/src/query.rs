@@ -22,6 +22,7 @@ impl From<QueryError> for ApiError {
             QueryError::BadData(_) | QueryError::Unsupported(_) => ErrorType::BadData,
             QueryError::Execution(_) | QueryError::TooManySamples(_) => ErrorType::Execution,
             QueryError::Timeout(_) => ErrorType::Timeout,
+            QueryError::Canceled => ErrorType::Canceled,
             QueryError::Store(s) => return ApiError::from(strata_store::StoreError::from_ref(s)),
         };
         ApiError { kind, message: e.to_string() }
@@ -175,6 +176,7 @@ pub async fn instant(
         None => now_ms(),
     };
     let engine = engine_for(&s, &p)?;
+    let _slot = s.query_slot(engine.options.timeout).await?;
     let (v, stats) = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p)).await?;
     Ok(success(with_stats(result_json(v), &p, &stats), vec![]))
 }
@@ -208,6 +210,7 @@ pub async fn range(
     }
     let expr = parse_query(&p)?;
     let engine = engine_for(&s, &p)?;
+    let _slot = s.query_slot(engine.options.timeout).await?;
     let (v, stats) = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p)).await?;
     match v {
         // A day of points for many series: written as text, not built as a JSON tree.

@@ -164,8 +164,13 @@ async fn query_errors_have_prometheus_types_and_codes() {
     let s = db.series(&Labels::from_pairs([("__name__", "m")])).unwrap();
     let batch: Vec<_> = (0..100).map(|i| (s.clone(), Sample::new(i * 1000, 1.0))).collect();
     db.commit(&batch).unwrap();
-    let small =
-        router_with(Arc::new(TsdbStore(db)), strata_promql::EngineOptions { max_samples: 10, ..Default::default() });
+    let small = router_with(
+        Arc::new(TsdbStore(db)),
+        ApiOptions {
+            engine: strata_promql::EngineOptions { max_samples: 10, ..Default::default() },
+            ..Default::default()
+        },
+    );
     let (code, v) = get(&small, "/api/v1/query?query=sum_over_time(m%5B100s%5D)&time=100").await;
     assert_eq!((code, v["errorType"].as_str()), (422, Some("execution")), "{v}");
     assert!(v["error"].as_str().unwrap().contains("10"), "{v}");
@@ -203,4 +208,51 @@ async fn gzip_on_request() {
     // without the header, plain JSON
     let (code, v) = get(&app, "/api/v1/labels").await;
     assert_eq!((code, v["status"].as_str()), (200, Some("success")));
+}
+
+/// A query that runs for minutes unless stopped: a median over a day of 1 s subquery steps
+/// at each of 10,001 steps, with the sample limits lifted so only cancellation stops it.
+const ENDLESS: &str =
+    "/api/v1/query_range?query=quantile_over_time(0.5,vector(time())%5B1d:1s%5D)&start=0&end=10000&step=1";
+
+fn unlimited(max_concurrency: usize) -> (tempfile::TempDir, Router) {
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    let engine = strata_promql::EngineOptions { max_samples: u64::MAX / 4, ..Default::default() };
+    (d, router_with(Arc::new(TsdbStore(db)), ApiOptions { engine, max_concurrency }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queries_past_the_concurrency_limit_wait_and_time_out_in_the_queue() {
+    let (_d, app) = unlimited(1);
+    let busy = tokio::spawn({
+        let app = app.clone();
+        async move { get(&app, ENDLESS).await }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let began = std::time::Instant::now();
+    let (code, v) = get(&app, "/api/v1/query?query=1&timeout=0.5").await;
+    assert_eq!(code, 503, "{v}");
+    assert_eq!(v["errorType"], "timeout", "{v}");
+    assert!(v["error"].as_str().unwrap_or_default().contains("query slots"), "{v}");
+    assert!(began.elapsed() < std::time::Duration::from_secs(5));
+    // The client of the running query goes away: its evaluation stops and frees the slot.
+    busy.abort();
+    let began = std::time::Instant::now();
+    let (code, v) = get(&app, "/api/v1/query?query=1&timeout=10").await;
+    assert_eq!(code, 200, "{v}");
+    assert!(began.elapsed() < std::time::Duration::from_secs(5), "the slot was freed only after {:?}", began.elapsed());
+}
+
+#[test]
+fn a_query_whose_caller_goes_away_stops_evaluating() {
+    let (_d, app) = unlimited(4);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let r =
+        rt.block_on(async { tokio::time::timeout(std::time::Duration::from_millis(300), get(&app, ENDLESS)).await });
+    assert!(r.is_err(), "the query was expected to run past 300 ms");
+    // Dropping the runtime waits for its blocking threads, the evaluation among them.
+    let began = std::time::Instant::now();
+    drop(rt);
+    assert!(began.elapsed() < std::time::Duration::from_secs(5), "evaluation ran on for {:?}", began.elapsed());
 }

@@ -136,7 +136,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         }
     };
     let groups: Vec<Labels> = input.iter().map(|s| group_labels(&s.labels, &a.modifier)).collect();
-    let mut out = VectorBuilder::new(ev.steps);
+    let mut out = VectorBuilder::new(ev);
     match op.as_str() {
         "topk" | "bottomk" | "limitk" => {
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();

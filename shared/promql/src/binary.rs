@@ -142,7 +142,7 @@ fn set_op(ev: &Evaluator, op: &str, l: Vec<StepSeries>, r: Vec<StepSeries>, b: &
         }
         _ => {
             let steps = ev.steps;
-            let mut lhs_at: Vec<Vec<&Labels>> = vec![Vec::new(); steps];
+            let mut lhs_at: Vec<Vec<&Labels>> = ev.points.vec(steps, Vec::new())?;
             for (s, sig) in l.iter().zip(&lsig) {
                 for (i, x) in s.vals.iter().enumerate() {
                     if x.is_some() {
@@ -190,7 +190,7 @@ fn vector_vector(
     let one_to_one = matches!(card, VectorMatchCardinality::OneToOne);
     let one_sig: Vec<Labels> = one.iter().map(|s| signature(&s.labels, &matching)).collect();
     let many_sig: Vec<Labels> = many.iter().map(|s| signature(&s.labels, &matching)).collect();
-    let mut builder = VectorBuilder::new(ev.steps);
+    let mut builder = VectorBuilder::new(ev);
     for i in 0..ev.steps {
         let mut one_at: HashMap<&Labels, (usize, f64)> = HashMap::new();
         for (j, (s, sig)) in one.iter().zip(&one_sig).enumerate() {

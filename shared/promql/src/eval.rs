@@ -2,10 +2,12 @@
 
 use super::fetch::{self, Fetched};
 use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
+use crate::limits::PointBudget;
 use promql_parser::parser::{Expr, SubqueryExpr, VectorSelector};
 use rayon::prelude::*;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
 
 /// One series of an instant vector evaluated at every step.
@@ -28,13 +30,14 @@ pub enum Val {
 /// Collects output series by label set, one value per step.
 pub struct VectorBuilder {
     steps: usize,
+    points: Arc<PointBudget>,
     index: HashMap<Labels, usize>,
     pub series: Vec<StepSeries>,
 }
 
 impl VectorBuilder {
-    pub fn new(steps: usize) -> Self {
-        VectorBuilder { steps, index: HashMap::new(), series: Vec::new() }
+    pub fn new(ev: &Evaluator) -> Self {
+        VectorBuilder { steps: ev.steps, points: ev.points.clone(), index: HashMap::new(), series: Vec::new() }
     }
 
     /// Sets a value; a second value for the same labels at the same step is Prometheus'
@@ -43,7 +46,7 @@ impl VectorBuilder {
         let i = match self.index.get(&labels) {
             Some(&i) => i,
             None => {
-                self.series.push(StepSeries { labels: labels.clone(), vals: vec![None; self.steps] });
+                self.series.push(StepSeries { labels: labels.clone(), vals: self.points.vec(self.steps, None)? });
                 self.index.insert(labels, self.series.len() - 1);
                 self.series.len() - 1
             }
@@ -145,10 +148,14 @@ pub struct Evaluator<'a> {
     lookback: i64,
     max_samples: u64,
     samples: AtomicU64,
+    /// Values held in per-step buffers, charged before each is allocated.
+    pub points: Arc<PointBudget>,
     /// Evaluation stops with a timeout past this instant: checked as samples are charged,
     /// so a long evaluation is cancelled for real and everything it held is freed.
     deadline: Option<(std::time::Instant, std::time::Duration)>,
     checks: AtomicU32,
+    /// Set when the query's caller went away: checked with the deadline.
+    canceled: Option<Arc<AtomicBool>>,
     /// Samples touched at each step, when the caller asked for per-step statistics
     /// (`stats=all`); subqueries' inner grids do not count here.
     per_step: Option<Vec<AtomicU64>>,
@@ -156,7 +163,7 @@ pub struct Evaluator<'a> {
 
 impl<'a> Evaluator<'a> {
     pub fn new(data: &'a Fetched, start: i64, end: i64, step: i64, lookback: i64, max_samples: u64) -> Self {
-        let steps = if step <= 0 { 1 } else { ((end - start) / step + 1) as usize };
+        let steps = if step <= 0 { 1 } else { usize::try_from(end.saturating_sub(start) / step + 1).unwrap_or(0) };
         Evaluator {
             data,
             query_start: start,
@@ -168,16 +175,19 @@ impl<'a> Evaluator<'a> {
             lookback,
             max_samples,
             samples: AtomicU64::new(0),
+            points: Arc::new(PointBudget::new(max_samples)),
             deadline: None,
             checks: AtomicU32::new(0),
+            canceled: None,
             per_step: None,
         }
     }
 
     /// Counts the samples each step touches, for `stats=all`.
-    pub fn with_step_stats(mut self) -> Self {
+    pub fn with_step_stats(mut self) -> Result<Self, QueryError> {
+        self.points.charge(self.steps as u64)?;
         self.per_step = Some((0..self.steps).map(|_| AtomicU64::new(0)).collect());
-        self
+        Ok(self)
     }
 
     /// Samples touched so far (Prometheus' `totalQueryableSamples`).
@@ -197,15 +207,27 @@ impl<'a> Evaluator<'a> {
         }
     }
 
+    /// Sets the flag that, once true, stops evaluation with [`QueryError::Canceled`].
+    pub fn with_cancel(mut self, flag: Arc<AtomicBool>) -> Self {
+        self.canceled = Some(flag);
+        self
+    }
+
     /// Sets the instant past which evaluation fails with [`QueryError::Timeout`].
     pub fn with_deadline(mut self, at: std::time::Instant, timeout: std::time::Duration) -> Self {
         self.deadline = Some((at, timeout));
         self
     }
 
-    /// An evaluator for a subquery's inner grid, sharing data, bounds and the sample budget.
+    /// An evaluator for a subquery's inner grid, sharing data, bounds and the budgets.
     fn inner(&self, start: i64, end: i64, step: i64) -> Evaluator<'a> {
-        let steps = if end < start { 0 } else { ((end - start) / step + 1) as usize };
+        // `check` bounded every time involved, so the difference cannot overflow; a grid
+        // too large to index is refused by the point budget at its first buffer.
+        let steps = if end < start {
+            0
+        } else {
+            usize::try_from(end.saturating_sub(start) / step.max(1) + 1).unwrap_or(usize::MAX)
+        };
         Evaluator {
             data: self.data,
             query_start: self.query_start,
@@ -217,8 +239,10 @@ impl<'a> Evaluator<'a> {
             lookback: self.lookback,
             max_samples: self.max_samples,
             samples: AtomicU64::new(self.samples.load(Relaxed)),
+            points: self.points.clone(),
             deadline: self.deadline,
             checks: AtomicU32::new(0),
+            canceled: self.canceled.clone(),
             per_step: None,
         }
     }
@@ -249,12 +273,13 @@ impl<'a> Evaluator<'a> {
         self.charge(inner.samples.load(Relaxed).saturating_sub(self.samples.load(Relaxed)))?;
         let at = fetch::at_ms(&sq.at, self.query_start, self.query_end);
         let o = fetch::offset_ms(&sq.offset);
-        let times = (0..self.steps).map(|i| at.unwrap_or_else(|| self.time(i)) - o).collect();
+        self.points.charge(self.steps as u64)?;
+        let times = (0..self.steps).map(|i| at.unwrap_or_else(|| self.time(i)).saturating_sub(o)).collect();
         Ok((series, times))
     }
 
     pub fn time(&self, i: usize) -> i64 {
-        self.start + i as i64 * self.step.max(0)
+        (i as i64).saturating_mul(self.step.max(0)).saturating_add(self.start)
     }
 
     /// Counts samples a step touches against the query's limit.
@@ -265,10 +290,21 @@ impl<'a> Evaluator<'a> {
         }
         // Reading the clock on every call would cost more than the work it guards.
         let c = self.checks.fetch_add(1, Relaxed).wrapping_add(1);
+        if c.is_multiple_of(256) {
+            self.check_stop()?;
+        }
+        Ok(())
+    }
+
+    /// Fails when the deadline has passed or the caller went away.
+    pub fn check_stop(&self) -> Result<(), QueryError> {
         if let Some((at, timeout)) = self.deadline {
-            if c.is_multiple_of(256) && std::time::Instant::now() > at {
+            if std::time::Instant::now() > at {
                 return Err(QueryError::Timeout(timeout));
             }
+        }
+        if self.canceled.as_ref().is_some_and(|c| c.load(Relaxed)) {
+            return Err(QueryError::Canceled);
         }
         Ok(())
     }
@@ -279,17 +315,19 @@ impl<'a> Evaluator<'a> {
 
     /// The evaluation time of a selector at step `i`: `@` fixes it, `offset` shifts it.
     pub fn selector_time(&self, vs: &VectorSelector, i: usize) -> i64 {
-        fetch::at_ms(&vs.at, self.query_start, self.query_end).unwrap_or_else(|| self.time(i))
-            - fetch::offset_ms(&vs.offset)
+        fetch::at_ms(&vs.at, self.query_start, self.query_end)
+            .unwrap_or_else(|| self.time(i))
+            .saturating_sub(fetch::offset_ms(&vs.offset))
     }
 
     fn vector_selector(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
+        self.points.charge(self.steps as u64)?;
         let times: Vec<i64> = (0..self.steps).map(|i| self.selector_time(vs, i)).collect();
         let out: Vec<Option<StepSeries>> = self
             .series_of(vs)
             .par_iter()
             .map(|s| {
-                let mut vals = vec![None; self.steps];
+                let mut vals = self.points.vec(self.steps, None)?;
                 let mut n = 0u64;
                 s.with_samples(|samples| {
                     let mut cursor = Cursor::default();
@@ -297,7 +335,7 @@ impl<'a> Evaluator<'a> {
                         // The latest sample at or before t, within the lookback window (t - lookback, t].
                         let idx = cursor.upto(samples, t);
                         let Some(x) = idx.checked_sub(1).map(|i| samples[i]) else { continue };
-                        if x.t <= t - self.lookback || is_stale(x.v) {
+                        if x.t <= t.saturating_sub(self.lookback) || is_stale(x.v) {
                             continue;
                         }
                         *v = Some(x.v);
@@ -319,14 +357,14 @@ impl<'a> Evaluator<'a> {
     pub fn selector_timestamps(&self, vs: &VectorSelector) -> Result<Val, QueryError> {
         let mut out = Vec::new();
         for s in self.series_of(vs) {
-            let mut vals = vec![None; self.steps];
+            let mut vals = self.points.vec(self.steps, None)?;
             s.with_samples(|samples| {
                 for (i, v) in vals.iter_mut().enumerate() {
                     let t = self.selector_time(vs, i);
                     let idx = samples.partition_point(|x| x.t <= t);
                     if idx > 0 {
                         let x = samples[idx - 1];
-                        if x.t > t - self.lookback && !is_stale(x.v) {
+                        if x.t > t.saturating_sub(self.lookback) && !is_stale(x.v) {
                             *v = Some(x.t as f64 / 1000.0);
                         }
                     }
@@ -369,7 +407,7 @@ impl<'a> Evaluator<'a> {
                        range: i64|
          -> Result<Option<StepSeries>, QueryError> {
             let prepared = prepare(samples);
-            let mut vals = vec![None; self.steps];
+            let mut vals = self.points.vec(self.steps, None)?;
             let mut any = false;
             let (mut lo, mut hi) = (Cursor::default(), Cursor::default());
             // Charged in batches: a shared counter touched per window would cost more
@@ -377,7 +415,7 @@ impl<'a> Evaluator<'a> {
             let mut pending = 0u64;
             for (i, v) in vals.iter_mut().enumerate() {
                 let t = times[i];
-                let (a, b) = (lo.upto(samples, t - range), hi.upto(samples, t));
+                let (a, b) = (lo.upto(samples, t.saturating_sub(range)), hi.upto(samples, t));
                 if a >= b {
                     continue;
                 }
@@ -386,7 +424,9 @@ impl<'a> Evaluator<'a> {
                 if pending >= CHARGE_BATCH {
                     self.charge(std::mem::take(&mut pending))?;
                 }
-                if let Some(r) = f(&prepared, &Window { all: samples, a, b, start: t - range, end: t, step: i }) {
+                if let Some(r) =
+                    f(&prepared, &Window { all: samples, a, b, start: t.saturating_sub(range), end: t, step: i })
+                {
                     *v = Some(r);
                     any = true;
                 }
@@ -396,6 +436,7 @@ impl<'a> Evaluator<'a> {
         };
         let out: Vec<Option<StepSeries>> = match arg {
             Expr::MatrixSelector(ms) => {
+                self.points.charge(self.steps as u64)?;
                 let times: Vec<i64> = (0..self.steps).map(|i| self.selector_time(&ms.vs, i)).collect();
                 let range = ms.range.as_millis() as i64;
                 self.series_of(&ms.vs)
@@ -425,7 +466,7 @@ impl<'a> Evaluator<'a> {
 
     pub fn eval(&self, e: &Expr) -> Result<Val, QueryError> {
         match e {
-            Expr::NumberLiteral(n) => Ok(Val::Scalar(vec![n.val; self.steps])),
+            Expr::NumberLiteral(n) => Ok(Val::Scalar(self.points.vec(self.steps, n.val)?)),
             Expr::StringLiteral(s) => Ok(Val::Str(s.val.clone())),
             Expr::Paren(p) => self.eval(&p.expr),
             Expr::Unary(u) => match self.eval(&u.expr)? {

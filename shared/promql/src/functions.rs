@@ -350,7 +350,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             })
         }
         "time" => Ok(Val::Scalar((0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect())),
-        "pi" => Ok(Val::Scalar(vec![std::f64::consts::PI; ev.steps])),
+        "pi" => Ok(Val::Scalar(ev.points.vec(ev.steps, std::f64::consts::PI)?)),
         "vector" => {
             let v = scalar_arg(ev, c, 0)?;
             Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: v.into_iter().map(Some).collect() }]))
@@ -394,7 +394,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         }
         "round" => {
             let v = vector_arg(ev, c, 0)?;
-            let to = if c.args.args.len() > 1 { scalar_arg(ev, c, 1)? } else { vec![1.0; ev.steps] };
+            let to = if c.args.args.len() > 1 { scalar_arg(ev, c, 1)? } else { ev.points.vec(ev.steps, 1.0)? };
             Ok(map_vector(v, false, |i, x| {
                 let inv = 1.0 / to[i];
                 Some((x * inv + 0.5).floor() / inv)

@@ -18,11 +18,16 @@ mod binary;
 mod eval;
 mod fetch;
 mod functions;
+#[cfg(test)]
+mod hostile_tests;
+pub mod limits;
 pub mod selector;
 #[cfg(feature = "testfile")]
 pub mod testfile;
 mod windows;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_model::Labels;
 use strata_store::{SelectLimits, Store, StoreError};
@@ -70,6 +75,8 @@ pub enum QueryError {
     TooManySamples(u64),
     #[error("query timed out in expression evaluation (timeout {0:?})")]
     Timeout(Duration),
+    #[error("query was canceled: its caller went away")]
+    Canceled,
     #[error("{0} is not supported yet")]
     Unsupported(String),
     #[error(transparent)]
@@ -94,13 +101,14 @@ pub enum QueryValue {
     Matrix(Vec<SeriesPoints>),
 }
 
-/// Runs CPU-bound evaluation so that it does not hold up the runtime's other tasks (an
-/// edge's scrape loops share it): on a multi-threaded runtime the worker hands its queue
-/// over first. Elsewhere (tests, the conformance runner) it simply runs.
-fn evaluate<T>(f: impl FnOnce() -> T) -> T {
-    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
-        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
-        _ => f(),
+/// Sets its flag when dropped: the query's future holds it, so a caller that goes away (a
+/// client that disconnects, a timeout) stops the evaluation running on a blocking thread
+/// at its next check instead of letting it run to the end.
+struct CancelOnDrop(Arc<AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
     }
 }
 
@@ -175,27 +183,39 @@ impl Engine {
         let began = Instant::now();
         let deadline = began + self.options.timeout;
         let (instant, step) = (step.is_none(), step.unwrap_or(1));
+        limits::check(expr)?;
+        // Selections are keyed by the address of their node, so the tree fetched from is the
+        // one evaluated: one copy, moved to the blocking thread with its data.
+        let expr = Arc::new(expr.clone());
+        let (max_samples, timeout) = (self.options.max_samples, self.options.timeout);
         let fut = async {
-            let lookback = self.options.lookback.as_millis() as i64;
-            let data = fetch::fetch(store, expr, start, end, lookback, self.limits()).await?;
+            let lookback = i64::try_from(self.options.lookback.as_millis()).unwrap_or(i64::MAX);
+            let data = fetch::fetch(store, &expr, start, end, lookback, self.limits()).await?;
             let prepared = began.elapsed();
-            let mut ev = Evaluator::new(&data, start, end, step, lookback, self.options.max_samples)
-                .with_deadline(deadline, self.options.timeout);
-            if per_step {
-                ev = ev.with_step_stats();
-            }
-            let steps = ((end - start) / step + 1) as usize;
-            let value =
-                evaluate(|| if instant { ev.instant_result(expr, start) } else { ev.range_result(expr, steps) })?;
-            let stats = QueryStats {
-                total_queryable_samples: ev.samples_touched(),
-                peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),
-                per_step: ev.step_stats(),
-                preparation: prepared,
-                inner_eval: began.elapsed() - prepared,
-                total: began.elapsed(),
-            };
-            Ok((value, stats))
+            let canceled = Arc::new(AtomicBool::new(false));
+            let _cancel = CancelOnDrop(canceled.clone());
+            // CPU-bound work runs on a blocking thread, so that the runtime's other tasks (an
+            // edge's scrape loops share it) keep running and a dropped query can be stopped.
+            let work = tokio::task::spawn_blocking(move || {
+                let mut ev = Evaluator::new(&data, start, end, step, lookback, max_samples)
+                    .with_deadline(deadline, timeout)
+                    .with_cancel(canceled);
+                if per_step {
+                    ev = ev.with_step_stats()?;
+                }
+                let steps = ev.steps;
+                let value = if instant { ev.instant_result(&expr, start) } else { ev.range_result(&expr, steps) }?;
+                let stats = QueryStats {
+                    total_queryable_samples: ev.samples_touched(),
+                    peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),
+                    per_step: ev.step_stats(),
+                    preparation: prepared,
+                    inner_eval: began.elapsed() - prepared,
+                    total: began.elapsed(),
+                };
+                Ok((value, stats))
+            });
+            work.await.map_err(|e| QueryError::Execution(format!("evaluation failed: {e}")))?
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
     }

@@ -139,6 +139,9 @@ struct SeriesTable {
 }
 
 /// Counts the head exposes for self-monitoring and benchmarks.
+/// A selected series and its chunks that overlap the selected range.
+pub type SelectedSeries = (Arc<MemSeries>, Vec<Chunk>);
+
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HeadStats {
     pub series: usize,
@@ -269,20 +272,34 @@ impl HeadBlock {
     }
 
     /// Series matching the matchers that hold samples in `[mint, maxt]`, sorted by labels.
-    pub fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Vec<(Arc<MemSeries>, Vec<Chunk>)> {
-        let series: Vec<Arc<MemSeries>> = {
-            let t = self.table.read();
-            t.index.select(matchers).iter().filter_map(|r| t.series.get(r).cloned()).collect()
-        };
-        let mut out: Vec<_> = series
-            .into_iter()
-            .filter_map(|s| {
-                let chunks = s.samples.lock().chunks(mint, maxt);
-                (!chunks.is_empty()).then_some((s, chunks))
-            })
-            .collect();
+    pub fn select(&self, matchers: &[Matcher], mint: i64, maxt: i64) -> Vec<SelectedSeries> {
+        let unlimited: Result<_, std::convert::Infallible> = self.select_charged(matchers, mint, maxt, |_| Ok(()));
+        unlimited.unwrap_or_else(|never| match never {})
+    }
+
+    /// [`select`](Self::select) that calls `charge` with each matching series' chunks as
+    /// it collects them and stops at the first error, so a selection over a limit ends
+    /// there instead of after gathering every match.
+    pub fn select_charged<E>(
+        &self,
+        matchers: &[Matcher],
+        mint: i64,
+        maxt: i64,
+        mut charge: impl FnMut(&[Chunk]) -> Result<(), E>,
+    ) -> Result<Vec<SelectedSeries>, E> {
+        let refs = self.table.read().index.select(matchers);
+        let mut out = Vec::new();
+        for r in refs {
+            let Some(s) = self.table.read().series.get(&r).cloned() else { continue };
+            let chunks = s.samples.lock().chunks(mint, maxt);
+            if chunks.is_empty() {
+                continue;
+            }
+            charge(&chunks)?;
+            out.push((s, chunks));
+        }
         out.sort_by(|a, b| a.0.labels.cmp(&b.0.labels));
-        out
+        Ok(out)
     }
 
     /// Matching series that have samples in range, without their data (for label queries).

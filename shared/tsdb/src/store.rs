@@ -20,11 +20,9 @@ impl Store for TsdbStore {
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
         let head = self.0.head();
-        let found = head.select(&req.matchers, req.start, req.end);
-        budget.check_series_count(found.len())?;
+        let found = head.select_charged(&req.matchers, req.start, req.end, |chunks| budget.charge_series(chunks))?;
         let mut out = Vec::with_capacity(found.len());
         for (s, chunks) in found {
-            budget.charge_series(&chunks)?;
             let metric_type = s.labels.metric_name().map(|n| head.metric_type(n)).unwrap_or_default();
             out.push(SeriesChunks { labels: s.labels.clone(), metric_type, chunks });
         }

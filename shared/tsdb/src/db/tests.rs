@@ -194,3 +194,24 @@ fn a_wal_that_holds_future_samples_replays_without_poisoning() {
     db.apply_retention().unwrap();
     assert_eq!(read_all(&db, "0").len(), 2);
 }
+
+#[test]
+fn a_selection_stops_at_the_first_series_over_the_limit() {
+    let d = tempfile::tempdir().unwrap();
+    let db = open(d.path());
+    for gpu in 0..100 {
+        let s = db.series(&labels(&gpu.to_string())).unwrap();
+        db.commit(&[(s, Sample::new(1000, 1.0))]).unwrap();
+    }
+    let mut seen = 0;
+    let r = db.head().select_charged(&[Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, 2000, |_| {
+        seen += 1;
+        if seen > 3 {
+            Err("over")
+        } else {
+            Ok(())
+        }
+    });
+    assert_eq!(r.unwrap_err(), "over");
+    assert_eq!(seen, 4, "the selection went on past the limit");
+}

@@ -1,0 +1,71 @@
+//! Queries a hostile client can send: each must answer or fail with a clear error within
+//! the deadline, never panic, abort on allocation or hang. The issue that found them:
+//! `max_over_time(vector(1)[100y:1ms])` asked for 25 TB and killed the process.
+
+use crate::{Engine, EngineOptions, QueryError};
+use std::time::{Duration, Instant};
+use strata_model::{Labels, MetricType, Sample};
+use strata_store::memory::MemoryStore;
+
+fn store() -> MemoryStore {
+    let mut m = MemoryStore::default();
+    for gpu in 0..4 {
+        let labels = Labels::from_pairs([("__name__", "up".to_string()), ("gpu", gpu.to_string())]);
+        m.add(labels, MetricType::Gauge, (0..200).map(|i| Sample::new(i * 15_000, i as f64)));
+    }
+    m
+}
+
+fn run(q: &str, timeout: Duration) -> Result<(), QueryError> {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let engine = Engine::new(EngineOptions { timeout, ..Default::default() });
+    let expr = crate::parse(q).map_err(|e| QueryError::BadData(e.to_string()))?;
+    let s = store();
+    rt.block_on(async {
+        engine.range(&s, &expr, 0, 3_000_000, 15_000).await?;
+        engine.instant(&s, &expr, 3_000_000).await.map(|_| ())
+    })
+}
+
+#[test]
+fn hostile_queries_get_an_error_not_a_crash() {
+    let cases: &[(&str, &str)] = &[
+        ("max_over_time(vector(1)[100y:1ms])", "too many samples"),
+        ("sum_over_time(up[100y:1ms])", "too many samples"),
+        ("max_over_time(max_over_time(vector(1)[1d:1ms])[1d:1ms])", "too many samples"),
+        ("up[300y]", "out of range"),
+        ("up offset 300y", "out of range"),
+        ("up offset -300y", "out of range"),
+        ("rate(up[5m] offset 290y)", ""),
+        ("up @ 1e15", "out of range"),
+        ("max_over_time(up[5m:300y])", "out of range"),
+    ];
+    for (q, want) in cases {
+        let began = Instant::now();
+        let r = run(q, Duration::from_secs(5));
+        assert!(began.elapsed() < Duration::from_secs(10), "{q} took {:?}", began.elapsed());
+        match r {
+            Err(e) => assert!(e.to_string().contains(want), "{q}: {e} (wanted {want:?})"),
+            Ok(()) => assert!(want.is_empty(), "{q} answered; wanted an error with {want:?}"),
+        }
+    }
+}
+
+#[test]
+fn deep_nesting_is_an_error_not_a_stack_overflow() {
+    for q in [
+        format!("{}up{}", "(".repeat(5000), ")".repeat(5000)),
+        format!("{}up{}", "abs(".repeat(2000), ")".repeat(2000)),
+        format!("{}up", "-".repeat(5000)),
+        "up + ".repeat(3000) + "up",
+    ] {
+        // The parser itself may refuse: either way an error, and no overflow.
+        let r = std::thread::Builder::new()
+            .stack_size(2 << 20)
+            .spawn(move || run(&q, Duration::from_secs(5)).map_err(|e| e.to_string()))
+            .expect("thread")
+            .join()
+            .expect("no panic or stack overflow");
+        assert!(r.is_err(), "a deeply nested query was evaluated");
+    }
+}
