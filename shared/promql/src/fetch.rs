@@ -81,7 +81,7 @@ pub fn at_ms(at: &Option<AtModifier>, start: i64, end: i64) -> Option<i64> {
 pub fn matchers(vs: &VectorSelector) -> Result<Vec<Matcher>, QueryError> {
     crate::selector::matchers_of(vs).map_err(|e| match e {
         crate::selector::SelectorError::OrMatchers => QueryError::Unsupported("'or' inside a selector".into()),
-        crate::selector::SelectorError::Invalid(m) => QueryError::BadData(m),
+        other => QueryError::BadData(other.to_string()),
     })
 }
 

@@ -52,6 +52,21 @@ fn hostile_queries_get_an_error_not_a_crash() {
 }
 
 #[test]
+fn overflowing_durations_are_errors() {
+    for q in [
+        "up[1e20]",
+        "up offset Inf",
+        "up offset -1e300",
+        "up[5m:1e20]",
+        "up @ Inf",
+        "up @ -1e300",
+        "up[9223372036854775807ms]",
+    ] {
+        assert!(run(q, Duration::from_secs(5)).is_err(), "{q} was answered");
+    }
+}
+
+#[test]
 fn deep_nesting_is_an_error_not_a_stack_overflow() {
     for q in [
         format!("{}up{}", "(".repeat(5000), ")".repeat(5000)),

@@ -41,8 +41,15 @@ pub use promql_parser::parser::Expr;
 pub struct ParseError(pub String);
 
 /// Parses a PromQL expression (Prometheus 3 grammar).
+///
+/// The parser panics on some numbers it cannot turn into a duration (`offset Inf`,
+/// `[1e20]`); a query is user input, so such a panic becomes a parse error here instead of
+/// ending the request's task.
 pub fn parse(query: &str) -> Result<Expr, ParseError> {
-    promql_parser::parser::parse(query).map_err(ParseError)
+    match std::panic::catch_unwind(|| promql_parser::parser::parse(query)) {
+        Ok(parsed) => parsed.map_err(ParseError),
+        Err(_) => Err(ParseError("invalid duration or time in the query: out of range".into())),
+    }
 }
 
 /// Prometheus' defaults.

@@ -1,7 +1,7 @@
 //! Series selectors (`match[]`, `foo{a="b"}`) parsed with `promql-parser` into matchers.
 
 use promql_parser::label::MatchOp as PMatchOp;
-use promql_parser::parser::{self, Expr, VectorSelector};
+use promql_parser::parser::{Expr, VectorSelector};
 use strata_model::matcher::{MatchOp, Matcher};
 use strata_model::METRIC_NAME;
 
@@ -11,6 +11,14 @@ pub enum SelectorError {
     OrMatchers,
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Parse(#[from] crate::ParseError),
+    #[error("{0:?} is not a series selector")]
+    NotASelector(String),
+    #[error("{0:?}: a series selector takes no offset or @ modifier")]
+    Modifier(String),
+    #[error("vector selector must contain at least one non-empty matcher")]
+    MatchesEverything,
 }
 
 /// The matchers of a parsed vector selector, the metric name included.
@@ -35,17 +43,17 @@ pub fn matchers_of(vs: &VectorSelector) -> Result<Vec<Matcher>, SelectorError> {
 }
 
 /// Parses a series selector; anything but a plain vector selector is an error.
-pub fn parse_selector(s: &str) -> Result<Vec<Matcher>, String> {
-    let expr = parser::parse(s)?;
+pub fn parse_selector(s: &str) -> Result<Vec<Matcher>, SelectorError> {
+    let expr = crate::parse(s)?;
     let Expr::VectorSelector(vs) = expr else {
-        return Err(format!("{s:?} is not a series selector"));
+        return Err(SelectorError::NotASelector(s.to_string()));
     };
     if vs.offset.is_some() || vs.at.is_some() {
-        return Err(format!("{s:?}: a series selector takes no offset or @ modifier"));
+        return Err(SelectorError::Modifier(s.to_string()));
     }
-    let out = matchers_of(&vs).map_err(|e| format!("{s:?}: {e}"))?;
+    let out = matchers_of(&vs)?;
     if out.iter().all(|m| m.matches("")) {
-        return Err("vector selector must contain at least one non-empty matcher".into());
+        return Err(SelectorError::MatchesEverything);
     }
     Ok(out)
 }

@@ -159,7 +159,7 @@ struct Eval {
 }
 
 fn engine_at(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<QueryValue, String> {
-    let expr = promql_parser::parser::parse(&e.expr).map_err(|m| format!("parse: {m}"))?;
+    let expr = crate::parse(&e.expr).map_err(|m| format!("parse: {m}"))?;
     let engine = Engine::new(EngineOptions::default());
     rt.block_on(async {
         match e.range {
