@@ -23,6 +23,7 @@ impl From<QueryError> for ApiError {
             QueryError::Execution(_) | QueryError::TooManySamples(_) => ErrorType::Execution,
             QueryError::Timeout(_) => ErrorType::Timeout,
             QueryError::Canceled => ErrorType::Canceled,
+            QueryError::Internal(_) => ErrorType::Internal,
             QueryError::Store(s) => return ApiError::from(strata_store::StoreError::from_ref(s)),
         };
         ApiError { kind, message: e.to_string() }

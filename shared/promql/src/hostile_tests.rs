@@ -84,3 +84,94 @@ fn deep_nesting_is_an_error_not_a_stack_overflow() {
         assert!(r.is_err(), "a deeply nested query was evaluated");
     }
 }
+
+/// A small deterministic generator of PromQL text, valid and not, for the property test.
+struct Gen(u64);
+
+impl Gen {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+
+    fn pick<'a>(&mut self, xs: &[&'a str]) -> &'a str {
+        xs[(self.next() % xs.len() as u64) as usize]
+    }
+
+    fn duration(&mut self) -> String {
+        let n = match self.next() % 6 {
+            0 => 0,
+            1 => 1,
+            2 => self.next() % 100,
+            3 => self.next() % 100_000,
+            4 => self.next(),
+            _ => u64::MAX,
+        };
+        format!("{n}{}", self.pick(&["ms", "s", "m", "h", "d", "w", "y"]))
+    }
+
+    fn expr(&mut self, depth: u32) -> String {
+        if depth == 0 {
+            return match self.next() % 4 {
+                0 => format!("{}", (self.next() % 1000) as f64 / 7.0),
+                1 => self.pick(&["up", "up{gpu=\"1\"}", "up{gpu=~\".+\"}", "nosuch", "vector(1)"]).to_string(),
+                2 => format!("up offset {}", self.duration()),
+                _ => format!("up @ {}", (self.next() % 10_000) as i64 - 5000),
+            };
+        }
+        let inner = self.expr(depth - 1);
+        match self.next() % 10 {
+            0 => format!(
+                "{}({inner}[{}])",
+                self.pick(&["rate", "increase", "max_over_time", "quantile_over_time(0.5,", "changes", "deriv"]),
+                self.duration()
+            )
+            .replace(",(", ","),
+            1 => format!(
+                "{}_over_time(({inner})[{}:{}])",
+                self.pick(&["avg", "sum", "count", "stddev", "last"]),
+                self.duration(),
+                self.duration()
+            ),
+            2 => format!("{} by (gpu) ({inner})", self.pick(&["sum", "max", "count", "stddev", "group"])),
+            3 => format!("{}({}, {inner})", self.pick(&["topk", "bottomk", "quantile", "limitk"]), self.next() % 5),
+            4 => format!(
+                "({inner}) {} ({})",
+                self.pick(&["+", "/", "%", "^", "and", "or", "unless", "> bool", "== on(gpu)"]),
+                self.expr(depth - 1)
+            ),
+            5 => format!(
+                "{}({inner})",
+                self.pick(&["abs", "ln", "sqrt", "timestamp", "absent", "sort", "round", "clamp_min"])
+            ),
+            6 => format!("label_replace({inner}, \"x\", \"$1\", \"gpu\", \"(.*)\")"),
+            7 => format!("-({inner})"),
+            8 => format!("histogram_quantile(0.9, {inner})"),
+            _ => format!("({inner})"),
+        }
+    }
+}
+
+#[test]
+fn random_expressions_answer_or_fail_within_the_deadline() {
+    let mut g = Gen(0x9e37_79b9_7f4a_7c15);
+    let began = Instant::now();
+    let (mut answered, mut refused) = (0, 0);
+    for i in 0..2000 {
+        if began.elapsed() > Duration::from_secs(60) {
+            break;
+        }
+        let q = g.expr((i % 4) as u32);
+        let t = Instant::now();
+        match run(&q, Duration::from_secs(2)) {
+            Ok(()) => answered += 1,
+            Err(QueryError::Internal(e)) => panic!("{q}: evaluation panicked: {e}"),
+            Err(_) => refused += 1,
+        }
+        assert!(t.elapsed() < Duration::from_secs(6), "{q} took {:?}", t.elapsed());
+    }
+    // The generator must exercise both paths, or the test proves nothing.
+    assert!(answered > 20 && refused > 20, "answered {answered}, refused {refused}");
+}

@@ -84,6 +84,9 @@ pub enum QueryError {
     Timeout(Duration),
     #[error("query was canceled: its caller went away")]
     Canceled,
+    /// A bug: evaluation panicked. The request fails; the process and other queries go on.
+    #[error("internal error in query evaluation: {0}")]
+    Internal(String),
     #[error("{0} is not supported yet")]
     Unsupported(String),
     #[error(transparent)]
@@ -222,7 +225,7 @@ impl Engine {
                 };
                 Ok((value, stats))
             });
-            work.await.map_err(|e| QueryError::Execution(format!("evaluation failed: {e}")))?
+            work.await.map_err(|e| QueryError::Internal(e.to_string()))?
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
     }
