@@ -6,8 +6,15 @@
 //!   refused: the valid samples of the request **are stored**, the refused ones are named
 //!   in the message by reason with the first example. Senders do not retry a 400, and a
 //!   retry would be harmless since exact duplicates are ignored;
-//! * 413: the body or its decompressed size or its sample count is over the limit;
-//! * 500: the WAL could not be written (nothing stored; the sender retries).
+//! * 413: the body, its decompressed size, its sample count or the memory its decoding
+//!   would take is over the limit (measured on the wire before decoding: see [`shape`]);
+//! * 500: the WAL could not be written (nothing stored; the sender retries);
+//! * 503: more writes than `max_concurrent` waited too long for their turn (the sender
+//!   retries).
+//!
+//! A series is created only for a time series that carries samples.
+
+mod shape;
 
 use crate::metrics::{CodeLabel, EdgeMetrics, ReasonLabel};
 use prost::Message;
@@ -22,12 +29,22 @@ use strata_tsdb::head::HeadError;
 pub struct WriteLimits {
     pub max_body_bytes: usize,
     pub max_decoded_bytes: usize,
+    /// Heap the decoded request may take, bounded from its shape before decoding.
+    pub max_decoded_memory: u64,
     pub max_samples: usize,
+    /// Writes processed at once; the rest wait their turn.
+    pub max_concurrent: usize,
 }
 
 impl Default for WriteLimits {
     fn default() -> Self {
-        WriteLimits { max_body_bytes: 32 << 20, max_decoded_bytes: 256 << 20, max_samples: 5_000_000 }
+        WriteLimits {
+            max_body_bytes: 32 << 20,
+            max_decoded_bytes: 64 << 20,
+            max_decoded_memory: 256 << 20,
+            max_samples: 5_000_000,
+            max_concurrent: 4,
+        }
     }
 }
 
@@ -124,14 +141,31 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
         Ok(r) => r,
         Err(e) => return fail(400, format!("body is not snappy-compressed: {e}")),
     };
+    let shape = match shape::scan(&raw) {
+        Ok(s) => s,
+        Err(e) => return fail(400, format!("body is not a remote-write WriteRequest: {e}")),
+    };
+    if shape.samples > limits.max_samples as u64 {
+        return fail(
+            413,
+            format!("{} samples in one request is over the limit of {}", shape.samples, limits.max_samples),
+        );
+    }
+    if shape.decoded_bytes() > limits.max_decoded_memory {
+        return fail(
+            413,
+            format!(
+                "decoding the request ({} series, {} labels, {} samples) would take over {} bytes of memory",
+                shape.series, shape.labels, shape.samples, limits.max_decoded_memory
+            ),
+        );
+    }
     let req = match WriteRequest::decode(raw.as_slice()) {
         Ok(r) => r,
         Err(e) => return fail(400, format!("body is not a remote-write WriteRequest: {e}")),
     };
+    drop(raw);
     let total: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
-    if total > limits.max_samples {
-        return fail(413, format!("{total} samples in one request is over the limit of {}", limits.max_samples));
-    }
     let mut reasons: BTreeMap<&'static str, (usize, String)> = BTreeMap::new();
     for m in req.metadata {
         if m.metric_family_name.is_empty() {
@@ -145,6 +179,9 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
     let mut batch = Vec::with_capacity(total);
     for ts in req.timeseries {
         let n = ts.samples.len();
+        if n == 0 {
+            continue;
+        }
         let labels = match to_labels(ts.labels) {
             Ok(l) => l,
             Err(e) => {
@@ -194,6 +231,16 @@ pub struct RemoteWrite {
     pub db: Arc<Tsdb>,
     pub metrics: Arc<EdgeMetrics>,
     pub limits: WriteLimits,
+    /// One permit per write processed at once; a write takes one before reading its body,
+    /// so queued writes hold no memory.
+    pub slots: Arc<tokio::sync::Semaphore>,
+}
+
+impl RemoteWrite {
+    pub fn new(db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>, limits: WriteLimits) -> Self {
+        let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
+        RemoteWrite { db, metrics, limits, slots }
+    }
 }
 
 #[cfg(test)]
@@ -314,5 +361,31 @@ mod tests {
         assert_eq!(handle(&db, &m, &b, &WriteLimits::default()).status, 204);
         assert_eq!(count(&db, "a"), 2);
         assert_eq!(count(&db, "b"), 0);
+    }
+
+    #[test]
+    fn a_body_that_would_expand_in_memory_is_refused_before_decoding() {
+        let (_d, db, m) = setup();
+        // A million empty TimeSeries: 2 MB on the wire, about 80 MB decoded.
+        let wire: Vec<u8> = std::iter::repeat_n([0x0a, 0x00], 1_000_000).flatten().collect();
+        let b = snap::raw::Encoder::new().compress_vec(&wire).unwrap();
+        let limits = WriteLimits { max_decoded_memory: 16 << 20, ..Default::default() };
+        let out = handle(&db, &m, &b, &limits);
+        assert_eq!(out.status, 413, "{}", out.message);
+        assert!(out.message.contains("1000000 series"), "{}", out.message);
+        // Within the limit it is harmless: no samples, so no series either.
+        let out = handle(&db, &m, &b, &WriteLimits::default());
+        assert_eq!(out.status, 204, "{}", out.message);
+        assert_eq!(db.head().num_series(), 0);
+    }
+
+    #[test]
+    fn a_time_series_without_samples_creates_no_series() {
+        let (_d, db, m) = setup();
+        let b = body(
+            (0..1000).map(|i| (vec![("__name__", "a"), ("i", if i % 2 == 0 { "x" } else { "y" })], vec![])).collect(),
+        );
+        assert_eq!(handle(&db, &m, &b, &WriteLimits::default()).status, 204);
+        assert_eq!(db.head().num_series(), 0);
     }
 }

@@ -4,9 +4,8 @@
 
 use crate::config::{ConfigError, EdgeConfig};
 use crate::manager::ScrapeManager;
-use crate::metrics::{EdgeMetrics, ReasonLabel};
+use crate::metrics::{CodeLabel, EdgeMetrics, ReasonLabel};
 use crate::remote_write::{self, RemoteWrite, WriteLimits};
-use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -108,8 +107,29 @@ async fn reload(State(s): State<Arc<EdgeState>>) -> Response {
     }
 }
 
-async fn write(State(s): State<Arc<EdgeState>>, body: Bytes) -> Response {
+/// How long a write waits for its turn, and then for its body, before it is refused.
+const WRITE_WAIT: Duration = Duration::from_secs(30);
+
+async fn write(State(s): State<Arc<EdgeState>>, req: axum::extract::Request) -> Response {
     let rw = s.remote_write.clone();
+    let Ok(Ok(_slot)) = tokio::time::timeout(WRITE_WAIT, rw.slots.clone().acquire_owned()).await else {
+        rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: "503".into() }).inc();
+        let msg = format!("too many remote writes at once (limit {}): retry later\n", rw.limits.max_concurrent);
+        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    };
+    let body =
+        match tokio::time::timeout(WRITE_WAIT, axum::body::to_bytes(req.into_body(), rw.limits.max_body_bytes)).await {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => {
+                rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: "413".into() }).inc();
+                let msg = format!("reading the body (limit {} bytes): {e}\n", rw.limits.max_body_bytes);
+                return (StatusCode::PAYLOAD_TOO_LARGE, msg).into_response();
+            }
+            Err(_) => {
+                rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: "408".into() }).inc();
+                return (StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time\n").into_response();
+            }
+        };
     let out = tokio::task::spawn_blocking(move || remote_write::handle(&rw.db, &rw.metrics, &body, &rw.limits)).await;
     match out {
         Ok(o) => {
@@ -204,7 +224,7 @@ impl Edge {
             metrics: metrics.clone(),
             manager: manager.clone(),
             config_path: opts.config_path.clone(),
-            remote_write: Arc::new(RemoteWrite { db: db.clone(), metrics: metrics.clone(), limits }),
+            remote_write: Arc::new(RemoteWrite::new(db.clone(), metrics.clone(), limits)),
             api: opts.api.clone(),
         });
         let addr = opts.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("constant address parses"));
