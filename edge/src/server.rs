@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_api::ApiOptions;
+use strata_api::{ApiOptions, ServerLimits};
 use strata_model::duration::parse_duration;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::wal::SyncPolicy;
@@ -32,6 +32,8 @@ pub struct EdgeOptions {
     pub file_sd_check: Duration,
     /// How the query API runs queries (concurrency, engine limits).
     pub api: ApiOptions,
+    /// Connection cap and timeouts of the HTTP server.
+    pub server: ServerLimits,
 }
 
 impl EdgeOptions {
@@ -42,6 +44,7 @@ impl EdgeOptions {
             data_dir: None,
             file_sd_check: Duration::from_secs(5),
             api: ApiOptions::default(),
+            server: ServerLimits::default(),
         }
     }
 }
@@ -251,12 +254,12 @@ impl Edge {
         manager.apply(Arc::new(cfg)).await;
         let app = router(state.clone());
         let mut rx = shutdown_rx.clone();
+        let server_limits = opts.server;
         let server = tokio::spawn(async move {
-            let res = axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = rx.changed().await;
-                })
-                .await;
+            let res = strata_api::serve(listener, app, server_limits, async move {
+                let _ = rx.changed().await;
+            })
+            .await;
             if let Err(e) = res {
                 tracing::error!(error = %e, "edge HTTP server failed");
             }

@@ -8,6 +8,9 @@
 
 mod params;
 mod query;
+pub mod server;
+
+pub use server::{serve, ServerLimits};
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};
