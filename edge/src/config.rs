@@ -27,6 +27,10 @@ pub enum ConfigError {
     Invalid { path: PathBuf, message: String },
 }
 
+/// The decoded page size a scrape accepts when its job sets no `body_size_limit` (or 0,
+/// which in Prometheus means no limit: a target must not be able to exhaust the edge).
+pub const DEFAULT_BODY_SIZE_LIMIT: u64 = 64 << 20;
+
 /// A byte size as Prometheus writes it: `10MB`, `512KB`, `1GB`, `0` (base 1024).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct ByteSize(pub u64);
@@ -256,7 +260,10 @@ impl EdgeConfig {
                 honor_timestamps: j.honor_timestamps.unwrap_or(true),
                 sample_limit: j.sample_limit,
                 label_limit: j.label_limit,
-                body_size_limit: j.body_size_limit.0,
+                body_size_limit: match j.body_size_limit.0 {
+                    0 => DEFAULT_BODY_SIZE_LIMIT,
+                    n => n,
+                },
                 static_configs: j.static_configs.clone(),
                 file_sd,
                 relabel,
@@ -331,6 +338,7 @@ strata:
         assert_eq!(o.interval, Duration::from_secs(15));
         assert_eq!(o.timeout, Duration::from_secs(10));
         assert_eq!(o.metrics_path, "/metrics");
+        assert_eq!(o.body_size_limit, DEFAULT_BODY_SIZE_LIMIT, "no limit set means the default, not unlimited");
         assert_eq!(c.strata.retention.map(|d| d.0), Some(Duration::from_secs(12 * 3600)));
     }
 

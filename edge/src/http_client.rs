@@ -19,6 +19,8 @@ const MAX_HEAD: usize = 64 << 10;
 pub enum HttpError {
     #[error("unsupported URL {0:?}: only http:// targets are supported")]
     UnsupportedUrl(String),
+    #[error("invalid URL \"{url}\": byte 0x{byte:02x} is not allowed in a target address or path")]
+    InvalidUrl { url: String, byte: u8 },
     #[error("connecting to {addr}: {reason}")]
     Connect { addr: String, reason: String },
     #[error("{0}")]
@@ -49,6 +51,11 @@ impl Endpoint {
         };
         if host.is_empty() || host.contains('@') {
             return Err(HttpError::UnsupportedUrl(url.to_string()));
+        }
+        // The address and path go into the request line and the Host header as they are:
+        // CR, LF, spaces or other control bytes would split or forge the request.
+        if let Some(b) = rest.bytes().find(|b| !(0x21..=0x7e).contains(b)) {
+            return Err(HttpError::InvalidUrl { url: url.escape_debug().to_string(), byte: b });
         }
         let host_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
             host.to_string()
@@ -102,26 +109,44 @@ fn parse_head(raw: &[u8]) -> Result<Head, HttpError> {
     Ok(h)
 }
 
-/// Decodes a complete chunked body from `data`; `None` when more bytes are needed.
-fn dechunk(data: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, HttpError> {
-    out.clear();
-    let mut i = 0;
+/// Longest chunk-size line or trailer section accepted: each read re-scans at most this
+/// much, so decoding stays linear however the server slices its bytes.
+const MAX_CHUNK_LINE: usize = 4096;
+
+/// Decodes a chunked body from `data` as it arrives: `pos` is where the next chunk
+/// starts (0 at first), kept between calls so that every byte is decoded once; decoded
+/// bytes are appended to `out`. Returns the body's end once complete, `None` when more
+/// bytes are needed.
+fn dechunk(data: &[u8], pos: &mut usize, out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, HttpError> {
     loop {
-        let Some(eol) = data[i..].windows(2).position(|w| w == b"\r\n") else { return Ok(None) };
+        let i = *pos;
+        let Some(eol) = data[i..].windows(2).take(MAX_CHUNK_LINE).position(|w| w == b"\r\n") else {
+            if data.len() - i > MAX_CHUNK_LINE {
+                return Err(HttpError::Protocol("chunk size line too long".into()));
+            }
+            return Ok(None);
+        };
         let size_line =
             std::str::from_utf8(&data[i..i + eol]).map_err(|_| HttpError::Protocol("bad chunk size".into()))?;
         let size_hex = size_line.split(';').next().unwrap_or_default().trim();
         let size = usize::from_str_radix(size_hex, 16)
             .map_err(|_| HttpError::Protocol(format!("bad chunk size {size_hex:?}")))?;
-        i += eol + 2;
+        let i = i + eol + 2;
         if size == 0 {
             // trailers end with an empty line
-            return match data[i..].windows(2).position(|w| w == b"\r\n") {
+            let trailers = &data[i..data.len().min(i + MAX_CHUNK_LINE)];
+            return match trailers.windows(2).position(|w| w == b"\r\n") {
                 Some(0) => Ok(Some(i + 2)),
-                Some(_) => match data[i..].windows(4).position(|w| w == b"\r\n\r\n") {
+                Some(_) => match trailers.windows(4).position(|w| w == b"\r\n\r\n") {
                     Some(p) => Ok(Some(i + p + 4)),
+                    None if trailers.len() >= MAX_CHUNK_LINE => {
+                        Err(HttpError::Protocol("chunked trailers too long".into()))
+                    }
                     None => Ok(None),
                 },
+                None if trailers.len() >= MAX_CHUNK_LINE => {
+                    Err(HttpError::Protocol("chunked trailers too long".into()))
+                }
                 None => Ok(None),
             };
         }
@@ -135,11 +160,33 @@ fn dechunk(data: &[u8], out: &mut Vec<u8>, limit: u64) -> Result<Option<usize>, 
         if data.len() < end {
             return Ok(None);
         }
+        if &data[i + size..end] != b"\r\n" {
+            return Err(HttpError::Protocol("chunk not followed by CRLF".into()));
+        }
         out.extend_from_slice(&data[i..i + size]);
         if limit > 0 && out.len() as u64 > limit {
             return Err(HttpError::BodyTooLarge(limit));
         }
-        i += size + 2;
+        *pos = end;
+    }
+}
+
+/// What [`ScrapeClient::fetch`] learnt from the response head; the body is in the buffers.
+pub struct Fetched {
+    pub gzip: bool,
+    pub content_type: Option<String>,
+}
+
+impl Buffers {
+    /// The fetched page, inflated when it came gzipped, with the size limit (0: none)
+    /// enforced on the inflated bytes while inflating.
+    pub fn page(&mut self, gzip: bool, limit: u64) -> Result<&[u8], HttpError> {
+        if gzip {
+            gunzip(&self.body, &mut self.inflated, &mut self.inflater, limit)?;
+            Ok(&self.inflated)
+        } else {
+            Ok(&self.body)
+        }
     }
 }
 
@@ -262,13 +309,21 @@ impl ScrapeClient {
         ScrapeClient { endpoint, request, conn: None }
     }
 
-    /// Fetches the page within `timeout`; `limit` (0: none) caps the decoded body.
+    /// Fetches and decodes the page within `timeout`; `limit` (0: none) caps the decoded body.
     pub async fn get<'b>(
         &mut self,
         bufs: &'b mut Buffers,
         timeout: Duration,
         limit: u64,
     ) -> Result<Response<'b>, HttpError> {
+        let f = self.fetch(bufs, timeout, limit).await?;
+        Ok(Response { body: bufs.page(f.gzip, limit)?, content_type: f.content_type })
+    }
+
+    /// Fetches the page's bytes into `bufs` within `timeout`, as they came (gzip
+    /// undecoded: [`Buffers::page`] inflates it, CPU work that belongs off the async
+    /// workers); `limit` (0: none) caps the body.
+    pub async fn fetch(&mut self, bufs: &mut Buffers, timeout: Duration, limit: u64) -> Result<Fetched, HttpError> {
         let result = match tokio::time::timeout(timeout, self.exchange(bufs, limit)).await {
             Ok(r) => r,
             Err(_) => Err(HttpError::Timeout(timeout)),
@@ -287,13 +342,7 @@ impl ScrapeClient {
             self.conn = None;
             return Err(HttpError::Status(head.status));
         }
-        let body: &[u8] = if head.gzip {
-            gunzip(&bufs.body, &mut bufs.inflated, &mut bufs.inflater, limit)?;
-            &bufs.inflated
-        } else {
-            &bufs.body
-        };
-        Ok(Response { body, content_type: head.content_type })
+        Ok(Fetched { gzip: head.gzip, content_type: head.content_type })
     }
 
     async fn exchange(&mut self, bufs: &mut Buffers, limit: u64) -> Result<Head, HttpError> {
@@ -321,11 +370,13 @@ impl ScrapeClient {
         let Some(conn) = self.conn.as_mut() else { return Err(HttpError::Io("no connection".into())) };
         conn.write_all(&self.request).await.map_err(|e| HttpError::Io(e.to_string()))?;
         buf.clear();
-        // Response head.
+        // Response head, searched only where new bytes could complete the blank line.
+        let mut searched = 0;
         let head_end = loop {
-            if let Some(p) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                break p;
+            if let Some(p) = buf[searched..].windows(4).position(|w| w == b"\r\n\r\n") {
+                break searched + p;
             }
+            searched = buf.len().saturating_sub(3);
             if buf.len() > MAX_HEAD {
                 return Err(HttpError::Protocol("response head over 64 KiB".into()));
             }
@@ -339,8 +390,9 @@ impl ScrapeClient {
         let over = |n: usize| limit > 0 && n as u64 > limit;
         body.clear();
         if head.chunked {
+            let mut pos = 0;
             loop {
-                if let Some(_end) = dechunk(&buf[start..], body, limit)? {
+                if let Some(_end) = dechunk(&buf[start..], &mut pos, body, limit)? {
                     break;
                 }
                 if over(buf.len() - start) {
@@ -399,6 +451,17 @@ mod tests {
         );
         assert_eq!(Endpoint::parse("http://h").unwrap(), Endpoint { host_port: "h:80".into(), path: "/".into() });
         assert!(matches!(Endpoint::parse("https://h/metrics"), Err(HttpError::UnsupportedUrl(_))));
+        for evil in [
+            "http://h:1/metrics\r\nX-Injected: 1",
+            "http://h:1/metrics HTTP/1.0\r\n\r\nGET /",
+            "http://h\n:1/metrics",
+            "http://h:1/a\x00b",
+            "http://h:1/caf\u{e9}",
+        ] {
+            assert!(matches!(Endpoint::parse(evil), Err(HttpError::InvalidUrl { .. })), "{evil:?}");
+            let c = ScrapeClient::new(evil, "text/plain", Duration::from_secs(1));
+            assert!(c.request.is_empty(), "a request was built for {evil:?}");
+        }
     }
 
     #[test]
@@ -407,18 +470,37 @@ mod tests {
         assert_eq!((h.status, h.content_length, h.gzip, h.close), (200, Some(12), true, true));
         assert!(parse_head(b"SPDY/9 200 OK").is_err());
         assert!(parse_head(b"HTTP/1.1 200 OK\r\nContent-Length: x").is_err());
-        let mut out = Vec::new();
-        assert_eq!(dechunk(b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n", &mut out, 0).unwrap(), Some(32));
-        assert_eq!(out, b"hello world");
-        assert_eq!(dechunk(b"5\r\nhel", &mut out, 0).unwrap(), None);
-        assert_eq!(dechunk(b"5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", &mut out, 0).unwrap(), Some(29));
-        assert!(dechunk(b"zz\r\n", &mut out, 0).is_err());
-        assert!(
-            dechunk(b"ffffffffffffffff\r\nx", &mut out, 0).is_err(),
-            "a huge chunk size is an error, not an overflow"
-        );
-        assert_eq!(dechunk(b"ffffff\r\nx", &mut out, 100), Err(HttpError::BodyTooLarge(100)));
-        assert_eq!(dechunk(b"5\r\nhello\r\n0\r\n\r\n", &mut out, 3), Err(HttpError::BodyTooLarge(3)));
+        let dc = |data: &[u8], limit: u64| {
+            let mut out = Vec::new();
+            dechunk(data, &mut 0, &mut out, limit).map(|end| (end, out))
+        };
+        let (end, out) = dc(b"5\r\nhello\r\n6;ext=1\r\n world\r\n0\r\n\r\n", 0).unwrap();
+        assert_eq!((end, out.as_slice()), (Some(32), &b"hello world"[..]));
+        assert_eq!(dc(b"5\r\nhel", 0).unwrap().0, None);
+        assert_eq!(dc(b"5\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", 0).unwrap().0, Some(29));
+        assert!(dc(b"zz\r\n", 0).is_err());
+        assert!(dc(b"ffffffffffffffff\r\nx", 0).is_err(), "a huge chunk size is an error, not an overflow");
+        assert_eq!(dc(b"ffffff\r\nx", 100), Err(HttpError::BodyTooLarge(100)));
+        assert_eq!(dc(b"5\r\nhello\r\n0\r\n\r\n", 3), Err(HttpError::BodyTooLarge(3)));
+        assert!(dc(b"5\r\nhelloXX0\r\n\r\n", 0).is_err(), "a chunk must end with CRLF");
+        assert!(dc(&b"1".repeat(MAX_CHUNK_LINE + 10), 0).is_err(), "an endless size line is an error");
+    }
+
+    #[test]
+    fn chunks_arriving_a_byte_at_a_time_are_decoded_once() {
+        let mut body = Vec::new();
+        for i in 0..2000 {
+            body.extend_from_slice(format!("3\r\n{:03}\r\n", i % 1000).as_bytes());
+        }
+        body.extend_from_slice(b"0\r\n\r\n");
+        let (mut pos, mut out) = (0, Vec::new());
+        let mut end = None;
+        for n in 1..=body.len() {
+            end = dechunk(&body[..n], &mut pos, &mut out, 0).unwrap();
+            assert!(end.is_none() || n == body.len());
+        }
+        assert_eq!(end, Some(body.len()));
+        assert_eq!(out.len(), 6000, "every chunk appended exactly once");
     }
 
     /// Serves the given raw responses, one per accepted request, closing after `close_after`.

@@ -27,6 +27,7 @@ pub struct EdgeMetrics {
     pub registry: Registry,
     pub scrapes: Family<JobLabel, Counter>,
     pub scrape_failures: Family<JobLabel, Counter>,
+    pub scrape_series_limit_dropped: Family<JobLabel, Counter>,
     pub remote_write_requests: Family<CodeLabel, Counter>,
     pub remote_write_samples: Counter,
     pub remote_write_rejected: Family<ReasonLabel, Counter>,
@@ -43,6 +44,12 @@ impl EdgeMetrics {
         registry.register("scrapes", "Scrapes attempted, by job", scrapes.clone());
         let scrape_failures = Family::default();
         registry.register("scrape_failures", "Scrapes that failed (up = 0), by job", scrape_failures.clone());
+        let scrape_series_limit_dropped = Family::default();
+        registry.register(
+            "scrape_series_limit_dropped_samples",
+            "Scraped samples of new series dropped because the database is at its series limit, by job",
+            scrape_series_limit_dropped.clone(),
+        );
         let remote_write_requests = Family::default();
         registry.register(
             "remote_write_requests",
@@ -73,6 +80,7 @@ impl EdgeMetrics {
             registry,
             scrapes,
             scrape_failures,
+            scrape_series_limit_dropped,
             remote_write_requests,
             remote_write_samples,
             remote_write_rejected,

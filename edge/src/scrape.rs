@@ -57,6 +57,9 @@ pub struct ScrapeReport {
     pub post_relabel: usize,
     pub series_added: usize,
     pub appended: usize,
+    /// Samples of new series dropped because the database is at its series limit; the
+    /// scrape still succeeds for the series that exist.
+    pub series_limit_dropped: usize,
 }
 
 /// What a raw series line resolves to: a head series, or nothing (dropped by relabeling).
@@ -176,6 +179,8 @@ pub struct ScrapeIngest {
     seen: RefSet,
     synthetic: HashMap<&'static str, Arc<MemSeries>>,
     batch: Vec<(Arc<MemSeries>, Sample)>,
+    /// New series of the current page refused by the series limit.
+    series_limit_dropped: usize,
 }
 
 impl ScrapeIngest {
@@ -189,6 +194,7 @@ impl ScrapeIngest {
             iteration: 0,
             previous: Vec::new(),
             seen: RefSet::default(),
+            series_limit_dropped: 0,
             synthetic: HashMap::new(),
             batch: Vec::new(),
         }
@@ -254,7 +260,15 @@ impl ScrapeIngest {
                 if self.job.label_limit > 0 && labels.len() as u64 > self.job.label_limit {
                     return Err(ScrapeError::LabelLimit { limit: self.job.label_limit, series: labels.to_string() });
                 }
-                Some(self.db.head().get_or_create(&labels)?)
+                match self.db.head().get_or_create(&labels) {
+                    Ok(s) => Some(s),
+                    Err(HeadError::SeriesLimit { .. }) => {
+                        // Not cached: the series is tried again once there is room.
+                        self.series_limit_dropped += 1;
+                        return Ok((None, false));
+                    }
+                    Err(e) => return Err(e.into()),
+                }
             }
         };
         let created = resolved.as_ref().is_some_and(|r| r.1);
@@ -286,6 +300,7 @@ impl ScrapeIngest {
     ) -> Result<ScrapeReport, ScrapeError> {
         self.iteration += 1;
         self.batch.clear();
+        self.series_limit_dropped = 0;
         self.cache.next_order.clear();
         let mut report = ScrapeReport::default();
         let mut changed_meta: Vec<String> = Vec::new();
@@ -337,6 +352,7 @@ impl ScrapeIngest {
             }
         }
         report.post_relabel = self.batch.len();
+        report.series_limit_dropped = self.series_limit_dropped;
         if self.job.sample_limit > 0 && self.batch.len() as u64 > self.job.sample_limit {
             return Err(ScrapeError::SampleLimit(self.job.sample_limit));
         }
@@ -456,6 +472,16 @@ fn describe_fetch(e: &HttpError) -> String {
     }
 }
 
+/// Runs CPU-bound work (inflating, parsing, appending with its WAL write) so that it does
+/// not hold up the runtime's other tasks: on a multi-threaded runtime the worker hands its
+/// queue over first. Elsewhere (single-threaded tests) it simply runs.
+fn off_async_workers<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|h| h.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(f),
+        _ => f(),
+    }
+}
+
 /// Offset of a target's scrapes within the interval, stable for the same target.
 pub fn scrape_offset(target: &Target, interval: Duration) -> Duration {
     let ms = interval.as_millis().max(1) as u64;
@@ -491,19 +517,33 @@ impl ScrapeLoop {
         self.metrics.scrapes.get_or_create(&label).inc();
         let started = Instant::now();
         let mut bufs = self.buffers.take();
-        let fetched = self.client.get(&mut bufs, job.timeout, job.body_size_limit).await;
+        let fetched = self.client.fetch(&mut bufs, job.timeout, job.body_size_limit).await;
         // As Prometheus: scrape_duration_seconds is the time the fetch took.
         let duration = started.elapsed();
         let result = match fetched {
-            Ok(r) => {
-                let format = Format::from_content_type(r.content_type.as_deref());
-                self.ingest.ingest(r.body, format, ts, duration)
-            }
+            Ok(f) => off_async_workers(|| {
+                let body = bufs.page(f.gzip, job.body_size_limit)?;
+                let format = Format::from_content_type(f.content_type.as_deref());
+                self.ingest.ingest(body, format, ts, duration)
+            }),
             Err(e) => Err(e.into()),
         };
         self.buffers.put(bufs);
         match result {
-            Ok(_) => None,
+            Ok(r) => {
+                if r.series_limit_dropped > 0 {
+                    self.metrics
+                        .scrape_series_limit_dropped
+                        .get_or_create(&label)
+                        .inc_by(r.series_limit_dropped as u64);
+                    tracing::warn!(
+                        target_url = %self.ingest.target.url,
+                        dropped = r.series_limit_dropped,
+                        "series limit reached: samples of new series dropped, existing series kept"
+                    );
+                }
+                None
+            }
             Err(e) => {
                 self.metrics.scrape_failures.get_or_create(&label).inc();
                 if let Err(e2) = self.ingest.fail(ts, duration) {

@@ -257,3 +257,22 @@ fn microsecond_timestamps_fail_the_scrape_with_a_clear_error() {
     ing.ingest(page.as_bytes(), Format::Text, now, Duration::ZERO).unwrap();
     assert_eq!(samples_of(&f.db, &[name("a")])[0].1[0].t, now + 60_000);
 }
+
+#[test]
+fn the_series_limit_drops_new_series_but_keeps_the_target_and_its_series() {
+    let dir = tempfile::tempdir().unwrap();
+    // Room for the page's two series and the five report series, not more.
+    let db = Arc::new(Tsdb::open(dir.path(), TsdbOptions { max_series: 7, ..Default::default() }).unwrap());
+    let mut ing = ingest_for(&db, JOB);
+    ing.ingest(b"a 1\nb 1\n", Format::Text, 1000, Duration::ZERO).unwrap();
+    let r = ing.ingest(b"a 2\nb 2\nc 2\nd 2\n", Format::Text, 2000, Duration::ZERO).unwrap();
+    assert_eq!(r.series_limit_dropped, 2);
+    assert_eq!(r.appended, 2);
+    for n in ["a", "b"] {
+        let got = samples_of(&db, &[name(n)]);
+        assert_eq!(got[0].1.len(), 2, "{n} lost samples");
+        assert!(got[0].1.iter().all(|s| !is_stale(s.v)), "{n} was marked stale");
+    }
+    assert!(samples_of(&db, &[name("c")]).is_empty());
+    assert_eq!(samples_of(&db, &[name("up")])[0].1.last().map(|s| s.v), Some(1.0), "the target is up");
+}
