@@ -90,11 +90,21 @@ pub fn router(state: Arc<EdgeState>) -> Router {
     Router::new()
         .route("/metrics", get(self_metrics))
         .route("/-/healthy", get(|| async { "Strata edge is Healthy.\n" }))
-        .route("/-/ready", get(|| async { "Strata edge is Ready.\n" }))
+        .route("/-/ready", get(ready))
         .route("/-/reload", post(reload).put(reload))
         .route("/api/v1/write", post(write).layer(DefaultBodyLimit::max(limit)))
         .with_state(state.clone())
         .merge(strata_api::router_with(Arc::new(TsdbStore(state.db.clone())), state.api.clone()))
+}
+
+/// Ready while the database can write its WAL: after a failed write the edge takes nothing
+/// it could lose, and says so here until a write succeeds again.
+async fn ready(State(s): State<Arc<EdgeState>>) -> Response {
+    if s.db.is_writable() {
+        "Strata edge is Ready.\n".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "Strata edge is not ready: the WAL cannot be written.\n").into_response()
+    }
 }
 
 async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {

@@ -24,6 +24,7 @@ use crate::wal::{self, SyncPolicy, Wal, WalError, WalRecord};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::time::now_ms;
@@ -85,7 +86,13 @@ pub struct Tsdb {
     dir: PathBuf,
     opts: TsdbOptions,
     metrics: TsdbMetrics,
+    /// The last WAL write failed: nothing is accepted until one succeeds, and the tier
+    /// reports itself not ready.
+    wal_failed: AtomicBool,
 }
+
+/// Samples per WAL record at most.
+const MAX_SAMPLES_PER_RECORD: usize = 1 << 20;
 
 impl Tsdb {
     /// Opens (or creates) the database in `dir`, replaying its WAL.
@@ -94,13 +101,18 @@ impl Tsdb {
         let head = HeadBlock::new(opts.max_series);
         let mut unknown_refs = 0u64;
         let mut future = 0u64;
+        let mut aliases: HashMap<SeriesRef, SeriesRef> = HashMap::new();
         let max_valid = now_ms().saturating_add(duration_ms(opts.future_grace_period));
         let mut stats = wal::replay(&wal_dir, |rec| match rec {
             WalRecord::Series { series_ref, labels } => {
-                head.restore(series_ref, &labels);
+                let s = head.restore(series_ref, &labels);
+                if s.series_ref != series_ref {
+                    aliases.insert(series_ref, s.series_ref);
+                }
             }
             WalRecord::Samples(samples) => {
                 for (r, s) in samples {
+                    let r = aliases.get(&r).copied().unwrap_or(r);
                     let Some(series) = head.series(r) else {
                         unknown_refs += 1;
                         continue;
@@ -139,13 +151,25 @@ impl Tsdb {
                 *max_t = (*max_t).min(max_valid);
             }
         }
-        let wal = Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
+        let damaged = stats.damaged_segments;
+        let mut wal =
+            Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
+        // The new segment starts with the metadata, as every segment after a rotation does,
+        // so it survives the deletion of the segments it was first logged in.
+        let metadata: Vec<WalRecord> =
+            head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta }).collect();
+        if !metadata.is_empty() {
+            wal.log(&metadata)?;
+        }
+        let metrics = TsdbMetrics::default();
+        metrics.wal_quarantined_segments.inc_by(damaged as u64);
         let db = Tsdb {
             head,
             wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
             dir: dir.to_path_buf(),
             opts,
-            metrics: TsdbMetrics::default(),
+            metrics,
+            wal_failed: AtomicBool::new(false),
         };
         db.apply_retention()?;
         Ok(db)
@@ -169,6 +193,16 @@ impl Tsdb {
 
     pub fn metrics(&self) -> &TsdbMetrics {
         &self.metrics
+    }
+
+    #[cfg(test)]
+    pub(crate) fn swap_wal_file(&self, f: std::fs::File) -> std::fs::File {
+        self.wal.lock().wal.swap_file(f)
+    }
+
+    /// False while the WAL cannot be written (the last write failed).
+    pub fn is_writable(&self) -> bool {
+        !self.wal_failed.load(Ordering::Relaxed)
     }
 
     /// Finds or creates the series; creation is logged with the next commit that uses it.
@@ -231,7 +265,20 @@ impl Tsdb {
         }
         let mut accepted: Vec<(SeriesRef, Sample)> = Vec::with_capacity(batch.len());
         let mut accepted_idx: Vec<usize> = Vec::with_capacity(batch.len());
+        // Live stand-ins for series retention removed while a caller still held them.
+        let mut revived: HashMap<usize, Arc<MemSeries>> = HashMap::new();
         for (i, (series, s)) in batch.iter().enumerate() {
+            let series = if series.is_removed() {
+                match self.head.get_or_create(&series.labels) {
+                    Ok((live, _)) => &*revived.entry(i).or_insert(live),
+                    Err(_) => {
+                        out.rejected.push((series.series_ref, *s, SampleError::SeriesLimit));
+                        continue;
+                    }
+                }
+            } else {
+                series
+            };
             if s.t < min_valid {
                 out.rejected.push((series.series_ref, *s, SampleError::OutOfBounds));
                 continue;
@@ -270,13 +317,23 @@ impl Tsdb {
             return Ok(out);
         }
         let n = accepted.len();
-        if n > 0 {
+        // Records stay far below what replay accepts (a sample takes at most 28 bytes).
+        while accepted.len() > MAX_SAMPLES_PER_RECORD {
+            let rest = accepted.split_off(MAX_SAMPLES_PER_RECORD);
+            records.push(WalRecord::Samples(std::mem::replace(&mut accepted, rest)));
+        }
+        if !accepted.is_empty() {
             records.push(WalRecord::Samples(accepted));
         }
-        wal.log(&records)?;
+        if let Err(e) = wal.log(&records) {
+            self.wal_failed.store(true, Ordering::Relaxed);
+            return Err(e.into());
+        }
+        self.wal_failed.store(false, Ordering::Relaxed);
         let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         for &i in &accepted_idx {
             let (series, s) = &batch[i];
+            let series = revived.get(&i).unwrap_or(series);
             series.logged_segment.store(segment, std::sync::atomic::Ordering::Relaxed);
             series.samples.lock().append(*s);
             lo = lo.min(s.t);
@@ -294,7 +351,9 @@ impl Tsdb {
     /// Records a metric family's metadata, logging it when it changed.
     pub fn set_metadata(&self, family: &str, meta: Metadata) -> Result<(), TsdbError> {
         if self.head.set_metadata(family, meta.clone()) {
-            self.wal.lock().wal.log(&[WalRecord::Metadata { family: family.to_string(), meta }])?;
+            let logged = self.wal.lock().wal.log(&[WalRecord::Metadata { family: family.to_string(), meta }]);
+            self.wal_failed.store(logged.is_err(), Ordering::Relaxed);
+            logged?;
         }
         Ok(())
     }
@@ -316,8 +375,12 @@ impl Tsdb {
         if cutoff == i64::MIN {
             return Ok((0, 0));
         }
+        // Under the WAL lock: a commit sees a series either before its removal or marked
+        // removed (and then appends to its live replacement), never half removed.
+        let mut writer = self.wal.lock();
         let series = self.head.truncate_before(cutoff);
-        let segments = self.wal.lock().wal.truncate_before(cutoff)?;
+        let segments = writer.wal.truncate_before(cutoff)?;
+        drop(writer);
         if series > 0 || segments > 0 {
             tracing::info!(series, segments, cutoff, "retention removed old data");
         }

@@ -25,6 +25,8 @@ pub enum SampleError {
     OutOfBounds,
     #[error("too far in the future: more than the grace period ahead of the wall clock")]
     TooFarInFuture,
+    #[error("series limit reached")]
+    SeriesLimit,
 }
 
 impl SampleError {
@@ -34,6 +36,7 @@ impl SampleError {
             SampleError::DuplicateTimestamp => "duplicate",
             SampleError::OutOfBounds => "out_of_bounds",
             SampleError::TooFarInFuture => "too_far_in_future",
+            SampleError::SeriesLimit => "series_limit",
         }
     }
 }
@@ -128,6 +131,16 @@ pub struct MemSeries {
     pub samples: Mutex<SeriesSamples>,
     /// WAL segment in which this series' labels were last logged (u32::MAX: never).
     pub logged_segment: AtomicU32,
+    /// Set when retention removed the series from the head. A holder of the old handle (a
+    /// scrape's series cache) that appends again gets a live series with the same labels
+    /// from the database instead of writing into a series no query can see.
+    pub removed: std::sync::atomic::AtomicBool,
+}
+
+impl MemSeries {
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
+    }
 }
 
 #[derive(Default)]
@@ -216,6 +229,7 @@ impl HeadBlock {
             labels,
             samples: Mutex::new(SeriesSamples::new()),
             logged_segment: AtomicU32::new(u32::MAX),
+            removed: std::sync::atomic::AtomicBool::new(false),
         });
         t.index.add(r, &s.labels);
         t.by_hash.entry(hash).or_default().push(r);
@@ -224,14 +238,20 @@ impl HeadBlock {
     }
 
     /// Re-creates a series under the reference the WAL recorded (replay). The series limit
-    /// does not apply: what was acknowledged once is never refused on restart.
+    /// does not apply: what was acknowledged once is never refused on restart. When the
+    /// labels already belong to a series under another reference (a series removed by
+    /// retention and created again under a new one), that series is returned: the caller
+    /// maps `r` to it, so one label set is always one series.
     pub fn restore(&self, r: SeriesRef, labels: &Labels) -> Arc<MemSeries> {
         let mut t = self.table.write();
         if let Some(s) = t.series.get(&r) {
             return s.clone();
         }
-        self.next_ref.fetch_max(r + 1, Ordering::Relaxed);
         let hash = labels.stable_hash();
+        if let Some(s) = Self::find(&t, hash, labels) {
+            return s;
+        }
+        self.next_ref.fetch_max(r.saturating_add(1), Ordering::Relaxed);
         Self::insert(&mut t, r, hash, labels)
     }
 
@@ -345,8 +365,9 @@ impl HeadBlock {
         let removed = dead.len();
         if !dead.is_empty() {
             let mut t = self.table.write();
+            t.index.remove_all(dead.iter().map(|s| (s.series_ref, &s.labels)));
             for s in &dead {
-                t.index.remove(s.series_ref, &s.labels);
+                s.removed.store(true, Ordering::Relaxed);
                 t.series.remove(&s.series_ref);
                 let hash = s.labels.stable_hash();
                 if let Some(v) = t.by_hash.get_mut(&hash) {

@@ -18,6 +18,8 @@ pub struct TsdbMetrics {
     pub wal_bytes: Gauge,
     pub wal_fsync_seconds: Histogram,
     pub retention_failures: Counter,
+    /// WAL segments replay found damaged, copied to `wal/quarantine/` and cut.
+    pub wal_quarantined_segments: Counter,
 }
 
 impl Default for TsdbMetrics {
@@ -29,6 +31,7 @@ impl Default for TsdbMetrics {
             wal_bytes: Gauge::default(),
             wal_fsync_seconds: Histogram::new([0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
             retention_failures: Counter::default(),
+            wal_quarantined_segments: Counter::default(),
         }
     }
 }
@@ -50,6 +53,11 @@ impl TsdbMetrics {
         registry.register("wal_bytes", "Bytes of WAL segments on disk", self.wal_bytes.clone());
         registry.register("wal_fsync_duration_seconds", "Duration of WAL fsync calls", self.wal_fsync_seconds.clone());
         registry.register("retention_failures", "Retention runs that failed", self.retention_failures.clone());
+        registry.register(
+            "wal_quarantined_segments",
+            "WAL segments found damaged at replay, copied to wal/quarantine/ and cut",
+            self.wal_quarantined_segments.clone(),
+        );
     }
 
     /// Sets the gauges from the database's current state.

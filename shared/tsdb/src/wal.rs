@@ -15,12 +15,16 @@
 //!   they survive power loss; with [`SyncPolicy::Interval`] (the default, 1 s) a background
 //!   task calls [`Wal::sync`], so power loss can lose up to that interval.
 //! * Rotation to a new segment `fsync`s the old one first.
+//! * A write that fails leaves nothing behind: the segment is truncated back to the last
+//!   whole record, so no torn record ever sits after acknowledged ones. A record larger
+//!   than replay accepts ([`MAX_RECORD_BYTES`]) is refused, never written.
 //! * [`replay`] cuts a torn or corrupt tail with a warning (never fatal) and keeps going
-//!   with the next segment.
+//!   with the next segment. The damaged segment is first copied whole into `quarantine/`
+//!   beside the segments, so nothing is destroyed that someone may want to inspect.
 
 use crate::index::SeriesRef;
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -30,7 +34,9 @@ pub const SEGMENT_MAGIC: &[u8; 8] = b"STRWAL01";
 /// A segment is rotated once it passes this size.
 pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
 /// No record may be larger than this; a larger length field means corruption.
-const MAX_RECORD_BYTES: u32 = 256 << 20;
+pub const MAX_RECORD_BYTES: u32 = 256 << 20;
+/// Where replay keeps copies of the segments it had to cut.
+pub const QUARANTINE_DIR: &str = "quarantine";
 
 const REC_SERIES: u8 = 1;
 const REC_SAMPLES: u8 = 2;
@@ -44,6 +50,8 @@ pub enum WalError {
         #[source]
         source: io::Error,
     },
+    #[error("WAL record of {bytes} bytes is over the {max} bytes replay accepts; nothing was written")]
+    RecordTooLarge { bytes: usize, max: u32 },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(io::Error) -> WalError + '_ {
@@ -325,6 +333,16 @@ pub struct ReplayStats {
     pub segment_max_t: Vec<(u32, i64)>,
 }
 
+/// Copies a damaged segment whole to `quarantine/<segment>-at-<offset>` before replay
+/// cuts it; returns the copy's path.
+fn quarantine(dir: &Path, path: &Path, n: u32, offset: u64) -> Result<PathBuf, WalError> {
+    let qdir = dir.join(QUARANTINE_DIR);
+    fs::create_dir_all(&qdir).map_err(io_err(&qdir))?;
+    let copy = qdir.join(format!("{n:08}-at-{offset}"));
+    fs::copy(path, &copy).map_err(io_err(&copy))?;
+    Ok(copy)
+}
+
 /// Replays every segment in order, calling `f` for each record. A damaged tail is cut off
 /// (the file is truncated there) with a warning; replay continues with the next segment.
 pub fn replay(dir: &Path, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
@@ -348,7 +366,14 @@ pub fn replay(dir: &Path, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, W
                 }
                 ReadOutcome::End => break,
                 ReadOutcome::Damaged { offset, reason } => {
-                    tracing::warn!(segment = %path.display(), offset, reason, "WAL damaged: cutting the segment here and continuing with the next one");
+                    let kept = quarantine(dir, &path, n, offset)?;
+                    tracing::warn!(
+                        segment = %path.display(),
+                        offset,
+                        reason,
+                        copy = %kept.display(),
+                        "WAL damaged: the segment is copied aside, cut here, and replay continues with the next one"
+                    );
                     stats.damaged_segments += 1;
                     let keep = if offset == 0 { 0 } else { offset };
                     let file = OpenOptions::new().write(true).open(&path).map_err(io_err(&path))?;
@@ -384,7 +409,8 @@ pub struct Wal {
     policy: SyncPolicy,
     segment_bytes: u64,
     current: u32,
-    file: BufWriter<File>,
+    /// Written whole per call to [`log`](Self::log), so a failed write can be cut back.
+    file: File,
     written: u64,
     /// (segment, highest sample timestamp) of every segment, oldest first.
     segments: Vec<(u32, i64)>,
@@ -416,12 +442,18 @@ impl Wal {
         })
     }
 
+    /// Puts another file in place of the current segment's (tests: a file that fails).
+    #[cfg(test)]
+    pub(crate) fn swap_file(&mut self, f: File) -> File {
+        std::mem::replace(&mut self.file, f)
+    }
+
     pub fn with_segment_bytes(mut self, n: u64) -> Self {
         self.segment_bytes = n.max(1024);
         self
     }
 
-    fn create_segment(dir: &Path, n: u32) -> Result<(BufWriter<File>, PathBuf), WalError> {
+    fn create_segment(dir: &Path, n: u32) -> Result<(File, PathBuf), WalError> {
         let path = segment_path(dir, n);
         let mut f = OpenOptions::new().create(true).write(true).truncate(true).open(&path).map_err(io_err(&path))?;
         f.write_all(SEGMENT_MAGIC).map_err(io_err(&path))?;
@@ -429,7 +461,7 @@ impl Wal {
         if let Ok(d) = File::open(dir) {
             let _ = d.sync_all();
         }
-        Ok((BufWriter::with_capacity(1 << 20, f), path))
+        Ok((f, path))
     }
 
     pub fn dir(&self) -> &Path {
@@ -475,14 +507,26 @@ impl Wal {
         self.scratch.clear();
         let mut max_t = i64::MIN;
         for r in records {
+            let before = self.scratch.len();
             r.encode(&mut self.scratch);
+            let framed = self.scratch.len() - before;
+            if framed > MAX_RECORD_BYTES as usize + 8 {
+                return Err(WalError::RecordTooLarge { bytes: framed, max: MAX_RECORD_BYTES });
+            }
             if let WalRecord::Samples(s) = r {
                 max_t = s.iter().map(|x| x.1.t).fold(max_t, i64::max);
             }
         }
         let path = segment_path(&self.dir, self.current);
-        self.file.write_all(&self.scratch).map_err(io_err(&path))?;
-        self.file.flush().map_err(io_err(&path))?;
+        if let Err(e) = self.file.write_all(&self.scratch) {
+            // Part of the records may be in the file: cut back to the last whole record so
+            // that the next write does not follow a torn one.
+            let cut = self.file.set_len(self.written).and_then(|()| self.file.seek(SeekFrom::Start(self.written)));
+            if let Err(e2) = cut {
+                tracing::error!(segment = %path.display(), error = %e2, "could not cut a failed WAL write back");
+            }
+            return Err(io_err(&path)(e));
+        }
         self.written += self.scratch.len() as u64;
         if let Some(last) = self.segments.last_mut() {
             last.1 = last.1.max(max_t);
@@ -497,8 +541,7 @@ impl Wal {
     pub fn sync(&mut self) -> Result<(), WalError> {
         let path = segment_path(&self.dir, self.current);
         let t0 = Instant::now();
-        self.file.flush().map_err(io_err(&path))?;
-        self.file.get_ref().sync_data().map_err(io_err(&path))?;
+        self.file.sync_data().map_err(io_err(&path))?;
         self.last_fsync = Some(t0.elapsed());
         Ok(())
     }

@@ -215,3 +215,66 @@ fn a_selection_stops_at_the_first_series_over_the_limit() {
     assert!(matches!(r, Err("over")));
     assert_eq!(seen, 4, "the selection went on past the limit");
 }
+
+#[test]
+fn metadata_survives_the_deletion_of_the_segment_it_was_first_logged_in() {
+    let d = tempfile::tempdir().unwrap();
+    let meta = Metadata { metric_type: MetricType::Counter, help: "energy".into(), unit: String::new() };
+    {
+        let db = open(d.path());
+        db.set_metadata("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", meta.clone()).unwrap();
+    }
+    drop(open(d.path()));
+    // Retention deletes every segment but the newest.
+    let segs = crate::wal::list_segments(&d.path().join("wal")).unwrap();
+    for n in &segs[..segs.len() - 1] {
+        std::fs::remove_file(d.path().join("wal").join(format!("{n:08}"))).unwrap();
+    }
+    let db = open(d.path());
+    assert_eq!(db.head().all_metadata(), vec![("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION".to_string(), meta)]);
+}
+
+#[test]
+fn an_append_through_a_handle_retention_removed_lands_in_a_live_series() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(d.path(), TsdbOptions { retention: Duration::from_secs(3600), ..Default::default() }).unwrap();
+    let now = strata_model::time::now_ms();
+    let old = db.series(&labels("0")).unwrap();
+    db.commit(&[(old.clone(), Sample::new(now - 3 * 3600 * 1000, 1.0))]).unwrap();
+    let other = db.series(&labels("1")).unwrap();
+    db.commit(&[(other, Sample::new(now, 1.0))]).unwrap();
+    db.apply_retention().unwrap();
+    assert!(old.is_removed(), "retention kept a series with nothing in the window");
+    // A scrape's cache still holds `old`: its next sample must be visible to queries.
+    assert_eq!(db.commit(&[(old, Sample::new(now, 2.0))]).unwrap().appended, 1);
+    assert_eq!(read_all(&db, "0"), vec![Sample::new(now, 2.0)]);
+    drop(db);
+    // After a restart, one series with that label set, holding the new sample (retention
+    // cuts whole chunks, so the old one may still be there too).
+    let db = open(d.path());
+    assert_eq!(db.head().select(&[Matcher::eq("gpu", "0")], i64::MIN, i64::MAX).len(), 1);
+    assert_eq!(read_all(&db, "0").last(), Some(&Sample::new(now, 2.0)), "lost at restart");
+}
+
+#[test]
+fn a_failed_wal_write_stores_nothing_and_marks_the_database_unwritable_until_one_succeeds() {
+    let d = tempfile::tempdir().unwrap();
+    let db = open(d.path());
+    let now = strata_model::time::now_ms();
+    let s = db.series(&labels("0")).unwrap();
+    db.commit(&[(s.clone(), Sample::new(now - 2000, 1.0))]).unwrap();
+    // A disk that is full: every write fails.
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        panic!("/dev/full is needed for this test");
+    };
+    let real = db.swap_wal_file(full);
+    assert!(db.commit(&[(s.clone(), Sample::new(now - 1000, 2.0))]).is_err());
+    assert!(!db.is_writable());
+    assert_eq!(read_all(&db, "0").len(), 1, "a sample that was not logged was applied");
+    db.swap_wal_file(real);
+    assert_eq!(db.commit(&[(s, Sample::new(now, 3.0))]).unwrap().appended, 1);
+    assert!(db.is_writable());
+    drop(db);
+    let got = read_all(&open(d.path()), "0");
+    assert_eq!(got, vec![Sample::new(now - 2000, 1.0), Sample::new(now, 3.0)]);
+}

@@ -74,6 +74,10 @@ fn flipped_byte_replays_up_to_the_damage() {
     let (got, st) = collect(d.path());
     assert_eq!(got, recs[..1].to_vec());
     assert_eq!(st.damaged_segments, 1);
+    // The segment as it was is kept aside, byte for byte, before it is cut.
+    let kept = d.path().join(QUARANTINE_DIR).join(format!("{:08}-at-{}", 0, second_at));
+    assert_eq!(fs::read(&kept).unwrap(), bytes, "the damaged segment was not kept aside");
+    assert!(fs::metadata(&seg).unwrap().len() < bytes.len() as u64);
 }
 
 #[test]
@@ -176,4 +180,81 @@ fn random_segments_replay_without_panicking() {
     }
     let (_, st) = collect(d.path());
     assert_eq!(st.segments, 50);
+}
+
+#[test]
+fn a_record_over_the_replay_limit_is_never_written() {
+    let d = tempfile::tempdir().unwrap();
+    let mut w = Wal::open(d.path(), SyncPolicy::Always, vec![]).unwrap();
+    w.log(&[series(1, "0")]).unwrap();
+    let before = fs::metadata(segment_path(d.path(), 0)).unwrap().len();
+    let huge = "x".repeat(MAX_RECORD_BYTES as usize + 1);
+    let rec =
+        WalRecord::Series { series_ref: 2, labels: Labels::from_pairs([("__name__", "m"), ("big", huge.as_str())]) };
+    assert!(matches!(w.log(&[series(3, "1"), rec]), Err(WalError::RecordTooLarge { .. })));
+    assert_eq!(fs::metadata(segment_path(d.path(), 0)).unwrap().len(), before, "part of a refused batch was written");
+    w.log(&[samples(1, 0, 3)]).unwrap();
+    drop(w);
+    let (got, st) = collect(d.path());
+    assert_eq!(got, vec![series(1, "0"), samples(1, 0, 3)]);
+    assert_eq!(st.damaged_segments, 0);
+}
+
+/// Frames `payload` as a record whose checksum is right, whatever the payload holds.
+fn framed(ty: u8, payload: &[u8]) -> Vec<u8> {
+    let mut body = vec![ty];
+    body.extend_from_slice(payload);
+    let mut out = (body.len() as u32).to_le_bytes().to_vec();
+    out.extend_from_slice(&crc32fast::hash(&body).to_le_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+#[test]
+fn records_with_a_valid_checksum_and_garbage_inside_replay_without_panicking() {
+    let d = tempfile::tempdir().unwrap();
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for n in 0..40u32 {
+        let mut bytes = SEGMENT_MAGIC.to_vec();
+        for _ in 0..20 {
+            let ty = (next() % 4) as u8;
+            let len = (next() % 64) as usize;
+            let mut payload: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+            // Now and then extreme varints: huge counts, references and lengths.
+            if next() % 4 == 0 {
+                payload.splice(0..0, [0xff; 9].iter().copied().chain([0x01]));
+            }
+            bytes.extend(framed(ty, &payload));
+        }
+        fs::create_dir_all(d.path().join("wal")).unwrap();
+        fs::write(segment_path(&d.path().join("wal"), n), &bytes).unwrap();
+    }
+    // The database replays the garbage without panicking, and takes writes after it.
+    let db = crate::Tsdb::open(d.path(), crate::TsdbOptions::default()).expect("opens");
+    let s = db.series(&Labels::from_pairs([("__name__", "after")])).unwrap();
+    let now = strata_model::time::now_ms();
+    assert_eq!(db.commit(&[(s, Sample::new(now, 1.0))]).unwrap().appended, 1);
+    drop(db);
+    let (_, st) = collect(&d.path().join("wal"));
+    assert!(st.segments >= 40);
+}
+
+#[test]
+fn a_well_formed_record_with_extreme_values_replays() {
+    let d = tempfile::tempdir().unwrap();
+    let wal = d.path().join("wal");
+    let mut w = Wal::open(&wal, SyncPolicy::Always, vec![]).unwrap();
+    w.log(&[series(u64::MAX, "0"), samples(u64::MAX, i64::MAX - 5, 3), samples(u64::MAX - 1, i64::MIN, 2)]).unwrap();
+    drop(w);
+    let db = crate::Tsdb::open(d.path(), crate::TsdbOptions::default()).expect("opens");
+    // The far-future samples are skipped; the series exists and new series still get refs.
+    assert_eq!(db.head().max_time(), i64::MIN);
+    let s = db.series(&Labels::from_pairs([("__name__", "new")])).unwrap();
+    assert_eq!(db.commit(&[(s, Sample::new(strata_model::time::now_ms(), 1.0))]).unwrap().appended, 1);
 }
