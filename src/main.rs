@@ -57,6 +57,9 @@ enum Command {
         /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
         #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
         query_max_concurrency: usize,
+        /// Allow reloading the configuration with `POST /-/reload` (SIGHUP always works).
+        #[arg(long = "web.enable-lifecycle")]
+        web_enable_lifecycle: bool,
     },
 }
 
@@ -151,11 +154,12 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Edge { config, http_listen, data, query_max_concurrency } => {
+        Command::Edge { config, http_listen, data, query_max_concurrency, web_enable_lifecycle } => {
             let mut opts = strata_edge::EdgeOptions::new(config);
             opts.http_listen = http_listen;
             opts.data_dir = data;
             opts.api.max_concurrency = query_max_concurrency;
+            opts.enable_lifecycle = web_enable_lifecycle;
             let edge = strata_edge::Edge::start(opts).await?;
             println!("edge listening on http://{}", edge.http_addr);
             shutdown_signal().await;

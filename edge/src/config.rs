@@ -3,6 +3,7 @@
 //! Sections Prometheus has and the edge does not use (`rule_files`, `alerting`,
 //! `remote_write`...) are accepted and ignored, so an existing file loads as it is.
 
+use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -81,6 +82,9 @@ pub struct RawGlobal {
     pub scrape_timeout: Option<PromDuration>,
     #[serde(default)]
     pub external_labels: BTreeMap<String, String>,
+    /// Keys Strata does not implement, named in a warning at load.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, IgnoredAny>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -125,6 +129,9 @@ pub struct RawScrapeConfig {
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
     pub metric_relabel_configs: Vec<RelabelConfig>,
+    /// Keys Strata does not implement, named in a warning at load.
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, IgnoredAny>,
 }
 
 /// Strata's own keys, under `strata:`.
@@ -150,6 +157,9 @@ pub struct RawConfig {
     pub scrape_configs: Vec<RawScrapeConfig>,
     #[serde(default)]
     pub strata: RawStrata,
+    /// Sections the edge does not use (`rule_files`, `alerting`, `remote_write`...).
+    #[serde(flatten)]
+    pub unknown: BTreeMap<String, IgnoredAny>,
 }
 
 /// A validated scrape job with Prometheus' defaults applied.
@@ -178,6 +188,8 @@ pub struct EdgeConfig {
     pub external_labels: BTreeMap<String, String>,
     pub jobs: Vec<ScrapeJob>,
     pub strata: RawStrata,
+    /// Keys of the file that Strata does not implement: each is logged when the file loads.
+    pub ignored: Vec<String>,
 }
 
 pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(5);
@@ -187,7 +199,11 @@ impl EdgeConfig {
     pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
-        Self::parse(&text, path)
+        let cfg = Self::parse(&text, path)?;
+        for key in &cfg.ignored {
+            tracing::warn!(path = %path.display(), key = %key, "configuration key not implemented by Strata: ignored");
+        }
+        Ok(cfg)
     }
 
     pub fn parse(text: &str, path: &Path) -> Result<EdgeConfig, ConfigError> {
@@ -216,6 +232,11 @@ impl EdgeConfig {
         let mut jobs = Vec::new();
         let mut names = std::collections::HashSet::new();
         let base = path.parent().unwrap_or(Path::new("."));
+        let mut ignored: Vec<String> = raw.unknown.keys().cloned().collect();
+        ignored.extend(raw.global.unknown.keys().map(|k| format!("global.{k}")));
+        for j in &raw.scrape_configs {
+            ignored.extend(j.unknown.keys().map(|k| format!("scrape_configs[{}].{k}", j.job_name)));
+        }
         for j in raw.scrape_configs {
             let err = |message: String| ConfigError::Job { path: path.to_path_buf(), job: j.job_name.clone(), message };
             if j.job_name.is_empty() {
@@ -281,6 +302,7 @@ impl EdgeConfig {
         Ok(EdgeConfig {
             path: path.to_path_buf(),
             external_labels: raw.global.external_labels,
+            ignored,
             jobs,
             strata: raw.strata,
         })
@@ -360,6 +382,26 @@ strata:
             let e = EdgeConfig::parse(text, Path::new("x.yml")).expect_err(text).to_string();
             assert!(e.contains(want), "{text:?} gave {e}");
         }
+    }
+
+    #[test]
+    fn keys_strata_does_not_implement_are_named() {
+        let text = "global:\n  evaluation_interval: 1m\nrule_files: [a.yml]\nscrape_configs:\n  - job_name: x\n    basic_auth: {username: u, password: p}\n    tls_config: {ca_file: ca.pem}\n";
+        let c = EdgeConfig::parse(text, Path::new("x.yml")).unwrap();
+        assert_eq!(
+            c.ignored,
+            [
+                "rule_files",
+                "global.evaluation_interval",
+                "scrape_configs[x].basic_auth",
+                "scrape_configs[x].tls_config"
+            ]
+        );
+        assert!(EdgeConfig::parse(PROM, Path::new("x.yml"))
+            .unwrap()
+            .ignored
+            .iter()
+            .all(|k| !k.contains("scrape_configs")));
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct EdgeOptions {
     pub api: ApiOptions,
     /// Connection cap and timeouts of the HTTP server.
     pub server: ServerLimits,
+    /// Allow `POST /-/reload` (off by default, as in Prometheus).
+    pub enable_lifecycle: bool,
 }
 
 impl EdgeOptions {
@@ -45,6 +47,7 @@ impl EdgeOptions {
             file_sd_check: Duration::from_secs(5),
             api: ApiOptions::default(),
             server: ServerLimits::default(),
+            enable_lifecycle: false,
         }
     }
 }
@@ -59,6 +62,8 @@ pub struct EdgeState {
     pub config_path: PathBuf,
     pub remote_write: Arc<RemoteWrite>,
     pub api: ApiOptions,
+    /// `POST /-/reload` allowed (Prometheus' `--web.enable-lifecycle`).
+    pub enable_lifecycle: bool,
 }
 
 impl EdgeState {
@@ -114,6 +119,10 @@ async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {
 }
 
 async fn reload(State(s): State<Arc<EdgeState>>) -> Response {
+    if !s.enable_lifecycle {
+        // Prometheus' answer: reloading over HTTP is opt-in.
+        return (StatusCode::FORBIDDEN, "Lifecycle API is not enabled.\n").into_response();
+    }
     match s.reload().await {
         Ok(()) => (StatusCode::OK, "configuration reloaded\n").into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed to reload config: {e}\n")).into_response(),
@@ -239,6 +248,7 @@ impl Edge {
             config_path: opts.config_path.clone(),
             remote_write: Arc::new(RemoteWrite::new(db.clone(), metrics.clone(), limits)),
             api: opts.api.clone(),
+            enable_lifecycle: opts.enable_lifecycle,
         });
         let addr = opts.http_listen.unwrap_or_else(|| DEFAULT_HTTP_LISTEN.parse().expect("constant address parses"));
         let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;

@@ -100,6 +100,7 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
             &dir.path().join("data").display().to_string(),
             "--http-listen",
             &format!("127.0.0.1:{edge_port}"),
+            "--web.enable-lifecycle",
         ],
         dir.path(),
         "edge",

@@ -40,6 +40,9 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
             std::thread::sleep(Duration::from_millis(300));
         }
     }
+    // Reloading over HTTP is off unless asked for, as in Prometheus.
+    let r = client().post(format!("http://127.0.0.1:{}/-/reload", base + 1)).send().unwrap();
+    assert_eq!(r.status().as_u16(), 403);
     let out = up.log_text();
     assert!(out.contains(&format!("http://127.0.0.1:{base}/node/0/metrics")), "up prints where things run:\n{out}");
     assert!(out.contains("replica=a") && out.contains("replica=b"));
