@@ -60,6 +60,9 @@ enum Command {
         /// Allow reloading the configuration with `POST /-/reload` (SIGHUP always works).
         #[arg(long = "web.enable-lifecycle")]
         web_enable_lifecycle: bool,
+        /// Prometheus' web configuration file: TLS (`tls_server_config`) and basic auth.
+        #[arg(long = "web.config.file")]
+        web_config_file: Option<PathBuf>,
     },
 }
 
@@ -154,14 +157,15 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Edge { config, http_listen, data, query_max_concurrency, web_enable_lifecycle } => {
+        Command::Edge { config, http_listen, data, query_max_concurrency, web_enable_lifecycle, web_config_file } => {
             let mut opts = strata_edge::EdgeOptions::new(config);
             opts.http_listen = http_listen;
             opts.data_dir = data;
             opts.api.max_concurrency = query_max_concurrency;
             opts.enable_lifecycle = web_enable_lifecycle;
+            opts.web_config = web_config_file;
             let edge = strata_edge::Edge::start(opts).await?;
-            println!("edge listening on http://{}", edge.http_addr);
+            println!("edge listening on {}://{}", edge.scheme, edge.http_addr);
             shutdown_signal().await;
             tracing::info!("shutting down");
             tokio::time::timeout(Duration::from_secs(30), edge.stop()).await.context("shutdown took over 30 s")?;

@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_api::{ApiOptions, ServerLimits};
+use strata_api::{ApiOptions, ServerLimits, WebConfig, WebConfigError};
 use strata_model::duration::parse_duration;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::wal::SyncPolicy;
@@ -36,6 +36,8 @@ pub struct EdgeOptions {
     pub server: ServerLimits,
     /// Allow `POST /-/reload` (off by default, as in Prometheus).
     pub enable_lifecycle: bool,
+    /// Prometheus' `--web.config.file`: TLS and basic auth.
+    pub web_config: Option<PathBuf>,
 }
 
 impl EdgeOptions {
@@ -48,6 +50,7 @@ impl EdgeOptions {
             api: ApiOptions::default(),
             server: ServerLimits::default(),
             enable_lifecycle: false,
+            web_config: None,
         }
     }
 }
@@ -185,11 +188,15 @@ pub enum EdgeError {
     },
     #[error("a startup task failed: {0}")]
     Task(#[from] tokio::task::JoinError),
+    #[error(transparent)]
+    WebConfig(#[from] WebConfigError),
 }
 
 /// A running edge.
 pub struct Edge {
     pub http_addr: SocketAddr,
+    /// `https` with a web config that sets up TLS, else `http`.
+    pub scheme: &'static str,
     pub state: Arc<EdgeState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -222,6 +229,17 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
 impl Edge {
     pub async fn start(opts: EdgeOptions) -> Result<Edge, EdgeError> {
         let cfg = EdgeConfig::load(&opts.config_path)?;
+        let web = match &opts.web_config {
+            Some(p) => {
+                let w = WebConfig::load(p)?;
+                for key in &w.ignored {
+                    tracing::warn!(path = %p.display(), key = %key, "web configuration key not implemented by Strata: ignored");
+                }
+                w
+            }
+            None => WebConfig::default(),
+        };
+        let scheme = if web.tls.is_some() { "https" } else { "http" };
         let data_dir = opts
             .data_dir
             .clone()
@@ -276,7 +294,7 @@ impl Edge {
         let mut rx = shutdown_rx.clone();
         let server_limits = opts.server;
         let server = tokio::spawn(async move {
-            let res = strata_api::serve(listener, app, server_limits, async move {
+            let res = strata_api::serve(listener, app, server_limits, web, async move {
                 let _ = rx.changed().await;
             })
             .await;
@@ -285,7 +303,7 @@ impl Edge {
             }
         });
         tracing::info!(http = %http_addr, data = %data_dir.display(), "edge started");
-        Ok(Edge { http_addr, state, shutdown, tasks, server })
+        Ok(Edge { http_addr, scheme, state, shutdown, tasks, server })
     }
 
     /// Stops scraping (marking series stale), the server and the loops; syncs the WAL.

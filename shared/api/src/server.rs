@@ -4,7 +4,8 @@
 //! headers within `header_read_timeout` (a slowloris, or a keep-alive connection left idle)
 //! is closed; and every request must finish within `request_timeout`, body reads included,
 //! or it is answered 503 and its work dropped. Body sizes are capped per route by the
-//! routes themselves (`DefaultBodyLimit`).
+//! routes themselves (`DefaultBodyLimit`). A [`WebConfig`] adds TLS (the handshake is
+//! bounded by the header timeout too) and basic auth on every route.
 
 use axum::extract::Request;
 use axum::middleware::Next;
@@ -13,10 +14,13 @@ use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use std::future::Future;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
+
+use crate::web_config::WebConfig;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
@@ -42,10 +46,16 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ServerLimits,
+    web: WebConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let timeout = limits.request_timeout;
-    let app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| within(timeout, req, next)));
+    let mut app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| within(timeout, req, next)));
+    if let Some(auth) = web.auth.clone() {
+        app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+            crate::web_config::require_basic_auth(auth.clone(), req, next)
+        }));
+    }
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
@@ -69,24 +79,19 @@ pub async fn serve(
                 }
             },
         };
-        let service = TowerToHyperService::new(app.clone());
-        let mut stop = stop_rx.clone();
+        let app = app.clone();
+        let stop = stop_rx.clone();
+        let tls = web.tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(limits.header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::pin!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
-                    conn.as_mut().graceful_shutdown();
-                    conn.await
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+            match tls {
+                None => connection(stream, app, limits, stop, peer).await,
+                Some(acceptor) => match tokio::time::timeout(limits.header_read_timeout, acceptor.accept(stream)).await
+                {
+                    Ok(Ok(tls_stream)) => connection(tls_stream, app, limits, stop, peer).await,
+                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                },
             }
         });
     }
@@ -95,6 +100,28 @@ pub async fn serve(
     let all = u32::try_from(limits.max_connections.max(1)).unwrap_or(u32::MAX);
     let _ = tokio::time::timeout(limits.request_timeout, slots.acquire_many(all)).await;
     Ok(())
+}
+
+/// Serves one connection's requests until it closes or the server stops.
+async fn connection<S>(stream: S, app: Router, limits: ServerLimits, mut stop: watch::Receiver<bool>, peer: SocketAddr)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let conn = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(stream), TowerToHyperService::new(app));
+    tokio::pin!(conn);
+    let result = tokio::select! {
+        r = conn.as_mut() => r,
+        _ = async { stop.wait_for(|s| *s).await.map(|_| ()) } => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(%peer, error = %e, "HTTP connection ended with an error");
+    }
 }
 
 async fn within(timeout: Duration, req: Request, next: Next) -> Response {
@@ -127,7 +154,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(serve(listener, app, limits, async move {
+        tokio::spawn(serve(listener, app, limits, WebConfig::default(), async move {
             let _ = rx.await;
         }));
         (addr, tx)
