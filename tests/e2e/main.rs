@@ -7,4 +7,5 @@ mod edge_crash;
 mod edge_scrape;
 mod prometheus;
 mod promql_conformance;
+mod security;
 mod strata_up;

@@ -1,7 +1,7 @@
 //! Certificates for tests of TLS setups: a CA, and server and client certificates it
 //! signed, written as PEM files into a directory (feature `test-certs`).
 
-use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType, IsCa, KeyPair};
 use std::path::{Path, PathBuf};
 
 /// PEM files: `ca.crt`, `server.crt`/`server.key` (for `127.0.0.1` and `localhost`),
@@ -18,6 +18,7 @@ pub struct TestCerts {
 pub fn write(dir: &Path) -> Result<TestCerts, Box<dyn std::error::Error>> {
     let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.distinguished_name = common_name("Strata test CA");
     let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate()?)?;
     let mut out = TestCerts {
         ca: dir.join("ca.crt"),
@@ -32,9 +33,18 @@ pub fn write(dir: &Path) -> Result<TestCerts, Box<dyn std::error::Error>> {
         (vec!["client".to_string()], &mut out.client_cert, &mut out.client_key),
     ] {
         let k = KeyPair::generate()?;
-        let c = CertificateParams::new(names)?.signed_by(&k, &ca)?;
+        let mut params = CertificateParams::new(names.clone())?;
+        // A subject distinct from the CA's: OpenSSL takes subject == issuer for self-signed.
+        params.distinguished_name = common_name(&names[0]);
+        let c = params.signed_by(&k, &ca)?;
         std::fs::write(&*cert, c.pem())?;
         std::fs::write(&*key, k.serialize_pem())?;
     }
     Ok(out)
+}
+
+fn common_name(cn: &str) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, cn);
+    dn
 }

@@ -314,7 +314,10 @@ mod tests {
         let addr = start(web).await;
         let tls = connector(&certs, false);
         let denied = https_get(addr, &tls, None).await.unwrap();
-        assert!(denied.starts_with("HTTP/1.1 401") && denied.to_lowercase().contains("www-authenticate: basic"), "{denied}");
+        assert!(
+            denied.starts_with("HTTP/1.1 401") && denied.to_lowercase().contains("www-authenticate: basic"),
+            "{denied}"
+        );
         let wrong = https_get(addr, &tls, Some("alice:guess")).await.unwrap();
         assert!(wrong.starts_with("HTTP/1.1 401"), "{wrong}");
         for _ in 0..2 {

@@ -1,0 +1,123 @@
+//! Real clients against a TLS + basic-auth edge: `promtool check web-config` accepts
+//! Strata's web config file, Prometheus 2.42 remote-writes into the edge with its own
+//! `tls_config` and `basic_auth`, and curl (the reference HTTP client) is refused without
+//! credentials and served with them.
+
+use crate::common::*;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// `curl` over TLS with the test CA; returns (status, body).
+fn curl(certs: &strata_api::test_certs::TestCerts, url: &str, user: Option<&str>) -> (u16, String) {
+    let mut c = Command::new("curl");
+    c.args(["-sS", "-m", "10", "--cacert"]).arg(&certs.ca).args(["-w", "\n%{http_code}"]);
+    if let Some(u) = user {
+        c.args(["-u", u]);
+    }
+    let out = c.arg(url).output().expect("curl runs");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or(("", "0"));
+    let code = code.trim().parse().unwrap_or(0);
+    if code == 0 {
+        return (0, String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    (code, body.to_string())
+}
+
+fn write_web_config(dir: &Path) -> (strata_api::test_certs::TestCerts, std::path::PathBuf) {
+    let certs = strata_api::test_certs::write(dir).expect("test certificates");
+    let hash = bcrypt::hash("s3cret", 4).expect("bcrypt");
+    let web = dir.join("web.yml");
+    std::fs::write(
+        &web,
+        format!(
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\nbasic_auth_users:\n  alice: {hash}\n"
+        ),
+    )
+    .unwrap();
+    (certs, web)
+}
+
+#[test]
+fn prometheus_remote_writes_into_a_tls_and_basic_auth_edge() {
+    if Command::new("prometheus").arg("--version").output().is_err() {
+        panic!(
+            "the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it"
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, web) = write_web_config(dir.path());
+    let check = Command::new("promtool").arg("check").arg("web-config").arg(&web).output().expect("promtool runs");
+    assert!(
+        check.status.success(),
+        "promtool refused Strata's web config: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+
+    let (edge_port, prom_port) = (free_port(), free_port());
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
+    let data = dir.path().join("edge-data").display().to_string();
+    let mut edge = Proc::strata(
+        &[
+            "edge",
+            "--config",
+            &cfg.display().to_string(),
+            "--data",
+            &data,
+            "--http-listen",
+            &format!("127.0.0.1:{edge_port}"),
+            "--web.config.file",
+            &web.display().to_string(),
+        ],
+        dir.path(),
+        "edge",
+    );
+    let base = format!("https://127.0.0.1:{edge_port}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (code, body) = curl(&certs, &format!("{base}/-/ready"), Some("alice:s3cret"));
+        if code == 200 {
+            break;
+        }
+        edge.assert_running();
+        assert!(Instant::now() < deadline, "the TLS edge never became ready ({code} {body}):\n{}", edge.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_eq!(curl(&certs, &format!("{base}/-/ready"), None).0, 401, "no credentials");
+    assert_eq!(curl(&certs, &format!("{base}/api/v1/labels"), Some("alice:wrong")).0, 401, "a wrong password");
+    assert_eq!(curl(&certs, &format!("{base}/api/v1/write"), None).0, 401, "remote write needs credentials too");
+
+    let prom_cfg = dir.path().join("prometheus.yml");
+    std::fs::write(
+        &prom_cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: prometheus\n    static_configs:\n      - targets: ['127.0.0.1:{prom_port}']\nremote_write:\n  - url: {base}/api/v1/write\n    tls_config: {{ca_file: {}}}\n    basic_auth: {{username: alice, password: s3cret}}\n    queue_config: {{batch_send_deadline: 1s}}\n",
+            certs.ca.display()
+        ),
+    )
+    .unwrap();
+    let prom_args: Vec<String> = vec![
+        format!("--config.file={}", prom_cfg.display()),
+        format!("--storage.tsdb.path={}", dir.path().join("prom-data").display()),
+        format!("--web.listen-address=127.0.0.1:{prom_port}"),
+    ];
+    let mut prom = Proc::start("prometheus", &prom_args, dir.path(), "prometheus");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        prom.assert_running();
+        let (code, body) = curl(&certs, &format!("{base}/api/v1/series?match[]=up"), Some("alice:s3cret"));
+        if code == 200 && body.contains("\"job\":\"prometheus\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "Prometheus' remote write never arrived ({code} {body});\nprometheus log:\n{}\nedge log:\n{}",
+            prom.log_text(),
+            edge.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
