@@ -3,6 +3,8 @@
 //! Sections Prometheus has and the edge does not use (`rule_files`, `alerting`,
 //! `remote_write`...) are accepted and ignored, so an existing file loads as it is.
 
+use crate::http_client::ClientSecurity;
+use crate::security::{AuthorizationConfig, BasicAuthConfig, TlsConfig};
 use serde::de::IgnoredAny;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -129,6 +131,9 @@ pub struct RawScrapeConfig {
     pub relabel_configs: Vec<RelabelConfig>,
     #[serde(default)]
     pub metric_relabel_configs: Vec<RelabelConfig>,
+    pub tls_config: Option<TlsConfig>,
+    pub basic_auth: Option<BasicAuthConfig>,
+    pub authorization: Option<AuthorizationConfig>,
     /// Keys Strata does not implement, named in a warning at load.
     #[serde(flatten)]
     pub unknown: BTreeMap<String, IgnoredAny>,
@@ -180,6 +185,8 @@ pub struct ScrapeJob {
     pub file_sd: Vec<(Vec<PathBuf>, Duration)>,
     pub relabel: Vec<RelabelRule>,
     pub metric_relabel: Vec<RelabelRule>,
+    /// TLS and the `Authorization` header of the job's scrapes.
+    pub security: ClientSecurity,
 }
 
 #[derive(Debug, Clone)]
@@ -258,6 +265,9 @@ impl EdgeConfig {
             if scheme != "http" && scheme != "https" {
                 return Err(err(format!("scheme {scheme:?} is not http or https")));
             }
+            let security =
+                crate::security::build(base, j.tls_config.as_ref(), j.basic_auth.as_ref(), j.authorization.as_ref())
+                    .map_err(err)?;
             let relabel = compile_all(&j.relabel_configs).map_err(|e| err(e.to_string()))?;
             let metric_relabel = compile_all(&j.metric_relabel_configs).map_err(|e| err(e.to_string()))?;
             let file_sd = j
@@ -289,6 +299,7 @@ impl EdgeConfig {
                 file_sd,
                 relabel,
                 metric_relabel,
+                security,
             });
         }
         if let Some(p) = &raw.strata.wal_fsync {
@@ -386,16 +397,11 @@ strata:
 
     #[test]
     fn keys_strata_does_not_implement_are_named() {
-        let text = "global:\n  evaluation_interval: 1m\nrule_files: [a.yml]\nscrape_configs:\n  - job_name: x\n    basic_auth: {username: u, password: p}\n    tls_config: {ca_file: ca.pem}\n";
+        let text = "global:\n  evaluation_interval: 1m\nrule_files: [a.yml]\nscrape_configs:\n  - job_name: x\n    basic_auth: {username: u, password: p}\n    oauth2: {client_id: c}\n    proxy_url: http://proxy:3128\n";
         let c = EdgeConfig::parse(text, Path::new("x.yml")).unwrap();
         assert_eq!(
             c.ignored,
-            [
-                "rule_files",
-                "global.evaluation_interval",
-                "scrape_configs[x].basic_auth",
-                "scrape_configs[x].tls_config"
-            ]
+            ["rule_files", "global.evaluation_interval", "scrape_configs[x].oauth2", "scrape_configs[x].proxy_url"]
         );
         assert!(EdgeConfig::parse(PROM, Path::new("x.yml"))
             .unwrap()

@@ -4,20 +4,49 @@
 //!
 //! Scrapes are plain `GET`s of one URL, again and again; a general client spends more on
 //! URL parsing, header maps, pool bookkeeping and task hand-offs than on the bytes. What it
-//! supports: `http://` targets, `Content-Length`, `chunked` and read-to-close bodies,
+//! supports: `http://` and `https://` targets (TLS by rustls, with the job's CA, client
+//! certificate, server name or `insecure_skip_verify`), an `Authorization` header (basic
+//! auth or a bearer token), `Content-Length`, `chunked` and read-to-close bodies,
 //! `Content-Encoding: gzip`, keep-alive with one retry when a reused connection turns out to
-//! be closed. Not supported (an error naming it): `https://` and redirects.
+//! be closed. Not supported (an error naming it): redirects.
 
 use flate2::{Decompress, FlushDecompress, Status};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// A connection to a target, plain or TLS.
+trait Conn: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Conn for T {}
+
+/// What a scrape connection needs beyond the URL: TLS settings and an `Authorization`
+/// header value, built once per job from its configuration.
+#[derive(Clone, Default)]
+pub struct ClientSecurity {
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    /// The name the server's certificate must carry; the URL's host when unset.
+    pub server_name: Option<String>,
+    /// The full header value: `Basic …` or `Bearer …`.
+    pub authorization: Option<String>,
+}
+
+impl std::fmt::Debug for ClientSecurity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the credentials.
+        f.debug_struct("ClientSecurity")
+            .field("tls", &self.tls.is_some())
+            .field("server_name", &self.server_name)
+            .field("authorization", &self.authorization.as_ref().map(|_| "<secret>"))
+            .finish()
+    }
+}
 
 const MAX_HEAD: usize = 64 << 10;
 
 #[derive(Debug, Clone, thiserror::Error, PartialEq)]
 pub enum HttpError {
-    #[error("unsupported URL {0:?}: only http:// targets are supported")]
+    #[error("unsupported URL {0:?}: only http:// and https:// targets are supported")]
     UnsupportedUrl(String),
     #[error("invalid URL \"{url}\": byte 0x{byte:02x} is not allowed in a target address or path")]
     InvalidUrl { url: String, byte: u8 },
@@ -40,11 +69,16 @@ pub enum HttpError {
 pub struct Endpoint {
     pub host_port: String,
     pub path: String,
+    pub https: bool,
 }
 
 impl Endpoint {
     pub fn parse(url: &str) -> Result<Endpoint, HttpError> {
-        let rest = url.strip_prefix("http://").ok_or_else(|| HttpError::UnsupportedUrl(url.to_string()))?;
+        let (rest, https) = match (url.strip_prefix("http://"), url.strip_prefix("https://")) {
+            (Some(r), _) => (r, false),
+            (_, Some(r)) => (r, true),
+            _ => return Err(HttpError::UnsupportedUrl(url.to_string())),
+        };
         let (host, path) = match rest.find('/') {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, "/"),
@@ -60,9 +94,15 @@ impl Endpoint {
         let host_port = if host.rsplit_once(':').is_some_and(|(_, p)| p.parse::<u16>().is_ok()) {
             host.to_string()
         } else {
-            format!("{host}:80")
+            format!("{host}:{}", if https { 443 } else { 80 })
         };
-        Ok(Endpoint { host_port, path: path.to_string() })
+        Ok(Endpoint { host_port, path: path.to_string(), https })
+    }
+
+    /// The host without the port, for the TLS server name.
+    fn host(&self) -> &str {
+        let h = self.host_port.rsplit_once(':').map_or(self.host_port.as_str(), |(h, _)| h);
+        h.trim_start_matches('[').trim_end_matches(']')
     }
 }
 
@@ -289,24 +329,43 @@ pub struct ScrapeClient {
     /// An unsupported URL is reported by every `get`, so the target shows `up` = 0 and why.
     endpoint: Result<Endpoint, HttpError>,
     request: Vec<u8>,
-    conn: Option<TcpStream>,
+    conn: Option<Box<dyn Conn>>,
+    security: ClientSecurity,
 }
 
 impl ScrapeClient {
     pub fn new(url: &str, accept: &str, timeout: Duration) -> ScrapeClient {
-        let endpoint = Endpoint::parse(url);
+        Self::with_security(url, accept, timeout, ClientSecurity::default())
+    }
+
+    pub fn with_security(url: &str, accept: &str, timeout: Duration, security: ClientSecurity) -> ScrapeClient {
+        let mut endpoint = Endpoint::parse(url);
+        if let Ok(e) = &endpoint {
+            if e.https && security.tls.is_none() {
+                endpoint = Err(HttpError::UnsupportedUrl(format!("{url} (https without a TLS configuration)")));
+            }
+        }
+        // Header values go into the request as they are: no CR or LF may split it.
+        if security.authorization.as_deref().is_some_and(|a| a.bytes().any(|b| b == b'\r' || b == b'\n')) {
+            endpoint = Err(HttpError::Protocol("credentials contain a line break".into()));
+        }
         let request = match &endpoint {
-            Ok(e) => format!(
-                "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: Strata/{}\r\nAccept: {accept}\r\nAccept-Encoding: gzip\r\nX-Prometheus-Scrape-Timeout-Seconds: {}\r\n\r\n",
-                e.path,
-                e.host_port.strip_suffix(":80").unwrap_or(&e.host_port),
-                env!("CARGO_PKG_VERSION"),
-                timeout.as_secs_f64()
-            )
-            .into_bytes(),
+            Ok(e) => {
+                let default_port = if e.https { ":443" } else { ":80" };
+                let auth =
+                    security.authorization.as_ref().map(|a| format!("Authorization: {a}\r\n")).unwrap_or_default();
+                format!(
+                    "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: Strata/{}\r\nAccept: {accept}\r\nAccept-Encoding: gzip\r\n{auth}X-Prometheus-Scrape-Timeout-Seconds: {}\r\n\r\n",
+                    e.path,
+                    e.host_port.strip_suffix(default_port).unwrap_or(&e.host_port),
+                    env!("CARGO_PKG_VERSION"),
+                    timeout.as_secs_f64()
+                )
+                .into_bytes()
+            }
             Err(_) => Vec::new(),
         };
-        ScrapeClient { endpoint, request, conn: None }
+        ScrapeClient { endpoint, request, conn: None, security }
     }
 
     /// Fetches and decodes the page within `timeout`; `limit` (0: none) caps the decoded body.
@@ -360,12 +419,26 @@ impl ScrapeClient {
     async fn try_exchange(&mut self, bufs: &mut Buffers, limit: u64) -> Result<Head, HttpError> {
         let Buffers { buf, body, .. } = bufs;
         if self.conn.is_none() {
-            let addr = self.endpoint.as_ref().map_err(Clone::clone)?.host_port.as_str();
+            let endpoint = self.endpoint.as_ref().map_err(Clone::clone)?;
+            let addr = endpoint.host_port.as_str();
             let s = TcpStream::connect(addr)
                 .await
                 .map_err(|e| HttpError::Connect { addr: addr.to_string(), reason: e.to_string() })?;
             let _ = s.set_nodelay(true);
-            self.conn = Some(s);
+            self.conn = Some(match (&self.security.tls, endpoint.https) {
+                (Some(tls), true) => {
+                    let name = self.security.server_name.as_deref().unwrap_or(endpoint.host());
+                    let name = rustls::pki_types::ServerName::try_from(name.to_string()).map_err(|e| {
+                        HttpError::Connect { addr: addr.to_string(), reason: format!("TLS server name: {e}") }
+                    })?;
+                    let tls = tokio_rustls::TlsConnector::from(tls.clone())
+                        .connect(name, s)
+                        .await
+                        .map_err(|e| HttpError::Connect { addr: addr.to_string(), reason: format!("TLS: {e}") })?;
+                    Box::new(tls)
+                }
+                _ => Box::new(s),
+            });
         }
         let Some(conn) = self.conn.as_mut() else { return Err(HttpError::Io("no connection".into())) };
         conn.write_all(&self.request).await.map_err(|e| HttpError::Io(e.to_string()))?;
@@ -430,7 +503,7 @@ impl ScrapeClient {
     }
 }
 
-async fn read_more(conn: &mut TcpStream, buf: &mut Vec<u8>) -> Result<usize, HttpError> {
+async fn read_more(conn: &mut Box<dyn Conn>, buf: &mut Vec<u8>) -> Result<usize, HttpError> {
     if buf.capacity() - buf.len() < 16 << 10 {
         buf.reserve(64 << 10);
     }
@@ -447,10 +520,17 @@ mod tests {
     fn endpoints() {
         assert_eq!(
             Endpoint::parse("http://h:9400/node/1/metrics?a=b").unwrap(),
-            Endpoint { host_port: "h:9400".into(), path: "/node/1/metrics?a=b".into() }
+            Endpoint { host_port: "h:9400".into(), path: "/node/1/metrics?a=b".into(), https: false }
         );
-        assert_eq!(Endpoint::parse("http://h").unwrap(), Endpoint { host_port: "h:80".into(), path: "/".into() });
-        assert!(matches!(Endpoint::parse("https://h/metrics"), Err(HttpError::UnsupportedUrl(_))));
+        assert_eq!(
+            Endpoint::parse("http://h").unwrap(),
+            Endpoint { host_port: "h:80".into(), path: "/".into(), https: false }
+        );
+        assert_eq!(
+            Endpoint::parse("https://h/m").unwrap(),
+            Endpoint { host_port: "h:443".into(), path: "/m".into(), https: true }
+        );
+        assert!(matches!(Endpoint::parse("ftp://h/metrics"), Err(HttpError::UnsupportedUrl(_))));
         for evil in [
             "http://h:1/metrics\r\nX-Injected: 1",
             "http://h:1/metrics HTTP/1.0\r\n\r\nGET /",

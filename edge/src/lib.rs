@@ -9,6 +9,7 @@ pub mod manager;
 pub mod metrics;
 pub mod remote_write;
 pub mod scrape;
+pub mod security;
 pub mod server;
 pub mod targets;
 

@@ -504,7 +504,7 @@ impl ScrapeLoop {
         metrics: Arc<EdgeMetrics>,
         buffers: Arc<BufferPool>,
     ) -> Self {
-        let client = ScrapeClient::new(&target.url, ACCEPT_HEADER, job.timeout);
+        let client = ScrapeClient::with_security(&target.url, ACCEPT_HEADER, job.timeout, job.security.clone());
         ScrapeLoop { ingest: ScrapeIngest::new(target, job, db), client, metrics, buffers }
     }
 }

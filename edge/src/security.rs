@@ -1,0 +1,311 @@
+//! A scrape job's TLS and authorization, as Prometheus configures them (`scheme: https`,
+//! `tls_config`, `basic_auth`, `authorization`), turned into the [`ClientSecurity`] its
+//! scrape connections use. Files (CA, client certificate and key, password and credentials
+//! files) are read when the configuration loads, relative to the configuration file's
+//! directory; a reload reads them again.
+
+use crate::http_client::ClientSecurity;
+use base64::Engine as _;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Where Debian keeps the system's trusted CAs, used when a job names no `ca_file`.
+const SYSTEM_CAS: &str = "/etc/ssl/certs/ca-certificates.crt";
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct TlsConfig {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub server_name: Option<String>,
+    #[serde(default)]
+    pub insecure_skip_verify: bool,
+    pub min_version: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct BasicAuthConfig {
+    pub username: String,
+    pub password: Option<String>,
+    pub password_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct AuthorizationConfig {
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub credentials: Option<String>,
+    pub credentials_file: Option<PathBuf>,
+}
+
+fn resolve(base: &Path, p: &Path) -> PathBuf {
+    if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        base.join(p)
+    }
+}
+
+fn read_secret(base: &Path, p: &Path, what: &str) -> Result<String, String> {
+    let p = resolve(base, p);
+    std::fs::read_to_string(&p).map(|s| s.trim().to_string()).map_err(|e| format!("{what} {}: {e}", p.display()))
+}
+
+/// The job's client security; `Err` carries the reason for the configuration error.
+pub fn build(
+    base: &Path,
+    tls: Option<&TlsConfig>,
+    basic: Option<&BasicAuthConfig>,
+    authz: Option<&AuthorizationConfig>,
+) -> Result<ClientSecurity, String> {
+    let authorization = match (basic, authz) {
+        (Some(_), Some(_)) => return Err("basic_auth and authorization are mutually exclusive".into()),
+        (Some(b), None) => {
+            let password = match (&b.password, &b.password_file) {
+                (Some(_), Some(_)) => {
+                    return Err("basic_auth: password and password_file are mutually exclusive".into())
+                }
+                (Some(p), None) => p.clone(),
+                (None, Some(f)) => read_secret(base, f, "basic_auth.password_file")?,
+                (None, None) => String::new(),
+            };
+            let pair = format!("{}:{password}", b.username);
+            Some(format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(pair)))
+        }
+        (None, Some(a)) => {
+            let kind = a.kind.clone().unwrap_or_else(|| "Bearer".into());
+            if kind.eq_ignore_ascii_case("basic") {
+                return Err("authorization type Basic is not allowed: use basic_auth".into());
+            }
+            let credentials = match (&a.credentials, &a.credentials_file) {
+                (Some(_), Some(_)) => {
+                    return Err("authorization: credentials and credentials_file are mutually exclusive".into())
+                }
+                (Some(c), None) => c.clone(),
+                (None, Some(f)) => read_secret(base, f, "authorization.credentials_file")?,
+                (None, None) => String::new(),
+            };
+            Some(format!("{kind} {credentials}"))
+        }
+        (None, None) => None,
+    };
+    let tls_cfg = tls.cloned().unwrap_or_default();
+    Ok(ClientSecurity {
+        tls: Some(Arc::new(client_config(base, &tls_cfg)?)),
+        server_name: tls_cfg.server_name.clone(),
+        authorization,
+    })
+}
+
+fn client_config(base: &Path, t: &TlsConfig) -> Result<rustls::ClientConfig, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let versions: &[&'static rustls::SupportedProtocolVersion] = match t.min_version.as_deref() {
+        None | Some("TLS12") => &[&rustls::version::TLS12, &rustls::version::TLS13],
+        Some("TLS13") => &[&rustls::version::TLS13],
+        Some(v) => return Err(format!("tls_config.min_version {v}: Strata supports TLS12 and TLS13")),
+    };
+    let builder = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(versions)
+        .map_err(|e| format!("tls_config: {e}"))?;
+    let builder = if t.insecure_skip_verify {
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(SkipVerify(provider)))
+    } else {
+        let mut roots = rustls::RootCertStore::empty();
+        let (ca, required) = match &t.ca_file {
+            Some(f) => (resolve(base, f), true),
+            None => (PathBuf::from(SYSTEM_CAS), false),
+        };
+        match CertificateDer::pem_file_iter(&ca) {
+            Ok(certs) => {
+                for c in certs {
+                    let c = c.map_err(|e| format!("tls_config.ca_file {}: {e}", ca.display()))?;
+                    roots.add(c).map_err(|e| format!("tls_config.ca_file {}: {e}", ca.display()))?;
+                }
+            }
+            Err(e) if required => return Err(format!("tls_config.ca_file {}: {e}", ca.display())),
+            Err(_) => {}
+        }
+        builder.with_root_certificates(roots)
+    };
+    match (&t.cert_file, &t.key_file) {
+        (None, None) => Ok(builder.with_no_client_auth()),
+        (Some(c), Some(k)) => {
+            let (c, k) = (resolve(base, c), resolve(base, k));
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&c)
+                .and_then(|it| it.collect::<Result<_, _>>())
+                .map_err(|e| format!("tls_config.cert_file {}: {e}", c.display()))?;
+            let key =
+                PrivateKeyDer::from_pem_file(&k).map_err(|e| format!("tls_config.key_file {}: {e}", k.display()))?;
+            builder.with_client_auth_cert(chain, key).map_err(|e| format!("tls_config client certificate: {e}"))
+        }
+        _ => Err("tls_config: cert_file and key_file go together".into()),
+    }
+}
+
+/// `insecure_skip_verify: true`: any certificate is accepted (signatures are still checked
+/// so the handshake is well-formed), exactly as the user asked.
+#[derive(Debug)]
+struct SkipVerify(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for SkipVerify {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http_client::{Buffers, HttpError, ScrapeClient};
+    use axum::http::HeaderMap;
+    use axum::routing::get;
+    use std::time::Duration;
+    use strata_api::test_certs;
+
+    /// An https server: `/metrics` behind the web config's basic auth, `/bearer` checking a
+    /// bearer token itself.
+    async fn https_server(dir: &Path, web_text: &str) -> std::net::SocketAddr {
+        let web = dir.join("web.yml");
+        std::fs::write(&web, web_text).unwrap();
+        let web = strata_api::WebConfig::load(&web).unwrap();
+        let app = axum::Router::new().route("/metrics", get(|| async { "m 1\n" })).route(
+            "/bearer",
+            get(|h: HeaderMap| async move {
+                let ok = h.get("authorization").and_then(|v| v.to_str().ok()) == Some("Bearer t0ken");
+                if ok {
+                    (axum::http::StatusCode::OK, "m 2\n")
+                } else {
+                    (axum::http::StatusCode::UNAUTHORIZED, "")
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(strata_api::serve(listener, app, Default::default(), web, std::future::pending()));
+        addr
+    }
+
+    async fn scrape(url: &str, security: ClientSecurity) -> Result<String, HttpError> {
+        let mut c = ScrapeClient::with_security(url, "text/plain", Duration::from_secs(5), security);
+        let mut b = Buffers::default();
+        let r = c.get(&mut b, Duration::from_secs(5), 0).await?;
+        Ok(String::from_utf8_lossy(r.body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn https_targets_with_basic_auth_a_bearer_token_or_a_client_certificate() {
+        let d = tempfile::tempdir().unwrap();
+        let certs = test_certs::write(d.path()).unwrap();
+        let hash = bcrypt::hash("pw", 4).unwrap();
+        let addr = https_server(
+            d.path(),
+            &format!("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\nbasic_auth_users:\n  scraper: {hash}\n"),
+        )
+        .await;
+        let tls = TlsConfig { ca_file: Some("ca.crt".into()), ..Default::default() };
+        let basic = BasicAuthConfig { username: "scraper".into(), password: Some("pw".into()), password_file: None };
+        let with_auth = build(d.path(), Some(&tls), Some(&basic), None).unwrap();
+        assert_eq!(scrape(&format!("https://{addr}/metrics"), with_auth).await.unwrap(), "m 1\n");
+        let no_auth = build(d.path(), Some(&tls), None, None).unwrap();
+        assert_eq!(scrape(&format!("https://{addr}/metrics"), no_auth).await, Err(HttpError::Status(401)));
+        // The server's certificate is not trusted without the CA, unless verification is off.
+        let untrusted = build(d.path(), None, Some(&basic), None).unwrap();
+        assert!(matches!(scrape(&format!("https://{addr}/metrics"), untrusted).await, Err(HttpError::Connect { .. })));
+        let skip = TlsConfig { insecure_skip_verify: true, ..Default::default() };
+        let insecure = build(d.path(), Some(&skip), Some(&basic), None).unwrap();
+        assert_eq!(scrape(&format!("https://{addr}/metrics"), insecure).await.unwrap(), "m 1\n");
+        // A server name other than the address's.
+        let named =
+            TlsConfig { ca_file: Some("ca.crt".into()), server_name: Some("localhost".into()), ..Default::default() };
+        let ok = build(d.path(), Some(&named), Some(&basic), None).unwrap();
+        assert_eq!(scrape(&format!("https://{addr}/metrics"), ok).await.unwrap(), "m 1\n");
+        let wrong =
+            TlsConfig { ca_file: Some("ca.crt".into()), server_name: Some("elsewhere".into()), ..Default::default() };
+        let bad = build(d.path(), Some(&wrong), Some(&basic), None).unwrap();
+        assert!(scrape(&format!("https://{addr}/metrics"), bad).await.is_err());
+
+        // Bearer tokens, inline or from a file.
+        std::fs::write(d.path().join("token"), "t0ken\n").unwrap();
+        let addr2 =
+            https_server(d.path(), "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n").await;
+        for authz in [
+            AuthorizationConfig { credentials: Some("t0ken".into()), ..Default::default() },
+            AuthorizationConfig { credentials_file: Some("token".into()), ..Default::default() },
+        ] {
+            let s = build(d.path(), Some(&tls), None, Some(&authz)).unwrap();
+            assert_eq!(scrape(&format!("https://{addr2}/bearer"), s).await.unwrap(), "m 2\n");
+        }
+
+        // A server that requires a client certificate.
+        let addr3 = https_server(
+            d.path(),
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n",
+        )
+        .await;
+        let mtls = TlsConfig {
+            ca_file: Some("ca.crt".into()),
+            cert_file: Some("client.crt".into()),
+            key_file: Some("client.key".into()),
+            ..Default::default()
+        };
+        assert_eq!(
+            scrape(&format!("https://{addr3}/metrics"), build(d.path(), Some(&mtls), None, None).unwrap())
+                .await
+                .unwrap(),
+            "m 1\n"
+        );
+        assert!(scrape(&format!("https://{addr3}/metrics"), build(d.path(), Some(&tls), None, None).unwrap())
+            .await
+            .is_err());
+        let _ = certs;
+    }
+
+    #[test]
+    fn conflicting_or_missing_secrets_are_configuration_errors() {
+        let d = tempfile::tempdir().unwrap();
+        let basic =
+            BasicAuthConfig { username: "u".into(), password: Some("p".into()), password_file: Some("f".into()) };
+        assert!(build(d.path(), None, Some(&basic), None).unwrap_err().contains("mutually exclusive"));
+        let authz = AuthorizationConfig { credentials_file: Some("missing".into()), ..Default::default() };
+        assert!(build(d.path(), None, None, Some(&authz)).unwrap_err().contains("missing"));
+        let tls = TlsConfig { ca_file: Some("nope.crt".into()), ..Default::default() };
+        assert!(build(d.path(), Some(&tls), None, None).unwrap_err().contains("nope.crt"));
+    }
+}
