@@ -37,6 +37,9 @@ enum Command {
         /// Start the simulated clock at this Unix time (seconds) instead of now.
         #[arg(long)]
         start_at: Option<i64>,
+        /// Prometheus' web configuration file: serve https and demand credentials.
+        #[arg(long = "web.config.file")]
+        web_config_file: Option<PathBuf>,
     },
     /// Run Prometheus' PromQL conformance files ($PROMQL_TESTDATA, else ../shared/promql-testdata).
     PromqlTest {
@@ -142,16 +145,22 @@ async fn main() -> anyhow::Result<()> {
         Command::PromqlTest { dir, verbose } => tokio::task::spawn_blocking(move || promql_test(dir, verbose)).await?,
         #[cfg(not(feature = "promql-test"))]
         Command::PromqlTest { .. } => anyhow::bail!("this strata was built without the promql-test feature"),
-        Command::Simulate { nodes, gpus_per_node, listen, seed, start_at } => {
+        Command::Simulate { nodes, gpus_per_node, listen, seed, start_at, web_config_file } => {
+            let web = match &web_config_file {
+                Some(p) => strata_server::WebConfig::load(p)?,
+                None => strata_server::WebConfig::default(),
+            };
+            let scheme = if web.tls.is_some() { "https" } else { "http" };
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             let addr = listener.local_addr()?;
             let offset =
                 start_at.map(|s| s.saturating_mul(1000).saturating_sub(strata_model::time::now_ms())).unwrap_or(0);
-            println!("simulator listening on http://{addr} ({nodes} nodes x {gpus_per_node} GPUs: http://{addr}/node/0/metrics ...)");
+            println!("simulator listening on {scheme}://{addr} ({nodes} nodes x {gpus_per_node} GPUs: {scheme}://{addr}/node/0/metrics ...)");
             strata_simulator::serve(
                 listener,
                 strata_simulator::Fleet::new(seed, nodes, gpus_per_node),
                 offset,
+                web,
                 shutdown_signal(),
             )
             .await?;

@@ -53,7 +53,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let fleet = strata_simulator::Fleet::new(1, a.nodes, a.gpus_per_node);
     let mut rx = stop_rx.clone();
-    let sim = tokio::spawn(strata_simulator::serve(listener, fleet, 0, async move {
+    let sim = tokio::spawn(strata_simulator::serve(listener, fleet, 0, Default::default(), async move {
         let _ = rx.changed().await;
     }));
 

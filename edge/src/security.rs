@@ -197,14 +197,14 @@ mod tests {
     use axum::http::HeaderMap;
     use axum::routing::get;
     use std::time::Duration;
-    use strata_api::test_certs;
+    use strata_server::test_certs;
 
     /// An https server: `/metrics` behind the web config's basic auth, `/bearer` checking a
     /// bearer token itself.
     async fn https_server(dir: &Path, web_text: &str) -> std::net::SocketAddr {
         let web = dir.join("web.yml");
         std::fs::write(&web, web_text).unwrap();
-        let web = strata_api::WebConfig::load(&web).unwrap();
+        let web = strata_server::WebConfig::load(&web).unwrap();
         let app = axum::Router::new().route("/metrics", get(|| async { "m 1\n" })).route(
             "/bearer",
             get(|h: HeaderMap| async move {
@@ -218,7 +218,7 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(strata_api::serve(listener, app, Default::default(), web, std::future::pending()));
+        tokio::spawn(strata_server::serve(listener, app, Default::default(), web, std::future::pending()));
         addr
     }
 

@@ -15,8 +15,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_api::{ApiOptions, ServerLimits, WebConfig, WebConfigError};
+use strata_api::ApiOptions;
 use strata_model::duration::parse_duration;
+use strata_server::{ServerLimits, WebConfig, WebConfigError};
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::wal::SyncPolicy;
 use strata_tsdb::TsdbStore;
@@ -294,7 +295,7 @@ impl Edge {
         let mut rx = shutdown_rx.clone();
         let server_limits = opts.server;
         let server = tokio::spawn(async move {
-            let res = strata_api::serve(listener, app, server_limits, web, async move {
+            let res = strata_server::serve(listener, app, server_limits, web, async move {
                 let _ = rx.changed().await;
             })
             .await;

@@ -68,9 +68,15 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", sim_port)).await?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut rx = stop_rx.clone();
-    tokio::spawn(strata_simulator::serve(listener, strata_simulator::Fleet::new(1, nodes, 8), 0, async move {
-        let _ = rx.changed().await;
-    }));
+    tokio::spawn(strata_simulator::serve(
+        listener,
+        strata_simulator::Fleet::new(1, nodes, 8),
+        0,
+        Default::default(),
+        async move {
+            let _ = rx.changed().await;
+        },
+    ));
     let mut targets = String::new();
     for i in 0..nodes {
         targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));

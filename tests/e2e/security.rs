@@ -9,7 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 /// `curl` over TLS with the test CA; returns (status, body).
-fn curl(certs: &strata_api::test_certs::TestCerts, url: &str, user: Option<&str>) -> (u16, String) {
+fn curl(certs: &strata_server::test_certs::TestCerts, url: &str, user: Option<&str>) -> (u16, String) {
     let mut c = Command::new("curl");
     c.args(["-sS", "-m", "10", "--cacert"]).arg(&certs.ca).args(["-w", "\n%{http_code}"]);
     if let Some(u) = user {
@@ -25,8 +25,8 @@ fn curl(certs: &strata_api::test_certs::TestCerts, url: &str, user: Option<&str>
     (code, body.to_string())
 }
 
-fn write_web_config(dir: &Path) -> (strata_api::test_certs::TestCerts, std::path::PathBuf) {
-    let certs = strata_api::test_certs::write(dir).expect("test certificates");
+fn write_web_config(dir: &Path) -> (strata_server::test_certs::TestCerts, std::path::PathBuf) {
+    let certs = strata_server::test_certs::write(dir).expect("test certificates");
     let hash = bcrypt::hash("s3cret", 4).expect("bcrypt");
     let web = dir.join("web.yml");
     std::fs::write(
@@ -119,5 +119,78 @@ fn prometheus_remote_writes_into_a_tls_and_basic_auth_edge() {
             edge.log_text()
         );
         std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+#[test]
+fn the_edge_scrapes_an_https_target_that_demands_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, web) = write_web_config(dir.path());
+    let (sim_port, edge_port) = (free_port(), free_port());
+    let mut sim = Proc::strata(
+        &[
+            "simulate",
+            "--nodes",
+            "1",
+            "--listen",
+            &format!("127.0.0.1:{sim_port}"),
+            "--web.config.file",
+            &web.display().to_string(),
+        ],
+        dir.path(),
+        "sim",
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while curl(&certs, &format!("https://127.0.0.1:{sim_port}/node/0/metrics"), Some("alice:s3cret")).0 != 200 {
+        sim.assert_running();
+        assert!(Instant::now() < deadline, "the https simulator never answered:\n{}", sim.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
+    let job = |name: &str, auth: &str| {
+        format!("  - job_name: {name}\n    scheme: https\n    metrics_path: /node/0/metrics\n    tls_config: {{ca_file: ca.crt}}\n{auth}    static_configs:\n      - targets: ['127.0.0.1:{sim_port}']\n")
+    };
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n{}{}",
+            job("dcgm", "    basic_auth: {username: alice, password_file: password}\n"),
+            job("nocreds", "")
+        ),
+    )
+    .unwrap();
+    let data = dir.path().join("edge-data").display().to_string();
+    let mut edge = Proc::strata(
+        &[
+            "edge",
+            "--config",
+            &cfg.display().to_string(),
+            "--data",
+            &data,
+            "--http-listen",
+            &format!("127.0.0.1:{edge_port}"),
+        ],
+        dir.path(),
+        "edge",
+    );
+    let base = format!("http://127.0.0.1:{edge_port}");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let series = |q: &str| -> usize {
+        let text = client().get(format!("{base}/api/v1/series?match[]={q}")).send().unwrap().text().unwrap();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        v["data"].as_array().map_or(0, |a| a.len())
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while series("DCGM_FI_DEV_GPU_TEMP") < 8 {
+        edge.assert_running();
+        assert!(Instant::now() < deadline, "no GPU series scraped over https:\n{}", edge.log_text());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    // The job without credentials is refused by the target and says so.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !edge.log_text().contains("HTTP status 401") {
+        assert!(Instant::now() < deadline, "no 401 logged for the job without credentials:\n{}", edge.log_text());
+        std::thread::sleep(Duration::from_millis(300));
     }
 }

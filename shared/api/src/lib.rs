@@ -8,13 +8,6 @@
 
 mod params;
 mod query;
-pub mod server;
-#[cfg(any(test, feature = "test-certs"))]
-pub mod test_certs;
-pub mod web_config;
-
-pub use server::{serve, ServerLimits};
-pub use web_config::{WebConfig, WebConfigError};
 
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, State};

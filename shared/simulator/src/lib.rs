@@ -10,15 +10,20 @@ pub mod server;
 pub use fleet::Fleet;
 
 /// Serves the fleet on `listener` until `shutdown` completes. `clock_offset_ms` shifts the
-/// simulated clock from wall time (tests use it to start at a chosen instant).
+/// simulated clock from wall time (tests use it to start at a chosen instant); `web`
+/// makes it an https target that demands credentials, like dcgm-exporter behind an auth
+/// proxy.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     fleet: Fleet,
     clock_offset_ms: i64,
+    web: strata_server::WebConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), SimulatorError> {
     let state = std::sync::Arc::new(server::SimState { fleet, clock_offset_ms });
-    axum::serve(listener, server::router(state)).with_graceful_shutdown(shutdown).await.map_err(SimulatorError::Serve)
+    strata_server::serve(listener, server::router(state), Default::default(), web, shutdown)
+        .await
+        .map_err(SimulatorError::Serve)
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -247,7 +247,7 @@ pub async fn require_basic_auth(auth: Arc<BasicAuth>, req: Request, next: Next) 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::server::{serve, ServerLimits};
+    use crate::serve::{serve, ServerLimits};
     use axum::routing::get;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpStream;

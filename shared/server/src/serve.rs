@@ -8,6 +8,7 @@
 //! bounded by the header timeout too) and basic auth on every route.
 
 use axum::extract::Request;
+use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
@@ -127,11 +128,9 @@ where
 async fn within(timeout: Duration, req: Request, next: Next) -> Response {
     match tokio::time::timeout(timeout, next.run(req)).await {
         Ok(r) => r,
-        Err(_) => crate::ApiError {
-            kind: crate::ErrorType::Unavailable,
-            message: format!("request did not complete within {timeout:?}"),
+        Err(_) => {
+            (StatusCode::SERVICE_UNAVAILABLE, format!("request did not complete within {timeout:?}\n")).into_response()
         }
-        .into_response(),
     }
 }
 
