@@ -106,3 +106,22 @@ pub fn metric_value(page: &str, name: &str) -> Option<f64> {
 }
 
 pub use strata_model::time::now_ms;
+
+/// The `data` of a Prometheus API answer. Anything but HTTP 200 with `"status":"success"`
+/// fails the test: an API error must never read as an empty answer.
+pub fn api_data(url: &str) -> serde_json::Value {
+    let resp = client().get(url).send().unwrap_or_else(|e| panic!("{url}: {e}"));
+    let code = resp.status().as_u16();
+    let text = resp.text().unwrap_or_else(|e| panic!("{url}: {e}"));
+    assert_eq!(code, 200, "{url} answered {code}: {text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: {e}: {text}"));
+    assert_eq!(v["status"], "success", "{url}: {text}");
+    v["data"].clone()
+}
+
+/// The number of series `match[]` selects (URL-encoded as needed).
+pub fn series_count(base: &str, selector: &str) -> usize {
+    let enc = selector.replace('{', "%7B").replace('}', "%7D").replace('"', "%22").replace('=', "%3D");
+    let data = api_data(&format!("{base}/api/v1/series?match[]={enc}"));
+    data.as_array().unwrap_or_else(|| panic!("series data is not an array: {data}")).len()
+}

@@ -62,8 +62,8 @@ fn series(base: &str, selector: &str) -> Vec<serde_json::Value> {
         "{base}/api/v1/series?match[]={}",
         selector.replace('{', "%7B").replace('}', "%7D").replace('"', "%22").replace('=', "%3D")
     );
-    let v: serde_json::Value = serde_json::from_str(&client().get(url).send().unwrap().text().unwrap()).unwrap();
-    v["data"].as_array().cloned().unwrap_or_default()
+    let data = api_data(&url);
+    data.as_array().cloned().unwrap_or_else(|| panic!("series data is not an array: {data}"))
 }
 
 fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) {

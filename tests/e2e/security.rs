@@ -176,11 +176,7 @@ fn the_edge_scrapes_an_https_target_that_demands_credentials() {
     );
     let base = format!("http://127.0.0.1:{edge_port}");
     wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
-    let series = |q: &str| -> usize {
-        let text = client().get(format!("{base}/api/v1/series?match[]={q}")).send().unwrap().text().unwrap();
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-        v["data"].as_array().map_or(0, |a| a.len())
-    };
+    let series = |q: &str| series_count(&base, q);
     let deadline = Instant::now() + Duration::from_secs(30);
     while series("DCGM_FI_DEV_GPU_TEMP") < 8 {
         edge.assert_running();

@@ -25,18 +25,11 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let deadline = Instant::now() + Duration::from_secs(30);
     for port in [base + 1, base + 2] {
         loop {
-            let text = client()
-                .get(format!("http://127.0.0.1:{port}/api/v1/series?match[]=DCGM_FI_DEV_GPU_TEMP"))
-                .send()
-                .unwrap()
-                .text()
-                .unwrap();
-            let v: serde_json::Value = serde_json::from_str(&text).unwrap();
-            let n = v["data"].as_array().map(|a| a.len()).unwrap_or(0);
+            let n = series_count(&format!("http://127.0.0.1:{port}"), "DCGM_FI_DEV_GPU_TEMP");
             if n >= 16 {
                 break;
             }
-            assert!(Instant::now() < deadline, "edge on {port} has {n} GPU_TEMP series: {text}");
+            assert!(Instant::now() < deadline, "edge on {port} has {n} GPU_TEMP series");
             std::thread::sleep(Duration::from_millis(300));
         }
     }

@@ -156,6 +156,7 @@ struct Eval {
     ordered: bool,
     expected: Vec<String>,
     expected_fail_message: Option<String>,
+    expected_fail_regexp: Option<String>,
 }
 
 fn engine_at(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<QueryValue, String> {
@@ -174,12 +175,21 @@ fn check(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<
     let got = engine_at(store, e, rt);
     if e.fail {
         return match got {
-            Err(m) => match &e.expected_fail_message {
-                Some(want) if !m.contains(want.as_str()) => {
-                    Err(format!("failed with {m:?}, expected message {want:?}"))
+            Err(m) => {
+                if let Some(want) = &e.expected_fail_message {
+                    if !m.contains(want.as_str()) {
+                        return Err(format!("failed with {m:?}, expected message {want:?}"));
+                    }
                 }
-                _ => Ok(()),
-            },
+                if let Some(pattern) = &e.expected_fail_regexp {
+                    let re =
+                        regex::Regex::new(pattern).map_err(|x| format!("expected_fail_regexp {pattern:?}: {x}"))?;
+                    if !re.is_match(&m) {
+                        return Err(format!("failed with {m:?}, expected an error matching {pattern:?}"));
+                    }
+                }
+                Ok(())
+            }
             Ok(v) => Err(format!("expected an error, got {v:?}")),
         };
     }
@@ -332,6 +342,7 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 ordered: cmd == "eval_ordered",
                 expected: vec![],
                 expected_fail_message: None,
+                expected_fail_regexp: None,
             };
             let parsed = if let Some(r) = rest.strip_prefix("instant at ") {
                 r.split_once(' ').and_then(|(t, x)| parse_duration_ms(t).ok().map(|t| (t, x))).map(|(t, x)| {
@@ -360,10 +371,9 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 let l = lines[i].trim();
                 if let Some(m) = l.strip_prefix("expected_fail_message ") {
                     e.expected_fail_message = Some(m.to_string());
-                } else if !l.starts_with("expected_fail_regexp")
-                    && !l.starts_with("expected_warn")
-                    && !l.starts_with("expected_info")
-                {
+                } else if let Some(r) = l.strip_prefix("expected_fail_regexp ") {
+                    e.expected_fail_regexp = Some(r.to_string());
+                } else if !l.starts_with("expected_warn") && !l.starts_with("expected_info") {
                     e.expected.push(l.to_string());
                 }
                 i += 1;
@@ -446,5 +456,14 @@ eval_fail instant at 50m sum(
         run_file("inline", text, &mut r);
         assert!(r.failed.is_empty(), "{:#?}", r.failed);
         assert_eq!(r.passed, 5);
+    }
+
+    #[test]
+    fn an_eval_fail_with_the_wrong_error_fails() {
+        let text = "load 5m\n  m 1\n\neval_fail instant at 0m label_replace(m, \"bad-name\", \"\", \"src\", \"\")\n  expected_fail_message invalid destination label name\n\neval_fail instant at 0m label_replace(m, \"bad-name\", \"\", \"src\", \"\")\n  expected_fail_message something else entirely\n\neval_fail instant at 0m label_replace(m, \"bad-name\", \"\", \"src\", \"\")\n  expected_fail_regexp invalid .* label name\n\neval_fail instant at 0m label_replace(m, \"bad-name\", \"\", \"src\", \"\")\n  expected_fail_regexp ^no such thing$\n";
+        let mut r = Report::default();
+        run_file("inline", text, &mut r);
+        assert_eq!(r.passed, 2, "{:#?}", r.failed);
+        assert_eq!(r.failed.len(), 2, "a wrong error message passed: {:#?}", r.failed);
     }
 }
