@@ -416,4 +416,41 @@ strata:
         assert_eq!(parse_bytes("0").unwrap(), 0);
         assert!(parse_bytes("10XB").is_err());
     }
+
+    /// The example configuration with bytes flipped, dropped or repeated: loading gives a
+    /// configuration or an error, never a panic.
+    #[test]
+    fn mutated_configs_load_or_fail_never_panic() {
+        const ALPHABET: &[u8] = b" :-[]{}'\"\n#0a9*&|>!%@";
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let (mut ok, mut err) = (0, 0);
+        for _ in 0..2000 {
+            let mut b = PROM.as_bytes().to_vec();
+            for _ in 0..(1 + next() % 3) {
+                let i = (next() as usize) % b.len();
+                match next() % 3 {
+                    0 => b[i] = ALPHABET[(next() % ALPHABET.len() as u64) as usize],
+                    1 => {
+                        b.remove(i);
+                    }
+                    _ => {
+                        let end = (i + (next() % 30) as usize).min(b.len());
+                        let piece = b[i..end].to_vec();
+                        b.splice(i..i, piece);
+                    }
+                }
+            }
+            match EdgeConfig::parse(&String::from_utf8_lossy(&b), Path::new("x.yml")) {
+                Ok(_) => ok += 1,
+                Err(_) => err += 1,
+            }
+        }
+        assert!(ok > 50 && err > 50, "the mutations must exercise both outcomes: {ok} loaded, {err} refused");
+    }
 }

@@ -198,3 +198,44 @@ fn random_byte_soup_never_panics() {
         }
     }
 }
+
+/// Valid pages with bytes flipped, dropped or repeated: every entry is a sample, metadata
+/// or an error, and a sample's series always parses or errs, never panics.
+#[test]
+fn mutated_valid_pages_never_panic() {
+    let page = "# HELP DCGM_FI_DEV_GPU_TEMP GPU temperature (in C).\n# TYPE DCGM_FI_DEV_GPU_TEMP gauge\nDCGM_FI_DEV_GPU_TEMP{gpu=\"0\",UUID=\"GPU-1\",Hostname=\"n\",modelName=\"NVIDIA H100 80GB HBM3\"} 61 1764460800000\nDCGM_FI_DEV_POWER_USAGE{gpu=\"0\"} 301.123\n# TYPE e counter\n# UNIT e joules\ne_total{a=\"x\\\\y\\\"z\\n\"} 1.5e3 1764460800.5\n# EOF\n";
+    let mut x = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for _ in 0..5000 {
+        let mut b = page.as_bytes().to_vec();
+        for _ in 0..(1 + next() % 4) {
+            let i = (next() as usize) % b.len().max(1);
+            match next() % 3 {
+                0 => b[i] = next() as u8,
+                1 => {
+                    b.remove(i);
+                }
+                _ => {
+                    let end = (i + (next() % 20) as usize).min(b.len());
+                    let piece = b[i..end].to_vec();
+                    b.splice(i..i, piece);
+                }
+            }
+            if b.is_empty() {
+                break;
+            }
+        }
+        for format in [Format::Text, Format::OpenMetrics] {
+            for e in Parser::new(&b, format).flatten() {
+                if let Entry::Sample { series, line, .. } = e {
+                    let _ = parse_series_at(series, line);
+                }
+            }
+        }
+    }
+}
