@@ -265,9 +265,14 @@ impl EdgeConfig {
             if scheme != "http" && scheme != "https" {
                 return Err(err(format!("scheme {scheme:?} is not http or https")));
             }
-            let security =
-                crate::security::build(base, j.tls_config.as_ref(), j.basic_auth.as_ref(), j.authorization.as_ref())
-                    .map_err(err)?;
+            let security = crate::security::build(
+                base,
+                scheme == "https",
+                j.tls_config.as_ref(),
+                j.basic_auth.as_ref(),
+                j.authorization.as_ref(),
+            )
+            .map_err(err)?;
             let relabel = compile_all(&j.relabel_configs).map_err(|e| err(e.to_string()))?;
             let metric_relabel = compile_all(&j.metric_relabel_configs).map_err(|e| err(e.to_string()))?;
             let file_sd = j

@@ -59,9 +59,12 @@ fn read_secret(base: &Path, p: &Path, what: &str) -> Result<String, String> {
     std::fs::read_to_string(&p).map(|s| s.trim().to_string()).map_err(|e| format!("{what} {}: {e}", p.display()))
 }
 
-/// The job's client security; `Err` carries the reason for the configuration error.
+/// The job's client security; `Err` carries the reason for the configuration error. TLS is
+/// set up for jobs that use `https` or configure `tls_config` (reading the system's CAs
+/// for every plain-http job would cost every reload for nothing).
 pub fn build(
     base: &Path,
+    https: bool,
     tls: Option<&TlsConfig>,
     basic: Option<&BasicAuthConfig>,
     authz: Option<&AuthorizationConfig>,
@@ -98,11 +101,8 @@ pub fn build(
         (None, None) => None,
     };
     let tls_cfg = tls.cloned().unwrap_or_default();
-    Ok(ClientSecurity {
-        tls: Some(Arc::new(client_config(base, &tls_cfg)?)),
-        server_name: tls_cfg.server_name.clone(),
-        authorization,
-    })
+    let client = if https || tls.is_some() { Some(Arc::new(client_config(base, &tls_cfg)?)) } else { None };
+    Ok(ClientSecurity { tls: client, server_name: tls_cfg.server_name.clone(), authorization })
 }
 
 fn client_config(base: &Path, t: &TlsConfig) -> Result<rustls::ClientConfig, String> {
@@ -241,24 +241,24 @@ mod tests {
         .await;
         let tls = TlsConfig { ca_file: Some("ca.crt".into()), ..Default::default() };
         let basic = BasicAuthConfig { username: "scraper".into(), password: Some("pw".into()), password_file: None };
-        let with_auth = build(d.path(), Some(&tls), Some(&basic), None).unwrap();
+        let with_auth = build(d.path(), true, Some(&tls), Some(&basic), None).unwrap();
         assert_eq!(scrape(&format!("https://{addr}/metrics"), with_auth).await.unwrap(), "m 1\n");
-        let no_auth = build(d.path(), Some(&tls), None, None).unwrap();
+        let no_auth = build(d.path(), true, Some(&tls), None, None).unwrap();
         assert_eq!(scrape(&format!("https://{addr}/metrics"), no_auth).await, Err(HttpError::Status(401)));
         // The server's certificate is not trusted without the CA, unless verification is off.
-        let untrusted = build(d.path(), None, Some(&basic), None).unwrap();
+        let untrusted = build(d.path(), true, None, Some(&basic), None).unwrap();
         assert!(matches!(scrape(&format!("https://{addr}/metrics"), untrusted).await, Err(HttpError::Connect { .. })));
         let skip = TlsConfig { insecure_skip_verify: true, ..Default::default() };
-        let insecure = build(d.path(), Some(&skip), Some(&basic), None).unwrap();
+        let insecure = build(d.path(), true, Some(&skip), Some(&basic), None).unwrap();
         assert_eq!(scrape(&format!("https://{addr}/metrics"), insecure).await.unwrap(), "m 1\n");
         // A server name other than the address's.
         let named =
             TlsConfig { ca_file: Some("ca.crt".into()), server_name: Some("localhost".into()), ..Default::default() };
-        let ok = build(d.path(), Some(&named), Some(&basic), None).unwrap();
+        let ok = build(d.path(), true, Some(&named), Some(&basic), None).unwrap();
         assert_eq!(scrape(&format!("https://{addr}/metrics"), ok).await.unwrap(), "m 1\n");
         let wrong =
             TlsConfig { ca_file: Some("ca.crt".into()), server_name: Some("elsewhere".into()), ..Default::default() };
-        let bad = build(d.path(), Some(&wrong), Some(&basic), None).unwrap();
+        let bad = build(d.path(), true, Some(&wrong), Some(&basic), None).unwrap();
         assert!(scrape(&format!("https://{addr}/metrics"), bad).await.is_err());
 
         // Bearer tokens, inline or from a file.
@@ -269,7 +269,7 @@ mod tests {
             AuthorizationConfig { credentials: Some("t0ken".into()), ..Default::default() },
             AuthorizationConfig { credentials_file: Some("token".into()), ..Default::default() },
         ] {
-            let s = build(d.path(), Some(&tls), None, Some(&authz)).unwrap();
+            let s = build(d.path(), true, Some(&tls), None, Some(&authz)).unwrap();
             assert_eq!(scrape(&format!("https://{addr2}/bearer"), s).await.unwrap(), "m 2\n");
         }
 
@@ -286,12 +286,12 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            scrape(&format!("https://{addr3}/metrics"), build(d.path(), Some(&mtls), None, None).unwrap())
+            scrape(&format!("https://{addr3}/metrics"), build(d.path(), true, Some(&mtls), None, None).unwrap())
                 .await
                 .unwrap(),
             "m 1\n"
         );
-        assert!(scrape(&format!("https://{addr3}/metrics"), build(d.path(), Some(&tls), None, None).unwrap())
+        assert!(scrape(&format!("https://{addr3}/metrics"), build(d.path(), true, Some(&tls), None, None).unwrap())
             .await
             .is_err());
         let _ = certs;
@@ -302,10 +302,10 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let basic =
             BasicAuthConfig { username: "u".into(), password: Some("p".into()), password_file: Some("f".into()) };
-        assert!(build(d.path(), None, Some(&basic), None).unwrap_err().contains("mutually exclusive"));
+        assert!(build(d.path(), true, None, Some(&basic), None).unwrap_err().contains("mutually exclusive"));
         let authz = AuthorizationConfig { credentials_file: Some("missing".into()), ..Default::default() };
-        assert!(build(d.path(), None, None, Some(&authz)).unwrap_err().contains("missing"));
+        assert!(build(d.path(), true, None, None, Some(&authz)).unwrap_err().contains("missing"));
         let tls = TlsConfig { ca_file: Some("nope.crt".into()), ..Default::default() };
-        assert!(build(d.path(), Some(&tls), None, None).unwrap_err().contains("nope.crt"));
+        assert!(build(d.path(), true, Some(&tls), None, None).unwrap_err().contains("nope.crt"));
     }
 }
