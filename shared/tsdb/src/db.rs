@@ -350,7 +350,7 @@ impl Tsdb {
 
     /// Records a metric family's metadata, logging it when it changed.
     pub fn set_metadata(&self, family: &str, meta: Metadata) -> Result<(), TsdbError> {
-        if self.head.set_metadata(family, meta.clone()) {
+        if let Some(meta) = self.head.set_metadata(family, meta) {
             let logged = self.wal.lock().wal.log(&[WalRecord::Metadata { family: family.to_string(), meta }]);
             self.wal_failed.store(logged.is_err(), Ordering::Relaxed);
             logged?;

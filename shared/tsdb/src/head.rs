@@ -7,12 +7,12 @@
 
 use crate::index::{Interner, PostingsIndex, SeriesRef};
 use parking_lot::{Mutex, RwLock};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use strata_chunk::{Chunk, ChunkAppender};
 use strata_model::matcher::Matcher;
-use strata_model::{Labels, Metadata, MetricType, Sample};
+use strata_model::{Labels, Metadata, MetricType, Sample, METRIC_NAME};
 
 /// Why one sample was refused. Matches Prometheus' append errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -176,6 +176,21 @@ pub struct HeadBlock {
 /// Suffixes under which a metric's samples appear while its metadata names the family.
 const FAMILY_SUFFIXES: [&str; 6] = ["_total", "_bucket", "_count", "_sum", "_created", "_info"];
 
+/// Longest family name, help or unit kept.
+pub const MAX_METADATA_BYTES: usize = 1024;
+/// Metric families whose metadata the head keeps at most.
+pub const MAX_METADATA_FAMILIES: usize = 100_000;
+
+fn truncate_utf8(s: &mut String, max: usize) {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+}
+
 impl HeadBlock {
     pub fn new(max_series: usize) -> Self {
         HeadBlock {
@@ -263,13 +278,33 @@ impl HeadBlock {
         self.table.read().series.len()
     }
 
-    pub fn set_metadata(&self, family: &str, meta: Metadata) -> bool {
-        let mut m = self.metadata.write();
-        if m.get(family) == Some(&meta) {
-            return false;
+    /// Records a family's metadata. Bounded: family names, help
+    /// and unit are cut to [`MAX_METADATA_BYTES`] (as Mimir's `max_metadata_length`), and
+    /// past [`MAX_METADATA_FAMILIES`] a new family is not recorded. Returns what was stored
+    /// when it changed, for the WAL.
+    pub fn set_metadata(&self, family: &str, mut meta: Metadata) -> Option<Metadata> {
+        if family.is_empty() || family.len() > MAX_METADATA_BYTES {
+            return None;
         }
-        m.insert(family.to_string(), meta);
-        true
+        truncate_utf8(&mut meta.help, MAX_METADATA_BYTES);
+        truncate_utf8(&mut meta.unit, MAX_METADATA_BYTES);
+        let mut m = self.metadata.write();
+        match m.get(family) {
+            Some(old) if *old == meta => return None,
+            None if m.len() >= MAX_METADATA_FAMILIES => return None,
+            _ => {}
+        }
+        m.insert(family.to_string(), meta.clone());
+        Some(meta)
+    }
+
+    /// Forgets the metadata of families that no longer have a series (after retention).
+    fn collect_unused_metadata(&self) {
+        let names: HashSet<String> = self.label_values(METRIC_NAME).into_iter().collect();
+        let used = |family: &str| {
+            names.contains(family) || FAMILY_SUFFIXES.iter().any(|s| names.contains(&format!("{family}{s}")))
+        };
+        self.metadata.write().retain(|family, _| used(family));
     }
 
     pub fn all_metadata(&self) -> Vec<(String, Metadata)> {
@@ -381,6 +416,7 @@ impl HeadBlock {
             // The dead series' labels hold their strings until `dead` drops.
             drop(dead);
             self.table.write().interner.gc();
+            self.collect_unused_metadata();
         }
         if cutoff > self.min_t.load(Ordering::Relaxed) {
             self.min_t.store(cutoff, Ordering::Relaxed);

@@ -278,3 +278,25 @@ fn a_failed_wal_write_stores_nothing_and_marks_the_database_unwritable_until_one
     let got = read_all(&open(d.path()), "0");
     assert_eq!(got, vec![Sample::new(now - 2000, 1.0), Sample::new(now, 3.0)]);
 }
+
+#[test]
+fn metadata_is_bounded_and_forgotten_with_its_series() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(d.path(), TsdbOptions { retention: Duration::from_secs(3600), ..Default::default() }).unwrap();
+    let huge = Metadata { metric_type: MetricType::Gauge, help: "é".repeat(10_000), unit: String::new() };
+    db.set_metadata("DCGM_FI_DEV_GPU_UTIL", huge).unwrap();
+    db.set_metadata(&"x".repeat(5000), Metadata::default()).unwrap();
+    let all = db.head().all_metadata();
+    assert_eq!(all.len(), 1, "an oversize family name was kept");
+    assert!(all[0].1.help.len() <= crate::head::MAX_METADATA_BYTES);
+    // Retention removes the family's only series: its metadata goes too.
+    let now = strata_model::time::now_ms();
+    let s = db.series(&labels("0")).unwrap();
+    db.commit(&[(s, Sample::new(now - 3 * 3600 * 1000, 1.0))]).unwrap();
+    let other = db.series(&Labels::from_pairs([("__name__", "other_total")])).unwrap();
+    db.commit(&[(other, Sample::new(now, 1.0))]).unwrap();
+    db.set_metadata("other", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
+    db.apply_retention().unwrap();
+    let names: Vec<String> = db.head().all_metadata().into_iter().map(|(f, _)| f).collect();
+    assert_eq!(names, ["other"], "metadata of a family without series was kept, or of one with series dropped");
+}
