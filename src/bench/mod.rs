@@ -1,6 +1,7 @@
 //! `strata bench ...`: the benchmarks that print the figures quoted in the README and the
 //! issues. Each compares against its anchor in the same run where one exists.
 
+mod attack;
 mod fleet_day;
 mod ingest;
 mod vs_prometheus;
@@ -32,6 +33,15 @@ pub enum BenchCommand {
         #[arg(long)]
         serve: Option<std::net::SocketAddr>,
     },
+    /// The attacks of issue 8, together, against an edge that scrapes and receives remote
+    /// write: what each gets, and the edge's peak memory.
+    Attack {
+        #[arg(long, default_value_t = 32)]
+        nodes: usize,
+        /// Seconds of normal load before the attacks.
+        #[arg(long, default_value_t = 15)]
+        seconds: u64,
+    },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
     VsPrometheus {
@@ -46,6 +56,7 @@ pub enum BenchCommand {
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
+        BenchCommand::Attack { nodes, seconds } => attack::run(nodes, seconds).await,
         BenchCommand::Ingest { nodes, gpus_per_node, scrapes, reps } => {
             tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes, reps)).await?
         }

@@ -6,12 +6,12 @@ use anyhow::Context;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-struct ProcStats {
-    cpu_secs: f64,
-    peak_rss_mb: f64,
+pub(super) struct ProcStats {
+    pub(super) cpu_secs: f64,
+    pub(super) peak_rss_mb: f64,
 }
 
-fn proc_stats(pid: u32) -> anyhow::Result<ProcStats> {
+pub(super) fn proc_stats(pid: u32) -> anyhow::Result<ProcStats> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
     // fields after the command name, which is in parentheses and may hold spaces
     let rest = stat.rsplit_once(')').map(|x| x.1).unwrap_or("");
@@ -36,11 +36,11 @@ fn counter_sum(page: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn free_port() -> anyhow::Result<u16> {
+pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
-struct Guard(Child);
+pub(super) struct Guard(pub(super) Child);
 impl Drop for Guard {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -52,7 +52,7 @@ async fn get(url: &str) -> anyhow::Result<String> {
     Ok(reqwest::get(url).await?.text().await?)
 }
 
-async fn wait_ready(url: &str) -> anyhow::Result<()> {
+pub(super) async fn wait_ready(url: &str) -> anyhow::Result<()> {
     for _ in 0..300 {
         if reqwest::get(url).await.map(|r| r.status().is_success()).unwrap_or(false) {
             return Ok(());
