@@ -29,8 +29,11 @@ fn varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
+/// One series to write: label pairs and (timestamp, value) samples.
+type Series<'a> = (Vec<(&'a str, String)>, Vec<(i64, f64)>);
+
 /// A snappy-compressed `WriteRequest` of one series per `(labels, samples)`.
-fn write_body(series: &[(Vec<(&str, String)>, Vec<(i64, f64)>)]) -> Vec<u8> {
+fn write_body(series: &[Series]) -> Vec<u8> {
     let mut req = Vec::new();
     for (labels, samples) in series {
         let mut ts = Vec::new();
