@@ -60,6 +60,9 @@ enum Command {
         /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
         #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
         query_max_concurrency: usize,
+        /// Samples a query may touch (Prometheus' flag of the same name).
+        #[arg(long = "query.max-samples", default_value_t = 50_000_000)]
+        query_max_samples: u64,
         /// Allow reloading the configuration with `POST /-/reload` (SIGHUP always works).
         #[arg(long = "web.enable-lifecycle")]
         web_enable_lifecycle: bool,
@@ -166,11 +169,20 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Edge { config, http_listen, data, query_max_concurrency, web_enable_lifecycle, web_config_file } => {
+        Command::Edge {
+            config,
+            http_listen,
+            data,
+            query_max_concurrency,
+            query_max_samples,
+            web_enable_lifecycle,
+            web_config_file,
+        } => {
             let mut opts = strata_edge::EdgeOptions::new(config);
             opts.http_listen = http_listen;
             opts.data_dir = data;
             opts.api.max_concurrency = query_max_concurrency;
+            opts.api.engine.max_samples = query_max_samples;
             opts.enable_lifecycle = web_enable_lifecycle;
             opts.web_config = web_config_file;
             let edge = strata_edge::Edge::start(opts).await?;

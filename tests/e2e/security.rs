@@ -190,3 +190,94 @@ fn the_edge_scrapes_an_https_target_that_demands_credentials() {
         std::thread::sleep(Duration::from_millis(300));
     }
 }
+
+/// Sends a request's head over a raw connection and returns the stream, still open.
+fn raw_request(addr: &str, head: &str) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).expect("connect");
+    s.write_all(head.as_bytes()).expect("send");
+    s
+}
+
+#[test]
+fn writes_past_the_concurrency_limit_wait_without_holding_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let mut edge = Proc::strata(
+        &[
+            "edge",
+            "--config",
+            &cfg.display().to_string(),
+            "--data",
+            &data,
+            "--http-listen",
+            &format!("127.0.0.1:{port}"),
+            "--query.max-concurrency",
+            "1",
+        ],
+        dir.path(),
+        "edge",
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let addr = format!("127.0.0.1:{port}");
+
+    // Four writes that send their head and then stall: they hold the four write slots.
+    let stalled: Vec<_> = (0..4)
+        .map(|_| raw_request(&addr, "POST /api/v1/write HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\npartial"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let c = reqwest::blocking::Client::builder().timeout(Duration::from_secs(3)).build().unwrap();
+    let t = now_ms();
+    let body = snap::raw::Encoder::new().compress_vec(&[]).unwrap();
+    assert!(c.post(format!("{base}/api/v1/write")).body(body.clone()).send().is_err(), "a fifth write was not queued");
+    drop(stalled);
+    let r = c.post(format!("{base}/api/v1/write")).body(body).send().expect("served once the slots are free");
+    assert_eq!(r.status().as_u16(), 204);
+    assert!(now_ms() - t < 10_000);
+}
+
+#[test]
+fn a_query_whose_client_disconnects_stops_and_frees_its_slot() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let mut edge = Proc::strata(
+        &[
+            "edge",
+            "--config",
+            &cfg.display().to_string(),
+            "--data",
+            &data,
+            "--http-listen",
+            &format!("127.0.0.1:{port}"),
+            "--query.max-concurrency",
+            "1",
+            "--query.max-samples",
+            "4000000000",
+        ],
+        dir.path(),
+        "edge",
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let heavy = "/api/v1/query_range?query=quantile_over_time(0.5,vector(time())%5B1d:1s%5D)&start=0&end=10000&step=1";
+    // It runs long: past a 2 s timeout, rather than being refused up front.
+    let c = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
+    let text = c.get(format!("{base}{heavy}&timeout=2s")).send().unwrap().text().unwrap_or_default();
+    let head: String = text.chars().take(300).collect();
+    assert!(text.contains("\"errorType\":\"timeout\""), "the heavy query did not run long: {head}");
+    // Its client goes away half a second in: the only query slot is free soon after.
+    let s = raw_request(&format!("127.0.0.1:{port}"), &format!("GET {heavy} HTTP/1.1\r\nHost: x\r\n\r\n"));
+    std::thread::sleep(Duration::from_millis(500));
+    drop(s);
+    let began = Instant::now();
+    let r = c.get(format!("{base}/api/v1/query?query=1&timeout=20s")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(began.elapsed() < Duration::from_secs(5), "the abandoned query held the slot for {:?}", began.elapsed());
+}

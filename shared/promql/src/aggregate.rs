@@ -143,6 +143,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
             #[allow(clippy::needless_range_loop)]
             for i in 0..ev.steps {
+                ev.check_stop()?;
                 let k = scalar_param(i)?;
                 if k.is_nan() {
                     return Err(QueryError::Execution(format!("Parameter value is NaN for {op}")));
@@ -184,6 +185,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
             #[allow(clippy::needless_range_loop)]
             for i in 0..ev.steps {
+                ev.check_stop()?;
                 let r = scalar_param(i)?;
                 if r.is_nan() {
                     return Err(QueryError::Execution("Ratio value is NaN".into()));
@@ -213,6 +215,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                 return Err(QueryError::Execution(format!("invalid label name {label:?}")));
             }
             for i in 0..ev.steps {
+                ev.check_stop()?;
                 let mut counts: HashMap<Labels, f64> = HashMap::new();
                 for (j, s) in input.iter().enumerate() {
                     if let Some(x) = s.vals[i] {

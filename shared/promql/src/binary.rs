@@ -192,6 +192,7 @@ fn vector_vector(
     let many_sig: Vec<Labels> = many.iter().map(|s| signature(&s.labels, &matching)).collect();
     let mut builder = VectorBuilder::new(ev);
     for i in 0..ev.steps {
+        ev.check_stop()?;
         let mut one_at: HashMap<&Labels, (usize, f64)> = HashMap::new();
         for (j, (s, sig)) in one.iter().zip(&one_sig).enumerate() {
             if let Some(x) = s.vals[i] {
