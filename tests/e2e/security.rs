@@ -199,30 +199,25 @@ fn raw_request(addr: &str, head: &str) -> std::net::TcpStream {
     s
 }
 
+/// An edge with no scrape jobs and `extra` flags, ready; returns it with its port.
+fn idle_edge(dir: &Path, extra: &[&str]) -> (Proc, u16) {
+    let port = free_port();
+    let cfg = dir.join("edge.yml");
+    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
+    let (cfg, data, listen) =
+        (cfg.display().to_string(), dir.join("data").display().to_string(), format!("127.0.0.1:{port}"));
+    let mut args = vec!["edge", "--config", &cfg, "--data", &data, "--http-listen", &listen];
+    args.extend_from_slice(extra);
+    let mut edge = Proc::strata(&args, dir, "edge");
+    wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut edge, Duration::from_secs(30));
+    (edge, port)
+}
+
 #[test]
 fn writes_past_the_concurrency_limit_wait_without_holding_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let cfg = dir.path().join("edge.yml");
-    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
-    let data = dir.path().join("data").display().to_string();
-    let mut edge = Proc::strata(
-        &[
-            "edge",
-            "--config",
-            &cfg.display().to_string(),
-            "--data",
-            &data,
-            "--http-listen",
-            &format!("127.0.0.1:{port}"),
-            "--query.max-concurrency",
-            "1",
-        ],
-        dir.path(),
-        "edge",
-    );
+    let (_edge, port) = idle_edge(dir.path(), &[]);
     let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
     let addr = format!("127.0.0.1:{port}");
 
     // Four writes that send their head and then stall: they hold the four write slots.
@@ -243,29 +238,8 @@ fn writes_past_the_concurrency_limit_wait_without_holding_memory() {
 #[test]
 fn a_query_whose_client_disconnects_stops_and_frees_its_slot() {
     let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let cfg = dir.path().join("edge.yml");
-    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
-    let data = dir.path().join("data").display().to_string();
-    let mut edge = Proc::strata(
-        &[
-            "edge",
-            "--config",
-            &cfg.display().to_string(),
-            "--data",
-            &data,
-            "--http-listen",
-            &format!("127.0.0.1:{port}"),
-            "--query.max-concurrency",
-            "1",
-            "--query.max-samples",
-            "4000000000",
-        ],
-        dir.path(),
-        "edge",
-    );
+    let (_edge, port) = idle_edge(dir.path(), &["--query.max-concurrency", "1", "--query.max-samples", "4000000000"]);
     let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
     let heavy = "/api/v1/query_range?query=quantile_over_time(0.5,vector(time())%5B1d:1s%5D)&start=0&end=10000&step=1";
     // It runs long: past a 2 s timeout, rather than being refused up front.
     let c = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
