@@ -411,6 +411,11 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { go_max(b[i], x) } else { go_min(b[i], x) })))
         }
         "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
+        "histogram_quantile" => {
+            let q = scalar_arg(ev, c, 0)?;
+            let input = vector_arg(ev, c, 1)?;
+            crate::histogram::histogram_quantile(ev, &q, input)
+        }
         "label_replace" => {
             let v = vector_arg(ev, c, 0)?;
             let (dst, repl, src, re) =

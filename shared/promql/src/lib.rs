@@ -18,6 +18,7 @@ mod binary;
 mod eval;
 mod fetch;
 mod functions;
+mod histogram;
 #[cfg(test)]
 mod hostile_tests;
 pub mod limits;
