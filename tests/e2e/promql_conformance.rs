@@ -21,8 +21,24 @@ fn prometheus_promql_conformance_files() {
         return;
     }
     let report = testfile::run_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
+    // Every skip has a documented reason (docs/promql-conformance.md) and no count may grow:
+    // a skip list once hid a core function here.
+    let allowed: [(&str, usize); 3] = [
+        ("native histograms (series loaded or converted as native histograms)", 58),
+        ("needs the promql-delayed-name-removal feature flag (experimental in Prometheus 3.0)", 19),
+        ("native histograms", 7),
+    ];
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for s in &report.skipped {
         println!("skipped: {s}");
+        let reason = allowed.iter().map(|a| a.0).find(|r| s.ends_with(r));
+        assert!(reason.is_some(), "a skip with an undocumented reason: {s}");
+        *counts.entry(reason.unwrap_or_default()).or_default() += 1;
+    }
+    for (reason, max) in allowed {
+        let n = counts.get(reason).copied().unwrap_or(0);
+        println!("skipped for {reason:?}: {n}");
+        assert!(n <= max, "{n} cases skipped for {reason:?}, at most {max} documented");
     }
     for f in &report.failed {
         println!("FAILED: {f}");
@@ -36,5 +52,5 @@ fn prometheus_promql_conformance_files() {
     );
     assert!(report.files >= 10, "only {} test files in {}", report.files, dir.display());
     assert!(report.failed.is_empty(), "{} conformance cases gave wrong answers", report.failed.len());
-    assert!(report.passed >= 656, "only {} cases passed", report.passed);
+    assert!(report.passed >= 689, "only {} cases passed", report.passed);
 }

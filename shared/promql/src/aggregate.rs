@@ -181,12 +181,15 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         "limit_ratio" => {
             // Keeps the series whose stable label hash falls under the ratio (negative ratios
             // keep the complement), as Prometheus: the same series are kept at every step.
+            // Prometheus 3.0 reads the ratio once, at the first step, and applies it to all
+            // (its conformance file relies on that: `limit_ratio(time() % 17/17, ...)`).
+            let first = scalar_param(0)?;
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
             // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
             #[allow(clippy::needless_range_loop)]
             for i in 0..ev.steps {
                 ev.check_stop()?;
-                let r = scalar_param(i)?;
+                let r = first;
                 if r.is_nan() {
                     return Err(QueryError::Execution("Ratio value is NaN".into()));
                 }

@@ -594,6 +594,30 @@ fn sort_for(e: &Expr, v: &mut [(Labels, i64, f64)]) {
     while let Expr::Paren(p) = e {
         e = &p.expr;
     }
+    if let Expr::Call(c) = e {
+        if c.func.name == "sort_by_label" || c.func.name == "sort_by_label_desc" {
+            let names: Vec<String> = c
+                .args
+                .args
+                .iter()
+                .skip(1)
+                .filter_map(|a| match a.as_ref() {
+                    Expr::StringLiteral(s) => Some(s.val.clone()),
+                    _ => None,
+                })
+                .collect();
+            let desc = c.func.name == "sort_by_label_desc";
+            v.sort_by(|a, b| {
+                let o = crate::functions::compare_by_labels(&a.0, &b.0, &names);
+                if desc {
+                    o.reverse()
+                } else {
+                    o
+                }
+            });
+            return;
+        }
+    }
     let desc = match e {
         Expr::Call(c) if c.func.name == "sort" => false,
         Expr::Call(c) if c.func.name == "sort_desc" => true,

@@ -308,9 +308,79 @@ fn map_vector(v: Vec<StepSeries>, keep_name: bool, mut f: impl FnMut(usize, f64)
     )
 }
 
+/// Holt's linear smoothing of a window (Prometheus 3's `double_exponential_smoothing`,
+/// formerly `holt_winters`): the last smoothed value, or nothing with fewer than 2 samples.
+fn double_exponential_smoothing(s: &[Sample], sf: f64, tf: f64) -> Option<f64> {
+    if s.len() < 2 {
+        return None;
+    }
+    let (mut s0, mut s1, mut b) = (0.0, s[0].v, s[1].v - s[0].v);
+    for (i, x) in s.iter().enumerate().skip(1) {
+        if i > 1 {
+            b = tf * (s1 - s0) + (1.0 - tf) * b;
+        }
+        let next = sf * x.v + (1.0 - sf) * (s1 + b);
+        s0 = s1;
+        s1 = next;
+    }
+    Some(s1)
+}
+
+/// Functions behind Prometheus 3's experimental flag that Strata evaluates.
+const EXPERIMENTAL_IMPLEMENTED: [&str; 4] =
+    ["sort_by_label", "sort_by_label_desc", "mad_over_time", "double_exponential_smoothing"];
+
+/// Orders label sets by the values of `names` in natural order (`2` before `10`), then by
+/// the whole label set, as `sort_by_label` does.
+pub fn compare_by_labels(a: &Labels, b: &Labels, names: &[String]) -> std::cmp::Ordering {
+    names
+        .iter()
+        .map(|n| natural_cmp(a.get(n).unwrap_or(""), b.get(n).unwrap_or("")))
+        .find(|o| o.is_ne())
+        .unwrap_or_else(|| a.cmp(b))
+}
+
+/// Natural order: runs of digits compare as numbers, everything else byte by byte.
+fn natural_cmp(a: &str, b: &str) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let (mut i, mut j) = (0, 0);
+    while i < a.len() && j < b.len() {
+        if a[i].is_ascii_digit() && b[j].is_ascii_digit() {
+            let (si, sj) = (i, j);
+            while i < a.len() && a[i].is_ascii_digit() {
+                i += 1;
+            }
+            while j < b.len() && b[j].is_ascii_digit() {
+                j += 1;
+            }
+            // Compare the digit runs as numbers without parsing: by length once leading
+            // zeros are gone, then digit by digit.
+            let x = trim_zeros(&a[si..i]);
+            let y = trim_zeros(&b[sj..j]);
+            let o = x.len().cmp(&y.len()).then_with(|| x.cmp(y));
+            if o != Ordering::Equal {
+                return o;
+            }
+        } else {
+            if a[i] != b[j] {
+                return a[i].cmp(&b[j]);
+            }
+            i += 1;
+            j += 1;
+        }
+    }
+    (a.len() - i).cmp(&(b.len() - j))
+}
+
+fn trim_zeros(d: &[u8]) -> &[u8] {
+    let k = d.iter().position(|&c| c != b'0').unwrap_or(d.len());
+    &d[k..]
+}
+
 pub fn call(ev: &Evaluator, c: &Call) -> Result<Val, QueryError> {
     let name = c.func.name;
-    if c.func.experimental {
+    if c.func.experimental && !EXPERIMENTAL_IMPLEMENTED.contains(&name) {
         return Err(QueryError::Unsupported(format!("experimental function {name}()")));
     }
     let out = call_inner(ev, c, name)?;
@@ -411,6 +481,39 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { go_max(b[i], x) } else { go_min(b[i], x) })))
         }
         "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
+        "mad_over_time" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| {
+            // The median absolute deviation: the median of the distances to the median.
+            let mut vals: Vec<f64> = s.iter().map(|x| x.v).collect();
+            let median = quantile(0.5, &mut vals);
+            let mut dev: Vec<f64> = s.iter().map(|x| (x.v - median).abs()).collect();
+            Some(quantile(0.5, &mut dev))
+        }),
+        "double_exponential_smoothing" => {
+            let sf = scalar_arg(ev, c, 1)?;
+            let tf = scalar_arg(ev, c, 2)?;
+            if let Some(bad) = sf.iter().find(|x| !(**x > 0.0 && **x < 1.0)) {
+                return Err(QueryError::Execution(format!(
+                    "invalid smoothing factor. Expected: 0 < sf < 1, got: {bad}"
+                )));
+            }
+            if let Some(bad) = tf.iter().find(|x| !(**x > 0.0 && **x < 1.0)) {
+                return Err(QueryError::Execution(format!("invalid trend factor. Expected: 0 < tf < 1, got: {bad}")));
+            }
+            ev.range_windows(range_arg(c, 0)?, false, |step, s, _, _| {
+                double_exponential_smoothing(s, sf[step], tf[step])
+            })
+        }
+        "sort_by_label" | "sort_by_label_desc" => {
+            // The order is applied to the result (see `eval::sort_for`); here the labels
+            // are checked and the vector passes through.
+            for i in 1..c.args.args.len() {
+                let l = string_arg(ev, c, i)?;
+                if !strata_model::is_valid_label_name(&l) {
+                    return Err(QueryError::Execution(format!("invalid label name {l:?}")));
+                }
+            }
+            Ok(Val::Vector(vector_arg(ev, c, 0)?))
+        }
         "histogram_quantile" => {
             let q = scalar_arg(ev, c, 0)?;
             let input = vector_arg(ev, c, 1)?;

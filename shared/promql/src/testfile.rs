@@ -425,12 +425,6 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 report.skipped.push(format!("{id}: native histograms (a function only native histograms have)"));
                 continue;
             }
-            if e.expr.contains("limitk(") || e.expr.contains("limit_ratio(") {
-                report.skipped.push(format!(
-                    "{id}: limitk/limit_ratio need the promql-experimental-functions feature flag in Prometheus 3.0"
-                ));
-                continue;
-            }
             if name == "name_label_dropping.test" {
                 report.skipped.push(format!(
                     "{id}: needs the promql-delayed-name-removal feature flag (experimental in Prometheus 3.0)"
