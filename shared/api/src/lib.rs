@@ -90,18 +90,31 @@ impl IntoResponse for ApiError {
 
 /// A successful answer, with optional warnings.
 pub fn success(data: Value, warnings: Vec<String>) -> Response {
+    success_annotated(data, &warnings, &[])
+}
+
+/// A success with Prometheus' `warnings` and `infos` annotations, each present when non-empty.
+pub fn success_annotated(data: Value, warnings: &[String], infos: &[String]) -> Response {
     let mut body = json!({"status": "success", "data": data});
     if !warnings.is_empty() {
         body["warnings"] = json!(warnings);
     }
+    if !infos.is_empty() {
+        body["infos"] = json!(infos);
+    }
     axum::Json(body).into_response()
 }
 
-/// `{"status":"success","data":<data>}` around data already in JSON text.
-pub fn success_raw(data: &str) -> Response {
+/// `{"status":"success","data":<data>}` around data already in JSON text, with annotations.
+pub fn success_raw(data: &str, warnings: &[String], infos: &[String]) -> Response {
     let mut body = String::with_capacity(data.len() + 32);
     body.push_str(r#"{"status":"success","data":"#);
     body.push_str(data);
+    for (key, list) in [("warnings", warnings), ("infos", infos)] {
+        if !list.is_empty() {
+            body.push_str(&format!(",\"{key}\":{}", json!(list)));
+        }
+    }
     body.push('}');
     ([(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response()
 }

@@ -1,6 +1,6 @@
 //! `/api/v1/query` and `/api/v1/query_range`: PromQL over the store, Prometheus' JSON.
 
-use super::{labels_json, success, ApiError, ApiState, ErrorType, Params};
+use super::{labels_json, ApiError, ApiState, ErrorType, Params};
 use axum::body::Bytes;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderMap, Method};
@@ -179,7 +179,7 @@ pub async fn instant(
     let engine = engine_for(&s, &p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let (v, stats) = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p)).await?;
-    Ok(success(with_stats(result_json(v), &p, &stats), vec![]))
+    Ok(super::success_annotated(with_stats(result_json(v), &p, &stats), &stats.warnings, &stats.infos))
 }
 
 pub async fn range(
@@ -215,8 +215,10 @@ pub async fn range(
     let (v, stats) = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p)).await?;
     match v {
         // A day of points for many series: written as text, not built as a JSON tree.
-        QueryValue::Matrix(m) => Ok(super::success_raw(&matrix_json(&m, stats_json(&p, &stats).as_ref()))),
-        v => Ok(success(with_stats(result_json(v), &p, &stats), vec![])),
+        QueryValue::Matrix(m) => {
+            Ok(super::success_raw(&matrix_json(&m, stats_json(&p, &stats).as_ref()), &stats.warnings, &stats.infos))
+        }
+        v => Ok(super::success_annotated(with_stats(result_json(v), &p, &stats), &stats.warnings, &stats.infos)),
     }
 }
 

@@ -256,3 +256,24 @@ fn a_query_whose_caller_goes_away_stops_evaluating() {
     drop(rt);
     assert!(began.elapsed() < std::time::Duration::from_secs(5), "evaluation ran on for {:?}", began.elapsed());
 }
+
+#[tokio::test]
+async fn annotations_come_back_as_warnings_and_infos() {
+    let (_d, app) = app();
+    // A quantile outside [0, 1]: a warning, in the vector and the matrix shape alike.
+    let (code, v) = get(&app, "/api/v1/query?query=quantile(2,DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
+    assert_eq!(code, 200, "{v}");
+    assert!(v["warnings"][0].as_str().unwrap_or_default().contains("quantile value should be between 0 and 1"), "{v}");
+    let (code, v) =
+        get(&app, "/api/v1/query_range?query=quantile(2,DCGM_FI_DEV_GPU_UTIL)&start=1700000000&end=1700000060&step=15")
+            .await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"]["resultType"], "matrix");
+    assert!(v["warnings"][0].as_str().unwrap_or_default().contains("quantile value"), "{v}");
+    // rate() over a name that does not look like a counter: an info.
+    let (_, v) = get(&app, "/api/v1/query?query=rate(DCGM_FI_DEV_GPU_UTIL%5B5m%5D)&time=1700000000").await;
+    assert!(v["infos"][0].as_str().unwrap_or_default().contains("metric might not be a counter"), "{v}");
+    // No annotation, no key.
+    let (_, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000000").await;
+    assert!(v.get("warnings").is_none() && v.get("infos").is_none(), "{v}");
+}

@@ -184,6 +184,12 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             // Prometheus 3.0 reads the ratio once, at the first step, and applies it to all
             // (its conformance file relies on that: `limit_ratio(time() % 17/17, ...)`).
             let first = scalar_param(0)?;
+            if !first.is_nan() && !(-1.0..=1.0).contains(&first) {
+                let capped = first.clamp(-1.0, 1.0);
+                ev.annotations.warn(format!(
+                    "PromQL warning: ratio value should be between -1 and 1, got {first}, capping to {capped}"
+                ));
+            }
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
             // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
             #[allow(clippy::needless_range_loop)]
@@ -260,7 +266,11 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         other => return Err(QueryError::Unsupported(format!("aggregation {other}"))),
     };
     let phi: Vec<f64> = match kind {
-        Simple::Quantile => (0..ev.steps).map(scalar_param).collect::<Result<_, _>>()?,
+        Simple::Quantile => {
+            let q: Vec<f64> = (0..ev.steps).map(scalar_param).collect::<Result<_, _>>()?;
+            q.iter().for_each(|&x| ev.annotations.check_quantile(x));
+            q
+        }
         _ => Vec::new(),
     };
     // Steps are independent: each gathers its groups' values in series order and reduces

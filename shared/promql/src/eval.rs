@@ -27,6 +27,56 @@ pub enum Val {
     Matrix(Vec<SeriesPoints>),
 }
 
+/// Prometheus' annotations of one query: warnings (the answer may be wrong) and infos
+/// (the answer may surprise), each message once, in order of first appearance.
+#[derive(Debug, Default)]
+pub struct Annotations {
+    items: std::sync::Mutex<Vec<(bool, String)>>,
+}
+
+impl Annotations {
+    /// Prometheus' warning for a quantile outside [0, 1], once per query.
+    pub fn check_quantile(&self, q: f64) {
+        if q.is_nan() || !(0.0..=1.0).contains(&q) {
+            self.warn(format!("PromQL warning: quantile value should be between 0 and 1, got {}", go_float(q)));
+        }
+    }
+
+    pub fn warn(&self, message: String) {
+        self.add(false, message);
+    }
+
+    pub fn info(&self, message: String) {
+        self.add(true, message);
+    }
+
+    fn add(&self, info: bool, message: String) {
+        if let Ok(mut v) = self.items.lock() {
+            if !v.iter().any(|(i, m)| *i == info && *m == message) {
+                v.push((info, message));
+            }
+        }
+    }
+
+    /// (warnings, infos).
+    pub fn take(&self) -> (Vec<String>, Vec<String>) {
+        let items = self.items.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
+        let (infos, warnings): (Vec<_>, Vec<_>) = items.into_iter().partition(|(i, _)| *i);
+        (warnings.into_iter().map(|x| x.1).collect(), infos.into_iter().map(|x| x.1).collect())
+    }
+}
+
+/// A float as Go's `%g` prints the values annotations carry (`NaN`, `-0.1`, `1.01`, `+Inf`).
+fn go_float(v: f64) -> String {
+    if v.is_nan() {
+        "NaN".into()
+    } else if v.is_infinite() {
+        if v > 0.0 { "+Inf" } else { "-Inf" }.into()
+    } else {
+        format!("{v}")
+    }
+}
+
 /// Collects output series by label set, one value per step.
 pub struct VectorBuilder {
     steps: usize,
@@ -156,6 +206,8 @@ pub struct Evaluator<'a> {
     checks: AtomicU32,
     /// Set when the query's caller went away: checked with the deadline.
     canceled: Option<Arc<AtomicBool>>,
+    /// Prometheus' annotations (warnings and infos), shared with subqueries' evaluators.
+    pub annotations: Arc<Annotations>,
     /// Samples touched at each step, when the caller asked for per-step statistics
     /// (`stats=all`); subqueries' inner grids do not count here.
     per_step: Option<Vec<AtomicU64>>,
@@ -179,6 +231,7 @@ impl<'a> Evaluator<'a> {
             deadline: None,
             checks: AtomicU32::new(0),
             canceled: None,
+            annotations: Arc::default(),
             per_step: None,
         }
     }
@@ -243,6 +296,7 @@ impl<'a> Evaluator<'a> {
             deadline: self.deadline,
             checks: AtomicU32::new(0),
             canceled: self.canceled.clone(),
+            annotations: self.annotations.clone(),
             per_step: None,
         }
     }
@@ -307,6 +361,11 @@ impl<'a> Evaluator<'a> {
             return Err(QueryError::Canceled);
         }
         Ok(())
+    }
+
+    /// The series a selector selected (before evaluation).
+    pub fn selected(&self, vs: &VectorSelector) -> &'a [fetch::FetchedSeries] {
+        self.series_of(vs)
     }
 
     fn series_of(&self, vs: &VectorSelector) -> &'a [fetch::FetchedSeries] {

@@ -197,6 +197,7 @@ fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, Query
     match kind {
         OverTime::Quantile => {
             let q = scalar_arg(ev, c, 0)?;
+            q.iter().for_each(|&x| ev.annotations.check_quantile(x));
             ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| Some(kind.apply(s, q[i])))
         }
         // The only one that keeps the metric name.
@@ -396,6 +397,16 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "rate" | "increase" | "delta" => {
             let ms = range_arg(c, 0)?;
             let counter = name != "delta";
+            if counter {
+                if let Expr::MatrixSelector(m) = unparen(ms) {
+                    for s in ev.selected(&m.vs) {
+                        let n = s.labels.metric_name().unwrap_or("");
+                        if !["_total", "_sum", "_count", "_bucket"].iter().any(|x| n.ends_with(x)) {
+                            ev.annotations.info(format!("PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {n:?}"));
+                        }
+                    }
+                }
+            }
             let prepare = |s: &[Sample]| counter.then(|| Resets::new(s));
             ev.range_windows_with(ms, false, prepare, |resets, w| {
                 let drops = resets.as_ref().map(|r| r.within(w.a, w.b)).unwrap_or_default();

@@ -108,7 +108,12 @@ pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> 
     let mut outputs: Vec<Labels> = Vec::new();
     let mut members: Vec<(usize, f64, &StepSeries)> = Vec::new();
     for s in &input {
-        let Some(upper) = s.labels.get(BUCKET_LABEL).and_then(parse_bound) else { continue };
+        let Some(upper) = s.labels.get(BUCKET_LABEL).and_then(parse_bound) else {
+            let name = s.labels.metric_name().unwrap_or("");
+            let le = s.labels.get(BUCKET_LABEL).unwrap_or("");
+            ev.annotations.warn(format!("PromQL warning: bucket label \"le\" is missing or has a malformed value of {le:?} for metric name {name:?}"));
+            continue;
+        };
         let mut key = s.labels.to_builder();
         key.del(BUCKET_LABEL);
         let key = key.build();
@@ -121,6 +126,7 @@ pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> 
         }
         members.push((h, upper, s));
     }
+    q.iter().for_each(|&x| ev.annotations.check_quantile(x));
     let mut builder = VectorBuilder::new(ev);
     let mut per_hist: Vec<Vec<Bucket>> = vec![Vec::new(); outputs.len()];
     for (i, &q) in q.iter().enumerate().take(ev.steps) {
@@ -135,7 +141,11 @@ pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> 
             if buckets.is_empty() {
                 continue;
             }
-            let (v, _forced) = bucket_quantile(q, buckets);
+            let (v, forced) = bucket_quantile(q, buckets);
+            if forced {
+                let name = members.iter().find(|m| m.0 == h).and_then(|m| m.2.labels.metric_name()).unwrap_or("");
+                ev.annotations.info(format!("PromQL info: input to histogram_quantile needed to be fixed for monotonicity (see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) for metric name {name:?}"));
+            }
             builder.set(outputs[h].clone(), i, v)?;
         }
     }

@@ -216,7 +216,10 @@ impl Engine {
                 }
                 let steps = ev.steps;
                 let value = if instant { ev.instant_result(&expr, start) } else { ev.range_result(&expr, steps) }?;
+                let (warnings, infos) = ev.annotations.take();
                 let stats = QueryStats {
+                    warnings,
+                    infos,
                     total_queryable_samples: ev.samples_touched(),
                     peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),
                     per_step: ev.step_stats(),
@@ -237,6 +240,10 @@ impl Engine {
 /// them a series at a time), and where the time went.
 #[derive(Debug, Clone, Default)]
 pub struct QueryStats {
+    /// Prometheus' warning annotations (the answer may be incomplete or wrong).
+    pub warnings: Vec<String>,
+    /// Prometheus' info annotations (the answer may surprise).
+    pub infos: Vec<String>,
     pub total_queryable_samples: u64,
     pub peak_samples: u64,
     /// Samples touched at each step, with `stats=all`.

@@ -155,6 +155,8 @@ struct Eval {
     at: i64,
     fail: bool,
     ordered: bool,
+    /// `eval_warn`: the query must return at least one warning annotation.
+    warn: bool,
     expected: Vec<String>,
     expected_fail_message: Option<String>,
     expected_fail_regexp: Option<String>,
@@ -163,13 +165,18 @@ struct Eval {
 fn engine_at(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<QueryValue, String> {
     let expr = crate::parse(&e.expr).map_err(|m| format!("parse: {m}"))?;
     let engine = Engine::new(EngineOptions::default());
-    rt.block_on(async {
-        match e.range {
-            Some((s, end, step)) => engine.range(store, &expr, s, end, step).await,
-            None => engine.instant(store, &expr, e.at).await,
-        }
-    })
-    .map_err(|err| err.to_string())
+    let (value, stats) = rt
+        .block_on(async {
+            match e.range {
+                Some((s, end, step)) => engine.range_with_stats(store, &expr, s, end, step, false).await,
+                None => engine.instant_with_stats(store, &expr, e.at, false).await,
+            }
+        })
+        .map_err(|err| err.to_string())?;
+    if e.warn && stats.warnings.is_empty() {
+        return Err(format!("eval_warn: no warning annotation (infos: {:?})", stats.infos));
+    }
+    Ok(value)
 }
 
 fn check(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<(), String> {
@@ -363,6 +370,7 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 at: 0,
                 fail: cmd == "eval_fail",
                 ordered: cmd == "eval_ordered",
+                warn: cmd == "eval_warn",
                 expected: vec![],
                 expected_fail_message: None,
                 expected_fail_regexp: None,
@@ -492,5 +500,14 @@ eval_fail instant at 50m sum(
         run_file("inline", text, &mut r);
         assert_eq!(r.passed, 2, "{:#?}", r.failed);
         assert_eq!(r.failed.len(), 2, "a wrong error message passed: {:#?}", r.failed);
+    }
+
+    #[test]
+    fn an_eval_warn_without_a_warning_fails() {
+        let text = "load 5m\n  m 1\n\neval_warn instant at 0m quantile_over_time(2, m[5m])\n  {} +Inf\n\neval_warn instant at 0m m\n  m 1\n";
+        let mut r = Report::default();
+        run_file("inline", text, &mut r);
+        assert_eq!(r.passed, 1, "{:#?}", r.failed);
+        assert_eq!(r.failed.len(), 1, "an eval_warn without a warning passed");
     }
 }
