@@ -3,11 +3,10 @@
 //! what the edge answered, and the edge's peak resident memory before and under attack
 //! (from `/proc/<pid>/status`), as the README's "What a hostile client gets" table.
 
-use super::vs_prometheus::{free_port, proc_stats, wait_ready, Guard};
-use anyhow::Context;
+use super::vs_prometheus::{free_port, proc_stats, spawn_edge, wait_ready};
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -115,23 +114,7 @@ pub async fn run(nodes: usize, seconds: u64) -> anyhow::Result<()> {
     std::fs::write(&cfg_path, &cfg)?;
     let edge_port = free_port()?;
     let log = std::fs::File::create(dir.path().join("edge.log"))?;
-    let edge = Guard(
-        Command::new(std::env::current_exe()?)
-            .args([
-                "edge",
-                "--config",
-                &cfg_path.display().to_string(),
-                "--data",
-                &dir.path().join("edge").display().to_string(),
-                "--http-listen",
-                &format!("127.0.0.1:{edge_port}"),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .context("starting the edge")?,
-    );
+    let edge = spawn_edge(&cfg_path, &dir.path().join("edge"), edge_port, Stdio::from(log))?;
     let base = format!("http://127.0.0.1:{edge_port}");
     wait_ready(&format!("{base}/-/ready")).await?;
     let pid = edge.0.id();

@@ -52,6 +52,24 @@ async fn get(url: &str) -> anyhow::Result<String> {
     Ok(reqwest::get(url).await?.text().await?)
 }
 
+/// This binary as an edge on `127.0.0.1:port` (warnings only in its log), killed on drop.
+pub(super) fn spawn_edge(
+    cfg: &std::path::Path,
+    data: &std::path::Path,
+    port: u16,
+    stderr: Stdio,
+) -> anyhow::Result<Guard> {
+    let child = Command::new(std::env::current_exe()?)
+        .args(["edge", "--config", &cfg.display().to_string(), "--data", &data.display().to_string()])
+        .args(["--http-listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .context("starting the edge")?;
+    Ok(Guard(child))
+}
+
 pub(super) async fn wait_ready(url: &str) -> anyhow::Result<()> {
     for _ in 0..300 {
         if reqwest::get(url).await.map(|r| r.status().is_success()).unwrap_or(false) {
@@ -85,24 +103,7 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     let cfg_path = dir.path().join("scrape.yml");
     std::fs::write(&cfg_path, &cfg)?;
     let (edge_port, prom_port) = (free_port()?, free_port()?);
-    let exe = std::env::current_exe()?;
-    let edge = Guard(
-        Command::new(exe)
-            .args([
-                "edge",
-                "--config",
-                &cfg_path.display().to_string(),
-                "--data",
-                &dir.path().join("edge").display().to_string(),
-                "--http-listen",
-                &format!("127.0.0.1:{edge_port}"),
-            ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .context("starting the edge")?,
-    );
+    let edge = spawn_edge(&cfg_path, &dir.path().join("edge"), edge_port, Stdio::null())?;
     let prom = Guard(
         Command::new(prometheus)
             .args([

@@ -56,25 +56,9 @@ fn prometheus_remote_writes_into_a_tls_and_basic_auth_edge() {
         String::from_utf8_lossy(&check.stderr)
     );
 
-    let (edge_port, prom_port) = (free_port(), free_port());
-    let cfg = dir.path().join("edge.yml");
-    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
-    let data = dir.path().join("edge-data").display().to_string();
-    let mut edge = Proc::strata(
-        &[
-            "edge",
-            "--config",
-            &cfg.display().to_string(),
-            "--data",
-            &data,
-            "--http-listen",
-            &format!("127.0.0.1:{edge_port}"),
-            "--web.config.file",
-            &web.display().to_string(),
-        ],
-        dir.path(),
-        "edge",
-    );
+    let web_arg = web.display().to_string();
+    let (mut edge, edge_port) = edge_with(dir.path(), "scrape_configs: []\n", &["--web.config.file", &web_arg]);
+    let prom_port = free_port();
     let base = format!("https://127.0.0.1:{edge_port}");
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -126,7 +110,7 @@ fn prometheus_remote_writes_into_a_tls_and_basic_auth_edge() {
 fn the_edge_scrapes_an_https_target_that_demands_credentials() {
     let dir = tempfile::tempdir().unwrap();
     let (certs, web) = write_web_config(dir.path());
-    let (sim_port, edge_port) = (free_port(), free_port());
+    let sim_port = free_port();
     let mut sim = Proc::strata(
         &[
             "simulate",
@@ -150,30 +134,12 @@ fn the_edge_scrapes_an_https_target_that_demands_credentials() {
     let job = |name: &str, auth: &str| {
         format!("  - job_name: {name}\n    scheme: https\n    metrics_path: /node/0/metrics\n    tls_config: {{ca_file: ca.crt}}\n{auth}    static_configs:\n      - targets: ['127.0.0.1:{sim_port}']\n")
     };
-    let cfg = dir.path().join("edge.yml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global:\n  scrape_interval: 1s\nscrape_configs:\n{}{}",
-            job("dcgm", "    basic_auth: {username: alice, password_file: password}\n"),
-            job("nocreds", "")
-        ),
-    )
-    .unwrap();
-    let data = dir.path().join("edge-data").display().to_string();
-    let mut edge = Proc::strata(
-        &[
-            "edge",
-            "--config",
-            &cfg.display().to_string(),
-            "--data",
-            &data,
-            "--http-listen",
-            &format!("127.0.0.1:{edge_port}"),
-        ],
-        dir.path(),
-        "edge",
+    let config = format!(
+        "global:\n  scrape_interval: 1s\nscrape_configs:\n{}{}",
+        job("dcgm", "    basic_auth: {username: alice, password_file: password}\n"),
+        job("nocreds", "")
     );
+    let (mut edge, edge_port) = edge_with(dir.path(), &config, &[]);
     let base = format!("http://127.0.0.1:{edge_port}");
     wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
     let series = |q: &str| series_count(&base, q);
@@ -199,16 +165,22 @@ fn raw_request(addr: &str, head: &str) -> std::net::TcpStream {
     s
 }
 
-/// An edge with no scrape jobs and `extra` flags, ready; returns it with its port.
-fn idle_edge(dir: &Path, extra: &[&str]) -> (Proc, u16) {
+/// An edge with this configuration and `extra` flags, started (not yet ready); returns it
+/// with its port.
+fn edge_with(dir: &Path, config: &str, extra: &[&str]) -> (Proc, u16) {
     let port = free_port();
     let cfg = dir.join("edge.yml");
-    std::fs::write(&cfg, "scrape_configs: []\n").unwrap();
+    std::fs::write(&cfg, config).unwrap();
     let (cfg, data, listen) =
-        (cfg.display().to_string(), dir.join("data").display().to_string(), format!("127.0.0.1:{port}"));
+        (cfg.display().to_string(), dir.join("edge-data").display().to_string(), format!("127.0.0.1:{port}"));
     let mut args = vec!["edge", "--config", &cfg, "--data", &data, "--http-listen", &listen];
     args.extend_from_slice(extra);
-    let mut edge = Proc::strata(&args, dir, "edge");
+    (Proc::strata(&args, dir, "edge"), port)
+}
+
+/// An edge with no scrape jobs and `extra` flags, ready; returns it with its port.
+fn idle_edge(dir: &Path, extra: &[&str]) -> (Proc, u16) {
+    let (mut edge, port) = edge_with(dir, "scrape_configs: []\n", extra);
     wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut edge, Duration::from_secs(30));
     (edge, port)
 }
