@@ -69,6 +69,9 @@ enum Command {
         /// Prometheus' web configuration file: TLS (`tls_server_config`) and basic auth.
         #[arg(long = "web.config.file")]
         web_config_file: Option<PathBuf>,
+        /// Prometheus' feature flags, comma-separated; Strata knows `promql-delayed-name-removal`.
+        #[arg(long = "enable-feature", value_delimiter = ',')]
+        enable_feature: Vec<String>,
     },
 }
 
@@ -177,8 +180,16 @@ async fn main() -> anyhow::Result<()> {
             query_max_samples,
             web_enable_lifecycle,
             web_config_file,
+            enable_feature,
         } => {
             let mut opts = strata_edge::EdgeOptions::new(config);
+            for feature in enable_feature.iter().map(|f| f.trim()).filter(|f| !f.is_empty()) {
+                match feature {
+                    "promql-delayed-name-removal" => opts.api.engine.delayed_name_removal = true,
+                    // As Prometheus: an unknown flag is logged, not fatal.
+                    other => tracing::warn!(feature = other, "unknown option for --enable-feature, ignored"),
+                }
+            }
             opts.http_listen = http_listen;
             opts.data_dir = data;
             opts.api.max_concurrency = query_max_concurrency;

@@ -125,3 +125,19 @@ pub fn series_count(base: &str, selector: &str) -> usize {
     let data = api_data(&format!("{base}/api/v1/series?match[]={enc}"));
     data.as_array().unwrap_or_else(|| panic!("series data is not an array: {data}")).len()
 }
+
+/// Whether the test may use Debian's `prometheus` and `promtool`. Without them the test
+/// fails and says so, unless STRATA_SKIP_PROMETHEUS=1 is set on purpose (never under CI=true),
+/// in which case it says it skipped.
+pub fn require_prometheus() -> bool {
+    let installed = Command::new("prometheus").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    if installed {
+        return true;
+    }
+    let in_ci = std::env::var("CI").as_deref() == Ok("true");
+    if !in_ci && std::env::var("STRATA_SKIP_PROMETHEUS").as_deref() == Ok("1") {
+        eprintln!("SKIPPED: prometheus not installed and STRATA_SKIP_PROMETHEUS=1");
+        return false;
+    }
+    panic!("the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it");
+}

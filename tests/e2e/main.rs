@@ -3,6 +3,7 @@
 //! of one test binary, since every test binary links the whole dependency graph.
 
 mod common;
+mod differential;
 mod edge_crash;
 mod edge_scrape;
 mod prometheus;

@@ -2,9 +2,8 @@
 //! remote-writes what it scraped to the edge. The edge's scraped series must equal
 //! Prometheus' scraped series, and what Prometheus remote-wrote must arrive whole.
 //!
-//! Needs the `prometheus` binary (the README's test command installs it). Without it the
-//! test fails and says so, unless STRATA_SKIP_PROMETHEUS=1 is set on purpose (never under
-//! CI=true).
+//! Needs the `prometheus` binary (the README's test command installs it): see
+//! [`require_prometheus`].
 
 use crate::common::*;
 use serde_json::Value;
@@ -16,10 +15,6 @@ use strata_tsdb::db::{Tsdb, TsdbOptions};
 
 const NODES: usize = 2;
 const SEED: u64 = 1;
-
-fn prometheus_available() -> bool {
-    std::process::Command::new("prometheus").arg("--version").output().map(|o| o.status.success()).unwrap_or(false)
-}
 
 /// A simulated instant with 5 quiet minutes ahead: no job change (jobs change on 10-minute
 /// slot boundaries) and no GPU falling off the bus, so both scrapers see the same series.
@@ -45,15 +40,8 @@ fn label_set(v: &Value) -> BTreeMap<String, String> {
 
 #[test]
 fn edge_matches_prometheus_and_receives_its_remote_write() {
-    if !prometheus_available() {
-        let in_ci = std::env::var("CI").as_deref() == Ok("true");
-        if !in_ci && std::env::var("STRATA_SKIP_PROMETHEUS").as_deref() == Ok("1") {
-            eprintln!("SKIPPED: prometheus not installed and STRATA_SKIP_PROMETHEUS=1");
-            return;
-        }
-        panic!(
-            "the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it"
-        );
+    if !require_prometheus() {
+        return;
     }
     let dir = tempfile::tempdir().unwrap();
     let (sim_port, edge_port, prom_port) = (free_port(), free_port(), free_port());

@@ -136,6 +136,9 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         }
     };
     let groups: Vec<Labels> = input.iter().map(|s| group_labels(&s.labels, &a.modifier)).collect();
+    // Delayed name removal: a group keyed by a name still to be dropped drops it in the end.
+    let marked: Vec<bool> =
+        input.iter().zip(&groups).map(|(s, g)| s.drop_name && g.get(METRIC_NAME).is_some()).collect();
     let mut out = VectorBuilder::new(ev);
     match op.as_str() {
         "topk" | "bottomk" | "limitk" => {
@@ -174,7 +177,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                 .into_iter()
                 .zip(keep)
                 .filter(|(_, v)| v.iter().any(Option::is_some))
-                .map(|(s, vals)| StepSeries { labels: s.labels, vals })
+                .map(|(s, vals)| StepSeries { vals, ..s })
                 .collect();
             return Ok(Val::Vector(series));
         }
@@ -212,7 +215,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                 .into_iter()
                 .zip(keep)
                 .filter(|(_, v)| v.iter().any(Option::is_some))
-                .map(|(s, vals)| StepSeries { labels: s.labels, vals })
+                .map(|(s, vals)| StepSeries { vals, ..s })
                 .collect();
             return Ok(Val::Vector(series));
         }
@@ -225,16 +228,17 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             }
             for i in 0..ev.steps {
                 ev.check_stop()?;
-                let mut counts: HashMap<Labels, f64> = HashMap::new();
+                let mut counts: HashMap<Labels, (f64, bool)> = HashMap::new();
                 for (j, s) in input.iter().enumerate() {
                     if let Some(x) = s.vals[i] {
                         let mut b = groups[j].to_builder();
                         b.set(label, &format_value(x));
-                        *counts.entry(b.build()).or_default() += 1.0;
+                        let c = counts.entry(b.build()).or_insert((0.0, marked[j]));
+                        c.0 += 1.0;
                     }
                 }
-                for (l, c) in counts {
-                    out.set(l, i, c)?;
+                for (l, (c, m)) in counts {
+                    out.set_marked(l, m, i, c)?;
                 }
             }
             return Ok(out.finish());
@@ -244,10 +248,13 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
     // A series' group never changes: number the groups once, then gather per step.
     let mut group_ids: HashMap<&Labels, usize> = HashMap::new();
     let mut group_labels_list: Vec<&Labels> = Vec::new();
+    let mut group_marked: Vec<bool> = Vec::new();
     let member: Vec<usize> = groups
         .iter()
-        .map(|g| {
+        .zip(&marked)
+        .map(|(g, &m)| {
             *group_ids.entry(g).or_insert_with(|| {
+                group_marked.push(m);
                 group_labels_list.push(g);
                 group_labels_list.len() - 1
             })
@@ -297,7 +304,11 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
     let series = (0..groups_n)
         .filter_map(|gi| {
             let vals: Vec<Option<f64>> = per_step.iter().map(|v| v[gi]).collect();
-            vals.iter().any(Option::is_some).then(|| StepSeries { labels: group_labels_list[gi].clone(), vals })
+            vals.iter().any(Option::is_some).then(|| StepSeries {
+                labels: group_labels_list[gi].clone(),
+                vals,
+                drop_name: group_marked[gi],
+            })
         })
         .collect();
     Ok(Val::Vector(series))

@@ -1,7 +1,7 @@
 //! Binary operators: arithmetic, comparisons (filtering, or 0/1 with `bool`), and the set
 //! operators, with one-to-one and many-to-one/one-to-many vector matching.
 
-use super::eval::{drop_name, Evaluator, StepSeries, Val, VectorBuilder};
+use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
 use super::QueryError;
 use promql_parser::parser::{BinaryExpr, LabelModifier, VectorMatchCardinality};
 use std::collections::HashMap;
@@ -65,8 +65,8 @@ pub fn eval(ev: &Evaluator, b: &BinaryExpr) -> Result<Val, QueryError> {
             }
             Ok(Val::Scalar(out))
         }
-        (Val::Vector(v), Val::Scalar(s)) => unique(scalar_side(v, &s, op, return_bool, drop, false)?),
-        (Val::Scalar(s), Val::Vector(v)) => unique(scalar_side(v, &s, op, return_bool, drop, true)?),
+        (Val::Vector(v), Val::Scalar(s)) => unique(scalar_side(ev, v, &s, op, return_bool, drop, false)?),
+        (Val::Scalar(s), Val::Vector(v)) => unique(scalar_side(ev, v, &s, op, return_bool, drop, true)?),
         (Val::Vector(l), Val::Vector(r)) => {
             if matches!(op, "and" | "or" | "unless") {
                 return set_op(ev, op, l, r, b);
@@ -83,6 +83,7 @@ fn unique(v: Val) -> Result<Val, QueryError> {
 }
 
 fn scalar_side(
+    ev: &Evaluator,
     v: Vec<StepSeries>,
     s: &[f64],
     op: &str,
@@ -99,8 +100,8 @@ fn scalar_side(
             vals[i] = apply(op, a, c, return_bool, x)?;
         }
         if vals.iter().any(Option::is_some) {
-            let labels = if drop { drop_name(&series.labels) } else { series.labels };
-            out.push(StepSeries { labels, vals });
+            let (labels, drop_name) = if drop { ev.name_dropped(&series.labels) } else { (series.labels, false) };
+            out.push(StepSeries { labels, vals, drop_name: drop_name || series.drop_name });
         }
     }
     Ok(Val::Vector(out))
@@ -136,7 +137,7 @@ fn set_op(ev: &Evaluator, op: &str, l: Vec<StepSeries>, r: Vec<StepSeries>, b: &
                     }
                 }
                 if vals.iter().any(Option::is_some) {
-                    out.push(StepSeries { labels: s.labels, vals });
+                    out.push(StepSeries { vals, ..s });
                 }
             }
         }
@@ -159,7 +160,7 @@ fn set_op(ev: &Evaluator, op: &str, l: Vec<StepSeries>, r: Vec<StepSeries>, b: &
                     }
                 }
                 if vals.iter().any(Option::is_some) {
-                    rights.push(StepSeries { labels: s.labels, vals });
+                    rights.push(StepSeries { vals, ..s });
                 }
             }
             out.extend(l);
@@ -212,8 +213,11 @@ fn vector_vector(
             let (a, c) = if swapped { (y, x) } else { (x, y) };
             let keep = if swapped { y } else { x };
             let Some(v) = apply(op, a, c, return_bool, keep)? else { continue };
-            let labels = result_labels(&s.labels, &one[j].labels, &matching, one_to_one, &include, drop);
-            builder.set(labels, i, v)?;
+            // With delayed name removal the name stays, marked, until the query's end.
+            let delay = drop && ev.delayed_name_removal();
+            let labels = result_labels(&s.labels, &one[j].labels, &matching, one_to_one, &include, drop && !delay);
+            let marked = (delay || s.drop_name) && labels.get(METRIC_NAME).is_some();
+            builder.set_marked(labels, marked, i, v)?;
         }
     }
     Ok(builder.finish())

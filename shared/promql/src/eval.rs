@@ -15,6 +15,15 @@ use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
 pub struct StepSeries {
     pub labels: Labels,
     pub vals: Vec<Option<f64>>,
+    /// Delayed name removal: an operation dropped the metric name, but it stays in `labels`
+    /// (for `label_replace`, `label_join` and grouping) until the query's result is returned.
+    pub drop_name: bool,
+}
+
+impl StepSeries {
+    pub fn new(labels: Labels, vals: Vec<Option<f64>>) -> Self {
+        StepSeries { labels, vals, drop_name: false }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -93,10 +102,17 @@ impl VectorBuilder {
     /// Sets a value; a second value for the same labels at the same step is Prometheus'
     /// "vector cannot contain metrics with the same labelset".
     pub fn set(&mut self, labels: Labels, step: usize, v: f64) -> Result<(), QueryError> {
+        self.set_marked(labels, false, step, v)
+    }
+
+    /// [`set`](Self::set) for a series whose name is to be dropped at the end (delayed
+    /// name removal); the mark of a series' first value holds.
+    pub fn set_marked(&mut self, labels: Labels, drop_name: bool, step: usize, v: f64) -> Result<(), QueryError> {
         let i = match self.index.get(&labels) {
             Some(&i) => i,
             None => {
-                self.series.push(StepSeries { labels: labels.clone(), vals: self.points.vec(self.steps, None)? });
+                let vals = self.points.vec(self.steps, None)?;
+                self.series.push(StepSeries { labels: labels.clone(), vals, drop_name });
                 self.index.insert(labels, self.series.len() - 1);
                 self.series.len() - 1
             }
@@ -131,6 +147,21 @@ pub fn check_unique(v: &Val) -> Result<(), QueryError> {
     Ok(())
 }
 
+/// Delayed name removal, at the end of a query: drops the names still marked, then refuses
+/// two series left with the same labels, as Prometheus does (even at different steps).
+fn remove_marked_names(v: Val) -> Result<Val, QueryError> {
+    let Val::Vector(mut series) = v else { return Ok(v) };
+    for s in series.iter_mut().filter(|s| s.drop_name) {
+        s.labels = drop_name(&s.labels);
+        s.drop_name = false;
+    }
+    let mut seen = std::collections::HashSet::with_capacity(series.len());
+    if !series.iter().all(|s| seen.insert(&s.labels)) {
+        return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
+    }
+    Ok(Val::Vector(series))
+}
+
 pub fn drop_name(l: &Labels) -> Labels {
     if l.get(METRIC_NAME).is_none() {
         return l.clone();
@@ -140,8 +171,8 @@ pub fn drop_name(l: &Labels) -> Labels {
     b.build()
 }
 
-/// A series computed on a subquery's grid: labels and samples.
-type OwnedSeries = (Labels, Vec<Sample>);
+/// A series computed on a subquery's grid: labels, its delayed-name-removal mark, samples.
+type OwnedSeries = (Labels, bool, Vec<Sample>);
 
 /// One range window at one step: the samples `all[a..b]` of a series, in `(start, end]`.
 pub struct Window<'s> {
@@ -211,6 +242,9 @@ pub struct Evaluator<'a> {
     /// Samples touched at each step, when the caller asked for per-step statistics
     /// (`stats=all`); subqueries' inner grids do not count here.
     per_step: Option<Vec<AtomicU64>>,
+    /// Prometheus 3's experimental delayed name removal: operations that drop the metric
+    /// name mark the series instead, and names go when the result is returned.
+    delayed_name_removal: bool,
 }
 
 impl<'a> Evaluator<'a> {
@@ -233,6 +267,27 @@ impl<'a> Evaluator<'a> {
             canceled: None,
             annotations: Arc::default(),
             per_step: None,
+            delayed_name_removal: false,
+        }
+    }
+
+    /// Prometheus' `--enable-feature=promql-delayed-name-removal`.
+    pub fn with_delayed_name_removal(mut self, on: bool) -> Self {
+        self.delayed_name_removal = on;
+        self
+    }
+
+    pub fn delayed_name_removal(&self) -> bool {
+        self.delayed_name_removal
+    }
+
+    /// The labels and mark of a series an operation drops the name of: dropped now, or
+    /// marked for the end of the query with delayed name removal.
+    pub fn name_dropped(&self, labels: &Labels) -> (Labels, bool) {
+        if self.delayed_name_removal {
+            (labels.clone(), true)
+        } else {
+            (drop_name(labels), false)
         }
     }
 
@@ -298,6 +353,7 @@ impl<'a> Evaluator<'a> {
             canceled: self.canceled.clone(),
             annotations: self.annotations.clone(),
             per_step: None,
+            delayed_name_removal: self.delayed_name_removal,
         }
     }
 
@@ -316,11 +372,15 @@ impl<'a> Evaluator<'a> {
                         .enumerate()
                         .filter_map(|(k, v)| v.map(|v| Sample::new(inner.time(k), v)))
                         .collect();
-                    (x.labels, samples)
+                    (x.labels, x.drop_name, samples)
                 })
                 .collect(),
             Val::Scalar(v) => {
-                vec![(Labels::default(), v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect())]
+                vec![(
+                    Labels::default(),
+                    false,
+                    v.iter().enumerate().map(|(k, v)| Sample::new(inner.time(k), *v)).collect(),
+                )]
             }
             _ => return Err(QueryError::BadData("subquery is only allowed on instant vector".into())),
         };
@@ -406,7 +466,7 @@ impl<'a> Evaluator<'a> {
                     return Ok(None);
                 }
                 self.charge(n)?;
-                Ok(Some(StepSeries { labels: s.labels.clone(), vals }))
+                Ok(Some(StepSeries::new(s.labels.clone(), vals)))
             })
             .collect::<Result<_, QueryError>>()?;
         Ok(Val::Vector(out.into_iter().flatten().collect()))
@@ -430,7 +490,8 @@ impl<'a> Evaluator<'a> {
                 }
             })?;
             if vals.iter().any(Option::is_some) {
-                out.push(StepSeries { labels: drop_name(&s.labels), vals });
+                let (labels, drop_name) = self.name_dropped(&s.labels);
+                out.push(StepSeries { labels, vals, drop_name });
             }
         }
         let v = Val::Vector(out);
@@ -461,6 +522,7 @@ impl<'a> Evaluator<'a> {
     ) -> Result<Val, QueryError> {
         // Each series' windows, for a series whose samples are at hand.
         let windows = |labels: &Labels,
+                       marked: bool,
                        samples: &[Sample],
                        times: &[i64],
                        range: i64|
@@ -491,7 +553,10 @@ impl<'a> Evaluator<'a> {
                 }
             }
             self.charge(pending)?;
-            Ok(any.then(|| StepSeries { labels: if keep_name { labels.clone() } else { drop_name(labels) }, vals }))
+            Ok(any.then(|| {
+                let (labels, drop_name) = if keep_name { (labels.clone(), false) } else { self.name_dropped(labels) };
+                StepSeries { labels, vals, drop_name: drop_name || marked }
+            }))
         };
         let out: Vec<Option<StepSeries>> = match arg {
             Expr::MatrixSelector(ms) => {
@@ -504,7 +569,7 @@ impl<'a> Evaluator<'a> {
                         s.with_samples(|samples| {
                             // Range windows never hold staleness markers.
                             samples.retain(|x| !is_stale(x.v));
-                            windows(&s.labels, samples, &times, range)
+                            windows(&s.labels, false, samples, &times, range)
                         })?
                     })
                     .collect::<Result<_, QueryError>>()?
@@ -512,11 +577,10 @@ impl<'a> Evaluator<'a> {
             Expr::Subquery(sq) => {
                 let (series, times) = self.subquery_series(sq)?;
                 let range = sq.range.as_millis() as i64;
-                series.par_iter().map(|(labels, samples)| windows(labels, samples, &times, range)).collect::<Result<
-                    _,
-                    QueryError,
-                >>(
-                )?
+                series
+                    .par_iter()
+                    .map(|(labels, marked, samples)| windows(labels, *marked, samples, &times, range))
+                    .collect::<Result<_, QueryError>>()?
             }
             _ => return Err(QueryError::BadData("expected a range vector".into())),
         };
@@ -533,9 +597,10 @@ impl<'a> Evaluator<'a> {
                 Val::Vector(v) => {
                     let out = Val::Vector(
                         v.into_iter()
-                            .map(|s| StepSeries {
-                                labels: drop_name(&s.labels),
-                                vals: s.vals.into_iter().map(|x| x.map(|x| -x)).collect(),
+                            .map(|s| {
+                                let (labels, drop_name) = self.name_dropped(&s.labels);
+                                let vals = s.vals.into_iter().map(|x| x.map(|x| -x)).collect();
+                                StepSeries { labels, vals, drop_name: drop_name || s.drop_name }
                             })
                             .collect(),
                     );
@@ -586,7 +651,9 @@ impl<'a> Evaluator<'a> {
                 Ok(Val::Matrix(
                     series
                         .into_iter()
-                        .filter_map(|(labels, s)| {
+                        .filter_map(|(labels, marked, s)| {
+                            // A range vector is only ever a query's result: its marks apply now.
+                            let labels = if marked { drop_name(&labels) } else { labels };
                             let points: Vec<(i64, f64)> =
                                 s.iter().filter(|x| x.t > t - range && x.t <= t).map(|x| (x.t, x.v)).collect();
                             (!points.is_empty()).then_some(SeriesPoints { labels, points })
@@ -598,8 +665,18 @@ impl<'a> Evaluator<'a> {
         }
     }
 
+    /// Evaluates a query's whole expression: [`eval`](Self::eval), then delayed name removal.
+    fn eval_result(&self, e: &Expr) -> Result<Val, QueryError> {
+        let v = self.eval(e)?;
+        if self.delayed_name_removal {
+            remove_marked_names(v)
+        } else {
+            Ok(v)
+        }
+    }
+
     pub fn instant_result(&self, e: &Expr, time: i64) -> Result<QueryValue, QueryError> {
-        Ok(match self.eval(e)? {
+        Ok(match self.eval_result(e)? {
             Val::Scalar(v) => QueryValue::Scalar(time, v[0]),
             Val::Str(s) => QueryValue::String(time, s),
             Val::Vector(v) => {
@@ -613,7 +690,7 @@ impl<'a> Evaluator<'a> {
     }
 
     pub fn range_result(&self, e: &Expr, steps: usize) -> Result<QueryValue, QueryError> {
-        let mut out = match self.eval(e)? {
+        let mut out = match self.eval_result(e)? {
             Val::Scalar(v) => vec![SeriesPoints {
                 labels: Labels::default(),
                 points: v.into_iter().enumerate().map(|(i, x)| (self.time(i), x)).collect(),
@@ -643,8 +720,28 @@ impl<'a> Evaluator<'a> {
             }
         };
         out.sort_by(|a, b| a.labels.cmp(&b.labels));
-        Ok(QueryValue::Matrix(out))
+        Ok(QueryValue::Matrix(merge_same_labels(out)?))
     }
+}
+
+/// A range query's series are keyed by their labels over all steps, as Prometheus keys them:
+/// two series an expression gave the same labels at different steps (`a > 9 or a < 1`) are
+/// one series. `series` is sorted by labels; a step with two values is Prometheus' error.
+fn merge_same_labels(series: Vec<SeriesPoints>) -> Result<Vec<SeriesPoints>, QueryError> {
+    let mut out: Vec<SeriesPoints> = Vec::with_capacity(series.len());
+    for s in series {
+        match out.last_mut() {
+            Some(last) if last.labels == s.labels => {
+                last.points.extend(s.points);
+                last.points.sort_by_key(|p| p.0);
+                if last.points.windows(2).any(|w| w[0].0 == w[1].0) {
+                    return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
+                }
+            }
+            _ => out.push(s),
+        }
+    }
+    Ok(out)
 }
 
 /// Instant results of `sort`, `sort_desc`, `topk` and `bottomk` come in their order (NaN last).
@@ -691,4 +788,29 @@ fn sort_for(e: &Expr, v: &mut [(Labels, i64, f64)]) {
         _ if desc => b.2.total_cmp(&a.2),
         _ => a.2.total_cmp(&b.2),
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{Engine, EngineOptions, QueryValue};
+    use strata_model::{Labels, MetricType, Sample};
+    use strata_store::memory::MemoryStore;
+
+    #[test]
+    fn a_range_result_keys_series_by_labels_over_all_steps() {
+        let mut store = MemoryStore::default();
+        let labels = Labels::from_pairs([("__name__", "a".to_string())]);
+        store.add(labels, MetricType::Gauge, (0..10).map(|i| Sample::new(i * 60_000, i as f64)));
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+        let engine = Engine::new(EngineOptions::default());
+        // Both sides keep the name: one series, its points from whichever side had one.
+        let expr = crate::parse("a > 6 or a < 3").unwrap();
+        let QueryValue::Matrix(m) = rt.block_on(engine.range(&store, &expr, 0, 540_000, 60_000)).unwrap() else {
+            panic!("a range query answers a matrix")
+        };
+        assert_eq!(m.len(), 1, "{m:?}");
+        let values: Vec<f64> = m[0].points.iter().map(|p| p.1).collect();
+        assert_eq!(values, [0.0, 1.0, 2.0, 7.0, 8.0, 9.0]);
+        assert!(m[0].points.windows(2).all(|w| w[0].0 < w[1].0));
+    }
 }

@@ -1,7 +1,7 @@
 //! PromQL functions over instant vectors, range windows and scalars.
 
 use super::aggregate::{kahan_sum, mean, quantile, variance};
-use super::eval::{drop_name, Evaluator, StepSeries, Val};
+use super::eval::{Evaluator, StepSeries, Val};
 use super::windows::{IntegerPrefix, Resets};
 use super::QueryError;
 use promql_parser::parser::{Call, Expr};
@@ -294,15 +294,17 @@ fn absent_where_empty(ev: &Evaluator, v: &[StepSeries], labels: Labels) -> Val {
     if vals.iter().all(Option::is_none) {
         return Val::Vector(vec![]);
     }
-    Val::Vector(vec![StepSeries { labels, vals }])
+    Val::Vector(vec![StepSeries::new(labels, vals)])
 }
 
-fn map_vector(v: Vec<StepSeries>, keep_name: bool, mut f: impl FnMut(usize, f64) -> Option<f64>) -> Val {
+/// Applies `f(step, value)` to every value; the metric name is dropped.
+fn map_vector(ev: &Evaluator, v: Vec<StepSeries>, mut f: impl FnMut(usize, f64) -> Option<f64>) -> Val {
     Val::Vector(
         v.into_iter()
-            .map(|s| StepSeries {
-                labels: if keep_name { s.labels } else { drop_name(&s.labels) },
-                vals: s.vals.iter().enumerate().map(|(i, x)| x.and_then(|x| f(i, x))).collect(),
+            .map(|s| {
+                let (labels, drop_name) = ev.name_dropped(&s.labels);
+                let vals = s.vals.iter().enumerate().map(|(i, x)| x.and_then(|x| f(i, x))).collect();
+                StepSeries { labels, vals, drop_name }
             })
             .filter(|s| s.vals.iter().any(Option::is_some))
             .collect(),
@@ -434,7 +436,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "pi" => Ok(Val::Scalar(ev.points.vec(ev.steps, std::f64::consts::PI)?)),
         "vector" => {
             let v = scalar_arg(ev, c, 0)?;
-            Ok(Val::Vector(vec![StepSeries { labels: Labels::default(), vals: v.into_iter().map(Some).collect() }]))
+            Ok(Val::Vector(vec![StepSeries::new(Labels::default(), v.into_iter().map(Some).collect())]))
         }
         "scalar" => {
             let v = vector_arg(ev, c, 0)?;
@@ -456,7 +458,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             Some(Expr::VectorSelector(vs)) => ev.selector_timestamps(vs),
             _ => {
                 let v = vector_arg(ev, c, 0)?;
-                Ok(map_vector(v, false, |i, _| Some(ev.time(i) as f64 / 1000.0)))
+                Ok(map_vector(ev, v, |i, _| Some(ev.time(i) as f64 / 1000.0)))
             }
         },
         "absent_over_time" => {
@@ -476,7 +478,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "round" => {
             let v = vector_arg(ev, c, 0)?;
             let to = if c.args.args.len() > 1 { scalar_arg(ev, c, 1)? } else { ev.points.vec(ev.steps, 1.0)? };
-            Ok(map_vector(v, false, |i, x| {
+            Ok(map_vector(ev, v, |i, x| {
                 let inv = 1.0 / to[i];
                 Some((x * inv + 0.5).floor() / inv)
             }))
@@ -484,12 +486,12 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "clamp" => {
             let v = vector_arg(ev, c, 0)?;
             let (lo, hi) = (scalar_arg(ev, c, 1)?, scalar_arg(ev, c, 2)?);
-            Ok(map_vector(v, false, |i, x| if lo[i] > hi[i] { None } else { Some(go_max(lo[i], go_min(hi[i], x))) }))
+            Ok(map_vector(ev, v, |i, x| if lo[i] > hi[i] { None } else { Some(go_max(lo[i], go_min(hi[i], x))) }))
         }
         "clamp_min" | "clamp_max" => {
             let v = vector_arg(ev, c, 0)?;
             let b = scalar_arg(ev, c, 1)?;
-            Ok(map_vector(v, false, |i, x| Some(if name == "clamp_min" { go_max(b[i], x) } else { go_min(b[i], x) })))
+            Ok(map_vector(ev, v, |i, x| Some(if name == "clamp_min" { go_max(b[i], x) } else { go_min(b[i], x) })))
         }
         "sort" | "sort_desc" => vector_arg(ev, c, 0).map(Val::Vector),
         "mad_over_time" => ev.range_windows(range_arg(c, 0)?, false, |_, s, _, _| {
@@ -554,7 +556,8 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
                         }
                         None => s.labels,
                     };
-                    StepSeries { labels, vals: s.vals }
+                    // Writing the name keeps it: the series is named again.
+                    StepSeries { labels, vals: s.vals, drop_name: s.drop_name && dst != METRIC_NAME }
                 })
                 .collect();
             Ok(Val::Vector(out))
@@ -579,7 +582,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
                     let joined = srcs.iter().map(|n| s.labels.get(n).unwrap_or("")).collect::<Vec<_>>().join(&sep);
                     let mut b = s.labels.to_builder();
                     b.set(&dst, &joined);
-                    StepSeries { labels: b.build(), vals: s.vals }
+                    StepSeries { labels: b.build(), vals: s.vals, drop_name: s.drop_name && dst != METRIC_NAME }
                 })
                 .collect();
             Ok(Val::Vector(out))
@@ -587,17 +590,15 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         n if date_part(n, 0.0).is_some() => {
             if c.args.args.is_empty() {
                 let t: Vec<f64> = (0..ev.steps).map(|i| ev.time(i) as f64 / 1000.0).collect();
-                return Ok(Val::Vector(vec![StepSeries {
-                    labels: Labels::default(),
-                    vals: t.iter().map(|x| date_part(n, *x)).collect(),
-                }]));
+                let vals = t.iter().map(|x| date_part(n, *x)).collect();
+                return Ok(Val::Vector(vec![StepSeries::new(Labels::default(), vals)]));
             }
             let v = vector_arg(ev, c, 0)?;
-            Ok(map_vector(v, false, |_, x| date_part(n, x)))
+            Ok(map_vector(ev, v, |_, x| date_part(n, x)))
         }
         n if math(n, 0.0).is_some() => {
             let v = vector_arg(ev, c, 0)?;
-            Ok(map_vector(v, false, |_, x| math(n, x)))
+            Ok(map_vector(ev, v, |_, x| math(n, x)))
         }
         other => Err(QueryError::Unsupported(format!("function {other}()"))),
     }

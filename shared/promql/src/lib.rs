@@ -9,12 +9,13 @@
 //! a 5-minute lookback for instant selectors, staleness markers ending a series.
 //!
 //! Subqueries are evaluated once on their own aligned grid for the whole query, then sliced
-//! per step like a range selector. Native histograms and the functions that are
-//! experimental in Prometheus 3.0 are not supported: asking for one is an error naming it,
-//! never a wrong answer.
+//! per step like a range selector. Native histograms are not supported: asking for a
+//! function only they have is an error naming it, never a wrong answer.
 
 mod aggregate;
 mod binary;
+#[cfg(test)]
+mod delayed_name_tests;
 mod eval;
 mod fetch;
 mod functions;
@@ -60,6 +61,10 @@ pub struct EngineOptions {
     pub max_samples: u64,
     pub timeout: Duration,
     pub max_series: usize,
+    /// Prometheus 3's experimental delayed name removal (`promql-delayed-name-removal`): the
+    /// metric name an operation drops stays visible to `label_replace`, `label_join` and
+    /// `by (__name__)` and is removed from the result. Off by default, as in Prometheus.
+    pub delayed_name_removal: bool,
 }
 
 impl Default for EngineOptions {
@@ -69,6 +74,7 @@ impl Default for EngineOptions {
             max_samples: 50_000_000,
             timeout: Duration::from_secs(120),
             max_series: 1_000_000,
+            delayed_name_removal: false,
         }
     }
 }
@@ -199,6 +205,7 @@ impl Engine {
         // one evaluated: one copy, moved to the blocking thread with its data.
         let expr = Arc::new(expr.clone());
         let (max_samples, timeout) = (self.options.max_samples, self.options.timeout);
+        let delayed_name_removal = self.options.delayed_name_removal;
         let fut = async {
             let lookback = i64::try_from(self.options.lookback.as_millis()).unwrap_or(i64::MAX);
             let data = fetch::fetch(store, &expr, start, end, lookback, self.limits()).await?;
@@ -210,7 +217,8 @@ impl Engine {
             let work = tokio::task::spawn_blocking(move || {
                 let mut ev = Evaluator::new(&data, start, end, step, lookback, max_samples)
                     .with_deadline(deadline, timeout)
-                    .with_cancel(canceled);
+                    .with_cancel(canceled)
+                    .with_delayed_name_removal(delayed_name_removal);
                 if per_step {
                     ev = ev.with_step_stats()?;
                 }

@@ -160,11 +160,16 @@ struct Eval {
     expected: Vec<String>,
     expected_fail_message: Option<String>,
     expected_fail_regexp: Option<String>,
+    /// `eval_info`: the query must return at least one info annotation.
+    info: bool,
+    /// Evaluated with Prometheus 3's delayed name removal on.
+    delayed_name_removal: bool,
 }
 
 fn engine_at(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Result<QueryValue, String> {
     let expr = crate::parse(&e.expr).map_err(|m| format!("parse: {m}"))?;
-    let engine = Engine::new(EngineOptions::default());
+    let engine =
+        Engine::new(EngineOptions { delayed_name_removal: e.delayed_name_removal, ..EngineOptions::default() });
     let (value, stats) = rt
         .block_on(async {
             match e.range {
@@ -175,6 +180,9 @@ fn engine_at(store: &MemoryStore, e: &Eval, rt: &tokio::runtime::Runtime) -> Res
         .map_err(|err| err.to_string())?;
     if e.warn && stats.warnings.is_empty() {
         return Err(format!("eval_warn: no warning annotation (infos: {:?})", stats.infos));
+    }
+    if e.info && stats.infos.is_empty() {
+        return Err(format!("eval_info: no info annotation (warnings: {:?})", stats.warnings));
     }
     Ok(value)
 }
@@ -371,9 +379,11 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 fail: cmd == "eval_fail",
                 ordered: cmd == "eval_ordered",
                 warn: cmd == "eval_warn",
+                info: cmd == "eval_info",
                 expected: vec![],
                 expected_fail_message: None,
                 expected_fail_regexp: None,
+                delayed_name_removal: true,
             };
             let parsed = if let Some(r) = rest.strip_prefix("instant at ") {
                 r.split_once(' ').and_then(|(t, x)| parse_duration_ms(t).ok().map(|t| (t, x))).map(|(t, x)| {
@@ -415,10 +425,6 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 continue;
             };
             e.expr = expr;
-            if cmd == "eval_info" {
-                report.skipped.push(format!("{id}: eval_info (info annotations are not produced yet)"));
-                continue;
-            }
             if skip_reason(&e.expr).is_some() || e.expected.iter().any(|x| skip_reason(x).is_some()) {
                 report.skipped.push(format!("{id}: native histograms"));
                 continue;
@@ -433,13 +439,14 @@ pub fn run_file(name: &str, text: &str, report: &mut Report) {
                 report.skipped.push(format!("{id}: native histograms (a function only native histograms have)"));
                 continue;
             }
-            if name == "name_label_dropping.test" {
-                report.skipped.push(format!(
-                    "{id}: needs the promql-delayed-name-removal feature flag (experimental in Prometheus 3.0)"
-                ));
-                continue;
+            // Prometheus' test engine runs every file with delayed name removal on; Strata's
+            // default is off, so each case outside the file that needs it runs both ways.
+            let mut result = check(&store, &e, &rt);
+            if result.is_ok() && name != "name_label_dropping.test" {
+                e.delayed_name_removal = false;
+                result = check(&store, &e, &rt).map_err(|m| format!("{m} (delayed name removal off)"));
             }
-            match check(&store, &e, &rt) {
+            match result {
                 Ok(()) => report.passed += 1,
                 Err(m) if m.contains("is not supported yet") => report.skipped.push(format!("{id}: {m}")),
                 Err(m) => report.failed.push(format!("{id}: {m} (line {})", e.line_no)),
