@@ -106,13 +106,18 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .merge(strata_api::router_with(Arc::new(TsdbStore(state.db.clone())), state.api.clone()))
 }
 
-/// Ready while the database can write its WAL: after a failed write the edge takes nothing
-/// it could lose, and says so here until a write succeeds again.
+/// Ready while the database can write its WAL and its last storage maintenance (block cut,
+/// compaction, retention) succeeded: after a failed WAL write the edge takes nothing it
+/// could lose, and says so here until a write succeeds again.
 async fn ready(State(s): State<Arc<EdgeState>>) -> Response {
-    if s.db.is_writable() {
-        "Strata edge is Ready.\n".into_response()
-    } else {
+    if !s.db.is_writable() {
         (StatusCode::SERVICE_UNAVAILABLE, "Strata edge is not ready: the WAL cannot be written.\n").into_response()
+    } else if !s.db.is_healthy() {
+        let msg =
+            "Strata edge is not ready: storage maintenance (block cut, compaction or retention) failed; see the log.\n";
+        (StatusCode::SERVICE_UNAVAILABLE, msg).into_response()
+    } else {
+        "Strata edge is Ready.\n".into_response()
     }
 }
 

@@ -53,6 +53,12 @@ impl SelectBudget {
     /// Counts one series and the samples its chunks hold within the selected range.
     pub fn charge_series(&mut self, chunks: &[Chunk]) -> Result<(), StoreError> {
         self.charge_labels()?;
+        self.charge_samples(chunks)
+    }
+
+    /// Charges only the samples: for more chunks of a series already charged (a store that
+    /// reads one series from several places, such as blocks and the head).
+    pub fn charge_samples(&mut self, chunks: &[Chunk]) -> Result<(), StoreError> {
         let (start, end) = (self.start, self.end);
         self.samples = chunks.iter().fold(self.samples, |acc, c| acc.saturating_add(c.samples_within(start, end)));
         if self.samples > self.limits.max_samples {

@@ -1,4 +1,5 @@
-//! `Tsdb`: the head block made durable by the WAL, with retention and the append policy.
+//! `Tsdb`: the head block made durable by the WAL, the immutable blocks the head's aged
+//! data is cut into (see [`compact`](crate::compact)), retention, and the append policy.
 //!
 //! Append policy (documented for users in the README):
 //! * per series, samples must arrive in time order: an older timestamp is refused as
@@ -11,12 +12,15 @@
 //!   refused as "too far in the future": it would otherwise become the newest sample and
 //!   push the retention window past everything held. WAL replay skips such samples too, so
 //!   a WAL written before this rule cannot poison a restart;
+//! * a sample older than the end of the newest block on disk is refused as "out of
+//!   bounds": that range is immutable;
 //! * an empty database accepts any timestamp, so a day of history can be backfilled in
 //!   time order.
 //!
 //! Every append is logged to the WAL before it is applied in memory and before the call
 //! returns; a refused sample is neither logged nor applied.
 
+use crate::blocks::BlockSet;
 use crate::head::{HeadBlock, HeadError, HeadStats, MemSeries, SampleError};
 use crate::index::SeriesRef;
 use crate::metrics::TsdbMetrics;
@@ -24,7 +28,7 @@ use crate::wal::{self, SyncPolicy, Wal, WalError, WalRecord};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::time::now_ms;
@@ -33,6 +37,8 @@ use strata_model::{Labels, Metadata, Sample};
 /// How far ahead of the wall clock a sample may be, by default (as Mimir's
 /// `creation_grace_period`).
 pub const DEFAULT_FUTURE_GRACE_PERIOD: Duration = Duration::from_secs(600);
+/// Prometheus' minimum block duration.
+pub const DEFAULT_BLOCK_RANGE: Duration = Duration::from_secs(2 * 3600);
 
 #[derive(Debug, Clone)]
 pub struct TsdbOptions {
@@ -42,6 +48,12 @@ pub struct TsdbOptions {
     pub max_series: usize,
     pub wal_sync: SyncPolicy,
     pub wal_segment_bytes: u64,
+    /// The head's data is cut into blocks of this range (Prometheus' 2 h), once the head
+    /// spans one and a half of them; compaction merges them into 3× and 12× ranges.
+    pub block_range: Duration,
+    /// Oldest blocks are deleted while blocks and WAL together exceed this many bytes
+    /// (Prometheus' `--storage.tsdb.retention.size`); `None`: no size limit.
+    pub retention_size: Option<u64>,
 }
 
 impl Default for TsdbOptions {
@@ -52,6 +64,8 @@ impl Default for TsdbOptions {
             max_series: 5_000_000,
             wal_sync: SyncPolicy::default(),
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
+            block_range: DEFAULT_BLOCK_RANGE,
+            retention_size: None,
         }
     }
 }
@@ -62,6 +76,10 @@ pub enum TsdbError {
     Wal(#[from] WalError),
     #[error(transparent)]
     Head(#[from] HeadError),
+    #[error(transparent)]
+    Block(#[from] strata_block::BlockError),
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 /// What happened to a batch of samples.
@@ -82,6 +100,12 @@ struct Writer {
 
 pub struct Tsdb {
     head: HeadBlock,
+    pub(crate) blocks: BlockSet,
+    /// The oldest timestamp the head takes: the end of the newest block. Raised (under the
+    /// WAL lock) before a block is cut, so no sample can enter the range being written.
+    pub(crate) head_floor: AtomicI64,
+    /// The last block cut, compaction or retention failed: the tier reports itself not ready.
+    pub(crate) maintenance_failed: AtomicBool,
     wal: Mutex<Writer>,
     dir: PathBuf,
     opts: TsdbOptions,
@@ -99,6 +123,11 @@ impl Tsdb {
     pub fn open(dir: &Path, opts: TsdbOptions) -> Result<Tsdb, TsdbError> {
         let wal_dir = dir.join("wal");
         let head = HeadBlock::new(opts.max_series);
+        let blocks = BlockSet::open(dir)?;
+        // Samples before the newest block's end are in blocks: replay skips them.
+        let floor = blocks.max_time();
+        let range = duration_ms(opts.block_range);
+        let mut in_blocks = 0u64;
         let mut unknown_refs = 0u64;
         let mut future = 0u64;
         let mut aliases: HashMap<SeriesRef, SeriesRef> = HashMap::new();
@@ -121,11 +150,15 @@ impl Tsdb {
                         future += 1;
                         continue;
                     }
+                    if s.t < floor {
+                        in_blocks += 1;
+                        continue;
+                    }
                     let mut g = series.samples.lock();
                     // Replay may see a sample twice when a segment repeats after a crash;
                     // the same check as on append keeps the series ordered.
                     if g.check(&s) == Ok(true) {
-                        g.append(s);
+                        g.append(s, range);
                         head.note_time(s.t);
                     }
                 }
@@ -151,6 +184,11 @@ impl Tsdb {
                 *max_t = (*max_t).min(max_valid);
             }
         }
+        if floor > i64::MIN {
+            // Series whose every sample is in blocks were restored for nothing.
+            head.truncate_before(floor);
+            tracing::debug!(samples = in_blocks, "WAL replay: samples already in blocks skipped");
+        }
         let damaged = stats.damaged_segments;
         let mut wal =
             Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
@@ -165,6 +203,9 @@ impl Tsdb {
         metrics.wal_quarantined_segments.inc_by(damaged as u64);
         let db = Tsdb {
             head,
+            blocks,
+            head_floor: AtomicI64::new(floor),
+            maintenance_failed: AtomicBool::new(false),
             wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
             dir: dir.to_path_buf(),
             opts,
@@ -196,6 +237,7 @@ impl Tsdb {
     }
 
     #[cfg(test)]
+    #[cfg(test)]
     pub(crate) fn swap_wal_file(&self, f: std::fs::File) -> std::fs::File {
         self.wal.lock().wal.swap_file(f)
     }
@@ -203,6 +245,34 @@ impl Tsdb {
     /// False while the WAL cannot be written (the last write failed).
     pub fn is_writable(&self) -> bool {
         !self.wal_failed.load(Ordering::Relaxed)
+    }
+
+    /// Whether the tier may say it is ready: the WAL is writable and the last block cut,
+    /// compaction and retention succeeded.
+    pub fn is_healthy(&self) -> bool {
+        self.is_writable() && !self.maintenance_failed.load(Ordering::Relaxed)
+    }
+
+    pub fn blocks(&self) -> &BlockSet {
+        &self.blocks
+    }
+
+    /// The block range in milliseconds.
+    pub fn block_range_ms(&self) -> i64 {
+        duration_ms(self.opts.block_range).max(1)
+    }
+
+    /// The newest sample held, in the head or in blocks; `i64::MIN` when empty.
+    pub fn max_time(&self) -> i64 {
+        self.head.max_time().max(self.blocks.max_sample_time())
+    }
+
+    /// A metric's type from the head's metadata, else from the newest block that knows it.
+    pub fn metric_type(&self, metric: &str) -> strata_model::MetricType {
+        match self.head.metric_type(metric) {
+            strata_model::MetricType::Unknown => self.blocks.metric_type(metric).unwrap_or_default(),
+            t => t,
+        }
     }
 
     /// Finds or creates the series; creation is logged with the next commit that uses it.
@@ -213,7 +283,17 @@ impl Tsdb {
     /// Oldest timestamp still accepted at wall-clock time `now`: the retention window back
     /// from the newest sample held, but never from beyond the wall clock.
     fn min_valid_time(&self, now: i64) -> i64 {
-        let max = self.head.max_time();
+        let floor = self.head_floor.load(Ordering::Relaxed);
+        let max = self.max_time();
+        if max == i64::MIN {
+            return floor;
+        }
+        max.min(now).saturating_sub(duration_ms(self.opts.retention)).max(floor)
+    }
+
+    /// The oldest time retention keeps at wall-clock time `now` (`i64::MIN`: keep all).
+    pub(crate) fn retention_cutoff(&self, now: i64) -> i64 {
+        let max = self.max_time();
         if max == i64::MIN {
             return i64::MIN;
         }
@@ -331,11 +411,12 @@ impl Tsdb {
         }
         self.wal_failed.store(false, Ordering::Relaxed);
         let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+        let range = self.block_range_ms();
         for &i in &accepted_idx {
             let (series, s) = &batch[i];
             let series = revived.get(&i).unwrap_or(series);
             series.logged_segment.store(segment, std::sync::atomic::Ordering::Relaxed);
-            series.samples.lock().append(*s);
+            series.samples.lock().append(*s, range);
             lo = lo.min(s.t);
             hi = hi.max(s.t);
         }
@@ -369,24 +450,6 @@ impl Tsdb {
         self.wal.lock().wal.disk_bytes()
     }
 
-    /// Drops data older than the retention window, counted back from the newest sample.
-    pub fn apply_retention(&self) -> Result<(usize, usize), TsdbError> {
-        let cutoff = self.min_valid_time(now_ms());
-        if cutoff == i64::MIN {
-            return Ok((0, 0));
-        }
-        // Under the WAL lock: a commit sees a series either before its removal or marked
-        // removed (and then appends to its live replacement), never half removed.
-        let mut writer = self.wal.lock();
-        let series = self.head.truncate_before(cutoff);
-        let segments = writer.wal.truncate_before(cutoff)?;
-        drop(writer);
-        if series > 0 || segments > 0 {
-            tracing::info!(series, segments, cutoff, "retention removed old data");
-        }
-        Ok((series, segments))
-    }
-
     pub fn stats(&self) -> HeadStats {
         self.head.stats()
     }
@@ -397,5 +460,7 @@ fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+mod compact;
+pub use compact::MaintenanceOutcome;
 #[cfg(test)]
 mod tests;

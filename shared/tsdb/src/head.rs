@@ -49,6 +49,12 @@ pub enum HeadError {
     InvalidSeries { series: String, reason: String },
 }
 
+/// The end of the block-range window that holds `t`.
+pub fn block_end(t: i64, block_range: i64) -> i64 {
+    let r = block_range.max(1);
+    t.div_euclid(r).saturating_add(1).saturating_mul(r)
+}
+
 pub struct SeriesSamples {
     sealed: Vec<Chunk>,
     open: ChunkAppender,
@@ -91,8 +97,15 @@ impl SeriesSamples {
         }
     }
 
-    /// Appends a sample that passed [`check`](Self::check).
-    pub fn append(&mut self, s: Sample) {
+    /// Appends a sample that passed [`check`](Self::check). A chunk never spans a multiple
+    /// of `block_range`: the head cuts blocks at those times, so every chunk belongs wholly
+    /// to one block and goes to disk as it is.
+    pub fn append(&mut self, s: Sample, block_range: i64) {
+        if !self.open.is_empty() && s.t >= block_end(self.open.min_t(), block_range) {
+            let sealed = self.open.seal();
+            self.open = ChunkAppender::new();
+            self.sealed.push(sealed.compact());
+        }
         self.open.append(s.t, s.v);
         self.last = Some(s);
         if self.open.is_full() {
@@ -176,6 +189,12 @@ pub struct HeadBlock {
 /// Suffixes under which a metric's samples appear while its metadata names the family.
 const FAMILY_SUFFIXES: [&str; 6] = ["_total", "_bucket", "_count", "_sum", "_created", "_info"];
 
+/// A metric's type from metadata keyed by family: by its own name, else by the family its
+/// suffix implies (`foo_total` → `foo`).
+pub fn lookup_type(get: impl Fn(&str) -> Option<MetricType>, metric: &str) -> Option<MetricType> {
+    get(metric).or_else(|| FAMILY_SUFFIXES.iter().filter_map(|s| metric.strip_suffix(s)).find_map(&get))
+}
+
 /// Longest family name, help or unit kept.
 pub const MAX_METADATA_BYTES: usize = 1024;
 /// Metric families whose metadata the head keeps at most.
@@ -201,6 +220,11 @@ impl HeadBlock {
             min_t: AtomicI64::new(i64::MAX),
             max_t: AtomicI64::new(i64::MIN),
         }
+    }
+
+    /// Oldest sample timestamp held (a lower bound after truncation), `i64::MAX` when empty.
+    pub fn min_time(&self) -> i64 {
+        self.min_t.load(Ordering::Relaxed)
     }
 
     /// Newest sample timestamp held, `i64::MIN` when empty.
@@ -316,14 +340,7 @@ impl HeadBlock {
     /// The type of a metric, looked up by its name or by its family (`foo_total` → `foo`).
     pub fn metric_type(&self, metric: &str) -> MetricType {
         let m = self.metadata.read();
-        if let Some(x) = m.get(metric) {
-            return x.metric_type;
-        }
-        FAMILY_SUFFIXES
-            .iter()
-            .filter_map(|s| metric.strip_suffix(s))
-            .find_map(|f| m.get(f).map(|x| x.metric_type))
-            .unwrap_or_default()
+        lookup_type(|family| m.get(family).map(|x| x.metric_type), metric).unwrap_or_default()
     }
 
     /// Series matching the matchers that hold samples in `[mint, maxt]`, sorted by labels.

@@ -7,6 +7,7 @@
 //! database only through [`TsdbStore`], the [`strata_store::Store`] implementation, so the
 //! engine and the API never reach into the head.
 
+pub mod blocks;
 pub mod db;
 pub mod head;
 pub mod index;
@@ -15,5 +16,5 @@ pub mod metrics;
 mod store;
 pub mod wal;
 
-pub use db::{Tsdb, TsdbError, TsdbOptions};
+pub use db::{MaintenanceOutcome, Tsdb, TsdbError, TsdbOptions};
 pub use store::TsdbStore;

@@ -1,5 +1,6 @@
 //! The database's background loops, for any tier that holds a [`Tsdb`]: the WAL fsync
-//! loop (with the `Interval` sync policy) and the retention loop. Both run the blocking
+//! loop (with the `Interval` sync policy) and the maintenance loop (block cut, compaction,
+//! retention: see [`Tsdb::maintain`]). Both run the blocking
 //! work off the async workers and report failures in the log and in [`TsdbMetrics`](crate::metrics::TsdbMetrics).
 
 use crate::db::{Tsdb, TsdbError};
@@ -8,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
-/// How often retention runs.
-pub const RETENTION_EVERY: Duration = Duration::from_secs(60);
+/// How often maintenance runs.
+pub const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
 
 /// Starts the loops the database's options call for; abort the handles to stop them.
 pub fn spawn(db: &Arc<Tsdb>) -> Vec<JoinHandle<()>> {
@@ -17,7 +18,7 @@ pub fn spawn(db: &Arc<Tsdb>) -> Vec<JoinHandle<()>> {
     if let SyncPolicy::Interval(every) = db.options().wal_sync {
         tasks.push(spawn_fsync(db.clone(), every));
     }
-    tasks.push(spawn_retention(db.clone(), RETENTION_EVERY));
+    tasks.push(spawn_maintenance(db.clone(), MAINTENANCE_EVERY));
     tasks
 }
 
@@ -30,14 +31,9 @@ pub fn spawn_fsync(db: Arc<Tsdb>, every: Duration) -> JoinHandle<()> {
     })
 }
 
-/// Applies retention every `every`.
-pub fn spawn_retention(db: Arc<Tsdb>, every: Duration) -> JoinHandle<()> {
-    spawn_every(db, every, "retention", |db| {
-        db.apply_retention().inspect_err(|_| {
-            db.metrics().retention_failures.inc();
-        })?;
-        Ok(())
-    })
+/// Cuts blocks, compacts and applies retention every `every`.
+pub fn spawn_maintenance(db: Arc<Tsdb>, every: Duration) -> JoinHandle<()> {
+    spawn_every(db, every, "storage maintenance", |db| db.maintain().map(|_| ()))
 }
 
 /// Runs `work` on a blocking thread every `every`; a failure is logged with the database's

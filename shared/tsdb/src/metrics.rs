@@ -17,9 +17,20 @@ pub struct TsdbMetrics {
     pub head_chunk_bytes: Gauge,
     pub wal_bytes: Gauge,
     pub wal_fsync_seconds: Histogram,
-    pub retention_failures: Counter,
     /// WAL segments replay found damaged, copied to `wal/quarantine/` and cut.
     pub wal_quarantined_segments: Counter,
+    pub blocks_written: Counter,
+    pub blocks_compacted: Counter,
+    /// Blocks found damaged (at open or by a read), kept out of queries and compaction.
+    pub blocks_damaged: Gauge,
+    /// Maintenance runs (block cut, compaction, retention) that failed.
+    pub maintenance_failures: Counter,
+    pub blocks: Gauge,
+    pub block_bytes: Gauge,
+    /// Memory the blocks' indexes hold.
+    pub block_index_bytes: Gauge,
+    /// Head memory per series: chunk, index and label bytes over the series count.
+    pub head_bytes_per_series: Gauge,
 }
 
 impl Default for TsdbMetrics {
@@ -30,8 +41,15 @@ impl Default for TsdbMetrics {
             head_chunk_bytes: Gauge::default(),
             wal_bytes: Gauge::default(),
             wal_fsync_seconds: Histogram::new([0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
-            retention_failures: Counter::default(),
             wal_quarantined_segments: Counter::default(),
+            blocks_written: Counter::default(),
+            blocks_compacted: Counter::default(),
+            blocks_damaged: Gauge::default(),
+            maintenance_failures: Counter::default(),
+            blocks: Gauge::default(),
+            block_bytes: Gauge::default(),
+            block_index_bytes: Gauge::default(),
+            head_bytes_per_series: Gauge::default(),
         }
     }
 }
@@ -52,11 +70,30 @@ impl TsdbMetrics {
         );
         registry.register("wal_bytes", "Bytes of WAL segments on disk", self.wal_bytes.clone());
         registry.register("wal_fsync_duration_seconds", "Duration of WAL fsync calls", self.wal_fsync_seconds.clone());
-        registry.register("retention_failures", "Retention runs that failed", self.retention_failures.clone());
         registry.register(
             "wal_quarantined_segments",
             "WAL segments found damaged at replay, copied to wal/quarantine/ and cut",
             self.wal_quarantined_segments.clone(),
+        );
+        registry.register("blocks_written", "Blocks cut from the head", self.blocks_written.clone());
+        registry.register("blocks_compacted", "Blocks written by compaction", self.blocks_compacted.clone());
+        registry.register(
+            "blocks_damaged",
+            "Blocks found damaged (at open or by a read), kept out of queries and compaction",
+            self.blocks_damaged.clone(),
+        );
+        registry.register(
+            "storage_maintenance_failures",
+            "Block cuts, compactions or retention runs that failed",
+            self.maintenance_failures.clone(),
+        );
+        registry.register("blocks", "Blocks on disk serving queries", self.blocks.clone());
+        registry.register("block_bytes", "Bytes of blocks on disk", self.block_bytes.clone());
+        registry.register("block_index_bytes", "Memory held by the blocks' indexes", self.block_index_bytes.clone());
+        registry.register(
+            "head_bytes_per_series",
+            "Head memory per series: chunks, index, labels and series table",
+            self.head_bytes_per_series.clone(),
         );
     }
 
@@ -66,6 +103,13 @@ impl TsdbMetrics {
         self.head_series.set(i64::try_from(st.series).unwrap_or(i64::MAX));
         self.head_chunk_bytes.set(i64::try_from(st.chunk_bytes).unwrap_or(i64::MAX));
         self.wal_bytes.set(i64::try_from(db.wal_disk_bytes()).unwrap_or(i64::MAX));
+        let blocks = db.blocks();
+        self.blocks.set(i64::try_from(blocks.len()).unwrap_or(i64::MAX));
+        self.blocks_damaged.set(i64::try_from(blocks.damaged().len()).unwrap_or(i64::MAX));
+        self.block_bytes.set(i64::try_from(blocks.disk_bytes()).unwrap_or(i64::MAX));
+        self.block_index_bytes.set(i64::try_from(blocks.memory_bytes()).unwrap_or(i64::MAX));
+        let per_series = (st.chunk_bytes + st.index_bytes).checked_div(st.series).unwrap_or(0);
+        self.head_bytes_per_series.set(i64::try_from(per_series).unwrap_or(i64::MAX));
     }
 }
 

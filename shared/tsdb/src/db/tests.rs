@@ -1,5 +1,6 @@
 use super::*;
 use crate::TsdbStore;
+use std::time::Duration;
 use strata_model::matcher::Matcher;
 use strata_model::MetricType;
 use strata_store::conformance;
@@ -76,7 +77,7 @@ fn backfill_into_an_empty_db_then_retention_counts_from_the_newest_sample() {
     // older than newest − retention is out of bounds now
     let out = db.commit(&[(old.clone(), Sample::new(2_000, 1.0))]).unwrap();
     assert_eq!(out.rejected[0].2, SampleError::OutOfBounds);
-    let (series, _) = db.apply_retention().unwrap();
+    let (series, _, _) = db.apply_retention().unwrap();
     assert_eq!(series, 1);
     assert!(read_all(&db, "old").is_empty());
     assert_eq!(read_all(&db, "new").len(), 1);
@@ -110,10 +111,8 @@ fn replay_skips_damage_and_keeps_what_came_before() {
     assert_eq!(read_all(&db, "0").len(), 9);
 }
 
-#[tokio::test]
-async fn tsdb_store_passes_the_store_conformance_suite() {
-    let d = tempfile::tempdir().unwrap();
-    let db = Arc::new(open(d.path()));
+/// Loads the conformance fixture into `db`.
+fn load_fixture(db: &Tsdb) {
     for f in conformance::fixture() {
         let s = db.series(&f.labels).unwrap();
         let batch: Vec<_> = f.samples.iter().map(|x| (s.clone(), *x)).collect();
@@ -122,6 +121,15 @@ async fn tsdb_store_passes_the_store_conformance_suite() {
         let name = f.labels.metric_name().unwrap().to_string();
         db.set_metadata(&name, Metadata { metric_type: f.metric_type, ..Default::default() }).unwrap();
     }
+}
+
+#[tokio::test]
+async fn tsdb_store_passes_the_store_conformance_suite() {
+    let d = tempfile::tempdir().unwrap();
+    // A block range longer than the data: everything stays in the head.
+    let opts = TsdbOptions { block_range: Duration::from_secs(1000 * 86400), ..Default::default() };
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    load_fixture(&db);
     // The head seals full chunks into the block encoding, except one holding a staleness
     // marker; the last chunk is still open. The suite below reads all three kinds.
     let all = strata_model::matcher::Matcher::new(
@@ -133,6 +141,43 @@ async fn tsdb_store_passes_the_store_conformance_suite() {
     let found = db.head().select(&[all], i64::MIN, i64::MAX);
     let kinds: Vec<bool> = found[0].1.iter().map(|c| c.is_block()).collect();
     assert_eq!(kinds, [true, false, false], "a block, a sealed stream chunk, the open chunk");
+    conformance::run_all(&TsdbStore(db)).await;
+}
+
+#[tokio::test]
+async fn tsdb_store_over_blocks_and_head_passes_the_conformance_suite() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = TsdbOptions {
+        block_range: Duration::from_secs(1800),
+        retention: Duration::from_secs(100 * 86400),
+        ..Default::default()
+    };
+    {
+        let db = Arc::new(Tsdb::open(d.path(), opts.clone()).unwrap());
+        load_fixture(&db);
+        let out = db.maintain().unwrap();
+        assert!(out.blocks_cut >= 10, "{out:?}");
+        assert!(out.blocks_compacted >= 2, "{out:?}");
+        // The long series ends in the head and starts in blocks.
+        let long = Matcher::eq("__name__", "DCGM_FI_DEV_POWER_USAGE");
+        assert!(!db.head().select(std::slice::from_ref(&long), i64::MIN, i64::MAX).is_empty());
+        let in_blocks: usize = db
+            .blocks()
+            .healthy()
+            .iter()
+            .map(|b| {
+                b.select::<strata_block::BlockError>(std::slice::from_ref(&long), i64::MIN, i64::MAX, |_| Ok(()))
+                    .unwrap()
+                    .len()
+            })
+            .sum();
+        assert!(in_blocks >= 2, "the long series is in {in_blocks} blocks");
+        assert!(db.blocks().healthy().iter().any(|b| b.meta().level >= 2), "compaction merged some blocks");
+        conformance::run_all(&TsdbStore(db.clone())).await;
+    }
+    // And again after a restart: blocks read from disk, the head from the WAL.
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    assert!(!db.blocks().is_empty());
     conformance::run_all(&TsdbStore(db)).await;
 }
 

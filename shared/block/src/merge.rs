@@ -1,0 +1,76 @@
+//! Compaction's mechanism: several blocks (in time order, not overlapping) merged into one,
+//! series by series, so memory holds one series of each input at a time.
+//!
+//! A series' chunks are concatenated in time order; neighbouring chunks that together fit
+//! in one ([`CHUNK_MAX_SAMPLES`]) are re-encoded as one, since a block cut from the head
+//! ends every series' chunk at the block boundary: without this, a day compacted from 2-hour
+//! blocks would keep twelve part-filled chunks per series where eight full ones serve.
+
+use crate::{BlockError, BlockReader, BlockSeries, BlockWriter};
+use strata_chunk::{Chunk, ChunkAppender, CHUNK_MAX_SAMPLES};
+use strata_model::Labels;
+
+/// Merges `inputs` (sorted by time) into `out`; returns the series written.
+pub fn merge_blocks(inputs: &[&BlockReader], out: &mut BlockWriter) -> Result<u64, BlockError> {
+    let mut next: Vec<usize> = vec![0; inputs.len()];
+    let mut current: Vec<Option<BlockSeries>> = Vec::with_capacity(inputs.len());
+    for r in inputs {
+        current.push(if r.num_series() > 0 { Some(r.series_at(0)?) } else { None });
+    }
+    let mut written = 0;
+    while let Some(labels) = current.iter().flatten().map(|s| &s.labels).min().cloned() {
+        let mut chunks: Vec<Chunk> = Vec::new();
+        for (i, slot) in current.iter_mut().enumerate() {
+            if slot.as_ref().is_some_and(|s| s.labels == labels) {
+                if let Some(s) = slot.take() {
+                    chunks.extend(s.chunks);
+                }
+                next[i] += 1;
+                if next[i] < inputs[i].num_series() {
+                    *slot = Some(inputs[i].series_at(next[i])?);
+                }
+            }
+        }
+        let chunks = rechunk(&labels, chunks)?;
+        out.add_series(&labels, &chunks)?;
+        written += 1;
+    }
+    Ok(written)
+}
+
+/// Joins neighbouring chunks that fit in one.
+pub fn rechunk(labels: &Labels, chunks: Vec<Chunk>) -> Result<Vec<Chunk>, BlockError> {
+    let mut out: Vec<Chunk> = Vec::with_capacity(chunks.len());
+    let mut pending: Vec<Chunk> = Vec::new();
+    let mut pending_n = 0u32;
+    let flush = |pending: &mut Vec<Chunk>, out: &mut Vec<Chunk>| -> Result<(), BlockError> {
+        match pending.len() {
+            0 => {}
+            1 => out.append(pending),
+            _ => {
+                let mut a = ChunkAppender::new();
+                for c in pending.drain(..) {
+                    let samples = c.decode().map_err(|e| BlockError::Corrupt {
+                        block: "(merge input)".into(),
+                        reason: format!("series {labels}: {e}"),
+                    })?;
+                    for s in samples {
+                        a.append(s.t, s.v);
+                    }
+                }
+                out.push(a.seal().compact());
+            }
+        }
+        Ok(())
+    };
+    for c in chunks {
+        if pending_n + c.n as u32 > CHUNK_MAX_SAMPLES as u32 {
+            flush(&mut pending, &mut out)?;
+            pending_n = 0;
+        }
+        pending_n += c.n as u32;
+        pending.push(c);
+    }
+    flush(&mut pending, &mut out)?;
+    Ok(out)
+}

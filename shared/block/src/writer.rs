@@ -1,0 +1,272 @@
+//! [`BlockWriter`]: writes a block series by series, in label order, into a temporary
+//! directory that becomes the block only when everything is on disk.
+//!
+//! Crash safety: the files are written under `<id>.tmp`, `fsync`ed, `meta.json` is written
+//! and `fsync`ed last, and the directory is renamed to `<id>` (then the parent `fsync`ed).
+//! A crash at any point leaves either no block or a complete one; `.tmp` directories are
+//! removed on open.
+//!
+//! Memory: chunk bytes stream to the `chunks` file as series arrive; what is held until
+//! [`finish`](BlockWriter::finish) is per series (its index entry, its postings), never
+//! per sample.
+
+use crate::encoding::{put_str, put_uvarint, put_varint};
+use crate::meta::{BlockMeta, BlockStats, FileMeta, CHUNKS_FILE, FORMAT_VERSION, INDEX_FILE, META_FILE};
+use crate::{BlockError, CHUNKS_MAGIC, INDEX_MAGIC};
+use std::collections::HashMap;
+use std::fs::{self, File};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use strata_chunk::Chunk;
+use strata_model::{Labels, Metadata};
+
+pub struct BlockWriter {
+    tmp: PathBuf,
+    dir: PathBuf,
+    id: String,
+    min_time: i64,
+    max_time: i64,
+    level: u32,
+    sources: Vec<String>,
+    chunks: BufWriter<File>,
+    chunks_len: u64,
+    chunks_crc: crc32fast::Hasher,
+    symbols: HashMap<Arc<str>, u32>,
+    symbol_list: Vec<Arc<str>>,
+    /// Series entries, and each one's offset within this buffer.
+    series: Vec<u8>,
+    series_offsets: Vec<u64>,
+    postings: HashMap<(u32, u32), Vec<u32>>,
+    metadata: Vec<(String, Metadata)>,
+    last: Option<Labels>,
+    stats: BlockStats,
+}
+
+/// A block's directory name: sortable by creation, unique within a data directory.
+pub fn new_block_id(min_time: i64) -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    format!("{:016x}-{:013}", nanos as u64, min_time.max(0))
+}
+
+fn fsync_dir(dir: &Path) {
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+impl BlockWriter {
+    /// Starts a block covering `[min_time, max_time)` under `parent`.
+    pub fn create(
+        parent: &Path,
+        min_time: i64,
+        max_time: i64,
+        level: u32,
+        sources: Vec<String>,
+    ) -> Result<BlockWriter, BlockError> {
+        let id = new_block_id(min_time);
+        let dir = parent.join(&id);
+        let tmp = parent.join(format!("{id}.tmp"));
+        let io = |e| BlockError::io(&tmp, e);
+        fs::create_dir_all(&tmp).map_err(io)?;
+        let mut chunks = BufWriter::with_capacity(1 << 20, File::create(tmp.join(CHUNKS_FILE)).map_err(io)?);
+        chunks.write_all(CHUNKS_MAGIC).map_err(io)?;
+        let mut chunks_crc = crc32fast::Hasher::new();
+        chunks_crc.update(CHUNKS_MAGIC);
+        Ok(BlockWriter {
+            tmp,
+            dir,
+            id,
+            min_time,
+            max_time,
+            level,
+            sources,
+            chunks,
+            chunks_len: CHUNKS_MAGIC.len() as u64,
+            chunks_crc,
+            symbols: HashMap::new(),
+            symbol_list: Vec::new(),
+            series: Vec::new(),
+            series_offsets: Vec::new(),
+            postings: HashMap::new(),
+            metadata: Vec::new(),
+            last: None,
+            stats: BlockStats { min_sample_time: i64::MAX, max_sample_time: i64::MIN, ..Default::default() },
+        })
+    }
+
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn symbol(&mut self, s: &Arc<str>) -> u32 {
+        if let Some(&i) = self.symbols.get(s) {
+            return i;
+        }
+        let i = self.symbol_list.len() as u32;
+        self.symbols.insert(s.clone(), i);
+        self.symbol_list.push(s.clone());
+        i
+    }
+
+    /// Adds a series. Series must come in strictly increasing label order, their chunks in
+    /// time order and within the block's range; a series without chunks is skipped.
+    pub fn add_series(&mut self, labels: &Labels, chunks: &[Chunk]) -> Result<(), BlockError> {
+        if chunks.is_empty() {
+            return Ok(());
+        }
+        if self.last.as_ref().is_some_and(|l| l >= labels) {
+            return Err(BlockError::Invalid(format!("series {labels} out of order in block {}", self.id)));
+        }
+        if chunks.iter().any(|c| c.min_t < self.min_time || c.max_t >= self.max_time) {
+            return Err(BlockError::Invalid(format!(
+                "series {labels} has samples outside [{}, {}) of block {}",
+                self.min_time, self.max_time, self.id
+            )));
+        }
+        let id = u32::try_from(self.series_offsets.len())
+            .map_err(|_| BlockError::Invalid("more than 2^32 series in one block".into()))?;
+        self.series_offsets.push(self.series.len() as u64);
+        let syms: Vec<(u32, u32)> = labels.iter().map(|l| (self.symbol(&l.name), self.symbol(&l.value))).collect();
+        let mut e = Vec::with_capacity(16 + 8 * syms.len() + 16 * chunks.len());
+        put_uvarint(&mut e, syms.len() as u64);
+        for &(n, v) in &syms {
+            put_uvarint(&mut e, n as u64);
+            put_uvarint(&mut e, v as u64);
+            self.postings.entry((n, v)).or_default().push(id);
+        }
+        put_uvarint(&mut e, chunks.len() as u64);
+        put_uvarint(&mut e, self.chunks_len);
+        let mut prev_max = 0i64;
+        for c in chunks {
+            put_varint(&mut e, c.min_t.wrapping_sub(prev_max));
+            put_uvarint(&mut e, c.max_t.wrapping_sub(c.min_t) as u64);
+            put_uvarint(&mut e, c.n as u64);
+            put_uvarint(&mut e, c.data.len() as u64);
+            e.extend_from_slice(&crc32fast::hash(&c.data).to_le_bytes());
+            prev_max = c.max_t;
+            self.chunks.write_all(&c.data).map_err(|err| BlockError::io(&self.tmp, err))?;
+            self.chunks_crc.update(&c.data);
+            self.chunks_len += c.data.len() as u64;
+            self.stats.samples += c.n as u64;
+            self.stats.chunks += 1;
+            self.stats.min_sample_time = self.stats.min_sample_time.min(c.min_t);
+            self.stats.max_sample_time = self.stats.max_sample_time.max(c.max_t);
+        }
+        self.series.extend_from_slice(&e);
+        self.stats.series += 1;
+        self.last = Some(labels.clone());
+        Ok(())
+    }
+
+    /// Metric family metadata the block keeps, so that a series' type is known after the
+    /// head forgot the family.
+    pub fn set_metadata(&mut self, metadata: Vec<(String, Metadata)>) {
+        self.metadata = metadata;
+    }
+
+    /// Writes the index and the meta, and renames the block into place. Returns its meta.
+    pub fn finish(mut self) -> Result<BlockMeta, BlockError> {
+        let tmp = self.tmp.clone();
+        let io = |e| BlockError::io(&tmp, e);
+        self.chunks.flush().map_err(io)?;
+        self.chunks.get_ref().sync_all().map_err(io)?;
+        let index = self.encode_index();
+        let mut f = File::create(tmp.join(INDEX_FILE)).map_err(io)?;
+        f.write_all(&index).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        if self.stats.series == 0 {
+            self.stats.min_sample_time = self.min_time;
+            self.stats.max_sample_time = self.min_time;
+        }
+        let meta = BlockMeta {
+            version: FORMAT_VERSION,
+            id: self.id.clone(),
+            min_time: self.min_time,
+            max_time: self.max_time,
+            stats: self.stats,
+            level: self.level,
+            sources: std::mem::take(&mut self.sources),
+            files: vec![
+                FileMeta { name: INDEX_FILE.into(), bytes: index.len() as u64, crc32: crc32fast::hash(&index) },
+                FileMeta {
+                    name: CHUNKS_FILE.into(),
+                    bytes: self.chunks_len,
+                    crc32: self.chunks_crc.clone().finalize(),
+                },
+            ],
+        };
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| BlockError::Invalid(e.to_string()))?;
+        let mut f = File::create(tmp.join(META_FILE)).map_err(io)?;
+        f.write_all(&json).map_err(io)?;
+        f.sync_all().map_err(io)?;
+        fsync_dir(&tmp);
+        crate::fault::point("block-before-rename");
+        fs::rename(&tmp, &self.dir).map_err(|e| BlockError::io(&self.dir, e))?;
+        if let Some(parent) = self.dir.parent() {
+            fsync_dir(parent);
+        }
+        Ok(meta)
+    }
+
+    /// Leaves nothing behind (a failed or abandoned write).
+    pub fn abort(self) {
+        let _ = fs::remove_dir_all(&self.tmp);
+    }
+
+    fn encode_index(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(self.series.len() + self.series_offsets.len() * 12 + (1 << 16));
+        b.extend_from_slice(INDEX_MAGIC);
+        let symbols_off = b.len() as u64;
+        for s in &self.symbol_list {
+            put_str(&mut b, s);
+        }
+        let series_base = b.len() as u64;
+        b.extend_from_slice(&self.series);
+        let series_table_off = b.len() as u64;
+        for o in &self.series_offsets {
+            b.extend_from_slice(&(series_base + o).to_le_bytes());
+        }
+        // Postings in (name, value) order, so a reader finds a name's values in one range.
+        let mut pairs: Vec<(&(u32, u32), &Vec<u32>)> = self.postings.iter().collect();
+        let sym = |i: u32| -> &str { &self.symbol_list[i as usize] };
+        pairs.sort_by(|a, b| (sym(a.0 .0), sym(a.0 .1)).cmp(&(sym(b.0 .0), sym(b.0 .1))));
+        let mut table = Vec::with_capacity(pairs.len() * 16);
+        for ((n, v), ids) in &pairs {
+            table.extend_from_slice(&n.to_le_bytes());
+            table.extend_from_slice(&v.to_le_bytes());
+            table.extend_from_slice(&(b.len() as u64).to_le_bytes());
+            put_uvarint(&mut b, ids.len() as u64);
+            let mut prev = 0u32;
+            for &id in ids.iter() {
+                put_uvarint(&mut b, (id - prev) as u64);
+                prev = id;
+            }
+        }
+        let postings_table_off = b.len() as u64;
+        b.extend_from_slice(&table);
+        let metadata_off = b.len() as u64;
+        put_uvarint(&mut b, self.metadata.len() as u64);
+        for (family, m) in &self.metadata {
+            put_str(&mut b, family);
+            b.push(m.metric_type.to_u8());
+            put_str(&mut b, &m.help);
+            put_str(&mut b, &m.unit);
+        }
+        for v in [
+            symbols_off,
+            self.symbol_list.len() as u64,
+            series_table_off,
+            self.series_offsets.len() as u64,
+            postings_table_off,
+            pairs.len() as u64,
+            metadata_off,
+        ] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        b.extend_from_slice(b"SIDX");
+        b
+    }
+}

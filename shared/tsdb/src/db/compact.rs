@@ -1,0 +1,205 @@
+//! Storage maintenance, run by the maintenance loop: cutting the head's aged data into
+//! blocks, merging small blocks into larger ones, and retention by time and by size.
+//!
+//! * **Cut**: once the head spans one and a half block ranges past the start of its oldest
+//!   range window, that window is written as a block. The floor (the oldest time the head
+//!   takes) is raised first, under the WAL lock, so nothing enters the range being written;
+//!   the head and the WAL drop the range only after the block is on disk. A crash between
+//!   the two leaves the samples in both, and replay skips those before the floor.
+//! * **Compaction**: blocks of a window of 3 and then 12 block ranges (6 h and 24 h by
+//!   default) are merged once the head has moved past the window, series by series (see
+//!   `strata_block::merge`). The merged block names its sources; they are deleted after it
+//!   is in place, and if a crash comes between, the next open deletes them.
+//! * **Retention**: blocks wholly older than `retention` are deleted, then the oldest while
+//!   blocks and WAL exceed `retention_size`, each renamed before it is removed.
+
+use super::{Tsdb, TsdbError};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use strata_block::merge::merge_blocks;
+use strata_block::{fault, BlockReader, BlockWriter};
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_model::time::now_ms;
+
+/// Compaction levels, in block ranges.
+const LEVELS: [i64; 2] = [3, 12];
+
+/// What one maintenance run did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MaintenanceOutcome {
+    pub blocks_cut: usize,
+    pub blocks_compacted: usize,
+    pub blocks_deleted: usize,
+    pub head_series_removed: usize,
+    pub wal_segments_deleted: usize,
+}
+
+impl Tsdb {
+    /// Cuts, compacts, then applies retention. A failure is logged with the data directory,
+    /// counted, and turns [`is_healthy`](Tsdb::is_healthy) false until a run succeeds.
+    pub fn maintain(&self) -> Result<MaintenanceOutcome, TsdbError> {
+        let run = || -> Result<MaintenanceOutcome, TsdbError> {
+            let blocks_cut = self.cut_head_blocks()?;
+            let blocks_compacted = self.compact()?;
+            let (head_series_removed, wal_segments_deleted, blocks_deleted) = self.apply_retention()?;
+            Ok(MaintenanceOutcome {
+                blocks_cut,
+                blocks_compacted,
+                blocks_deleted,
+                head_series_removed,
+                wal_segments_deleted,
+            })
+        };
+        let out = run();
+        self.maintenance_failed.store(out.is_err(), Ordering::Relaxed);
+        if out.is_err() {
+            self.metrics.maintenance_failures.inc();
+        }
+        out
+    }
+
+    /// Writes every head range window the head has moved 1.5 ranges past as a block.
+    /// Returns the blocks written.
+    pub fn cut_head_blocks(&self) -> Result<usize, TsdbError> {
+        let range = self.block_range_ms();
+        let mut written = 0;
+        loop {
+            let (lo, hi) = (self.head.min_time().max(self.head_floor.load(Ordering::Relaxed)), self.head.max_time());
+            if hi == i64::MIN || lo == i64::MAX || lo > hi {
+                return Ok(written);
+            }
+            let start = lo.div_euclid(range).saturating_mul(range);
+            let end = start.saturating_add(range);
+            if hi < end.saturating_add(range / 2) {
+                return Ok(written);
+            }
+            written += usize::from(self.cut_range(start, end)?);
+        }
+    }
+
+    /// Persists the head's samples in `[start, end)` as a block and drops them from the head
+    /// and the WAL. Returns whether there was anything to write.
+    fn cut_range(&self, start: i64, end: i64) -> Result<bool, TsdbError> {
+        {
+            let _writer = self.wal.lock();
+            self.head_floor.fetch_max(end, Ordering::Relaxed);
+        }
+        let all = Matcher::new(MatchOp::Regex, "__name__", ".+").map_err(|e| TsdbError::Internal(e.to_string()))?;
+        let series = self.head.select(&[all], start, end - 1);
+        let any = !series.is_empty();
+        if any {
+            let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
+            for (s, chunks) in &series {
+                // Chunks end at block boundaries (see `SeriesSamples::append`).
+                let chunks: Vec<_> = chunks.iter().filter(|c| c.min_t >= start && c.max_t < end).cloned().collect();
+                if let Err(e) = w.add_series(&s.labels, &chunks) {
+                    w.abort();
+                    return Err(e.into());
+                }
+            }
+            w.set_metadata(self.head.all_metadata());
+            let meta = w.finish()?;
+            fault::point("head-cut-before-truncate");
+            self.blocks.add(BlockReader::open(&self.blocks.dir().join(&meta.id))?);
+            tracing::info!(block = %meta.id, start, end, series = meta.stats.series, samples = meta.stats.samples, "head range written as a block");
+            self.metrics.blocks_written.inc();
+        }
+        let mut writer = self.wal.lock();
+        self.head.truncate_before(end);
+        writer.wal.truncate_before(end)?;
+        Ok(any)
+    }
+
+    /// Merges blocks of each level's windows that the head has moved past. Returns the
+    /// blocks written.
+    pub fn compact(&self) -> Result<usize, TsdbError> {
+        let range = self.block_range_ms();
+        let floor = self.head_floor.load(Ordering::Relaxed);
+        let mut written = 0;
+        for mult in LEVELS {
+            let r = range.saturating_mul(mult);
+            loop {
+                let mut windows: BTreeMap<i64, Vec<Arc<BlockReader>>> = BTreeMap::new();
+                for b in self.blocks.healthy() {
+                    let (lo, hi) = (b.meta().min_time, b.meta().max_time);
+                    let w0 = lo.div_euclid(r).saturating_mul(r);
+                    if hi - lo < r && hi <= w0.saturating_add(r) && w0.saturating_add(r) <= floor {
+                        windows.entry(w0).or_default().push(b);
+                    }
+                }
+                let Some((w0, group)) = windows.into_iter().find(|(_, g)| g.len() >= 2) else { break };
+                self.merge_group(w0, w0.saturating_add(r), &group)?;
+                written += 1;
+            }
+        }
+        Ok(written)
+    }
+
+    fn merge_group(&self, start: i64, end: i64, group: &[Arc<BlockReader>]) -> Result<(), TsdbError> {
+        let sources: Vec<String> = group.iter().map(|b| b.id().to_string()).collect();
+        let level = group.iter().map(|b| b.meta().level).max().unwrap_or(1).saturating_add(1);
+        let mut w = BlockWriter::create(self.blocks.dir(), start, end, level, sources.clone())?;
+        let inputs: Vec<&BlockReader> = group.iter().map(|b| b.as_ref()).collect();
+        if let Err(e) = merge_blocks(&inputs, &mut w) {
+            w.abort();
+            return Err(e.into());
+        }
+        // Every family any source knows; the newest source's word wins (they are in time order).
+        let mut metadata = BTreeMap::new();
+        for b in group {
+            metadata.extend(b.metadata().iter().cloned());
+        }
+        w.set_metadata(metadata.into_iter().collect());
+        let meta = w.finish()?;
+        fault::point("compaction-before-delete");
+        self.blocks.add(BlockReader::open(&self.blocks.dir().join(&meta.id))?);
+        self.blocks.delete(&sources)?;
+        tracing::info!(block = %meta.id, start, end, sources = sources.len(), series = meta.stats.series, "blocks compacted");
+        self.metrics.blocks_compacted.inc();
+        Ok(())
+    }
+
+    /// Drops data older than the retention window (counted back from the newest sample),
+    /// then the oldest blocks while blocks and WAL exceed `retention_size`. Returns the head
+    /// series, WAL segments and blocks removed.
+    pub fn apply_retention(&self) -> Result<(usize, usize, usize), TsdbError> {
+        let cutoff = self.retention_cutoff(now_ms());
+        let mut doomed: Vec<String> = self
+            .blocks
+            .healthy()
+            .iter()
+            .filter(|b| cutoff > i64::MIN && b.meta().max_time <= cutoff)
+            .map(|b| b.id().to_string())
+            .collect();
+        if let Some(limit) = self.opts.retention_size {
+            let mut total = self.blocks.disk_bytes().saturating_add(self.wal_disk_bytes());
+            for b in self.blocks.healthy() {
+                if total <= limit {
+                    break;
+                }
+                total = total.saturating_sub(b.meta().bytes());
+                if !doomed.iter().any(|d| d == b.id()) {
+                    doomed.push(b.id().to_string());
+                }
+            }
+        }
+        if !doomed.is_empty() {
+            self.blocks.delete(&doomed)?;
+            tracing::info!(blocks = doomed.len(), "retention deleted blocks");
+        }
+        if cutoff == i64::MIN {
+            return Ok((0, 0, doomed.len()));
+        }
+        // Under the WAL lock: a commit sees a series either before its removal or marked
+        // removed (and then appends to its live replacement), never half removed.
+        let mut writer = self.wal.lock();
+        let series = self.head.truncate_before(cutoff);
+        let segments = writer.wal.truncate_before(cutoff)?;
+        drop(writer);
+        if series > 0 || segments > 0 {
+            tracing::info!(series, segments, cutoff, "retention removed old data");
+        }
+        Ok((series, segments, doomed.len()))
+    }
+}
