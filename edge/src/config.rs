@@ -145,6 +145,11 @@ pub struct RawScrapeConfig {
 pub struct RawStrata {
     pub data_dir: Option<PathBuf>,
     pub retention: Option<PromDuration>,
+    /// Oldest blocks are deleted while blocks and WAL exceed this (`512MB`, `20GB`), as
+    /// Prometheus' `--storage.tsdb.retention.size`.
+    pub retention_size: Option<ByteSize>,
+    /// The range of the blocks the head is cut into (default 2h, at least 10s).
+    pub block_range: Option<PromDuration>,
     /// How far ahead of the wall clock a sample may be stamped (default 10m).
     pub future_grace_period: Option<PromDuration>,
     pub max_series: Option<usize>,

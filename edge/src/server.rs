@@ -214,6 +214,12 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     if let Some(r) = cfg.strata.retention {
         o.retention = r.0;
     }
+    if let Some(size) = cfg.strata.retention_size {
+        o.retention_size = Some(size.0);
+    }
+    if let Some(r) = cfg.strata.block_range {
+        o.block_range = r.0.max(Duration::from_secs(10));
+    }
     if let Some(g) = cfg.strata.future_grace_period {
         o.future_grace_period = g.0;
     }

@@ -32,8 +32,37 @@ impl Proc {
     }
 
     pub fn strata(args: &[&str], dir: &Path, name: &str) -> Proc {
-        let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-        Self::start(env!("CARGO_BIN_EXE_strata"), &args, dir, name)
+        Self::strata_with_env(args, &[], dir, name)
+    }
+
+    /// [`strata`](Self::strata) with extra environment variables.
+    pub fn strata_with_env(args: &[&str], env: &[(&str, &str)], dir: &Path, name: &str) -> Proc {
+        let log = dir.join(format!("{name}.log"));
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&log).expect("log file");
+        let child = Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(args)
+            .envs(env.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(f.try_clone().expect("log file"))
+            .stderr(f)
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting strata: {e}"));
+        Proc { name: name.to_string(), child: Some(child), log }
+    }
+
+    /// Waits up to `within` for the process to exit; returns how it ended.
+    pub fn wait_exit(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(st)) = c.try_wait() {
+                    self.child = None;
+                    return Some(st);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
     }
 
     pub fn log_text(&self) -> String {

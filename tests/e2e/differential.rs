@@ -45,7 +45,7 @@ impl Rng {
     }
 }
 
-type Series = (Vec<(String, String)>, Vec<(i64, f64)>);
+pub(crate) type Series = (Vec<(String, String)>, Vec<(i64, f64)>);
 
 fn labels(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
     pairs.iter().map(|(n, v)| (n.to_string(), v.to_string())).collect()
@@ -123,7 +123,7 @@ fn fleet(end: i64) -> Vec<Series> {
 
 /// Remote-write bodies holding every series' samples in `[from, to)`, so that both databases
 /// receive the data in time order (Prometheus refuses samples far behind its newest).
-fn write_body(series: &[Series], from: i64, to: i64) -> Vec<u8> {
+pub(crate) fn write_body(series: &[Series], from: i64, to: i64) -> Vec<u8> {
     let timeseries = series
         .iter()
         .map(|(l, s)| TimeSeries {

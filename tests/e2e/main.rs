@@ -9,4 +9,5 @@ mod edge_scrape;
 mod prometheus;
 mod promql_conformance;
 mod security;
+mod storage_crash;
 mod strata_up;

@@ -446,6 +446,18 @@ impl Tsdb {
         Ok(w.wal.last_fsync.unwrap_or_default())
     }
 
+    /// Keeps the WAL from `cursor`'s segment on, whatever retention and block cuts would
+    /// delete, until released with `None`: forwarding holds what upstream has not
+    /// acknowledged. Read it with [`WalReader`](crate::wal::WalReader).
+    pub fn hold_wal(&self, cursor: Option<wal::WalCursor>) {
+        self.wal.lock().wal.hold_from(cursor.map(|c| c.segment));
+    }
+
+    /// Where the next WAL record will be written.
+    pub fn wal_cursor(&self) -> wal::WalCursor {
+        self.wal.lock().wal.cursor()
+    }
+
     pub fn wal_disk_bytes(&self) -> u64 {
         self.wal.lock().wal.disk_bytes()
     }

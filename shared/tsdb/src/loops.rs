@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
-/// How often maintenance runs.
-pub const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
+/// How often maintenance runs: a thirtieth of the block range, between 1 s and 60 s.
+pub fn maintenance_interval(block_range: Duration) -> Duration {
+    (block_range / 30).clamp(Duration::from_secs(1), Duration::from_secs(60))
+}
 
 /// Starts the loops the database's options call for; abort the handles to stop them.
 pub fn spawn(db: &Arc<Tsdb>) -> Vec<JoinHandle<()>> {
@@ -18,7 +20,7 @@ pub fn spawn(db: &Arc<Tsdb>) -> Vec<JoinHandle<()>> {
     if let SyncPolicy::Interval(every) = db.options().wal_sync {
         tasks.push(spawn_fsync(db.clone(), every));
     }
-    tasks.push(spawn_maintenance(db.clone(), MAINTENANCE_EVERY));
+    tasks.push(spawn_maintenance(db.clone(), maintenance_interval(db.options().block_range)));
     tasks
 }
 

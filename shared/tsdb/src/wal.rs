@@ -417,6 +417,9 @@ pub struct Wal {
     scratch: Vec<u8>,
     /// Seconds of the last fsync, for the self-monitoring histogram.
     pub last_fsync: Option<Duration>,
+    /// Segments from this one on are kept whatever their age: a reader (forwarding
+    /// upstream) has not acknowledged them yet.
+    hold: Option<u32>,
 }
 
 impl Wal {
@@ -439,6 +442,7 @@ impl Wal {
             segments,
             scratch: Vec::new(),
             last_fsync: None,
+            hold: None,
         })
     }
 
@@ -546,11 +550,18 @@ impl Wal {
         Ok(())
     }
 
+    /// Keeps segment `from` and every later one until the hold moves on (`None`: no hold):
+    /// a reader that streams the WAL upstream holds what it has not had acknowledged.
+    pub fn hold_from(&mut self, from: Option<u32>) {
+        self.hold = from;
+    }
+
     /// Deletes whole segments whose samples are all older than `cutoff`; never the current
-    /// one. Returns how many were deleted.
+    /// one, nor a held one. Returns how many were deleted.
     pub fn truncate_before(&mut self, cutoff: i64) -> Result<usize, WalError> {
         let mut deleted = 0;
-        while self.segments.len() > 1 && self.segments[0].1 < cutoff {
+        while self.segments.len() > 1 && self.segments[0].1 < cutoff && self.hold.is_none_or(|h| self.segments[0].0 < h)
+        {
             let (n, _) = self.segments.remove(0);
             let path = segment_path(&self.dir, n);
             match fs::remove_file(&path) {

@@ -40,7 +40,7 @@ impl Tsdb {
     /// counted, and turns [`is_healthy`](Tsdb::is_healthy) false until a run succeeds.
     pub fn maintain(&self) -> Result<MaintenanceOutcome, TsdbError> {
         let run = || -> Result<MaintenanceOutcome, TsdbError> {
-            let blocks_cut = self.cut_head_blocks()?;
+            let (blocks_cut, cut_segments) = self.cut_head_blocks()?;
             let blocks_compacted = self.compact()?;
             let (head_series_removed, wal_segments_deleted, blocks_deleted) = self.apply_retention()?;
             Ok(MaintenanceOutcome {
@@ -48,7 +48,7 @@ impl Tsdb {
                 blocks_compacted,
                 blocks_deleted,
                 head_series_removed,
-                wal_segments_deleted,
+                wal_segments_deleted: wal_segments_deleted + cut_segments,
             })
         };
         let out = run();
@@ -60,27 +60,29 @@ impl Tsdb {
     }
 
     /// Writes every head range window the head has moved 1.5 ranges past as a block.
-    /// Returns the blocks written.
-    pub fn cut_head_blocks(&self) -> Result<usize, TsdbError> {
+    /// Returns the blocks written and the WAL segments deleted.
+    pub fn cut_head_blocks(&self) -> Result<(usize, usize), TsdbError> {
         let range = self.block_range_ms();
-        let mut written = 0;
+        let (mut written, mut segments) = (0, 0);
         loop {
             let (lo, hi) = (self.head.min_time().max(self.head_floor.load(Ordering::Relaxed)), self.head.max_time());
             if hi == i64::MIN || lo == i64::MAX || lo > hi {
-                return Ok(written);
+                return Ok((written, segments));
             }
             let start = lo.div_euclid(range).saturating_mul(range);
             let end = start.saturating_add(range);
             if hi < end.saturating_add(range / 2) {
-                return Ok(written);
+                return Ok((written, segments));
             }
-            written += usize::from(self.cut_range(start, end)?);
+            let (any, deleted) = self.cut_range(start, end)?;
+            written += usize::from(any);
+            segments += deleted;
         }
     }
 
     /// Persists the head's samples in `[start, end)` as a block and drops them from the head
-    /// and the WAL. Returns whether there was anything to write.
-    fn cut_range(&self, start: i64, end: i64) -> Result<bool, TsdbError> {
+    /// and the WAL. Returns whether there was anything to write, and the WAL segments deleted.
+    fn cut_range(&self, start: i64, end: i64) -> Result<(bool, usize), TsdbError> {
         {
             let _writer = self.wal.lock();
             self.head_floor.fetch_max(end, Ordering::Relaxed);
@@ -107,8 +109,8 @@ impl Tsdb {
         }
         let mut writer = self.wal.lock();
         self.head.truncate_before(end);
-        writer.wal.truncate_before(end)?;
-        Ok(any)
+        let deleted = writer.wal.truncate_before(end)?;
+        Ok((any, deleted))
     }
 
     /// Merges blocks of each level's windows that the head has moved past. Returns the
@@ -188,14 +190,16 @@ impl Tsdb {
             self.blocks.delete(&doomed)?;
             tracing::info!(blocks = doomed.len(), "retention deleted blocks");
         }
-        if cutoff == i64::MIN {
+        // The WAL before the head's floor is in blocks (a hold may have kept it until now).
+        let wal_cutoff = cutoff.max(self.head_floor.load(Ordering::Relaxed));
+        if wal_cutoff == i64::MIN {
             return Ok((0, 0, doomed.len()));
         }
         // Under the WAL lock: a commit sees a series either before its removal or marked
         // removed (and then appends to its live replacement), never half removed.
         let mut writer = self.wal.lock();
-        let series = self.head.truncate_before(cutoff);
-        let segments = writer.wal.truncate_before(cutoff)?;
+        let series = if cutoff > i64::MIN { self.head.truncate_before(cutoff) } else { 0 };
+        let segments = writer.wal.truncate_before(wal_cutoff)?;
         drop(writer);
         if series > 0 || segments > 0 {
             tracing::info!(series, segments, cutoff, "retention removed old data");

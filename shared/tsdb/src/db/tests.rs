@@ -345,3 +345,130 @@ fn metadata_is_bounded_and_forgotten_with_its_series() {
     let names: Vec<String> = db.head().all_metadata().into_iter().map(|(f, _)| f).collect();
     assert_eq!(names, ["other"], "metadata of a family without series was kept, or of one with series dropped");
 }
+
+/// A database with 20-minute blocks and 8 KiB WAL segments, loaded with `hours` of four
+/// series at 15 s, in time order.
+fn blocky(dir: &Path, hours: i64, size: Option<u64>) -> Tsdb {
+    let opts = TsdbOptions {
+        block_range: Duration::from_secs(1200),
+        retention: Duration::from_secs(100 * 86400),
+        wal_segment_bytes: 8 << 10,
+        retention_size: size,
+        ..Default::default()
+    };
+    let db = Tsdb::open(dir, opts).unwrap();
+    let series: Vec<_> = (0..4).map(|g| db.series(&labels(&g.to_string())).unwrap()).collect();
+    for i in 0..hours * 240 {
+        let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(i * 15_000, (i % 97) as f64))).collect();
+        db.commit(&batch).unwrap();
+    }
+    db
+}
+
+async fn count_samples(db: &Arc<Tsdb>) -> usize {
+    let req = strata_store::SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, i64::MAX);
+    let found = strata_store::Store::select(&TsdbStore(db.clone()), &req).await.unwrap();
+    found.iter().map(|s| s.samples(0, i64::MAX).unwrap().len()).sum()
+}
+
+#[tokio::test]
+async fn the_wal_covers_only_the_head_once_blocks_are_cut() {
+    let d = tempfile::tempdir().unwrap();
+    let db = blocky(d.path(), 6, None);
+    let before = std::fs::read_dir(d.path().join("wal")).unwrap().count();
+    let out = db.maintain().unwrap();
+    assert!(out.blocks_cut >= 14 && out.wal_segments_deleted > 0, "{out:?}");
+    let after = std::fs::read_dir(d.path().join("wal")).unwrap().count();
+    assert!(after * 4 < before, "{before} WAL segments before the cut, {after} after");
+    assert!(db.head().min_time() >= 6 * 3_600_000 - 3 * 1_200_000, "the head keeps at most 1.5 ranges and the current");
+    let db = Arc::new(db);
+    assert_eq!(count_samples(&db).await, 4 * 6 * 240);
+    drop(db);
+    // A restart replays only the head's window and serves the rest from blocks.
+    let db = Arc::new(
+        Tsdb::open(d.path(), TsdbOptions { block_range: Duration::from_secs(1200), ..Default::default() }).unwrap(),
+    );
+    assert_eq!(count_samples(&db).await, 4 * 6 * 240);
+    assert!(db.stats().samples < 4 * 240, "{} samples replayed into the head", db.stats().samples);
+    // A sample inside a block's range is refused: blocks are immutable.
+    let s = db.series(&labels("0")).unwrap();
+    let out = db.commit(&[(s, Sample::new(3_600_000, 1.0))]).unwrap();
+    assert_eq!(out.rejected[0].2, SampleError::OutOfBounds);
+}
+
+#[test]
+fn a_held_wal_segment_survives_block_cuts_until_released() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(
+        d.path(),
+        TsdbOptions { block_range: Duration::from_secs(1200), wal_segment_bytes: 8 << 10, ..Default::default() },
+    )
+    .unwrap();
+    let start = db.wal_cursor();
+    db.hold_wal(Some(start));
+    let s = db.series(&labels("0")).unwrap();
+    for i in 0..4 * 240 {
+        db.commit(&[(s.clone(), Sample::new(i * 15_000, 1.0))]).unwrap();
+    }
+    db.maintain().unwrap();
+    // Every record from the cursor is still there for the reader.
+    let mut r = crate::wal::WalReader::new(&db.wal_dir(), start);
+    let mut samples = 0;
+    while let Some((rec, _)) = r.next_record().unwrap() {
+        if let crate::wal::WalRecord::Samples(v) = rec {
+            samples += v.len();
+        }
+    }
+    assert_eq!(samples, 4 * 240);
+    db.hold_wal(None);
+    assert!(db.maintain().unwrap().wal_segments_deleted > 0);
+}
+
+#[tokio::test]
+async fn retention_by_size_deletes_the_oldest_blocks_first() {
+    let d = tempfile::tempdir().unwrap();
+    let db = blocky(d.path(), 6, None);
+    db.maintain().unwrap();
+    // The WAL counts too (as Prometheus' retention.size): leave room for it and 2/3 of the blocks.
+    let limit = db.wal_disk_bytes() + db.blocks().disk_bytes() * 2 / 3;
+    let oldest = db.blocks().healthy()[0].meta().min_time;
+    drop(db);
+    let opts =
+        TsdbOptions { block_range: Duration::from_secs(1200), retention_size: Some(limit), ..Default::default() };
+    // Opening applies retention; so does every maintenance run.
+    let blocks_before = {
+        let db = Tsdb::open(d.path(), TsdbOptions { block_range: Duration::from_secs(1200), ..Default::default() });
+        db.unwrap().blocks().len()
+    };
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    db.maintain().unwrap();
+    assert!(db.blocks().len() < blocks_before);
+    assert!(!db.blocks().is_empty() && db.blocks().disk_bytes() + db.wal_disk_bytes() <= limit);
+    assert!(db.blocks().healthy()[0].meta().min_time > oldest);
+    assert!(count_samples(&db).await < 4 * 6 * 240);
+}
+
+#[tokio::test]
+async fn a_damaged_block_is_reported_and_the_rest_is_served() {
+    let d = tempfile::tempdir().unwrap();
+    let db = blocky(d.path(), 6, None);
+    db.maintain().unwrap();
+    let victim = db.blocks().healthy()[0].clone();
+    let (victim_id, victim_samples) = (victim.id().to_string(), victim.meta().stats.samples as usize);
+    drop((db, victim));
+    let idx = d.path().join("blocks").join(&victim_id).join("index");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    bytes[10] ^= 0xff;
+    std::fs::write(&idx, bytes).unwrap();
+    let opts = TsdbOptions { block_range: Duration::from_secs(1200), ..Default::default() };
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    let damaged = db.blocks().damaged();
+    assert_eq!(damaged.len(), 1);
+    assert_eq!(damaged[0].id, victim_id);
+    assert_eq!(count_samples(&db).await, 4 * 6 * 240 - victim_samples);
+    // Compaction leaves it alone, and its range stays closed to the head.
+    db.maintain().unwrap();
+    assert!(d.path().join("blocks").join(&victim_id).exists());
+    let s = db.series(&labels("0")).unwrap();
+    assert_eq!(db.commit(&[(s, Sample::new(1, 1.0))]).unwrap().rejected.len(), 1);
+}
