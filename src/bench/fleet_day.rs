@@ -1,4 +1,6 @@
-//! The fleet-day set (`../shared/bench/`): a day of 512 GPUs, loaded into an empty head.
+//! The fleet-day set (`../shared/bench/`): a day of 512 GPUs, loaded into an empty
+//! database, then cut into blocks and compacted as the maintenance loop would; bytes on disk
+//! per sample, and the restart time against Prometheus 2.42's on the same data.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -19,10 +21,8 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
         );
     }
     let dir = tempfile::tempdir()?;
-    let db = Tsdb::open(
-        dir.path(),
-        TsdbOptions { retention: std::time::Duration::from_secs(100 * 86400), ..Default::default() },
-    )?;
+    let opts = TsdbOptions { retention: std::time::Duration::from_secs(100 * 86400), ..Default::default() };
+    let db = Tsdb::open(dir.path(), opts.clone())?;
     println!("bench fleet-day: importing {}", file.display());
     let started = Instant::now();
     let f = std::io::BufReader::with_capacity(1 << 20, std::fs::File::open(&file)?);
@@ -48,7 +48,110 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
         );
     }
     print_decode_speed(&db)?;
+    let db = to_blocks(db, dir.path(), &opts, st.samples)?;
     Ok(Loaded(db, dir))
+}
+
+/// Cuts and compacts as the maintenance loop does, prints what is on disk, restarts the
+/// database (timed) and returns the restarted one.
+fn to_blocks(db: Tsdb, dir: &std::path::Path, opts: &TsdbOptions, samples: u64) -> anyhow::Result<Tsdb> {
+    let started = Instant::now();
+    let out = db.maintain()?;
+    println!(
+        "  maintenance (as the loop runs it): {} blocks cut, {} compacted in {:.1} s; head {} samples, WAL {:.3} bytes/sample (the import wrote series after series, so no segment is old yet)",
+        out.blocks_cut,
+        out.blocks_compacted,
+        started.elapsed().as_secs_f64(),
+        db.stats().samples,
+        db.wal_disk_bytes() as f64 / samples.max(1) as f64,
+    );
+    let started = Instant::now();
+    let n = db.flush_head()?;
+    println!(
+        "  flush (end of a backfill, as promtool's): {n} more blocks, compacted, in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (blocks, wal) = (db.blocks().disk_bytes(), db.wal_disk_bytes());
+    let ranges: Vec<String> = db
+        .blocks()
+        .healthy()
+        .iter()
+        .map(|b| format!("{}h", (b.meta().max_time - b.meta().min_time) / 3_600_000))
+        .collect();
+    println!(
+        "  on disk: {:.3} bytes/sample in total (blocks {:.3}, WAL {:.3}; goal <= 1.3, VictoriaMetrics 1.7, Prometheus backfilled 4.6); blocks {}, head {} samples",
+        (blocks + wal) as f64 / samples.max(1) as f64,
+        blocks as f64 / samples.max(1) as f64,
+        wal as f64 / samples.max(1) as f64,
+        ranges.join(" "),
+        db.stats().samples
+    );
+    drop(db);
+    let started = Instant::now();
+    let db = Tsdb::open(dir, opts.clone())?;
+    let strata_restart = started.elapsed().as_secs_f64();
+    println!("  restart: {strata_restart:.3} s to ready (goal <= 1 s); head {} samples replayed", db.stats().samples);
+    match prometheus_restart() {
+        Ok(Some(secs)) => println!(
+            "  restart, Prometheus 2.42 on its backfilled copy of the same day: {secs:.3} s to ready (strata / prometheus {:.2})",
+            strata_restart / secs
+        ),
+        Ok(None) => println!("  restart, Prometheus 2.42: not measured (no backfilled copy in the fleet-day cache or no `prometheus`)"),
+        Err(e) => println!("  restart, Prometheus 2.42: failed: {e:#}"),
+    }
+    Ok(db)
+}
+
+/// Prometheus 2.42 started on a copy of the fleet-day cache's backfilled data: seconds from
+/// start to `/-/ready`.
+fn prometheus_restart() -> anyhow::Result<Option<f64>> {
+    let src = fleet_day_cache().join("small/prometheus");
+    let has_prometheus = std::process::Command::new("prometheus").arg("--version").output().is_ok();
+    if !src.is_dir() || !has_prometheus {
+        return Ok(None);
+    }
+    let tmp = tempfile::tempdir()?;
+    let data = tmp.path().join("data");
+    copy_dir(&src, &data)?;
+    let cfg = tmp.path().join("prometheus.yml");
+    std::fs::write(&cfg, "global: {}\n")?;
+    let port = super::vs_prometheus::free_port()?;
+    let started = Instant::now();
+    let child = std::process::Command::new("prometheus")
+        .args([
+            format!("--config.file={}", cfg.display()),
+            format!("--storage.tsdb.path={}", data.display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+            // The day is in the past: keep it.
+            "--storage.tsdb.retention.time=100y".to_string(),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let _guard = super::vs_prometheus::Guard(child);
+    let url = format!("http://127.0.0.1:{port}/-/ready");
+    let client = reqwest::blocking::Client::builder().timeout(std::time::Duration::from_secs(2)).build()?;
+    while started.elapsed() < std::time::Duration::from_secs(120) {
+        if client.get(&url).send().map(|r| r.status().is_success()).unwrap_or(false) {
+            return Ok(Some(started.elapsed().as_secs_f64()));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    anyhow::bail!("not ready within 120 s")
+}
+
+fn copy_dir(src: &std::path::Path, dst: &std::path::Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let to = dst.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_dir(&e.path(), &to)?;
+        } else {
+            std::fs::copy(e.path(), to)?;
+        }
+    }
+    Ok(())
 }
 
 /// Where `fleet_day.py` caches its data: `$FLEET_DAY_CACHE`, else `~/.cache/strata-fleet-day`.

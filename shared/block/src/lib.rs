@@ -14,8 +14,11 @@
 //!
 //! [`BlockReader`] keeps the index in memory (it is per series, not per sample) and reads
 //! chunks with positioned reads, one per series, checking every chunk's CRC: a damaged
-//! block is an error naming it, never wrong samples. [`merge`] is compaction's mechanism.
+//! block is an error naming it, never wrong samples. Series that queries read stay in a
+//! [`cache::ChunkCache`] bounded in bytes and shared by a database's blocks. [`merge`] is
+//! compaction's mechanism.
 
+pub mod cache;
 pub mod encoding;
 pub mod fault;
 pub mod merge;

@@ -1,5 +1,6 @@
 //! [`BlockReader`]: a block opened for queries and compaction.
 
+use crate::cache::{next_block_number, ChunkCache};
 use crate::encoding::Decoder;
 use crate::meta::{BlockMeta, CHUNKS_FILE, INDEX_FILE};
 use crate::postings::{self, PostingsSource, SeriesId};
@@ -49,12 +50,20 @@ pub struct BlockReader {
     /// Set at the first damage found while reading: the block is then kept out of queries
     /// and compaction.
     damaged: AtomicBool,
+    /// This block's key in the shared cache, and the cache.
+    number: u64,
+    cache: Option<Arc<ChunkCache>>,
 }
 
 impl BlockReader {
     /// Opens the block in `dir`, checking its meta, the index's size and CRC-32 and the
     /// chunks file's size. Chunks are checked as they are read.
     pub fn open(dir: &Path) -> Result<BlockReader, BlockError> {
+        Self::open_with_cache(dir, None)
+    }
+
+    /// [`open`](Self::open), keeping series read by queries in `cache`.
+    pub fn open_with_cache(dir: &Path, cache: Option<Arc<ChunkCache>>) -> Result<BlockReader, BlockError> {
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let corrupt = |reason: String| BlockError::Corrupt { block: name.clone(), reason };
         let meta = BlockMeta::read(dir).map_err(corrupt)?;
@@ -92,6 +101,8 @@ impl BlockReader {
             chunks,
             chunks_len,
             damaged: AtomicBool::new(false),
+            number: next_block_number(),
+            cache,
         };
         r.parse_index().ok_or_else(|| corrupt("index does not parse".into()))?;
         Ok(r)
@@ -158,6 +169,13 @@ impl BlockReader {
 
     pub fn id(&self) -> &str {
         &self.meta.id
+    }
+
+    /// Drops this block's series from the shared cache (before the block is deleted).
+    pub fn forget_cached(&self) {
+        if let Some(c) = &self.cache {
+            c.forget_block(self.number);
+        }
     }
 
     pub fn is_damaged(&self) -> bool {
@@ -267,11 +285,27 @@ impl BlockReader {
         let mut out = Vec::new();
         for id in postings::select(self, matchers) {
             let (labels, refs) = self.series_entry(id)?;
-            let refs: Vec<ChunkRef> = refs.into_iter().filter(|c| c.min_t <= maxt && c.max_t >= mint).collect();
-            if refs.is_empty() {
+            let overlaps = |min_t: i64, max_t: i64| min_t <= maxt && max_t >= mint;
+            if !refs.iter().any(|c| overlaps(c.min_t, c.max_t)) {
                 continue;
             }
-            let chunks = self.read_chunks(&labels, &refs)?;
+            let chunks: Vec<Chunk> = match &self.cache {
+                Some(cache) => {
+                    let all = match cache.get(self.number, id) {
+                        Some(all) => all,
+                        None => {
+                            let all: Arc<[Chunk]> = Arc::from(self.read_chunks(&labels, &refs)?);
+                            cache.insert(self.number, id, all.clone());
+                            all
+                        }
+                    };
+                    all.iter().filter(|c| overlaps(c.min_t, c.max_t)).cloned().collect()
+                }
+                None => {
+                    let refs: Vec<ChunkRef> = refs.into_iter().filter(|c| overlaps(c.min_t, c.max_t)).collect();
+                    self.read_chunks(&labels, &refs)?
+                }
+            };
             charge(&chunks)?;
             out.push(BlockSeries { labels, chunks });
         }

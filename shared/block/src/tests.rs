@@ -125,6 +125,18 @@ fn merging_blocks_keeps_every_sample_once_and_joins_part_chunks() {
     let m = w.finish().unwrap();
     assert_eq!(m.stats.samples, a.stats.samples + b.stats.samples);
     assert_eq!(m.stats.chunks, 8, "two 480-sample chunks per series became one");
+    // Full chunks are kept as they are; part-filled ones are re-flowed into full ones.
+    let full = chunk((0..960).map(|i| (i * 1000, 1.0)));
+    let part = chunk((960..1440).map(|i| (i * 1000, 2.0)));
+    let flowed = crate::merge::rechunk(&labels(0, "a"), vec![full.clone(), part.clone(), full.clone()]).unwrap();
+    assert_eq!(flowed.len(), 3, "2400 samples need three chunks either way");
+    let parts =
+        vec![part.clone(), chunk((1440..1920).map(|i| (i * 1000, 3.0))), chunk((1920..2400).map(|i| (i * 1000, 4.0)))];
+    let flowed = crate::merge::rechunk(&labels(0, "a"), parts.clone()).unwrap();
+    assert_eq!(flowed.iter().map(|c| c.n).collect::<Vec<_>>(), [960, 480]);
+    let before: Vec<Sample> = parts.iter().flat_map(|c| c.decode().unwrap()).collect();
+    let after: Vec<Sample> = flowed.iter().flat_map(|c| c.decode().unwrap()).collect();
+    assert_eq!(before, after);
     assert_eq!(m.sources, [a.id.clone(), b.id.clone()]);
     let merged = BlockReader::open(&dir.path().join(&m.id)).unwrap();
     let all = Matcher::new(MatchOp::Regex, "__name__", ".+").unwrap();

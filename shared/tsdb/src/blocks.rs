@@ -12,6 +12,7 @@ use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use strata_block::cache::ChunkCache;
 use strata_block::{BlockError, BlockMeta, BlockReader};
 use strata_model::MetricType;
 
@@ -30,14 +31,17 @@ pub struct DamagedBlock {
 
 pub struct BlockSet {
     dir: PathBuf,
+    /// Series read by queries, shared by every block, bounded in bytes.
+    cache: Arc<ChunkCache>,
     /// Sorted by `min_time`.
     blocks: RwLock<Vec<Arc<BlockReader>>>,
     damaged: Mutex<Vec<DamagedBlock>>,
 }
 
 impl BlockSet {
-    pub fn open(data_dir: &Path) -> Result<BlockSet, BlockError> {
+    pub fn open(data_dir: &Path, cache_bytes: usize) -> Result<BlockSet, BlockError> {
         let dir = data_dir.join(BLOCKS_DIR);
+        let cache = Arc::new(ChunkCache::new(cache_bytes));
         fs::create_dir_all(&dir).map_err(|e| BlockError::io(&dir, e))?;
         let mut opened = Vec::new();
         let mut damaged = Vec::new();
@@ -53,7 +57,7 @@ impl BlockSet {
                 fs::remove_dir_all(&path).map_err(|e| BlockError::io(&path, e))?;
                 continue;
             }
-            match BlockReader::open(&path) {
+            match BlockReader::open_with_cache(&path, Some(cache.clone())) {
                 Ok(r) => opened.push(Arc::new(r)),
                 Err(e) => {
                     tracing::error!(block = %path.display(), error = %e, "block cannot be read: kept out of queries and compaction");
@@ -62,7 +66,7 @@ impl BlockSet {
                 }
             }
         }
-        let set = BlockSet { dir, blocks: RwLock::new(Vec::new()), damaged: Mutex::new(damaged) };
+        let set = BlockSet { dir, cache, blocks: RwLock::new(Vec::new()), damaged: Mutex::new(damaged) };
         // A compaction wrote its block, then stopped before deleting the ones it replaces.
         let replaced: HashSet<String> = opened.iter().flat_map(|r| r.meta().sources.clone()).collect();
         let (stale, mut live): (Vec<_>, Vec<_>) = opened.into_iter().partition(|r| replaced.contains(r.id()));
@@ -143,17 +147,29 @@ impl BlockSet {
         })
     }
 
-    /// Adds a block just written.
-    pub fn add(&self, r: BlockReader) {
+    /// Opens a block just written under this set's directory and adds it.
+    pub fn add(&self, id: &str) -> Result<(), BlockError> {
+        let r = BlockReader::open_with_cache(&self.dir.join(id), Some(self.cache.clone()))?;
         let mut b = self.blocks.write();
         b.push(Arc::new(r));
         b.sort_by_key(|r| (r.meta().min_time, r.meta().max_time));
+        Ok(())
+    }
+
+    pub fn cache(&self) -> &ChunkCache {
+        &self.cache
     }
 
     /// Takes blocks out of queries and deletes them: each directory is first renamed to
     /// `<id>.deleted`, so a crash mid-way never leaves half a block that looks whole.
     pub fn delete(&self, ids: &[String]) -> Result<(), BlockError> {
-        self.blocks.write().retain(|r| !ids.iter().any(|i| i == r.id()));
+        self.blocks.write().retain(|r| {
+            let doomed = ids.iter().any(|i| i == r.id());
+            if doomed {
+                r.forget_cached();
+            }
+            !doomed
+        });
         for id in ids {
             self.remove_dir(id)?;
         }

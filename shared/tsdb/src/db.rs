@@ -54,6 +54,8 @@ pub struct TsdbOptions {
     /// Oldest blocks are deleted while blocks and WAL together exceed this many bytes
     /// (Prometheus' `--storage.tsdb.retention.size`); `None`: no size limit.
     pub retention_size: Option<u64>,
+    /// Bytes of block chunks kept in memory for queries (see `strata_block::cache`).
+    pub block_cache_bytes: usize,
 }
 
 impl Default for TsdbOptions {
@@ -66,6 +68,7 @@ impl Default for TsdbOptions {
             wal_segment_bytes: wal::DEFAULT_SEGMENT_BYTES,
             block_range: DEFAULT_BLOCK_RANGE,
             retention_size: None,
+            block_cache_bytes: strata_block::cache::DEFAULT_CACHE_BYTES,
         }
     }
 }
@@ -123,7 +126,7 @@ impl Tsdb {
     pub fn open(dir: &Path, opts: TsdbOptions) -> Result<Tsdb, TsdbError> {
         let wal_dir = dir.join("wal");
         let head = HeadBlock::new(opts.max_series);
-        let blocks = BlockSet::open(dir)?;
+        let blocks = BlockSet::open(dir, opts.block_cache_bytes)?;
         // Samples before the newest block's end are in blocks: replay skips them.
         let floor = blocks.max_time();
         let range = duration_ms(opts.block_range);
@@ -437,6 +440,25 @@ impl Tsdb {
             logged?;
         }
         Ok(())
+    }
+
+    /// Deletes the WAL segments whose samples are all older than `cutoff` (the caller holds
+    /// the WAL lock). When that is every segment, the current one is rotated first, with the
+    /// metadata logged at the head of the new one, so that it can go too.
+    pub(crate) fn truncate_wal(&self, wal: &mut Wal, cutoff: i64) -> Result<usize, TsdbError> {
+        if wal.current_older_than(cutoff) {
+            wal.rotate()?;
+            let metadata: Vec<WalRecord> = self
+                .head
+                .all_metadata()
+                .into_iter()
+                .map(|(family, meta)| WalRecord::Metadata { family, meta })
+                .collect();
+            if !metadata.is_empty() {
+                wal.log(&metadata)?;
+            }
+        }
+        Ok(wal.truncate_before(cutoff)?)
     }
 
     /// `fsync`s the WAL; returns how long it took.

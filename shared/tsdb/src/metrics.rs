@@ -31,6 +31,9 @@ pub struct TsdbMetrics {
     pub block_index_bytes: Gauge,
     /// Head memory per series: chunk, index and label bytes over the series count.
     pub head_bytes_per_series: Gauge,
+    pub block_cache_bytes: Gauge,
+    pub block_cache_hits: Gauge,
+    pub block_cache_misses: Gauge,
 }
 
 impl Default for TsdbMetrics {
@@ -50,6 +53,9 @@ impl Default for TsdbMetrics {
             block_bytes: Gauge::default(),
             block_index_bytes: Gauge::default(),
             head_bytes_per_series: Gauge::default(),
+            block_cache_bytes: Gauge::default(),
+            block_cache_hits: Gauge::default(),
+            block_cache_misses: Gauge::default(),
         }
     }
 }
@@ -95,6 +101,13 @@ impl TsdbMetrics {
             "Head memory per series: chunks, index, labels and series table",
             self.head_bytes_per_series.clone(),
         );
+        registry.register(
+            "block_cache_bytes",
+            "Bytes of block chunks cached for queries",
+            self.block_cache_bytes.clone(),
+        );
+        registry.register("block_cache_hits", "Series reads the block cache answered", self.block_cache_hits.clone());
+        registry.register("block_cache_misses", "Series reads that went to disk", self.block_cache_misses.clone());
     }
 
     /// Sets the gauges from the database's current state.
@@ -108,6 +121,10 @@ impl TsdbMetrics {
         self.blocks_damaged.set(i64::try_from(blocks.damaged().len()).unwrap_or(i64::MAX));
         self.block_bytes.set(i64::try_from(blocks.disk_bytes()).unwrap_or(i64::MAX));
         self.block_index_bytes.set(i64::try_from(blocks.memory_bytes()).unwrap_or(i64::MAX));
+        self.block_cache_bytes.set(i64::try_from(blocks.cache().bytes()).unwrap_or(i64::MAX));
+        let (hits, misses) = blocks.cache().stats();
+        self.block_cache_hits.set(i64::try_from(hits).unwrap_or(i64::MAX));
+        self.block_cache_misses.set(i64::try_from(misses).unwrap_or(i64::MAX));
         let per_series = (st.chunk_bytes + st.index_bytes).checked_div(st.series).unwrap_or(0);
         self.head_bytes_per_series.set(i64::try_from(per_series).unwrap_or(i64::MAX));
     }

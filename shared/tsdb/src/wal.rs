@@ -496,6 +496,19 @@ impl Wal {
         if self.written < self.segment_bytes {
             return Ok(false);
         }
+        self.rotate()?;
+        Ok(true)
+    }
+
+    /// Whether every sample of the current segment is older than `cutoff` (and it holds
+    /// some): then only a rotation lets truncation delete it.
+    pub fn current_older_than(&self, cutoff: i64) -> bool {
+        self.segments.last().is_some_and(|&(_, max_t)| max_t != i64::MIN && max_t < cutoff)
+    }
+
+    /// Starts a new segment. The caller re-logs metadata; series are re-logged at their
+    /// next sample, since their logged segment is no longer the current one.
+    pub fn rotate(&mut self) -> Result<(), WalError> {
         self.sync()?;
         let next = self.current + 1;
         let (file, _) = Self::create_segment(&self.dir, next)?;
@@ -503,7 +516,7 @@ impl Wal {
         self.current = next;
         self.written = SEGMENT_MAGIC.len() as u64;
         self.segments.push((next, i64::MIN));
-        Ok(true)
+        Ok(())
     }
 
     /// Writes the records to the OS (and to disk under [`SyncPolicy::Always`]).

@@ -80,6 +80,26 @@ impl Tsdb {
         }
     }
 
+    /// Writes everything the head holds as blocks, up to the end of the window of its newest
+    /// sample, then compacts: for a backfill (as `promtool tsdb create-blocks-from` does),
+    /// whose WAL holds whole series rather than time slices and cannot be deleted until
+    /// every window is cut. The head then takes nothing before that window's end, so this
+    /// is not for a live tier. Returns the blocks written.
+    pub fn flush_head(&self) -> Result<usize, TsdbError> {
+        let range = self.block_range_ms();
+        let mut written = 0;
+        loop {
+            let (lo, hi) = (self.head.min_time().max(self.head_floor.load(Ordering::Relaxed)), self.head.max_time());
+            if hi == i64::MIN || lo == i64::MAX || lo > hi {
+                break;
+            }
+            let start = lo.div_euclid(range).saturating_mul(range);
+            written += usize::from(self.cut_range(start, start.saturating_add(range))?.0);
+        }
+        self.compact()?;
+        Ok(written)
+    }
+
     /// Persists the head's samples in `[start, end)` as a block and drops them from the head
     /// and the WAL. Returns whether there was anything to write, and the WAL segments deleted.
     fn cut_range(&self, start: i64, end: i64) -> Result<(bool, usize), TsdbError> {
@@ -103,13 +123,13 @@ impl Tsdb {
             w.set_metadata(self.head.all_metadata());
             let meta = w.finish()?;
             fault::point("head-cut-before-truncate");
-            self.blocks.add(BlockReader::open(&self.blocks.dir().join(&meta.id))?);
+            self.blocks.add(&meta.id)?;
             tracing::info!(block = %meta.id, start, end, series = meta.stats.series, samples = meta.stats.samples, "head range written as a block");
             self.metrics.blocks_written.inc();
         }
         let mut writer = self.wal.lock();
         self.head.truncate_before(end);
-        let deleted = writer.wal.truncate_before(end)?;
+        let deleted = self.truncate_wal(&mut writer.wal, end)?;
         Ok((any, deleted))
     }
 
@@ -155,7 +175,7 @@ impl Tsdb {
         w.set_metadata(metadata.into_iter().collect());
         let meta = w.finish()?;
         fault::point("compaction-before-delete");
-        self.blocks.add(BlockReader::open(&self.blocks.dir().join(&meta.id))?);
+        self.blocks.add(&meta.id)?;
         self.blocks.delete(&sources)?;
         tracing::info!(block = %meta.id, start, end, sources = sources.len(), series = meta.stats.series, "blocks compacted");
         self.metrics.blocks_compacted.inc();
@@ -199,7 +219,7 @@ impl Tsdb {
         // removed (and then appends to its live replacement), never half removed.
         let mut writer = self.wal.lock();
         let series = if cutoff > i64::MIN { self.head.truncate_before(cutoff) } else { 0 };
-        let segments = writer.wal.truncate_before(wal_cutoff)?;
+        let segments = self.truncate_wal(&mut writer.wal, wal_cutoff)?;
         drop(writer);
         if series > 0 || segments > 0 {
             tracing::info!(series, segments, cutoff, "retention removed old data");
