@@ -330,5 +330,10 @@ impl Edge {
         if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db.sync_wal()).await {
             tracing::error!(error = %e, "final WAL sync failed");
         }
+        // The next start loads the head from the snapshot instead of replaying the WAL.
+        let db = self.state.db.clone();
+        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db.write_head_snapshot()).await {
+            tracing::error!(error = %e, "head snapshot failed: the next start replays the WAL");
+        }
     }
 }

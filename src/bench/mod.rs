@@ -4,6 +4,7 @@
 mod attack;
 mod fleet_day;
 mod ingest;
+mod scale;
 mod vs_prometheus;
 
 use std::path::PathBuf;
@@ -33,6 +34,24 @@ pub enum BenchCommand {
         #[arg(long)]
         serve: Option<std::net::SocketAddr>,
     },
+    /// The storage at scale: simulated DCGM series at 5 s appended directly (no HTTP) for
+    /// simulated hours, blocks cut and compacted beside it; ingest rate, peak RSS, bytes on
+    /// disk per sample, restart time.
+    Scale {
+        #[arg(long, default_value_t = 100_000)]
+        series: usize,
+        #[arg(long, default_value_t = 2.0)]
+        hours: f64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 5)]
+        interval: u64,
+        /// Keep the data here instead of a temporary directory.
+        #[arg(long)]
+        dir: Option<PathBuf>,
+        /// Also time a start after a crash (the whole head window replayed from the WAL).
+        #[arg(long)]
+        crash_restart: bool,
+    },
     /// The attacks of issue 8, together, against an edge that scrapes and receives remote
     /// write: what each gets, and the edge's peak memory.
     Attack {
@@ -59,6 +78,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Attack { nodes, seconds } => attack::run(nodes, seconds).await,
         BenchCommand::Ingest { nodes, gpus_per_node, scrapes, reps } => {
             tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes, reps)).await?
+        }
+        BenchCommand::Scale { series, hours, interval, dir, crash_restart } => {
+            tokio::task::spawn_blocking(move || scale::run(series, hours, interval, dir, crash_restart)).await?
         }
         BenchCommand::FleetDay { file, serve } => {
             let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;

@@ -109,6 +109,8 @@ pub struct Tsdb {
     pub(crate) head_floor: AtomicI64,
     /// The last block cut, compaction or retention failed: the tier reports itself not ready.
     pub(crate) maintenance_failed: AtomicBool,
+    /// This start loaded a head snapshot (and replayed only the WAL after it).
+    from_snapshot: bool,
     wal: Mutex<Writer>,
     dir: PathBuf,
     opts: TsdbOptions,
@@ -125,17 +127,22 @@ impl Tsdb {
     /// Opens (or creates) the database in `dir`, replaying its WAL.
     pub fn open(dir: &Path, opts: TsdbOptions) -> Result<Tsdb, TsdbError> {
         let wal_dir = dir.join("wal");
-        let head = HeadBlock::new(opts.max_series);
         let blocks = BlockSet::open(dir, opts.block_cache_bytes)?;
+        // A clean shutdown left the head in a snapshot: the WAL replays from its cursor.
+        let snapshot = snapshot::load(dir, opts.max_series);
+        let (head, from, snapshot_segments, snapshot_floor) = match snapshot {
+            Some(l) => (l.head, Some(l.cursor), l.segments, l.floor),
+            None => (HeadBlock::new(opts.max_series), None, Vec::new(), i64::MIN),
+        };
         // Samples before the newest block's end are in blocks: replay skips them.
-        let floor = blocks.max_time();
+        let floor = blocks.max_time().max(snapshot_floor);
         let range = duration_ms(opts.block_range);
         let mut in_blocks = 0u64;
         let mut unknown_refs = 0u64;
         let mut future = 0u64;
         let mut aliases: HashMap<SeriesRef, SeriesRef> = HashMap::new();
         let max_valid = now_ms().saturating_add(duration_ms(opts.future_grace_period));
-        let mut stats = wal::replay(&wal_dir, |rec| match rec {
+        let mut stats = wal::replay_from(&wal_dir, from, |rec| match rec {
             WalRecord::Series { series_ref, labels } => {
                 let s = head.restore(series_ref, &labels);
                 if s.series_ref != series_ref {
@@ -187,6 +194,12 @@ impl Tsdb {
                 *max_t = (*max_t).min(max_valid);
             }
         }
+        // The snapshot knows the newest sample of the segments replay did not read.
+        for (n, max_t) in &mut stats.segment_max_t {
+            if let Some(&(_, t)) = snapshot_segments.iter().find(|(m, _)| m == n) {
+                *max_t = if *max_t == i64::MAX { t } else { (*max_t).max(t) };
+            }
+        }
         if floor > i64::MIN {
             // Series whose every sample is in blocks were restored for nothing.
             head.truncate_before(floor);
@@ -209,6 +222,7 @@ impl Tsdb {
             blocks,
             head_floor: AtomicI64::new(floor),
             maintenance_failed: AtomicBool::new(false),
+            from_snapshot: from.is_some(),
             wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
             dir: dir.to_path_buf(),
             opts,
@@ -216,6 +230,11 @@ impl Tsdb {
             wal_failed: AtomicBool::new(false),
         };
         db.apply_retention()?;
+        if from.is_some() {
+            // Loaded: from now on the WAL alone holds the head, as after any start.
+            let path = dir.join(snapshot::SNAPSHOT_FILE);
+            std::fs::remove_file(&path).map_err(|e| TsdbError::Internal(format!("{}: {e}", path.display())))?;
+        }
         Ok(db)
     }
 
@@ -254,6 +273,11 @@ impl Tsdb {
     /// compaction and retention succeeded.
     pub fn is_healthy(&self) -> bool {
         self.is_writable() && !self.maintenance_failed.load(Ordering::Relaxed)
+    }
+
+    /// Whether this start loaded a head snapshot.
+    pub fn restored_from_snapshot(&self) -> bool {
+        self.from_snapshot
     }
 
     pub fn blocks(&self) -> &BlockSet {
@@ -495,6 +519,7 @@ fn duration_ms(d: Duration) -> i64 {
 }
 
 mod compact;
+mod snapshot;
 pub use compact::MaintenanceOutcome;
 #[cfg(test)]
 mod tests;

@@ -120,6 +120,19 @@ impl SeriesSamples {
         self.last
     }
 
+    /// Every chunk, the open one sealed as a snapshot: what a head snapshot writes.
+    pub fn all_chunks(&self) -> Vec<Chunk> {
+        self.chunks(i64::MIN, i64::MAX)
+    }
+
+    /// Puts back what a head snapshot held: sealed chunks (the open one among them, sealed)
+    /// and the newest sample. Appends continue in a new open chunk.
+    pub fn restore(&mut self, sealed: Vec<Chunk>, last: Option<Sample>) {
+        self.sealed = sealed;
+        self.open = ChunkAppender::new();
+        self.last = last;
+    }
+
     /// Chunks overlapping `[mint, maxt]`, the open one sealed as a snapshot.
     fn chunks(&self, mint: i64, maxt: i64) -> Vec<Chunk> {
         let mut v: Vec<Chunk> = self.sealed.iter().filter(|c| c.overlaps(mint, maxt)).cloned().collect();
@@ -296,6 +309,11 @@ impl HeadBlock {
 
     pub fn series(&self, r: SeriesRef) -> Option<Arc<MemSeries>> {
         self.table.read().series.get(&r).cloned()
+    }
+
+    /// Every series held, in no order.
+    pub fn all_series(&self) -> Vec<Arc<MemSeries>> {
+        self.table.read().series.values().cloned().collect()
     }
 
     pub fn num_series(&self) -> usize {

@@ -345,14 +345,29 @@ fn quarantine(dir: &Path, path: &Path, n: u32, offset: u64) -> Result<PathBuf, W
 
 /// Replays every segment in order, calling `f` for each record. A damaged tail is cut off
 /// (the file is truncated there) with a warning; replay continues with the next segment.
-pub fn replay(dir: &Path, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
+pub fn replay(dir: &Path, f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
+    replay_from(dir, None, f)
+}
+
+/// [`replay`] from a cursor on (a head snapshot covers what is before it). Segments before
+/// the cursor's are not read; they appear in the stats with `i64::MAX` as their newest
+/// sample, which the caller replaces with what it knows.
+pub fn replay_from(dir: &Path, from: Option<WalCursor>, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
     let segs = list_segments(dir)?;
     let mut stats = ReplayStats::default();
     let started = Instant::now();
     let mut last_log = Instant::now();
     for (i, &n) in segs.iter().enumerate() {
         let path = segment_path(dir, n);
-        let mut r = SegmentReader::open(&path, 0)?;
+        let offset = match from {
+            Some(c) if n < c.segment => {
+                stats.segment_max_t.push((n, i64::MAX));
+                continue;
+            }
+            Some(c) if n == c.segment => c.offset,
+            _ => 0,
+        };
+        let mut r = SegmentReader::open(&path, offset)?;
         let mut max_t = i64::MIN;
         loop {
             match r.next_record() {
@@ -470,6 +485,11 @@ impl Wal {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// (segment, newest sample) of every segment, oldest first.
+    pub fn segments(&self) -> &[(u32, i64)] {
+        &self.segments
     }
 
     pub fn current_segment(&self) -> u32 {

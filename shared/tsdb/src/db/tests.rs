@@ -472,3 +472,38 @@ async fn a_damaged_block_is_reported_and_the_rest_is_served() {
     let s = db.series(&labels("0")).unwrap();
     assert_eq!(db.commit(&[(s, Sample::new(1, 1.0))]).unwrap().rejected.len(), 1);
 }
+
+#[tokio::test]
+async fn a_head_snapshot_restores_the_head_and_the_wal_after_it_replays() {
+    for damage in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let opts =
+            TsdbOptions { block_range: Duration::from_secs(1200), wal_segment_bytes: 8 << 10, ..Default::default() };
+        {
+            let db = blocky(d.path(), 2, None);
+            db.maintain().unwrap();
+            assert!(db.write_head_snapshot().unwrap() > 0);
+            // Written after the snapshot: in the WAL only.
+            let s = db.series(&labels("9")).unwrap();
+            db.commit(&[(s, Sample::new(2 * 3600 * 1000, 5.0))]).unwrap();
+        }
+        let snap = d.path().join("head.snapshot");
+        if damage {
+            let mut b = std::fs::read(&snap).unwrap();
+            let mid = b.len() / 2;
+            b[mid] ^= 0x10;
+            std::fs::write(&snap, b).unwrap();
+        }
+        let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+        assert!(!snap.exists(), "a start consumes the snapshot");
+        assert_eq!(db.restored_from_snapshot(), !damage, "a damaged snapshot is ignored");
+        assert_eq!(count_samples(&db).await, 4 * 2 * 240 + 1, "damaged snapshot: {damage}");
+        assert_eq!(db.metric_type("DCGM_FI_DEV_GPU_UTIL"), MetricType::Unknown);
+        // Appends continue where the snapshot left off.
+        let s = db.series(&labels("0")).unwrap();
+        let out = db.commit(&[(s.clone(), Sample::new(2 * 3600 * 1000 + 15_000, 1.0))]).unwrap();
+        assert_eq!(out.appended, 1);
+        let out = db.commit(&[(s, Sample::new(2 * 3600 * 1000 - 30_000, 1.0))]).unwrap();
+        assert_eq!(out.rejected.len(), 1, "older than the restored newest sample");
+    }
+}

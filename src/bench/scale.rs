@@ -1,0 +1,229 @@
+//! `strata bench scale`: the storage at a chosen number of series, driven through the
+//! database's append path directly (no HTTP, no parsing: `bench ingest` measures those),
+//! with DCGM-like series at 5 s over simulated hours, the maintenance loop cutting and
+//! compacting blocks beside it as it does in a tier. Prints the sustained ingest rate, peak
+//! resident memory, bytes on disk per sample and the restart time at the end.
+
+use anyhow::Context;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_model::{Labels, Metadata, MetricType, Sample};
+use strata_simulator::fields::{Kind, FIELDS};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_tsdb::head::MemSeries;
+
+/// Series appended per commit (a large scrape's worth).
+const BATCH: usize = 20_000;
+
+/// One simulated series: its handle, its kind, and the state its values walk from.
+struct SimSeries {
+    handle: Arc<MemSeries>,
+    counter: bool,
+    value: f64,
+}
+
+/// xorshift64*: values need to look like DCGM's, not to be good randomness.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+fn peak_rss_mb() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
+        .map(|kb| kb / 1024.0)
+        .unwrap_or(0.0)
+}
+
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .flatten()
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
+}
+
+pub fn run(
+    series: usize,
+    hours: f64,
+    interval_s: u64,
+    dir: Option<std::path::PathBuf>,
+    crash_restart: bool,
+) -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let dir = dir.unwrap_or_else(|| tmp.path().to_path_buf());
+    let opts = TsdbOptions::default();
+    let db = Arc::new(Tsdb::open(&dir, opts.clone()).with_context(|| format!("opening {}", dir.display()))?);
+    let fields = FIELDS.len();
+    let gpus = series.div_ceil(fields);
+    println!(
+        "bench scale: {series} series ({gpus} GPUs x {fields} DCGM fields) at {interval_s} s for {hours} simulated hours, in {}",
+        dir.display()
+    );
+    let started = Instant::now();
+    let mut sim = Vec::with_capacity(series);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    'outer: for gpu in 0..gpus {
+        let (node, dev) = (gpu / 8, gpu % 8);
+        for f in FIELDS {
+            if sim.len() == series {
+                break 'outer;
+            }
+            let labels = Labels::from_pairs([
+                ("__name__", f.name.to_string()),
+                ("gpu", dev.to_string()),
+                ("UUID", format!("GPU-{:08x}-{:04x}-{:04x}", rng.next() as u32, node % 65536, dev)),
+                ("device", format!("nvidia{dev}")),
+                ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
+                ("Hostname", format!("gpu-node-{node:05}")),
+                ("DCGM_FI_DRIVER_VERSION", "550.54.15".to_string()),
+                ("cluster", format!("c{}", node / 2000)),
+                ("instance", format!("10.{}.{}.{}:9400", node / 65536, (node / 256) % 256, node % 256)),
+                ("job", "dcgm".to_string()),
+            ]);
+            let handle = db.series(&labels)?;
+            let counter = f.kind == Kind::Counter;
+            sim.push(SimSeries { handle, counter, value: (rng.next() % 60) as f64 + 20.0 });
+        }
+    }
+    for f in FIELDS {
+        let metric_type = if f.kind == Kind::Counter { MetricType::Counter } else { MetricType::Gauge };
+        db.set_metadata(f.name, Metadata { metric_type, help: f.help.to_string(), unit: String::new() })?;
+    }
+    println!("  {} series created in {:.1} s", sim.len(), started.elapsed().as_secs_f64());
+
+    // Maintenance beside the ingest, as the tier's loop runs it.
+    let stop = Arc::new(AtomicBool::new(false));
+    let maint = {
+        let (db, stop) = (db.clone(), stop.clone());
+        std::thread::spawn(move || -> anyhow::Result<(usize, usize)> {
+            let (mut cut, mut compacted) = (0, 0);
+            while !stop.load(Ordering::Relaxed) {
+                let out = db.maintain()?;
+                cut += out.blocks_cut;
+                compacted += out.blocks_compacted;
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Ok((cut, compacted))
+        })
+    };
+
+    let step_ms = (interval_s.max(1) * 1000) as i64;
+    let steps = ((hours * 3600.0) / interval_s.max(1) as f64).ceil() as i64;
+    let end = strata_model::time::now_ms() / step_ms * step_ms;
+    let start = end - steps * step_ms;
+    let (mut samples, mut rejected) = (0u64, 0usize);
+    let ingest_started = Instant::now();
+    let mut batch: Vec<(Arc<MemSeries>, Sample)> = Vec::with_capacity(BATCH);
+    let mut last_report = Instant::now();
+    for k in 0..steps {
+        let t = start + k * step_ms + (k % 7);
+        for s in sim.iter_mut() {
+            let r = rng.next();
+            s.value = if s.counter {
+                s.value + (r % 400) as f64
+            } else if r % 4 == 0 {
+                (s.value + ((r >> 8) % 5) as f64 - 2.0).clamp(0.0, 100.0)
+            } else {
+                s.value
+            };
+            batch.push((s.handle.clone(), Sample::new(t, s.value)));
+            if batch.len() == BATCH {
+                let out = db.commit_distinct(&batch)?;
+                samples += out.appended as u64;
+                rejected += out.rejected.len();
+                batch.clear();
+            }
+        }
+        if !batch.is_empty() {
+            let out = db.commit_distinct(&batch)?;
+            samples += out.appended as u64;
+            rejected += out.rejected.len();
+            batch.clear();
+        }
+        if last_report.elapsed() > Duration::from_secs(30) {
+            last_report = Instant::now();
+            println!(
+                "  ... {:.1} of {hours} simulated hours, {:.0} k samples/s so far, peak RSS {:.0} MB, {} blocks",
+                (k + 1) as f64 * interval_s as f64 / 3600.0,
+                samples as f64 / ingest_started.elapsed().as_secs_f64() / 1e3,
+                peak_rss_mb(),
+                db.blocks().len()
+            );
+        }
+    }
+    let secs = ingest_started.elapsed().as_secs_f64();
+    stop.store(true, Ordering::Relaxed);
+    let (cut, compacted) = maint.join().map_err(|_| anyhow::anyhow!("maintenance thread panicked"))??;
+    let final_out = db.maintain()?;
+    let st = db.stats();
+    println!(
+        "  ingest: {samples} samples in {secs:.1} s: {:.0} k samples/s sustained (goal >= 470 k on 2 cores), {rejected} rejected",
+        samples as f64 / secs / 1e3
+    );
+    println!(
+        "  blocks: {} cut, {} compacted during the run; {} on disk; head {} series, {} samples, {:.0} MB of chunks, {:.0} B of index per series",
+        cut + final_out.blocks_cut,
+        compacted + final_out.blocks_compacted,
+        db.blocks().len(),
+        st.series,
+        st.samples,
+        st.chunk_bytes as f64 / 1e6,
+        st.index_bytes as f64 / st.series.max(1) as f64
+    );
+    let disk = dir_bytes(&dir);
+    println!(
+        "  on disk: {:.0} MB, {:.3} bytes/sample (blocks {:.0} MB, WAL {:.0} MB)",
+        disk as f64 / 1e6,
+        disk as f64 / samples.max(1) as f64,
+        db.blocks().disk_bytes() as f64 / 1e6,
+        db.wal_disk_bytes() as f64 / 1e6
+    );
+    println!("  peak RSS during ingest: {:.0} MB (goal <= 8192 at 2.4 M series)", peak_rss_mb());
+    drop(batch);
+    drop(sim);
+    if crash_restart {
+        // As after a crash: no snapshot, the WAL replays the head window.
+        drop(db);
+        let started = Instant::now();
+        let db = Tsdb::open(&dir, opts.clone())?;
+        println!(
+            "  restart after a crash: {:.2} s to ready, {} head samples replayed from the WAL",
+            started.elapsed().as_secs_f64(),
+            db.stats().samples
+        );
+        restart_clean(db, &dir, &opts)
+    } else {
+        restart_clean(Arc::into_inner(db).context("the database is still shared")?, &dir, &opts)
+    }
+}
+
+/// A clean shutdown (head snapshot) and a start, timed.
+fn restart_clean(db: Tsdb, dir: &std::path::Path, opts: &TsdbOptions) -> anyhow::Result<()> {
+    let started = Instant::now();
+    db.write_head_snapshot()?;
+    let shutdown = started.elapsed().as_secs_f64();
+    drop(db);
+    let started = Instant::now();
+    let db = Tsdb::open(dir, opts.clone())?;
+    println!(
+        "  restart after a clean shutdown: {:.2} s to ready (goal <= 60 s at 2.4 M series; the snapshot took {shutdown:.2} s at shutdown), {} head samples, {} blocks, from snapshot: {}",
+        started.elapsed().as_secs_f64(),
+        db.stats().samples,
+        db.blocks().len(),
+        db.restored_from_snapshot()
+    );
+    Ok(())
+}
