@@ -134,7 +134,7 @@ pub fn run(
             let r = rng.next();
             s.value = if s.counter {
                 s.value + (r % 400) as f64
-            } else if r % 4 == 0 {
+            } else if r.is_multiple_of(4) {
                 (s.value + ((r >> 8) % 5) as f64 - 2.0).clamp(0.0, 100.0)
             } else {
                 s.value
