@@ -150,6 +150,8 @@ pub struct RawStrata {
     pub retention_size: Option<ByteSize>,
     /// The range of the blocks the head is cut into (default 2h, at least 10s).
     pub block_range: Option<PromDuration>,
+    /// Memory for block chunks that queries read (default `256MB`).
+    pub block_cache_size: Option<ByteSize>,
     /// How far ahead of the wall clock a sample may be stamped (default 10m).
     pub future_grace_period: Option<PromDuration>,
     pub max_series: Option<usize>,

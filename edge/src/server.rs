@@ -217,6 +217,9 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     if let Some(size) = cfg.strata.retention_size {
         o.retention_size = Some(size.0);
     }
+    if let Some(size) = cfg.strata.block_cache_size {
+        o.block_cache_bytes = usize::try_from(size.0).unwrap_or(usize::MAX);
+    }
     if let Some(r) = cfg.strata.block_range {
         o.block_range = r.0.max(Duration::from_secs(10));
     }

@@ -110,11 +110,19 @@ pub fn run(
         let (db, stop) = (db.clone(), stop.clone());
         std::thread::spawn(move || -> anyhow::Result<(usize, usize)> {
             let (mut cut, mut compacted) = (0, 0);
+            // The tier's interval (60 s for 2-hour blocks), in simulated time: the ingest runs
+            // faster than the clock, so the loop is paced by the data's time, not the wall's.
+            let every = strata_tsdb::loops::maintenance_interval(db.options().block_range).as_millis() as i64;
+            let mut last = i64::MIN;
             while !stop.load(Ordering::Relaxed) {
-                let out = db.maintain()?;
-                cut += out.blocks_cut;
-                compacted += out.blocks_compacted;
-                std::thread::sleep(Duration::from_millis(500));
+                let now = db.head().max_time();
+                if now != i64::MIN && now.saturating_sub(last) >= every {
+                    last = now;
+                    let out = db.maintain()?;
+                    cut += out.blocks_cut;
+                    compacted += out.blocks_compacted;
+                }
+                std::thread::sleep(Duration::from_millis(50));
             }
             Ok((cut, compacted))
         })

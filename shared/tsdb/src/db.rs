@@ -404,7 +404,8 @@ impl Tsdb {
             };
             match check {
                 Ok(true) => {
-                    if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) != segment
+                    // Labels are logged once per series (checkpoints keep them past truncation).
+                    if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) == u32::MAX
                         && (distinct || !pending.contains_key(&series.series_ref))
                     {
                         records
@@ -470,7 +471,8 @@ impl Tsdb {
     /// the WAL lock). When that is every segment, the current one is rotated first, with the
     /// metadata logged at the head of the new one, so that it can go too.
     pub(crate) fn truncate_wal(&self, wal: &mut Wal, cutoff: i64) -> Result<usize, TsdbError> {
-        if wal.current_older_than(cutoff) {
+        let rotate = wal.current_older_than(cutoff);
+        if rotate {
             wal.rotate()?;
             let metadata: Vec<WalRecord> = self
                 .head
@@ -481,6 +483,17 @@ impl Tsdb {
             if !metadata.is_empty() {
                 wal.log(&metadata)?;
             }
+        }
+        if let Some(first_kept) = wal.first_kept_after_truncation(cutoff) {
+            // The deleted segments held the labels of series the head still has.
+            let mut all = self.head.all_series();
+            all.sort_unstable_by_key(|s| s.series_ref);
+            let mut records: Vec<WalRecord> =
+                all.iter().map(|s| WalRecord::Series { series_ref: s.series_ref, labels: s.labels.clone() }).collect();
+            records.extend(
+                self.head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta }),
+            );
+            wal.write_checkpoint(first_kept, &records)?;
         }
         Ok(wal.truncate_before(cutoff)?)
     }

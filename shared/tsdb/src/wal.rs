@@ -4,10 +4,12 @@
 //! with the 8-byte magic [`SEGMENT_MAGIC`]; then records, each framed as
 //! `len: u32 LE | crc32(type ‖ payload): u32 LE | type: u8 | payload`.
 //!
-//! Every segment is self-contained: the writer re-logs a series' labels (and all metric
-//! metadata) before a segment's first sample of it, so any suffix of segments replays on
-//! its own. That is what lets retention delete old segments without a checkpoint, lets a
-//! reader resume from a [`WalCursor`], and lets replay skip past a damaged segment.
+//! A series' labels are logged once, when it is created. Before segments are deleted (their
+//! samples are in blocks, or past retention), a checkpoint `checkpoint.NNNNNNNN` is written:
+//! the series the head still holds and all metadata, in the segment format; replay reads the
+//! newest checkpoint, then the segments from `NNNNNNNN` on (as Prometheus' WAL). Metadata is
+//! also logged again at the head of every segment. Logging labels once matters at scale: a
+//! fleet of millions of series re-logged per segment would fill segments with labels.
 //!
 //! Durability, per method:
 //! * [`Wal::log`] writes the records to the OS before it returns: they survive the process
@@ -37,6 +39,8 @@ pub const DEFAULT_SEGMENT_BYTES: u64 = 128 << 20;
 pub const MAX_RECORD_BYTES: u32 = 256 << 20;
 /// Where replay keeps copies of the segments it had to cut.
 pub const QUARANTINE_DIR: &str = "quarantine";
+/// A checkpoint's file name: this prefix and the first segment replayed after it.
+pub const CHECKPOINT_PREFIX: &str = "checkpoint.";
 
 const REC_SERIES: u8 = 1;
 const REC_SAMPLES: u8 = 2;
@@ -234,6 +238,29 @@ fn segment_path(dir: &Path, n: u32) -> PathBuf {
     dir.join(format!("{n:08}"))
 }
 
+fn checkpoint_path(dir: &Path, n: u32) -> PathBuf {
+    dir.join(format!("{CHECKPOINT_PREFIX}{n:08}"))
+}
+
+/// The newest checkpoint in `dir`: the first segment it precedes.
+pub fn latest_checkpoint(dir: &Path) -> Result<Option<u32>, WalError> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    let mut best = None;
+    for e in rd {
+        let e = e.map_err(io_err(dir))?;
+        let name = e.file_name();
+        let n = name.to_str().and_then(|s| s.strip_prefix(CHECKPOINT_PREFIX)).and_then(|s| s.parse::<u32>().ok());
+        if let Some(n) = n {
+            best = best.max(Some(n));
+        }
+    }
+    Ok(best)
+}
+
 /// Segment numbers present in `dir`, ascending. Files with other names are ignored.
 pub fn list_segments(dir: &Path) -> Result<Vec<u32>, WalError> {
     let mut v = Vec::new();
@@ -353,10 +380,25 @@ pub fn replay(dir: &Path, f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalEr
 /// the cursor's are not read; they appear in the stats with `i64::MAX` as their newest
 /// sample, which the caller replaces with what it knows.
 pub fn replay_from(dir: &Path, from: Option<WalCursor>, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
-    let segs = list_segments(dir)?;
+    let mut segs = list_segments(dir)?;
     let mut stats = ReplayStats::default();
     let started = Instant::now();
     let mut last_log = Instant::now();
+    // Without a snapshot: the newest checkpoint first, then the segments after it. Segments
+    // before it are what a crash left between writing the checkpoint and deleting them.
+    if let (None, Some(cp)) = (from, latest_checkpoint(dir)?) {
+        let path = checkpoint_path(dir, cp);
+        let mut r = SegmentReader::open(&path, 0)?;
+        while let ReadOutcome::Record(rec) = r.next_record() {
+            stats.records += 1;
+            f(rec);
+        }
+        for n in segs.iter().filter(|&&n| n < cp) {
+            let old = segment_path(dir, *n);
+            fs::remove_file(&old).map_err(io_err(&old))?;
+        }
+        segs.retain(|&n| n >= cp);
+    }
     for (i, &n) in segs.iter().enumerate() {
         let path = segment_path(dir, n);
         let offset = match from {
@@ -580,6 +622,48 @@ impl Wal {
         let t0 = Instant::now();
         self.file.sync_data().map_err(io_err(&path))?;
         self.last_fsync = Some(t0.elapsed());
+        Ok(())
+    }
+
+    /// The first segment [`truncate_before`](Self::truncate_before) would keep at `cutoff`,
+    /// when it would delete any: where a checkpoint must be written first.
+    pub fn first_kept_after_truncation(&self, cutoff: i64) -> Option<u32> {
+        let deletable = |&(n, max_t): &(u32, i64)| max_t < cutoff && self.hold.is_none_or(|h| n < h);
+        let k = self.segments[..self.segments.len().saturating_sub(1)].iter().take_while(|s| deletable(s)).count();
+        (k > 0).then(|| self.segments[k].0)
+    }
+
+    /// Writes `records` (the series the head holds and the metadata) as the checkpoint that
+    /// replaces every segment before `first_kept`; older checkpoints are deleted. Written under
+    /// a temporary name, synced and renamed.
+    pub fn write_checkpoint(&mut self, first_kept: u32, records: &[WalRecord]) -> Result<(), WalError> {
+        let path = checkpoint_path(&self.dir, first_kept);
+        let tmp = self.dir.join(format!("{CHECKPOINT_PREFIX}{first_kept:08}.tmp"));
+        let mut w = io::BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io_err(&tmp))?);
+        w.write_all(SEGMENT_MAGIC).map_err(io_err(&tmp))?;
+        let mut buf = Vec::new();
+        for r in records {
+            buf.clear();
+            r.encode(&mut buf);
+            w.write_all(&buf).map_err(io_err(&tmp))?;
+        }
+        let f = w.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        fs::rename(&tmp, &path).map_err(io_err(&path))?;
+        if let Ok(d) = File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        strata_block::fault::point("wal-checkpoint-before-delete");
+        if let Ok(rd) = fs::read_dir(&self.dir) {
+            for e in rd.flatten() {
+                let name = e.file_name();
+                let n =
+                    name.to_str().and_then(|s| s.strip_prefix(CHECKPOINT_PREFIX)).and_then(|s| s.parse::<u32>().ok());
+                if n.is_some_and(|n| n < first_kept) {
+                    let _ = fs::remove_file(e.path());
+                }
+            }
+        }
         Ok(())
     }
 

@@ -375,11 +375,13 @@ async fn count_samples(db: &Arc<Tsdb>) -> usize {
 async fn the_wal_covers_only_the_head_once_blocks_are_cut() {
     let d = tempfile::tempdir().unwrap();
     let db = blocky(d.path(), 6, None);
-    let before = std::fs::read_dir(d.path().join("wal")).unwrap().count();
+    let before = crate::wal::list_segments(&d.path().join("wal")).unwrap().len();
     let out = db.maintain().unwrap();
     assert!(out.blocks_cut >= 14 && out.wal_segments_deleted > 0, "{out:?}");
-    let after = std::fs::read_dir(d.path().join("wal")).unwrap().count();
-    assert!(after * 4 < before, "{before} WAL segments before the cut, {after} after");
+    let after = crate::wal::list_segments(&d.path().join("wal")).unwrap().len();
+    assert!(after * 2 < before, "{before} WAL segments before the cut, {after} after");
+    // The labels of the series logged in deleted segments are in the checkpoint.
+    assert!(crate::wal::latest_checkpoint(&d.path().join("wal")).unwrap().is_some());
     assert!(db.head().min_time() >= 6 * 3_600_000 - 3 * 1_200_000, "the head keeps at most 1.5 ranges and the current");
     let db = Arc::new(db);
     assert_eq!(count_samples(&db).await, 4 * 6 * 240);
@@ -506,4 +508,53 @@ async fn a_head_snapshot_restores_the_head_and_the_wal_after_it_replays() {
         let out = db.commit(&[(s, Sample::new(2 * 3600 * 1000 - 30_000, 1.0))]).unwrap();
         assert_eq!(out.rejected.len(), 1, "older than the restored newest sample");
     }
+}
+
+#[tokio::test]
+async fn labels_are_logged_once_and_a_checkpoint_keeps_them_past_truncation() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = TsdbOptions {
+        block_range: Duration::from_secs(1200),
+        wal_segment_bytes: 8 << 10,
+        retention: Duration::from_secs(100 * 86400),
+        ..Default::default()
+    };
+    {
+        let db = Tsdb::open(d.path(), opts.clone()).unwrap();
+        // Many series with long labels, few samples each: labels must not be re-logged per segment.
+        let series: Vec<_> = (0..200)
+            .map(|i| {
+                let l = Labels::from_pairs([
+                    ("__name__", "DCGM_FI_DEV_GPU_UTIL".to_string()),
+                    ("gpu", i.to_string()),
+                    ("UUID", format!("GPU-{i:08}-aaaa-bbbb-cccc-dddddddddddd")),
+                ]);
+                db.series(&l).unwrap()
+            })
+            .collect();
+        for k in 0..4 * 80 {
+            let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(k * 15_000, k as f64))).collect();
+            db.commit(&batch).unwrap();
+        }
+        let mut series_records = 0;
+        crate::wal::replay(&d.path().join("wal"), |r| {
+            if matches!(r, WalRecord::Series { .. }) {
+                series_records += 1;
+            }
+        })
+        .unwrap();
+        assert_eq!(series_records, 200, "each series' labels logged once");
+        let out = db.maintain().unwrap();
+        assert!(out.blocks_cut > 0 && out.wal_segments_deleted > 0, "{out:?}");
+        // A series seen again after the truncation appends under its reference.
+        let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(320 * 15_000, 1.0))).collect();
+        db.commit(&batch).unwrap();
+    }
+    // After a crash (no snapshot): checkpoint, then segments; every series resolves.
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    let req = strata_store::SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, i64::MAX);
+    let found = strata_store::Store::select(&TsdbStore(db.clone()), &req).await.unwrap();
+    assert_eq!(found.len(), 200);
+    let n: usize = found.iter().map(|s| s.samples(0, i64::MAX).unwrap().len()).sum();
+    assert_eq!(n, 200 * 321);
 }
