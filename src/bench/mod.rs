@@ -51,6 +51,9 @@ pub enum BenchCommand {
         /// Also time a start after a crash (the whole head window replayed from the WAL).
         #[arg(long)]
         crash_restart: bool,
+        /// Then feed the same fleet to this Prometheus (2.42) and compare peak memory.
+        #[arg(long)]
+        vs_prometheus: Option<String>,
     },
     /// The attacks of issue 8, together, against an edge that scrapes and receives remote
     /// write: what each gets, and the edge's peak memory.
@@ -79,8 +82,19 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Ingest { nodes, gpus_per_node, scrapes, reps } => {
             tokio::task::spawn_blocking(move || ingest::run(nodes, gpus_per_node, scrapes, reps)).await?
         }
-        BenchCommand::Scale { series, hours, interval, dir, crash_restart } => {
-            tokio::task::spawn_blocking(move || scale::run(series, hours, interval, dir, crash_restart)).await?
+        BenchCommand::Scale { series, hours, interval, dir, crash_restart, vs_prometheus } => {
+            tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
+                let strata = scale::run(series, hours, interval, dir, crash_restart)?;
+                if let Some(prometheus) = vs_prometheus {
+                    let prom = scale::run_prometheus(series, hours, interval, &prometheus)?;
+                    println!(
+                        "  peak RSS, strata / prometheus: {strata:.0} / {prom:.0} MB = {:.2} (goal <= 0.5 at 500 k series)",
+                        strata / prom.max(1.0)
+                    );
+                }
+                Ok(())
+            })
+            .await?
         }
         BenchCommand::FleetDay { file, serve } => {
             let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;

@@ -43,8 +43,11 @@ pub const QUARANTINE_DIR: &str = "quarantine";
 pub const CHECKPOINT_PREFIX: &str = "checkpoint.";
 
 const REC_SERIES: u8 = 1;
+/// Samples as first written: reference, time delta, raw value bits (about 13 bytes each).
 const REC_SAMPLES: u8 = 2;
 const REC_METADATA: u8 = 3;
+/// Samples, compact (what the writer writes now): see [`encode_samples`].
+const REC_SAMPLES_COMPACT: u8 = 4;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -165,16 +168,8 @@ impl WalRecord {
                 REC_SERIES
             }
             WalRecord::Samples(samples) => {
-                put_uvarint(&mut payload, samples.len() as u64);
-                let base = samples.first().map(|s| s.1.t).unwrap_or(0);
-                put_varint(&mut payload, base);
-                payload.reserve(samples.len() * 14);
-                for (r, s) in samples {
-                    put_uvarint(&mut payload, *r);
-                    put_varint(&mut payload, s.t.wrapping_sub(base));
-                    payload.extend_from_slice(&s.v.to_bits().to_le_bytes());
-                }
-                REC_SAMPLES
+                encode_samples(samples, &mut payload);
+                REC_SAMPLES_COMPACT
             }
             WalRecord::Metadata { family, meta } => {
                 put_str(&mut payload, family);
@@ -221,6 +216,7 @@ impl WalRecord {
                 }
                 WalRecord::Samples(v)
             }
+            REC_SAMPLES_COMPACT => WalRecord::Samples(decode_samples(&mut d)?),
             REC_METADATA => {
                 let family = d.str()?.to_string();
                 let metric_type = MetricType::from_u8(d.u8()?);
@@ -232,6 +228,63 @@ impl WalRecord {
         };
         (d.i == payload.len()).then_some(rec)
     }
+}
+
+/// The compact samples record. A batch is mostly one scrape: consecutive references, one
+/// timestamp, values that DCGM prints as integers. So each sample is the reference as a
+/// zig-zag delta from the previous one, the time as a zig-zag delta from the previous one,
+/// and the value as a uvarint whose low bit says which form follows: `0` a whole number
+/// (zig-zag, shifted), `1` the raw 8 bytes. A scraped DCGM sample takes 3 to 6 bytes
+/// instead of 13.
+fn encode_samples(samples: &[(SeriesRef, Sample)], out: &mut Vec<u8>) {
+    put_uvarint(out, samples.len() as u64);
+    out.reserve(samples.len() * 6);
+    let (mut prev_ref, mut prev_t) = (0u64, 0i64);
+    for (r, s) in samples {
+        put_varint(out, r.wrapping_sub(prev_ref) as i64);
+        put_varint(out, s.t.wrapping_sub(prev_t));
+        (prev_ref, prev_t) = (*r, s.t);
+        match whole(s.v) {
+            Some(i) => put_uvarint(out, (((i << 1) ^ (i >> 63)) as u64) << 1),
+            None => {
+                put_uvarint(out, 1);
+                out.extend_from_slice(&s.v.to_bits().to_le_bytes());
+            }
+        }
+    }
+}
+
+/// `v` as a whole number when it is one exactly (not -0.0, within 2^53 and its bits
+/// round-trip), else `None`.
+fn whole(v: f64) -> Option<i64> {
+    if v.fract() != 0.0 || !v.is_finite() || v.abs() > (1u64 << 53) as f64 || (v == 0.0 && v.is_sign_negative()) {
+        return None;
+    }
+    let i = v as i64;
+    ((i as f64).to_bits() == v.to_bits()).then_some(i)
+}
+
+fn decode_samples(d: &mut Dec) -> Option<Vec<(SeriesRef, Sample)>> {
+    let n = d.uvarint()? as usize;
+    // Every sample takes at least three bytes: a count past that is damage.
+    if n > d.b.len().saturating_sub(d.i) / 3 + 1 {
+        return None;
+    }
+    let mut v = Vec::with_capacity(n);
+    let (mut r, mut t) = (0u64, 0i64);
+    for _ in 0..n {
+        r = r.wrapping_add(d.varint()? as u64);
+        t = t.wrapping_add(d.varint()?);
+        let code = d.uvarint()?;
+        let value = if code & 1 == 0 {
+            let z = code >> 1;
+            (((z >> 1) as i64) ^ -((z & 1) as i64)) as f64
+        } else {
+            d.f64()?
+        };
+        v.push((r, Sample { t, v: value }));
+    }
+    Some(v)
 }
 
 fn segment_path(dir: &Path, n: u32) -> PathBuf {

@@ -558,3 +558,43 @@ async fn labels_are_logged_once_and_a_checkpoint_keeps_them_past_truncation() {
     let n: usize = found.iter().map(|s| s.samples(0, i64::MAX).unwrap().len()).sum();
     assert_eq!(n, 200 * 321);
 }
+
+#[tokio::test]
+async fn a_crash_between_checkpoint_and_segment_deletion_replays_each_sample_once() {
+    let d = tempfile::tempdir().unwrap();
+    let wal = d.path().join("wal");
+    let want = {
+        let db = blocky(d.path(), 6, None);
+        // The segments as they are before maintenance deletes some.
+        let saved: Vec<(std::path::PathBuf, Vec<u8>)> = crate::wal::list_segments(&wal)
+            .unwrap()
+            .iter()
+            .map(|n| {
+                let p = wal.join(format!("{n:08}"));
+                let b = std::fs::read(&p).unwrap();
+                (p, b)
+            })
+            .collect();
+        let out = db.maintain().unwrap();
+        assert!(out.wal_segments_deleted > 0);
+        let db = Arc::new(db);
+        let want = count_samples(&db).await;
+        drop(db);
+        // As if the process died after the checkpoint, before deleting what it replaces.
+        for (p, b) in saved {
+            if !p.exists() {
+                std::fs::write(p, b).unwrap();
+            }
+        }
+        want
+    };
+    let db = Arc::new(
+        Tsdb::open(d.path(), TsdbOptions { block_range: Duration::from_secs(1200), ..Default::default() }).unwrap(),
+    );
+    assert_eq!(count_samples(&db).await, want);
+    let cp = crate::wal::latest_checkpoint(&wal).unwrap().unwrap();
+    assert!(
+        crate::wal::list_segments(&wal).unwrap().iter().all(|&n| n >= cp),
+        "replay removed the superseded segments"
+    );
+}

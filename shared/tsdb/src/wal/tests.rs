@@ -258,3 +258,42 @@ fn a_well_formed_record_with_extreme_values_replays() {
     let s = db.series(&Labels::from_pairs([("__name__", "new")])).unwrap();
     assert_eq!(db.commit(&[(s, Sample::new(strata_model::time::now_ms(), 1.0))]).unwrap().appended, 1);
 }
+
+#[test]
+fn the_compact_samples_record_keeps_every_value_bit_for_bit() {
+    let values = [
+        0.0,
+        -0.0,
+        1.0,
+        -7.0,
+        42.5,
+        1e15,
+        9_007_199_254_740_993.0,
+        -9_007_199_254_740_992.0,
+        f64::NAN,
+        strata_model::stale_nan(),
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+        f64::MIN_POSITIVE,
+        123_456_789_012.0,
+    ];
+    let samples: Vec<(u64, Sample)> = values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| ((1000 - i as u64 * 37) % 977, Sample::new(1_700_000_000_000 + (i as i64 % 3) * 5000 - 7, v)))
+        .collect();
+    let mut buf = Vec::new();
+    WalRecord::Samples(samples.clone()).encode(&mut buf);
+    let ty = buf[8];
+    let back = WalRecord::decode(ty, &buf[9..]).expect("decodes");
+    let WalRecord::Samples(got) = back else { panic!("a samples record") };
+    assert_eq!(got.len(), samples.len());
+    for ((r1, s1), (r2, s2)) in samples.iter().zip(&got) {
+        assert_eq!((r1, s1.t, s1.v.to_bits()), (r2, s2.t, s2.v.to_bits()));
+    }
+    // A scrape of whole numbers takes a few bytes a sample, not 13.
+    let scrape: Vec<(u64, Sample)> = (0..1000).map(|r| (r, Sample::new(1_700_000_000_000, (r % 90) as f64))).collect();
+    let mut buf = Vec::new();
+    WalRecord::Samples(scrape).encode(&mut buf);
+    assert!(buf.len() < 4 * 1000, "{} bytes for 1000 samples", buf.len());
+}

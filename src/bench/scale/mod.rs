@@ -5,38 +5,29 @@
 //! resident memory, bytes on disk per sample and the restart time at the end.
 
 use anyhow::Context;
+use fleet::SimFleet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata_model::{Labels, Metadata, MetricType, Sample};
-use strata_simulator::fields::{Kind, FIELDS};
+use strata_model::{Metadata, Sample};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::head::MemSeries;
+
+mod fleet;
+mod prometheus;
+
+pub use prometheus::run as run_prometheus;
 
 /// Series appended per commit (a large scrape's worth).
 const BATCH: usize = 20_000;
 
-/// One simulated series: its handle, its kind, and the state its values walk from.
-struct SimSeries {
-    handle: Arc<MemSeries>,
-    counter: bool,
-    value: f64,
-}
-
-/// xorshift64*: values need to look like DCGM's, not to be good randomness.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-}
-
 fn peak_rss_mb() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    peak_rss_mb_of("self")
+}
+
+/// VmHWM of a process (`self` or a pid), in MB.
+pub(super) fn peak_rss_mb_of(pid: &str) -> f64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
@@ -61,48 +52,23 @@ pub fn run(
     interval_s: u64,
     dir: Option<std::path::PathBuf>,
     crash_restart: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<f64> {
     let tmp = tempfile::tempdir()?;
     let dir = dir.unwrap_or_else(|| tmp.path().to_path_buf());
     let opts = TsdbOptions::default();
     let db = Arc::new(Tsdb::open(&dir, opts.clone()).with_context(|| format!("opening {}", dir.display()))?);
-    let fields = FIELDS.len();
-    let gpus = series.div_ceil(fields);
+    let started = Instant::now();
+    let mut fleet = SimFleet::new(series);
     println!(
-        "bench scale: {series} series ({gpus} GPUs x {fields} DCGM fields) at {interval_s} s for {hours} simulated hours, in {}",
+        "bench scale: {series} series ({} GPUs x 25 DCGM fields) at {interval_s} s for {hours} simulated hours, in {}",
+        series.div_ceil(25),
         dir.display()
     );
-    let started = Instant::now();
-    let mut sim = Vec::with_capacity(series);
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    'outer: for gpu in 0..gpus {
-        let (node, dev) = (gpu / 8, gpu % 8);
-        for f in FIELDS {
-            if sim.len() == series {
-                break 'outer;
-            }
-            let labels = Labels::from_pairs([
-                ("__name__", f.name.to_string()),
-                ("gpu", dev.to_string()),
-                ("UUID", format!("GPU-{:08x}-{:04x}-{:04x}", rng.next() as u32, node % 65536, dev)),
-                ("device", format!("nvidia{dev}")),
-                ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
-                ("Hostname", format!("gpu-node-{node:05}")),
-                ("DCGM_FI_DRIVER_VERSION", "550.54.15".to_string()),
-                ("cluster", format!("c{}", node / 2000)),
-                ("instance", format!("10.{}.{}.{}:9400", node / 65536, (node / 256) % 256, node % 256)),
-                ("job", "dcgm".to_string()),
-            ]);
-            let handle = db.series(&labels)?;
-            let counter = f.kind == Kind::Counter;
-            sim.push(SimSeries { handle, counter, value: (rng.next() % 60) as f64 + 20.0 });
-        }
+    let handles: Vec<Arc<MemSeries>> = fleet.labels.iter().map(|l| db.series(l)).collect::<Result<_, _>>()?;
+    for (family, metric_type, help) in SimFleet::metadata() {
+        db.set_metadata(family, Metadata { metric_type, help: help.to_string(), unit: String::new() })?;
     }
-    for f in FIELDS {
-        let metric_type = if f.kind == Kind::Counter { MetricType::Counter } else { MetricType::Gauge };
-        db.set_metadata(f.name, Metadata { metric_type, help: f.help.to_string(), unit: String::new() })?;
-    }
-    println!("  {} series created in {:.1} s", sim.len(), started.elapsed().as_secs_f64());
+    println!("  {} series created in {:.1} s", handles.len(), started.elapsed().as_secs_f64());
 
     // Maintenance beside the ingest, as the tier's loop runs it.
     let stop = Arc::new(AtomicBool::new(false));
@@ -138,16 +104,9 @@ pub fn run(
     let mut last_report = Instant::now();
     for k in 0..steps {
         let t = start + k * step_ms + (k % 7);
-        for s in sim.iter_mut() {
-            let r = rng.next();
-            s.value = if s.counter {
-                s.value + (r % 400) as f64
-            } else if r.is_multiple_of(4) {
-                (s.value + ((r >> 8) % 5) as f64 - 2.0).clamp(0.0, 100.0)
-            } else {
-                s.value
-            };
-            batch.push((s.handle.clone(), Sample::new(t, s.value)));
+        fleet.step();
+        for (h, &v) in handles.iter().zip(&fleet.values) {
+            batch.push((h.clone(), Sample::new(t, v)));
             if batch.len() == BATCH {
                 let out = db.commit_distinct(&batch)?;
                 samples += out.appended as u64;
@@ -199,9 +158,11 @@ pub fn run(
         db.blocks().disk_bytes() as f64 / 1e6,
         db.wal_disk_bytes() as f64 / 1e6
     );
-    println!("  peak RSS during ingest: {:.0} MB (goal <= 8192 at 2.4 M series)", peak_rss_mb());
+    let peak = peak_rss_mb();
+    println!("  peak RSS during ingest: {peak:.0} MB (goal <= 8192 at 2.4 M series)");
     drop(batch);
-    drop(sim);
+    drop(handles);
+    drop(fleet);
     if crash_restart {
         // As after a crash: no snapshot, the WAL replays the head window.
         drop(db);
@@ -212,10 +173,11 @@ pub fn run(
             started.elapsed().as_secs_f64(),
             db.stats().samples
         );
-        restart_clean(db, &dir, &opts)
+        restart_clean(db, &dir, &opts)?;
     } else {
-        restart_clean(Arc::into_inner(db).context("the database is still shared")?, &dir, &opts)
+        restart_clean(Arc::into_inner(db).context("the database is still shared")?, &dir, &opts)?;
     }
+    Ok(peak)
 }
 
 /// A clean shutdown (head snapshot) and a start, timed.

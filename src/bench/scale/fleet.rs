@@ -1,0 +1,78 @@
+//! The simulated fleet `bench scale` writes: DCGM-like series (dcgm-exporter's fields and
+//! ten labels per series) whose values move as DCGM's do: integer gauges that mostly hold
+//! still, counters that only grow. Deterministic, so Strata and Prometheus get the same data.
+
+use strata_model::{Labels, MetricType};
+use strata_simulator::fields::{Kind, FIELDS};
+
+/// xorshift64*: values need to look like DCGM's, not to be good randomness.
+pub struct Rng(pub u64);
+
+impl Rng {
+    pub fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+}
+
+pub struct SimFleet {
+    pub labels: Vec<Labels>,
+    pub counter: Vec<bool>,
+    pub values: Vec<f64>,
+    rng: Rng,
+}
+
+impl SimFleet {
+    pub fn new(series: usize) -> SimFleet {
+        let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+        let (mut labels, mut counter, mut values) =
+            (Vec::with_capacity(series), Vec::with_capacity(series), Vec::with_capacity(series));
+        'outer: for gpu in 0.. {
+            let (node, dev) = (gpu / 8, gpu % 8);
+            for f in FIELDS {
+                if labels.len() == series {
+                    break 'outer;
+                }
+                labels.push(Labels::from_pairs([
+                    ("__name__", f.name.to_string()),
+                    ("gpu", dev.to_string()),
+                    ("UUID", format!("GPU-{:08x}-{:04x}-{:04x}", rng.next() as u32, node % 65536, dev)),
+                    ("device", format!("nvidia{dev}")),
+                    ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
+                    ("Hostname", format!("gpu-node-{node:05}")),
+                    ("DCGM_FI_DRIVER_VERSION", "550.54.15".to_string()),
+                    ("cluster", format!("c{}", node / 2000)),
+                    ("instance", format!("10.{}.{}.{}:9400", node / 65536, (node / 256) % 256, node % 256)),
+                    ("job", "dcgm".to_string()),
+                ]));
+                counter.push(f.kind == Kind::Counter);
+                values.push((rng.next() % 60) as f64 + 20.0);
+            }
+        }
+        SimFleet { labels, counter, values, rng }
+    }
+
+    /// Moves every series one scrape on.
+    pub fn step(&mut self) {
+        for (v, &c) in self.values.iter_mut().zip(&self.counter) {
+            let r = self.rng.next();
+            *v = if c {
+                *v + (r % 400) as f64
+            } else if r.is_multiple_of(4) {
+                (*v + ((r >> 8) % 5) as f64 - 2.0).clamp(0.0, 100.0)
+            } else {
+                *v
+            };
+        }
+    }
+
+    /// (family, type, help) of every field.
+    pub fn metadata() -> impl Iterator<Item = (&'static str, MetricType, &'static str)> {
+        FIELDS.iter().map(|f| {
+            let t = if f.kind == Kind::Counter { MetricType::Counter } else { MetricType::Gauge };
+            (f.name, t, f.help)
+        })
+    }
+}
