@@ -18,40 +18,42 @@ impl Rng {
 }
 
 pub struct SimFleet {
-    pub labels: Vec<Labels>,
     pub counter: Vec<bool>,
     pub values: Vec<f64>,
     rng: Rng,
 }
 
 impl SimFleet {
+    /// A fleet of `series` series; their labels are made on demand ([`labels`](Self::labels)),
+    /// so that the bench holds no copy of what the database stores.
     pub fn new(series: usize) -> SimFleet {
         let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-        let (mut labels, mut counter, mut values) =
-            (Vec::with_capacity(series), Vec::with_capacity(series), Vec::with_capacity(series));
-        'outer: for gpu in 0.. {
-            let (node, dev) = (gpu / 8, gpu % 8);
-            for f in FIELDS {
-                if labels.len() == series {
-                    break 'outer;
-                }
-                labels.push(Labels::from_pairs([
-                    ("__name__", f.name.to_string()),
-                    ("gpu", dev.to_string()),
-                    ("UUID", format!("GPU-{:08x}-{:04x}-{:04x}", rng.next() as u32, node % 65536, dev)),
-                    ("device", format!("nvidia{dev}")),
-                    ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
-                    ("Hostname", format!("gpu-node-{node:05}")),
-                    ("DCGM_FI_DRIVER_VERSION", "550.54.15".to_string()),
-                    ("cluster", format!("c{}", node / 2000)),
-                    ("instance", format!("10.{}.{}.{}:9400", node / 65536, (node / 256) % 256, node % 256)),
-                    ("job", "dcgm".to_string()),
-                ]));
-                counter.push(f.kind == Kind::Counter);
-                values.push((rng.next() % 60) as f64 + 20.0);
-            }
-        }
-        SimFleet { labels, counter, values, rng }
+        let counter: Vec<bool> = (0..series).map(|i| FIELDS[i % FIELDS.len()].kind == Kind::Counter).collect();
+        let values = (0..series).map(|_| (rng.next() % 60) as f64 + 20.0).collect();
+        SimFleet { counter, values, rng }
+    }
+
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The labels of series `i`: field `i % 25` of GPU `i / 25`, eight GPUs a node.
+    pub fn labels(i: usize) -> Labels {
+        let (gpu, f) = (i / FIELDS.len(), &FIELDS[i % FIELDS.len()]);
+        let (node, dev) = (gpu / 8, gpu % 8);
+        let uuid = Rng((gpu as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).next() as u32;
+        Labels::from_pairs([
+            ("__name__", f.name.to_string()),
+            ("gpu", dev.to_string()),
+            ("UUID", format!("GPU-{uuid:08x}-{:04x}-{dev:04x}", node % 65536)),
+            ("device", format!("nvidia{dev}")),
+            ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
+            ("Hostname", format!("gpu-node-{node:05}")),
+            ("DCGM_FI_DRIVER_VERSION", "550.54.15".to_string()),
+            ("cluster", format!("c{}", node / 2000)),
+            ("instance", format!("10.{}.{}.{}:9400", node / 65536, (node / 256) % 256, node % 256)),
+            ("job", "dcgm".to_string()),
+        ])
     }
 
     /// Moves every series one scrape on.

@@ -64,7 +64,8 @@ pub fn run(
         series.div_ceil(25),
         dir.display()
     );
-    let handles: Vec<Arc<MemSeries>> = fleet.labels.iter().map(|l| db.series(l)).collect::<Result<_, _>>()?;
+    let handles: Vec<Arc<MemSeries>> =
+        (0..fleet.len()).map(|i| db.series(&SimFleet::labels(i))).collect::<Result<_, _>>()?;
     for (family, metric_type, help) in SimFleet::metadata() {
         db.set_metadata(family, Metadata { metric_type, help: help.to_string(), unit: String::new() })?;
     }

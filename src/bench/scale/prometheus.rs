@@ -44,11 +44,9 @@ pub fn run(series: usize, hours: f64, interval_s: u64, prometheus: &str) -> anyh
         std::thread::sleep(Duration::from_millis(100));
     }
     let mut fleet = SimFleet::new(series);
-    let labels: Vec<Vec<Label>> = fleet
-        .labels
-        .iter()
-        .map(|l| l.iter().map(|x| Label { name: x.name.to_string(), value: x.value.to_string() }).collect())
-        .collect();
+    let labels = |s: usize| -> Vec<Label> {
+        SimFleet::labels(s).iter().map(|x| Label { name: x.name.to_string(), value: x.value.to_string() }).collect()
+    };
     let step_ms = (interval_s.max(1) * 1000) as i64;
     let steps = ((hours * 3600.0) / interval_s.max(1) as f64).ceil() as usize;
     let end = strata_model::time::now_ms() / step_ms * step_ms;
@@ -71,7 +69,7 @@ pub fn run(series: usize, hours: f64, interval_s: u64, prometheus: &str) -> anyh
             let timeseries = group
                 .iter()
                 .map(|&s| TimeSeries {
-                    labels: labels[s].clone(),
+                    labels: labels(s),
                     samples: values[s].iter().map(|&(timestamp, value)| Sample { value, timestamp }).collect(),
                     exemplars: vec![],
                 })
