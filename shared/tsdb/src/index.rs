@@ -8,7 +8,8 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
-use strata_model::matcher::{MatchOp, Matcher};
+use strata_block::postings::{self, PostingsSource};
+use strata_model::matcher::Matcher;
 use strata_model::{Label, Labels};
 
 pub type SeriesRef = u64;
@@ -61,42 +62,6 @@ fn insert_sorted(v: &mut Vec<SeriesRef>, r: SeriesRef) {
     }
 }
 
-fn intersect(a: &[SeriesRef], b: &[SeriesRef]) -> Vec<SeriesRef> {
-    let (mut i, mut j, mut out) = (0, 0, Vec::with_capacity(a.len().min(b.len())));
-    while i < a.len() && j < b.len() {
-        match a[i].cmp(&b[j]) {
-            std::cmp::Ordering::Less => i += 1,
-            std::cmp::Ordering::Greater => j += 1,
-            std::cmp::Ordering::Equal => {
-                out.push(a[i]);
-                i += 1;
-                j += 1;
-            }
-        }
-    }
-    out
-}
-
-fn subtract(a: &[SeriesRef], b: &[SeriesRef]) -> Vec<SeriesRef> {
-    let (mut j, mut out) = (0, Vec::with_capacity(a.len()));
-    for &x in a {
-        while j < b.len() && b[j] < x {
-            j += 1;
-        }
-        if j >= b.len() || b[j] != x {
-            out.push(x);
-        }
-    }
-    out
-}
-
-fn union_all(lists: Vec<&Vec<SeriesRef>>) -> Vec<SeriesRef> {
-    let mut out: Vec<SeriesRef> = lists.into_iter().flatten().copied().collect();
-    out.sort_unstable();
-    out.dedup();
-    out
-}
-
 impl PostingsIndex {
     pub fn add(&mut self, r: SeriesRef, labels: &Labels) {
         for l in labels.iter() {
@@ -145,48 +110,10 @@ impl PostingsIndex {
     }
 
     /// Union of the postings of `name`'s values accepted by `accept`.
-    fn matching_values(&self, name: &str, accept: impl Fn(&str) -> bool) -> Vec<SeriesRef> {
-        match self.postings.get(name) {
-            None => Vec::new(),
-            Some(by_value) => union_all(by_value.iter().filter(|(v, _)| accept(v)).map(|(_, l)| l).collect()),
-        }
-    }
 
-    /// Series references matching every matcher, sorted.
+    /// Series matching every matcher, sorted by reference (the algorithm every index shares).
     pub fn select(&self, matchers: &[Matcher]) -> Vec<SeriesRef> {
-        let mut result: Option<Vec<SeriesRef>> = None;
-        let mut subtractions: Vec<Vec<SeriesRef>> = Vec::new();
-        for m in matchers {
-            let accepts_empty = m.matches("");
-            let list = if !accepts_empty {
-                // only series that carry an accepted value
-                match m.op {
-                    MatchOp::Equal => self
-                        .postings
-                        .get(m.name.as_str())
-                        .and_then(|bv| bv.get(m.value.as_str()))
-                        .cloned()
-                        .unwrap_or_default(),
-                    _ => self.matching_values(&m.name, |v| m.matches(v)),
-                }
-            } else {
-                // accepts series without the label: everything but the series whose value is refused
-                subtractions.push(self.matching_values(&m.name, |v| !m.matches(v)));
-                continue;
-            };
-            result = Some(match result {
-                None => list,
-                Some(r) => intersect(&r, &list),
-            });
-            if result.as_ref().is_some_and(|r| r.is_empty()) {
-                return Vec::new();
-            }
-        }
-        let mut r = result.unwrap_or_else(|| self.all.clone());
-        for s in subtractions {
-            r = subtract(&r, &s);
-        }
-        r
+        postings::select(self, matchers)
     }
 
     pub fn label_names(&self) -> Vec<String> {
@@ -213,9 +140,29 @@ impl PostingsIndex {
     }
 }
 
+impl PostingsSource for PostingsIndex {
+    fn postings(&self, name: &str, value: &str) -> Vec<SeriesRef> {
+        self.postings.get(name).and_then(|bv| bv.get(value)).cloned().unwrap_or_default()
+    }
+
+    fn matching(&self, name: &str, accept: &dyn Fn(&str) -> bool) -> Vec<SeriesRef> {
+        match self.postings.get(name) {
+            None => Vec::new(),
+            Some(by_value) => {
+                postings::union_all(by_value.iter().filter(|(v, _)| accept(v)).map(|(_, l)| l.as_slice()))
+            }
+        }
+    }
+
+    fn all(&self) -> Vec<SeriesRef> {
+        self.all.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_model::matcher::MatchOp;
 
     fn idx() -> PostingsIndex {
         let mut i = PostingsIndex::default();
