@@ -109,8 +109,6 @@ impl PostingsIndex {
         self.all.is_empty()
     }
 
-    /// Union of the postings of `name`'s values accepted by `accept`.
-
     /// Series matching every matcher, sorted by reference (the algorithm every index shares).
     pub fn select(&self, matchers: &[Matcher]) -> Vec<SeriesRef> {
         postings::select(self, matchers)
