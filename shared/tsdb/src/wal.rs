@@ -95,63 +95,8 @@ pub enum WalRecord {
 
 // ---- encoding ----
 
-fn put_uvarint(buf: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        buf.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    buf.push(v as u8);
-}
-
-fn put_varint(buf: &mut Vec<u8>, v: i64) {
-    put_uvarint(buf, ((v << 1) ^ (v >> 63)) as u64);
-}
-
-fn put_str(buf: &mut Vec<u8>, s: &str) {
-    put_uvarint(buf, s.len() as u64);
-    buf.extend_from_slice(s.as_bytes());
-}
-
-struct Dec<'a> {
-    b: &'a [u8],
-    i: usize,
-}
-
-impl<'a> Dec<'a> {
-    fn uvarint(&mut self) -> Option<u64> {
-        let mut v = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = *self.b.get(self.i)?;
-            self.i += 1;
-            v |= ((byte & 0x7f) as u64) << shift;
-            if byte < 0x80 {
-                return Some(v);
-            }
-        }
-        None
-    }
-    fn varint(&mut self) -> Option<i64> {
-        let u = self.uvarint()?;
-        Some(((u >> 1) as i64) ^ -((u & 1) as i64))
-    }
-    fn bytes(&mut self, n: usize) -> Option<&'a [u8]> {
-        let end = self.i.checked_add(n)?;
-        let s = self.b.get(self.i..end)?;
-        self.i = end;
-        Some(s)
-    }
-    fn str(&mut self) -> Option<&'a str> {
-        let n = self.uvarint()? as usize;
-        std::str::from_utf8(self.bytes(n)?).ok()
-    }
-    fn u8(&mut self) -> Option<u8> {
-        Some(self.bytes(1)?[0])
-    }
-    fn f64(&mut self) -> Option<f64> {
-        let b = self.bytes(8)?;
-        Some(f64::from_bits(u64::from_le_bytes(b.try_into().ok()?)))
-    }
-}
+// The varint helpers and the bounds-checked decoder are the block files' (one home).
+use strata_block::encoding::{put_str, put_uvarint, put_varint, Decoder as Dec};
 
 impl WalRecord {
     /// Appends the framed record to `out`.
@@ -189,7 +134,7 @@ impl WalRecord {
     }
 
     fn decode(ty: u8, payload: &[u8]) -> Option<WalRecord> {
-        let mut d = Dec { b: payload, i: 0 };
+        let mut d = Dec::new(payload);
         let rec = match ty {
             REC_SERIES => {
                 let series_ref = d.uvarint()?;
