@@ -111,6 +111,10 @@ pub struct Tsdb {
     pub(crate) maintenance_failed: AtomicBool,
     /// This start loaded a head snapshot (and replayed only the WAL after it).
     from_snapshot: bool,
+    /// Readers hold it shared while they list blocks and read the head; a cut (block in,
+    /// head range out) and a compaction (merged block in, sources out) hold it exclusively,
+    /// so a query never sees a range twice or not at all.
+    pub(crate) layout: parking_lot::RwLock<()>,
     wal: Mutex<Writer>,
     dir: PathBuf,
     opts: TsdbOptions,
@@ -223,6 +227,7 @@ impl Tsdb {
             head_floor: AtomicI64::new(floor),
             maintenance_failed: AtomicBool::new(false),
             from_snapshot: from.is_some(),
+            layout: parking_lot::RwLock::new(()),
             wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
             dir: dir.to_path_buf(),
             opts,
@@ -278,6 +283,11 @@ impl Tsdb {
     /// Whether this start loaded a head snapshot.
     pub fn restored_from_snapshot(&self) -> bool {
         self.from_snapshot
+    }
+
+    /// Held while reading blocks and head as one (see the field).
+    pub fn read_layout(&self) -> parking_lot::RwLockReadGuard<'_, ()> {
+        self.layout.read()
     }
 
     pub fn blocks(&self) -> &BlockSet {

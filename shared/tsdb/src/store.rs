@@ -46,6 +46,7 @@ impl Store for TsdbStore {
         // Labels → chunks in time order: blocks oldest first, then the head. Samples are
         // charged as read; each series is charged once, when merged.
         let mut merged: BTreeMap<Labels, Vec<Chunk>> = BTreeMap::new();
+        let _layout = db.read_layout();
         for block in db.blocks().overlapping(req.start, req.end) {
             let found =
                 match block.select(&req.matchers, req.start, req.end, |c| budget.charge_samples(c).map_err(Charged)) {
@@ -79,6 +80,7 @@ impl Store for TsdbStore {
         end: i64,
         budget: &mut SelectBudget,
     ) -> Result<Vec<Labels>, StoreError> {
+        let _layout = self.0.read_layout();
         let mut found = self.0.head().select_labels(matchers, start, end);
         for block in self.0.blocks().overlapping(start, end) {
             found.extend(block.series_labels(matchers, start, end).map_err(block_error)?);

@@ -123,7 +123,9 @@ impl Tsdb {
             w.set_metadata(self.head.all_metadata());
             let meta = w.finish()?;
             fault::point("head-cut-before-truncate");
+            let _layout = self.layout.write();
             self.blocks.add(&meta.id)?;
+            self.head.truncate_before(end);
             tracing::info!(block = %meta.id, start, end, series = meta.stats.series, samples = meta.stats.samples, "head range written as a block");
             self.metrics.blocks_written.inc();
         }
@@ -175,8 +177,11 @@ impl Tsdb {
         w.set_metadata(metadata.into_iter().collect());
         let meta = w.finish()?;
         fault::point("compaction-before-delete");
-        self.blocks.add(&meta.id)?;
-        self.blocks.delete(&sources)?;
+        {
+            let _layout = self.layout.write();
+            self.blocks.add(&meta.id)?;
+            self.blocks.delete(&sources)?;
+        }
         tracing::info!(block = %meta.id, start, end, sources = sources.len(), series = meta.stats.series, "blocks compacted");
         self.metrics.blocks_compacted.inc();
         Ok(())
