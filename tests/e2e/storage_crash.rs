@@ -88,3 +88,65 @@ fn a_crash_at_any_storage_step_loses_and_duplicates_nothing() {
         edge.terminate();
     }
 }
+
+/// A maintenance run that cannot write its block turns `/-/ready` to 503 with the reason
+/// and counts the failure; once the cause is gone the next run cuts the block and the edge
+/// is ready again, with every sample still served.
+#[test]
+fn a_failed_block_cut_makes_the_edge_unready_until_maintenance_succeeds() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(&cfg, "scrape_configs: []\nstrata:\n  block_range: 10s\n").unwrap();
+    let data_path = dir.path().join("data");
+    let (cfg, data_dir) = (cfg.display().to_string(), data_path.display().to_string());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = ["edge", "--config", &cfg, "--data", &data_dir, "--http-listen", &listen];
+    let base = format!("http://127.0.0.1:{port}");
+    let mut edge = Proc::strata(&args, dir.path(), "edge");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    // Blocks cannot be written where a file stands in for their directory (root ignores
+    // permissions, so a read-only directory would not do).
+    let blocks = data_path.join("blocks");
+    std::fs::remove_dir_all(&blocks).unwrap();
+    std::fs::write(&blocks, b"not a directory").unwrap();
+    let now = now_ms();
+    let series = data(now);
+    let resp = client()
+        .post(format!("{base}/api/v1/write"))
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", "application/x-protobuf")
+        .body(write_body(&series, i64::MIN, i64::MAX))
+        .send()
+        .unwrap();
+    assert!(resp.status().is_success(), "the write was not acknowledged");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let r = client().get(format!("{base}/-/ready")).send().unwrap();
+        if r.status().as_u16() == 503 {
+            break r.text().unwrap();
+        }
+        assert!(std::time::Instant::now() < deadline, "never unready:\n{}", edge.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(body.contains("storage maintenance"), "the 503 does not say why: {body}");
+    let metrics = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    let failures: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("strata_storage_maintenance_failures_total"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0);
+    assert!(failures >= 1.0, "no failure counted:\n{metrics}");
+    edge.assert_running();
+    let want: Vec<(String, Vec<(i64, f64)>)> = series.iter().map(|(l, s)| (l[1].1.clone(), s.clone())).collect();
+    assert_eq!(stored(&base, now), want, "while maintenance fails");
+
+    std::fs::remove_file(&blocks).unwrap();
+    std::fs::create_dir(&blocks).unwrap();
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(20));
+    let cut = std::fs::read_dir(&blocks).unwrap().flatten().any(|e| e.path().join("meta.json").exists());
+    assert!(cut, "ready again without a block cut");
+    assert_eq!(stored(&base, now), want, "after maintenance recovered");
+    edge.terminate();
+}

@@ -6,9 +6,11 @@
 //! A crash at any point leaves either no block or a complete one; `.tmp` directories are
 //! removed on open.
 //!
-//! Memory: chunk bytes stream to the `chunks` file as series arrive; what is held until
-//! [`finish`](BlockWriter::finish) is per series (its index entry, its postings), never
-//! per sample.
+//! Memory: chunk bytes stream to the `chunks` file and series entries to a scratch file
+//! as series arrive, and the index is written through a buffer; what is held until
+//! [`finish`](BlockWriter::finish) is an offset and the postings per series (4 bytes per
+//! label), never per sample. A cut of 500 k series thus needs tens of MB, not the index
+//! twice over.
 
 use crate::encoding::{put_str, put_uvarint, put_varint};
 use crate::meta::{BlockMeta, BlockStats, FileMeta, CHUNKS_FILE, FORMAT_VERSION, INDEX_FILE, META_FILE};
@@ -20,6 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_chunk::Chunk;
 use strata_model::{Labels, Metadata};
+
+/// Series entries while the block is written; removed before the rename.
+const SERIES_SCRATCH: &str = "series.scratch";
 
 pub struct BlockWriter {
     tmp: PathBuf,
@@ -34,8 +39,10 @@ pub struct BlockWriter {
     chunks_crc: crc32fast::Hasher,
     symbols: HashMap<Arc<str>, u32>,
     symbol_list: Vec<Arc<str>>,
-    /// Series entries, and each one's offset within this buffer.
-    series: Vec<u8>,
+    /// Series entries, streamed to a scratch file in the temporary directory, and each
+    /// one's offset within it.
+    series: BufWriter<File>,
+    series_len: u64,
     series_offsets: Vec<u64>,
     postings: HashMap<(u32, u32), Vec<u32>>,
     metadata: Vec<(String, Metadata)>,
@@ -73,6 +80,7 @@ impl BlockWriter {
         chunks.write_all(CHUNKS_MAGIC).map_err(io)?;
         let mut chunks_crc = crc32fast::Hasher::new();
         chunks_crc.update(CHUNKS_MAGIC);
+        let series = BufWriter::with_capacity(1 << 20, File::create(tmp.join(SERIES_SCRATCH)).map_err(io)?);
         Ok(BlockWriter {
             tmp,
             dir,
@@ -86,7 +94,8 @@ impl BlockWriter {
             chunks_crc,
             symbols: HashMap::new(),
             symbol_list: Vec::new(),
-            series: Vec::new(),
+            series,
+            series_len: 0,
             series_offsets: Vec::new(),
             postings: HashMap::new(),
             metadata: Vec::new(),
@@ -126,7 +135,7 @@ impl BlockWriter {
         }
         let id = u32::try_from(self.series_offsets.len())
             .map_err(|_| BlockError::Invalid("more than 2^32 series in one block".into()))?;
-        self.series_offsets.push(self.series.len() as u64);
+        self.series_offsets.push(self.series_len);
         let syms: Vec<(u32, u32)> = labels.iter().map(|l| (self.symbol(&l.name), self.symbol(&l.value))).collect();
         let mut e = Vec::with_capacity(16 + 8 * syms.len() + 16 * chunks.len());
         put_uvarint(&mut e, syms.len() as u64);
@@ -153,7 +162,8 @@ impl BlockWriter {
             self.stats.min_sample_time = self.stats.min_sample_time.min(c.min_t);
             self.stats.max_sample_time = self.stats.max_sample_time.max(c.max_t);
         }
-        self.series.extend_from_slice(&e);
+        self.series.write_all(&e).map_err(|err| BlockError::io(&self.tmp, err))?;
+        self.series_len += e.len() as u64;
         self.stats.series += 1;
         self.last = Some(labels.clone());
         Ok(())
@@ -171,10 +181,8 @@ impl BlockWriter {
         let io = |e| BlockError::io(&tmp, e);
         self.chunks.flush().map_err(io)?;
         self.chunks.get_ref().sync_all().map_err(io)?;
-        let index = self.encode_index();
-        let mut f = File::create(tmp.join(INDEX_FILE)).map_err(io)?;
-        f.write_all(&index).map_err(io)?;
-        f.sync_all().map_err(io)?;
+        let index = self.write_index().map_err(io)?;
+        fs::remove_file(tmp.join(SERIES_SCRATCH)).map_err(io)?;
         if self.stats.series == 0 {
             self.stats.min_sample_time = self.min_time;
             self.stats.max_sample_time = self.min_time;
@@ -188,7 +196,7 @@ impl BlockWriter {
             level: self.level,
             sources: std::mem::take(&mut self.sources),
             files: vec![
-                FileMeta { name: INDEX_FILE.into(), bytes: index.len() as u64, crc32: crc32fast::hash(&index) },
+                index,
                 FileMeta {
                     name: CHUNKS_FILE.into(),
                     bytes: self.chunks_len,
@@ -214,45 +222,63 @@ impl BlockWriter {
         let _ = fs::remove_dir_all(&self.tmp);
     }
 
-    fn encode_index(&self) -> Vec<u8> {
-        let mut b = Vec::with_capacity(self.series.len() + self.series_offsets.len() * 12 + (1 << 16));
-        b.extend_from_slice(INDEX_MAGIC);
-        let symbols_off = b.len() as u64;
+    /// Writes the `index` file: symbols, series entries (copied from the scratch file),
+    /// their offset table, postings and their table, metadata, and the footer.
+    fn write_index(&mut self) -> std::io::Result<FileMeta> {
+        self.series.flush()?;
+        let mut b = CountingWriter::new(File::create(self.tmp.join(INDEX_FILE))?);
+        b.write_all(INDEX_MAGIC)?;
+        let symbols_off = b.len;
+        let mut e = Vec::new();
         for s in &self.symbol_list {
-            put_str(&mut b, s);
+            e.clear();
+            put_str(&mut e, s);
+            b.write_all(&e)?;
         }
-        let series_base = b.len() as u64;
-        b.extend_from_slice(&self.series);
-        let series_table_off = b.len() as u64;
+        let series_base = b.len;
+        let mut scratch = File::open(self.tmp.join(SERIES_SCRATCH))?;
+        let copied = std::io::copy(&mut scratch, &mut b)?;
+        if copied != self.series_len {
+            return Err(std::io::Error::other(format!(
+                "series scratch file holds {copied} bytes, {} written",
+                self.series_len
+            )));
+        }
+        let series_table_off = b.len;
         for o in &self.series_offsets {
-            b.extend_from_slice(&(series_base + o).to_le_bytes());
+            b.write_all(&(series_base + o).to_le_bytes())?;
         }
         // Postings in (name, value) order, so a reader finds a name's values in one range.
-        let mut pairs: Vec<(&(u32, u32), &Vec<u32>)> = self.postings.iter().collect();
+        let postings = std::mem::take(&mut self.postings);
+        let mut pairs: Vec<((u32, u32), Vec<u32>)> = postings.into_iter().collect();
         let sym = |i: u32| -> &str { &self.symbol_list[i as usize] };
         pairs.sort_by(|a, b| (sym(a.0 .0), sym(a.0 .1)).cmp(&(sym(b.0 .0), sym(b.0 .1))));
         let mut table = Vec::with_capacity(pairs.len() * 16);
         for ((n, v), ids) in &pairs {
             table.extend_from_slice(&n.to_le_bytes());
             table.extend_from_slice(&v.to_le_bytes());
-            table.extend_from_slice(&(b.len() as u64).to_le_bytes());
-            put_uvarint(&mut b, ids.len() as u64);
+            table.extend_from_slice(&b.len.to_le_bytes());
+            e.clear();
+            put_uvarint(&mut e, ids.len() as u64);
             let mut prev = 0u32;
             for &id in ids.iter() {
-                put_uvarint(&mut b, (id - prev) as u64);
+                put_uvarint(&mut e, (id - prev) as u64);
                 prev = id;
             }
+            b.write_all(&e)?;
         }
-        let postings_table_off = b.len() as u64;
-        b.extend_from_slice(&table);
-        let metadata_off = b.len() as u64;
-        put_uvarint(&mut b, self.metadata.len() as u64);
+        let postings_table_off = b.len;
+        b.write_all(&table)?;
+        let metadata_off = b.len;
+        e.clear();
+        put_uvarint(&mut e, self.metadata.len() as u64);
         for (family, m) in &self.metadata {
-            put_str(&mut b, family);
-            b.push(m.metric_type.to_u8());
-            put_str(&mut b, &m.help);
-            put_str(&mut b, &m.unit);
+            put_str(&mut e, family);
+            e.push(m.metric_type.to_u8());
+            put_str(&mut e, &m.help);
+            put_str(&mut e, &m.unit);
         }
+        b.write_all(&e)?;
         for v in [
             symbols_off,
             self.symbol_list.len() as u64,
@@ -262,11 +288,40 @@ impl BlockWriter {
             pairs.len() as u64,
             metadata_off,
         ] {
-            b.extend_from_slice(&v.to_le_bytes());
+            b.write_all(&v.to_le_bytes())?;
         }
-        let crc = crc32fast::hash(&b);
-        b.extend_from_slice(&crc.to_le_bytes());
-        b.extend_from_slice(b"SIDX");
-        b
+        let crc = b.crc.clone().finalize();
+        b.write_all(&crc.to_le_bytes())?;
+        b.write_all(b"SIDX")?;
+        let (bytes, crc32) = (b.len, b.crc.clone().finalize());
+        b.out.flush()?;
+        b.out.get_ref().sync_all()?;
+        Ok(FileMeta { name: INDEX_FILE.into(), bytes, crc32 })
+    }
+}
+
+/// A buffered file writer that counts and checksums what passes through it.
+struct CountingWriter {
+    out: BufWriter<File>,
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl CountingWriter {
+    fn new(f: File) -> Self {
+        CountingWriter { out: BufWriter::with_capacity(1 << 20, f), len: 0, crc: crc32fast::Hasher::new() }
+    }
+}
+
+impl Write for CountingWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }

@@ -498,12 +498,10 @@ impl Tsdb {
             // The deleted segments held the labels of series the head still has.
             let mut all = self.head.all_series();
             all.sort_unstable_by_key(|s| s.series_ref);
-            let mut records: Vec<WalRecord> =
-                all.iter().map(|s| WalRecord::Series { series_ref: s.series_ref, labels: s.labels.clone() }).collect();
-            records.extend(
-                self.head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta }),
-            );
-            wal.write_checkpoint(first_kept, &records)?;
+            let series = all.iter().map(|s| WalRecord::Series { series_ref: s.series_ref, labels: s.labels.clone() });
+            let metadata =
+                self.head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta });
+            wal.write_checkpoint(first_kept, series.chain(metadata))?;
         }
         Ok(wal.truncate_before(cutoff)?)
     }

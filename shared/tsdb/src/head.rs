@@ -111,7 +111,9 @@ impl SeriesSamples {
         if self.open.is_full() {
             // Sealed as soon as it fills, so queries of the recent past meet the block form.
             let sealed = self.open.seal();
-            self.open = ChunkAppender::with_capacity(sealed.data.len() + sealed.data.len() / 8);
+            // A quarter of the last chunk: the buffer then grows by eighths (see the chunk
+            // crate's `BitWriter`), so a fresh chunk does not hold a full one's memory.
+            self.open = ChunkAppender::with_capacity(sealed.data.len() / 4);
             self.sealed.push(sealed.compact());
         }
     }
@@ -166,6 +168,14 @@ pub struct MemSeries {
 impl MemSeries {
     pub fn is_removed(&self) -> bool {
         self.removed.load(Ordering::Relaxed)
+    }
+
+    /// The chunks wholly inside `[start, end)`: what a block cut of that window takes
+    /// (chunks end at block boundaries, see [`SeriesSamples::append`]).
+    pub fn chunks_within(&self, start: i64, end: i64) -> Vec<Chunk> {
+        let mut chunks = self.samples.lock().chunks(start, end.saturating_sub(1));
+        chunks.retain(|c| c.min_t >= start && c.max_t < end);
+        chunks
     }
 }
 
@@ -314,6 +324,14 @@ impl HeadBlock {
     /// Every series held, in no order.
     pub fn all_series(&self) -> Vec<Arc<MemSeries>> {
         self.table.read().series.values().cloned().collect()
+    }
+
+    /// Every series, in label order: handles only, so that a caller reading their chunks
+    /// one at a time holds one series' chunk list, not all of them.
+    pub fn all_series_sorted(&self) -> Vec<Arc<MemSeries>> {
+        let mut all = self.all_series();
+        all.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
+        all
     }
 
     pub fn num_series(&self) -> usize {

@@ -633,8 +633,13 @@ impl Wal {
 
     /// Writes `records` (the series the head holds and the metadata) as the checkpoint that
     /// replaces every segment before `first_kept`; older checkpoints are deleted. Written under
-    /// a temporary name, synced and renamed.
-    pub fn write_checkpoint(&mut self, first_kept: u32, records: &[WalRecord]) -> Result<(), WalError> {
+    /// a temporary name, synced and renamed. Records are encoded as the iterator yields
+    /// them, so a checkpoint of millions of series never holds their labels twice.
+    pub fn write_checkpoint(
+        &mut self,
+        first_kept: u32,
+        records: impl IntoIterator<Item = WalRecord>,
+    ) -> Result<(), WalError> {
         let path = checkpoint_path(&self.dir, first_kept);
         let tmp = self.dir.join(format!("{CHECKPOINT_PREFIX}{first_kept:08}.tmp"));
         let mut w = io::BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io_err(&tmp))?);

@@ -27,9 +27,14 @@ fn peak_rss_mb() -> f64 {
 
 /// VmHWM of a process (`self` or a pid), in MB.
 pub(super) fn peak_rss_mb_of(pid: &str) -> f64 {
+    rss_mb_of(pid, "VmHWM:")
+}
+
+/// A memory line of `/proc/<pid>/status` (`VmHWM:` peak, `VmRSS:` now), in MB.
+fn rss_mb_of(pid: &str, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).map(str::to_string))
+        .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(str::to_string))
         .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse::<f64>().ok()))
         .map(|kb| kb / 1024.0)
         .unwrap_or(0.0)
@@ -44,6 +49,18 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
             _ => e.metadata().map(|m| m.len()).unwrap_or(0),
         })
         .sum()
+}
+
+/// The simulated time: `(start, steps, step_ms)`. The start is the beginning of a 2-hour
+/// window (the default block range), so that whether and when blocks are cut depends on
+/// the hours asked, not on the time of day the benchmark runs; both sides of the Prometheus
+/// comparison use it.
+pub(super) fn sim_window(hours: f64, interval_s: u64) -> (i64, usize, i64) {
+    let step_ms = (interval_s.max(1) * 1000) as i64;
+    let steps = ((hours * 3600.0) / interval_s.max(1) as f64).ceil() as usize;
+    let range: i64 = 2 * 3600 * 1000;
+    let start = (strata_model::time::now_ms() - steps as i64 * step_ms).div_euclid(range) * range;
+    (start, steps, step_ms)
 }
 
 pub fn run(
@@ -85,7 +102,18 @@ pub fn run(
                 let now = db.head().max_time();
                 if now != i64::MIN && now.saturating_sub(last) >= every {
                     last = now;
+                    let (rss, started) = (rss_mb_of("self", "VmRSS:"), Instant::now());
                     let out = db.maintain()?;
+                    if out.blocks_cut + out.blocks_compacted > 0 {
+                        println!(
+                            "  ... maintenance: {} cut, {} compacted in {:.1} s; RSS {rss:.0} MB before, {:.0} MB after, peak {:.0} MB",
+                            out.blocks_cut,
+                            out.blocks_compacted,
+                            started.elapsed().as_secs_f64(),
+                            rss_mb_of("self", "VmRSS:"),
+                            peak_rss_mb()
+                        );
+                    }
                     cut += out.blocks_cut;
                     compacted += out.blocks_compacted;
                 }
@@ -95,10 +123,8 @@ pub fn run(
         })
     };
 
-    let step_ms = (interval_s.max(1) * 1000) as i64;
-    let steps = ((hours * 3600.0) / interval_s.max(1) as f64).ceil() as i64;
-    let end = strata_model::time::now_ms() / step_ms * step_ms;
-    let start = end - steps * step_ms;
+    let (start, steps, step_ms) = sim_window(hours, interval_s);
+    let steps = steps as i64;
     let (mut samples, mut rejected) = (0u64, 0usize);
     let ingest_started = Instant::now();
     let mut batch: Vec<(Arc<MemSeries>, Sample)> = Vec::with_capacity(BATCH);

@@ -47,10 +47,7 @@ pub fn run(series: usize, hours: f64, interval_s: u64, prometheus: &str) -> anyh
     let labels = |s: usize| -> Vec<Label> {
         SimFleet::labels(s).iter().map(|x| Label { name: x.name.to_string(), value: x.value.to_string() }).collect()
     };
-    let step_ms = (interval_s.max(1) * 1000) as i64;
-    let steps = ((hours * 3600.0) / interval_s.max(1) as f64).ceil() as usize;
-    let end = strata_model::time::now_ms() / step_ms * step_ms;
-    let start = end - steps as i64 * step_ms;
+    let (start, steps, step_ms) = super::sim_window(hours, interval_s);
     println!("  prometheus: the same {series} series for {hours} simulated hours through its remote-write receiver");
     let ingest_started = Instant::now();
     let mut k = 0usize;

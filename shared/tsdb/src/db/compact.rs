@@ -19,8 +19,19 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use strata_block::merge::merge_blocks;
 use strata_block::{fault, BlockReader, BlockWriter};
-use strata_model::matcher::{MatchOp, Matcher};
 use strata_model::time::now_ms;
+
+/// Hands memory freed by a cut or compaction back to the system. glibc keeps what a
+/// thread freed in that thread's arena, so the maintenance thread's transient memory (the
+/// block's postings, the merge's series) and the head chunks a cut dropped would otherwise
+/// stay resident: at 100 k series a cut then left 43 MB behind instead of 11 MB.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only walks the allocator's own free lists; it takes no pointers.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
 
 /// Compaction levels, in block ranges.
 const LEVELS: [i64; 2] = [3, 12];
@@ -52,6 +63,9 @@ impl Tsdb {
             })
         };
         let out = run();
+        if out.as_ref().is_ok_and(|o| o.blocks_cut + o.blocks_compacted + o.blocks_deleted > 0) {
+            release_free_memory();
+        }
         self.maintenance_failed.store(out.is_err(), Ordering::Relaxed);
         if out.is_err() {
             self.metrics.maintenance_failures.inc();
@@ -107,19 +121,21 @@ impl Tsdb {
             let _writer = self.wal.lock();
             self.head_floor.fetch_max(end, Ordering::Relaxed);
         }
-        let all = Matcher::new(MatchOp::Regex, "__name__", ".+").map_err(|e| TsdbError::Internal(e.to_string()))?;
-        let series = self.head.select(&[all], start, end - 1);
-        let any = !series.is_empty();
-        if any {
-            let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
-            for (s, chunks) in &series {
-                // Chunks end at block boundaries (see `SeriesSamples::append`).
-                let chunks: Vec<_> = chunks.iter().filter(|c| c.min_t >= start && c.max_t < end).cloned().collect();
-                if let Err(e) = w.add_series(&s.labels, &chunks) {
-                    w.abort();
-                    return Err(e.into());
-                }
+        // One series' chunk list at a time: at 500 k series, holding every list at once
+        // would cost more than the block's whole index.
+        let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
+        let mut any = false;
+        for s in self.head.all_series_sorted() {
+            let chunks = s.chunks_within(start, end);
+            any |= !chunks.is_empty();
+            if let Err(e) = w.add_series(&s.labels, &chunks) {
+                w.abort();
+                return Err(e.into());
             }
+        }
+        if !any {
+            w.abort();
+        } else {
             w.set_metadata(self.head.all_metadata());
             let meta = w.finish()?;
             fault::point("head-cut-before-truncate");
