@@ -40,6 +40,36 @@ fn rss_mb_of(pid: &str, field: &str) -> f64 {
         .unwrap_or(0.0)
 }
 
+/// Lookups of existing series (what a remote write or a scrape with a cold cache does per
+/// series) from one thread and from two at once: whether the head's series table, a hash
+/// map under a read-write lock, holds back concurrent ingest, the case for a sharded map
+/// such as `dashmap`.
+fn print_lookup_scaling(db: &Tsdb, series: usize) {
+    let sample: Vec<_> = (0..series.min(50_000)).map(|i| SimFleet::labels(i * (series / 50_000).max(1))).collect();
+    let rate = |threads: usize| -> f64 {
+        let started = Instant::now();
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| {
+                    for _ in 0..4 {
+                        for l in &sample {
+                            let _ = db.series(l);
+                        }
+                    }
+                });
+            }
+        });
+        (threads * 4 * sample.len()) as f64 / started.elapsed().as_secs_f64()
+    };
+    let (one, two) = (rate(1), rate(2));
+    println!(
+        "  series lookup: {:.2} M/s from 1 thread, {:.2} M/s from 2 ({:.2}x; 2.0 is no contention)",
+        one / 1e6,
+        two / 1e6,
+        two / one
+    );
+}
+
 fn dir_bytes(dir: &std::path::Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries
@@ -87,6 +117,7 @@ pub fn run(
         db.set_metadata(family, Metadata { metric_type, help: help.to_string(), unit: String::new() })?;
     }
     println!("  {} series created in {:.1} s", handles.len(), started.elapsed().as_secs_f64());
+    print_lookup_scaling(&db, series);
 
     // Maintenance beside the ingest, as the tier's loop runs it.
     let stop = Arc::new(AtomicBool::new(false));

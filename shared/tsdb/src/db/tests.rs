@@ -644,7 +644,8 @@ async fn a_query_racing_cuts_and_compactions_sees_every_sample_once() {
         })
     };
     let store = TsdbStore(db.clone());
-    let req = strata_store::SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, 480 * 15_000 - 1);
+    let req =
+        strata_store::SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, 480 * 15_000 - 1);
     let mut reads = 0;
     while !done.load(Ordering::Relaxed) {
         let found = strata_store::Store::select(&store, &req).await.unwrap();
