@@ -55,6 +55,9 @@ enum Command {
         config: PathBuf,
         #[arg(long)]
         http_listen: Option<SocketAddr>,
+        /// Serve the StoreAPI (gRPC) here, for a global querier.
+        #[arg(long)]
+        grpc_listen: Option<SocketAddr>,
         #[arg(long)]
         data: Option<PathBuf>,
         /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
@@ -175,6 +178,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Edge {
             config,
             http_listen,
+            grpc_listen,
             data,
             query_max_concurrency,
             query_max_samples,
@@ -191,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
                 }
             }
             opts.http_listen = http_listen;
+            opts.grpc_listen = grpc_listen;
             opts.data_dir = data;
             opts.api.max_concurrency = query_max_concurrency;
             opts.api.engine.max_samples = query_max_samples;
@@ -198,6 +203,9 @@ async fn main() -> anyhow::Result<()> {
             opts.web_config = web_config_file;
             let edge = strata_edge::Edge::start(opts).await?;
             println!("edge listening on {}://{}", edge.scheme, edge.http_addr);
+            if let Some(g) = edge.grpc_addr {
+                println!("edge StoreAPI (gRPC) on {g}");
+            }
             shutdown_signal().await;
             tracing::info!("shutting down");
             tokio::time::timeout(Duration::from_secs(30), edge.stop()).await.context("shutdown took over 30 s")?;

@@ -16,8 +16,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_api::ApiOptions;
+use strata_grpc::{StoreInfo, StoreService};
 use strata_model::duration::parse_duration;
+use strata_model::Labels;
 use strata_server::{ServerLimits, WebConfig, WebConfigError};
+use strata_store::SelectLimits;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::wal::SyncPolicy;
 use strata_tsdb::TsdbStore;
@@ -28,6 +31,8 @@ use tokio::task::JoinHandle;
 pub struct EdgeOptions {
     pub config_path: PathBuf,
     pub http_listen: Option<SocketAddr>,
+    /// Where the StoreAPI (gRPC) is served; not served when `None`.
+    pub grpc_listen: Option<SocketAddr>,
     pub data_dir: Option<PathBuf>,
     /// How often file-SD files are checked for changes.
     pub file_sd_check: Duration,
@@ -46,6 +51,7 @@ impl EdgeOptions {
         EdgeOptions {
             config_path,
             http_listen: None,
+            grpc_listen: None,
             data_dir: None,
             file_sd_check: Duration::from_secs(5),
             api: ApiOptions::default(),
@@ -201,6 +207,8 @@ pub enum EdgeError {
 /// A running edge.
 pub struct Edge {
     pub http_addr: SocketAddr,
+    /// The StoreAPI's address, when served.
+    pub grpc_addr: Option<SocketAddr>,
     /// `https` with a web config that sets up TLS, else `http`.
     pub scheme: &'static str,
     pub state: Arc<EdgeState>,
@@ -240,6 +248,38 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     }
     o
 }
+
+/// Serves the StoreAPI over the database on `addr`, with the configuration's external
+/// labels (read at start: changing them takes a restart, as a store's identity should).
+async fn spawn_store_api(
+    addr: SocketAddr,
+    db: &Arc<Tsdb>,
+    cfg: &EdgeConfig,
+    mut shutdown: watch::Receiver<bool>,
+) -> Result<SocketAddr, EdgeError> {
+    let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
+    let external = Labels::from_pairs(cfg.external_labels.iter());
+    let info_db = db.clone();
+    let info = Arc::new(move || StoreInfo {
+        min_time: info_db.min_time(),
+        max_time: info_db.max_time(),
+        kind: strata_grpc::pb::ComponentKind::Edge,
+    });
+    let service = StoreService::new(Arc::new(TsdbStore(db.clone())), external, SelectLimits::default(), info);
+    tokio::spawn(async move {
+        let stop = async move {
+            let _ = shutdown.changed().await;
+        };
+        if let Err(e) = strata_grpc::serve(listener, service, GRPC_MAX_REQUEST, stop).await {
+            tracing::error!(error = %e, "edge gRPC server failed");
+        }
+    });
+    Ok(bound)
+}
+
+/// The longest a StoreAPI call may run, whatever deadline the caller sent.
+const GRPC_MAX_REQUEST: Duration = Duration::from_secs(120);
 
 impl Edge {
     pub async fn start(opts: EdgeOptions) -> Result<Edge, EdgeError> {
@@ -304,6 +344,10 @@ impl Edge {
             }));
         }
 
+        let grpc_addr = match opts.grpc_listen {
+            Some(addr) => Some(spawn_store_api(addr, &db, &cfg, shutdown_rx.clone()).await?),
+            None => None,
+        };
         manager.apply(Arc::new(cfg)).await;
         let app = router(state.clone());
         let mut rx = shutdown_rx.clone();
@@ -317,8 +361,8 @@ impl Edge {
                 tracing::error!(error = %e, "edge HTTP server failed");
             }
         });
-        tracing::info!(http = %http_addr, data = %data_dir.display(), "edge started");
-        Ok(Edge { http_addr, scheme, state, shutdown, tasks, server })
+        tracing::info!(http = %http_addr, grpc = ?grpc_addr, data = %data_dir.display(), "edge started");
+        Ok(Edge { http_addr, grpc_addr, scheme, state, shutdown, tasks, server })
     }
 
     /// Stops scraping (marking series stale), the server and the loops; syncs the WAL.

@@ -113,6 +113,11 @@ impl BlockSet {
         ok.max(bad)
     }
 
+    /// The oldest sample any readable block holds; `i64::MAX` without blocks.
+    pub fn min_sample_time(&self) -> i64 {
+        self.blocks.read().iter().map(|r| r.meta().stats.min_sample_time).min().unwrap_or(i64::MAX)
+    }
+
     /// The newest sample any readable block holds.
     pub fn max_sample_time(&self) -> i64 {
         self.blocks.read().iter().map(|r| r.meta().stats.max_sample_time).max().unwrap_or(i64::MIN)

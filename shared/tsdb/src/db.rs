@@ -299,6 +299,11 @@ impl Tsdb {
         duration_ms(self.opts.block_range).max(1)
     }
 
+    /// The oldest sample held, in blocks or the head; `i64::MAX` when empty.
+    pub fn min_time(&self) -> i64 {
+        self.blocks.min_sample_time().min(self.head.min_time())
+    }
+
     /// The newest sample held, in the head or in blocks; `i64::MIN` when empty.
     pub fn max_time(&self) -> i64 {
         self.head.max_time().max(self.blocks.max_sample_time())

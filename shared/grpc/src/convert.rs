@@ -1,0 +1,176 @@
+//! Conversions between the model's types and the wire's, checked on the way in: what
+//! arrives from the network is validated before it becomes a `Labels` or a `Chunk`.
+
+use crate::pb;
+use strata_chunk::{Chunk, CHUNK_MAX_SAMPLES};
+use strata_model::{Label, Labels, MatchOp, Matcher, Metadata, MetricType};
+use strata_store::{SelectLimits, StoreError};
+use tonic::{Code, Status};
+
+/// Labels per series and bytes per label set accepted from a peer (Prometheus' own
+/// defaults are unlimited; these are far above any real series).
+const MAX_LABELS: usize = 256;
+const MAX_LABEL_BYTES: usize = 64 << 10;
+/// A chunk larger than this is damage (960 samples of 16 bytes, doubled, as blocks check).
+const MAX_CHUNK_BYTES: usize = 64 << 10;
+
+pub fn labels_to_pb(l: &Labels) -> Vec<pb::Label> {
+    l.iter().map(|x| pb::Label { name: x.name.to_string(), value: x.value.to_string() }).collect()
+}
+
+/// Labels from a peer: bounded, names valid, sorted and unique (as a series' labels are).
+pub fn labels_from_pb(v: Vec<pb::Label>) -> Result<Labels, String> {
+    if v.len() > MAX_LABELS {
+        return Err(format!("a series with {} labels (at most {MAX_LABELS})", v.len()));
+    }
+    let bytes: usize = v.iter().map(|l| l.name.len() + l.value.len()).sum();
+    if bytes > MAX_LABEL_BYTES {
+        return Err(format!("a label set of {bytes} bytes (at most {MAX_LABEL_BYTES})"));
+    }
+    let mut out: Vec<Label> = Vec::with_capacity(v.len());
+    for l in v {
+        if !strata_model::is_valid_label_name(&l.name) {
+            return Err(format!("invalid label name {:?}", l.name));
+        }
+        if l.value.is_empty() {
+            continue;
+        }
+        if out.last().is_some_and(|p| p.name.as_ref() >= l.name.as_str()) {
+            return Err(format!("labels not sorted or repeated at {:?}", l.name));
+        }
+        out.push(Label { name: l.name.into(), value: l.value.into() });
+    }
+    Ok(Labels::from_sorted_unchecked(out))
+}
+
+pub fn matcher_to_pb(m: &Matcher) -> pb::LabelMatcher {
+    let t = match m.op {
+        MatchOp::Equal => pb::label_matcher::Type::Eq,
+        MatchOp::NotEqual => pb::label_matcher::Type::Neq,
+        MatchOp::Regex => pb::label_matcher::Type::Re,
+        MatchOp::NotRegex => pb::label_matcher::Type::Nre,
+    };
+    pb::LabelMatcher { r#type: t as i32, name: m.name.clone(), value: m.value.clone() }
+}
+
+pub fn matchers_from_pb(v: &[pb::LabelMatcher]) -> Result<Vec<Matcher>, Status> {
+    if v.len() > MAX_LABELS {
+        return Err(Status::invalid_argument(format!("{} matchers (at most {MAX_LABELS})", v.len())));
+    }
+    v.iter()
+        .map(|m| {
+            let op = match pb::label_matcher::Type::try_from(m.r#type) {
+                Ok(pb::label_matcher::Type::Eq) => MatchOp::Equal,
+                Ok(pb::label_matcher::Type::Neq) => MatchOp::NotEqual,
+                Ok(pb::label_matcher::Type::Re) => MatchOp::Regex,
+                Ok(pb::label_matcher::Type::Nre) => MatchOp::NotRegex,
+                Err(_) => return Err(Status::invalid_argument(format!("unknown matcher type {}", m.r#type))),
+            };
+            Matcher::new(op, &m.name, &m.value).map_err(|e| Status::invalid_argument(e.to_string()))
+        })
+        .collect()
+}
+
+pub fn metric_type_to_pb(t: MetricType) -> pb::MetricType {
+    match t {
+        MetricType::Counter => pb::MetricType::Counter,
+        MetricType::Gauge => pb::MetricType::Gauge,
+        MetricType::Histogram => pb::MetricType::Histogram,
+        MetricType::GaugeHistogram => pb::MetricType::GaugeHistogram,
+        MetricType::Summary => pb::MetricType::Summary,
+        MetricType::Info => pb::MetricType::Info,
+        MetricType::StateSet => pb::MetricType::Stateset,
+        MetricType::Unknown => pb::MetricType::Unknown,
+    }
+}
+
+/// An unknown number (a newer peer) is `Unknown`, which dedup treats conservatively.
+pub fn metric_type_from_pb(v: i32) -> MetricType {
+    match pb::MetricType::try_from(v) {
+        Ok(pb::MetricType::Counter) => MetricType::Counter,
+        Ok(pb::MetricType::Gauge) => MetricType::Gauge,
+        Ok(pb::MetricType::Histogram) => MetricType::Histogram,
+        Ok(pb::MetricType::GaugeHistogram) => MetricType::GaugeHistogram,
+        Ok(pb::MetricType::Summary) => MetricType::Summary,
+        Ok(pb::MetricType::Info) => MetricType::Info,
+        Ok(pb::MetricType::Stateset) => MetricType::StateSet,
+        _ => MetricType::Unknown,
+    }
+}
+
+pub fn metadata_to_pb(family: &str, m: &Metadata) -> pb::FamilyMetadata {
+    pb::FamilyMetadata {
+        family: family.to_string(),
+        r#type: metric_type_to_pb(m.metric_type) as i32,
+        help: m.help.clone(),
+        unit: m.unit.clone(),
+    }
+}
+
+pub fn metadata_from_pb(f: pb::FamilyMetadata) -> (String, Metadata) {
+    (f.family, Metadata { metric_type: metric_type_from_pb(f.r#type), help: f.help, unit: f.unit })
+}
+
+pub fn chunk_to_pb(c: &Chunk) -> pb::Chunk {
+    pb::Chunk {
+        min_time: c.min_t,
+        max_time: c.max_t,
+        samples: c.n as u32,
+        data: c.data.to_vec(),
+        aggregate: pb::Aggregate::Raw as i32,
+        resolution_ms: 0,
+    }
+}
+
+/// A chunk from a peer: its header must be plausible; its samples are checked as they are
+/// decoded (the decoder refuses data that runs out or overruns).
+pub fn chunk_from_pb(c: pb::Chunk) -> Result<Chunk, String> {
+    let n = u16::try_from(c.samples).ok().filter(|&n| n > 0 && n <= CHUNK_MAX_SAMPLES);
+    let Some(n) = n else {
+        return Err(format!("a chunk of {} samples (1 to {CHUNK_MAX_SAMPLES})", c.samples));
+    };
+    if c.min_time > c.max_time || c.data.is_empty() || c.data.len() > MAX_CHUNK_BYTES {
+        return Err(format!(
+            "a chunk of {} bytes over [{}, {}]: empty, oversized or reversed",
+            c.data.len(),
+            c.min_time,
+            c.max_time
+        ));
+    }
+    if c.aggregate != pb::Aggregate::Raw as i32 || c.resolution_ms != 0 {
+        return Err("a downsampled chunk where raw data was asked".into());
+    }
+    Ok(Chunk { data: c.data.into(), n, min_t: c.min_time, max_t: c.max_time })
+}
+
+/// A store's error as a gRPC status: limits are `RESOURCE_EXHAUSTED`, bad requests
+/// `INVALID_ARGUMENT`, damage `DATA_LOSS`.
+pub fn status_from_store_error(e: StoreError) -> Status {
+    let code = match e {
+        StoreError::LimitExceeded { .. } => Code::ResourceExhausted,
+        StoreError::InvalidRequest(_) => Code::InvalidArgument,
+        StoreError::Unavailable(_) => Code::Unavailable,
+        StoreError::Corrupt { .. } => Code::DataLoss,
+    };
+    Status::new(code, e.to_string())
+}
+
+/// A status from a peer as the store error the engine reports, naming the store. A limit
+/// the peer enforced is the same limit error the local store gives (`limits` are those
+/// the request carried), so callers see one error whichever side stopped first.
+pub fn store_error_from_status(store: &str, s: &Status, limits: SelectLimits) -> StoreError {
+    let msg = format!("store {store}: {}", s.message());
+    match s.code() {
+        Code::InvalidArgument => StoreError::InvalidRequest(msg),
+        Code::ResourceExhausted if s.message().starts_with("samples limit") => {
+            StoreError::LimitExceeded { what: "samples", limit: limits.max_samples }
+        }
+        Code::ResourceExhausted if s.message().starts_with("series limit") => {
+            StoreError::LimitExceeded { what: "series", limit: u64::try_from(limits.max_series).unwrap_or(u64::MAX) }
+        }
+        Code::ResourceExhausted => StoreError::Unavailable(format!("{msg} (a limit)")),
+        Code::DataLoss => StoreError::Corrupt { series: String::new(), reason: msg },
+        Code::DeadlineExceeded => StoreError::Unavailable(format!("store {store}: deadline exceeded")),
+        code => StoreError::Unavailable(format!("{msg} ({code:?})")),
+    }
+}

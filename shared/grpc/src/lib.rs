@@ -1,0 +1,43 @@
+//! The StoreAPI over gRPC (`proto/strata/store.proto`), the only way tiers read one
+//! another's data.
+//!
+//! * [`StoreService`] exposes any [`Store`](strata_store::Store) as the gRPC `Store`
+//!   service. It advertises the tier's external labels in `Info` and attaches them to every
+//!   series it returns (as a Thanos sidecar does), answers matchers on them itself, and
+//!   streams series in frames bounded in series and bytes. Chunks go out as stored.
+//! * [`RemoteStore`] is a `Store` over a gRPC client: the engine, the HTTP API and the
+//!   fan-out read a remote tier exactly as they read the local head. It checks what it
+//!   receives (labels, chunk headers, sizes) and charges it to the select's budget frame by
+//!   frame, so a hostile or broken peer produces an error, not a panic or an unbounded
+//!   allocation.
+//!
+//! Both sides use gzip, cap message sizes ([`MAX_MESSAGE_BYTES`]) and carry deadlines;
+//! errors travel as gRPC status codes with a message (see [`status_from_store_error`]).
+
+mod client;
+mod convert;
+mod server;
+#[cfg(test)]
+mod tests;
+
+pub use client::{RemoteStore, RemoteStoreOptions};
+pub use convert::{status_from_store_error, store_error_from_status};
+pub use server::{serve, StoreInfo, StoreService};
+pub use strata_proto::store as pb;
+
+/// The largest message either side sends or accepts. A frame is cut well below it
+/// ([`FRAME_BYTES`]); this bounds what a hostile peer can make the other allocate.
+pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
+
+/// A `Series` frame is sent once it holds this many bytes of chunks and labels...
+pub const FRAME_BYTES: usize = 1 << 20;
+/// ... or this many series.
+pub const FRAME_SERIES: usize = 1000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GrpcError {
+    #[error("store {store}: invalid address: {reason}")]
+    Address { store: String, reason: String },
+    #[error("gRPC server on {addr}: {source}")]
+    Serve { addr: std::net::SocketAddr, source: tonic::transport::Error },
+}

@@ -1,0 +1,243 @@
+//! [`StoreService`]: any [`Store`] as the gRPC `Store` service, with the tier's external
+//! labels.
+
+use crate::convert::*;
+use crate::{pb, GrpcError, FRAME_BYTES, FRAME_SERIES, MAX_MESSAGE_BYTES};
+use pb::store_server::{Store as StoreRpc, StoreServer};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_model::{Label, Labels, MatchOp, Matcher};
+use strata_store::{SelectLimits, SelectRequest, SeriesChunks, Store};
+use tokio_stream::Stream;
+use tonic::codec::CompressionEncoding;
+use tonic::{Request, Response, Status};
+
+/// What `Info` reports beside the external labels, read at each call.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreInfo {
+    pub min_time: i64,
+    pub max_time: i64,
+    pub kind: pb::ComponentKind,
+}
+
+pub struct StoreService {
+    store: Arc<dyn Store>,
+    external: Labels,
+    info: Arc<dyn Fn() -> StoreInfo + Send + Sync>,
+    /// The most a request may ask; a request's own limits apply below these.
+    limits: SelectLimits,
+}
+
+impl StoreService {
+    pub fn new(
+        store: Arc<dyn Store>,
+        external: Labels,
+        limits: SelectLimits,
+        info: Arc<dyn Fn() -> StoreInfo + Send + Sync>,
+    ) -> Self {
+        StoreService { store, external, info, limits }
+    }
+
+    /// The tonic service: gzip both ways, messages capped at [`MAX_MESSAGE_BYTES`].
+    pub fn into_server(self) -> StoreServer<StoreService> {
+        StoreServer::new(self)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// Applies matchers on external labels here: `None` when one cannot match (the store
+    /// holds nothing the request wants); otherwise the matchers left for the store. When
+    /// none is left that selects, every series is meant (`{cluster="c0"}`).
+    fn split_external(&self, matchers: Vec<Matcher>) -> Result<Option<Vec<Matcher>>, Status> {
+        let mut rest = Vec::with_capacity(matchers.len());
+        for m in matchers {
+            match self.external.get(&m.name) {
+                Some(v) if !m.matches(v) => return Ok(None),
+                Some(_) => {}
+                None => rest.push(m),
+            }
+        }
+        if rest.iter().all(|m| m.matches("")) {
+            rest.push(Matcher::new(MatchOp::Regex, "__name__", ".+").map_err(|e| Status::internal(e.to_string()))?);
+        }
+        Ok(Some(rest))
+    }
+
+    /// A series' labels with the external labels set (they win over the series' own, as a
+    /// Thanos sidecar's do).
+    fn with_external(&self, labels: &Labels) -> Labels {
+        if self.external.is_empty() {
+            return labels.clone();
+        }
+        let mut v: Vec<Label> = labels.iter().filter(|l| self.external.get(&l.name).is_none()).cloned().collect();
+        v.extend(self.external.iter().cloned());
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        Labels::from_sorted_unchecked(v)
+    }
+
+    fn limits_of(&self, req: &pb::SeriesRequest) -> SelectLimits {
+        let cap = |asked: u64, max: u64| if asked == 0 { max } else { asked.min(max) };
+        SelectLimits {
+            max_series: cap(req.max_series, self.limits.max_series as u64) as usize,
+            max_samples: cap(req.max_samples, self.limits.max_samples),
+        }
+    }
+}
+
+type FrameStream = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
+
+/// Cuts series into frames of at most [`FRAME_SERIES`] series or about [`FRAME_BYTES`].
+fn frames(series: Vec<pb::Series>) -> Vec<pb::SeriesResponse> {
+    let mut out = Vec::new();
+    let (mut cur, mut bytes) = (Vec::new(), 0usize);
+    for s in series {
+        let size = s.chunks.iter().map(|c| c.data.len() + 32).sum::<usize>()
+            + s.labels.iter().map(|l| l.name.len() + l.value.len() + 4).sum::<usize>();
+        if !cur.is_empty() && (cur.len() >= FRAME_SERIES || bytes + size > FRAME_BYTES) {
+            out.push(pb::SeriesResponse { series: std::mem::take(&mut cur), warnings: vec![] });
+            bytes = 0;
+        }
+        bytes += size;
+        cur.push(s);
+    }
+    if !cur.is_empty() {
+        out.push(pb::SeriesResponse { series: cur, warnings: vec![] });
+    }
+    out
+}
+
+#[tonic::async_trait]
+impl StoreRpc for StoreService {
+    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+        let i = (self.info)();
+        Ok(Response::new(pb::InfoResponse {
+            label_sets: vec![pb::LabelSet { labels: labels_to_pb(&self.external) }],
+            min_time: i.min_time,
+            max_time: i.max_time,
+            kind: i.kind as i32,
+            resolutions_ms: vec![0],
+            version: env!("CARGO_PKG_VERSION").to_string(),
+        }))
+    }
+
+    type SeriesStream = FrameStream;
+
+    async fn series(&self, req: Request<pb::SeriesRequest>) -> Result<Response<FrameStream>, Status> {
+        let req = req.into_inner();
+        if req.max_resolution_ms != 0 || req.aggregates.iter().any(|&a| a != pb::Aggregate::Raw as i32) {
+            return Err(Status::invalid_argument("this store holds raw data only; ask with max_resolution_ms 0"));
+        }
+        let Some(matchers) = self.split_external(matchers_from_pb(&req.matchers)?)? else {
+            return Ok(Response::new(Box::pin(tokio_stream::iter(Vec::new()))));
+        };
+        let limits = self.limits_of(&req);
+        let series: Vec<pb::Series> = if req.skip_chunks {
+            let found =
+                self.store.series(&matchers, req.min_time, req.max_time).await.map_err(status_from_store_error)?;
+            if found.len() > limits.max_series {
+                return Err(Status::resource_exhausted(format!("series limit of {} exceeded", limits.max_series)));
+            }
+            found
+                .iter()
+                .map(|l| pb::Series { labels: labels_to_pb(&self.with_external(l)), ..Default::default() })
+                .collect()
+        } else {
+            let mut sel = SelectRequest::new(matchers, req.min_time, req.max_time);
+            sel.limits = limits;
+            let found = self.store.select(&sel).await.map_err(status_from_store_error)?;
+            let meta = self.store.metadata(None).await.unwrap_or_default();
+            found.iter().map(|s| self.series_to_pb(s, &meta)).collect()
+        };
+        let mut series = series;
+        // External labels can reorder series; the stream is sorted by the labels it carries.
+        if !self.external.is_empty() {
+            series.sort_by(|a, b| {
+                a.labels.iter().map(|l| (&l.name, &l.value)).cmp(b.labels.iter().map(|l| (&l.name, &l.value)))
+            });
+        }
+        let out: Vec<Result<pb::SeriesResponse, Status>> = frames(series).into_iter().map(Ok).collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(out))))
+    }
+
+    async fn label_names(
+        &self,
+        req: Request<pb::LabelNamesRequest>,
+    ) -> Result<Response<pb::LabelNamesResponse>, Status> {
+        let req = req.into_inner();
+        let Some(matchers) = self.split_external(matchers_from_pb(&req.matchers)?)? else {
+            return Ok(Response::new(pb::LabelNamesResponse::default()));
+        };
+        let matchers = if req.matchers.is_empty() { Vec::new() } else { matchers };
+        let mut names =
+            self.store.label_names(&matchers, req.min_time, req.max_time).await.map_err(status_from_store_error)?;
+        names.extend(self.external.iter().map(|l| l.name.to_string()));
+        names.sort();
+        names.dedup();
+        Ok(Response::new(pb::LabelNamesResponse { names, warnings: vec![] }))
+    }
+
+    async fn label_values(
+        &self,
+        req: Request<pb::LabelValuesRequest>,
+    ) -> Result<Response<pb::LabelValuesResponse>, Status> {
+        let req = req.into_inner();
+        let Some(matchers) = self.split_external(matchers_from_pb(&req.matchers)?)? else {
+            return Ok(Response::new(pb::LabelValuesResponse::default()));
+        };
+        if let Some(v) = self.external.get(&req.name) {
+            return Ok(Response::new(pb::LabelValuesResponse { values: vec![v.to_string()], warnings: vec![] }));
+        }
+        let matchers = if req.matchers.is_empty() { Vec::new() } else { matchers };
+        let values = self
+            .store
+            .label_values(&req.name, &matchers, req.min_time, req.max_time)
+            .await
+            .map_err(status_from_store_error)?;
+        Ok(Response::new(pb::LabelValuesResponse { values, warnings: vec![] }))
+    }
+
+    async fn metadata(&self, req: Request<pb::MetadataRequest>) -> Result<Response<pb::MetadataResponse>, Status> {
+        let metric = req.into_inner().metric;
+        let found = self
+            .store
+            .metadata((!metric.is_empty()).then_some(metric.as_str()))
+            .await
+            .map_err(status_from_store_error)?;
+        let families = found.iter().map(|(f, m)| metadata_to_pb(f, m)).collect();
+        Ok(Response::new(pb::MetadataResponse { families, warnings: vec![] }))
+    }
+}
+
+impl StoreService {
+    fn series_to_pb(&self, s: &SeriesChunks, meta: &[(String, strata_model::Metadata)]) -> pb::Series {
+        let family = s.labels.metric_name().unwrap_or("");
+        let unit = meta.iter().find(|(f, _)| f == family).map(|(_, m)| m.unit.clone()).unwrap_or_default();
+        pb::Series {
+            labels: labels_to_pb(&self.with_external(&s.labels)),
+            r#type: metric_type_to_pb(s.metric_type) as i32,
+            unit,
+            chunks: s.chunks.iter().map(chunk_to_pb).collect(),
+        }
+    }
+}
+
+/// Serves `service` on `listener` until `shutdown` resolves. Requests carry their own
+/// deadline (`grpc-timeout`); none runs longer than `max_request`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    service: StoreService,
+    max_request: Duration,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), GrpcError> {
+    let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    tonic::transport::Server::builder()
+        .timeout(max_request)
+        .add_service(service.into_server())
+        .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
+        .await
+        .map_err(|source| GrpcError::Serve { addr, source })
+}
