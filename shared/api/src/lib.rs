@@ -19,7 +19,7 @@ pub use params::Params;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use strata_model::matcher::Matcher;
-use strata_store::{Store, StoreError};
+use strata_store::{QueryScope, Store, StoreError};
 
 /// Prometheus' error types, each with its HTTP status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -223,6 +223,17 @@ fn matchers_of(p: &Params) -> Result<Vec<Vec<Matcher>>, ApiError> {
         .collect()
 }
 
+/// The stores' part of a request: Thanos' `partial_response` and `dedup` parameters, both
+/// on unless set false. Stores that neither fan out nor dedup ignore them.
+fn scope_of(p: &Params) -> Result<QueryScope, ApiError> {
+    let flag = |k: &str| match p.get(k) {
+        None | Some("") | Some("true") | Some("1") => Ok(true),
+        Some("false") | Some("0") => Ok(false),
+        Some(v) => Err(ApiError::bad_data(format!("invalid parameter {k:?}: cannot parse {v:?} to a boolean"))),
+    };
+    Ok(QueryScope::new(flag("partial_response")?, flag("dedup")?))
+}
+
 fn limit_of(p: &Params) -> Result<usize, ApiError> {
     match p.get("limit") {
         None | Some("") => Ok(0),
@@ -267,12 +278,13 @@ async fn series(
         return Err(ApiError::bad_data("no match[] parameter provided"));
     }
     let (start, end) = p.range()?;
+    let scope = scope_of(&p)?;
     let mut all = Vec::new();
     for ms in &sets {
-        all.extend(s.store.series(ms, start, end).await?);
+        all.extend(scope.clone().run(s.store.series(ms, start, end)).await?);
     }
     sort_dedup(&mut all);
-    let mut warnings = Vec::new();
+    let mut warnings = scope.warnings();
     let all = truncate(all, limit_of(&p)?, &mut warnings);
     let data: Vec<Value> = all.iter().map(labels_json).collect();
     Ok(success(Value::Array(data), warnings))
@@ -296,12 +308,13 @@ async fn labels(
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
+    let scope = scope_of(&p)?;
     let mut names = Vec::new();
     for ms in with_empty_set(&sets) {
-        names.extend(s.store.label_names(ms, start, end).await?);
+        names.extend(scope.clone().run(s.store.label_names(ms, start, end)).await?);
     }
     sort_dedup(&mut names);
-    let mut warnings = Vec::new();
+    let mut warnings = scope.warnings();
     let names = truncate(names, limit_of(&p)?, &mut warnings);
     Ok(success(json!(names), warnings))
 }
@@ -317,12 +330,13 @@ async fn label_values(
     }
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
+    let scope = scope_of(&p)?;
     let mut vals = Vec::new();
     for ms in with_empty_set(&sets) {
-        vals.extend(s.store.label_values(&name, ms, start, end).await?);
+        vals.extend(scope.clone().run(s.store.label_values(&name, ms, start, end)).await?);
     }
     sort_dedup(&mut vals);
-    let mut warnings = Vec::new();
+    let mut warnings = scope.warnings();
     let vals = truncate(vals, limit_of(&p)?, &mut warnings);
     Ok(success(json!(vals), warnings))
 }

@@ -178,7 +178,10 @@ pub async fn instant(
     };
     let engine = engine_for(&s, &p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
-    let (v, stats) = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p)).await?;
+    let scope = super::scope_of(&p)?;
+    let run = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p));
+    let (v, mut stats) = scope.clone().run(run).await?;
+    stats.warnings.extend(scope.warnings());
     Ok(super::success_annotated(with_stats(result_json(v), &p, &stats), &stats.warnings, &stats.infos))
 }
 
@@ -212,7 +215,10 @@ pub async fn range(
     let expr = parse_query(&p)?;
     let engine = engine_for(&s, &p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
-    let (v, stats) = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p)).await?;
+    let scope = super::scope_of(&p)?;
+    let run = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p));
+    let (v, mut stats) = scope.clone().run(run).await?;
+    stats.warnings.extend(scope.warnings());
     match v {
         // A day of points for many series: written as text, not built as a JSON tree.
         QueryValue::Matrix(m) => {

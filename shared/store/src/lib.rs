@@ -11,8 +11,10 @@
 pub mod conformance;
 pub mod limits;
 pub mod memory;
+pub mod scope;
 
 pub use limits::{require_matchers, SelectBudget};
+pub use scope::QueryScope;
 
 use async_trait::async_trait;
 use strata_chunk::{Chunk, ChunkError};

@@ -1,0 +1,243 @@
+//! [`Fanout`]: one [`Store`] over many, the global querier's view of its stores.
+//!
+//! A selection asks only the stores that can hold an answer: those whose time range
+//! overlaps the request and one of whose external label sets agrees with every matcher on
+//! those labels (`cluster="c1"` never reaches the stores of `c0`). The calls run at once,
+//! each under the fan-out's timeout. A store that fails or is too slow is named with the
+//! reason: as a warning in the request's [`QueryScope`] (partial response, the default),
+//! or, with `partial_response=false`, as the request's error. Errors that are the
+//! request's own (a limit, an invalid request) fail it either way.
+//!
+//! Series with the same labels from several stores (a global stacked over globals that
+//! share a store) are merged into one, each sample once. Replicas that differ only in a
+//! replica label are not merged here: that is `ReplicaDedup`'s job, over this store.
+
+mod merge;
+#[cfg(test)]
+mod tests;
+
+use async_trait::async_trait;
+use parking_lot::RwLock;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_model::{Labels, Matcher, Metadata};
+use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
+
+/// One store behind the fan-out, with what its `Info` said.
+#[derive(Clone)]
+pub struct StoreTarget {
+    /// Its address or name, as warnings and errors name it.
+    pub name: String,
+    pub store: Arc<dyn Store>,
+    /// External label sets of the data behind it (empty: unknown, always asked).
+    pub label_sets: Vec<Labels>,
+    /// Milliseconds, inclusive; `min_time > max_time` when it holds nothing yet, which
+    /// is not used to skip it (a fresh store may have data by the time it is asked).
+    pub min_time: i64,
+    pub max_time: i64,
+}
+
+impl StoreTarget {
+    /// A store asked for everything (no labels or time range known).
+    pub fn new(name: impl Into<String>, store: Arc<dyn Store>) -> Self {
+        StoreTarget { name: name.into(), store, label_sets: Vec::new(), min_time: i64::MIN, max_time: i64::MAX }
+    }
+
+    /// Whether this store can hold series matching `matchers` in `[start, end]`.
+    pub fn may_match(&self, matchers: &[Matcher], start: i64, end: i64) -> bool {
+        let in_time = self.min_time > self.max_time || (self.min_time <= end && self.max_time >= start);
+        let labels_agree = |set: &Labels| {
+            matchers.iter().all(|m| match set.get(&m.name) {
+                Some(v) => m.matches(v),
+                None => true,
+            })
+        };
+        in_time && (self.label_sets.is_empty() || self.label_sets.iter().any(labels_agree))
+    }
+}
+
+pub struct Fanout {
+    targets: RwLock<Arc<Vec<StoreTarget>>>,
+    timeout: Duration,
+}
+
+/// What a store's failure means for the request.
+enum Failure {
+    /// The request's own error: fails it whatever partial response says.
+    Request(StoreError),
+    /// The store's: a warning under partial response.
+    Store(String),
+}
+
+impl Fanout {
+    pub fn new(targets: Vec<StoreTarget>, timeout: Duration) -> Self {
+        Fanout { targets: RwLock::new(Arc::new(targets)), timeout }
+    }
+
+    /// Replaces the stores (discovery found others); requests in flight keep the old set.
+    pub fn set_targets(&self, targets: Vec<StoreTarget>) {
+        *self.targets.write() = Arc::new(targets);
+    }
+
+    pub fn targets(&self) -> Arc<Vec<StoreTarget>> {
+        self.targets.read().clone()
+    }
+
+    /// Runs `call` on every store that may match, at once, each within the timeout.
+    /// Returns the answers in store order; failures are settled per the request's scope.
+    async fn ask<T: Send + 'static, F>(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        call: impl Fn(Arc<dyn Store>) -> F,
+    ) -> Result<Vec<T>, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let scope = QueryScope::current();
+        let targets = self.targets();
+        let mut set = tokio::task::JoinSet::new();
+        for (i, t) in targets.iter().enumerate().filter(|(_, t)| t.may_match(matchers, start, end)) {
+            let (fut, timeout) = (call(t.store.clone()), self.timeout);
+            set.spawn(async move { (i, tokio::time::timeout(timeout, fut).await) });
+        }
+        let mut answers: Vec<(usize, T)> = Vec::new();
+        let mut failed: Vec<(usize, String)> = Vec::new();
+        while let Some(joined) = set.join_next().await {
+            let (i, out) = match joined {
+                Ok(x) => x,
+                Err(e) => return Err(StoreError::Unavailable(format!("a store call failed: {e}"))),
+            };
+            let failure = match out {
+                Ok(Ok(v)) => {
+                    answers.push((i, v));
+                    continue;
+                }
+                Ok(Err(e)) => classify(e),
+                Err(_) => Failure::Store(format!("no answer within {:?}", self.timeout)),
+            };
+            match failure {
+                Failure::Request(e) => return Err(e),
+                Failure::Store(reason) => failed.push((i, reason)),
+            }
+        }
+        failed.sort_by_key(|f| f.0);
+        if !failed.is_empty() {
+            let named: Vec<String> = failed.iter().map(|(i, r)| format!("store {}: {r}", targets[*i].name)).collect();
+            if !scope.partial_response {
+                return Err(StoreError::Unavailable(format!("{} (partial_response=false)", named.join("; "))));
+            }
+            for w in named {
+                tracing::debug!(warning = %w, "partial response");
+                scope.warn(w);
+            }
+        }
+        answers.sort_by_key(|a| a.0);
+        Ok(answers.into_iter().map(|a| a.1).collect())
+    }
+}
+
+fn classify(e: StoreError) -> Failure {
+    match e {
+        StoreError::LimitExceeded { .. } | StoreError::InvalidRequest(_) => Failure::Request(e),
+        StoreError::Unavailable(m) => Failure::Store(m),
+        StoreError::Corrupt { series, reason } if series.is_empty() => Failure::Store(reason),
+        StoreError::Corrupt { series, reason } => Failure::Store(format!("series {series}: {reason}")),
+    }
+}
+
+#[async_trait]
+impl Store for Fanout {
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError> {
+        let r = req.clone();
+        let answers = self
+            .ask(&req.matchers, req.start, req.end, move |s| {
+                let r = r.clone();
+                async move { s.select(&r).await }
+            })
+            .await?;
+        merge::merge_series(answers, budget)
+    }
+
+    async fn series_within(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        let ms = matchers.to_vec();
+        let answers = self
+            .ask(matchers, start, end, move |s| {
+                let ms = ms.clone();
+                async move { s.series(&ms, start, end).await }
+            })
+            .await?;
+        let mut all: Vec<Labels> = answers.into_iter().flatten().collect();
+        all.sort();
+        all.dedup();
+        for _ in &all {
+            budget.charge_labels()?;
+        }
+        Ok(all)
+    }
+
+    async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
+        let ms = matchers.to_vec();
+        let answers = self
+            .ask(matchers, start, end, move |s| {
+                let ms = ms.clone();
+                async move { s.label_names(&ms, start, end).await }
+            })
+            .await?;
+        Ok(sorted_union(answers))
+    }
+
+    async fn label_values(
+        &self,
+        name: &str,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let (ms, name) = (matchers.to_vec(), name.to_string());
+        let answers = self
+            .ask(matchers, start, end, move |s| {
+                let (ms, name) = (ms.clone(), name.clone());
+                async move { s.label_values(&name, &ms, start, end).await }
+            })
+            .await?;
+        Ok(sorted_union(answers))
+    }
+
+    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        let metric = metric.map(str::to_string);
+        let answers = self
+            .ask(&[], i64::MIN, i64::MAX, move |s| {
+                let metric = metric.clone();
+                async move { s.metadata(metric.as_deref()).await }
+            })
+            .await?;
+        // The first store's word for a family wins; families sorted.
+        let mut out: Vec<(String, Metadata)> = Vec::new();
+        for (family, m) in answers.into_iter().flatten() {
+            if !out.iter().any(|(f, _)| *f == family) {
+                out.push((family, m));
+            }
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+}
+
+fn sorted_union(answers: Vec<Vec<String>>) -> Vec<String> {
+    let mut all: Vec<String> = answers.into_iter().flatten().collect();
+    all.sort();
+    all.dedup();
+    all
+}

@@ -1,0 +1,191 @@
+use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Instant;
+use strata_store::conformance::{fixture, run_all};
+use strata_store::memory::MemoryStore;
+
+fn memory(part: impl Fn(usize) -> bool) -> MemoryStore {
+    let mut m = MemoryStore::default();
+    for (_, s) in fixture().into_iter().enumerate().filter(|(i, _)| part(*i)) {
+        let family = s.labels.metric_name().unwrap_or_default().to_string();
+        m.set_metadata(&family, Metadata { metric_type: s.metric_type, help: String::new(), unit: String::new() });
+        m.add(s.labels, s.metric_type, s.samples);
+    }
+    m
+}
+
+#[tokio::test]
+async fn a_fanout_over_split_and_overlapping_stores_passes_the_conformance_suite() {
+    // Series split between two stores, and the first two in both (a stacked global sees
+    // one edge twice): each must come back once, whole.
+    let a = StoreTarget::new("a", Arc::new(memory(|i| i % 2 == 0 || i < 2)));
+    let b = StoreTarget::new("b", Arc::new(memory(|i| i % 2 == 1 || i < 2)));
+    run_all(&Fanout::new(vec![a, b], Duration::from_secs(5))).await;
+}
+
+/// A store that never answers, one that refuses, and one that counts its calls.
+struct Hangs;
+struct Refuses;
+struct Counts(AtomicUsize, MemoryStore);
+
+#[async_trait]
+impl Store for Hangs {
+    async fn select_within(&self, _: &SelectRequest, _: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+        std::future::pending().await
+    }
+    async fn series_within(
+        &self,
+        _: &[Matcher],
+        _: i64,
+        _: i64,
+        _: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        std::future::pending().await
+    }
+    async fn label_names(&self, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+        std::future::pending().await
+    }
+    async fn label_values(&self, _: &str, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+        std::future::pending().await
+    }
+    async fn metadata(&self, _: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        std::future::pending().await
+    }
+}
+
+fn refused() -> StoreError {
+    StoreError::Unavailable("connection refused".into())
+}
+
+#[async_trait]
+impl Store for Refuses {
+    async fn select_within(&self, _: &SelectRequest, _: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+        Err(refused())
+    }
+    async fn series_within(
+        &self,
+        _: &[Matcher],
+        _: i64,
+        _: i64,
+        _: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        Err(refused())
+    }
+    async fn label_names(&self, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+        Err(refused())
+    }
+    async fn label_values(&self, _: &str, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+        Err(refused())
+    }
+    async fn metadata(&self, _: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        Err(refused())
+    }
+}
+
+#[async_trait]
+impl Store for Counts {
+    async fn select_within(&self, r: &SelectRequest, b: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        self.1.select_within(r, b).await
+    }
+    async fn series_within(
+        &self,
+        m: &[Matcher],
+        s: i64,
+        e: i64,
+        b: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        self.1.series_within(m, s, e, b).await
+    }
+    async fn label_names(&self, m: &[Matcher], s: i64, e: i64) -> Result<Vec<String>, StoreError> {
+        self.1.label_names(m, s, e).await
+    }
+    async fn label_values(&self, n: &str, m: &[Matcher], s: i64, e: i64) -> Result<Vec<String>, StoreError> {
+        self.1.label_values(n, m, s, e).await
+    }
+    async fn metadata(&self, m: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        self.1.metadata(m).await
+    }
+}
+
+fn gpu_util() -> SelectRequest {
+    SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], i64::MIN, i64::MAX)
+}
+
+#[tokio::test]
+async fn hanging_and_refusing_stores_are_named_in_warnings_or_fail_the_request() {
+    let fanout = Fanout::new(
+        vec![
+            StoreTarget::new("good", Arc::new(memory(|_| true))),
+            StoreTarget::new("slow:10901", Arc::new(Hangs)),
+            StoreTarget::new("down:10901", Arc::new(Refuses)),
+        ],
+        Duration::from_millis(300),
+    );
+    let scope = QueryScope::default();
+    let started = Instant::now();
+    let got = scope.clone().run(fanout.select(&gpu_util())).await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2), "waited {:?} for a hanging store", started.elapsed());
+    assert_eq!(got.len(), 3, "the good store's answer");
+    let w = scope.warnings();
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].starts_with("store slow:10901: no answer within"), "{w:?}");
+    assert_eq!(w[1], "store down:10901: connection refused");
+
+    let strict = QueryScope::new(false, true);
+    let err = strict.clone().run(fanout.select(&gpu_util())).await.unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("slow:10901") && msg.contains("down:10901") && msg.contains("partial_response=false"),
+        "{msg}"
+    );
+    // Label queries follow the same rule.
+    let names = QueryScope::default().run(fanout.label_names(&[], i64::MIN, i64::MAX)).await.unwrap();
+    assert!(names.contains(&"gpu".to_string()));
+    assert!(strict.run(fanout.label_names(&[], i64::MIN, i64::MAX)).await.is_err());
+}
+
+#[tokio::test]
+async fn a_request_error_fails_the_request_even_with_partial_response() {
+    let fanout = Fanout::new(
+        vec![StoreTarget::new("a", Arc::new(memory(|_| true))), StoreTarget::new("b", Arc::new(Refuses))],
+        Duration::from_secs(5),
+    );
+    let mut req = gpu_util();
+    req.limits.max_series = 1;
+    let r = QueryScope::default().run(fanout.select(&req)).await;
+    assert!(matches!(r, Err(StoreError::LimitExceeded { what: "series", .. })), "{r:?}");
+}
+
+#[tokio::test]
+async fn only_stores_whose_labels_and_time_can_match_are_asked() {
+    let c0 = Arc::new(Counts(AtomicUsize::new(0), memory(|_| true)));
+    let c1 = Arc::new(Counts(AtomicUsize::new(0), memory(|_| true)));
+    let old = Arc::new(Counts(AtomicUsize::new(0), memory(|_| true)));
+    let target = |name: &str, store: Arc<Counts>, cluster: &str, min: i64, max: i64| StoreTarget {
+        name: name.into(),
+        store,
+        label_sets: vec![Labels::from_pairs([("cluster", cluster)])],
+        min_time: min,
+        max_time: max,
+    };
+    let fanout = Fanout::new(
+        vec![
+            target("c0", c0.clone(), "c0", i64::MIN, i64::MAX),
+            target("c1", c1.clone(), "c1", i64::MIN, i64::MAX),
+            target("old", old.clone(), "c0", 0, 1000),
+        ],
+        Duration::from_secs(5),
+    );
+    let mut req = gpu_util();
+    req.matchers.push(Matcher::eq("cluster", "c0"));
+    req.start = 1_700_000_000_000;
+    fanout.select(&req).await.unwrap();
+    let calls = |c: &Counts| c.0.load(Ordering::Relaxed);
+    assert_eq!((calls(&c0), calls(&c1), calls(&old)), (1, 0, 0));
+    req.matchers.pop();
+    req.matchers.push(Matcher::new(strata_model::MatchOp::Regex, "cluster", "c.*").unwrap());
+    req.start = 0;
+    fanout.select(&req).await.unwrap();
+    assert_eq!((calls(&c0), calls(&c1), calls(&old)), (2, 1, 1));
+}

@@ -1,0 +1,86 @@
+//! [`QueryScope`]: what one API request asks of the stores below it beyond the trait's
+//! arguments (partial response, replica dedup) and the warnings they send back up (a store
+//! that failed under partial response, a limit that cut an answer).
+//!
+//! It travels as a task-local value rather than through every `Store` method, so that the
+//! engine and the stores that ignore it stay as they are: the HTTP API runs a request
+//! inside [`QueryScope::run`], the engine awaits its selections in that same task, and a
+//! wrapper such as the fan-out reads [`QueryScope::current`] before it spawns its calls.
+//! Outside any scope (tests, benchmarks) the defaults apply: partial response and dedup
+//! on, warnings dropped.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+tokio::task_local! {
+    static SCOPE: QueryScope;
+}
+
+#[derive(Debug, Clone)]
+pub struct QueryScope {
+    /// A failing store becomes a warning (`true`, the default, as Thanos) or fails the
+    /// request (`partial_response=false`).
+    pub partial_response: bool,
+    /// HA replicas are merged into one series (`dedup=false` shows each).
+    pub dedup: bool,
+    warnings: Arc<Mutex<Vec<String>>>,
+}
+
+impl Default for QueryScope {
+    fn default() -> Self {
+        QueryScope { partial_response: true, dedup: true, warnings: Arc::default() }
+    }
+}
+
+impl QueryScope {
+    /// A scope with these options and no warnings yet.
+    pub fn new(partial_response: bool, dedup: bool) -> Self {
+        QueryScope { partial_response, dedup, warnings: Arc::default() }
+    }
+
+    /// Runs `f` with this scope as the current one.
+    pub async fn run<F: Future>(self, f: F) -> F::Output {
+        SCOPE.scope(self, f).await
+    }
+
+    /// The scope of the running request, or the defaults outside one.
+    pub fn current() -> QueryScope {
+        SCOPE.try_with(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// Adds a warning for the response (repeats of one message are kept once).
+    pub fn warn(&self, message: impl Into<String>) {
+        let message = message.into();
+        if let Ok(mut w) = self.warnings.lock() {
+            if !w.contains(&message) {
+                w.push(message);
+            }
+        }
+    }
+
+    /// The warnings added so far, in order.
+    pub fn warnings(&self) -> Vec<String> {
+        self.warnings.lock().map(|w| w.clone()).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_scope_is_seen_inside_and_collects_warnings_once() {
+        assert!(QueryScope::current().partial_response, "defaults outside a scope");
+        let scope = QueryScope::new(false, true);
+        scope
+            .clone()
+            .run(async {
+                let s = QueryScope::current();
+                assert!(!s.partial_response);
+                s.warn("store a: down");
+                s.warn("store a: down");
+            })
+            .await;
+        assert_eq!(scope.warnings(), ["store a: down"]);
+    }
+}
