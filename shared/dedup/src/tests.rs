@@ -1,0 +1,169 @@
+use super::samples::merge_replicas;
+use super::*;
+use strata_model::{stale_nan, Labels};
+use strata_store::conformance::{fixture, run_all};
+use strata_store::memory::MemoryStore;
+
+#[tokio::test]
+async fn dedup_over_two_identical_replicas_passes_the_conformance_suite() {
+    let mut m = MemoryStore::default();
+    for replica in ["a", "b"] {
+        for s in fixture() {
+            let family = s.labels.metric_name().unwrap_or_default().to_string();
+            m.set_metadata(&family, Metadata { metric_type: s.metric_type, help: String::new(), unit: String::new() });
+            let mut pairs: Vec<(String, String)> =
+                s.labels.iter().map(|l| (l.name.to_string(), l.value.to_string())).collect();
+            pairs.push(("replica".into(), replica.into()));
+            m.add(Labels::from_pairs(pairs), s.metric_type, s.samples);
+        }
+    }
+    run_all(&ReplicaDedup::new(Arc::new(m), vec!["replica".into()])).await;
+}
+
+/// A counter's resets, as PromQL's `resets()` counts them.
+fn resets(s: &[Sample]) -> usize {
+    s.windows(2).filter(|w| w[1].v < w[0].v).count()
+}
+
+/// `rate` over `[t - range, t]` as the raw extrapolation-free slope with resets handled:
+/// enough to tell an exact 1/s from a glitch.
+fn increase_between(s: &[Sample], from: i64, to: i64) -> f64 {
+    let w: Vec<&Sample> = s.iter().filter(|x| x.t >= from && x.t <= to).collect();
+    let mut inc = 0.0;
+    for p in w.windows(2) {
+        inc += if p[1].v >= p[0].v { p[1].v - p[0].v } else { p[1].v };
+    }
+    inc
+}
+
+/// A 1/s counter with resets at the given seconds, read at `t` ms.
+fn counter_at(t: i64, resets_at: &[i64]) -> f64 {
+    let since = resets_at.iter().filter(|&&r| r * 1000 <= t).max().map(|r| r * 1000).unwrap_or(0);
+    ((t - since) / 1000) as f64
+}
+
+fn scrape(offset_s: i64, every_s: i64, until_s: i64, resets_at: &[i64], keep: impl Fn(i64) -> bool) -> Vec<Sample> {
+    (0..)
+        .map(|k| (offset_s + k * every_s) * 1000)
+        .take_while(|&t| t <= until_s * 1000)
+        .filter(|&t| keep(t))
+        .map(|t| Sample::new(t, counter_at(t, resets_at)))
+        .collect()
+}
+
+#[test]
+fn a_counter_scraped_by_two_offset_replicas_has_a_rate_of_exactly_one() {
+    // thanos-io/thanos 1326 and 2401: a 1/s counter, 30 s scrapes, replicas 15 s apart.
+    let a = scrape(0, 30, 3600, &[], |_| true);
+    let b = scrape(15, 30, 3600, &[], |_| true);
+    for reps in [vec![a.clone(), b.clone()], vec![b, a]] {
+        let out = merge_replicas(&reps, true);
+        assert_eq!(resets(&out), 0);
+        for end in (600..=3600).step_by(60) {
+            let (from, to) = ((end - 300) * 1000, end * 1000);
+            let w: Vec<&Sample> = out.iter().filter(|x| x.t >= from && x.t <= to).collect();
+            let (first, last) = (w[0], w[w.len() - 1]);
+            let slope = increase_between(&out, from, to) / ((last.t - first.t) as f64 / 1000.0);
+            assert_eq!(slope, 1.0, "window ending {end} s");
+        }
+    }
+}
+
+#[test]
+fn a_replica_missing_scrapes_is_filled_from_the_other_without_gaps_or_false_resets() {
+    let true_resets = [700, 1900, 3100];
+    // A deterministic 10 % of replica A's scrapes lost.
+    let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+    let mut lost = std::collections::HashSet::new();
+    for k in 0..121 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if x % 10 == 0 {
+            lost.insert(k * 30_000);
+        }
+    }
+    assert!(lost.len() >= 6, "the draw lost {} scrapes", lost.len());
+    let a = scrape(0, 30, 3600, &true_resets, |t| !lost.contains(&t));
+    let b = scrape(15, 30, 3600, &true_resets, |_| true);
+    for reps in [vec![a.clone(), b.clone()], vec![b.clone(), a.clone()]] {
+        let out = merge_replicas(&reps, true);
+        let worst = out.windows(2).map(|w| w[1].t - w[0].t).max().unwrap();
+        assert!(worst <= 45_000, "an output gap of {worst} ms");
+        assert_eq!(resets(&out), true_resets.len(), "resets()");
+        assert!(out.windows(2).all(|w| w[0].t < w[1].t));
+    }
+}
+
+#[test]
+fn replicas_that_see_a_reset_at_different_times_give_one_reset_and_no_jump() {
+    // thanos-io/thanos 1326: replica A sees the reset first (at 990 s), replica B's view
+    // lags (it still reads the pre-reset value at 1005 s, and the reset at 1035 s). A then
+    // loses scrapes, so the output must switch to B right after A's reset: taking B's
+    // pre-reset value would jump back up by ~1000 and count the reset twice.
+    let a = scrape(0, 30, 2000, &[990], |t| !(1020_000..=1200_000).contains(&t));
+    let b: Vec<Sample> = scrape(15, 30, 2000, &[1035], |_| true)
+        .into_iter()
+        .map(|s| if s.t == 1_005_000 { Sample::new(s.t, 1004.0) } else { s })
+        .collect();
+    let out = merge_replicas(&[a, b], true);
+    assert_eq!(resets(&out), 1, "{:?}", &out[30..45]);
+    // No step larger than a scrape's worth of increase (30 per 30 s, 45 across a switch).
+    let jump = out.windows(2).filter(|w| w[1].v >= w[0].v).map(|w| w[1].v - w[0].v).fold(0.0, f64::max);
+    assert!(jump <= 45.0, "a jump of {jump}");
+    let worst = out.windows(2).map(|w| w[1].t - w[0].t).max().unwrap();
+    assert!(worst <= 75_000, "an output gap of {worst} ms");
+}
+
+#[test]
+fn a_lagging_sample_at_a_switch_is_not_a_reset() {
+    // thanos-io/thanos 7623: after a switch, the other replica's next sample is a little
+    // lower than the last one emitted though it is later (it read the counter earlier).
+    let a = vec![Sample::new(0, 100.0), Sample::new(30_000, 130.0), Sample::new(60_000, 160.0)];
+    let b = vec![
+        Sample::new(15_000, 115.0),
+        Sample::new(45_000, 144.0),
+        Sample::new(61_000, 159.0),
+        Sample::new(91_000, 190.0),
+        Sample::new(121_000, 220.0),
+    ];
+    let out = merge_replicas(&[a, b], true);
+    assert_eq!(resets(&out), 0, "{out:?}");
+    assert_eq!(out.last().map(|s| s.v), Some(220.0));
+}
+
+#[test]
+fn gauges_are_never_averaged_and_a_stale_marker_does_not_cut_the_series() {
+    let a: Vec<Sample> =
+        (0..10).map(|k| Sample::new(k * 5_000, 50.0 + k as f64)).chain([Sample::new(50_000, stale_nan())]).collect();
+    let b: Vec<Sample> = (0..20).map(|k| Sample::new(2_000 + k * 5_000, 70.0 + k as f64)).collect();
+    let out = merge_replicas(&[a.clone(), b.clone()], false);
+    for s in &out {
+        let from_a = a.iter().any(|x| x.t == s.t && x.v.to_bits() == s.v.to_bits());
+        let from_b = b.iter().any(|x| x.t == s.t && x.v.to_bits() == s.v.to_bits());
+        assert!(from_a || from_b, "{s:?} is no replica's sample");
+    }
+    assert!(out.iter().all(|s| !strata_model::is_stale(s.v)), "A's marker ended the series while B went on");
+    assert_eq!(out.last().map(|s| s.t), Some(2_000 + 19 * 5_000));
+    let worst = out.windows(2).map(|w| w[1].t - w[0].t).max().unwrap();
+    assert!(worst <= 7_500, "a gap of {worst} ms");
+}
+
+#[tokio::test]
+async fn dedup_false_shows_every_replica_and_the_type_comes_from_metadata() {
+    let mut m = MemoryStore::default();
+    m.set_metadata("energy", Metadata { metric_type: MetricType::Counter, help: String::new(), unit: String::new() });
+    for (replica, off) in [("a", 0), ("b", 15)] {
+        let labels = Labels::from_pairs([("__name__", "energy"), ("replica", replica)]);
+        m.add(labels, MetricType::Counter, scrape(off, 30, 600, &[], |_| true));
+    }
+    let d = ReplicaDedup::new(Arc::new(m), vec!["replica".into()]);
+    let req = SelectRequest::new(vec![Matcher::eq("__name__", "energy")], 0, i64::MAX);
+    let merged = d.select(&req).await.unwrap();
+    assert_eq!(merged.len(), 1);
+    assert_eq!(merged[0].labels, Labels::from_pairs([("__name__", "energy")]));
+    assert_eq!(merged[0].metric_type, MetricType::Counter);
+    let both = QueryScope::new(true, false).run(d.select(&req)).await.unwrap();
+    assert_eq!(both.len(), 2);
+    assert!(d.label_names(&[], 0, i64::MAX).await.unwrap().iter().all(|n| n != "replica"));
+}
