@@ -79,7 +79,7 @@ fn a_replica_missing_scrapes_is_filled_from_the_other_without_gaps_or_false_rese
         x ^= x << 13;
         x ^= x >> 7;
         x ^= x << 17;
-        if x % 10 == 0 {
+        if x.is_multiple_of(10) {
             lost.insert(k * 30_000);
         }
     }
@@ -101,7 +101,7 @@ fn replicas_that_see_a_reset_at_different_times_give_one_reset_and_no_jump() {
     // lags (it still reads the pre-reset value at 1005 s, and the reset at 1035 s). A then
     // loses scrapes, so the output must switch to B right after A's reset: taking B's
     // pre-reset value would jump back up by ~1000 and count the reset twice.
-    let a = scrape(0, 30, 2000, &[990], |t| !(1020_000..=1200_000).contains(&t));
+    let a = scrape(0, 30, 2000, &[990], |t| !(1_020_000..=1_200_000).contains(&t));
     let b: Vec<Sample> = scrape(15, 30, 2000, &[1035], |_| true)
         .into_iter()
         .map(|s| if s.t == 1_005_000 { Sample::new(s.t, 1004.0) } else { s })
