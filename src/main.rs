@@ -48,6 +48,23 @@ enum Command {
         #[arg(long)]
         verbose: bool,
     },
+    /// The global querier: fans out over the StoreAPI of edges and regionals, merges HA
+    /// replicas, answers the Prometheus HTTP API.
+    Global {
+        /// The global's configuration file (stores, file SD, DNS, timeouts).
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], strata_global::DEFAULT_HTTP_PORT)))]
+        http_listen: SocketAddr,
+        /// Serve the StoreAPI here too, so that globals can be stacked.
+        #[arg(long)]
+        grpc_listen: Option<SocketAddr>,
+        /// A label that tells HA replicas apart (repeatable; default from the file, else `replica`).
+        #[arg(long = "query.replica-label")]
+        replica_labels: Vec<String>,
+        #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
+        query_max_concurrency: usize,
+    },
     /// The edge tier: scrape + remote-write receiver + WAL-backed head.
     Edge {
         /// A Prometheus configuration file (Strata's own keys under `strata:`).
@@ -173,6 +190,22 @@ async fn main() -> anyhow::Result<()> {
                 shutdown_signal(),
             )
             .await?;
+            Ok(())
+        }
+        Command::Global { config, http_listen, grpc_listen, replica_labels, query_max_concurrency } => {
+            let mut opts = strata_global::GlobalOptions::new(config);
+            opts.http_listen = http_listen;
+            opts.grpc_listen = grpc_listen;
+            opts.replica_labels = replica_labels;
+            opts.api.max_concurrency = query_max_concurrency;
+            let global = strata_global::Global::start(opts).await?;
+            println!("global listening on http://{}", global.http_addr);
+            if let Some(g) = global.grpc_addr {
+                println!("global StoreAPI (gRPC) on {g}");
+            }
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            global.stop().await;
             Ok(())
         }
         Command::Edge {

@@ -265,6 +265,7 @@ async fn spawn_store_api(
         min_time: info_db.min_time(),
         max_time: info_db.max_time(),
         kind: strata_grpc::pb::ComponentKind::Edge,
+        label_sets: Vec::new(),
     });
     let service = StoreService::new(Arc::new(TsdbStore(db.clone())), external, SelectLimits::default(), info);
     tokio::spawn(async move {

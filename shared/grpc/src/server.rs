@@ -14,12 +14,15 @@ use tokio_stream::Stream;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
-/// What `Info` reports beside the external labels, read at each call.
-#[derive(Debug, Clone, Copy)]
+/// What `Info` reports, read at each call.
+#[derive(Debug, Clone)]
 pub struct StoreInfo {
     pub min_time: i64,
     pub max_time: i64,
     pub kind: pb::ComponentKind,
+    /// The label sets of the data behind this store; empty: the service's own external
+    /// labels (an edge). A global lists those of the stores it fans out to.
+    pub label_sets: Vec<Labels>,
 }
 
 pub struct StoreService {
@@ -114,8 +117,13 @@ fn frames(series: Vec<pb::Series>) -> Vec<pb::SeriesResponse> {
 impl StoreRpc for StoreService {
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
         let i = (self.info)();
+        let label_sets = if i.label_sets.is_empty() {
+            vec![pb::LabelSet { labels: labels_to_pb(&self.external) }]
+        } else {
+            i.label_sets.iter().map(|l| pb::LabelSet { labels: labels_to_pb(l) }).collect()
+        };
         Ok(Response::new(pb::InfoResponse {
-            label_sets: vec![pb::LabelSet { labels: labels_to_pb(&self.external) }],
+            label_sets,
             min_time: i.min_time,
             max_time: i.max_time,
             kind: i.kind as i32,

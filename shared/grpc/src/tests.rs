@@ -31,7 +31,7 @@ async fn start(service: StoreService) -> (String, tokio::sync::oneshot::Sender<(
 }
 
 fn service(store: impl Store + 'static, external: Labels) -> StoreService {
-    let info = Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge });
+    let info = Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge, label_sets: vec![] });
     StoreService::new(Arc::new(store), external, SelectLimits::default(), info)
 }
 

@@ -1,0 +1,152 @@
+//! The global's configuration file (YAML).
+//!
+//! ```yaml
+//! stores:                       # StoreAPI addresses, host:port
+//!   - 127.0.0.1:10901
+//! file_sd_configs:              # files of Prometheus file-SD form: [{"targets": [...]}]
+//!   - files: [stores.json]
+//! dns_sd:                       # dns+host:port: every A/AAAA record of host, at port
+//!   - dns+edges.monitoring.svc:10901
+//! store_timeout: 30s            # per store and call
+//! info_interval: 10s            # how often each store's Info is read, files and names resolved
+//! replica_labels: [replica]     # HA replica labels (also --query.replica-label)
+//! ```
+
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use strata_model::duration::PromDuration;
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    #[serde(default)]
+    stores: Vec<String>,
+    #[serde(default)]
+    file_sd_configs: Vec<RawFileSd>,
+    #[serde(default)]
+    dns_sd: Vec<String>,
+    store_timeout: Option<PromDuration>,
+    info_interval: Option<PromDuration>,
+    replica_labels: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawFileSd {
+    files: Vec<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct GlobalConfig {
+    pub stores: Vec<String>,
+    /// File-SD files, relative paths resolved against the configuration file's folder.
+    pub sd_files: Vec<PathBuf>,
+    /// `dns+host:port` names.
+    pub dns: Vec<(String, u16)>,
+    pub store_timeout: Duration,
+    pub info_interval: Duration,
+    pub replica_labels: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+/// A configuration file larger than this is refused before it is parsed.
+const MAX_CONFIG_BYTES: u64 = 4 << 20;
+
+impl GlobalConfig {
+    pub fn load(path: &Path) -> Result<GlobalConfig, ConfigError> {
+        let read = |source| ConfigError::Read { path: path.to_path_buf(), source };
+        let len = std::fs::metadata(path).map_err(read)?.len();
+        let invalid = |reason: String| ConfigError::Invalid { path: path.to_path_buf(), reason };
+        if len > MAX_CONFIG_BYTES {
+            return Err(invalid(format!("{len} bytes (at most {MAX_CONFIG_BYTES})")));
+        }
+        let text = std::fs::read_to_string(path).map_err(read)?;
+        GlobalConfig::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(invalid)
+    }
+
+    pub fn parse(text: &str, base: &Path) -> Result<GlobalConfig, String> {
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| e.to_string())?
+        };
+        for s in &raw.stores {
+            check_address(s)?;
+        }
+        let mut dns = Vec::new();
+        for d in &raw.dns_sd {
+            let Some(rest) = d.strip_prefix("dns+") else {
+                return Err(format!("dns_sd entry {d:?}: expected dns+host:port (SRV lookups are not supported yet)"));
+            };
+            let (host, port) = check_address(rest)?;
+            dns.push((host.to_string(), port));
+        }
+        let sd_files = raw
+            .file_sd_configs
+            .iter()
+            .flat_map(|f| f.files.iter())
+            .map(|f| if f.is_absolute() { f.clone() } else { base.join(f) })
+            .collect();
+        let positive = |d: Option<PromDuration>, default: Duration, name: &str| -> Result<Duration, String> {
+            match d.map(|d| d.0) {
+                Some(d) if d.is_zero() => Err(format!("{name} must be positive")),
+                Some(d) => Ok(d),
+                None => Ok(default),
+            }
+        };
+        Ok(GlobalConfig {
+            stores: raw.stores,
+            sd_files,
+            dns,
+            store_timeout: positive(raw.store_timeout, Duration::from_secs(30), "store_timeout")?,
+            info_interval: positive(raw.info_interval, Duration::from_secs(10), "info_interval")?,
+            replica_labels: raw.replica_labels.unwrap_or_else(|| vec!["replica".to_string()]),
+        })
+    }
+}
+
+/// `host:port` with a port; returns both.
+pub fn check_address(s: &str) -> Result<(&str, u16), String> {
+    let (host, port) = s.rsplit_once(':').ok_or_else(|| format!("store address {s:?} has no port"))?;
+    let port: u16 = port.parse().map_err(|_| format!("store address {s:?}: bad port"))?;
+    if host.is_empty() || host.chars().any(|c| c.is_whitespace() || c.is_control() || c == '/') {
+        return Err(format!("store address {s:?}: bad host"));
+    }
+    Ok((host, port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configuration_parses_with_defaults_and_bad_ones_are_refused() {
+        let c = GlobalConfig::parse(
+            "stores: ['127.0.0.1:10901']\nfile_sd_configs:\n  - files: [s.json]\ndns_sd: ['dns+edges.local:10901']\n",
+            Path::new("/etc/strata"),
+        )
+        .unwrap();
+        assert_eq!(c.stores, ["127.0.0.1:10901"]);
+        assert_eq!(c.sd_files, [PathBuf::from("/etc/strata/s.json")]);
+        assert_eq!(c.dns, [("edges.local".to_string(), 10901)]);
+        assert_eq!((c.store_timeout, c.replica_labels.clone()), (Duration::from_secs(30), vec!["replica".into()]));
+        for bad in [
+            "stores: ['nohost']",
+            "stores: ['a b:1']",
+            "dns_sd: ['dnssrv+_grpc._tcp.x']",
+            "store_timeout: 0s",
+            "unknown_key: 1",
+            "stores: [[",
+        ] {
+            assert!(GlobalConfig::parse(bad, Path::new(".")).is_err(), "{bad}");
+        }
+    }
+}

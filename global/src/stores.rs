@@ -1,0 +1,237 @@
+//! [`StoreSet`]: the stores the global fans out to, found from the configuration's static
+//! list, file-SD files and DNS names, each polled with `Info`.
+//!
+//! Every configured store stays in the fan-out whether its last `Info` succeeded or not: a
+//! store that is down is still asked, so a query names it in its warnings (or fails with
+//! `partial_response=false`) instead of silently missing its data. What `Info` said
+//! (external label sets, time range) lets the fan-out skip stores that cannot match; a
+//! store whose `Info` failed is asked for everything.
+
+use crate::config::{check_address, GlobalConfig};
+use parking_lot::{Mutex, RwLock};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use strata_fanout::{Fanout, StoreTarget};
+use strata_grpc::{pb, RemoteStore, RemoteStoreOptions};
+use strata_model::Labels;
+
+/// What the global knows of one store.
+#[derive(Debug, Clone)]
+pub struct StoreStatus {
+    pub address: String,
+    pub kind: String,
+    pub label_sets: Vec<Labels>,
+    pub min_time: i64,
+    pub max_time: i64,
+    pub healthy: bool,
+    pub last_error: Option<String>,
+    pub last_check: Option<SystemTime>,
+}
+
+pub struct StoreSet {
+    cfg: GlobalConfig,
+    fanout: Arc<Fanout>,
+    clients: Mutex<HashMap<String, RemoteStore>>,
+    status: RwLock<Vec<StoreStatus>>,
+    /// The last good contents of each file-SD file: a file being rewritten or broken keeps
+    /// its stores.
+    files: Mutex<HashMap<PathBuf, Vec<String>>>,
+}
+
+/// File-SD files larger than this are refused.
+const MAX_SD_FILE_BYTES: u64 = 4 << 20;
+
+#[derive(serde::Deserialize)]
+struct SdGroup {
+    targets: Vec<String>,
+}
+
+fn labels_of(set: &pb::LabelSet) -> Labels {
+    Labels::from_pairs(set.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())))
+}
+
+fn kind_name(k: i32) -> &'static str {
+    match pb::ComponentKind::try_from(k) {
+        Ok(pb::ComponentKind::Edge) => "edge",
+        Ok(pb::ComponentKind::Regional) => "regional",
+        Ok(pb::ComponentKind::Global) => "global",
+        Ok(pb::ComponentKind::Archive) => "archive",
+        _ => "unknown",
+    }
+}
+
+impl StoreSet {
+    pub fn new(cfg: GlobalConfig, fanout: Arc<Fanout>) -> Self {
+        StoreSet {
+            cfg,
+            fanout,
+            clients: Mutex::new(HashMap::new()),
+            status: RwLock::new(Vec::new()),
+            files: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn status(&self) -> Vec<StoreStatus> {
+        self.status.read().clone()
+    }
+
+    /// Every store address the configuration names now, sorted.
+    async fn addresses(&self) -> Vec<String> {
+        let mut all: BTreeSet<String> = self.cfg.stores.iter().cloned().collect();
+        for path in &self.cfg.sd_files {
+            match read_sd_file(path) {
+                Ok(found) => {
+                    self.files.lock().insert(path.clone(), found);
+                }
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), error = %e, "store SD file unreadable; keeping its last stores")
+                }
+            }
+        }
+        all.extend(self.files.lock().values().flatten().cloned());
+        for (host, port) in &self.cfg.dns {
+            match tokio::time::timeout(Duration::from_secs(5), tokio::net::lookup_host((host.as_str(), *port))).await {
+                Ok(Ok(addrs)) => all.extend(addrs.map(|a| a.to_string())),
+                Ok(Err(e)) => tracing::warn!(name = %host, error = %e, "store DNS lookup failed"),
+                Err(_) => tracing::warn!(name = %host, "store DNS lookup timed out"),
+            }
+        }
+        all.into_iter().collect()
+    }
+
+    fn client(&self, addr: &str) -> Result<RemoteStore, String> {
+        let mut clients = self.clients.lock();
+        if let Some(c) = clients.get(addr) {
+            return Ok(c.clone());
+        }
+        let opts = RemoteStoreOptions { timeout: self.cfg.store_timeout, connect_timeout: Duration::from_secs(5) };
+        let c = RemoteStore::new(addr, opts).map_err(|e| e.to_string())?;
+        clients.insert(addr.to_string(), c.clone());
+        Ok(c)
+    }
+
+    /// Resolves the addresses, reads every store's `Info` at once and updates the
+    /// fan-out's targets.
+    pub async fn refresh(&self) {
+        let addresses = self.addresses().await;
+        self.clients.lock().retain(|a, _| addresses.contains(a));
+        let mut set = tokio::task::JoinSet::new();
+        for (i, addr) in addresses.iter().enumerate() {
+            let client = self.client(addr);
+            let timeout = self.cfg.store_timeout.min(Duration::from_secs(10));
+            set.spawn(async move {
+                let info = match client {
+                    Ok(c) => match tokio::time::timeout(timeout, c.info()).await {
+                        Ok(Ok(info)) => Ok((c, info)),
+                        Ok(Err(e)) => Err((Some(c), e.to_string())),
+                        Err(_) => Err((Some(c), format!("no Info within {timeout:?}"))),
+                    },
+                    Err(e) => Err((None, e)),
+                };
+                (i, info)
+            });
+        }
+        let mut results = Vec::new();
+        while let Some(Ok(r)) = set.join_next().await {
+            results.push(r);
+        }
+        results.sort_by_key(|r| r.0);
+        let previous = self.status();
+        let now = SystemTime::now();
+        let (mut status, mut targets) = (Vec::new(), Vec::new());
+        for (i, r) in results {
+            let address = addresses[i].clone();
+            match r {
+                Ok((client, info)) => {
+                    let label_sets: Vec<Labels> = info.label_sets.iter().map(labels_of).collect();
+                    targets.push(StoreTarget {
+                        name: address.clone(),
+                        store: Arc::new(client),
+                        label_sets: label_sets.clone(),
+                        min_time: info.min_time,
+                        max_time: info.max_time,
+                    });
+                    status.push(StoreStatus {
+                        address,
+                        kind: kind_name(info.kind).to_string(),
+                        label_sets,
+                        min_time: info.min_time,
+                        max_time: info.max_time,
+                        healthy: true,
+                        last_error: None,
+                        last_check: Some(now),
+                    });
+                }
+                Err((client, error)) => {
+                    if previous.iter().find(|p| p.address == address).is_none_or(|p| p.healthy) {
+                        tracing::warn!(store = %address, %error, "store unhealthy");
+                    }
+                    if let Some(c) = client {
+                        targets.push(StoreTarget::new(address.clone(), Arc::new(c)));
+                    }
+                    let old = previous.iter().find(|p| p.address == address);
+                    status.push(StoreStatus {
+                        address,
+                        kind: old.map(|o| o.kind.clone()).unwrap_or_else(|| "unknown".into()),
+                        label_sets: old.map(|o| o.label_sets.clone()).unwrap_or_default(),
+                        min_time: old.map(|o| o.min_time).unwrap_or(i64::MAX),
+                        max_time: old.map(|o| o.max_time).unwrap_or(i64::MIN),
+                        healthy: false,
+                        last_error: Some(error),
+                        last_check: Some(now),
+                    });
+                }
+            }
+        }
+        self.fanout.set_targets(targets);
+        *self.status.write() = status;
+    }
+
+    /// The `/api/v1/stores` body's `data`.
+    pub fn status_json(&self) -> Value {
+        let ts = |t: Option<SystemTime>| {
+            t.and_then(|t| t.duration_since(SystemTime::UNIX_EPOCH).ok()).map(|d| d.as_secs_f64())
+        };
+        let stores: Vec<Value> = self
+            .status()
+            .iter()
+            .map(|s| {
+                let sets: Vec<Value> = s.label_sets.iter().map(strata_api::labels_json).collect();
+                json!({
+                    "address": s.address,
+                    "kind": s.kind,
+                    "labelSets": sets,
+                    "minTime": s.min_time,
+                    "maxTime": s.max_time,
+                    "health": if s.healthy { "up" } else { "down" },
+                    "lastError": s.last_error,
+                    "lastCheck": ts(s.last_check),
+                })
+            })
+            .collect();
+        Value::Array(stores)
+    }
+}
+
+/// A file-SD file: JSON or YAML, a list of `{targets: [host:port, ...]}`.
+fn read_sd_file(path: &PathBuf) -> Result<Vec<String>, String> {
+    let len = std::fs::metadata(path).map_err(|e| e.to_string())?.len();
+    if len > MAX_SD_FILE_BYTES {
+        return Err(format!("{len} bytes (at most {MAX_SD_FILE_BYTES})"));
+    }
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let groups: Vec<SdGroup> = if path.extension().is_some_and(|e| e == "json") {
+        serde_json::from_str(&text).map_err(|e| e.to_string())?
+    } else {
+        serde_saphyr::from_str(&text).map_err(|e| e.to_string())?
+    };
+    let mut out = Vec::new();
+    for t in groups.into_iter().flat_map(|g| g.targets) {
+        check_address(&t)?;
+        out.push(t);
+    }
+    Ok(out)
+}

@@ -1,0 +1,130 @@
+//! The global querier over real processes: an HA pair of edges (same cluster, replicas
+//! `a` and `b`), a store that refuses connections and one that accepts and never answers.
+//! The global answers within its store timeout with each series once, names the two bad
+//! stores in warnings (or fails with `partial_response=false`), and lists every store with
+//! its health at `/api/v1/stores`.
+
+use crate::common::*;
+use crate::differential::{write_body, Series};
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+fn edge(dir: &std::path::Path, replica: &str) -> (Proc, String, String) {
+    let cfg = dir.join(format!("edge-{replica}.yml"));
+    let text = format!("global:\n  external_labels:\n    cluster: c0\n    replica: {replica}\nscrape_configs: []\n");
+    std::fs::write(&cfg, text).unwrap();
+    let data = dir.join(format!("data-{replica}"));
+    let (http, grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let (cfg, data) = (cfg.display().to_string(), data.display().to_string());
+    let args = ["edge", "--config", &cfg, "--data", &data, "--http-listen", &http, "--grpc-listen", &grpc];
+    let mut p = Proc::strata(&args, dir, &format!("edge-{replica}"));
+    wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(30));
+    (p, format!("http://{http}"), grpc)
+}
+
+fn get(url: &str) -> (u16, Value) {
+    let resp = client().get(url).send().unwrap_or_else(|e| panic!("{url}: {e}"));
+    let code = resp.status().as_u16();
+    let text = resp.text().unwrap();
+    (code, serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: {e}: {text}")))
+}
+
+#[test]
+fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut edge_a, base_a, grpc_a) = edge(dir.path(), "a");
+    let (mut edge_b, base_b, grpc_b) = edge(dir.path(), "b");
+    let now = now_ms();
+    let start = (now - 10 * 60_000) / 1000 * 1000;
+    // Both replicas hold the same GPUs; replica b's scrapes come 2.5 s later.
+    for (base, offset) in [(&base_a, 0), (&base_b, 2_500)] {
+        let series: Vec<Series> = (0..3)
+            .map(|g| {
+                let labels = vec![("__name__".to_string(), "gpu_temp".to_string()), ("gpu".to_string(), g.to_string())];
+                (labels, (0..100).map(|i| (start + offset + i * 5_000, (40 + g) as f64)).collect())
+            })
+            .collect();
+        let resp = client()
+            .post(format!("{base}/api/v1/write"))
+            .header("Content-Encoding", "snappy")
+            .header("Content-Type", "application/x-protobuf")
+            .body(write_body(&series, i64::MIN, i64::MAX))
+            .send()
+            .unwrap();
+        assert!(resp.status().is_success());
+    }
+    // A store that refuses (nothing listens) and one that accepts and never answers.
+    let refused = format!("127.0.0.1:{}", free_port());
+    let hanging = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hanging_addr = hanging.local_addr().unwrap().to_string();
+    let held = std::thread::spawn(move || {
+        let mut conns = Vec::new();
+        hanging.set_nonblocking(true).unwrap();
+        let until = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < until {
+            match hanging.accept() {
+                Ok((c, _)) => conns.push(c),
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    });
+    let cfg = dir.path().join("global.yml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "stores: ['{grpc_a}', '{grpc_b}', '{refused}', '{hanging_addr}']\nstore_timeout: 2s\ninfo_interval: 1s\n"
+        ),
+    )
+    .unwrap();
+    let http = format!("127.0.0.1:{}", free_port());
+    let cfg = cfg.display().to_string();
+    let mut global = Proc::strata(&["global", "--config", &cfg, "--http-listen", &http], dir.path(), "global");
+    let base = format!("http://{http}");
+    wait_ready(&format!("{base}/-/ready"), &mut global, Duration::from_secs(30));
+
+    let t = (start + 99 * 5_000) as f64 / 1000.0;
+    let asked = Instant::now();
+    let (code, body) = get(&format!("{base}/api/v1/query?query=gpu_temp&time={t:.3}"));
+    assert!(asked.elapsed() < Duration::from_secs(8), "the answer took {:?}", asked.elapsed());
+    assert_eq!(code, 200, "{body}");
+    let result = body["data"]["result"].as_array().unwrap();
+    assert_eq!(result.len(), 3, "each GPU once: {body}");
+    for s in result {
+        assert_eq!(s["metric"]["cluster"], "c0");
+        assert!(s["metric"].get("replica").is_none(), "the replica label is deduplicated away: {s}");
+    }
+    let warnings: Vec<String> = body["warnings"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|w| w.as_str().unwrap().to_string())
+        .collect();
+    assert!(warnings.iter().any(|w| w.contains(&refused)), "{warnings:?}");
+    assert!(warnings.iter().any(|w| w.contains(&hanging_addr)), "{warnings:?}");
+    assert!(!warnings.iter().any(|w| w.contains(&grpc_a) || w.contains(&grpc_b)), "{warnings:?}");
+
+    let (code, body) = get(&format!("{base}/api/v1/query?query=gpu_temp&time={t:.3}&partial_response=false"));
+    assert_ne!(code, 200, "{body}");
+    let err = body["error"].as_str().unwrap_or_default();
+    assert!(err.contains(&refused) && err.contains(&hanging_addr), "{body}");
+
+    let (_, body) = get(&format!("{base}/api/v1/query?query=gpu_temp&time={t:.3}&dedup=false"));
+    assert_eq!(body["data"]["result"].as_array().unwrap().len(), 6, "both replicas of each GPU: {body}");
+
+    let data = api_data(&format!("{base}/api/v1/stores"));
+    let stores = data.as_array().unwrap();
+    assert_eq!(stores.len(), 4, "{data}");
+    let health = |addr: &str| stores.iter().find(|s| s["address"] == addr).map(|s| s["health"].clone());
+    assert_eq!(health(&grpc_a), Some(Value::from("up")), "{data}");
+    assert_eq!(health(&refused), Some(Value::from("down")), "{data}");
+    assert_eq!(health(&hanging_addr), Some(Value::from("down")), "{data}");
+    let a = stores.iter().find(|s| s["address"] == grpc_a.as_str()).unwrap();
+    assert_eq!(a["labelSets"][0]["replica"], "a", "{a}");
+    assert_eq!(a["kind"], "edge");
+
+    global.terminate();
+    edge_a.terminate();
+    edge_b.terminate();
+    drop(held);
+}
