@@ -1,6 +1,11 @@
-//! `strata up`: a simulated GPU fleet and an HA pair of edges (`replica="a"`/`"b"`) scraping
-//! it, with data under `./strata-data`. The edges' configuration files are written next to
-//! their data, so what `up` runs can be rerun by hand with `strata edge --config`.
+//! `strata up`: a simulated GPU fleet in two clusters (`cluster="c0"`, `"c1"`), each scraped
+//! by an HA pair of edges (`replica="a"`/`"b"`), and a global querier over the four edges'
+//! StoreAPI, with data under `./strata-data`. Every configuration file is written next to
+//! its data, so what `up` runs can be rerun by hand with `strata edge --config` and
+//! `strata global --config`.
+//!
+//! Ports from `--port-base` (9400): the simulator, the four edges' HTTP (9401–9404, c0-a,
+//! c0-b, c1-a, c1-b), their StoreAPI (9405–9408), the global's HTTP (9409).
 
 use anyhow::Context;
 use std::net::SocketAddr;
@@ -12,20 +17,22 @@ pub struct UpArgs {
     /// Directory for all data and generated configuration.
     #[arg(long, default_value = "strata-data")]
     data: PathBuf,
-    /// First of the ports used: simulator, then edge a, edge b.
+    /// First of the ten ports used: simulator, four edges, their StoreAPI, the global.
     #[arg(long, default_value_t = 9400)]
     port_base: u16,
     #[arg(long, default_value_t = 4)]
     nodes: usize,
     #[arg(long, default_value_t = 8)]
     gpus_per_node: usize,
-    #[arg(long, default_value = "cluster-0")]
-    cluster: String,
 }
 
-fn edge_config(cluster: &str, replica: &str, sim: SocketAddr, nodes: usize) -> String {
+/// The clusters `up` simulates, each with its own nodes of the simulator.
+const CLUSTERS: [&str; 2] = ["c0", "c1"];
+const REPLICAS: [&str; 2] = ["a", "b"];
+
+fn edge_config(cluster: &str, replica: &str, sim: SocketAddr, nodes: std::ops::Range<usize>) -> String {
     let mut targets = String::new();
-    for i in 0..nodes {
+    for i in nodes {
         targets.push_str(&format!(
             "      - targets: ['{sim}']\n        labels:\n          __metrics_path__: /node/{i}/metrics\n          node: gpu-node-{i:03}\n"
         ));
@@ -35,6 +42,15 @@ fn edge_config(cluster: &str, replica: &str, sim: SocketAddr, nodes: usize) -> S
          global:\n  scrape_interval: 5s\n  external_labels:\n    cluster: {cluster}\n    replica: {replica}\n\
          scrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}\
          strata:\n  retention: 24h\n"
+    )
+}
+
+fn global_config(stores: &[SocketAddr]) -> String {
+    let list: Vec<String> = stores.iter().map(|s| format!("  - {s}\n")).collect();
+    format!(
+        "# Written by `strata up`: the global querier's stores (the edges' StoreAPI).\n\
+         stores:\n{}store_timeout: 30s\ninfo_interval: 10s\nreplica_labels: [replica]\n",
+        list.concat()
     )
 }
 
@@ -51,39 +67,54 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding the simulator to {sim_addr}"))?;
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let fleet = strata_simulator::Fleet::new(1, a.nodes, a.gpus_per_node);
+    let fleet = strata_simulator::Fleet::new(1, a.nodes * CLUSTERS.len(), a.gpus_per_node);
     let mut rx = stop_rx.clone();
     let sim = tokio::spawn(strata_simulator::serve(listener, fleet, 0, Default::default(), async move {
         let _ = rx.changed().await;
     }));
 
+    let port = |i: usize| -> SocketAddr { ([127, 0, 0, 1], a.port_base.saturating_add(i as u16)).into() };
     let mut edges = Vec::new();
-    for (i, replica) in ["a", "b"].iter().enumerate() {
-        let dir = a.data.join(format!("edge-{replica}"));
-        let cfg = write_config(&dir, "edge.yml", &edge_config(&a.cluster, replica, sim_addr, a.nodes))?;
-        let mut opts = strata_edge::EdgeOptions::new(cfg);
-        opts.http_listen = Some(([127, 0, 0, 1], a.port_base + 1 + i as u16).into());
-        opts.data_dir = Some(dir.join("data"));
-        edges.push((replica.to_string(), strata_edge::Edge::start(opts).await?));
+    for (c, cluster) in CLUSTERS.iter().enumerate() {
+        for (r, replica) in REPLICAS.iter().enumerate() {
+            let k = c * REPLICAS.len() + r;
+            let dir = a.data.join(format!("edge-{cluster}-{replica}"));
+            let nodes = c * a.nodes..(c + 1) * a.nodes;
+            let cfg = write_config(&dir, "edge.yml", &edge_config(cluster, replica, sim_addr, nodes))?;
+            let mut opts = strata_edge::EdgeOptions::new(cfg);
+            opts.http_listen = Some(port(1 + k));
+            opts.grpc_listen = Some(port(5 + k));
+            opts.data_dir = Some(dir.join("data"));
+            edges.push((format!("cluster={cluster} replica={replica}"), strata_edge::Edge::start(opts).await?));
+        }
     }
+    let stores: Vec<SocketAddr> = edges.iter().filter_map(|(_, e)| e.grpc_addr).collect();
+    let gdir = a.data.join("global");
+    let mut gopts = strata_global::GlobalOptions::new(write_config(&gdir, "global.yml", &global_config(&stores))?);
+    gopts.http_listen = port(9);
+    let global = strata_global::Global::start(gopts).await?;
 
     println!(
-        "strata up: {} nodes x {} GPUs in {}, data under {}",
+        "strata up: {} clusters x {} nodes x {} GPUs, data under {}",
+        CLUSTERS.len(),
         a.nodes,
         a.gpus_per_node,
-        a.cluster,
         a.data.display()
     );
-    println!("  simulator (dcgm-exporter)  http://{sim_addr}/node/0/metrics");
-    for (replica, e) in &edges {
-        println!(
-            "  edge replica={replica}            http://{}/metrics   remote write: http://{}/api/v1/write",
-            e.http_addr, e.http_addr
-        );
+    println!("  simulator (dcgm-exporter)      http://{sim_addr}/node/0/metrics");
+    for (name, e) in &edges {
+        let grpc = e.grpc_addr.map(|g| g.to_string()).unwrap_or_default();
+        println!("  edge {name:<22} http://{}   StoreAPI {grpc}", e.http_addr);
     }
+    println!("  global (query here)            http://{}   (/api/v1/query, /api/v1/stores)", global.http_addr);
+    println!(
+        "Try: curl -s 'http://{}/api/v1/query?query=count%20by%20(cluster)%20(DCGM_FI_DEV_GPU_TEMP)'",
+        global.http_addr
+    );
     println!("Ctrl-C stops everything.");
     crate::shutdown_signal().await;
     println!("stopping ...");
+    global.stop().await;
     for (_, e) in edges {
         tokio::time::timeout(Duration::from_secs(30), e.stop()).await.context("an edge took over 30 s to stop")?;
     }

@@ -1,5 +1,7 @@
-//! `strata up`: the simulator and an HA pair of edges start, both replicas scrape the whole
-//! fleet, and Ctrl-C (SIGINT) stops everything cleanly with the data kept.
+//! `strata up`: the simulator, two clusters each scraped by an HA pair of edges, and the
+//! global start; both replicas of a cluster scrape its nodes; the global answers for both
+//! clusters with each series once; Ctrl-C (SIGINT) stops everything cleanly with the data
+//! kept.
 
 use crate::common::*;
 use std::time::{Duration, Instant};
@@ -7,23 +9,23 @@ use std::time::{Duration, Instant};
 #[test]
 fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
-    // three consecutive free ports: retry a few bases until one is free as a block
-    let base = (0..20)
+    // ten consecutive free ports: retry a few bases until one is free as a block
+    let base = (0..40)
         .map(|_| free_port())
-        .find(|&p| p < 65000 && (1..3).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
-        .expect("three free ports");
+        .find(|&p| p < 65000 && (1..10).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
+        .expect("ten free ports");
     let data = dir.path().join("strata-data");
     let mut up = Proc::strata(
         &["up", "--data", &data.display().to_string(), "--port-base", &base.to_string(), "--nodes", "2"],
         dir.path(),
         "up",
     );
-    for port in [base + 1, base + 2] {
+    for port in (base + 1..=base + 4).chain([base + 9]) {
         wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut up, Duration::from_secs(60));
     }
-    // both replicas hold every GPU of both simulated nodes
+    // each replica holds every GPU of its cluster's two simulated nodes
     let deadline = Instant::now() + Duration::from_secs(30);
-    for port in [base + 1, base + 2] {
+    for port in base + 1..=base + 4 {
         loop {
             let n = series_count(&format!("http://127.0.0.1:{port}"), "DCGM_FI_DEV_GPU_TEMP");
             if n >= 16 {
@@ -33,12 +35,34 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
             std::thread::sleep(Duration::from_millis(300));
         }
     }
+    // The global: both clusters, each GPU once (replicas merged), no replica label.
+    let global = format!("http://127.0.0.1:{}", base + 9);
+    let data_q = api_data(&format!("{global}/api/v1/query?query=count%20by%20(cluster)%20(DCGM_FI_DEV_GPU_TEMP)"));
+    let mut counts: Vec<(String, String)> = data_q["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| (s["metric"]["cluster"].as_str().unwrap().to_string(), s["value"][1].as_str().unwrap().to_string()))
+        .collect();
+    counts.sort();
+    // As many as one replica of the cluster holds (MIG GPUs give a series per instance).
+    let per_edge: Vec<usize> =
+        (base + 1..=base + 4).map(|p| series_count(&format!("http://127.0.0.1:{p}"), "DCGM_FI_DEV_GPU_TEMP")).collect();
+    let want = [("c0".to_string(), per_edge[0].to_string()), ("c1".to_string(), per_edge[2].to_string())];
+    assert_eq!(counts, want, "{data_q}");
+    let raw = api_data(&format!("{global}/api/v1/query?query=count(DCGM_FI_DEV_GPU_TEMP)&dedup=false"));
+    let all: usize = per_edge.iter().sum();
+    assert_eq!(raw["result"][0]["value"][1], all.to_string().as_str(), "every replica with dedup=false: {raw}");
+    let stores = api_data(&format!("{global}/api/v1/stores"));
+    assert_eq!(stores.as_array().unwrap().len(), 4, "{stores}");
+    assert!(stores.as_array().unwrap().iter().all(|s| s["health"] == "up"), "{stores}");
     // Reloading over HTTP is off unless asked for, as in Prometheus.
     let r = client().post(format!("http://127.0.0.1:{}/-/reload", base + 1)).send().unwrap();
     assert_eq!(r.status().as_u16(), 403);
     let out = up.log_text();
     assert!(out.contains(&format!("http://127.0.0.1:{base}/node/0/metrics")), "up prints where things run:\n{out}");
-    assert!(out.contains("replica=a") && out.contains("replica=b"));
+    assert!(out.contains("replica=a") && out.contains("replica=b") && out.contains("cluster=c1"));
+    assert!(out.contains(&format!("http://127.0.0.1:{}", base + 9)), "up prints the global's URL:\n{out}");
 
     let pid = up.child.as_ref().map(|c| c.id()).unwrap();
     assert!(std::process::Command::new("kill").arg("-INT").arg(pid.to_string()).status().unwrap().success());
@@ -53,8 +77,9 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     };
     assert!(status.success(), "exit status {status}:\n{}", up.log_text());
     assert!(up.log_text().contains("stopped; data kept"));
-    for r in ["a", "b"] {
-        assert!(data.join(format!("edge-{r}/data/wal")).is_dir());
-        assert!(data.join(format!("edge-{r}/edge.yml")).is_file());
+    for e in ["c0-a", "c0-b", "c1-a", "c1-b"] {
+        assert!(data.join(format!("edge-{e}/data/wal")).is_dir());
+        assert!(data.join(format!("edge-{e}/edge.yml")).is_file());
     }
+    assert!(data.join("global/global.yml").is_file());
 }
