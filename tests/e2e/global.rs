@@ -128,3 +128,115 @@ fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
     edge_b.terminate();
     drop(held);
 }
+
+/// An edge of the HA pair scraping `sim` every second, with its StoreAPI; returns it and
+/// its arguments (to restart it on the same data).
+fn scraping_edge(dir: &std::path::Path, replica: &str, sim: &str) -> (Proc, Vec<String>, String, String) {
+    let cfg = dir.join(format!("edge-{replica}.yml"));
+    let text = format!(
+        "global:\n  scrape_interval: 1s\n  external_labels:\n    cluster: c0\n    replica: {replica}\n\
+         scrape_configs:\n  - job_name: dcgm\n    static_configs:\n      - targets: ['{sim}']\n        labels:\n          __metrics_path__: /node/0/metrics\n"
+    );
+    std::fs::write(&cfg, text).unwrap();
+    let (http, grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let args: Vec<String> = [
+        "edge",
+        "--config",
+        &cfg.display().to_string(),
+        "--data",
+        &dir.join(format!("data-{replica}")).display().to_string(),
+        "--http-listen",
+        &http,
+        "--grpc-listen",
+        &grpc,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let refs: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut p = Proc::strata(&refs, dir, &format!("edge-{replica}"));
+    wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(30));
+    (p, args, format!("http://{http}"), grpc)
+}
+
+/// `query_range` results keyed by their labels without `replica`.
+fn range(base: &str, q: &str, start: f64, end: f64) -> Vec<(String, Vec<(f64, f64)>)> {
+    let url = format!("{base}/api/v1/query_range?query={q}&start={start:.3}&end={end:.3}&step=1");
+    let data = api_data(&url);
+    let mut out: Vec<(String, Vec<(f64, f64)>)> = data["result"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            let mut m = s["metric"].as_object().unwrap().clone();
+            m.remove("replica");
+            let pts = s["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| (p[0].as_f64().unwrap(), p[1].as_str().unwrap().parse::<f64>().unwrap()))
+                .collect();
+            (serde_json::to_string(&m).unwrap(), pts)
+        })
+        .collect();
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn a_replica_killed_and_restarted_mid_run_leaves_no_mark_on_the_global() {
+    let dir = tempfile::tempdir().unwrap();
+    let sim_port = free_port();
+    let sim_addr = format!("127.0.0.1:{sim_port}");
+    let mut sim = Proc::strata(&["simulate", "--nodes", "1", "--listen", &sim_addr], dir.path(), "sim");
+    wait_ready(&format!("http://{sim_addr}/node/0/metrics"), &mut sim, Duration::from_secs(30));
+    let started = now_ms() as f64 / 1000.0;
+    let (mut edge_a, args_a, _base_a, grpc_a) = scraping_edge(dir.path(), "a", &sim_addr);
+    let (mut edge_b, _, base_b, grpc_b) = scraping_edge(dir.path(), "b", &sim_addr);
+    let cfg = dir.path().join("global.yml");
+    std::fs::write(&cfg, format!("stores: ['{grpc_a}', '{grpc_b}']\nstore_timeout: 5s\ninfo_interval: 1s\n")).unwrap();
+    let http = format!("127.0.0.1:{}", free_port());
+    let cfg = cfg.display().to_string();
+    let mut global = Proc::strata(&["global", "--config", &cfg, "--http-listen", &http], dir.path(), "global");
+    let base = format!("http://{http}");
+    wait_ready(&format!("{base}/-/ready"), &mut global, Duration::from_secs(30));
+
+    std::thread::sleep(Duration::from_secs(6));
+    edge_a.kill9();
+    std::thread::sleep(Duration::from_secs(5));
+    let refs: Vec<&str> = args_a.iter().map(String::as_str).collect();
+    let mut edge_a = Proc::strata(&refs, dir.path(), "edge-a-restarted");
+    std::thread::sleep(Duration::from_secs(6));
+
+    // From the first second both replicas scraped to a second ago.
+    let (start, end) = (started.ceil() + 3.0, now_ms() as f64 / 1000.0 - 1.0);
+    for q in ["DCGM_FI_DEV_GPU_TEMP", "rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION%5B5s%5D)"] {
+        let global_answer = range(&base, q, start, end);
+        let healthy = range(&base_b, q, start, end);
+        assert_eq!(global_answer.len(), healthy.len(), "{q}: series");
+        assert!(!healthy.is_empty(), "{q}: no data");
+        for ((gl, gp), (hl, hp)) in global_answer.iter().zip(&healthy) {
+            let hl = hl.replace(",\"cluster\":\"c0\"", "").replace("\"cluster\":\"c0\",", "");
+            let gl = gl.replace(",\"cluster\":\"c0\"", "").replace("\"cluster\":\"c0\",", "");
+            assert_eq!(gl, hl, "{q}");
+            assert_eq!(gp.len(), hp.len(), "{q} {gl}: points (a gap at the global?)");
+            for (g, h) in gp.iter().zip(hp) {
+                assert_eq!(g.0, h.0, "{q} {gl}");
+                // Gauges equal exactly; a rate may differ by the replicas' few ms of scrape
+                // timing, never by a false reset or a jump.
+                let tol = if q.starts_with("rate") { 0.02 * h.1.abs().max(1.0) } else { 0.0 };
+                assert!((g.1 - h.1).abs() <= tol, "{q} {gl} at {}: global {} vs healthy replica {}", g.0, g.1, h.1);
+            }
+        }
+    }
+    let resets = api_data(&format!(
+        "{base}/api/v1/query?query=resets(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION%5B1m%5D)&time={end:.3}"
+    ));
+    assert!(
+        resets["result"].as_array().unwrap().iter().all(|s| s["value"][1] == "0"),
+        "a false reset at the global: {resets}"
+    );
+    for p in [&mut global, &mut edge_a, &mut edge_b, &mut sim] {
+        p.terminate();
+    }
+}
