@@ -5,8 +5,10 @@
 //!   - 127.0.0.1:10901
 //! file_sd_configs:              # files of Prometheus file-SD form: [{"targets": [...]}]
 //!   - files: [stores.json]
-//! dns_sd:                       # dns+host:port: every A/AAAA record of host, at port
-//!   - dns+edges.monitoring.svc:10901
+//! dns_sd:                       # dns+host:port: every A/AAAA record of host, at port;
+//!   - dns+edges.monitoring.svc:10901   # dnssrv+name: every SRV record's host and port
+//!   - dnssrv+_grpc._tcp.edges.monitoring.svc
+//! dns_resolver: 10.0.0.10:53    # for SRV; default: the first nameserver of /etc/resolv.conf
 //! store_timeout: 30s            # per store and call
 //! info_interval: 10s            # how often each store's Info is read, files and names resolved
 //! replica_labels: [replica]     # HA replica labels (also --query.replica-label)
@@ -29,6 +31,7 @@ struct RawConfig {
     store_timeout: Option<PromDuration>,
     info_interval: Option<PromDuration>,
     replica_labels: Option<Vec<String>>,
+    dns_resolver: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -44,6 +47,9 @@ pub struct GlobalConfig {
     pub sd_files: Vec<PathBuf>,
     /// `dns+host:port` names.
     pub dns: Vec<(String, u16)>,
+    /// `dnssrv+` names.
+    pub dns_srv: Vec<String>,
+    pub dns_resolver: Option<std::net::SocketAddr>,
     pub store_timeout: Duration,
     pub info_interval: Duration,
     pub replica_labels: Vec<String>,
@@ -81,14 +87,22 @@ impl GlobalConfig {
         for s in &raw.stores {
             check_address(s)?;
         }
-        let mut dns = Vec::new();
+        let (mut dns, mut dns_srv) = (Vec::new(), Vec::new());
         for d in &raw.dns_sd {
-            let Some(rest) = d.strip_prefix("dns+") else {
-                return Err(format!("dns_sd entry {d:?}: expected dns+host:port (SRV lookups are not supported yet)"));
-            };
-            let (host, port) = check_address(rest)?;
-            dns.push((host.to_string(), port));
+            if let Some(name) = d.strip_prefix("dnssrv+") {
+                crate::dns::srv_query(0, name)?;
+                dns_srv.push(name.to_string());
+            } else if let Some(rest) = d.strip_prefix("dns+") {
+                let (host, port) = check_address(rest)?;
+                dns.push((host.to_string(), port));
+            } else {
+                return Err(format!("dns_sd entry {d:?}: expected dns+host:port or dnssrv+name"));
+            }
         }
+        let dns_resolver = match raw.dns_resolver.as_deref() {
+            Some(r) => Some(r.parse().map_err(|_| format!("dns_resolver {r:?} is not ip:port"))?),
+            None => None,
+        };
         let sd_files = raw
             .file_sd_configs
             .iter()
@@ -106,6 +120,8 @@ impl GlobalConfig {
             stores: raw.stores,
             sd_files,
             dns,
+            dns_srv,
+            dns_resolver,
             store_timeout: positive(raw.store_timeout, Duration::from_secs(30), "store_timeout")?,
             info_interval: positive(raw.info_interval, Duration::from_secs(10), "info_interval")?,
             replica_labels: raw.replica_labels.unwrap_or_else(|| vec!["replica".to_string()]),
@@ -141,7 +157,8 @@ mod tests {
         for bad in [
             "stores: ['nohost']",
             "stores: ['a b:1']",
-            "dns_sd: ['dnssrv+_grpc._tcp.x']",
+            "dns_sd: ['srv+x']",
+            "dns_resolver: nowhere",
             "store_timeout: 0s",
             "unknown_key: 1",
             "stores: [[",

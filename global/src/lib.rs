@@ -9,6 +9,7 @@
 //! This crate is wiring only; every mechanism lives in a `shared/` crate.
 
 pub mod config;
+pub mod dns;
 pub mod stores;
 
 use axum::extract::State;

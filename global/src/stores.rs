@@ -92,7 +92,21 @@ impl StoreSet {
             }
         }
         all.extend(self.files.lock().values().flatten().cloned());
-        for (host, port) in &self.cfg.dns {
+        let mut named: Vec<(String, u16)> = self.cfg.dns.clone();
+        if !self.cfg.dns_srv.is_empty() {
+            match self.cfg.dns_resolver.or_else(crate::dns::system_resolver) {
+                Some(resolver) => {
+                    for name in &self.cfg.dns_srv {
+                        match crate::dns::lookup_srv(resolver, name, Duration::from_secs(5)).await {
+                            Ok(found) => named.extend(found),
+                            Err(e) => tracing::warn!(%name, %resolver, error = %e, "store SRV lookup failed"),
+                        }
+                    }
+                }
+                None => tracing::warn!("dnssrv+ stores configured but no resolver: set dns_resolver"),
+            }
+        }
+        for (host, port) in &named {
             match tokio::time::timeout(Duration::from_secs(5), tokio::net::lookup_host((host.as_str(), *port))).await {
                 Ok(Ok(addrs)) => all.extend(addrs.map(|a| a.to_string())),
                 Ok(Err(e)) => tracing::warn!(name = %host, error = %e, "store DNS lookup failed"),
@@ -234,4 +248,67 @@ fn read_sd_file(path: &PathBuf) -> Result<Vec<String>, String> {
         out.push(t);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_grpc::{StoreInfo, StoreService};
+    use strata_store::memory::MemoryStore;
+    use strata_store::SelectLimits;
+
+    #[tokio::test]
+    async fn stores_from_a_list_a_file_and_srv_records_are_polled_with_their_health() {
+        // One real store, found through an SRV record as localhost:<port>.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let info =
+            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![] });
+        let external = Labels::from_pairs([("cluster", "c0")]);
+        let svc = StoreService::new(Arc::new(MemoryStore::default()), external, SelectLimits::default(), info);
+        tokio::spawn(strata_grpc::serve(listener, svc, Duration::from_secs(5), std::future::pending()));
+        let dns = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let resolver = dns.local_addr().unwrap();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = dns.recv_from(&mut buf).await {
+                let mut a = buf[..n].to_vec();
+                a[2] = 0x81;
+                a[3] = 0x80;
+                a[7] = 1;
+                a.extend_from_slice(&[0xC0, 12, 0, 33, 0, 1, 0, 0, 0, 30]);
+                let mut rdata = vec![0, 1, 0, 1];
+                rdata.extend_from_slice(&port.to_be_bytes());
+                rdata.extend_from_slice(b"\x09localhost\x00");
+                a.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+                a.extend_from_slice(&rdata);
+                let _ = dns.send_to(&a, from).await;
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let down = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        std::fs::write(dir.path().join("sd.json"), format!("[{{\"targets\": [\"{down}\"]}}]")).unwrap();
+        let text = format!(
+            "file_sd_configs:\n  - files: [sd.json]\ndns_sd: ['dnssrv+_grpc._tcp.edges.test']\ndns_resolver: '{resolver}'\nstore_timeout: 2s\n"
+        );
+        let cfg = GlobalConfig::parse(&text, dir.path()).unwrap();
+        let fanout = Arc::new(Fanout::new(Vec::new(), Duration::from_secs(2)));
+        let set = StoreSet::new(cfg, fanout.clone());
+        set.refresh().await;
+        let st = set.status();
+        let up: Vec<&StoreStatus> = st.iter().filter(|s| s.healthy).collect();
+        assert_eq!(up.len(), 1, "{st:?}");
+        assert!(up[0].address.ends_with(&format!(":{port}")), "{st:?}");
+        assert_eq!(up[0].label_sets, [Labels::from_pairs([("cluster", "c0")])]);
+        assert_eq!((up[0].min_time, up[0].max_time), (5, 9));
+        let bad = st.iter().find(|s| s.address == down).expect("the file's store is listed");
+        assert!(!bad.healthy && bad.last_error.is_some(), "{bad:?}");
+        // Every store is in the fan-out, the one that is down included.
+        assert_eq!(fanout.targets().len(), st.len());
+        let page = set.status_json();
+        assert_eq!(page.as_array().unwrap().len(), st.len());
+    }
 }

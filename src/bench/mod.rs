@@ -3,6 +3,7 @@
 
 mod attack;
 mod fleet_day;
+mod global_pair;
 mod ingest;
 mod scale;
 mod vs_prometheus;
@@ -33,6 +34,10 @@ pub enum BenchCommand {
         /// After loading, serve the Prometheus API here until Ctrl-C (for `fleet_day.py run --other`).
         #[arg(long)]
         serve: Option<std::net::SocketAddr>,
+        /// Serve through a global querier instead: the day as an HA pair (replicas `a` and
+        /// `b`, each a StoreAPI on loopback), fanned out and deduplicated.
+        #[arg(long)]
+        via_global: bool,
     },
     /// The storage at scale: simulated DCGM series at 5 s appended directly (no HTTP) for
     /// simulated hours, blocks cut and compacted beside it; ingest rate, peak RSS, bytes on
@@ -96,12 +101,16 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             })
             .await?
         }
-        BenchCommand::FleetDay { file, serve } => {
+        BenchCommand::FleetDay { file, serve, via_global } => {
             let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;
+            let local: std::sync::Arc<dyn strata_store::Store> =
+                std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db)));
             if let Some(addr) = serve {
+                let store = if via_global { global_pair::serve_pair(local).await? } else { local };
                 let listener = tokio::net::TcpListener::bind(addr).await?;
-                println!("serving the fleet-day head at http://{} (Ctrl-C stops)", listener.local_addr()?);
-                let app = strata_api::router(std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db))));
+                let what = if via_global { "through a global over an HA pair" } else { "from one store" };
+                println!("serving the fleet-day data {what} at http://{} (Ctrl-C stops)", listener.local_addr()?);
+                let app = strata_api::router(store);
                 axum::serve(listener, app).with_graceful_shutdown(crate::shutdown_signal()).await?;
             }
             Ok(())

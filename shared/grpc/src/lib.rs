@@ -22,7 +22,7 @@ mod tests;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{status_from_store_error, store_error_from_status};
-pub use server::{serve, StoreInfo, StoreService};
+pub use server::{series_wire_bytes, serve, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
 
 /// The largest message either side sends or accepts. A frame is cut well below it

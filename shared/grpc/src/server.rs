@@ -70,16 +70,8 @@ impl StoreService {
         Ok(Some(rest))
     }
 
-    /// A series' labels with the external labels set (they win over the series' own, as a
-    /// Thanos sidecar's do).
     fn with_external(&self, labels: &Labels) -> Labels {
-        if self.external.is_empty() {
-            return labels.clone();
-        }
-        let mut v: Vec<Label> = labels.iter().filter(|l| self.external.get(&l.name).is_none()).cloned().collect();
-        v.extend(self.external.iter().cloned());
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        Labels::from_sorted_unchecked(v)
+        attach_external(labels, &self.external)
     }
 
     fn limits_of(&self, req: &pb::SeriesRequest) -> SelectLimits {
@@ -89,6 +81,18 @@ impl StoreService {
             max_samples: cap(req.max_samples, self.limits.max_samples),
         }
     }
+}
+
+/// A series' labels with the external labels set (they win over the series' own, as a
+/// Thanos sidecar's do).
+fn attach_external(labels: &Labels, external: &Labels) -> Labels {
+    if external.is_empty() {
+        return labels.clone();
+    }
+    let mut v: Vec<Label> = labels.iter().filter(|l| external.get(&l.name).is_none()).cloned().collect();
+    v.extend(external.iter().cloned());
+    v.sort_by(|a, b| a.name.cmp(&b.name));
+    Labels::from_sorted_unchecked(v)
 }
 
 type FrameStream = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
@@ -231,6 +235,18 @@ impl StoreService {
             chunks: s.chunks.iter().map(chunk_to_pb).collect(),
         }
     }
+}
+
+/// The bytes a series takes in a `Series` frame (protobuf, before gzip), with `external`
+/// labels attached: what the wire carries per series, for benchmarks.
+pub fn series_wire_bytes(s: &SeriesChunks, external: &Labels) -> usize {
+    let pb = pb::Series {
+        labels: labels_to_pb(&attach_external(&s.labels, external)),
+        r#type: metric_type_to_pb(s.metric_type) as i32,
+        unit: String::new(),
+        chunks: s.chunks.iter().map(chunk_to_pb).collect(),
+    };
+    prost::Message::encoded_len(&pb) + 2
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves. Requests carry their own
