@@ -97,26 +97,6 @@ fn attach_external(labels: &Labels, external: &Labels) -> Labels {
 
 type FrameStream = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
 
-/// Cuts series into frames of at most [`FRAME_SERIES`] series or about [`FRAME_BYTES`].
-fn frames(series: Vec<pb::Series>) -> Vec<pb::SeriesResponse> {
-    let mut out = Vec::new();
-    let (mut cur, mut bytes) = (Vec::new(), 0usize);
-    for s in series {
-        let size = s.chunks.iter().map(|c| c.data.len() + 32).sum::<usize>()
-            + s.labels.iter().map(|l| l.name.len() + l.value.len() + 4).sum::<usize>();
-        if !cur.is_empty() && (cur.len() >= FRAME_SERIES || bytes + size > FRAME_BYTES) {
-            out.push(pb::SeriesResponse { series: std::mem::take(&mut cur), warnings: vec![] });
-            bytes = 0;
-        }
-        bytes += size;
-        cur.push(s);
-    }
-    if !cur.is_empty() {
-        out.push(pb::SeriesResponse { series: cur, warnings: vec![] });
-    }
-    out
-}
-
 #[tonic::async_trait]
 impl StoreRpc for StoreService {
     async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
@@ -147,32 +127,67 @@ impl StoreRpc for StoreService {
             return Ok(Response::new(Box::pin(tokio_stream::iter(Vec::new()))));
         };
         let limits = self.limits_of(&req);
-        let series: Vec<pb::Series> = if req.skip_chunks {
+        // (labels as sent, the series' data): labels first, so the stream can be sorted by
+        // what it carries (external labels can reorder series) before anything is encoded.
+        let mut found: Vec<(Labels, Option<SeriesChunks>)> = if req.skip_chunks {
             let found =
                 self.store.series(&matchers, req.min_time, req.max_time).await.map_err(status_from_store_error)?;
             if found.len() > limits.max_series {
                 return Err(Status::resource_exhausted(format!("series limit of {} exceeded", limits.max_series)));
             }
-            found
-                .iter()
-                .map(|l| pb::Series { labels: labels_to_pb(&self.with_external(l)), ..Default::default() })
-                .collect()
+            found.iter().map(|l| (self.with_external(l), None)).collect()
         } else {
             let mut sel = SelectRequest::new(matchers, req.min_time, req.max_time);
             sel.limits = limits;
             let found = self.store.select(&sel).await.map_err(status_from_store_error)?;
-            let meta = self.store.metadata(None).await.unwrap_or_default();
-            found.iter().map(|s| self.series_to_pb(s, &meta)).collect()
+            found.into_iter().map(|s| (self.with_external(&s.labels), Some(s))).collect()
         };
-        let mut series = series;
-        // External labels can reorder series; the stream is sorted by the labels it carries.
         if !self.external.is_empty() {
-            series.sort_by(|a, b| {
-                a.labels.iter().map(|l| (&l.name, &l.value)).cmp(b.labels.iter().map(|l| (&l.name, &l.value)))
-            });
+            found.sort_by(|a, b| a.0.cmp(&b.0));
         }
-        let out: Vec<Result<pb::SeriesResponse, Status>> = frames(series).into_iter().map(Ok).collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(out))))
+        let units: Vec<(String, String)> = if req.skip_chunks {
+            Vec::new()
+        } else {
+            let meta = self.store.metadata(None).await.unwrap_or_default();
+            meta.into_iter().filter(|(_, m)| !m.unit.is_empty()).map(|(f, m)| (f, m.unit)).collect()
+        };
+        // Frames are encoded as the client takes them: at most two wait in the channel, so
+        // the service holds the selection (chunks shared with the store) and two frames,
+        // never the whole answer encoded.
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::SeriesResponse, Status>>(2);
+        tokio::spawn(async move {
+            let (mut cur, mut bytes) = (Vec::new(), 0usize);
+            for (labels, data) in found {
+                let s = match data {
+                    None => pb::Series { labels: labels_to_pb(&labels), ..Default::default() },
+                    Some(d) => {
+                        let family = d.labels.metric_name().unwrap_or("");
+                        let unit = units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default();
+                        pb::Series {
+                            labels: labels_to_pb(&labels),
+                            r#type: metric_type_to_pb(d.metric_type) as i32,
+                            unit,
+                            chunks: d.chunks.iter().map(chunk_to_pb).collect(),
+                        }
+                    }
+                };
+                let size = s.chunks.iter().map(|c| c.data.len() + 32).sum::<usize>()
+                    + s.labels.iter().map(|l| l.name.len() + l.value.len() + 4).sum::<usize>();
+                if !cur.is_empty() && (cur.len() >= FRAME_SERIES || bytes + size > FRAME_BYTES) {
+                    let frame = pb::SeriesResponse { series: std::mem::take(&mut cur), warnings: vec![] };
+                    if tx.send(Ok(frame)).await.is_err() {
+                        return;
+                    }
+                    bytes = 0;
+                }
+                bytes += size;
+                cur.push(s);
+            }
+            if !cur.is_empty() {
+                let _ = tx.send(Ok(pb::SeriesResponse { series: cur, warnings: vec![] })).await;
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }
 
     async fn label_names(
@@ -221,19 +236,6 @@ impl StoreRpc for StoreService {
             .map_err(status_from_store_error)?;
         let families = found.iter().map(|(f, m)| metadata_to_pb(f, m)).collect();
         Ok(Response::new(pb::MetadataResponse { families, warnings: vec![] }))
-    }
-}
-
-impl StoreService {
-    fn series_to_pb(&self, s: &SeriesChunks, meta: &[(String, strata_model::Metadata)]) -> pb::Series {
-        let family = s.labels.metric_name().unwrap_or("");
-        let unit = meta.iter().find(|(f, _)| f == family).map(|(_, m)| m.unit.clone()).unwrap_or_default();
-        pb::Series {
-            labels: labels_to_pb(&self.with_external(&s.labels)),
-            r#type: metric_type_to_pb(s.metric_type) as i32,
-            unit,
-            chunks: s.chunks.iter().map(chunk_to_pb).collect(),
-        }
     }
 }
 
