@@ -12,18 +12,35 @@ use strata_grpc::{pb, series_wire_bytes, RemoteStore, RemoteStoreOptions, StoreI
 use strata_model::{Labels, MatchOp, Matcher};
 use strata_store::{SelectLimits, SelectRequest, Store};
 
-/// Starts the pair and returns the global's store (dedup over the fan-out).
-pub async fn serve_pair(local: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>> {
+fn everything() -> anyhow::Result<SelectRequest> {
     let all = vec![Matcher::new(MatchOp::Regex, "__name__", ".+")?];
     let mut req = SelectRequest::new(all, i64::MIN, i64::MAX);
     req.limits = SelectLimits { max_series: usize::MAX, max_samples: u64::MAX };
-    let day = local.select(&req).await?;
+    Ok(req)
+}
+
+/// Starts the pair and returns the global's store (dedup over the fan-out).
+pub async fn serve_pair(local: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>> {
+    let global = start_pair(local, true).await?;
+    // One whole-day select through the global, timed: the fan-out, two streams, the dedup.
+    let started = Instant::now();
+    let n = global.select(&everything()?).await?.len();
+    println!(
+        "  the whole day through the global (2 replicas, deduplicated): {n} series in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(global)
+}
+
+/// The pair's servers and the global over them; with `print`, the wire bytes per sample.
+async fn start_pair(local: Arc<dyn Store>, print: bool) -> anyhow::Result<Arc<dyn Store>> {
+    let day = if print { local.select(&everything()?).await? } else { Vec::new() };
     let samples: u64 = day.iter().flat_map(|s| &s.chunks).map(|c| c.n as u64).sum();
     let mut targets = Vec::new();
     for replica in ["a", "b"] {
         let external = Labels::from_pairs([("replica", replica)]);
         let wire: usize = day.iter().map(|s| series_wire_bytes(s, &external)).sum();
-        if replica == "a" {
+        if replica == "a" && print {
             println!(
                 "  Series over the whole day: {:.0} MB for {samples} samples: {:.3} bytes/sample on the wire (protobuf, before gzip)",
                 wire as f64 / 1e6,
@@ -53,16 +70,52 @@ pub async fn serve_pair(local: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>>
     }
     drop(day);
     let fanout: Arc<dyn Store> = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
-    let global: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout, vec!["replica".into()]));
-    // One whole-day select through the global, timed: the fan-out, two streams, the dedup.
+    Ok(Arc::new(ReplicaDedup::new(fanout, vec!["replica".into()])))
+}
+
+/// `strata bench global`: `series` simulated DCGM series (a minute of samples each) served
+/// as an HA pair, all selected through the global. The process's peak memory during the
+/// select, over what it held before, is the global's (the two servers' selections, which
+/// share the database's chunks, are counted in it too).
+pub async fn fanout_memory(series: usize) -> anyhow::Result<()> {
+    use super::scale::fleet::SimFleet;
+    let dir = tempfile::tempdir()?;
+    let db = Arc::new(strata_tsdb::db::Tsdb::open(dir.path(), Default::default())?);
     let started = Instant::now();
-    let all = vec![Matcher::new(MatchOp::Regex, "__name__", ".+")?];
-    let mut req = SelectRequest::new(all, i64::MIN, i64::MAX);
-    req.limits = SelectLimits { max_series: usize::MAX, max_samples: u64::MAX };
-    let n = global.select(&req).await?.len();
+    let mut fleet = SimFleet::new(series);
+    let handles: Vec<_> = (0..series).map(|i| db.series(&SimFleet::labels(i))).collect::<Result<_, _>>()?;
+    for (family, metric_type, help) in SimFleet::metadata() {
+        db.set_metadata(family, strata_model::Metadata { metric_type, help: help.to_string(), unit: String::new() })?;
+    }
+    let t0 = strata_model::time::now_ms() - 120_000;
+    for k in 0..12 {
+        fleet.step();
+        let batch: Vec<_> = handles
+            .iter()
+            .zip(&fleet.values)
+            .map(|(h, &v)| (h.clone(), strata_model::Sample::new(t0 + k * 5_000, v)))
+            .collect();
+        db.commit_distinct(&batch)?;
+    }
+    drop(handles);
+    println!("bench global: {series} series x 12 samples loaded in {:.1} s", started.elapsed().as_secs_f64());
+    let global = start_pair(Arc::new(strata_tsdb::TsdbStore(db)), false).await?;
+    // Peak memory from here on: the kernel resets VmHWM to the current RSS.
+    std::fs::write("/proc/self/clear_refs", "5")?;
+    let before = super::scale::rss_mb_of("self", "VmRSS:");
+    let started = Instant::now();
+    let found = global.select(&everything()?).await?;
+    let secs = started.elapsed().as_secs_f64();
+    let peak = super::scale::rss_mb_of("self", "VmHWM:");
     println!(
-        "  the whole day through the global (2 replicas, deduplicated): {n} series in {:.2} s",
-        started.elapsed().as_secs_f64()
+        "  {} series from 2 replicas fanned out, streamed and deduplicated in {secs:.1} s ({:.0} k series/s)",
+        found.len(),
+        found.len() as f64 / secs / 1e3
     );
-    Ok(global)
+    println!(
+        "  peak memory of the select: {:.0} MB over {before:.0} MB before it: {:.0} bytes per series returned",
+        peak - before,
+        (peak - before) * 1e6 / found.len().max(1) as f64
+    );
+    Ok(())
 }

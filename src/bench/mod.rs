@@ -60,6 +60,12 @@ pub enum BenchCommand {
         #[arg(long)]
         vs_prometheus: Option<String>,
     },
+    /// The global's fan-out at scale: N series served by an HA pair over gRPC, selected
+    /// through the fan-out and the dedup; time and peak memory of the select.
+    Global {
+        #[arg(long, default_value_t = 1_000_000)]
+        series: usize,
+    },
     /// The attacks of issue 8, together, against an edge that scrapes and receives remote
     /// write: what each gets, and the edge's peak memory.
     Attack {
@@ -115,6 +121,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::VsPrometheus { nodes, seconds, prometheus } => {
             vs_prometheus::run(nodes, seconds, &prometheus).await
         }

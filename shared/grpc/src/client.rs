@@ -79,12 +79,13 @@ impl RemoteStore {
         let err = |s: &tonic::Status| store_error_from_status(&self.name, s, limits);
         let mut stream = c.series(req).await.map_err(|s| err(&s))?.into_inner();
         let mut last: Option<Labels> = None;
+        let mut pool = StringPool::default();
         while let Some(frame) = stream.message().await.map_err(|s| err(&s))? {
             for w in frame.warnings {
                 tracing::warn!(store = %self.name, about = %w.store, "{}", w.message);
             }
             for mut s in frame.series {
-                let labels = labels_from_pb(std::mem::take(&mut s.labels)).map_err(|r| self.corrupt(r))?;
+                let labels = labels_from_pb(std::mem::take(&mut s.labels), &mut pool).map_err(|r| self.corrupt(r))?;
                 if last.as_ref().is_some_and(|l| l >= &labels) {
                     return Err(self.corrupt(format!("series {labels} out of order or repeated")));
                 }

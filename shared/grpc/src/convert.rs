@@ -18,8 +18,27 @@ pub fn labels_to_pb(l: &Labels) -> Vec<pb::Label> {
     l.iter().map(|x| pb::Label { name: x.name.to_string(), value: x.value.to_string() }).collect()
 }
 
+/// The strings of one response, shared: a fleet's series repeat the same few names and
+/// values, and a million series would otherwise allocate each of them a million times.
+#[derive(Default)]
+pub struct StringPool(std::collections::HashSet<std::sync::Arc<str>>);
+
+impl StringPool {
+    fn get(&mut self, s: String) -> std::sync::Arc<str> {
+        if let Some(x) = self.0.get(s.as_str()) {
+            return x.clone();
+        }
+        let a: std::sync::Arc<str> = s.into();
+        // Bounded: past this many distinct strings, new ones are not kept (still correct).
+        if self.0.len() < 1 << 20 {
+            self.0.insert(a.clone());
+        }
+        a
+    }
+}
+
 /// Labels from a peer: bounded, names valid, sorted and unique (as a series' labels are).
-pub fn labels_from_pb(v: Vec<pb::Label>) -> Result<Labels, String> {
+pub fn labels_from_pb(v: Vec<pb::Label>, pool: &mut StringPool) -> Result<Labels, String> {
     if v.len() > MAX_LABELS {
         return Err(format!("a series with {} labels (at most {MAX_LABELS})", v.len()));
     }
@@ -38,7 +57,7 @@ pub fn labels_from_pb(v: Vec<pb::Label>) -> Result<Labels, String> {
         if out.last().is_some_and(|p| p.name.as_ref() >= l.name.as_str()) {
             return Err(format!("labels not sorted or repeated at {:?}", l.name));
         }
-        out.push(Label { name: l.name.into(), value: l.value.into() });
+        out.push(Label { name: pool.get(l.name), value: pool.get(l.value) });
     }
     Ok(Labels::from_sorted_unchecked(out))
 }

@@ -13,7 +13,7 @@ use strata_model::{Metadata, Sample};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::head::MemSeries;
 
-mod fleet;
+pub(super) mod fleet;
 mod prometheus;
 
 pub use prometheus::run as run_prometheus;
@@ -31,7 +31,7 @@ pub(super) fn peak_rss_mb_of(pid: &str) -> f64 {
 }
 
 /// A memory line of `/proc/<pid>/status` (`VmHWM:` peak, `VmRSS:` now), in MB.
-fn rss_mb_of(pid: &str, field: &str) -> f64 {
+pub(super) fn rss_mb_of(pid: &str, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
         .and_then(|s| s.lines().find(|l| l.starts_with(field)).map(str::to_string))
