@@ -121,7 +121,11 @@ impl StoreSet {
         if let Some(c) = clients.get(addr) {
             return Ok(c.clone());
         }
-        let opts = RemoteStoreOptions { timeout: self.cfg.store_timeout, connect_timeout: Duration::from_secs(5) };
+        let opts = RemoteStoreOptions {
+            timeout: self.cfg.store_timeout,
+            connect_timeout: Duration::from_secs(5),
+            gzip: false,
+        };
         let c = RemoteStore::new(addr, opts).map_err(|e| e.to_string())?;
         clients.insert(addr.to_string(), c.clone());
         Ok(c)

@@ -95,7 +95,16 @@ impl Store for ReplicaDedup {
                     replicas.push(v);
                 }
                 let merged = samples::merge_replicas(&replicas, is_counter(metric_type, &labels));
-                out.push(SeriesChunks { labels, metric_type, chunks: encode(&merged) });
+                // Most of the time one replica has no gap and the merge is that replica:
+                // its chunks go on as stored, with no re-encoding.
+                let whole = replicas
+                    .iter()
+                    .position(|r| r.len() == merged.len() && r.iter().zip(&merged).all(|(a, b)| a.bit_eq(b)));
+                let chunks = match whole {
+                    Some(k) => keyed[i + k].1.chunks.clone(),
+                    None => encode(&merged),
+                };
+                out.push(SeriesChunks { labels, metric_type, chunks });
             }
             i = j;
         }

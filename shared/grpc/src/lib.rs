@@ -29,6 +29,9 @@ pub use strata_proto::store as pb;
 /// ([`FRAME_BYTES`]); this bounds what a hostile peer can make the other allocate.
 pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 
+/// HTTP/2 flow-control window per stream (the connection's is twice it).
+pub const WINDOW_BYTES: u32 = 8 << 20;
+
 /// A `Series` frame is sent once it holds this many bytes of chunks and labels...
 pub const FRAME_BYTES: usize = 1 << 20;
 /// ... or this many series.

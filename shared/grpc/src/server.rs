@@ -2,7 +2,7 @@
 //! labels.
 
 use crate::convert::*;
-use crate::{pb, GrpcError, FRAME_BYTES, FRAME_SERIES, MAX_MESSAGE_BYTES};
+use crate::{pb, GrpcError, FRAME_BYTES, FRAME_SERIES, MAX_MESSAGE_BYTES, WINDOW_BYTES};
 use pb::store_server::{Store as StoreRpc, StoreServer};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -262,6 +262,8 @@ pub async fn serve(
     let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     tonic::transport::Server::builder()
         .timeout(max_request)
+        .initial_stream_window_size(WINDOW_BYTES)
+        .initial_connection_window_size(2 * WINDOW_BYTES)
         .add_service(service.into_server())
         .serve_with_incoming_shutdown(tokio_stream::wrappers::TcpListenerStream::new(listener), shutdown)
         .await

@@ -38,8 +38,10 @@ fn service(store: impl Store + 'static, external: Labels) -> StoreService {
 #[tokio::test]
 async fn a_remote_store_passes_the_store_conformance_suite() {
     let (addr, stop) = start(service(fixture_store(), Labels::default())).await;
-    let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
-    run_all(&remote).await;
+    for gzip in [false, true] {
+        let remote = RemoteStore::new(&addr, RemoteStoreOptions { gzip, ..Default::default() }).unwrap();
+        run_all(&remote).await;
+    }
     let _ = stop.send(());
 }
 
@@ -192,7 +194,8 @@ async fn a_store_that_is_down_is_an_error_naming_it() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     drop(listener);
-    let opts = RemoteStoreOptions { timeout: Duration::from_secs(2), connect_timeout: Duration::from_secs(1) };
+    let opts =
+        RemoteStoreOptions { timeout: Duration::from_secs(2), connect_timeout: Duration::from_secs(1), gzip: false };
     let remote = RemoteStore::new(&addr, opts).unwrap();
     let r = remote.select(&SelectRequest::new(vec![Matcher::eq("__name__", "x")], 0, 1)).await;
     assert!(matches!(r, Err(StoreError::Unavailable(ref m)) if m.contains(&addr)), "{r:?}");
