@@ -117,10 +117,22 @@ impl Tsdb {
     /// Persists the head's samples in `[start, end)` as a block and drops them from the head
     /// and the WAL. Returns whether there was anything to write, and the WAL segments deleted.
     fn cut_range(&self, start: i64, end: i64) -> Result<(bool, usize), TsdbError> {
-        {
+        let previous_floor = {
             let _writer = self.wal.lock();
-            self.head_floor.fetch_max(end, Ordering::Relaxed);
+            self.head_floor.fetch_max(end, Ordering::Relaxed)
+        };
+        let out = self.write_cut(start, end);
+        let in_place = || self.blocks.healthy().iter().any(|b| b.meta().min_time == start && b.meta().max_time == end);
+        if out.is_err() && !in_place() {
+            // The window is not in a block: the floor goes back, or the next run would start
+            // past the window and a later cut's truncation would drop it from the head unwritten.
+            let _writer = self.wal.lock();
+            self.head_floor.store(previous_floor, Ordering::Relaxed);
         }
+        out
+    }
+
+    fn write_cut(&self, start: i64, end: i64) -> Result<(bool, usize), TsdbError> {
         // One series' chunk list at a time: at 500 k series, holding every list at once
         // would cost more than the block's whole index.
         let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
