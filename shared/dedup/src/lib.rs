@@ -94,15 +94,10 @@ impl Store for ReplicaDedup {
                         .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
                     replicas.push(v);
                 }
-                let merged = samples::merge_replicas(&replicas, is_counter(metric_type, &labels));
-                // Most of the time one replica has no gap and the merge is that replica:
-                // its chunks go on as stored, with no re-encoding.
-                let whole = replicas
-                    .iter()
-                    .position(|r| r.len() == merged.len() && r.iter().zip(&merged).all(|(a, b)| a.bit_eq(b)));
-                let chunks = match whole {
-                    Some(k) => keyed[i + k].1.chunks.clone(),
-                    None => encode(&merged),
+                let chunks = match samples::merge(&replicas, is_counter(metric_type, &labels)) {
+                    // One replica covers the span without a gap: its chunks go on as stored.
+                    samples::Merged::Replica(k) => keyed[i + k].1.chunks.clone(),
+                    samples::Merged::Samples(merged) => encode(&merged),
                 };
                 out.push(SeriesChunks { labels, metric_type, chunks });
             }

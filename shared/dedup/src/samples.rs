@@ -17,7 +17,42 @@
 
 use strata_model::{is_stale, Sample};
 
-/// Merges the replicas of one series. `counter`: apply the counter rule.
+/// What a merge produced: one replica whole (its chunks can go on as stored), or samples.
+#[derive(Debug, PartialEq)]
+pub enum Merged {
+    Replica(usize),
+    Samples(Vec<Sample>),
+}
+
+/// Merges the replicas of one series. A replica that covers the others' whole span with no
+/// gap (and no staleness marker) is the answer as it is: the common case, found from
+/// timestamps in one pass, and then nothing is merged. `counter`: apply the counter rule.
+pub fn merge(replicas: &[Vec<Sample>], counter: bool) -> Merged {
+    let present: Vec<usize> = (0..replicas.len()).filter(|&r| !replicas[r].is_empty()).collect();
+    if present.len() == 1 {
+        return Merged::Replica(present[0]);
+    }
+    let reps: Vec<&[Sample]> = present.iter().map(|&r| replicas[r].as_slice()).collect();
+    if reps.is_empty() {
+        return Merged::Samples(Vec::new());
+    }
+    let gap = gap_limit(&reps);
+    let first = reps.iter().map(|r| r[0].t).min().unwrap_or(0);
+    let last = reps.iter().map(|r| r[r.len() - 1].t).max().unwrap_or(0);
+    let complete = |r: &[Sample]| {
+        r[0].t <= first.saturating_add(gap)
+            && r[r.len() - 1].t >= last.saturating_sub(gap)
+            && r.windows(2).all(|w| w[1].t - w[0].t <= gap)
+            && !r.iter().any(|s| is_stale(s.v))
+    };
+    let best = (0..reps.len()).filter(|&i| complete(reps[i])).max_by_key(|&i| reps[i].len());
+    match best {
+        Some(i) => Merged::Replica(present[i]),
+        None => Merged::Samples(merge_replicas(replicas, counter)),
+    }
+}
+
+/// Merges the replicas of one series sample by sample. `counter`: apply the counter rule.
 pub fn merge_replicas(replicas: &[Vec<Sample>], counter: bool) -> Vec<Sample> {
     let reps: Vec<&[Sample]> = replicas.iter().map(Vec::as_slice).filter(|r| !r.is_empty()).collect();
     match reps.len() {

@@ -1,4 +1,4 @@
-use super::samples::merge_replicas;
+use super::samples::{merge, merge_replicas, Merged};
 use super::*;
 use strata_model::{stale_nan, Labels};
 use strata_store::conformance::{fixture, run_all};
@@ -18,6 +18,14 @@ async fn dedup_over_two_identical_replicas_passes_the_conformance_suite() {
         }
     }
     run_all(&ReplicaDedup::new(Arc::new(m), vec!["replica".into()])).await;
+}
+
+/// The merge's output as samples (a whole replica, or the merged samples).
+fn merged(reps: &[Vec<Sample>], counter: bool) -> Vec<Sample> {
+    match merge(reps, counter) {
+        Merged::Replica(k) => reps[k].clone(),
+        Merged::Samples(v) => v,
+    }
 }
 
 /// A counter's resets, as PromQL's `resets()` counts them.
@@ -56,8 +64,9 @@ fn a_counter_scraped_by_two_offset_replicas_has_a_rate_of_exactly_one() {
     // thanos-io/thanos 1326 and 2401: a 1/s counter, 30 s scrapes, replicas 15 s apart.
     let a = scrape(0, 30, 3600, &[], |_| true);
     let b = scrape(15, 30, 3600, &[], |_| true);
-    for reps in [vec![a.clone(), b.clone()], vec![b, a]] {
-        let out = merge_replicas(&reps, true);
+    for out in
+        [vec![a.clone(), b.clone()], vec![b, a]].into_iter().flat_map(|r| [merge_replicas(&r, true), merged(&r, true)])
+    {
         assert_eq!(resets(&out), 0);
         for end in (600..=3600).step_by(60) {
             let (from, to) = ((end - 300) * 1000, end * 1000);
@@ -86,8 +95,10 @@ fn a_replica_missing_scrapes_is_filled_from_the_other_without_gaps_or_false_rese
     assert!(lost.len() >= 6, "the draw lost {} scrapes", lost.len());
     let a = scrape(0, 30, 3600, &true_resets, |t| !lost.contains(&t));
     let b = scrape(15, 30, 3600, &true_resets, |_| true);
-    for reps in [vec![a.clone(), b.clone()], vec![b.clone(), a.clone()]] {
-        let out = merge_replicas(&reps, true);
+    for out in [vec![a.clone(), b.clone()], vec![b.clone(), a.clone()]]
+        .into_iter()
+        .flat_map(|r| [merge_replicas(&r, true), merged(&r, true)])
+    {
         let worst = out.windows(2).map(|w| w[1].t - w[0].t).max().unwrap();
         assert!(worst <= 45_000, "an output gap of {worst} ms");
         assert_eq!(resets(&out), true_resets.len(), "resets()");
@@ -137,6 +148,8 @@ fn gauges_are_never_averaged_and_a_stale_marker_does_not_cut_the_series() {
     let a: Vec<Sample> =
         (0..10).map(|k| Sample::new(k * 5_000, 50.0 + k as f64)).chain([Sample::new(50_000, stale_nan())]).collect();
     let b: Vec<Sample> = (0..20).map(|k| Sample::new(2_000 + k * 5_000, 70.0 + k as f64)).collect();
+    // A ends with a marker B does not show: not complete, so the sample-level merge runs.
+    assert!(matches!(merge(&[a.clone(), b.clone()], false), Merged::Replica(1)));
     let out = merge_replicas(&[a.clone(), b.clone()], false);
     for s in &out {
         let from_a = a.iter().any(|x| x.t == s.t && x.v.to_bits() == s.v.to_bits());
@@ -166,4 +179,14 @@ async fn dedup_false_shows_every_replica_and_the_type_comes_from_metadata() {
     let both = QueryScope::new(true, false).run(d.select(&req)).await.unwrap();
     assert_eq!(both.len(), 2);
     assert!(d.label_names(&[], 0, i64::MAX).await.unwrap().iter().all(|n| n != "replica"));
+}
+
+#[test]
+fn a_replica_that_covers_the_span_without_gaps_is_the_answer_as_it_is() {
+    let a = scrape(0, 30, 600, &[], |t| t != 300_000);
+    let b = scrape(15, 30, 600, &[], |_| true);
+    assert_eq!(merge(&[a.clone(), b.clone()], true), Merged::Replica(1));
+    // Neither complete: the samples are merged.
+    let b_gappy = scrape(15, 30, 600, &[], |t| t != 135_000);
+    assert!(matches!(merge(&[a, b_gappy], true), Merged::Samples(_)));
 }
