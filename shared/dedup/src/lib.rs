@@ -87,17 +87,28 @@ impl Store for ReplicaDedup {
                 let s = keyed[i].1.clone();
                 out.push(SeriesChunks { labels, metric_type, chunks: s.chunks });
             } else {
-                let mut replicas = Vec::with_capacity(j - i);
-                for (_, s) in &keyed[i..j] {
+                let group = &keyed[i..j];
+                let decode = |s: &SeriesChunks| -> Result<Vec<Sample>, StoreError> {
                     let mut v = Vec::new();
                     Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v)
                         .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
-                    replicas.push(v);
-                }
-                let chunks = match samples::merge(&replicas, is_counter(metric_type, &labels)) {
-                    // One replica covers the span without a gap: its chunks go on as stored.
-                    samples::Merged::Replica(k) => keyed[i + k].1.chunks.clone(),
-                    samples::Merged::Samples(merged) => encode(&merged),
+                    Ok(v)
+                };
+                // The fullest replica first (counts and span from chunk headers): if it covers
+                // the span without a gap, it is the answer and the others stay encoded.
+                let first = group.iter().filter_map(|g| g.1.chunks.first()).map(|c| c.min_t).min().unwrap_or(0);
+                let last = group.iter().filter_map(|g| g.1.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
+                let count = |g: &(Labels, SeriesChunks)| g.1.chunks.iter().map(|c| c.n as u64).sum::<u64>();
+                let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
+                let chunks = if samples::covers(&decode(&group[fullest].1)?, first, last) {
+                    group[fullest].1.chunks.clone()
+                } else {
+                    let replicas = group.iter().map(|g| decode(&g.1)).collect::<Result<Vec<_>, _>>()?;
+                    match samples::merge(&replicas, is_counter(metric_type, &labels)) {
+                        // One replica covers the span without a gap: its chunks go on as stored.
+                        samples::Merged::Replica(k) => group[k].1.chunks.clone(),
+                        samples::Merged::Samples(merged) => encode(&merged),
+                    }
                 };
                 out.push(SeriesChunks { labels, metric_type, chunks });
             }

@@ -52,6 +52,17 @@ pub fn merge(replicas: &[Vec<Sample>], counter: bool) -> Merged {
     }
 }
 
+/// Whether one replica's samples cover `[first, last]` (the span of all replicas, from
+/// chunk headers) with no gap over 1.5 of its own scrape interval and no staleness marker:
+/// then it is the answer as it is, and the other replicas need not be decoded.
+pub fn covers(r: &[Sample], first: i64, last: i64) -> bool {
+    let Some(gap) = (!r.is_empty()).then(|| gap_limit(&[r])) else { return false };
+    r[0].t <= first.saturating_add(gap)
+        && r[r.len() - 1].t >= last.saturating_sub(gap)
+        && r.windows(2).all(|w| w[1].t - w[0].t <= gap)
+        && !r.iter().any(|s| is_stale(s.v))
+}
+
 /// Merges the replicas of one series sample by sample. `counter`: apply the counter rule.
 pub fn merge_replicas(replicas: &[Vec<Sample>], counter: bool) -> Vec<Sample> {
     let reps: Vec<&[Sample]> = replicas.iter().map(Vec::as_slice).filter(|r| !r.is_empty()).collect();

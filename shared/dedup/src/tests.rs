@@ -190,3 +190,16 @@ fn a_replica_that_covers_the_span_without_gaps_is_the_answer_as_it_is() {
     let b_gappy = scrape(15, 30, 600, &[], |t| t != 135_000);
     assert!(matches!(merge(&[a, b_gappy], true), Merged::Samples(_)));
 }
+
+#[test]
+fn covers_needs_the_whole_span_without_gaps_or_markers() {
+    let full = scrape(0, 30, 600, &[], |_| true);
+    assert!(super::samples::covers(&full, 0, 600_000));
+    assert!(super::samples::covers(&full, 10_000, 610_000), "within 1.5 intervals of either end");
+    assert!(!super::samples::covers(&full, 0, 700_000), "ends too early");
+    let gappy = scrape(0, 30, 600, &[], |t| t != 300_000);
+    assert!(!super::samples::covers(&gappy, 0, 600_000));
+    let mut stale = full.clone();
+    stale[5] = Sample::new(stale[5].t, stale_nan());
+    assert!(!super::samples::covers(&stale, 0, 600_000));
+}
