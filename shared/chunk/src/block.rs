@@ -122,6 +122,25 @@ pub(super) fn decode(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<()
     r
 }
 
+/// A block-encoded chunk's grid step `Δ` and the largest step between consecutive samples it
+/// can hold, `Δ + m − 1` (offsets lie in `[0, m)`), read from the header alone. `None` for
+/// bytes that are not the block form or a header that does not parse to a positive grid.
+pub(super) fn step_bounds(bytes: &[u8]) -> Option<(i64, i64)> {
+    if !is_block(bytes) {
+        return None;
+    }
+    let mut r = BitReader { bytes, pos: 6 };
+    let _t0 = read_long(&mut r)?;
+    let step = unzigzag(read_long(&mut r)?);
+    let _lo = read_long(&mut r)?;
+    // The header holds m − 1, the offsets' spread.
+    let spread = read_long(&mut r)?;
+    if r.overrun() || step <= 0 || spread >= 1 << 32 {
+        return None;
+    }
+    Some((step, step.checked_add(spread as i64)?))
+}
+
 fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     let truncated = || ChunkError::Truncated(0);
     let mut r = BitReader { bytes, pos: 3 };
@@ -446,6 +465,22 @@ mod tests {
     fn lcg(seed: &mut u64) -> u64 {
         *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         *seed >> 33
+    }
+
+    #[test]
+    fn step_bounds_hold_every_step_of_a_jittered_chunk() {
+        let mut seed = 11;
+        for jitter in [1u64, 40, 900] {
+            let samples: Vec<Sample> = (0..500)
+                .map(|i| Sample::new(1_700_000_000_000 + i * 5_000 + (lcg(&mut seed) % jitter) as i64, (i % 7) as f64))
+                .collect();
+            let bytes = roundtrip(&samples);
+            let (step, max) = step_bounds(&bytes).expect("a block chunk's header");
+            assert_eq!(step, 5_000);
+            let worst = samples.windows(2).map(|w| w[1].t - w[0].t).max().unwrap();
+            assert!(worst <= max && max < step + jitter as i64, "jitter {jitter}: worst {worst}, bound {max}");
+        }
+        assert_eq!(step_bounds(&[0u8; 4]), None, "not the block form");
     }
 
     #[test]

@@ -26,6 +26,13 @@ impl Chunk {
         block::is_block(&self.data)
     }
 
+    /// For a block-encoded chunk, its grid step and an upper bound of the step between any
+    /// two consecutive samples, from the header without decoding (HA dedup tells a gap-free
+    /// replica by it). `None` for the streaming encoding.
+    pub fn step_bounds(&self) -> Option<(i64, i64)> {
+        block::step_bounds(&self.data)
+    }
+
     /// The same samples in the block encoding when that is no larger, else the chunk as
     /// it is. Done once, when a chunk is sealed: queries decode block chunks several times
     /// faster than they replay the streaming coder.

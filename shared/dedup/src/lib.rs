@@ -47,6 +47,21 @@ pub fn is_counter(t: MetricType, labels: &Labels) -> bool {
     }
 }
 
+/// [`samples::covers`] from chunk headers alone, for block-encoded chunks: each chunk's
+/// largest possible step, and the steps between chunks, within 1.5 grid steps, and the span
+/// reached at both ends. (Block chunks hold no staleness markers.) `false` means "decode
+/// and look", not "has a gap".
+fn covers_by_headers(chunks: &[Chunk], first: i64, last: i64) -> bool {
+    let Some(bounds) = chunks.iter().map(Chunk::step_bounds).collect::<Option<Vec<_>>>() else { return false };
+    let Some(step) = bounds.iter().map(|b| b.0).min() else { return false };
+    let gap = step.saturating_add(step / 2);
+    let (Some(a), Some(z)) = (chunks.first(), chunks.last()) else { return false };
+    a.min_t <= first.saturating_add(gap)
+        && z.max_t >= last.saturating_sub(gap)
+        && bounds.iter().all(|b| b.1 <= gap)
+        && chunks.windows(2).all(|w| w[1].min_t > w[0].max_t && w[1].min_t - w[0].max_t <= gap)
+}
+
 fn encode(samples: &[Sample]) -> Vec<Chunk> {
     let mut out = Vec::new();
     let mut app = ChunkAppender::new();
@@ -100,7 +115,10 @@ impl Store for ReplicaDedup {
                 let last = group.iter().filter_map(|g| g.1.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
                 let count = |g: &(Labels, SeriesChunks)| g.1.chunks.iter().map(|c| c.n as u64).sum::<u64>();
                 let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
-                let chunks = if samples::covers(&decode(&group[fullest].1)?, first, last) {
+                let candidate = &group[fullest].1.chunks;
+                let chunks = if covers_by_headers(candidate, first, last)
+                    || samples::covers(&decode(&group[fullest].1)?, first, last)
+                {
                     group[fullest].1.chunks.clone()
                 } else {
                     let replicas = group.iter().map(|g| decode(&g.1)).collect::<Result<Vec<_>, _>>()?;

@@ -203,3 +203,35 @@ fn covers_needs_the_whole_span_without_gaps_or_markers() {
     stale[5] = Sample::new(stale[5].t, stale_nan());
     assert!(!super::samples::covers(&stale, 0, 600_000));
 }
+
+fn block_chunk(samples: &[Sample]) -> strata_chunk::Chunk {
+    let mut a = strata_chunk::ChunkAppender::new();
+    for s in samples {
+        a.append(s.t, s.v);
+    }
+    let c = a.seal().compact();
+    assert!(c.is_block(), "the test needs block-encoded chunks");
+    c
+}
+
+#[test]
+fn chunk_headers_tell_a_gap_free_replica_without_decoding() {
+    // Readings that take the block form (three-decimal noise, as DCGM power readings).
+    let s: Vec<Sample> = (0..41)
+        .map(|i| Sample::new(i * 30_000 + (i * 7) % 23, (300_000 + i * 104_729 % 9_973) as f64 / 1000.0))
+        .collect();
+    let (a, b) = s.split_at(20);
+    let whole = vec![block_chunk(a), block_chunk(b)];
+    assert!(super::covers_by_headers(&whole, 0, 1_200_000));
+    assert!(!super::covers_by_headers(&whole, 0, 1_300_000), "short of the span");
+    // A missing minute between the chunks, then one inside a chunk.
+    let between = vec![block_chunk(&s[..20]), block_chunk(&s[22..])];
+    assert!(!super::covers_by_headers(&between, 0, 1_200_000));
+    // A gap inside a chunk: whichever encoding it gets, the headers do not vouch for it.
+    let inside: Vec<Sample> = s.iter().copied().filter(|x| x.t / 30_000 != 10).collect();
+    let mut app = strata_chunk::ChunkAppender::new();
+    for x in &inside {
+        app.append(x.t, x.v);
+    }
+    assert!(!super::covers_by_headers(&[app.seal().compact()], 0, 1_200_000));
+}
