@@ -121,6 +121,19 @@ fn fleet(end: i64) -> Vec<Series> {
     out
 }
 
+/// Remote-writes every sample of `series` to the edge at `base` in one request; the edge
+/// must acknowledge it.
+pub(crate) fn remote_write_all(base: &str, series: &[Series]) {
+    let resp = client()
+        .post(format!("{base}/api/v1/write"))
+        .header("Content-Encoding", "snappy")
+        .header("Content-Type", "application/x-protobuf")
+        .body(write_body(series, i64::MIN, i64::MAX))
+        .send()
+        .unwrap_or_else(|e| panic!("remote write to {base}: {e}"));
+    assert!(resp.status().is_success(), "remote write to {base}: {}", resp.text().unwrap_or_default());
+}
+
 /// Remote-write bodies holding every series' samples in `[from, to)`, so that both databases
 /// receive the data in time order (Prometheus refuses samples far behind its newest).
 pub(crate) fn write_body(series: &[Series], from: i64, to: i64) -> Vec<u8> {

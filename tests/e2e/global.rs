@@ -5,7 +5,7 @@
 //! its health at `/api/v1/stores`.
 
 use crate::common::*;
-use crate::differential::{write_body, Series};
+use crate::differential::{remote_write_all, Series};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
@@ -44,14 +44,7 @@ fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
                 (labels, (0..100).map(|i| (start + offset + i * 5_000, (40 + g) as f64)).collect())
             })
             .collect();
-        let resp = client()
-            .post(format!("{base}/api/v1/write"))
-            .header("Content-Encoding", "snappy")
-            .header("Content-Type", "application/x-protobuf")
-            .body(write_body(&series, i64::MIN, i64::MAX))
-            .send()
-            .unwrap();
-        assert!(resp.status().is_success());
+        remote_write_all(base, &series);
     }
     // A store that refuses (nothing listens) and one that accepts and never answers.
     let refused = format!("127.0.0.1:{}", free_port());

@@ -2,7 +2,7 @@
 //! labels, remote-written data, and a `RemoteStore` over loopback.
 
 use crate::common::*;
-use crate::differential::{write_body, Series};
+use crate::differential::{remote_write_all, Series};
 use std::time::Duration;
 use strata_grpc::{RemoteStore, RemoteStoreOptions};
 use strata_model::Matcher;
@@ -28,14 +28,7 @@ fn the_edge_serves_its_data_over_grpc_with_its_external_labels() {
             (labels, (0..100).map(|i| (start + i * 5_000, (i * 3 + g) as f64)).collect())
         })
         .collect();
-    let resp = client()
-        .post(format!("{base}/api/v1/write"))
-        .header("Content-Encoding", "snappy")
-        .header("Content-Type", "application/x-protobuf")
-        .body(write_body(&series, i64::MIN, i64::MAX))
-        .send()
-        .unwrap();
-    assert!(resp.status().is_success());
+    remote_write_all(&base, &series);
 
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async {

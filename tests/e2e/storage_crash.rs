@@ -4,7 +4,7 @@
 //! none lost, none duplicated, and maintenance goes on.
 
 use crate::common::*;
-use crate::differential::{write_body, Series};
+use crate::differential::{remote_write_all, Series};
 use serde_json::Value;
 use std::time::Duration;
 
@@ -61,14 +61,7 @@ fn a_crash_at_any_storage_step_loses_and_duplicates_nothing() {
         wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
         let now = now_ms();
         let series = data(now);
-        let resp = client()
-            .post(format!("{base}/api/v1/write"))
-            .header("Content-Encoding", "snappy")
-            .header("Content-Type", "application/x-protobuf")
-            .body(write_body(&series, i64::MIN, i64::MAX))
-            .send()
-            .unwrap();
-        assert!(resp.status().is_success(), "{point}: the write was not acknowledged");
+        remote_write_all(&base, &series);
         // Maintenance runs every second with 10 s blocks: the crash point comes quickly.
         let st = edge.wait_exit(Duration::from_secs(30));
         let st = st.unwrap_or_else(|| panic!("{point}: the edge never reached the crash point:\n{}", edge.log_text()));
@@ -112,14 +105,7 @@ fn a_failed_block_cut_makes_the_edge_unready_until_maintenance_succeeds() {
     std::fs::write(&blocks, b"not a directory").unwrap();
     let now = now_ms();
     let series = data(now);
-    let resp = client()
-        .post(format!("{base}/api/v1/write"))
-        .header("Content-Encoding", "snappy")
-        .header("Content-Type", "application/x-protobuf")
-        .body(write_body(&series, i64::MIN, i64::MAX))
-        .send()
-        .unwrap();
-    assert!(resp.status().is_success(), "the write was not acknowledged");
+    remote_write_all(&base, &series);
 
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let body = loop {

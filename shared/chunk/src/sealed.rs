@@ -26,6 +26,25 @@ impl Chunk {
         block::is_block(&self.data)
     }
 
+    /// Samples (time-ordered) as chunks in the streaming encoding, each full at
+    /// [`CHUNK_MAX_SAMPLES`](crate::CHUNK_MAX_SAMPLES) but the last: for merges that produce
+    /// new samples (replica dedup, overlapping stores).
+    pub fn encode_samples(samples: impl IntoIterator<Item = Sample>) -> Vec<Chunk> {
+        let mut out = Vec::new();
+        let mut app = crate::ChunkAppender::new();
+        for s in samples {
+            app.append(s.t, s.v);
+            if app.is_full() {
+                out.push(app.seal());
+                app = crate::ChunkAppender::new();
+            }
+        }
+        if !app.is_empty() {
+            out.push(app.seal());
+        }
+        out
+    }
+
     /// For a block-encoded chunk, its grid step and an upper bound of the step between any
     /// two consecutive samples, from the header without decoding (HA dedup tells a gap-free
     /// replica by it). `None` for the streaming encoding.

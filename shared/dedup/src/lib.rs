@@ -17,7 +17,7 @@ pub mod samples;
 
 use async_trait::async_trait;
 use std::sync::Arc;
-use strata_chunk::{Chunk, ChunkAppender};
+use strata_chunk::Chunk;
 use strata_model::{Label, Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
 
@@ -62,22 +62,6 @@ fn covers_by_headers(chunks: &[Chunk], first: i64, last: i64) -> bool {
         && chunks.windows(2).all(|w| w[1].min_t > w[0].max_t && w[1].min_t - w[0].max_t <= gap)
 }
 
-fn encode(samples: &[Sample]) -> Vec<Chunk> {
-    let mut out = Vec::new();
-    let mut app = ChunkAppender::new();
-    for s in samples {
-        app.append(s.t, s.v);
-        if app.is_full() {
-            out.push(app.seal());
-            app = ChunkAppender::new();
-        }
-    }
-    if !app.is_empty() {
-        out.push(app.seal());
-    }
-    out
-}
-
 #[async_trait]
 impl Store for ReplicaDedup {
     async fn select_within(
@@ -116,17 +100,23 @@ impl Store for ReplicaDedup {
                 let count = |g: &(Labels, SeriesChunks)| g.1.chunks.iter().map(|c| c.n as u64).sum::<u64>();
                 let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
                 let candidate = &group[fullest].1.chunks;
-                let chunks = if covers_by_headers(candidate, first, last)
-                    || samples::covers(&decode(&group[fullest].1)?, first, last)
-                {
-                    group[fullest].1.chunks.clone()
-                } else {
-                    let replicas = group.iter().map(|g| decode(&g.1)).collect::<Result<Vec<_>, _>>()?;
-                    match samples::merge(&replicas, is_counter(metric_type, &labels)) {
-                        // One replica covers the span without a gap: its chunks go on as stored.
-                        samples::Merged::Replica(k) => group[k].1.chunks.clone(),
-                        samples::Merged::Samples(merged) => encode(&merged),
+                let fullest_samples =
+                    if covers_by_headers(candidate, first, last) { None } else { Some(decode(&group[fullest].1)?) };
+                let chunks = match fullest_samples {
+                    Some(f) if !samples::covers(&f, first, last) => {
+                        // The fullest replica is decoded already; the others now.
+                        let mut f = Some(f);
+                        let replicas = (0..group.len())
+                            .map(|k| if k == fullest { Ok(f.take().unwrap_or_default()) } else { decode(&group[k].1) })
+                            .collect::<Result<Vec<_>, _>>()?;
+                        match samples::merge(&replicas, is_counter(metric_type, &labels)) {
+                            // One replica covers the span without a gap: its chunks go on as stored.
+                            samples::Merged::Replica(k) => group[k].1.chunks.clone(),
+                            samples::Merged::Samples(merged) => Chunk::encode_samples(merged),
+                        }
                     }
+                    // The fullest replica covers the span without a gap: it is the answer.
+                    _ => group[fullest].1.chunks.clone(),
                 };
                 out.push(SeriesChunks { labels, metric_type, chunks });
             }

@@ -1,6 +1,6 @@
 //! Merging the stores' answers into one label-sorted list, each series once.
 
-use strata_chunk::{Chunk, ChunkAppender};
+use strata_chunk::Chunk;
 use strata_model::{MetricType, Sample};
 use strata_store::{SelectBudget, SeriesChunks, StoreError};
 
@@ -48,24 +48,13 @@ fn merge_chunks(a: Vec<Chunk>, b: Vec<Chunk>) -> Result<Vec<Chunk>, String> {
     }
     samples.sort_by_key(|s| s.t);
     samples.dedup_by_key(|s| s.t);
-    let mut out = Vec::new();
-    let mut app = ChunkAppender::new();
-    for s in samples {
-        app.append(s.t, s.v);
-        if app.is_full() {
-            out.push(app.seal());
-            app = ChunkAppender::new();
-        }
-    }
-    if !app.is_empty() {
-        out.push(app.seal());
-    }
-    Ok(out)
+    Ok(Chunk::encode_samples(samples))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use strata_chunk::ChunkAppender;
 
     fn chunk(ts: impl IntoIterator<Item = i64>) -> Chunk {
         let mut a = ChunkAppender::new();
