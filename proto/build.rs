@@ -2,6 +2,9 @@
 //! fresh machine needs no system `protoc`. With the `grpc` feature the StoreAPI's service
 //! stubs (client and server) are generated beside its messages; without it, only the
 //! messages, so that crates that only encode (remote write) do not build tonic.
+/// Chunk bytes decode as slices of the received frame, not as copies.
+const CHUNK_DATA: &str = ".strata.store.v1.Chunk.data";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let files = ["prometheus/remote.proto", "strata/store.proto"];
     for f in files {
@@ -9,9 +12,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(files, ["."])?;
     if std::env::var_os("CARGO_FEATURE_GRPC").is_some() {
-        tonic_prost_build::configure().build_client(true).build_server(true).compile_fds(fds)?;
+        tonic_prost_build::configure().build_client(true).build_server(true).bytes(CHUNK_DATA).compile_fds(fds)?;
     } else {
-        prost_build::Config::new().compile_fds(fds)?;
+        prost_build::Config::new().bytes([CHUNK_DATA]).compile_fds(fds)?;
     }
     Ok(())
 }

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_dedup::ReplicaDedup;
 use strata_fanout::{Fanout, StoreTarget};
-use strata_grpc::{pb, series_wire_bytes, RemoteStore, RemoteStoreOptions, StoreInfo, StoreService};
+use strata_grpc::{pb, selection_wire_bytes, RemoteStore, RemoteStoreOptions, StoreInfo, StoreService};
 use strata_model::{Labels, MatchOp, Matcher};
 use strata_store::{SelectLimits, SelectRequest, Store};
 
@@ -21,7 +21,8 @@ fn everything() -> anyhow::Result<SelectRequest> {
 
 /// Starts the pair and returns the global's store (dedup over the fan-out).
 pub async fn serve_pair(local: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>> {
-    let global = start_pair(local, true).await?;
+    let (global, stages) = start_pair(local.clone(), true).await?;
+    stage_times(&local, &stages, &global).await?;
     // One whole-day select through the global, timed: the fan-out, two streams, the dedup.
     let started = Instant::now();
     let n = global.select(&everything()?).await?.len();
@@ -32,14 +33,20 @@ pub async fn serve_pair(local: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>>
     Ok(global)
 }
 
+/// The layers under the global's store, to time each on its own.
+struct Layers {
+    one_replica: Arc<dyn Store>,
+    fanout: Arc<dyn Store>,
+}
+
 /// The pair's servers and the global over them; with `print`, the wire bytes per sample.
-async fn start_pair(local: Arc<dyn Store>, print: bool) -> anyhow::Result<Arc<dyn Store>> {
+async fn start_pair(local: Arc<dyn Store>, print: bool) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
     let day = if print { local.select(&everything()?).await? } else { Vec::new() };
     let samples: u64 = day.iter().flat_map(|s| &s.chunks).map(|c| c.n as u64).sum();
     let mut targets = Vec::new();
     for replica in ["a", "b"] {
         let external = Labels::from_pairs([("replica", replica)]);
-        let wire: usize = day.iter().map(|s| series_wire_bytes(s, &external)).sum();
+        let wire = selection_wire_bytes(&day, &external);
         if replica == "a" && print {
             println!(
                 "  Series over the whole day: {:.0} MB for {samples} samples: {:.3} bytes/sample on the wire (protobuf, before gzip)",
@@ -69,8 +76,37 @@ async fn start_pair(local: Arc<dyn Store>, print: bool) -> anyhow::Result<Arc<dy
         });
     }
     drop(day);
+    let one_replica = targets[0].store.clone();
     let fanout: Arc<dyn Store> = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
-    Ok(Arc::new(ReplicaDedup::new(fanout, vec!["replica".into()])))
+    let global = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
+    Ok((global, Layers { one_replica, fanout }))
+}
+
+/// One metric's day selected from each layer in turn (median of 15), so the global's
+/// overhead shows where it is spent: the store itself, one replica over gRPC, both through
+/// the fan-out, and the dedup over them.
+async fn stage_times(local: &Arc<dyn Store>, layers: &Layers, global: &Arc<dyn Store>) -> anyhow::Result<()> {
+    let metric = Matcher::new(MatchOp::Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL")?;
+    let mut req = SelectRequest::new(vec![metric], i64::MIN, i64::MAX);
+    req.limits = everything()?.limits;
+    let mut line = String::from("  one metric's day selected from");
+    for (name, store) in [
+        ("the store", local),
+        ("one replica over gRPC", &layers.one_replica),
+        ("both through the fan-out", &layers.fanout),
+        ("the fan-out and dedup", global),
+    ] {
+        let mut times = Vec::new();
+        for _ in 0..15 {
+            let started = Instant::now();
+            store.select(&req).await?;
+            times.push(started.elapsed().as_secs_f64() * 1e3);
+        }
+        times.sort_by(f64::total_cmp);
+        line.push_str(&format!(" {name} {:.1} ms,", times[times.len() / 2]));
+    }
+    println!("{}", line.trim_end_matches(','));
+    Ok(())
 }
 
 /// `strata bench global`: `series` simulated DCGM series (a minute of samples each) served
@@ -99,7 +135,7 @@ pub async fn fanout_memory(series: usize) -> anyhow::Result<()> {
     }
     drop(handles);
     println!("bench global: {series} series x 12 samples loaded in {:.1} s", started.elapsed().as_secs_f64());
-    let global = start_pair(Arc::new(strata_tsdb::TsdbStore(db)), false).await?;
+    let (global, _) = start_pair(Arc::new(strata_tsdb::TsdbStore(db)), false).await?;
     // Peak memory from here on: the kernel resets VmHWM to the current RSS.
     std::fs::write("/proc/self/clear_refs", "5")?;
     let before = super::scale::rss_mb_of("self", "VmRSS:");

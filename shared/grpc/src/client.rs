@@ -1,7 +1,7 @@
 //! [`RemoteStore`]: a [`Store`] over the gRPC client.
 
 use crate::convert::*;
-use crate::{pb, GrpcError, MAX_MESSAGE_BYTES, WINDOW_BYTES};
+use crate::{pb, GrpcError, H2_FRAME_BYTES, MAX_MESSAGE_BYTES, WINDOW_BYTES};
 use async_trait::async_trait;
 use pb::store_client::StoreClient;
 use std::time::Duration;
@@ -48,7 +48,8 @@ impl RemoteStore {
             // HTTP/2's default 64 KiB windows make a large answer wait on a round trip per
             // window; selections are megabytes.
             .initial_stream_window_size(Some(WINDOW_BYTES))
-            .initial_connection_window_size(Some(2 * WINDOW_BYTES));
+            .initial_connection_window_size(Some(2 * WINDOW_BYTES))
+            .max_frame_size(H2_FRAME_BYTES);
         // Requests are small and go out plain, so any server can read them; responses may
         // come gzipped.
         let mut client = StoreClient::new(endpoint.connect_lazy())
@@ -94,8 +95,14 @@ impl RemoteStore {
             for w in frame.warnings {
                 tracing::warn!(store = %self.name, about = %w.store, "{}", w.message);
             }
+            let symbols = FrameSymbols::new(frame.symbols, &mut pool);
             for mut s in frame.series {
-                let labels = labels_from_pb(std::mem::take(&mut s.labels), &mut pool).map_err(|r| self.corrupt(r))?;
+                let labels = if s.label_refs.is_empty() {
+                    labels_from_pb(std::mem::take(&mut s.labels), &mut pool)
+                } else {
+                    symbols.labels(&s.label_refs)
+                }
+                .map_err(|r| self.corrupt(r))?;
                 if last.as_ref().is_some_and(|l| l >= &labels) {
                     return Err(self.corrupt(format!("series {labels} out of order or repeated")));
                 }

@@ -2,6 +2,8 @@
 //! arrives from the network is validated before it becomes a `Labels` or a `Chunk`.
 
 use crate::pb;
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
 use strata_chunk::{Chunk, CHUNK_MAX_SAMPLES};
 use strata_model::{Label, Labels, MatchOp, Matcher, Metadata, MetricType};
 use strata_store::{SelectLimits, StoreError};
@@ -21,14 +23,14 @@ pub fn labels_to_pb(l: &Labels) -> Vec<pb::Label> {
 /// The strings of one response, shared: a fleet's series repeat the same few names and
 /// values, and a million series would otherwise allocate each of them a million times.
 #[derive(Default)]
-pub struct StringPool(std::collections::HashSet<std::sync::Arc<str>>);
+pub struct StringPool(HashSet<Arc<str>, foldhash::fast::RandomState>);
 
 impl StringPool {
-    fn get(&mut self, s: String) -> std::sync::Arc<str> {
+    fn get(&mut self, s: String) -> Arc<str> {
         if let Some(x) = self.0.get(s.as_str()) {
             return x.clone();
         }
-        let a: std::sync::Arc<str> = s.into();
+        let a: Arc<str> = s.into();
         // Bounded: past this many distinct strings, new ones are not kept (still correct).
         if self.0.len() < 1 << 20 {
             self.0.insert(a.clone());
@@ -39,27 +41,101 @@ impl StringPool {
 
 /// Labels from a peer: bounded, names valid, sorted and unique (as a series' labels are).
 pub fn labels_from_pb(v: Vec<pb::Label>, pool: &mut StringPool) -> Result<Labels, String> {
-    if v.len() > MAX_LABELS {
-        return Err(format!("a series with {} labels (at most {MAX_LABELS})", v.len()));
-    }
-    let bytes: usize = v.iter().map(|l| l.name.len() + l.value.len()).sum();
-    if bytes > MAX_LABEL_BYTES {
-        return Err(format!("a label set of {bytes} bytes (at most {MAX_LABEL_BYTES})"));
-    }
-    let mut out: Vec<Label> = Vec::with_capacity(v.len());
-    for l in v {
-        if !strata_model::is_valid_label_name(&l.name) {
-            return Err(format!("invalid label name {:?}", l.name));
+    let hint = v.len().min(MAX_LABELS);
+    checked_labels(v.into_iter().map(|l| (pool.get(l.name), pool.get(l.value))), hint)
+}
+
+/// Labels from `(name, value)` pairs a peer sent, checked: at most [`MAX_LABELS`] and
+/// [`MAX_LABEL_BYTES`], names valid, sorted and unique; empty values dropped.
+fn checked_labels(pairs: impl Iterator<Item = (Arc<str>, Arc<str>)>, hint: usize) -> Result<Labels, String> {
+    let (mut out, mut bytes): (Vec<Label>, usize) = (Vec::with_capacity(hint), 0);
+    for (k, (name, value)) in pairs.enumerate() {
+        if k >= MAX_LABELS {
+            return Err(format!("a series with more than {MAX_LABELS} labels"));
         }
-        if l.value.is_empty() {
+        bytes += name.len() + value.len();
+        if bytes > MAX_LABEL_BYTES {
+            return Err(format!("a label set of more than {MAX_LABEL_BYTES} bytes"));
+        }
+        if !strata_model::is_valid_label_name(&name) {
+            return Err(format!("invalid label name {name:?}"));
+        }
+        if value.is_empty() {
             continue;
         }
-        if out.last().is_some_and(|p| p.name.as_ref() >= l.name.as_str()) {
-            return Err(format!("labels not sorted or repeated at {:?}", l.name));
+        if out.last().is_some_and(|p| p.name >= name) {
+            return Err(format!("labels not sorted or repeated at {name:?}"));
         }
-        out.push(Label { name: pool.get(l.name), value: pool.get(l.value) });
+        out.push(Label { name, value });
     }
     Ok(Labels::from_sorted_unchecked(out))
+}
+
+/// One frame's symbols, as the series of the frame refer to them.
+pub struct FrameSymbols(Vec<Arc<str>>);
+
+impl FrameSymbols {
+    /// The frame's strings, each taken through the response's pool.
+    pub fn new(symbols: Vec<String>, pool: &mut StringPool) -> Self {
+        FrameSymbols(symbols.into_iter().map(|s| pool.get(s)).collect())
+    }
+
+    /// A series' labels from its `label_refs`: pairs of indexes, each within the frame.
+    pub fn labels(&self, refs: &[u32]) -> Result<Labels, String> {
+        if !refs.len().is_multiple_of(2) {
+            return Err(format!("{} label references: not (name, value) pairs", refs.len()));
+        }
+        let get = |i: u32| self.0.get(i as usize).cloned();
+        let mut bad = None;
+        let pairs = refs.chunks_exact(2).map_while(|p| match (get(p[0]), get(p[1])) {
+            (Some(n), Some(v)) => Some((n, v)),
+            _ => {
+                bad = Some(p[0].max(p[1]));
+                None
+            }
+        });
+        let labels = checked_labels(pairs, refs.len() / 2)?;
+        match bad {
+            Some(i) => Err(format!("label reference {i} past the frame's {} symbols", self.0.len())),
+            None => Ok(labels),
+        }
+    }
+}
+
+/// Builds a frame's symbol table as its series are added.
+#[derive(Default)]
+pub struct SymbolTable {
+    index: HashMap<Arc<str>, u32, foldhash::fast::RandomState>,
+    symbols: Vec<String>,
+}
+
+impl SymbolTable {
+    /// `labels` as `label_refs`, adding the strings the table lacks.
+    pub fn refs(&mut self, labels: &Labels) -> Vec<u32> {
+        let mut out = Vec::with_capacity(labels.len() * 2);
+        for l in labels.iter() {
+            for s in [&l.name, &l.value] {
+                let next = self.symbols.len() as u32;
+                let i = *self.index.entry(s.clone()).or_insert(next);
+                if i == next {
+                    self.symbols.push(s.to_string());
+                }
+                out.push(i);
+            }
+        }
+        out
+    }
+
+    /// The symbols so far (the table starts afresh: each frame stands alone).
+    pub fn take(&mut self) -> Vec<String> {
+        self.index.clear();
+        std::mem::take(&mut self.symbols)
+    }
+
+    /// Bytes the symbols take in the frame.
+    pub fn bytes(&self) -> usize {
+        self.symbols.iter().map(|s| s.len() + 2).sum()
+    }
 }
 
 pub fn matcher_to_pb(m: &Matcher) -> pb::LabelMatcher {
@@ -135,7 +211,8 @@ pub fn chunk_to_pb(c: &Chunk) -> pb::Chunk {
         min_time: c.min_t,
         max_time: c.max_t,
         samples: c.n as u32,
-        data: c.data.to_vec(),
+        // Shares the chunk's bytes: the frame copies them once, as it is encoded.
+        data: bytes::Bytes::from_owner(c.data.clone()),
         aggregate: pb::Aggregate::Raw as i32,
         resolution_ms: 0,
     }
@@ -159,7 +236,7 @@ pub fn chunk_from_pb(c: pb::Chunk) -> Result<Chunk, String> {
     if c.aggregate != pb::Aggregate::Raw as i32 || c.resolution_ms != 0 {
         return Err("a downsampled chunk where raw data was asked".into());
     }
-    Ok(Chunk { data: c.data.into(), n, min_t: c.min_time, max_t: c.max_time })
+    Ok(Chunk { data: Arc::from(&c.data[..]), n, min_t: c.min_time, max_t: c.max_time })
 }
 
 /// A store's error as a gRPC status: limits are `RESOURCE_EXHAUSTED`, bad requests

@@ -16,13 +16,14 @@
 
 mod client;
 mod convert;
+mod frames;
 mod server;
 #[cfg(test)]
 mod tests;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{status_from_store_error, store_error_from_status};
-pub use server::{series_wire_bytes, serve, StoreInfo, StoreService};
+pub use server::{selection_wire_bytes, serve, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
 
 /// The largest message either side sends or accepts. A frame is cut well below it
@@ -32,8 +33,12 @@ pub const MAX_MESSAGE_BYTES: usize = 16 << 20;
 /// HTTP/2 flow-control window per stream (the connection's is twice it).
 pub const WINDOW_BYTES: u32 = 8 << 20;
 
+/// The largest HTTP/2 frame either side accepts (the protocol's default is 16 KiB): a
+/// selection of megabytes then crosses in a few frames, not hundreds.
+pub const H2_FRAME_BYTES: u32 = 1 << 20;
+
 /// A `Series` frame is sent once it holds this many bytes of chunks and labels...
-pub const FRAME_BYTES: usize = 1 << 20;
+pub const FRAME_BYTES: usize = 256 << 10;
 /// ... or this many series.
 pub const FRAME_SERIES: usize = 1000;
 

@@ -133,15 +133,28 @@ fn series(labels: &[(&str, &str)], chunks: Vec<pb::Chunk>) -> pb::Series {
 }
 
 fn chunk(samples: u32, data: Vec<u8>) -> pb::Chunk {
-    pb::Chunk { min_time: 0, max_time: 10, samples, data, ..Default::default() }
+    pb::Chunk { min_time: 0, max_time: 10, samples, data: data.into(), ..Default::default() }
 }
 
 #[tokio::test]
 async fn bad_frames_are_errors_naming_the_store_never_panics() {
-    let frame = |s: Vec<pb::Series>| vec![pb::SeriesResponse { series: s, warnings: vec![] }];
+    let frame = |s: Vec<pb::Series>| vec![pb::SeriesResponse { series: s, ..Default::default() }];
+    // Labels as references into the frame's symbols.
+    let by_refs = |symbols: &[&str], refs: Vec<u32>| {
+        let s = pb::Series { label_refs: refs, chunks: vec![chunk(1, vec![0; 8])], ..Default::default() };
+        vec![pb::SeriesResponse {
+            series: vec![s],
+            symbols: symbols.iter().map(|x| x.to_string()).collect(),
+            ..Default::default()
+        }]
+    };
     let cases: Vec<(&str, Vec<pb::SeriesResponse>)> = vec![
         ("invalid label name", frame(vec![series(&[("bad name", "x")], vec![chunk(1, vec![0; 8])])])),
         ("unsorted labels", frame(vec![series(&[("b", "1"), ("a", "2")], vec![chunk(1, vec![0; 8])])])),
+        ("a reference past the symbols", by_refs(&["__name__", "x"], vec![0, 2])),
+        ("an odd number of references", by_refs(&["__name__", "x"], vec![0, 1, 0])),
+        ("an invalid name by reference", by_refs(&["bad name", "x"], vec![0, 1])),
+        ("repeated names by reference", by_refs(&["__name__", "x"], vec![0, 1, 0, 1])),
         ("zero samples", frame(vec![series(&[("__name__", "x")], vec![chunk(0, vec![0; 8])])])),
         ("too many samples", frame(vec![series(&[("__name__", "x")], vec![chunk(100_000, vec![0; 8])])])),
         ("empty chunk", frame(vec![series(&[("__name__", "x")], vec![chunk(5, vec![])])])),
@@ -185,7 +198,7 @@ async fn an_oversize_message_is_an_error() {
     let big: Vec<pb::Series> = (0..40)
         .map(|i| series(&[("__name__", "x"), ("pad", &format!("{i}{}", "p".repeat(1 << 20)))], vec![]))
         .collect();
-    let r = ask_hostile(vec![pb::SeriesResponse { series: big, warnings: vec![] }]).await;
+    let r = ask_hostile(vec![pb::SeriesResponse { series: big, ..Default::default() }]).await;
     assert!(matches!(r, Err(StoreError::Unavailable(ref m)) if m.contains("store 127.0.0.1:")), "{r:?}");
 }
 
