@@ -116,6 +116,36 @@ fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
     assert_eq!(a["labelSets"][0]["replica"], "a", "{a}");
     assert_eq!(a["kind"], "edge");
 
+    // Globals stack: a global over the pair serves the StoreAPI (streaming the fan-out's
+    // merge through), and a global over it deduplicates as the first one did.
+    let mid_cfg = dir.path().join("mid.yml");
+    std::fs::write(&mid_cfg, format!("stores: ['{grpc_a}', '{grpc_b}']\ninfo_interval: 1s\n")).unwrap();
+    let (mid_http, mid_grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let mid_cfg = mid_cfg.display().to_string();
+    let mid_args = ["global", "--config", &mid_cfg, "--http-listen", &mid_http, "--grpc-listen", &mid_grpc];
+    let mut mid = Proc::strata(&mid_args, dir.path(), "global-mid");
+    wait_ready(&format!("http://{mid_http}/-/ready"), &mut mid, Duration::from_secs(30));
+    let top_cfg = dir.path().join("top.yml");
+    std::fs::write(&top_cfg, format!("stores: ['{mid_grpc}']\ninfo_interval: 1s\n")).unwrap();
+    let top_http = format!("127.0.0.1:{}", free_port());
+    let top_cfg = top_cfg.display().to_string();
+    let mut top = Proc::strata(&["global", "--config", &top_cfg, "--http-listen", &top_http], dir.path(), "global-top");
+    let top_base = format!("http://{top_http}");
+    wait_ready(&format!("{top_base}/-/ready"), &mut top, Duration::from_secs(30));
+    let range_q = |base: &str, extra: &str| {
+        let url = format!(
+            "{base}/api/v1/query_range?query=gpu_temp&start={:.3}&end={t:.3}&step=5{extra}",
+            start as f64 / 1000.0
+        );
+        api_data(&url)["result"].clone()
+    };
+    let (direct, stacked) = (range_q(&base, ""), range_q(&top_base, ""));
+    assert_eq!(stacked.as_array().map(Vec::len), Some(3), "{stacked}");
+    assert_eq!(stacked, direct, "the stacked global answers as the one over the edges");
+    assert_eq!(range_q(&top_base, "&dedup=false").as_array().map(Vec::len), Some(6));
+    top.terminate();
+    mid.terminate();
+
     global.terminate();
     edge_a.terminate();
     edge_b.terminate();

@@ -19,7 +19,10 @@ use async_trait::async_trait;
 use std::sync::Arc;
 use strata_chunk::Chunk;
 use strata_model::{Label, Labels, Matcher, Metadata, MetricType, Sample};
-use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
+use strata_store::{
+    collect_batches, BoxBatches, OneBatch, QueryScope, SelectBudget, SelectRequest, SeriesBatches, SeriesChunks, Store,
+    StoreError,
+};
 
 pub struct ReplicaDedup {
     inner: Arc<dyn Store>,
@@ -62,6 +65,87 @@ fn covers_by_headers(chunks: &[Chunk], first: i64, last: i64) -> bool {
         && chunks.windows(2).all(|w| w[1].min_t > w[0].max_t && w[1].min_t - w[0].max_t <= gap)
 }
 
+impl ReplicaDedup {
+    /// One series from the replicas of a group (`key`: their labels without the replica
+    /// labels).
+    fn merge_group(&self, labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks, StoreError> {
+        let metric_type = group.iter().map(|s| s.metric_type).find(|t| *t != MetricType::Unknown).unwrap_or_default();
+        let mut group = group;
+        if group.len() == 1 {
+            let chunks = group.pop().map(|s| s.chunks).unwrap_or_default();
+            return Ok(SeriesChunks { labels, metric_type, chunks });
+        }
+        let decode = |s: &SeriesChunks| -> Result<Vec<Sample>, StoreError> {
+            let mut v = Vec::new();
+            Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v)
+                .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
+            Ok(v)
+        };
+        // The fullest replica first (counts and span from chunk headers): if it covers the
+        // span without a gap, it is the answer and the others stay encoded.
+        let first = group.iter().filter_map(|g| g.chunks.first()).map(|c| c.min_t).min().unwrap_or(0);
+        let last = group.iter().filter_map(|g| g.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
+        let count = |g: &SeriesChunks| g.chunks.iter().map(|c| c.n as u64).sum::<u64>();
+        let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
+        let fullest_samples =
+            if covers_by_headers(&group[fullest].chunks, first, last) { None } else { Some(decode(&group[fullest])?) };
+        let chunks = match fullest_samples {
+            Some(f) if !samples::covers(&f, first, last) => {
+                // The fullest replica is decoded already; the others now.
+                let mut f = Some(f);
+                let replicas = (0..group.len())
+                    .map(|k| if k == fullest { Ok(f.take().unwrap_or_default()) } else { decode(&group[k]) })
+                    .collect::<Result<Vec<_>, _>>()?;
+                match samples::merge(&replicas, is_counter(metric_type, &labels)) {
+                    // One replica covers the span without a gap: its chunks go on as stored.
+                    samples::Merged::Replica(k) => std::mem::take(&mut group[k].chunks),
+                    samples::Merged::Samples(merged) => Chunk::encode_samples(merged),
+                }
+            }
+            // The fullest replica covers the span without a gap: it is the answer.
+            _ => std::mem::take(&mut group[fullest].chunks),
+        };
+        Ok(SeriesChunks { labels, metric_type, chunks })
+    }
+}
+
+/// The inner store's batches, ordered without the replica labels so that the replicas of
+/// a series come one after the other; each group is merged once it is whole (the next
+/// series has other labels, or the stream ends).
+struct DedupBatches {
+    inner: BoxBatches,
+    dedup: Arc<ReplicaDedup>,
+    group: Vec<SeriesChunks>,
+    key: Option<Labels>,
+    done: bool,
+}
+
+#[async_trait]
+impl SeriesBatches for DedupBatches {
+    async fn next_batch(&mut self) -> Result<Option<Vec<SeriesChunks>>, StoreError> {
+        let mut out = Vec::new();
+        while out.is_empty() && !self.done {
+            let Some(batch) = self.inner.next_batch().await? else {
+                self.done = true;
+                if let Some(key) = self.key.take() {
+                    out.push(self.dedup.merge_group(key, std::mem::take(&mut self.group))?);
+                }
+                break;
+            };
+            for s in batch {
+                let key = self.dedup.strip(&s.labels);
+                if self.key.as_ref().is_some_and(|k| *k != key) {
+                    let (k, g) = (self.key.take().unwrap_or_default(), std::mem::take(&mut self.group));
+                    out.push(self.dedup.merge_group(k, g)?);
+                }
+                self.key = Some(key);
+                self.group.push(s);
+            }
+        }
+        Ok(if out.is_empty() { None } else { Some(out) })
+    }
+}
+
 #[async_trait]
 impl Store for ReplicaDedup {
     async fn select_within(
@@ -69,60 +153,33 @@ impl Store for ReplicaDedup {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
-        let found = self.inner.select_within(req, budget).await?;
-        if !QueryScope::current().dedup || self.replica_labels.is_empty() {
-            return Ok(found);
-        }
-        let mut keyed: Vec<(Labels, SeriesChunks)> = found.into_iter().map(|s| (self.strip(&s.labels), s)).collect();
-        keyed.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut out: Vec<SeriesChunks> = Vec::with_capacity(keyed.len());
-        let mut i = 0;
-        while i < keyed.len() {
-            let j = (i..keyed.len()).find(|&j| keyed[j].0 != keyed[i].0).unwrap_or(keyed.len());
-            let labels = keyed[i].0.clone();
-            let metric_type =
-                keyed[i..j].iter().map(|k| k.1.metric_type).find(|t| *t != MetricType::Unknown).unwrap_or_default();
-            if j - i == 1 {
-                let s = keyed[i].1.clone();
-                out.push(SeriesChunks { labels, metric_type, chunks: s.chunks });
-            } else {
-                let group = &keyed[i..j];
-                let decode = |s: &SeriesChunks| -> Result<Vec<Sample>, StoreError> {
-                    let mut v = Vec::new();
-                    Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v)
-                        .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
-                    Ok(v)
-                };
-                // The fullest replica first (counts and span from chunk headers): if it covers
-                // the span without a gap, it is the answer and the others stay encoded.
-                let first = group.iter().filter_map(|g| g.1.chunks.first()).map(|c| c.min_t).min().unwrap_or(0);
-                let last = group.iter().filter_map(|g| g.1.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
-                let count = |g: &(Labels, SeriesChunks)| g.1.chunks.iter().map(|c| c.n as u64).sum::<u64>();
-                let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
-                let candidate = &group[fullest].1.chunks;
-                let fullest_samples =
-                    if covers_by_headers(candidate, first, last) { None } else { Some(decode(&group[fullest].1)?) };
-                let chunks = match fullest_samples {
-                    Some(f) if !samples::covers(&f, first, last) => {
-                        // The fullest replica is decoded already; the others now.
-                        let mut f = Some(f);
-                        let replicas = (0..group.len())
-                            .map(|k| if k == fullest { Ok(f.take().unwrap_or_default()) } else { decode(&group[k].1) })
-                            .collect::<Result<Vec<_>, _>>()?;
-                        match samples::merge(&replicas, is_counter(metric_type, &labels)) {
-                            // One replica covers the span without a gap: its chunks go on as stored.
-                            samples::Merged::Replica(k) => group[k].1.chunks.clone(),
-                            samples::Merged::Samples(merged) => Chunk::encode_samples(merged),
-                        }
-                    }
-                    // The fullest replica covers the span without a gap: it is the answer.
-                    _ => group[fullest].1.chunks.clone(),
-                };
-                out.push(SeriesChunks { labels, metric_type, chunks });
+        let mut batches = self.select_batches(req).await?;
+        let mut out = Vec::new();
+        while let Some(b) = batches.next_batch().await? {
+            for s in &b {
+                budget.charge_series(&s.chunks)?;
             }
-            i = j;
+            out.extend(b);
         }
         Ok(out)
+    }
+
+    async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
+        if !QueryScope::current().dedup || self.replica_labels.is_empty() {
+            return self.inner.select_batches(req).await;
+        }
+        if !req.order_without.is_empty() {
+            // An order of the caller's own over merged series: gathered, then sorted.
+            let mut whole = req.clone();
+            whole.order_without.clear();
+            let found = collect_batches(self.select_batches(&whole).await?).await?;
+            return Ok(Box::new(OneBatch::new(found, req)));
+        }
+        let mut inner_req = req.clone();
+        inner_req.order_without = self.replica_labels.clone();
+        let inner = self.inner.select_batches(&inner_req).await?;
+        let dedup = Arc::new(ReplicaDedup { inner: self.inner.clone(), replica_labels: self.replica_labels.clone() });
+        Ok(Box::new(DedupBatches { inner, dedup, group: Vec::new(), key: None, done: false }))
     }
 
     async fn series_within(

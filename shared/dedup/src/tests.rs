@@ -235,3 +235,69 @@ fn chunk_headers_tell_a_gap_free_replica_without_decoding() {
     }
     assert!(!super::covers_by_headers(&[app.seal().compact()], 0, 1_200_000));
 }
+
+/// A store that hands its selection over one series at a time, so groups of replicas
+/// straddle batches.
+struct Trickle(MemoryStore);
+
+struct OneByOne(std::vec::IntoIter<SeriesChunks>);
+
+#[async_trait]
+impl SeriesBatches for OneByOne {
+    async fn next_batch(&mut self) -> Result<Option<Vec<SeriesChunks>>, StoreError> {
+        Ok(self.0.next().map(|s| vec![s]))
+    }
+}
+
+#[async_trait]
+impl Store for Trickle {
+    async fn select_within(&self, r: &SelectRequest, b: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+        self.0.select_within(r, b).await
+    }
+    async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
+        let mut found = self.0.select(req).await?;
+        found.sort_by(|a, b| strata_store::selection_order(&a.labels, &b.labels, &req.order_without));
+        Ok(Box::new(OneByOne(found.into_iter())))
+    }
+    async fn series_within(
+        &self,
+        m: &[Matcher],
+        s: i64,
+        e: i64,
+        b: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        self.0.series_within(m, s, e, b).await
+    }
+    async fn label_names(&self, m: &[Matcher], s: i64, e: i64) -> Result<Vec<String>, StoreError> {
+        self.0.label_names(m, s, e).await
+    }
+    async fn label_values(&self, n: &str, m: &[Matcher], s: i64, e: i64) -> Result<Vec<String>, StoreError> {
+        self.0.label_values(n, m, s, e).await
+    }
+    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        self.0.metadata(metric).await
+    }
+}
+
+#[tokio::test]
+async fn replicas_that_sort_apart_and_straddle_batches_are_one_series_each() {
+    // `zone` sorts after `replica`: by whole labels the replicas of a zone are apart.
+    let mut m = MemoryStore::default();
+    for replica in ["a", "b"] {
+        for zone in ["1", "2", "3"] {
+            let labels = Labels::from_pairs([("__name__", "x"), ("replica", replica), ("zone", zone)]);
+            let keep = |t: i64| replica == "b" || t != 300_000; // a misses a scrape
+            m.add(labels, MetricType::Counter, scrape(if replica == "a" { 0 } else { 15 }, 30, 600, &[], keep));
+        }
+    }
+    let d = ReplicaDedup::new(Arc::new(Trickle(m)), vec!["replica".into()]);
+    let req = SelectRequest::new(vec![Matcher::eq("__name__", "x")], 0, i64::MAX);
+    let got = d.select(&req).await.unwrap();
+    let zones: Vec<_> = got.iter().map(|s| s.labels.to_string()).collect();
+    assert_eq!(zones, [r#"x{zone="1"}"#, r#"x{zone="2"}"#, r#"x{zone="3"}"#]);
+    for s in &got {
+        let v = s.samples(0, i64::MAX).unwrap();
+        assert!(v.windows(2).all(|w| w[1].t - w[0].t <= 45_000), "{}: a gap", s.labels);
+        assert_eq!(resets(&v), 0, "{}", s.labels);
+    }
+}

@@ -8,11 +8,14 @@
 //! or, with `partial_response=false`, as the request's error. Errors that are the
 //! request's own (a limit, an invalid request) fail it either way.
 //!
-//! Series with the same labels from several stores (a global stacked over globals that
-//! share a store) are merged into one, each sample once. Replicas that differ only in a
+//! A selection streams (`stream`): each store's batches come through a small channel and
+//! a k-way merge hands them on in order, so the fan-out holds a few batches per store,
+//! not every store's answer. Series with the same labels from several stores (a global
+//! stacked over globals that share a store) are merged into one, each sample once. Replicas that differ only in a
 //! replica label are not merged here: that is `ReplicaDedup`'s job, over this store.
 
 mod merge;
+mod stream;
 #[cfg(test)]
 mod tests;
 
@@ -21,7 +24,9 @@ use parking_lot::RwLock;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
-use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
+use strata_store::{
+    require_matchers, BoxBatches, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError,
+};
 
 /// One store behind the fan-out, with what its `Info` said.
 #[derive(Clone)]
@@ -62,7 +67,7 @@ pub struct Fanout {
 }
 
 /// What a store's failure means for the request.
-enum Failure {
+pub(crate) enum Failure {
     /// The request's own error: fails it whatever partial response says.
     Request(StoreError),
     /// The store's: a warning under partial response.
@@ -138,7 +143,7 @@ impl Fanout {
     }
 }
 
-fn classify(e: StoreError) -> Failure {
+pub(crate) fn classify(e: StoreError) -> Failure {
     match e {
         StoreError::LimitExceeded { .. } | StoreError::InvalidRequest(_) => Failure::Request(e),
         StoreError::Unavailable(m) => Failure::Store(m),
@@ -154,14 +159,23 @@ impl Store for Fanout {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
-        let r = req.clone();
-        let answers = self
-            .ask(&req.matchers, req.start, req.end, move |s| {
-                let r = r.clone();
-                async move { s.select(&r).await }
-            })
-            .await?;
-        merge::merge_series(answers, budget)
+        let mut batches = self.select_batches(req).await?;
+        let mut out = Vec::new();
+        while let Some(b) = batches.next_batch().await? {
+            for s in &b {
+                budget.charge_series(&s.chunks)?;
+            }
+            out.extend(b);
+        }
+        Ok(out)
+    }
+
+    async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
+        require_matchers(&req.matchers)?;
+        let targets = self.targets();
+        let asked: Vec<&StoreTarget> =
+            targets.iter().filter(|t| t.may_match(&req.matchers, req.start, req.end)).collect();
+        Ok(Box::new(stream::MergedBatches::start(&asked, req, self.timeout)))
     }
 
     async fn series_within(

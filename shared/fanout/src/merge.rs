@@ -1,41 +1,12 @@
-//! Merging the stores' answers into one label-sorted list, each series once.
+//! Merging one series' chunk lists from several stores, each sample once.
 
 use strata_chunk::Chunk;
-use strata_model::{MetricType, Sample};
-use strata_store::{SelectBudget, SeriesChunks, StoreError};
-
-/// Series from every store, sorted by labels; series with equal labels merged. Each
-/// merged series is charged to `budget` as it is kept.
-pub fn merge_series(
-    answers: Vec<Vec<SeriesChunks>>,
-    budget: &mut SelectBudget,
-) -> Result<Vec<SeriesChunks>, StoreError> {
-    let mut all: Vec<SeriesChunks> = answers.into_iter().flatten().collect();
-    all.sort_by(|a, b| a.labels.cmp(&b.labels));
-    let mut out: Vec<SeriesChunks> = Vec::with_capacity(all.len());
-    for s in all {
-        match out.last_mut() {
-            Some(last) if last.labels == s.labels => {
-                let merged = merge_chunks(std::mem::take(&mut last.chunks), s.chunks)
-                    .map_err(|reason| StoreError::Corrupt { series: s.labels.to_string(), reason })?;
-                last.chunks = merged;
-                if last.metric_type == MetricType::Unknown {
-                    last.metric_type = s.metric_type;
-                }
-            }
-            _ => out.push(s),
-        }
-    }
-    for s in &out {
-        budget.charge_series(&s.chunks)?;
-    }
-    Ok(out)
-}
+use strata_model::Sample;
 
 /// Two chunk lists of one series as one. Lists that do not overlap in time (or hold the
 /// same chunks) are joined as they are; otherwise the samples are merged, each timestamp
 /// once (the first list's value wins), and re-encoded.
-fn merge_chunks(a: Vec<Chunk>, b: Vec<Chunk>) -> Result<Vec<Chunk>, String> {
+pub(crate) fn merge_chunks(a: Vec<Chunk>, b: Vec<Chunk>) -> Result<Vec<Chunk>, String> {
     let mut all: Vec<Chunk> = a.into_iter().chain(b).collect();
     all.sort_by_key(|c| (c.min_t, c.max_t));
     all.dedup_by(|x, y| x.min_t == y.min_t && x.max_t == y.max_t && x.n == y.n && x.data == y.data);

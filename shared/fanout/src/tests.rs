@@ -189,3 +189,71 @@ async fn only_stores_whose_labels_and_time_can_match_are_asked() {
     fanout.select(&req).await.unwrap();
     assert_eq!((calls(&c0), calls(&c1), calls(&old)), (2, 1, 1));
 }
+
+/// A store whose selection is endless batches of one series, counting those taken.
+struct Endless(Arc<AtomicUsize>);
+
+struct EndlessBatches(Arc<AtomicUsize>);
+
+#[async_trait]
+impl strata_store::SeriesBatches for EndlessBatches {
+    async fn next_batch(&mut self) -> Result<Option<Vec<SeriesChunks>>, StoreError> {
+        let i = self.0.fetch_add(1, Ordering::SeqCst);
+        let labels = Labels::from_pairs([("__name__", "x".to_string()), ("i", format!("{i:09}"))]);
+        Ok(Some(vec![SeriesChunks { labels, metric_type: Default::default(), chunks: vec![] }]))
+    }
+}
+
+#[async_trait]
+impl Store for Endless {
+    async fn select_within(&self, _: &SelectRequest, _: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
+        Err(StoreError::InvalidRequest("read me in batches".into()))
+    }
+    async fn select_batches(&self, _: &SelectRequest) -> Result<BoxBatches, StoreError> {
+        Ok(Box::new(EndlessBatches(self.0.clone())))
+    }
+    async fn series_within(
+        &self,
+        _: &[Matcher],
+        _: i64,
+        _: i64,
+        _: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        Ok(vec![])
+    }
+    async fn label_names(&self, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+        Ok(vec![])
+    }
+    async fn label_values(&self, _: &str, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+        Ok(vec![])
+    }
+    async fn metadata(&self, _: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        Ok(vec![])
+    }
+}
+
+#[tokio::test]
+async fn the_merge_reads_stores_only_as_far_as_it_is_read() {
+    // Two endless stores: the merged stream hands on batches in order, and reading three
+    // of them takes a bounded number of batches from each store, not its whole answer.
+    let (a, b) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let fanout = Fanout::new(
+        vec![StoreTarget::new("a", Arc::new(Endless(a.clone()))), StoreTarget::new("b", Arc::new(Endless(b.clone())))],
+        Duration::from_secs(5),
+    );
+    let mut batches = fanout.select_batches(&gpu_util()).await.unwrap();
+    let mut last: Option<Labels> = None;
+    for _ in 0..3 {
+        for s in batches.next_batch().await.unwrap().unwrap() {
+            assert!(last.as_ref().is_none_or(|l| *l < s.labels), "in order, equal series merged");
+            last = Some(s.labels);
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let taken = a.load(Ordering::SeqCst) + b.load(Ordering::SeqCst);
+    // Both stores hold the same series, merged: 3 batches of 1024 take 3 × 1024 from each,
+    // plus per store the series waiting in the merge, two in its channel and one its
+    // reader is blocked sending.
+    assert!(taken <= 2 * (3 * 1024 + 4), "{taken} batches taken from the stores");
+    drop(batches);
+}

@@ -4,9 +4,13 @@ use crate::convert::*;
 use crate::{pb, GrpcError, H2_FRAME_BYTES, MAX_MESSAGE_BYTES, WINDOW_BYTES};
 use async_trait::async_trait;
 use pb::store_client::StoreClient;
+use std::cmp::Ordering;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
-use strata_store::{SelectBudget, SelectLimits, SelectRequest, SeriesChunks, Store, StoreError};
+use strata_store::{
+    require_matchers, selection_order, BoxBatches, SelectBudget, SelectLimits, SelectRequest, SeriesBatches,
+    SeriesChunks, Store, StoreError,
+};
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
 
@@ -74,43 +78,96 @@ impl RemoteStore {
         store_error_from_status(&self.name, s, SelectLimits::default())
     }
 
+    /// Opens a `Series` call: the frames as they come, each series converted and checked.
+    async fn open(&self, req: pb::SeriesRequest, limits: SelectLimits) -> Result<Frames, StoreError> {
+        let mut c = self.client.clone();
+        let order_without = req.order_without.clone();
+        let stream = c.series(req).await.map_err(|s| store_error_from_status(&self.name, &s, limits))?.into_inner();
+        Ok(Frames { name: self.name.clone(), limits, stream, pool: StringPool::default(), last: None, order_without })
+    }
+}
+
+/// A `Series` call's frames, checked as they arrive: labels valid and in the asked order,
+/// chunk headers plausible.
+struct Frames {
+    name: String,
+    limits: SelectLimits,
+    stream: tonic::Streaming<pb::SeriesResponse>,
+    pool: StringPool,
+    last: Option<Labels>,
+    order_without: Vec<String>,
+}
+
+impl Frames {
     fn corrupt(&self, reason: String) -> StoreError {
-        StoreError::Corrupt { series: String::new(), reason: format!("store {}: {reason}", self.name) }
+        corrupt(&self.name, reason)
     }
 
-    /// Streams a `Series` call, converting and checking each series and handing it to
-    /// `keep` (which charges the budget) frame by frame.
-    async fn stream_series(
-        &self,
-        req: pb::SeriesRequest,
-        limits: SelectLimits,
-        mut keep: impl FnMut(Labels, pb::Series) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
-        let mut c = self.client.clone();
-        let err = |s: &tonic::Status| store_error_from_status(&self.name, s, limits);
-        let mut stream = c.series(req).await.map_err(|s| err(&s))?.into_inner();
-        let mut last: Option<Labels> = None;
-        let mut pool = StringPool::default();
-        while let Some(frame) = stream.message().await.map_err(|s| err(&s))? {
-            for w in frame.warnings {
+    /// The next frame's series with their labels (`None` at the end); frames holding only
+    /// warnings are logged and passed over.
+    async fn next(&mut self) -> Result<Option<Vec<(Labels, pb::Series)>>, StoreError> {
+        loop {
+            let frame = match self.stream.message().await {
+                Ok(Some(f)) => f,
+                Ok(None) => return Ok(None),
+                Err(s) => return Err(store_error_from_status(&self.name, &s, self.limits)),
+            };
+            for w in &frame.warnings {
                 tracing::warn!(store = %self.name, about = %w.store, "{}", w.message);
             }
-            let symbols = FrameSymbols::new(frame.symbols, &mut pool);
+            let symbols = FrameSymbols::new(frame.symbols, &mut self.pool);
+            let mut out = Vec::with_capacity(frame.series.len());
             for mut s in frame.series {
                 let labels = if s.label_refs.is_empty() {
-                    labels_from_pb(std::mem::take(&mut s.labels), &mut pool)
+                    labels_from_pb(std::mem::take(&mut s.labels), &mut self.pool)
                 } else {
                     symbols.labels(&s.label_refs)
                 }
                 .map_err(|r| self.corrupt(r))?;
-                if last.as_ref().is_some_and(|l| l >= &labels) {
-                    return Err(self.corrupt(format!("series {labels} out of order or repeated")));
+                if let Some(last) = &self.last {
+                    if selection_order(last, &labels, &self.order_without) != Ordering::Less {
+                        return Err(self.corrupt(format!("series {labels} out of order or repeated")));
+                    }
                 }
-                last = Some(labels.clone());
-                keep(labels, s)?;
+                self.last = Some(labels.clone());
+                out.push((labels, s));
+            }
+            if !out.is_empty() {
+                return Ok(Some(out));
             }
         }
-        Ok(())
+    }
+}
+
+fn corrupt(store: &str, reason: String) -> StoreError {
+    StoreError::Corrupt { series: String::new(), reason: format!("store {store}: {reason}") }
+}
+
+/// A remote selection, a frame at a time, charged to its own budget as it arrives.
+struct RemoteBatches {
+    frames: Frames,
+    budget: SelectBudget,
+}
+
+#[async_trait]
+impl SeriesBatches for RemoteBatches {
+    async fn next_batch(&mut self) -> Result<Option<Vec<SeriesChunks>>, StoreError> {
+        let Some(frame) = self.frames.next().await? else { return Ok(None) };
+        let mut out = Vec::with_capacity(frame.len());
+        for (labels, s) in frame {
+            let chunks = s
+                .chunks
+                .into_iter()
+                .map(chunk_from_pb)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|r| self.frames.corrupt(format!("series {labels}: {r}")))?;
+            if chunks.windows(2).any(|w| w[1].min_t <= w[0].max_t) {
+                return Err(self.frames.corrupt(format!("series {labels}: chunks overlap or are out of order")));
+            }
+            self.budget.charge_series(&chunks)?;
+            out.push(SeriesChunks { labels, metric_type: metric_type_from_pb(s.r#type), chunks });
+        }
+        Ok(Some(out))
     }
 }
 
@@ -133,24 +190,23 @@ impl Store for RemoteStore {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
+        let mut batches = self.select_batches(req).await?;
         let mut out = Vec::new();
-        let pbreq = series_request(&req.matchers, req.start, req.end, req.limits, false);
-        self.stream_series(pbreq, req.limits, |labels, s| {
-            let chunks = s
-                .chunks
-                .into_iter()
-                .map(chunk_from_pb)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|r| self.corrupt(format!("series {labels}: {r}")))?;
-            if chunks.windows(2).any(|w| w[1].min_t <= w[0].max_t) {
-                return Err(self.corrupt(format!("series {labels}: chunks overlap or are out of order")));
+        while let Some(b) = batches.next_batch().await? {
+            for s in &b {
+                budget.charge_series(&s.chunks)?;
             }
-            budget.charge_series(&chunks)?;
-            out.push(SeriesChunks { labels, metric_type: metric_type_from_pb(s.r#type), chunks });
-            Ok(())
-        })
-        .await?;
+            out.extend(b);
+        }
         Ok(out)
+    }
+
+    async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
+        require_matchers(&req.matchers)?;
+        let mut pbreq = series_request(&req.matchers, req.start, req.end, req.limits, false);
+        pbreq.order_without = req.order_without.clone();
+        let frames = self.open(pbreq, req.limits).await?;
+        Ok(Box::new(RemoteBatches { frames, budget: SelectBudget::new(req.limits, req.start, req.end) }))
     }
 
     async fn series_within(
@@ -160,14 +216,15 @@ impl Store for RemoteStore {
         end: i64,
         budget: &mut SelectBudget,
     ) -> Result<Vec<Labels>, StoreError> {
-        let mut out = Vec::new();
         let limits = SelectLimits::default();
-        self.stream_series(series_request(matchers, start, end, limits, true), limits, |labels, _| {
-            budget.charge_labels()?;
-            out.push(labels);
-            Ok(())
-        })
-        .await?;
+        let mut frames = self.open(series_request(matchers, start, end, limits, true), limits).await?;
+        let mut out = Vec::new();
+        while let Some(frame) = frames.next().await? {
+            for (labels, _) in frame {
+                budget.charge_labels()?;
+                out.push(labels);
+            }
+        }
         Ok(out)
     }
 

@@ -10,7 +10,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Label, Labels, MatchOp, Matcher};
-use strata_store::{SelectLimits, SelectRequest, SeriesChunks, Store};
+use strata_store::{selection_order, BoxBatches, SelectLimits, SelectRequest, SeriesChunks, Store};
 use tokio_stream::Stream;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
@@ -96,6 +96,29 @@ fn attach_external(labels: &Labels, external: &Labels) -> Labels {
     Labels::from_sorted_unchecked(v)
 }
 
+/// The most `order_without` names a request may give.
+const MAX_ORDER_WITHOUT: usize = 16;
+
+/// What a `Series` call sends: a selection gathered and sorted here, or a store's batches
+/// passed through.
+enum Source {
+    Whole(Vec<(Labels, Option<SeriesChunks>)>),
+    Batches(BoxBatches),
+}
+
+/// Sends the finished frames in `out`; `false` when the client has gone.
+async fn send_all(
+    tx: &tokio::sync::mpsc::Sender<Result<pb::SeriesResponse, Status>>,
+    out: &mut Vec<pb::SeriesResponse>,
+) -> bool {
+    for frame in out.drain(..) {
+        if tx.send(Ok(frame)).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
 type FrameStream = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -128,47 +151,78 @@ impl StoreRpc for StoreService {
             return Ok(Response::new(Box::pin(tokio_stream::iter(Vec::new()))));
         };
         let limits = self.limits_of(&req);
-        // (labels as sent, the series' data): labels first, so the stream can be sorted by
-        // what it carries (external labels can reorder series) before anything is encoded.
-        let mut found: Vec<(Labels, Option<SeriesChunks>)> = if req.skip_chunks {
-            let found =
-                self.store.series(&matchers, req.min_time, req.max_time).await.map_err(status_from_store_error)?;
-            if found.len() > limits.max_series {
-                return Err(Status::resource_exhausted(format!("series limit of {} exceeded", limits.max_series)));
-            }
-            found.iter().map(|l| (self.with_external(l), None)).collect()
-        } else {
-            let mut sel = SelectRequest::new(matchers, req.min_time, req.max_time);
-            sel.limits = limits;
-            let found = self.store.select(&sel).await.map_err(status_from_store_error)?;
-            found.into_iter().map(|s| (self.with_external(&s.labels), Some(s))).collect()
-        };
-        if !self.external.is_empty() {
-            found.sort_by(|a, b| a.0.cmp(&b.0));
+        if req.order_without.len() > MAX_ORDER_WITHOUT {
+            return Err(Status::invalid_argument(format!("more than {MAX_ORDER_WITHOUT} order_without labels")));
         }
+        let order_without = req.order_without.clone();
         let units: Vec<(String, String)> = if req.skip_chunks {
             Vec::new()
         } else {
             let meta = self.store.metadata(None).await.unwrap_or_default();
             meta.into_iter().filter(|(_, m)| !m.unit.is_empty()).map(|(f, m)| (f, m.unit)).collect()
         };
+        let source = if req.skip_chunks {
+            let found =
+                self.store.series(&matchers, req.min_time, req.max_time).await.map_err(status_from_store_error)?;
+            if found.len() > limits.max_series {
+                return Err(Status::resource_exhausted(format!("series limit of {} exceeded", limits.max_series)));
+            }
+            let mut found: Vec<_> = found.iter().map(|l| (self.with_external(l), None)).collect();
+            found.sort_by(|a, b| selection_order(&a.0, &b.0, &order_without));
+            Source::Whole(found)
+        } else {
+            let mut sel = SelectRequest::new(matchers, req.min_time, req.max_time);
+            sel.limits = limits;
+            sel.order_without = order_without.clone();
+            if self.external.is_empty() {
+                // Series go out as they are: the store's batches stream straight through.
+                Source::Batches(self.store.select_batches(&sel).await.map_err(status_from_store_error)?)
+            } else {
+                // External labels can reorder series: the selection is sorted by what the
+                // stream carries before anything is encoded.
+                let found = self.store.select(&sel).await.map_err(status_from_store_error)?;
+                let mut found: Vec<_> = found.into_iter().map(|s| (self.with_external(&s.labels), Some(s))).collect();
+                found.sort_by(|a, b| selection_order(&a.0, &b.0, &order_without));
+                Source::Whole(found)
+            }
+        };
         // Frames are encoded as the client takes them: at most two wait in the channel, so
-        // the service holds the selection (chunks shared with the store) and two frames,
+        // the service holds the selection (or the store's current batch) and two frames,
         // never the whole answer encoded.
         let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::SeriesResponse, Status>>(2);
         tokio::spawn(async move {
             let mut frames = FrameBuilder::default();
-            for (labels, data) in found {
-                let unit = |d: &SeriesChunks| {
-                    let family = d.labels.metric_name().unwrap_or("");
-                    units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default()
-                };
-                let unit = data.as_ref().map(unit).unwrap_or_default();
-                if let Some(frame) = frames.push(&labels, data.as_ref(), unit) {
-                    if tx.send(Ok(frame)).await.is_err() {
-                        return;
+            let unit = |d: &SeriesChunks| {
+                let family = d.labels.metric_name().unwrap_or("");
+                units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default()
+            };
+            let mut out = Vec::new();
+            match source {
+                Source::Whole(found) => {
+                    for (labels, data) in found {
+                        out.extend(frames.push(&labels, data.as_ref(), data.as_ref().map(unit).unwrap_or_default()));
+                        if !send_all(&tx, &mut out).await {
+                            return;
+                        }
                     }
                 }
+                Source::Batches(mut batches) => loop {
+                    match batches.next_batch().await {
+                        Ok(Some(batch)) => {
+                            for s in batch {
+                                out.extend(frames.push(&s.labels, Some(&s), unit(&s)));
+                                if !send_all(&tx, &mut out).await {
+                                    return;
+                                }
+                            }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            let _ = tx.send(Err(status_from_store_error(e))).await;
+                            return;
+                        }
+                    }
+                },
             }
             if let Some(frame) = frames.finish() {
                 let _ = tx.send(Ok(frame)).await;

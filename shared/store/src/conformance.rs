@@ -88,6 +88,25 @@ pub async fn run_all<S: Store>(store: &S) {
     metadata_and_types(store).await;
     limits_are_errors(store).await;
     empty_matchers_are_refused(store).await;
+    batches_hold_the_selection_in_order(store).await;
+}
+
+/// `select_batches` hands over what `select` returns, in the request's order: by labels,
+/// or by labels without `order_without` (here `Hostname`, which sorts first).
+async fn batches_hold_the_selection_in_order(store: &impl Store) {
+    let ids = |v: &[crate::SeriesChunks]| -> Vec<(String, usize)> {
+        v.iter().map(|s| (s.labels.to_string(), s.chunks.iter().map(|c| c.n as usize).sum())).collect()
+    };
+    let mut req = SelectRequest::new(vec![m(MatchOp::Regex, "__name__", "DCGM_.*")], T0, T_END);
+    let whole = store.select(&req).await.expect("select");
+    let streamed = crate::collect_batches(store.select_batches(&req).await.expect("batches")).await.expect("batches");
+    assert_eq!(ids(&streamed), ids(&whole));
+    req.order_without = vec!["Hostname".into()];
+    let reordered = crate::collect_batches(store.select_batches(&req).await.expect("batches")).await.expect("batches");
+    let mut want = whole.clone();
+    want.sort_by(|a, b| crate::selection_order(&a.labels, &b.labels, &req.order_without));
+    assert_eq!(ids(&reordered), ids(&want), "ordered without Hostname");
+    assert_ne!(ids(&want), ids(&whole), "the fixture orders differently without Hostname");
 }
 
 async fn names(store: &impl Store, ms: Vec<Matcher>) -> Vec<String> {

@@ -7,12 +7,14 @@
 //! scrape metadata, so dedup never guesses from a function name) and its samples as encoded
 //! chunks, which travel between tiers unchanged.
 
+pub mod batches;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 pub mod limits;
 pub mod memory;
 pub mod scope;
 
+pub use batches::{collect_batches, selection_order, BoxBatches, OneBatch, SeriesBatches};
 pub use limits::{require_matchers, SelectBudget};
 pub use scope::QueryScope;
 
@@ -40,11 +42,14 @@ pub struct SelectRequest {
     pub start: i64,
     pub end: i64,
     pub limits: SelectLimits,
+    /// Order the series by their labels without these names (ties by all labels); empty:
+    /// by labels. The labels themselves come whole. See [`batches`].
+    pub order_without: Vec<String>,
 }
 
 impl SelectRequest {
     pub fn new(matchers: Vec<Matcher>, start: i64, end: i64) -> Self {
-        SelectRequest { matchers, start, end, limits: SelectLimits::default() }
+        SelectRequest { matchers, start, end, limits: SelectLimits::default(), order_without: Vec::new() }
     }
 }
 
@@ -104,6 +109,14 @@ pub trait Store: Send + Sync {
         require_matchers(&req.matchers)?;
         let mut budget = SelectBudget::new(req.limits, req.start, req.end);
         self.select_within(req, &mut budget).await
+    }
+
+    /// [`select`](Self::select) a batch at a time, in the request's order
+    /// ([`SelectRequest::order_without`]). Stores that pass series on from others stream
+    /// them; the default gathers the selection and hands it over as one batch.
+    async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
+        let found = self.select(req).await?;
+        Ok(Box::new(OneBatch::new(found, req)))
     }
 
     /// Label sets of matching series with samples in range, sorted (no sample data).

@@ -1,0 +1,160 @@
+//! The fan-out's selection as a stream: each store's batches come through a channel of
+//! two, and a k-way merge hands on series in the request's order, equal series merged,
+//! so the fan-out holds a few batches per store, never every store's whole answer.
+
+use crate::merge::merge_chunks;
+use crate::{classify, Failure, StoreTarget};
+use async_trait::async_trait;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_model::MetricType;
+use strata_store::{selection_order, QueryScope, SelectBudget, SelectRequest, SeriesBatches, SeriesChunks, StoreError};
+use tokio::sync::mpsc;
+
+/// Series per merged batch.
+const BATCH_SERIES: usize = 1024;
+
+/// What a store's reader task sends.
+enum Message {
+    Batch(Vec<SeriesChunks>),
+    Failed(Failure),
+}
+
+/// One store's side of the merge.
+struct Source {
+    name: String,
+    rx: mpsc::Receiver<Message>,
+    head: VecDeque<SeriesChunks>,
+    done: bool,
+}
+
+pub struct MergedBatches {
+    sources: Vec<Source>,
+    order_without: Vec<String>,
+    budget: SelectBudget,
+    scope: QueryScope,
+}
+
+impl MergedBatches {
+    /// Starts a reader per store (each under `timeout`, for its whole answer).
+    pub fn start(targets: &[&StoreTarget], req: &SelectRequest, timeout: Duration) -> Self {
+        let sources = targets
+            .iter()
+            .map(|t| {
+                let (tx, rx) = mpsc::channel(2);
+                tokio::spawn(read_store(t.store.clone(), req.clone(), timeout, tx));
+                Source { name: t.name.clone(), rx, head: VecDeque::new(), done: false }
+            })
+            .collect();
+        MergedBatches {
+            sources,
+            order_without: req.order_without.clone(),
+            budget: SelectBudget::new(req.limits, req.start, req.end),
+            scope: QueryScope::current(),
+        }
+    }
+
+    /// Makes sure every store still sending has a series waiting, settling failures:
+    /// warnings under partial response, else one error naming every store that failed.
+    async fn fill(&mut self) -> Result<(), StoreError> {
+        let mut failed = Vec::new();
+        for i in 0..self.sources.len() {
+            while !self.sources[i].done && self.sources[i].head.is_empty() {
+                let failure = match self.sources[i].rx.recv().await {
+                    Some(Message::Batch(b)) => {
+                        self.sources[i].head.extend(b);
+                        continue;
+                    }
+                    None => {
+                        self.sources[i].done = true;
+                        continue;
+                    }
+                    Some(Message::Failed(f)) => f,
+                };
+                self.sources[i].done = true;
+                match failure {
+                    Failure::Request(e) => return Err(e),
+                    Failure::Store(reason) => failed.push(format!("store {}: {reason}", self.sources[i].name)),
+                }
+            }
+        }
+        if !failed.is_empty() && !self.scope.partial_response {
+            return Err(StoreError::Unavailable(format!("{} (partial_response=false)", failed.join("; "))));
+        }
+        for named in failed {
+            tracing::debug!(warning = %named, "partial response");
+            self.scope.warn(named);
+        }
+        Ok(())
+    }
+
+    /// The store whose waiting series comes first.
+    fn first(&self) -> Option<usize> {
+        let mut best: Option<usize> = None;
+        for (i, s) in self.sources.iter().enumerate() {
+            let Some(h) = s.head.front() else { continue };
+            let better = match best.and_then(|b| self.sources[b].head.front()) {
+                None => true,
+                Some(b) => selection_order(&h.labels, &b.labels, &self.order_without).is_lt(),
+            };
+            if better {
+                best = Some(i);
+            }
+        }
+        best
+    }
+}
+
+#[async_trait]
+impl SeriesBatches for MergedBatches {
+    async fn next_batch(&mut self) -> Result<Option<Vec<SeriesChunks>>, StoreError> {
+        let mut out: Vec<SeriesChunks> = Vec::new();
+        while out.len() < BATCH_SERIES {
+            self.fill().await?;
+            let Some(i) = self.first() else { break };
+            let Some(mut s) = self.sources[i].head.pop_front() else { break };
+            // The same series from other stores (globals stacked over shared stores).
+            for j in 0..self.sources.len() {
+                while j != i && self.sources[j].head.front().is_some_and(|x| x.labels == s.labels) {
+                    let Some(other) = self.sources[j].head.pop_front() else { break };
+                    s.chunks = merge_chunks(std::mem::take(&mut s.chunks), other.chunks)
+                        .map_err(|reason| StoreError::Corrupt { series: s.labels.to_string(), reason })?;
+                    if s.metric_type == MetricType::Unknown {
+                        s.metric_type = other.metric_type;
+                    }
+                    if self.sources[j].head.is_empty() {
+                        self.fill().await?;
+                    }
+                }
+            }
+            self.budget.charge_series(&s.chunks)?;
+            out.push(s);
+        }
+        Ok(if out.is_empty() { None } else { Some(out) })
+    }
+}
+
+/// Reads one store's batches into `tx` until the end, a failure or the timeout.
+async fn read_store(
+    store: Arc<dyn strata_store::Store>,
+    req: SelectRequest,
+    timeout: Duration,
+    tx: mpsc::Sender<Message>,
+) {
+    let read = async {
+        let mut batches = store.select_batches(&req).await?;
+        while let Some(b) = batches.next_batch().await? {
+            if tx.send(Message::Batch(b)).await.is_err() {
+                break; // the merge was dropped
+            }
+        }
+        Ok::<(), StoreError>(())
+    };
+    let failure = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => classify(e),
+        Err(_) => Failure::Store(format!("no answer within {timeout:?}")),
+    };
+    let _ = tx.send(Message::Failed(failure)).await;
+}
