@@ -43,17 +43,25 @@ struct Layers {
 async fn start_pair(local: Arc<dyn Store>, print: bool) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
     let day = if print { local.select(&everything()?).await? } else { Vec::new() };
     let samples: u64 = day.iter().flat_map(|s| &s.chunks).map(|c| c.n as u64).sum();
-    let mut targets = Vec::new();
+    if print {
+        let wire = selection_wire_bytes(&day, &Labels::from_pairs([("replica", "a")]));
+        println!(
+            "  Series over the whole day: {:.0} MB for {samples} samples: {:.3} bytes/sample on the wire (protobuf, before gzip)",
+            wire as f64 / 1e6,
+            wire as f64 / samples.max(1) as f64
+        );
+    }
+    drop(day);
+    let addrs = start_servers(local).await?;
+    global_over(&addrs)
+}
+
+/// Two StoreAPI servers over `local`, with external labels `replica="a"` and `"b"`, on
+/// free loopback ports; their addresses.
+async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
+    let mut addrs = Vec::new();
     for replica in ["a", "b"] {
         let external = Labels::from_pairs([("replica", replica)]);
-        let wire = selection_wire_bytes(&day, &external);
-        if replica == "a" && print {
-            println!(
-                "  Series over the whole day: {:.0} MB for {samples} samples: {:.3} bytes/sample on the wire (protobuf, before gzip)",
-                wire as f64 / 1e6,
-                wire as f64 / samples.max(1) as f64
-            );
-        }
         let info = Arc::new(|| StoreInfo {
             min_time: i64::MIN,
             max_time: i64::MAX,
@@ -61,21 +69,28 @@ async fn start_pair(local: Arc<dyn Store>, print: bool) -> anyhow::Result<(Arc<d
             label_sets: vec![],
         });
         let limits = SelectLimits { max_series: 10_000_000, max_samples: 2_000_000_000 };
-        let service = StoreService::new(local.clone(), external.clone(), limits, info);
+        let service = StoreService::new(local.clone(), external, limits, info);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?.to_string();
+        addrs.push(listener.local_addr()?.to_string());
         tokio::spawn(strata_grpc::serve(listener, service, Duration::from_secs(600), std::future::pending()));
+    }
+    Ok(addrs)
+}
+
+/// The global's store over the pair at `addrs` (replicas a and b): dedup over the fan-out.
+fn global_over(addrs: &[String]) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
+    let mut targets = Vec::new();
+    for (addr, replica) in addrs.iter().zip(["a", "b"]) {
         let remote =
-            RemoteStore::new(&addr, RemoteStoreOptions { timeout: Duration::from_secs(600), ..Default::default() })?;
+            RemoteStore::new(addr, RemoteStoreOptions { timeout: Duration::from_secs(600), ..Default::default() })?;
         targets.push(StoreTarget {
-            name: addr,
+            name: addr.clone(),
             store: Arc::new(remote),
-            label_sets: vec![external],
+            label_sets: vec![Labels::from_pairs([("replica", replica)])],
             min_time: i64::MIN,
             max_time: i64::MAX,
         });
     }
-    drop(day);
     let one_replica = targets[0].store.clone();
     let fanout: Arc<dyn Store> = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
     let global = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
@@ -109,15 +124,10 @@ async fn stage_times(local: &Arc<dyn Store>, layers: &Layers, global: &Arc<dyn S
     Ok(())
 }
 
-/// `strata bench global`: `series` simulated DCGM series (a minute of samples each) served
-/// as an HA pair, all selected through the global. The process's peak memory during the
-/// select, over what it held before, is the global's (the two servers' selections, which
-/// share the database's chunks, are counted in it too).
-pub async fn fanout_memory(series: usize) -> anyhow::Result<()> {
+/// `series` simulated DCGM series, a minute of samples each, in a fresh database.
+fn load_simulated(series: usize, dir: &std::path::Path) -> anyhow::Result<Arc<strata_tsdb::db::Tsdb>> {
     use super::scale::fleet::SimFleet;
-    let dir = tempfile::tempdir()?;
-    let db = Arc::new(strata_tsdb::db::Tsdb::open(dir.path(), Default::default())?);
-    let started = Instant::now();
+    let db = Arc::new(strata_tsdb::db::Tsdb::open(dir, Default::default())?);
     let mut fleet = SimFleet::new(series);
     let handles: Vec<_> = (0..series).map(|i| db.series(&SimFleet::labels(i))).collect::<Result<_, _>>()?;
     for (family, metric_type, help) in SimFleet::metadata() {
@@ -133,25 +143,93 @@ pub async fn fanout_memory(series: usize) -> anyhow::Result<()> {
             .collect();
         db.commit_distinct(&batch)?;
     }
-    drop(handles);
-    println!("bench global: {series} series x 12 samples loaded in {:.1} s", started.elapsed().as_secs_f64());
-    let (global, _) = start_pair(Arc::new(strata_tsdb::TsdbStore(db)), false).await?;
-    // Peak memory from here on: the kernel resets VmHWM to the current RSS.
+    Ok(db)
+}
+
+/// `strata bench global-servers` (run by `bench global` as its child): the simulated
+/// series served as an HA pair; the two addresses go to `addr_file` once serving.
+pub async fn serve_simulated_pair(series: usize, addr_file: &std::path::Path) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let db = load_simulated(series, dir.path())?;
+    let addrs = start_servers(Arc::new(strata_tsdb::TsdbStore(db))).await?;
+    let tmp = addr_file.with_extension("tmp");
+    std::fs::write(&tmp, addrs.join("\n"))?;
+    std::fs::rename(&tmp, addr_file)?;
+    std::future::pending::<()>().await;
+    Ok(())
+}
+
+/// The child process serving the pair; killed when dropped.
+struct Servers(std::process::Child);
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `strata bench global`: `series` simulated DCGM series (a minute of samples each) served
+/// as an HA pair by a child process, all selected through the global here, so the peak
+/// memory measured is the global's alone: streamed a batch at a time (as a stacked
+/// global's StoreAPI passes the merge on), then gathered whole (as the engine reads it).
+pub async fn fanout_memory(series: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let addr_file = dir.path().join("addrs");
+    let started = Instant::now();
+    let child = std::process::Command::new(std::env::current_exe()?)
+        .args(["bench", "global-servers", "--series", &series.to_string(), "--addr-file"])
+        .arg(&addr_file)
+        .spawn()?;
+    let mut child = Servers(child);
+    let addrs = loop {
+        if let Ok(text) = std::fs::read_to_string(&addr_file) {
+            break text.lines().map(str::to_string).collect::<Vec<_>>();
+        }
+        if let Some(status) = child.0.try_wait()? {
+            anyhow::bail!("the servers' process ended ({status}) before serving");
+        }
+        if started.elapsed() > Duration::from_secs(1800) {
+            anyhow::bail!("the servers' process did not start serving within 30 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    println!(
+        "bench global: {series} series x 12 samples loaded and served as an HA pair by a child process in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (global, _) = global_over(&addrs)?;
+    let (n, secs, peak) = peak_during(async {
+        let mut batches = global.select_batches(&everything()?).await?;
+        let mut n = 0;
+        while let Some(b) = batches.next_batch().await? {
+            n += b.len();
+        }
+        Ok(n)
+    })
+    .await?;
+    println!(
+        "  {n} series from 2 replicas fanned out, merged and deduplicated a batch at a time in {secs:.1} s ({:.0} k series/s): the global's peak memory {peak:.0} MB over what it held before",
+        n as f64 / secs / 1e3
+    );
+    let (n, secs, peak) = peak_during(async { Ok(global.select(&everything()?).await?.len()) }).await?;
+    println!(
+        "  the same gathered whole (as the PromQL engine reads a selection) in {secs:.1} s: peak {peak:.0} MB over before, {:.0} bytes per series returned",
+        peak * 1e6 / n.max(1) as f64
+    );
+    drop(child);
+    Ok(())
+}
+
+/// Runs `f`; returns its answer, the seconds it took and the process's peak RSS during it
+/// over the RSS before it, in MB (the kernel resets VmHWM to the current RSS on request).
+async fn peak_during(f: impl std::future::Future<Output = anyhow::Result<usize>>) -> anyhow::Result<(usize, f64, f64)> {
     std::fs::write("/proc/self/clear_refs", "5")?;
+    // One measurement's freed memory would otherwise hide the next one's peak.
+    strata_tsdb::db::release_free_memory();
     let before = super::scale::rss_mb_of("self", "VmRSS:");
     let started = Instant::now();
-    let found = global.select(&everything()?).await?;
+    let n = f.await?;
     let secs = started.elapsed().as_secs_f64();
-    let peak = super::scale::rss_mb_of("self", "VmHWM:");
-    println!(
-        "  {} series from 2 replicas fanned out, streamed and deduplicated in {secs:.1} s ({:.0} k series/s)",
-        found.len(),
-        found.len() as f64 / secs / 1e3
-    );
-    println!(
-        "  peak memory of the select: {:.0} MB over {before:.0} MB before it: {:.0} bytes per series returned",
-        peak - before,
-        (peak - before) * 1e6 / found.len().max(1) as f64
-    );
-    Ok(())
+    Ok((n, secs, super::scale::rss_mb_of("self", "VmHWM:") - before))
 }

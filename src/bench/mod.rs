@@ -66,6 +66,14 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 1_000_000)]
         series: usize,
     },
+    /// `bench global`'s child: serves the simulated series as an HA pair.
+    #[command(hide = true)]
+    GlobalServers {
+        #[arg(long)]
+        series: usize,
+        #[arg(long)]
+        addr_file: PathBuf,
+    },
     /// The attacks of issue 8, together, against an edge that scrapes and receives remote
     /// write: what each gets, and the edge's peak memory.
     Attack {
@@ -122,6 +130,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
+        BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,
         BenchCommand::VsPrometheus { nodes, seconds, prometheus } => {
             vs_prometheus::run(nodes, seconds, &prometheus).await
         }

@@ -546,6 +546,6 @@ fn duration_ms(d: Duration) -> i64 {
 
 mod compact;
 mod snapshot;
-pub use compact::MaintenanceOutcome;
+pub use compact::{release_free_memory, MaintenanceOutcome};
 #[cfg(test)]
 mod tests;
