@@ -37,7 +37,8 @@ pub const WINDOW_BYTES: u32 = 8 << 20;
 /// selection of megabytes then crosses in a few frames, not hundreds.
 pub const H2_FRAME_BYTES: u32 = 1 << 20;
 
-/// A `Series` frame is sent once it holds this many bytes of chunks and labels...
+/// A `Series` frame is sent once it holds this many bytes of chunks and labels (small
+/// enough that the client decodes one frame while the server encodes the next)...
 pub const FRAME_BYTES: usize = 256 << 10;
 /// ... or this many series.
 pub const FRAME_SERIES: usize = 1000;
