@@ -20,8 +20,8 @@ use std::sync::Arc;
 use strata_chunk::Chunk;
 use strata_model::{Label, Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{
-    collect_batches, BoxBatches, OneBatch, QueryScope, SelectBudget, SelectRequest, SeriesBatches, SeriesChunks, Store,
-    StoreError,
+    collect_batches, collect_within, BoxBatches, OneBatch, QueryScope, SelectBudget, SelectRequest, SeriesBatches,
+    SeriesChunks, Store, StoreError,
 };
 
 pub struct ReplicaDedup {
@@ -35,10 +35,15 @@ impl ReplicaDedup {
     }
 
     fn strip(&self, l: &Labels) -> Labels {
-        let kept: Vec<Label> =
-            l.iter().filter(|x| !self.replica_labels.iter().any(|r| r.as_str() == x.name.as_ref())).cloned().collect();
-        Labels::from_sorted_unchecked(kept)
+        strip(l, &self.replica_labels)
     }
+}
+
+/// `l` without the replica labels.
+fn strip(l: &Labels, replica_labels: &[String]) -> Labels {
+    let kept: Vec<Label> =
+        l.iter().filter(|x| !replica_labels.iter().any(|r| r.as_str() == x.name.as_ref())).cloned().collect();
+    Labels::from_sorted_unchecked(kept)
 }
 
 /// Whether a series is merged as a counter.
@@ -65,48 +70,45 @@ fn covers_by_headers(chunks: &[Chunk], first: i64, last: i64) -> bool {
         && chunks.windows(2).all(|w| w[1].min_t > w[0].max_t && w[1].min_t - w[0].max_t <= gap)
 }
 
-impl ReplicaDedup {
-    /// One series from the replicas of a group (`key`: their labels without the replica
-    /// labels).
-    fn merge_group(&self, labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks, StoreError> {
-        let metric_type = group.iter().map(|s| s.metric_type).find(|t| *t != MetricType::Unknown).unwrap_or_default();
-        let mut group = group;
-        if group.len() == 1 {
-            let chunks = group.pop().map(|s| s.chunks).unwrap_or_default();
-            return Ok(SeriesChunks { labels, metric_type, chunks });
-        }
-        let decode = |s: &SeriesChunks| -> Result<Vec<Sample>, StoreError> {
-            let mut v = Vec::new();
-            Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v)
-                .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
-            Ok(v)
-        };
-        // The fullest replica first (counts and span from chunk headers): if it covers the
-        // span without a gap, it is the answer and the others stay encoded.
-        let first = group.iter().filter_map(|g| g.chunks.first()).map(|c| c.min_t).min().unwrap_or(0);
-        let last = group.iter().filter_map(|g| g.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
-        let count = |g: &SeriesChunks| g.chunks.iter().map(|c| c.n as u64).sum::<u64>();
-        let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
-        let fullest_samples =
-            if covers_by_headers(&group[fullest].chunks, first, last) { None } else { Some(decode(&group[fullest])?) };
-        let chunks = match fullest_samples {
-            Some(f) if !samples::covers(&f, first, last) => {
-                // The fullest replica is decoded already; the others now.
-                let mut f = Some(f);
-                let replicas = (0..group.len())
-                    .map(|k| if k == fullest { Ok(f.take().unwrap_or_default()) } else { decode(&group[k]) })
-                    .collect::<Result<Vec<_>, _>>()?;
-                match samples::merge(&replicas, is_counter(metric_type, &labels)) {
-                    // One replica covers the span without a gap: its chunks go on as stored.
-                    samples::Merged::Replica(k) => std::mem::take(&mut group[k].chunks),
-                    samples::Merged::Samples(merged) => Chunk::encode_samples(merged),
-                }
-            }
-            // The fullest replica covers the span without a gap: it is the answer.
-            _ => std::mem::take(&mut group[fullest].chunks),
-        };
-        Ok(SeriesChunks { labels, metric_type, chunks })
+/// One series from the replicas of a group (`labels`: theirs without the replica labels).
+fn merge_group(labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks, StoreError> {
+    let metric_type = group.iter().map(|s| s.metric_type).find(|t| *t != MetricType::Unknown).unwrap_or_default();
+    let mut group = group;
+    if group.len() == 1 {
+        let chunks = group.pop().map(|s| s.chunks).unwrap_or_default();
+        return Ok(SeriesChunks { labels, metric_type, chunks });
     }
+    let decode = |s: &SeriesChunks| -> Result<Vec<Sample>, StoreError> {
+        let mut v = Vec::new();
+        Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v)
+            .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
+        Ok(v)
+    };
+    // The fullest replica first (counts and span from chunk headers): if it covers the
+    // span without a gap, it is the answer and the others stay encoded.
+    let first = group.iter().filter_map(|g| g.chunks.first()).map(|c| c.min_t).min().unwrap_or(0);
+    let last = group.iter().filter_map(|g| g.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
+    let count = |g: &SeriesChunks| g.chunks.iter().map(|c| c.n as u64).sum::<u64>();
+    let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
+    let fullest_samples =
+        if covers_by_headers(&group[fullest].chunks, first, last) { None } else { Some(decode(&group[fullest])?) };
+    let chunks = match fullest_samples {
+        Some(f) if !samples::covers(&f, first, last) => {
+            // The fullest replica is decoded already; the others now.
+            let mut f = Some(f);
+            let replicas = (0..group.len())
+                .map(|k| if k == fullest { Ok(f.take().unwrap_or_default()) } else { decode(&group[k]) })
+                .collect::<Result<Vec<_>, _>>()?;
+            match samples::merge(&replicas, is_counter(metric_type, &labels)) {
+                // One replica covers the span without a gap: its chunks go on as stored.
+                samples::Merged::Replica(k) => std::mem::take(&mut group[k].chunks),
+                samples::Merged::Samples(merged) => Chunk::encode_samples(merged),
+            }
+        }
+        // The fullest replica covers the span without a gap: it is the answer.
+        _ => std::mem::take(&mut group[fullest].chunks),
+    };
+    Ok(SeriesChunks { labels, metric_type, chunks })
 }
 
 /// The inner store's batches, ordered without the replica labels so that the replicas of
@@ -114,7 +116,7 @@ impl ReplicaDedup {
 /// series has other labels, or the stream ends).
 struct DedupBatches {
     inner: BoxBatches,
-    dedup: Arc<ReplicaDedup>,
+    replica_labels: Vec<String>,
     group: Vec<SeriesChunks>,
     key: Option<Labels>,
     done: bool,
@@ -128,15 +130,15 @@ impl SeriesBatches for DedupBatches {
             let Some(batch) = self.inner.next_batch().await? else {
                 self.done = true;
                 if let Some(key) = self.key.take() {
-                    out.push(self.dedup.merge_group(key, std::mem::take(&mut self.group))?);
+                    out.push(merge_group(key, std::mem::take(&mut self.group))?);
                 }
                 break;
             };
             for s in batch {
-                let key = self.dedup.strip(&s.labels);
+                let key = strip(&s.labels, &self.replica_labels);
                 if self.key.as_ref().is_some_and(|k| *k != key) {
                     let (k, g) = (self.key.take().unwrap_or_default(), std::mem::take(&mut self.group));
-                    out.push(self.dedup.merge_group(k, g)?);
+                    out.push(merge_group(k, g)?);
                 }
                 self.key = Some(key);
                 self.group.push(s);
@@ -153,15 +155,7 @@ impl Store for ReplicaDedup {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
-        let mut batches = self.select_batches(req).await?;
-        let mut out = Vec::new();
-        while let Some(b) = batches.next_batch().await? {
-            for s in &b {
-                budget.charge_series(&s.chunks)?;
-            }
-            out.extend(b);
-        }
-        Ok(out)
+        collect_within(self.select_batches(req).await?, budget).await
     }
 
     async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
@@ -178,8 +172,8 @@ impl Store for ReplicaDedup {
         let mut inner_req = req.clone();
         inner_req.order_without = self.replica_labels.clone();
         let inner = self.inner.select_batches(&inner_req).await?;
-        let dedup = Arc::new(ReplicaDedup { inner: self.inner.clone(), replica_labels: self.replica_labels.clone() });
-        Ok(Box::new(DedupBatches { inner, dedup, group: Vec::new(), key: None, done: false }))
+        let replica_labels = self.replica_labels.clone();
+        Ok(Box::new(DedupBatches { inner, replica_labels, group: Vec::new(), key: None, done: false }))
     }
 
     async fn series_within(

@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
-    require_matchers, BoxBatches, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError,
+    collect_within, require_matchers, BoxBatches, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store,
+    StoreError,
 };
 
 /// One store behind the fan-out, with what its `Info` said.
@@ -159,15 +160,7 @@ impl Store for Fanout {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
-        let mut batches = self.select_batches(req).await?;
-        let mut out = Vec::new();
-        while let Some(b) = batches.next_batch().await? {
-            for s in &b {
-                budget.charge_series(&s.chunks)?;
-            }
-            out.extend(b);
-        }
-        Ok(out)
+        collect_within(self.select_batches(req).await?, budget).await
     }
 
     async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {

@@ -8,8 +8,8 @@ use std::cmp::Ordering;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
-    require_matchers, selection_order, BoxBatches, SelectBudget, SelectLimits, SelectRequest, SeriesBatches,
-    SeriesChunks, Store, StoreError,
+    collect_within, require_matchers, selection_order, BoxBatches, SelectBudget, SelectLimits, SelectRequest,
+    SeriesBatches, SeriesChunks, Store, StoreError,
 };
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
@@ -190,15 +190,7 @@ impl Store for RemoteStore {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
-        let mut batches = self.select_batches(req).await?;
-        let mut out = Vec::new();
-        while let Some(b) = batches.next_batch().await? {
-            for s in &b {
-                budget.charge_series(&s.chunks)?;
-            }
-            out.extend(b);
-        }
-        Ok(out)
+        collect_within(self.select_batches(req).await?, budget).await
     }
 
     async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {

@@ -85,20 +85,11 @@ impl FrameSymbols {
         if !refs.len().is_multiple_of(2) {
             return Err(format!("{} label references: not (name, value) pairs", refs.len()));
         }
-        let get = |i: u32| self.0.get(i as usize).cloned();
-        let mut bad = None;
-        let pairs = refs.chunks_exact(2).map_while(|p| match (get(p[0]), get(p[1])) {
-            (Some(n), Some(v)) => Some((n, v)),
-            _ => {
-                bad = Some(p[0].max(p[1]));
-                None
-            }
-        });
-        let labels = checked_labels(pairs, refs.len() / 2)?;
-        match bad {
-            Some(i) => Err(format!("label reference {i} past the frame's {} symbols", self.0.len())),
-            None => Ok(labels),
+        if let Some(i) = refs.iter().find(|&&i| i as usize >= self.0.len()) {
+            return Err(format!("label reference {i} past the frame's {} symbols", self.0.len()));
         }
+        let sym = |i: u32| self.0[i as usize].clone();
+        checked_labels(refs.chunks_exact(2).map(|p| (sym(p[0]), sym(p[1]))), refs.len() / 2)
     }
 }
 

@@ -106,17 +106,15 @@ enum Source {
     Batches(BoxBatches),
 }
 
-/// Sends the finished frames in `out`; `false` when the client has gone.
-async fn send_all(
+/// Sends a finished frame, if there is one; `false` when the client has gone.
+async fn send(
     tx: &tokio::sync::mpsc::Sender<Result<pb::SeriesResponse, Status>>,
-    out: &mut Vec<pb::SeriesResponse>,
+    frame: Option<pb::SeriesResponse>,
 ) -> bool {
-    for frame in out.drain(..) {
-        if tx.send(Ok(frame)).await.is_err() {
-            return false;
-        }
+    match frame {
+        Some(f) => tx.send(Ok(f)).await.is_ok(),
+        None => true,
     }
-    true
 }
 
 type FrameStream = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
@@ -196,12 +194,11 @@ impl StoreRpc for StoreService {
                 let family = d.labels.metric_name().unwrap_or("");
                 units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default()
             };
-            let mut out = Vec::new();
             match source {
                 Source::Whole(found) => {
                     for (labels, data) in found {
-                        out.extend(frames.push(&labels, data.as_ref(), data.as_ref().map(unit).unwrap_or_default()));
-                        if !send_all(&tx, &mut out).await {
+                        let unit = data.as_ref().map(unit).unwrap_or_default();
+                        if !send(&tx, frames.push(&labels, data.as_ref(), unit)).await {
                             return;
                         }
                     }
@@ -210,8 +207,7 @@ impl StoreRpc for StoreService {
                     match batches.next_batch().await {
                         Ok(Some(batch)) => {
                             for s in batch {
-                                out.extend(frames.push(&s.labels, Some(&s), unit(&s)));
-                                if !send_all(&tx, &mut out).await {
+                                if !send(&tx, frames.push(&s.labels, Some(&s), unit(&s))).await {
                                     return;
                                 }
                             }
@@ -224,9 +220,7 @@ impl StoreRpc for StoreService {
                     }
                 },
             }
-            if let Some(frame) = frames.finish() {
-                let _ = tx.send(Ok(frame)).await;
-            }
+            send(&tx, frames.finish()).await;
         });
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
     }

@@ -7,7 +7,7 @@
 //! labels). The dedup asks for the order without its replica labels, so that the replicas
 //! of a series arrive one after the other and each group is merged as soon as it is whole.
 
-use crate::{SelectRequest, SeriesChunks, StoreError};
+use crate::{SelectBudget, SelectRequest, SeriesChunks, StoreError};
 use async_trait::async_trait;
 use std::cmp::Ordering;
 use strata_model::Labels;
@@ -56,6 +56,22 @@ pub fn selection_order(a: &Labels, b: &Labels, without: &[String]) -> Ordering {
 pub async fn collect_batches(mut batches: BoxBatches) -> Result<Vec<SeriesChunks>, StoreError> {
     let mut out = Vec::new();
     while let Some(b) = batches.next_batch().await? {
+        out.extend(b);
+    }
+    Ok(out)
+}
+
+/// Every batch as one list, each series charged to `budget` as it arrives: how a store
+/// that streams answers [`Store::select_within`](crate::Store::select_within).
+pub async fn collect_within(
+    mut batches: BoxBatches,
+    budget: &mut SelectBudget,
+) -> Result<Vec<SeriesChunks>, StoreError> {
+    let mut out = Vec::new();
+    while let Some(b) = batches.next_batch().await? {
+        for s in &b {
+            budget.charge_series(&s.chunks)?;
+        }
         out.extend(b);
     }
     Ok(out)

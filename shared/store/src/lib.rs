@@ -14,7 +14,7 @@ pub mod limits;
 pub mod memory;
 pub mod scope;
 
-pub use batches::{collect_batches, selection_order, BoxBatches, OneBatch, SeriesBatches};
+pub use batches::{collect_batches, collect_within, selection_order, BoxBatches, OneBatch, SeriesBatches};
 pub use limits::{require_matchers, SelectBudget};
 pub use scope::QueryScope;
 
