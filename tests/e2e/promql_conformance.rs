@@ -13,7 +13,10 @@ use strata_promql::testfile;
 
 #[test]
 fn prometheus_promql_conformance_files() {
-    let dir = testfile::default_dir(Path::new(env!("CARGO_MANIFEST_DIR")));
+    // The clone being tested, read when the test runs: a test binary reused from a shared
+    // target directory would otherwise look beside whichever clone compiled it.
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").to_string());
+    let dir = testfile::default_dir(Path::new(&root));
     if !dir.is_dir() {
         let msg =
             format!("THE PROMQL CONFORMANCE SUITE DID NOT RUN: {} does not exist; set PROMQL_TESTDATA", dir.display());
