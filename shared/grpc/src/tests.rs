@@ -213,3 +213,19 @@ async fn a_store_that_is_down_is_an_error_naming_it() {
     let r = remote.select(&SelectRequest::new(vec![Matcher::eq("__name__", "x")], 0, 1)).await;
     assert!(matches!(r, Err(StoreError::Unavailable(ref m)) if m.contains(&addr)), "{r:?}");
 }
+
+#[tokio::test]
+async fn an_order_over_too_many_labels_is_refused_and_a_fair_one_is_kept() {
+    let (addr, stop) = start(service(fixture_store(), Labels::from_pairs([("replica", "a")]))).await;
+    let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+    let mut req = SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, i64::MAX);
+    req.order_without = (0..17).map(|i| format!("l{i}")).collect();
+    let r = remote.select(&req).await;
+    assert!(matches!(r, Err(StoreError::InvalidRequest(ref m)) if m.contains("order_without")), "{r:?}");
+    // Ordered without `Hostname` (which sorts first), the series come in that order.
+    req.order_without = vec!["Hostname".into()];
+    let got: Vec<String> =
+        remote.select(&req).await.unwrap().iter().map(|s| s.labels.get("gpu").unwrap_or("").to_string()).collect();
+    assert_eq!(got, ["0", "1", "2"]);
+    let _ = stop.send(());
+}
