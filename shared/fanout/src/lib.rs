@@ -6,7 +6,9 @@
 //! each under the fan-out's timeout. A store that fails or is too slow is named with the
 //! reason: as a warning in the request's [`QueryScope`] (partial response, the default),
 //! or, with `partial_response=false`, as the request's error. Errors that are the
-//! request's own (a limit, an invalid request) fail it either way.
+//! request's own (a limit, an invalid request) fail it either way. A store that failed is
+//! not asked again within the same request (the scope remembers it), so a hanging store
+//! costs one timeout per request, not one per selection.
 //!
 //! A selection streams (`stream`): each store's batches come through a small channel and
 //! a k-way merge hands them on in order, so the fan-out holds a few batches per store,
@@ -104,7 +106,8 @@ impl Fanout {
         let scope = QueryScope::current();
         let targets = self.targets();
         let mut set = tokio::task::JoinSet::new();
-        for (i, t) in targets.iter().enumerate().filter(|(_, t)| t.may_match(matchers, start, end)) {
+        let asked = targets.iter().enumerate().filter(|(_, t)| t.may_match(matchers, start, end));
+        for (i, t) in asked.filter(|(_, t)| !scope.has_failed(&t.name)) {
             let (fut, timeout) = (call(t.store.clone()), self.timeout);
             set.spawn(async move { (i, tokio::time::timeout(timeout, fut).await) });
         }
@@ -133,6 +136,9 @@ impl Fanout {
             let named: Vec<String> = failed.iter().map(|(i, r)| format!("store {}: {r}", targets[*i].name)).collect();
             if !scope.partial_response {
                 return Err(StoreError::Unavailable(format!("{} (partial_response=false)", named.join("; "))));
+            }
+            for (i, _) in &failed {
+                scope.store_failed(&targets[*i].name);
             }
             for w in named {
                 tracing::debug!(warning = %w, "partial response");
@@ -165,9 +171,11 @@ impl Store for Fanout {
 
     async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
         require_matchers(&req.matchers)?;
-        let targets = self.targets();
-        let asked: Vec<&StoreTarget> =
-            targets.iter().filter(|t| t.may_match(&req.matchers, req.start, req.end)).collect();
+        let (targets, scope) = (self.targets(), QueryScope::current());
+        let asked: Vec<&StoreTarget> = targets
+            .iter()
+            .filter(|t| t.may_match(&req.matchers, req.start, req.end) && !scope.has_failed(&t.name))
+            .collect();
         Ok(Box::new(stream::MergedBatches::start(&asked, req, self.timeout)))
     }
 

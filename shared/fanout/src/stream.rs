@@ -75,16 +75,19 @@ impl MergedBatches {
                 self.sources[i].done = true;
                 match failure {
                     Failure::Request(e) => return Err(e),
-                    Failure::Store(reason) => failed.push(format!("store {}: {reason}", self.sources[i].name)),
+                    Failure::Store(reason) => failed.push((i, reason)),
                 }
             }
         }
+        let named = |(i, reason): &(usize, String)| format!("store {}: {reason}", self.sources[*i].name);
         if !failed.is_empty() && !self.scope.partial_response {
-            return Err(StoreError::Unavailable(format!("{} (partial_response=false)", failed.join("; "))));
+            let all: Vec<String> = failed.iter().map(named).collect();
+            return Err(StoreError::Unavailable(format!("{} (partial_response=false)", all.join("; "))));
         }
-        for named in failed {
-            tracing::debug!(warning = %named, "partial response");
-            self.scope.warn(named);
+        for f in &failed {
+            tracing::debug!(warning = %named(f), "partial response");
+            self.scope.warn(named(f));
+            self.scope.store_failed(&self.sources[f.0].name);
         }
         Ok(())
     }

@@ -131,6 +131,16 @@ async fn hanging_and_refusing_stores_are_named_in_warnings_or_fail_the_request()
     assert_eq!(w.len(), 2, "{w:?}");
     assert!(w[0].starts_with("store slow:10901: no answer within"), "{w:?}");
     assert_eq!(w[1], "store down:10901: connection refused");
+    // Within the same request, the failed stores are not asked again: no second wait.
+    let again = Instant::now();
+    let (got, names) = scope
+        .clone()
+        .run(async { (fanout.select(&gpu_util()).await, fanout.label_names(&[], i64::MIN, i64::MAX).await) })
+        .await;
+    assert!(again.elapsed() < Duration::from_millis(250), "asked the hanging store again: {:?}", again.elapsed());
+    assert_eq!(got.unwrap().len(), 3);
+    assert!(names.unwrap().contains(&"gpu".to_string()));
+    assert_eq!(scope.warnings().len(), 2, "the warnings stand: {:?}", scope.warnings());
 
     let strict = QueryScope::new(false, true);
     let err = strict.clone().run(fanout.select(&gpu_util())).await.unwrap_err();

@@ -8,6 +8,10 @@
 //! wrapper such as the fan-out reads [`QueryScope::current`] before it spawns its calls.
 //! Outside any scope (tests, benchmarks) the defaults apply: partial response and dedup
 //! on, warnings dropped.
+//!
+//! A scope also remembers the stores that failed during the request, so that a fan-out
+//! asks a store that timed out only once per request, however many selections follow
+//! (a binary expression, HA dedup's summaries and then its data).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -24,18 +28,19 @@ pub struct QueryScope {
     /// HA replicas are merged into one series (`dedup=false` shows each).
     pub dedup: bool,
     warnings: Arc<Mutex<Vec<String>>>,
+    failed_stores: Arc<Mutex<Vec<String>>>,
 }
 
 impl Default for QueryScope {
     fn default() -> Self {
-        QueryScope { partial_response: true, dedup: true, warnings: Arc::default() }
+        QueryScope::new(true, true)
     }
 }
 
 impl QueryScope {
     /// A scope with these options and no warnings yet.
     pub fn new(partial_response: bool, dedup: bool) -> Self {
-        QueryScope { partial_response, dedup, warnings: Arc::default() }
+        QueryScope { partial_response, dedup, warnings: Arc::default(), failed_stores: Arc::default() }
     }
 
     /// Runs `f` with this scope as the current one.
@@ -62,6 +67,25 @@ impl QueryScope {
     pub fn warnings(&self) -> Vec<String> {
         self.warnings.lock().map(|w| w.clone()).unwrap_or_default()
     }
+
+    /// Notes that the store named `name` failed (its warning is added separately).
+    pub fn store_failed(&self, name: &str) {
+        if let Ok(mut f) = self.failed_stores.lock() {
+            if !f.iter().any(|x| x == name) {
+                f.push(name.to_string());
+            }
+        }
+    }
+
+    /// Whether the store named `name` has failed during this request.
+    pub fn has_failed(&self, name: &str) -> bool {
+        self.failed_stores.lock().map(|f| f.iter().any(|x| x == name)).unwrap_or(false)
+    }
+
+    /// How many stores have failed during this request.
+    pub fn failures(&self) -> usize {
+        self.failed_stores.lock().map(|f| f.len()).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]
@@ -82,5 +106,15 @@ mod tests {
             })
             .await;
         assert_eq!(scope.warnings(), ["store a: down"]);
+    }
+
+    #[tokio::test]
+    async fn a_scope_remembers_failed_stores_once_each() {
+        let scope = QueryScope::default();
+        scope.clone().run(async { QueryScope::current().store_failed("a") }).await;
+        scope.store_failed("a");
+        assert!(scope.has_failed("a") && !scope.has_failed("b"));
+        assert_eq!(scope.failures(), 1);
+        assert_eq!(QueryScope::current().failures(), 0, "outside any scope nothing is remembered");
     }
 }
