@@ -171,11 +171,14 @@ impl MemSeries {
     }
 
     /// The chunks wholly inside `[start, end)`: what a block cut of that window takes
-    /// (chunks end at block boundaries, see [`SeriesSamples::append`]).
+    /// (chunks end at block boundaries, see [`SeriesSamples::append`]). The open chunk,
+    /// when the window holds it (a flush, or no sample yet past the boundary), goes in
+    /// the block encoding like every sealed one, so that blocks hold no streaming chunk
+    /// that queries would decode several times slower.
     pub fn chunks_within(&self, start: i64, end: i64) -> Vec<Chunk> {
         let mut chunks = self.samples.lock().chunks(start, end.saturating_sub(1));
         chunks.retain(|c| c.min_t >= start && c.max_t < end);
-        chunks
+        chunks.into_iter().map(Chunk::compact).collect()
     }
 }
 

@@ -684,3 +684,19 @@ async fn a_failed_cut_loses_nothing_when_maintenance_recovers() {
     assert!(out.blocks_cut > 0 && db.is_healthy(), "{out:?}");
     assert_eq!(count_samples(&db).await, 4 * 4 * 240, "after maintenance recovered");
 }
+
+#[test]
+fn a_block_cut_takes_the_open_chunk_in_the_block_encoding_too() {
+    // A flush (or a cut before any sample crossed the boundary) takes the open chunk.
+    let d = tempfile::tempdir().unwrap();
+    let db = blocky(d.path(), 0, None);
+    let s = db.series(&labels("0")).unwrap();
+    for i in 0..40 {
+        db.commit(&[(s.clone(), Sample::new(i * 15_000, (i % 7) as f64))]).unwrap();
+    }
+    let chunks = s.chunks_within(0, 1_200_000);
+    assert_eq!(chunks.len(), 1);
+    assert_eq!(chunks[0].n, 40);
+    assert!(chunks[0].is_block(), "the open chunk went out in the streaming encoding");
+    assert_eq!(chunks[0].decode().unwrap().len(), 40);
+}
