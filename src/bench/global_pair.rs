@@ -70,9 +70,19 @@ async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
         });
         let limits = SelectLimits { max_series: 10_000_000, max_samples: 2_000_000_000 };
         let service = StoreService::new(local.clone(), external, limits, info);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         addrs.push(listener.local_addr()?.to_string());
-        tokio::spawn(strata_grpc::serve(listener, service, Duration::from_secs(600), std::future::pending()));
+        // Each edge on a runtime of its own, as a process of its own would be: its work
+        // does not wait behind the global's tasks, nor theirs behind it.
+        std::thread::Builder::new().name(format!("edge-{replica}")).spawn(move || {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+            let Ok(rt) = rt else { return };
+            rt.block_on(async move {
+                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+                let _ = strata_grpc::serve(listener, service, Duration::from_secs(600), std::future::pending()).await;
+            });
+        })?;
     }
     Ok(addrs)
 }
