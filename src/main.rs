@@ -59,6 +59,8 @@ enum Command {
         /// Serve the StoreAPI here too, so that globals can be stacked.
         #[arg(long)]
         grpc_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        grpc_tls: GrpcServerTls,
         /// A label that tells HA replicas apart (repeatable; default from the file, else `replica`).
         #[arg(long = "query.replica-label")]
         replica_labels: Vec<String>,
@@ -75,6 +77,8 @@ enum Command {
         /// Serve the StoreAPI (gRPC) here, for a global querier.
         #[arg(long)]
         grpc_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        grpc_tls: GrpcServerTls,
         #[arg(long)]
         data: Option<PathBuf>,
         /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
@@ -93,6 +97,25 @@ enum Command {
         #[arg(long = "enable-feature", value_delimiter = ',')]
         enable_feature: Vec<String>,
     },
+}
+
+/// TLS for a StoreAPI server (Thanos' flags): a certificate and key turn it on; a client
+/// CA makes clients present a certificate that chains to it.
+#[derive(clap::Args)]
+struct GrpcServerTls {
+    #[arg(long = "grpc-server-tls-cert", requires = "grpc_server_tls_key")]
+    grpc_server_tls_cert: Option<PathBuf>,
+    #[arg(long = "grpc-server-tls-key", requires = "grpc_server_tls_cert")]
+    grpc_server_tls_key: Option<PathBuf>,
+    #[arg(long = "grpc-server-tls-client-ca", requires = "grpc_server_tls_cert")]
+    grpc_server_tls_client_ca: Option<PathBuf>,
+}
+
+impl GrpcServerTls {
+    fn files(self) -> Option<strata_grpc::ServerTlsFiles> {
+        let (cert, key) = (self.grpc_server_tls_cert?, self.grpc_server_tls_key?);
+        Some(strata_grpc::ServerTlsFiles { cert, key, client_ca: self.grpc_server_tls_client_ca })
+    }
 }
 
 fn init_logging() {
@@ -192,10 +215,11 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Global { config, http_listen, grpc_listen, replica_labels, query_max_concurrency } => {
+        Command::Global { config, http_listen, grpc_listen, grpc_tls, replica_labels, query_max_concurrency } => {
             let mut opts = strata_global::GlobalOptions::new(config);
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;
+            opts.grpc_tls = grpc_tls.files();
             opts.replica_labels = replica_labels;
             opts.api.max_concurrency = query_max_concurrency;
             let global = strata_global::Global::start(opts).await?;
@@ -212,6 +236,7 @@ async fn main() -> anyhow::Result<()> {
             config,
             http_listen,
             grpc_listen,
+            grpc_tls,
             data,
             query_max_concurrency,
             query_max_samples,
@@ -229,6 +254,7 @@ async fn main() -> anyhow::Result<()> {
             }
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;
+            opts.grpc_tls = grpc_tls.files();
             opts.data_dir = data;
             opts.api.max_concurrency = query_max_concurrency;
             opts.api.engine.max_samples = query_max_samples;

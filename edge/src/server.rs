@@ -33,6 +33,8 @@ pub struct EdgeOptions {
     pub http_listen: Option<SocketAddr>,
     /// Where the StoreAPI (gRPC) is served; not served when `None`.
     pub grpc_listen: Option<SocketAddr>,
+    /// TLS for the StoreAPI (`--grpc-server-tls-*`).
+    pub grpc_tls: Option<strata_grpc::ServerTlsFiles>,
     pub data_dir: Option<PathBuf>,
     /// How often file-SD files are checked for changes.
     pub file_sd_check: Duration,
@@ -52,6 +54,7 @@ impl EdgeOptions {
             config_path,
             http_listen: None,
             grpc_listen: None,
+            grpc_tls: None,
             data_dir: None,
             file_sd_check: Duration::from_secs(5),
             api: ApiOptions::default(),
@@ -202,6 +205,8 @@ pub enum EdgeError {
     Task(#[from] tokio::task::JoinError),
     #[error(transparent)]
     WebConfig(#[from] WebConfigError),
+    #[error("StoreAPI: {0}")]
+    Grpc(#[from] strata_grpc::GrpcError),
 }
 
 /// A running edge.
@@ -255,6 +260,7 @@ async fn spawn_store_api(
     addr: SocketAddr,
     db: &Arc<Tsdb>,
     cfg: &EdgeConfig,
+    tls: Option<strata_grpc::ServerTlsConfig>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<SocketAddr, EdgeError> {
     let listener = tokio::net::TcpListener::bind(addr).await.map_err(|source| EdgeError::Bind { addr, source })?;
@@ -272,7 +278,7 @@ async fn spawn_store_api(
         let stop = async move {
             let _ = shutdown.changed().await;
         };
-        if let Err(e) = strata_grpc::serve(listener, service, GRPC_MAX_REQUEST, stop).await {
+        if let Err(e) = strata_grpc::serve(listener, service, GRPC_MAX_REQUEST, tls, stop).await {
             tracing::error!(error = %e, "edge gRPC server failed");
         }
     });
@@ -346,7 +352,10 @@ impl Edge {
         }
 
         let grpc_addr = match opts.grpc_listen {
-            Some(addr) => Some(spawn_store_api(addr, &db, &cfg, shutdown_rx.clone()).await?),
+            Some(addr) => {
+                let tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;
+                Some(spawn_store_api(addr, &db, &cfg, tls, shutdown_rx.clone()).await?)
+            }
             None => None,
         };
         manager.apply(Arc::new(cfg)).await;

@@ -12,6 +12,11 @@
 //! store_timeout: 30s            # per store and call
 //! info_interval: 10s            # how often each store's Info is read, files and names resolved
 //! replica_labels: [replica]     # HA replica labels (also --query.replica-label)
+//! grpc_client_tls:              # connect to every store over TLS
+//!   ca_file: ca.crt             #   the CA the stores' certificates chain to
+//!   cert_file: client.crt       #   this global's certificate, for stores that verify clients
+//!   key_file: client.key
+//!   server_name: edges.example  #   the name to verify (default: each store's host)
 //! ```
 
 use serde::Deserialize;
@@ -32,6 +37,16 @@ struct RawConfig {
     info_interval: Option<PromDuration>,
     replica_labels: Option<Vec<String>>,
     dns_resolver: Option<String>,
+    grpc_client_tls: Option<RawClientTls>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawClientTls {
+    ca_file: PathBuf,
+    cert_file: Option<PathBuf>,
+    key_file: Option<PathBuf>,
+    server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -53,6 +68,8 @@ pub struct GlobalConfig {
     pub store_timeout: Duration,
     pub info_interval: Duration,
     pub replica_labels: Vec<String>,
+    /// TLS for the connections to the stores; paths resolved against the file's folder.
+    pub client_tls: Option<strata_grpc::ClientTlsFiles>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -103,12 +120,14 @@ impl GlobalConfig {
             Some(r) => Some(r.parse().map_err(|_| format!("dns_resolver {r:?} is not ip:port"))?),
             None => None,
         };
-        let sd_files = raw
-            .file_sd_configs
-            .iter()
-            .flat_map(|f| f.files.iter())
-            .map(|f| if f.is_absolute() { f.clone() } else { base.join(f) })
-            .collect();
+        let resolve = |f: &PathBuf| if f.is_absolute() { f.clone() } else { base.join(f) };
+        let sd_files = raw.file_sd_configs.iter().flat_map(|f| f.files.iter()).map(resolve).collect();
+        let client_tls = raw.grpc_client_tls.as_ref().map(|t| strata_grpc::ClientTlsFiles {
+            ca: resolve(&t.ca_file),
+            cert: t.cert_file.as_ref().map(resolve),
+            key: t.key_file.as_ref().map(resolve),
+            server_name: t.server_name.clone(),
+        });
         let positive = |d: Option<PromDuration>, default: Duration, name: &str| -> Result<Duration, String> {
             match d.map(|d| d.0) {
                 Some(d) if d.is_zero() => Err(format!("{name} must be positive")),
@@ -125,6 +144,7 @@ impl GlobalConfig {
             store_timeout: positive(raw.store_timeout, Duration::from_secs(30), "store_timeout")?,
             info_interval: positive(raw.info_interval, Duration::from_secs(10), "info_interval")?,
             replica_labels: raw.replica_labels.unwrap_or_else(|| vec!["replica".to_string()]),
+            client_tls,
         })
     }
 }
@@ -154,7 +174,15 @@ mod tests {
         assert_eq!(c.sd_files, [PathBuf::from("/etc/strata/s.json")]);
         assert_eq!(c.dns, [("edges.local".to_string(), 10901)]);
         assert_eq!((c.store_timeout, c.replica_labels.clone()), (Duration::from_secs(30), vec!["replica".into()]));
+        assert!(c.client_tls.is_none());
+        let tls = "grpc_client_tls:\n  ca_file: ca.crt\n  cert_file: /abs/c.crt\n  key_file: c.key\n  server_name: edges\n";
+        let t = GlobalConfig::parse(tls, Path::new("/etc/strata")).unwrap().client_tls.unwrap();
+        assert_eq!(t.ca, PathBuf::from("/etc/strata/ca.crt"));
+        assert_eq!((t.cert, t.key), (Some("/abs/c.crt".into()), Some("/etc/strata/c.key".into())));
+        assert_eq!(t.server_name.as_deref(), Some("edges"));
         for bad in [
+            "grpc_client_tls:\n  cert_file: c.crt\n",
+            "grpc_client_tls:\n  ca_file: ca.crt\n  insecure: true\n",
             "stores: ['nohost']",
             "stores: ['a b:1']",
             "dns_sd: ['srv+x']",

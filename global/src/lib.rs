@@ -37,6 +37,8 @@ pub struct GlobalOptions {
     pub config_path: PathBuf,
     pub http_listen: SocketAddr,
     pub grpc_listen: Option<SocketAddr>,
+    /// TLS for the StoreAPI served on `grpc_listen` (`--grpc-server-tls-*`).
+    pub grpc_tls: Option<strata_grpc::ServerTlsFiles>,
     /// `--query.replica-label`; when empty, the configuration's (default `replica`).
     pub replica_labels: Vec<String>,
     pub api: ApiOptions,
@@ -49,6 +51,7 @@ impl GlobalOptions {
             config_path,
             http_listen: ([127, 0, 0, 1], DEFAULT_HTTP_PORT).into(),
             grpc_listen: None,
+            grpc_tls: None,
             replica_labels: Vec::new(),
             api: ApiOptions::default(),
             server: ServerLimits::default(),
@@ -64,6 +67,8 @@ pub enum GlobalError {
     Config(#[from] config::ConfigError),
     #[error("binding {addr}: {source}")]
     Bind { addr: SocketAddr, source: std::io::Error },
+    #[error(transparent)]
+    Tls(#[from] strata_grpc::GrpcError),
 }
 
 pub struct Global {
@@ -90,7 +95,14 @@ impl Global {
         }
         let (interval, replica_labels) = (cfg.info_interval, cfg.replica_labels.clone());
         let fanout = Arc::new(Fanout::new(Vec::new(), cfg.store_timeout));
-        let stores = Arc::new(StoreSet::new(cfg, fanout.clone()));
+        // TLS files are read now: a missing or broken one stops the start, naming it.
+        let client_tls = cfg.client_tls.as_ref().map(|t| t.load()).transpose()?;
+        let server_tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;
+        let mut store_set = StoreSet::new(cfg, fanout.clone());
+        if let Some(tls) = client_tls {
+            store_set = store_set.with_client_tls(tls);
+        }
+        let stores = Arc::new(store_set);
         // The first round before serving, so the first queries know the stores' labels.
         stores.refresh().await;
         let (shutdown, shutdown_rx) = watch::channel(false);
@@ -150,7 +162,8 @@ impl Global {
                     let stopped = async move {
                         let _ = stop.changed().await;
                     };
-                    if let Err(e) = strata_grpc::serve(listener, service, Duration::from_secs(120), stopped).await {
+                    let served = strata_grpc::serve(listener, service, Duration::from_secs(120), server_tls, stopped);
+                    if let Err(e) = served.await {
                         tracing::error!(error = %e, "global gRPC server failed");
                     }
                 }));

@@ -39,6 +39,8 @@ pub struct StoreSet {
     /// The last good contents of each file-SD file: a file being rewritten or broken keeps
     /// its stores.
     files: Mutex<HashMap<PathBuf, Vec<String>>>,
+    /// TLS for every store connection, loaded from the configuration's files.
+    tls: Option<strata_grpc::ClientTlsConfig>,
 }
 
 /// File-SD files larger than this are refused.
@@ -71,7 +73,14 @@ impl StoreSet {
             clients: Mutex::new(HashMap::new()),
             status: RwLock::new(Vec::new()),
             files: Mutex::new(HashMap::new()),
+            tls: None,
         }
+    }
+
+    /// Connects to the stores over TLS.
+    pub fn with_client_tls(mut self, tls: strata_grpc::ClientTlsConfig) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn status(&self) -> Vec<StoreStatus> {
@@ -125,6 +134,7 @@ impl StoreSet {
             timeout: self.cfg.store_timeout,
             connect_timeout: Duration::from_secs(5),
             gzip: false,
+            tls: self.tls.clone(),
         };
         let c = RemoteStore::new(addr, opts).map_err(|e| e.to_string())?;
         clients.insert(addr.to_string(), c.clone());
@@ -270,7 +280,7 @@ mod tests {
             Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![] });
         let external = Labels::from_pairs([("cluster", "c0")]);
         let svc = StoreService::new(Arc::new(MemoryStore::default()), external, SelectLimits::default(), info);
-        tokio::spawn(strata_grpc::serve(listener, svc, Duration::from_secs(5), std::future::pending()));
+        tokio::spawn(strata_grpc::serve(listener, svc, Duration::from_secs(5), None, std::future::pending()));
         let dns = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let resolver = dns.local_addr().unwrap();
         tokio::spawn(async move {

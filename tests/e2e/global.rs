@@ -265,3 +265,77 @@ fn a_replica_killed_and_restarted_mid_run_leaves_no_mark_on_the_global() {
         p.terminate();
     }
 }
+
+#[test]
+fn the_global_reads_an_edge_over_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = strata_server::test_certs::write(dir.path()).unwrap();
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(&cfg, "global:\n  external_labels:\n    cluster: c9\n    replica: a\nscrape_configs: []\n").unwrap();
+    let (http, grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let (cfg, data) = (cfg.display().to_string(), dir.path().join("data").display().to_string());
+    let (cert, key, ca) = (
+        certs.server_cert.display().to_string(),
+        certs.server_key.display().to_string(),
+        certs.ca.display().to_string(),
+    );
+    let args = [
+        "edge",
+        "--config",
+        &cfg,
+        "--data",
+        &data,
+        "--http-listen",
+        &http,
+        "--grpc-listen",
+        &grpc,
+        "--grpc-server-tls-cert",
+        &cert,
+        "--grpc-server-tls-key",
+        &key,
+        "--grpc-server-tls-client-ca",
+        &ca,
+    ];
+    let mut edge = Proc::strata(&args, dir.path(), "edge-tls");
+    wait_ready(&format!("http://{http}/-/ready"), &mut edge, Duration::from_secs(30));
+    let start = (now_ms() - 60_000) / 1000 * 1000;
+    let labels = vec![("__name__".to_string(), "gpu_temp".to_string()), ("gpu".to_string(), "0".to_string())];
+    remote_write_all(&format!("http://{http}"), &[(labels, (0..10).map(|i| (start + i * 5_000, 41.0)).collect())]);
+
+    // One global with the client certificate, one without TLS at all.
+    let client_tls = format!(
+        "grpc_client_tls:\n  ca_file: {}\n  cert_file: {}\n  key_file: {}\n",
+        certs.ca.display(),
+        certs.client_cert.display(),
+        certs.client_key.display()
+    );
+    let mut globals = Vec::new();
+    for (name, extra) in [("global-tls", client_tls.as_str()), ("global-plain", "")] {
+        let path = dir.path().join(format!("{name}.yml"));
+        std::fs::write(&path, format!("stores: ['{grpc}']\nstore_timeout: 5s\ninfo_interval: 1s\n{extra}")).unwrap();
+        let listen = format!("127.0.0.1:{}", free_port());
+        let path = path.display().to_string();
+        let mut p = Proc::strata(&["global", "--config", &path, "--http-listen", &listen], dir.path(), name);
+        wait_ready(&format!("http://{listen}/-/ready"), &mut p, Duration::from_secs(30));
+        globals.push((p, format!("http://{listen}")));
+    }
+    let t = (start + 9 * 5_000) as f64 / 1000.0;
+    let (code, body) = get(&format!("{}/api/v1/query?query=gpu_temp&time={t:.3}", globals[0].1));
+    assert_eq!(code, 200, "{body}");
+    let result = body["data"]["result"].as_array().unwrap();
+    assert_eq!(result.len(), 1, "{body}");
+    assert_eq!(result[0]["metric"]["cluster"], "c9");
+    assert!(body.get("warnings").is_none(), "{body}");
+    // Without TLS the edge does not serve the global: the store is down and named.
+    let (code, body) = get(&format!("{}/api/v1/query?query=gpu_temp&time={t:.3}", globals[1].1));
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(body["data"]["result"].as_array().unwrap().len(), 0, "{body}");
+    let stores = api_data(&format!("{}/api/v1/stores", globals[1].1));
+    assert_eq!(stores[0]["health"], "down", "{stores}");
+    for (mut p, _) in globals {
+        p.assert_running();
+        p.terminate();
+    }
+    edge.assert_running();
+    edge.terminate();
+}

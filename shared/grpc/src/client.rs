@@ -14,7 +14,7 @@ use strata_store::{
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct RemoteStoreOptions {
     /// Deadline of each call, sent to the server as `grpc-timeout`.
     pub timeout: Duration,
@@ -23,11 +23,18 @@ pub struct RemoteStoreOptions {
     /// saved little on the fleet-day set and cost more CPU than the query), so it pays only
     /// on slow links.
     pub gzip: bool,
+    /// Connect over TLS (see [`ClientTlsFiles`](crate::ClientTlsFiles)).
+    pub tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
 impl Default for RemoteStoreOptions {
     fn default() -> Self {
-        RemoteStoreOptions { timeout: Duration::from_secs(60), connect_timeout: Duration::from_secs(5), gzip: false }
+        RemoteStoreOptions {
+            timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(5),
+            gzip: false,
+            tls: None,
+        }
     }
 }
 
@@ -39,13 +46,17 @@ pub struct RemoteStore {
 }
 
 impl RemoteStore {
-    /// A store at `addr` (`host:port`, or a URL with `http://`). Connects lazily: a store
-    /// that is down fails its calls, not its construction.
+    /// A store at `addr` (`host:port`, or a URL with `http://` or `https://`). Connects
+    /// lazily: a store that is down fails its calls, not its construction.
     pub fn new(addr: &str, opts: RemoteStoreOptions) -> Result<RemoteStore, GrpcError> {
-        let url = if addr.contains("://") { addr.to_string() } else { format!("http://{addr}") };
+        let scheme = if opts.tls.is_some() { "https" } else { "http" };
+        let url = if addr.contains("://") { addr.to_string() } else { format!("{scheme}://{addr}") };
         let bad = |reason: String| GrpcError::Address { store: addr.to_string(), reason };
-        let endpoint = Endpoint::from_shared(url)
-            .map_err(|e| bad(e.to_string()))?
+        let mut endpoint = Endpoint::from_shared(url).map_err(|e| bad(e.to_string()))?;
+        if let Some(tls) = opts.tls {
+            endpoint = endpoint.tls_config(tls).map_err(|e| bad(format!("TLS: {e}")))?;
+        }
+        let endpoint = endpoint
             .timeout(opts.timeout)
             .connect_timeout(opts.connect_timeout)
             .tcp_nodelay(true)

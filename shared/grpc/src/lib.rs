@@ -20,11 +20,14 @@ mod frames;
 mod server;
 #[cfg(test)]
 mod tests;
+mod tls;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{status_from_store_error, store_error_from_status};
 pub use server::{selection_wire_bytes, serve, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
+pub use tls::{ClientTlsFiles, ServerTlsFiles};
+pub use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
 
 /// The largest message either side sends or accepts. A frame is cut well below it
 /// ([`FRAME_BYTES`]); this bounds what a hostile peer can make the other allocate.
@@ -49,4 +52,8 @@ pub enum GrpcError {
     Address { store: String, reason: String },
     #[error("gRPC server on {addr}: {source}")]
     Serve { addr: std::net::SocketAddr, source: tonic::transport::Error },
+    #[error("TLS file {file}: {reason}")]
+    Tls { file: std::path::PathBuf, reason: String },
+    #[error("TLS: {0}")]
+    TlsConfig(String),
 }

@@ -287,16 +287,21 @@ pub fn selection_wire_bytes(series: &[SeriesChunks], external: &Labels) -> usize
     total + frames.finish().map_or(0, |f| prost::Message::encoded_len(&f) + 5)
 }
 
-/// Serves `service` on `listener` until `shutdown` resolves. Requests carry their own
-/// deadline (`grpc-timeout`); none runs longer than `max_request`.
+/// Serves `service` on `listener` until `shutdown` resolves, over TLS when `tls` is set.
+/// Requests carry their own deadline (`grpc-timeout`); none runs longer than `max_request`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: StoreService,
     max_request: Duration,
+    tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
     let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
-    tonic::transport::Server::builder()
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls).map_err(|e| GrpcError::TlsConfig(e.to_string()))?;
+    }
+    builder
         .timeout(max_request)
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(2 * WINDOW_BYTES)

@@ -21,10 +21,14 @@ fn fixture_store() -> MemoryStore {
 
 /// A server for `service` on a free loopback port; returns its address and a stopper.
 async fn start(service: StoreService) -> (String, tokio::sync::oneshot::Sender<()>) {
+    start_tls(service, None).await
+}
+
+async fn start_tls(service: StoreService, tls: Option<ServerTlsConfig>) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, service, Duration::from_secs(30), async {
+    tokio::spawn(serve(listener, service, Duration::from_secs(30), tls, async {
         let _ = rx.await;
     }));
     (addr, tx)
@@ -207,8 +211,11 @@ async fn a_store_that_is_down_is_an_error_naming_it() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     drop(listener);
-    let opts =
-        RemoteStoreOptions { timeout: Duration::from_secs(2), connect_timeout: Duration::from_secs(1), gzip: false };
+    let opts = RemoteStoreOptions {
+        timeout: Duration::from_secs(2),
+        connect_timeout: Duration::from_secs(1),
+        ..Default::default()
+    };
     let remote = RemoteStore::new(&addr, opts).unwrap();
     let r = remote.select(&SelectRequest::new(vec![Matcher::eq("__name__", "x")], 0, 1)).await;
     assert!(matches!(r, Err(StoreError::Unavailable(ref m)) if m.contains(&addr)), "{r:?}");
@@ -228,4 +235,44 @@ async fn an_order_over_too_many_labels_is_refused_and_a_fair_one_is_kept() {
         remote.select(&req).await.unwrap().iter().map(|s| s.labels.get("gpu").unwrap_or("").to_string()).collect();
     assert_eq!(got, ["0", "1", "2"]);
     let _ = stop.send(());
+}
+
+#[tokio::test]
+async fn tls_and_client_certificates_are_enforced() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = strata_server::test_certs::write(dir.path()).unwrap();
+    let server = |client_ca: Option<std::path::PathBuf>| {
+        ServerTlsFiles { cert: certs.server_cert.clone(), key: certs.server_key.clone(), client_ca }.load().unwrap()
+    };
+    let client = |cert: bool| {
+        let (cert, key) =
+            if cert { (Some(certs.client_cert.clone()), Some(certs.client_key.clone())) } else { (None, None) };
+        let files = ClientTlsFiles { ca: certs.ca.clone(), cert, key, server_name: Some("localhost".into()) };
+        RemoteStoreOptions {
+            tls: Some(files.load().unwrap()),
+            connect_timeout: Duration::from_secs(2),
+            ..Default::default()
+        }
+    };
+    // TLS: the conformance suite passes over it, and a plaintext client gets an error.
+    let (addr, stop) = start_tls(service(fixture_store(), Labels::default()), Some(server(None))).await;
+    run_all(&RemoteStore::new(&addr, client(false)).unwrap()).await;
+    let plain = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+    let sel = SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], i64::MIN, i64::MAX);
+    assert!(matches!(plain.select(&sel).await, Err(StoreError::Unavailable(_))));
+    let _ = stop.send(());
+    // Mutual TLS: a client without a certificate is refused, one with it is served.
+    let (addr, stop) =
+        start_tls(service(fixture_store(), Labels::default()), Some(server(Some(certs.ca.clone())))).await;
+    assert!(RemoteStore::new(&addr, client(false)).unwrap().select(&sel).await.is_err());
+    assert_eq!(RemoteStore::new(&addr, client(true)).unwrap().select(&sel).await.unwrap().len(), 3);
+    let _ = stop.send(());
+    // Files that are missing or hold no PEM are errors naming them.
+    let missing = ServerTlsFiles { cert: dir.path().join("nope.crt"), key: certs.server_key.clone(), client_ca: None };
+    assert!(matches!(missing.load(), Err(GrpcError::Tls { file, .. }) if file.ends_with("nope.crt")));
+    std::fs::write(dir.path().join("junk.crt"), "not a certificate").unwrap();
+    let junk = ClientTlsFiles { ca: dir.path().join("junk.crt"), ..Default::default() };
+    assert!(matches!(junk.load(), Err(GrpcError::Tls { file, .. }) if file.ends_with("junk.crt")));
+    let half = ClientTlsFiles { ca: certs.ca.clone(), cert: Some(certs.client_cert.clone()), ..Default::default() };
+    assert!(half.load().is_err(), "a certificate without its key");
 }
