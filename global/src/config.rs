@@ -175,7 +175,8 @@ mod tests {
         assert_eq!(c.dns, [("edges.local".to_string(), 10901)]);
         assert_eq!((c.store_timeout, c.replica_labels.clone()), (Duration::from_secs(30), vec!["replica".into()]));
         assert!(c.client_tls.is_none());
-        let tls = "grpc_client_tls:\n  ca_file: ca.crt\n  cert_file: /abs/c.crt\n  key_file: c.key\n  server_name: edges\n";
+        let tls =
+            "grpc_client_tls:\n  ca_file: ca.crt\n  cert_file: /abs/c.crt\n  key_file: c.key\n  server_name: edges\n";
         let t = GlobalConfig::parse(tls, Path::new("/etc/strata")).unwrap().client_tls.unwrap();
         assert_eq!(t.ca, PathBuf::from("/etc/strata/ca.crt"));
         assert_eq!((t.cert, t.key), (Some("/abs/c.crt".into()), Some("/etc/strata/c.key".into())));
