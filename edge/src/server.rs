@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_api::ApiOptions;
-use strata_grpc::{StoreInfo, StoreService};
+use strata_grpc::{ServeOptions, StoreInfo, StoreService};
 use strata_model::duration::parse_duration;
 use strata_model::Labels;
 use strata_server::{ServerLimits, WebConfig, WebConfigError};
@@ -278,7 +278,9 @@ async fn spawn_store_api(
         let stop = async move {
             let _ = shutdown.changed().await;
         };
-        if let Err(e) = strata_grpc::serve(listener, service, GRPC_MAX_REQUEST, tls, stop).await {
+        if let Err(e) =
+            strata_grpc::serve(listener, service, ServeOptions::new(GRPC_MAX_REQUEST).with_tls(tls), stop).await
+        {
             tracing::error!(error = %e, "edge gRPC server failed");
         }
     });

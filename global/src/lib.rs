@@ -25,7 +25,7 @@ use stores::StoreSet;
 use strata_api::ApiOptions;
 use strata_dedup::ReplicaDedup;
 use strata_fanout::Fanout;
-use strata_grpc::{pb, StoreInfo, StoreService};
+use strata_grpc::{pb, ServeOptions, StoreInfo, StoreService};
 use strata_model::Labels;
 use strata_server::{ServerLimits, WebConfig};
 use strata_store::{SelectLimits, Store};
@@ -162,7 +162,12 @@ impl Global {
                     let stopped = async move {
                         let _ = stop.changed().await;
                     };
-                    let served = strata_grpc::serve(listener, service, Duration::from_secs(120), server_tls, stopped);
+                    let served = strata_grpc::serve(
+                        listener,
+                        service,
+                        ServeOptions::new(Duration::from_secs(120)).with_tls(server_tls),
+                        stopped,
+                    );
                     if let Err(e) = served.await {
                         tracing::error!(error = %e, "global gRPC server failed");
                     }

@@ -280,7 +280,12 @@ mod tests {
             Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![] });
         let external = Labels::from_pairs([("cluster", "c0")]);
         let svc = StoreService::new(Arc::new(MemoryStore::default()), external, SelectLimits::default(), info);
-        tokio::spawn(strata_grpc::serve(listener, svc, Duration::from_secs(5), None, std::future::pending()));
+        tokio::spawn(strata_grpc::serve(
+            listener,
+            svc,
+            strata_grpc::ServeOptions::new(Duration::from_secs(5)),
+            std::future::pending(),
+        ));
         let dns = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
         let resolver = dns.local_addr().unwrap();
         tokio::spawn(async move {

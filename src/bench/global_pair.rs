@@ -80,8 +80,13 @@ async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
             let Ok(rt) = rt else { return };
             rt.block_on(async move {
                 let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-                let _ =
-                    strata_grpc::serve(listener, service, Duration::from_secs(600), None, std::future::pending()).await;
+                let _ = strata_grpc::serve(
+                    listener,
+                    service,
+                    strata_grpc::ServeOptions::new(Duration::from_secs(600)),
+                    std::future::pending(),
+                )
+                .await;
             });
         })?;
     }

@@ -17,6 +17,7 @@
 mod client;
 mod convert;
 mod frames;
+mod listener;
 mod server;
 #[cfg(test)]
 mod tests;
@@ -24,7 +25,8 @@ mod tls;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{status_from_store_error, store_error_from_status};
-pub use server::{selection_wire_bytes, serve, StoreInfo, StoreService};
+pub use listener::ConnectionLimits;
+pub use server::{selection_wire_bytes, serve, ServeOptions, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
 pub use tls::{ClientTlsFiles, ServerTlsFiles};
 pub use tonic::transport::{ClientTlsConfig, ServerTlsConfig};

@@ -3,6 +3,7 @@
 
 use crate::convert::*;
 use crate::frames::FrameBuilder;
+use crate::listener::ConnectionLimits;
 use crate::{pb, GrpcError, H2_FRAME_BYTES, MAX_MESSAGE_BYTES, WINDOW_BYTES};
 use pb::store_server::{Store as StoreRpc, StoreServer};
 use std::net::SocketAddr;
@@ -287,32 +288,54 @@ pub fn selection_wire_bytes(series: &[SeriesChunks], external: &Labels) -> usize
     total + frames.finish().map_or(0, |f| prost::Message::encoded_len(&f) + 5)
 }
 
-/// Serves `service` on `listener` until `shutdown` resolves, over TLS when `tls` is set.
-/// Requests carry their own deadline (`grpc-timeout`); none runs longer than `max_request`.
+/// How a StoreAPI server runs.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Requests carry their own deadline (`grpc-timeout`); none runs longer than this.
+    pub max_request: Duration,
+    pub tls: Option<tonic::transport::ServerTlsConfig>,
+    pub connections: ConnectionLimits,
+}
+
+impl ServeOptions {
+    pub fn new(max_request: Duration) -> Self {
+        ServeOptions { max_request, tls: None, connections: ConnectionLimits::default() }
+    }
+
+    pub fn with_tls(mut self, tls: Option<tonic::transport::ServerTlsConfig>) -> Self {
+        self.tls = tls;
+        self
+    }
+}
+
+/// Calls at once on one connection (a global asks one per selection).
+const MAX_STREAMS_PER_CONNECTION: u32 = 128;
+
+/// Serves `service` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     service: StoreService,
-    max_request: Duration,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    opts: ServeOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
     let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut builder = tonic::transport::Server::builder();
-    if let Some(tls) = tls {
+    if let Some(tls) = opts.tls {
         builder = builder.tls_config(tls).map_err(|e| GrpcError::TlsConfig(e.to_string()))?;
     }
     builder
-        .timeout(max_request)
+        .timeout(opts.max_request)
         .initial_stream_window_size(WINDOW_BYTES)
         .initial_connection_window_size(2 * WINDOW_BYTES)
         .max_frame_size(H2_FRAME_BYTES)
+        .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+        // A peer that stops answering pings is dropped, and its slot freed.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
         .add_service(service.into_server())
-        // Without TCP_NODELAY a stream's last small frame waits out the peer's delayed ACK
-        // (40 ms on Linux), longer than a whole query.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        // The listener sets TCP_NODELAY: without it a stream's last small frame waits out
+        // the peer's delayed ACK (40 ms on Linux), longer than a whole query.
+        .serve_with_incoming_shutdown(crate::listener::accept(listener, opts.connections), shutdown)
         .await
         .map_err(|source| GrpcError::Serve { addr, source })
 }

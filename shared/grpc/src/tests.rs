@@ -28,7 +28,7 @@ async fn start_tls(service: StoreService, tls: Option<ServerTlsConfig>) -> (Stri
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, service, Duration::from_secs(30), tls, async {
+    tokio::spawn(serve(listener, service, ServeOptions::new(Duration::from_secs(30)).with_tls(tls), async {
         let _ = rx.await;
     }));
     (addr, tx)
@@ -275,4 +275,55 @@ async fn tls_and_client_certificates_are_enforced() {
     assert!(matches!(junk.load(), Err(GrpcError::Tls { file, .. }) if file.ends_with("junk.crt")));
     let half = ClientTlsFiles { ca: certs.ca.clone(), cert: Some(certs.client_cert.clone()), ..Default::default() };
     assert!(half.load().is_err(), "a certificate without its key");
+}
+
+#[tokio::test]
+async fn idle_connections_cannot_hold_the_server() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let limits = ConnectionLimits { max_connections: 2, first_byte_timeout: Duration::from_millis(300) };
+    let opts = ServeOptions { connections: limits, ..ServeOptions::new(Duration::from_secs(30)) };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, service(fixture_store(), Labels::default()), opts, async {
+        let _ = rx.await;
+    }));
+    // Every slot taken by a connection that never speaks.
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        idle.push(tokio::net::TcpStream::connect(&addr).await.unwrap());
+    }
+    // A real client still gets its answer: the idle ones are closed, freeing their slots.
+    let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+    let sel = SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], i64::MIN, i64::MAX);
+    let got = tokio::time::timeout(Duration::from_secs(10), remote.select(&sel)).await;
+    assert_eq!(got.expect("served within 10 s").unwrap().len(), 3);
+    let sel = sel.clone();
+    // The server speaks first (its HTTP/2 settings), then closes what stays silent.
+    for mut c in idle {
+        let mut buf = Vec::new();
+        let closed = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf)).await;
+        assert!(closed.is_ok(), "an idle connection was kept");
+    }
+    let _ = tx.send(());
+
+    // One slot, held by a silent connection: a client waits in the backlog until it goes.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let limits = ConnectionLimits { max_connections: 1, first_byte_timeout: Duration::from_secs(30) };
+    let opts = ServeOptions { connections: limits, ..ServeOptions::new(Duration::from_secs(30)) };
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(serve(listener, service(fixture_store(), Labels::default()), opts, async {
+        let _ = rx.await;
+    }));
+    let silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+    let call = tokio::spawn(async move { remote.select(&sel).await.map(|v| v.len()) });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!call.is_finished(), "served past the connection limit");
+    drop(silent);
+    let got = tokio::time::timeout(Duration::from_secs(10), call).await.expect("served once the slot was free");
+    assert_eq!(got.unwrap().unwrap(), 3);
+    let _ = tx.send(());
 }

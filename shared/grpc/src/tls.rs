@@ -10,6 +10,9 @@ use crate::GrpcError;
 use std::path::{Path, PathBuf};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
+/// The longest a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A PEM file larger than this is refused (a chain of a few certificates is a few KB).
 const MAX_PEM_BYTES: u64 = 1 << 20;
 
@@ -49,7 +52,8 @@ fn read_pem(path: &Path) -> Result<Vec<u8>, GrpcError> {
 impl ServerTlsFiles {
     pub fn load(&self) -> Result<ServerTlsConfig, GrpcError> {
         let identity = Identity::from_pem(read_pem(&self.cert)?, read_pem(&self.key)?);
-        let mut cfg = ServerTlsConfig::new().identity(identity);
+        // A client that starts a handshake and stalls is dropped.
+        let mut cfg = ServerTlsConfig::new().identity(identity).timeout(HANDSHAKE_TIMEOUT);
         if let Some(ca) = &self.client_ca {
             cfg = cfg.client_ca_root(Certificate::from_pem(read_pem(ca)?));
         }
