@@ -246,7 +246,17 @@ pub fn status_from_store_error(e: StoreError) -> Status {
 /// the peer enforced is the same limit error the local store gives (`limits` are those
 /// the request carried), so callers see one error whichever side stopped first.
 pub fn store_error_from_status(store: &str, s: &Status, limits: SelectLimits) -> StoreError {
-    let msg = format!("store {store}: {}", s.message());
+    // A status made on this side (a connection or TLS failure) keeps its cause in its
+    // source chain; the message alone says only "transport error".
+    let mut msg = format!("store {store}: {}", s.message());
+    let (mut cause, mut last) = (std::error::Error::source(s), s.message().to_string());
+    while let Some(c) = cause {
+        let text = c.to_string();
+        if text != last {
+            msg.push_str(&format!(": {text}"));
+        }
+        (cause, last) = (c.source(), text);
+    }
     match s.code() {
         Code::InvalidArgument => StoreError::InvalidRequest(msg),
         Code::ResourceExhausted if s.message().starts_with("samples limit") => {

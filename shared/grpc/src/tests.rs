@@ -259,12 +259,18 @@ async fn tls_and_client_certificates_are_enforced() {
     run_all(&RemoteStore::new(&addr, client(false)).unwrap()).await;
     let plain = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
     let sel = SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], i64::MIN, i64::MAX);
-    assert!(matches!(plain.select(&sel).await, Err(StoreError::Unavailable(_))));
+    match plain.select(&sel).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("connection error"), "the cause is named: {m}"),
+        other => panic!("{other:?}"),
+    }
     let _ = stop.send(());
     // Mutual TLS: a client without a certificate is refused, one with it is served.
     let (addr, stop) =
         start_tls(service(fixture_store(), Labels::default()), Some(server(Some(certs.ca.clone())))).await;
-    assert!(RemoteStore::new(&addr, client(false)).unwrap().select(&sel).await.is_err());
+    match RemoteStore::new(&addr, client(false)).unwrap().select(&sel).await {
+        Err(StoreError::Unavailable(m)) => assert!(m.contains("CertificateRequired"), "the cause is named: {m}"),
+        other => panic!("{other:?}"),
+    }
     assert_eq!(RemoteStore::new(&addr, client(true)).unwrap().select(&sel).await.unwrap().len(), 3);
     let _ = stop.send(());
     // Files that are missing or hold no PEM are errors naming them.
