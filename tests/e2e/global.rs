@@ -10,16 +10,35 @@ use serde_json::Value;
 use std::time::{Duration, Instant};
 
 fn edge(dir: &std::path::Path, replica: &str) -> (Proc, String, String) {
+    edge_with(dir, replica, &[])
+}
+
+/// An edge of cluster `c0` with replica label `replica`, started with `extra` arguments.
+fn edge_with(dir: &std::path::Path, replica: &str, extra: &[&str]) -> (Proc, String, String) {
     let cfg = dir.join(format!("edge-{replica}.yml"));
     let text = format!("global:\n  external_labels:\n    cluster: c0\n    replica: {replica}\nscrape_configs: []\n");
     std::fs::write(&cfg, text).unwrap();
     let data = dir.join(format!("data-{replica}"));
     let (http, grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
     let (cfg, data) = (cfg.display().to_string(), data.display().to_string());
-    let args = ["edge", "--config", &cfg, "--data", &data, "--http-listen", &http, "--grpc-listen", &grpc];
+    let mut args = vec!["edge", "--config", &cfg, "--data", &data, "--http-listen", &http, "--grpc-listen", &grpc];
+    args.extend_from_slice(extra);
     let mut p = Proc::strata(&args, dir, &format!("edge-{replica}"));
     wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(30));
     (p, format!("http://{http}"), grpc)
+}
+
+/// A global named `name` with this configuration file, started with `extra` arguments;
+/// returns it and its base URL.
+fn start_global(dir: &std::path::Path, name: &str, config: &str, extra: &[&str]) -> (Proc, String) {
+    let cfg = dir.join(format!("{name}.yml"));
+    std::fs::write(&cfg, config).unwrap();
+    let (cfg, http) = (cfg.display().to_string(), format!("127.0.0.1:{}", free_port()));
+    let mut args = vec!["global", "--config", &cfg, "--http-listen", &http];
+    args.extend_from_slice(extra);
+    let mut p = Proc::strata(&args, dir, name);
+    wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(30));
+    (p, format!("http://{http}"))
 }
 
 fn get(url: &str) -> (u16, Value) {
@@ -61,19 +80,9 @@ fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
             }
         }
     });
-    let cfg = dir.path().join("global.yml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "stores: ['{grpc_a}', '{grpc_b}', '{refused}', '{hanging_addr}']\nstore_timeout: 2s\ninfo_interval: 1s\n"
-        ),
-    )
-    .unwrap();
-    let http = format!("127.0.0.1:{}", free_port());
-    let cfg = cfg.display().to_string();
-    let mut global = Proc::strata(&["global", "--config", &cfg, "--http-listen", &http], dir.path(), "global");
-    let base = format!("http://{http}");
-    wait_ready(&format!("{base}/-/ready"), &mut global, Duration::from_secs(30));
+    let stores = format!("stores: ['{grpc_a}', '{grpc_b}', '{refused}', '{hanging_addr}']\n");
+    let (mut global, base) =
+        start_global(dir.path(), "global", &format!("{stores}store_timeout: 2s\ninfo_interval: 1s\n"), &[]);
 
     let t = (start + 99 * 5_000) as f64 / 1000.0;
     let asked = Instant::now();
@@ -118,20 +127,11 @@ fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
 
     // Globals stack: a global over the pair serves the StoreAPI (streaming the fan-out's
     // merge through), and a global over it deduplicates as the first one did.
-    let mid_cfg = dir.path().join("mid.yml");
-    std::fs::write(&mid_cfg, format!("stores: ['{grpc_a}', '{grpc_b}']\ninfo_interval: 1s\n")).unwrap();
-    let (mid_http, mid_grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
-    let mid_cfg = mid_cfg.display().to_string();
-    let mid_args = ["global", "--config", &mid_cfg, "--http-listen", &mid_http, "--grpc-listen", &mid_grpc];
-    let mut mid = Proc::strata(&mid_args, dir.path(), "global-mid");
-    wait_ready(&format!("http://{mid_http}/-/ready"), &mut mid, Duration::from_secs(30));
-    let top_cfg = dir.path().join("top.yml");
-    std::fs::write(&top_cfg, format!("stores: ['{mid_grpc}']\ninfo_interval: 1s\n")).unwrap();
-    let top_http = format!("127.0.0.1:{}", free_port());
-    let top_cfg = top_cfg.display().to_string();
-    let mut top = Proc::strata(&["global", "--config", &top_cfg, "--http-listen", &top_http], dir.path(), "global-top");
-    let top_base = format!("http://{top_http}");
-    wait_ready(&format!("{top_base}/-/ready"), &mut top, Duration::from_secs(30));
+    let mid_grpc = format!("127.0.0.1:{}", free_port());
+    let mid_cfg = format!("stores: ['{grpc_a}', '{grpc_b}']\ninfo_interval: 1s\n");
+    let (mut mid, _) = start_global(dir.path(), "global-mid", &mid_cfg, &["--grpc-listen", &mid_grpc]);
+    let top_cfg = format!("stores: ['{mid_grpc}']\ninfo_interval: 1s\n");
+    let (mut top, top_base) = start_global(dir.path(), "global-top", &top_cfg, &[]);
     let range_q = |base: &str, extra: &str| {
         let url = format!(
             "{base}/api/v1/query_range?query=gpu_temp&start={:.3}&end={t:.3}&step=5{extra}",
@@ -218,13 +218,8 @@ fn a_replica_killed_and_restarted_mid_run_leaves_no_mark_on_the_global() {
     let started = now_ms() as f64 / 1000.0;
     let (mut edge_a, args_a, _base_a, grpc_a) = scraping_edge(dir.path(), "a", &sim_addr);
     let (mut edge_b, _, base_b, grpc_b) = scraping_edge(dir.path(), "b", &sim_addr);
-    let cfg = dir.path().join("global.yml");
-    std::fs::write(&cfg, format!("stores: ['{grpc_a}', '{grpc_b}']\nstore_timeout: 5s\ninfo_interval: 1s\n")).unwrap();
-    let http = format!("127.0.0.1:{}", free_port());
-    let cfg = cfg.display().to_string();
-    let mut global = Proc::strata(&["global", "--config", &cfg, "--http-listen", &http], dir.path(), "global");
-    let base = format!("http://{http}");
-    wait_ready(&format!("{base}/-/ready"), &mut global, Duration::from_secs(30));
+    let cfg = format!("stores: ['{grpc_a}', '{grpc_b}']\nstore_timeout: 5s\ninfo_interval: 1s\n");
+    let (mut global, base) = start_global(dir.path(), "global", &cfg, &[]);
 
     std::thread::sleep(Duration::from_secs(8));
     edge_a.kill9();
@@ -270,37 +265,16 @@ fn a_replica_killed_and_restarted_mid_run_leaves_no_mark_on_the_global() {
 fn the_global_reads_an_edge_over_mutual_tls() {
     let dir = tempfile::tempdir().unwrap();
     let certs = strata_server::test_certs::write(dir.path()).unwrap();
-    let cfg = dir.path().join("edge.yml");
-    std::fs::write(&cfg, "global:\n  external_labels:\n    cluster: c9\n    replica: a\nscrape_configs: []\n").unwrap();
-    let (http, grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
-    let (cfg, data) = (cfg.display().to_string(), dir.path().join("data").display().to_string());
     let (cert, key, ca) = (
         certs.server_cert.display().to_string(),
         certs.server_key.display().to_string(),
         certs.ca.display().to_string(),
     );
-    let args = [
-        "edge",
-        "--config",
-        &cfg,
-        "--data",
-        &data,
-        "--http-listen",
-        &http,
-        "--grpc-listen",
-        &grpc,
-        "--grpc-server-tls-cert",
-        &cert,
-        "--grpc-server-tls-key",
-        &key,
-        "--grpc-server-tls-client-ca",
-        &ca,
-    ];
-    let mut edge = Proc::strata(&args, dir.path(), "edge-tls");
-    wait_ready(&format!("http://{http}/-/ready"), &mut edge, Duration::from_secs(30));
+    let tls = ["--grpc-server-tls-cert", &cert, "--grpc-server-tls-key", &key, "--grpc-server-tls-client-ca", &ca];
+    let (mut edge, edge_base, grpc) = edge_with(dir.path(), "a", &tls);
     let start = (now_ms() - 60_000) / 1000 * 1000;
     let labels = vec![("__name__".to_string(), "gpu_temp".to_string()), ("gpu".to_string(), "0".to_string())];
-    remote_write_all(&format!("http://{http}"), &[(labels, (0..10).map(|i| (start + i * 5_000, 41.0)).collect())]);
+    remote_write_all(&edge_base, &[(labels, (0..10).map(|i| (start + i * 5_000, 41.0)).collect())]);
 
     // One global with the client certificate, one without TLS at all.
     let client_tls = format!(
@@ -311,20 +285,15 @@ fn the_global_reads_an_edge_over_mutual_tls() {
     );
     let mut globals = Vec::new();
     for (name, extra) in [("global-tls", client_tls.as_str()), ("global-plain", "")] {
-        let path = dir.path().join(format!("{name}.yml"));
-        std::fs::write(&path, format!("stores: ['{grpc}']\nstore_timeout: 5s\ninfo_interval: 1s\n{extra}")).unwrap();
-        let listen = format!("127.0.0.1:{}", free_port());
-        let path = path.display().to_string();
-        let mut p = Proc::strata(&["global", "--config", &path, "--http-listen", &listen], dir.path(), name);
-        wait_ready(&format!("http://{listen}/-/ready"), &mut p, Duration::from_secs(30));
-        globals.push((p, format!("http://{listen}")));
+        let cfg = format!("stores: ['{grpc}']\nstore_timeout: 5s\ninfo_interval: 1s\n{extra}");
+        globals.push(start_global(dir.path(), name, &cfg, &[]));
     }
     let t = (start + 9 * 5_000) as f64 / 1000.0;
     let (code, body) = get(&format!("{}/api/v1/query?query=gpu_temp&time={t:.3}", globals[0].1));
     assert_eq!(code, 200, "{body}");
     let result = body["data"]["result"].as_array().unwrap();
     assert_eq!(result.len(), 1, "{body}");
-    assert_eq!(result[0]["metric"]["cluster"], "c9");
+    assert_eq!((&result[0]["metric"]["cluster"], &result[0]["metric"]["replica"]), (&"c0".into(), &Value::Null));
     assert!(body.get("warnings").is_none(), "{body}");
     // Without TLS the edge does not serve the global: the store is down and named.
     let (code, body) = get(&format!("{}/api/v1/query?query=gpu_temp&time={t:.3}", globals[1].1));

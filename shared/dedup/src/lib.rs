@@ -41,9 +41,12 @@ impl ReplicaDedup {
 
 /// `l` without the replica labels.
 fn strip(l: &Labels, replica_labels: &[String]) -> Labels {
-    let kept: Vec<Label> =
-        l.iter().filter(|x| !replica_labels.iter().any(|r| r.as_str() == x.name.as_ref())).cloned().collect();
+    let kept: Vec<Label> = l.iter().filter(|x| !is_replica_label(x, replica_labels)).cloned().collect();
     Labels::from_sorted_unchecked(kept)
+}
+
+fn is_replica_label(l: &Label, replica_labels: &[String]) -> bool {
+    replica_labels.iter().any(|r| r.as_str() == l.name.as_ref())
 }
 
 /// Whether a series is merged as a counter.
@@ -135,12 +138,14 @@ impl SeriesBatches for DedupBatches {
                 break;
             };
             for s in batch {
-                let key = strip(&s.labels, &self.replica_labels);
-                if self.key.as_ref().is_some_and(|k| *k != key) {
-                    let (k, g) = (self.key.take().unwrap_or_default(), std::mem::take(&mut self.group));
-                    out.push(merge_group(k, g)?);
+                // Compared in place: only a series that starts a group needs its own copy.
+                let kept = s.labels.iter().filter(|l| !is_replica_label(l, &self.replica_labels));
+                if !self.key.as_ref().is_some_and(|k| k.iter().eq(kept)) {
+                    if let Some(k) = self.key.take() {
+                        out.push(merge_group(k, std::mem::take(&mut self.group))?);
+                    }
+                    self.key = Some(strip(&s.labels, &self.replica_labels));
                 }
-                self.key = Some(key);
                 self.group.push(s);
             }
         }

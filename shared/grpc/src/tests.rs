@@ -21,17 +21,27 @@ fn fixture_store() -> MemoryStore {
 
 /// A server for `service` on a free loopback port; returns its address and a stopper.
 async fn start(service: StoreService) -> (String, tokio::sync::oneshot::Sender<()>) {
-    start_tls(service, None).await
+    start_with(service, ServeOptions::new(Duration::from_secs(30))).await
 }
 
 async fn start_tls(service: StoreService, tls: Option<ServerTlsConfig>) -> (String, tokio::sync::oneshot::Sender<()>) {
+    start_with(service, ServeOptions::new(Duration::from_secs(30)).with_tls(tls)).await
+}
+
+async fn start_with(service: StoreService, opts: ServeOptions) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, service, ServeOptions::new(Duration::from_secs(30)).with_tls(tls), async {
+    tokio::spawn(serve(listener, service, opts, async {
         let _ = rx.await;
     }));
     (addr, tx)
+}
+
+/// A server whose connection limits are these.
+async fn start_limited(limits: ConnectionLimits) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let opts = ServeOptions { connections: limits, ..ServeOptions::new(Duration::from_secs(30)) };
+    start_with(service(fixture_store(), Labels::default()), opts).await
 }
 
 fn service(store: impl Store + 'static, external: Labels) -> StoreService {
@@ -286,14 +296,8 @@ async fn tls_and_client_certificates_are_enforced() {
 #[tokio::test]
 async fn idle_connections_cannot_hold_the_server() {
     use tokio::io::AsyncReadExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let limits = ConnectionLimits { max_connections: 2, first_byte_timeout: Duration::from_millis(300) };
-    let opts = ServeOptions { connections: limits, ..ServeOptions::new(Duration::from_secs(30)) };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, service(fixture_store(), Labels::default()), opts, async {
-        let _ = rx.await;
-    }));
+    let (addr, stop) = start_limited(limits).await;
     // Every slot taken by a connection that never speaks.
     let mut idle = Vec::new();
     for _ in 0..2 {
@@ -304,24 +308,17 @@ async fn idle_connections_cannot_hold_the_server() {
     let sel = SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], i64::MIN, i64::MAX);
     let got = tokio::time::timeout(Duration::from_secs(10), remote.select(&sel)).await;
     assert_eq!(got.expect("served within 10 s").unwrap().len(), 3);
-    let sel = sel.clone();
     // The server speaks first (its HTTP/2 settings), then closes what stays silent.
     for mut c in idle {
         let mut buf = Vec::new();
         let closed = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf)).await;
         assert!(closed.is_ok(), "an idle connection was kept");
     }
-    let _ = tx.send(());
+    let _ = stop.send(());
 
     // One slot, held by a silent connection: a client waits in the backlog until it goes.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
     let limits = ConnectionLimits { max_connections: 1, first_byte_timeout: Duration::from_secs(30) };
-    let opts = ServeOptions { connections: limits, ..ServeOptions::new(Duration::from_secs(30)) };
-    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(serve(listener, service(fixture_store(), Labels::default()), opts, async {
-        let _ = rx.await;
-    }));
+    let (addr, stop) = start_limited(limits).await;
     let silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
@@ -331,5 +328,5 @@ async fn idle_connections_cannot_hold_the_server() {
     drop(silent);
     let got = tokio::time::timeout(Duration::from_secs(10), call).await.expect("served once the slot was free");
     assert_eq!(got.unwrap().unwrap(), 3);
-    let _ = tx.send(());
+    let _ = stop.send(());
 }
