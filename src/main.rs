@@ -66,6 +66,10 @@ enum Command {
         replica_labels: Vec<String>,
         #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
         query_max_concurrency: usize,
+        /// Let the stores evaluate a query's leaves and aggregations where the data is
+        /// (`--query.pushdown=false`: select samples and evaluate here, as before).
+        #[arg(long = "query.pushdown", default_value_t = true, action = clap::ArgAction::Set)]
+        query_pushdown: bool,
     },
     /// The edge tier: scrape + remote-write receiver + WAL-backed head.
     Edge {
@@ -215,13 +219,22 @@ async fn main() -> anyhow::Result<()> {
             .await?;
             Ok(())
         }
-        Command::Global { config, http_listen, grpc_listen, grpc_tls, replica_labels, query_max_concurrency } => {
+        Command::Global {
+            config,
+            http_listen,
+            grpc_listen,
+            grpc_tls,
+            replica_labels,
+            query_max_concurrency,
+            query_pushdown,
+        } => {
             let mut opts = strata_global::GlobalOptions::new(config);
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;
             opts.grpc_tls = grpc_tls.files();
             opts.replica_labels = replica_labels;
             opts.api.max_concurrency = query_max_concurrency;
+            opts.api.engine.pushdown = query_pushdown;
             let global = strata_global::Global::start(opts).await?;
             println!("global listening on http://{}", global.http_addr);
             if let Some(g) = global.grpc_addr {

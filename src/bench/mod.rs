@@ -38,6 +38,10 @@ pub enum BenchCommand {
         /// `b`, each a StoreAPI on loopback), fanned out and deduplicated.
         #[arg(long)]
         via_global: bool,
+        /// Through the global, select samples instead of letting the edges evaluate
+        /// (pushdown off), to measure what pushdown saves.
+        #[arg(long)]
+        no_pushdown: bool,
     },
     /// The storage at scale: simulated DCGM series at 5 s appended directly (no HTTP) for
     /// simulated hours, blocks cut and compacted beside it; ingest rate, peak RSS, bytes on
@@ -115,7 +119,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             })
             .await?
         }
-        BenchCommand::FleetDay { file, serve, via_global } => {
+        BenchCommand::FleetDay { file, serve, via_global, no_pushdown } => {
             let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;
             let local: std::sync::Arc<dyn strata_store::Store> =
                 std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db)));
@@ -124,7 +128,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 let listener = tokio::net::TcpListener::bind(addr).await?;
                 let what = if via_global { "through a global over an HA pair" } else { "from one store" };
                 println!("serving the fleet-day data {what} at http://{} (Ctrl-C stops)", listener.local_addr()?);
-                let app = strata_api::router(store);
+                let mut opts = strata_api::ApiOptions::default();
+                opts.engine.pushdown = !no_pushdown;
+                let app = strata_api::router_with(store, opts);
                 axum::serve(listener, app).with_graceful_shutdown(crate::shutdown_signal()).await?;
             }
             Ok(())

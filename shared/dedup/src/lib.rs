@@ -13,6 +13,7 @@
 //! Series with a single replica pass through with their chunks as stored; merged series
 //! are re-encoded.
 
+mod pushdown;
 pub mod samples;
 
 use async_trait::async_trait;
@@ -20,18 +21,20 @@ use std::sync::Arc;
 use strata_chunk::Chunk;
 use strata_model::{Label, Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{
-    collect_batches, collect_within, BoxBatches, OneBatch, QueryScope, SelectBudget, SelectRequest, SeriesBatches,
-    SeriesChunks, Store, StoreError,
+    collect_batches, collect_within, BoxBatches, Coverage, OneBatch, QueryScope, SelectBudget, SelectRequest,
+    SeriesBatches, SeriesChunks, SeriesSummary, Steps, StepsRequest, Store, StoreError,
 };
 
 pub struct ReplicaDedup {
     inner: Arc<dyn Store>,
     replica_labels: Vec<String>,
+    /// The replica most series came from in the last pushdown (see [`pushdown`]).
+    guess: pushdown::Guess,
 }
 
 impl ReplicaDedup {
     pub fn new(inner: Arc<dyn Store>, replica_labels: Vec<String>) -> Self {
-        ReplicaDedup { inner, replica_labels }
+        ReplicaDedup { inner, replica_labels, guess: Default::default() }
     }
 
     fn strip(&self, l: &Labels) -> Labels {
@@ -63,14 +66,20 @@ pub fn is_counter(t: MetricType, labels: &Labels) -> bool {
 /// reached at both ends. (Block chunks hold no staleness markers.) `false` means "decode
 /// and look", not "has a gap".
 fn covers_by_headers(chunks: &[Chunk], first: i64, last: i64) -> bool {
-    let Some(bounds) = chunks.iter().map(Chunk::step_bounds).collect::<Option<Vec<_>>>() else { return false };
-    let Some(step) = bounds.iter().map(|b| b.0).min() else { return false };
-    let gap = step.saturating_add(step / 2);
-    let (Some(a), Some(z)) = (chunks.first(), chunks.last()) else { return false };
-    a.min_t <= first.saturating_add(gap)
-        && z.max_t >= last.saturating_sub(gap)
-        && bounds.iter().all(|b| b.1 <= gap)
-        && chunks.windows(2).all(|w| w[1].min_t > w[0].max_t && w[1].min_t - w[0].max_t <= gap)
+    Coverage::of_headers(chunks).is_some_and(|c| c.covers(first, last))
+}
+
+/// The replica of a group that [`merge_group`] passes through whole, decided from
+/// summaries alone; `None` when the summaries do not show one (the merge may still find
+/// one, or merge samples). Replicas in the order the merge sees them.
+pub fn whole_replica(group: &[&SeriesSummary]) -> Option<usize> {
+    if group.len() == 1 {
+        return Some(0);
+    }
+    let first = group.iter().filter_map(|g| g.span).map(|s| s.0).min().unwrap_or(0);
+    let last = group.iter().filter_map(|g| g.span).map(|s| s.1).max().unwrap_or(0);
+    let fullest = (0..group.len()).max_by_key(|&k| group[k].samples)?;
+    group[fullest].surely_covers(first, last).then_some(fullest)
 }
 
 /// One series from the replicas of a group (`labels`: theirs without the replica labels).
@@ -222,7 +231,24 @@ impl Store for ReplicaDedup {
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
         self.inner.metadata(metric).await
     }
+
+    /// Pushdown over replicas ([`pushdown`] explains it): the leaf is evaluated on the
+    /// replica of each series that the merge would pass through whole, decided from every
+    /// replica's summary; a series no summary decides sends the whole leaf back to the
+    /// engine, which selects samples.
+    async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        if !QueryScope::current().dedup || self.replica_labels.is_empty() {
+            return self.inner.steps(req).await;
+        }
+        if !req.values || req.only.is_some() {
+            // Summaries of merged series would need their samples.
+            return Ok(None);
+        }
+        pushdown::steps(&*self.inner, req, &self.replica_labels, &self.guess).await
+    }
 }
 
+#[cfg(test)]
+mod pushdown_tests;
 #[cfg(test)]
 mod tests;

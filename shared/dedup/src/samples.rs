@@ -16,6 +16,7 @@
 //! resets nor the jump from a post-reset value back to a pre-reset one.
 
 use strata_model::{is_stale, Sample};
+use strata_store::steps::{sample_gap, Coverage};
 
 /// What a merge produced: one replica whole (its chunks can go on as stored), or samples.
 #[derive(Debug, PartialEq)]
@@ -56,11 +57,7 @@ pub fn merge(replicas: &[Vec<Sample>], counter: bool) -> Merged {
 /// chunk headers) with no gap over 1.5 of its own scrape interval and no staleness marker:
 /// then it is the answer as it is, and the other replicas need not be decoded.
 pub fn covers(r: &[Sample], first: i64, last: i64) -> bool {
-    let Some(gap) = (!r.is_empty()).then(|| gap_limit(&[r])) else { return false };
-    r[0].t <= first.saturating_add(gap)
-        && r[r.len() - 1].t >= last.saturating_sub(gap)
-        && r.windows(2).all(|w| w[1].t - w[0].t <= gap)
-        && !r.iter().any(|s| is_stale(s.v))
+    Coverage::of_samples(r).is_some_and(|c| c.covers(first, last))
 }
 
 /// Merges the replicas of one series sample by sample. `counter`: apply the counter rule.
@@ -135,12 +132,7 @@ pub fn merge_replicas(replicas: &[Vec<Sample>], counter: bool) -> Vec<Sample> {
 
 /// 1.5 times the scrape interval: the smallest replica's median step between samples.
 fn gap_limit(reps: &[&[Sample]]) -> i64 {
-    let median_step = |r: &[Sample]| {
-        let mut d: Vec<i64> = r.windows(2).map(|w| w[1].t - w[0].t).filter(|&d| d > 0).collect();
-        d.sort_unstable();
-        d.get(d.len() / 2).copied()
-    };
-    reps.iter().filter_map(|r| median_step(r)).min().map(|i| i.saturating_add(i / 2)).unwrap_or(i64::MAX)
+    sample_gap(reps)
 }
 
 /// The earliest acceptable sample of a replica other than `cur`, no later than `bound`.

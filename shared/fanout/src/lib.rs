@@ -27,8 +27,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
-    collect_within, require_matchers, BoxBatches, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store,
-    StoreError,
+    collect_within, require_matchers, BoxBatches, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Steps,
+    StepsRequest, Store, StoreError,
 };
 
 /// One store behind the fan-out, with what its `Info` said.
@@ -230,6 +230,21 @@ impl Store for Fanout {
         Ok(sorted_union(answers))
     }
 
+    /// Asks the stores that may hold the leaf's series to evaluate it, at once, with the
+    /// selections' timeouts and partial response.
+    async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        require_matchers(&req.matchers)?;
+        let sel = req.selection();
+        let shared = Arc::new(req.clone());
+        let answers = self
+            .ask(&sel.matchers, sel.start, sel.end, move |s| {
+                let r = shared.clone();
+                async move { s.steps(&r).await }
+            })
+            .await?;
+        merged_steps(answers, req.limits.max_series)
+    }
+
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
         let metric = metric.map(str::to_string);
         let answers = self
@@ -248,6 +263,34 @@ impl Store for Fanout {
         out.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(out)
     }
+}
+
+/// Every store's evaluation of a leaf, as one answer sorted by labels; `None` if one of
+/// them does not evaluate leaves, if two hold the same series (the select path merges
+/// those sample by sample, which step values cannot be), or if two computed the same
+/// group of an aggregation (each saw only its part).
+fn merged_steps(answers: Vec<Option<Steps>>, max_series: usize) -> Result<Option<Steps>, StoreError> {
+    let mut out = Steps::default();
+    for a in answers {
+        let Some(a) = a else { return Ok(None) };
+        out.series.extend(a.series);
+        out.groups.extend(a.groups);
+        if out.series.len().max(out.groups.len()) > max_series {
+            return Err(StoreError::LimitExceeded { what: "series", limit: max_series as u64 });
+        }
+        out.samples = out.samples.saturating_add(a.samples);
+        out.warnings.extend(a.warnings.into_iter().filter(|w| !out.warnings.contains(w)).collect::<Vec<_>>());
+        out.infos.extend(a.infos.into_iter().filter(|i| !out.infos.contains(i)).collect::<Vec<_>>());
+    }
+    out.series.sort_by(|a, b| a.labels.cmp(&b.labels));
+    out.groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+    // The same series from two stores, or a group two stores each computed a part of.
+    if out.series.windows(2).any(|w| w[0].labels == w[1].labels)
+        || out.groups.windows(2).any(|w| w[0].labels == w[1].labels)
+    {
+        return Ok(None);
+    }
+    Ok(Some(out))
 }
 
 fn sorted_union(answers: Vec<Vec<String>>) -> Vec<String> {

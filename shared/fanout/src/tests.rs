@@ -267,3 +267,33 @@ async fn the_merge_reads_stores_only_as_far_as_it_is_read() {
     assert!(taken <= 2 * (3 * 1024 + 4), "{taken} batches taken from the stores");
     drop(batches);
 }
+
+#[test]
+fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
+    use strata_store::{Steps, StepsSeries};
+    let series = |name: &str| StepsSeries {
+        labels: Labels::from_pairs([("__name__", name)]),
+        metric_type: Default::default(),
+        summary: Default::default(),
+        values: vec![Some(1.0)],
+        name_dropped: false,
+    };
+    let steps = |s: &[&str], g: &[&str]| Steps {
+        series: s.iter().map(|n| series(n)).collect(),
+        groups: g.iter().map(|n| series(n)).collect(),
+        ..Default::default()
+    };
+    let merged = merged_steps(vec![Some(steps(&["b", "c"], &[])), Some(steps(&["a"], &[]))], 10).unwrap().unwrap();
+    let names: Vec<_> = merged.series.iter().map(|s| s.labels.metric_name().unwrap_or("").to_string()).collect();
+    assert_eq!(names, ["a", "b", "c"]);
+    // A store that does not evaluate leaves: the engine selects samples instead.
+    assert!(merged_steps(vec![Some(steps(&["a"], &[])), None], 10).unwrap().is_none());
+    // One series from two stores, or one group each computed a part of.
+    assert!(merged_steps(vec![Some(steps(&["a"], &[])), Some(steps(&["a"], &[]))], 10).unwrap().is_none());
+    assert!(merged_steps(vec![Some(steps(&[], &["g"])), Some(steps(&[], &["g"]))], 10).unwrap().is_none());
+    assert!(merged_steps(vec![Some(steps(&[], &["g"])), Some(steps(&[], &["h"]))], 10).unwrap().is_some());
+    assert!(matches!(
+        merged_steps(vec![Some(steps(&["a", "b"], &[])), Some(steps(&["c"], &[]))], 2),
+        Err(StoreError::LimitExceeded { what: "series", .. })
+    ));
+}

@@ -9,10 +9,13 @@ use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
     collect_within, require_matchers, selection_order, BoxBatches, SelectBudget, SelectLimits, SelectRequest,
-    SeriesBatches, SeriesChunks, Store, StoreError,
+    SeriesBatches, SeriesChunks, Steps, StepsRequest, Store, StoreError,
 };
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
+
+/// The most annotations of each kind kept from one `Steps` answer.
+const MAX_ANNOTATIONS: usize = 100;
 
 #[derive(Debug, Clone)]
 pub struct RemoteStoreOptions {
@@ -258,6 +261,67 @@ impl Store for RemoteStore {
         };
         let r = c.label_values(req).await.map_err(|s| self.error(&s))?.into_inner();
         Ok(r.values)
+    }
+
+    /// The leaf evaluated by the remote store; `None` when it does not evaluate leaves (an
+    /// older server, or a leaf its engine does not do).
+    async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        require_matchers(&req.matchers)?;
+        let steps = req
+            .steps()
+            .filter(|n| *n <= crate::steps::MAX_STEPS)
+            .ok_or_else(|| StoreError::InvalidRequest("the grid has no steps or too many".into()))?;
+        let mut c = self.client.clone();
+        let mut stream = match c.steps(crate::steps::request_to_pb(req)).await {
+            Ok(r) => r.into_inner(),
+            Err(s) if s.code() == tonic::Code::Unimplemented => return Ok(None),
+            Err(s) => return Err(store_error_from_status(&self.name, &s, req.limits)),
+        };
+        let (mut out, mut pool) = (Steps::default(), StringPool::default());
+        loop {
+            let mut frame = match stream.message().await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(s) => return Err(store_error_from_status(&self.name, &s, req.limits)),
+            };
+            for w in &frame.warnings {
+                tracing::warn!(store = %self.name, about = %w.store, "{}", w.message);
+            }
+            if out.series.len().saturating_add(frame.series.len()) > req.limits.max_series {
+                let limit = u64::try_from(req.limits.max_series).unwrap_or(u64::MAX);
+                return Err(StoreError::LimitExceeded { what: "series", limit });
+            }
+            let symbols = FrameSymbols::new(std::mem::take(&mut frame.symbols), &mut pool);
+            for s in frame.series {
+                let s = crate::steps::series_from_pb(s, steps, req.values, &symbols, &mut pool)
+                    .map_err(|r| corrupt(&self.name, r))?;
+                if out.series.last().is_some_and(|l| l.labels >= s.labels) {
+                    return Err(corrupt(&self.name, format!("series {} out of order or repeated", s.labels)));
+                }
+                out.series.push(s);
+            }
+            if out.groups.len().saturating_add(frame.groups.len()) > req.limits.max_series {
+                let limit = u64::try_from(req.limits.max_series).unwrap_or(u64::MAX);
+                return Err(StoreError::LimitExceeded { what: "series", limit });
+            }
+            if !frame.groups.is_empty() && req.aggregate.is_none() {
+                return Err(corrupt(&self.name, "groups for a leaf without an aggregation".into()));
+            }
+            for g in frame.groups {
+                let g = crate::steps::series_from_pb(g, steps, true, &symbols, &mut pool)
+                    .map_err(|r| corrupt(&self.name, r))?;
+                if out.groups.last().is_some_and(|l| l.labels >= g.labels) {
+                    return Err(corrupt(&self.name, format!("group {} out of order or repeated", g.labels)));
+                }
+                out.groups.push(g);
+            }
+            out.samples = out.samples.saturating_add(frame.samples);
+            // Annotations are a few distinct messages; a peer that sends more is cut off.
+            out.warnings
+                .extend(frame.promql_warnings.into_iter().take(MAX_ANNOTATIONS.saturating_sub(out.warnings.len())));
+            out.infos.extend(frame.promql_infos.into_iter().take(MAX_ANNOTATIONS.saturating_sub(out.infos.len())));
+        }
+        Ok(Some(out))
     }
 
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {

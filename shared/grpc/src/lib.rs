@@ -19,6 +19,7 @@ mod convert;
 mod frames;
 mod listener;
 mod server;
+mod steps;
 #[cfg(test)]
 mod tests;
 mod tls;

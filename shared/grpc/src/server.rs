@@ -97,6 +97,24 @@ fn attach_external(labels: &Labels, external: &Labels) -> Labels {
     Labels::from_sorted_unchecked(v)
 }
 
+/// How long a store evaluates one leaf (pushdown) at most.
+const STEPS_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// A leaf's evaluation error as a status: `UNIMPLEMENTED` for what this engine does not
+/// do (the caller then selects samples instead), limits as the `Series` call reports them.
+fn status_from_query_error(e: strata_promql::QueryError) -> Status {
+    use strata_promql::QueryError as Q;
+    match e {
+        Q::Store(e) => status_from_store_error(e),
+        Q::TooManySamples(n) => Status::resource_exhausted(format!("samples limit of {n} exceeded")),
+        Q::Timeout(_) => Status::deadline_exceeded(e.to_string()),
+        Q::Canceled => Status::cancelled(e.to_string()),
+        Q::Unsupported(_) => Status::unimplemented(e.to_string()),
+        Q::BadData(_) => Status::invalid_argument(e.to_string()),
+        Q::Execution(_) | Q::Internal(_) => Status::internal(e.to_string()),
+    }
+}
+
 /// The most `order_without` names a request may give.
 const MAX_ORDER_WITHOUT: usize = 16;
 
@@ -261,6 +279,23 @@ impl StoreRpc for StoreService {
             .await
             .map_err(status_from_store_error)?;
         Ok(Response::new(pb::LabelValuesResponse { values, warnings: vec![] }))
+    }
+
+    type StepsStream = Pin<Box<dyn Stream<Item = Result<pb::StepsResponse, Status>> + Send>>;
+
+    async fn steps(&self, req: Request<pb::StepsRequest>) -> Result<Response<Self::StepsStream>, Status> {
+        let mut req = crate::steps::request_from_pb(req.into_inner(), self.limits)?;
+        let Some(matchers) = self.split_external(std::mem::take(&mut req.matchers))? else {
+            let empty = pb::StepsResponse::default();
+            return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(empty)]))));
+        };
+        req.matchers = matchers;
+        let external = self.external.clone();
+        let view = move |l: &Labels| attach_external(l, &external);
+        let answer = strata_promql::pushdown::evaluate(&*self.store, &req, &view, STEPS_TIMEOUT)
+            .await
+            .map_err(status_from_query_error)?;
+        Ok(Response::new(Box::pin(tokio_stream::iter(crate::steps::frames(answer).map(Ok)))))
     }
 
     async fn metadata(&self, req: Request<pb::MetadataRequest>) -> Result<Response<pb::MetadataResponse>, Status> {

@@ -81,8 +81,8 @@ async fn external_labels_are_advertised_attached_and_matched() {
     let _ = stop.send(());
 }
 
-/// A hostile server: answers `Series` with whatever frames the test gives it.
-struct Hostile(Vec<pb::SeriesResponse>);
+/// A hostile server: answers `Series` and `Steps` with whatever frames the test gives it.
+struct Hostile(Vec<pb::SeriesResponse>, Vec<pb::StepsResponse>);
 
 #[tonic::async_trait]
 impl pb::store_server::Store for Hostile {
@@ -99,6 +99,15 @@ impl pb::store_server::Store for Hostile {
         _: tonic::Request<pb::SeriesRequest>,
     ) -> Result<tonic::Response<Self::SeriesStream>, tonic::Status> {
         let frames: Vec<_> = self.0.iter().cloned().map(Ok).collect();
+        Ok(tonic::Response::new(Box::pin(tokio_stream::iter(frames))))
+    }
+    type StepsStream =
+        std::pin::Pin<Box<dyn tokio_stream::Stream<Item = Result<pb::StepsResponse, tonic::Status>> + Send>>;
+    async fn steps(
+        &self,
+        _: tonic::Request<pb::StepsRequest>,
+    ) -> Result<tonic::Response<Self::StepsStream>, tonic::Status> {
+        let frames: Vec<_> = self.1.iter().cloned().map(Ok).collect();
         Ok(tonic::Response::new(Box::pin(tokio_stream::iter(frames))))
     }
     async fn label_names(
@@ -121,20 +130,29 @@ impl pb::store_server::Store for Hostile {
     }
 }
 
-async fn ask_hostile(frames: Vec<pb::SeriesResponse>) -> Result<Vec<strata_store::SeriesChunks>, StoreError> {
+/// A hostile server with these frames; returns its address and a stopper.
+async fn start_hostile(
+    frames: Vec<pb::SeriesResponse>,
+    steps: Vec<pb::StepsResponse>,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = pb::store_server::StoreServer::new(Hostile(frames)).max_encoding_message_size(64 << 20);
+    let server = pb::store_server::StoreServer::new(Hostile(frames, steps)).max_encoding_message_size(64 << 20);
     tokio::spawn(tonic::transport::Server::builder().add_service(server).serve_with_incoming_shutdown(
         tokio_stream::wrappers::TcpListenerStream::new(listener),
         async {
             let _ = rx.await;
         },
     ));
+    (addr, tx)
+}
+
+async fn ask_hostile(frames: Vec<pb::SeriesResponse>) -> Result<Vec<strata_store::SeriesChunks>, StoreError> {
+    let (addr, stop) = start_hostile(frames, Vec::new()).await;
     let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
     let out = remote.select(&SelectRequest::new(vec![Matcher::eq("__name__", "x")], 0, i64::MAX)).await;
-    let _ = tx.send(());
+    let _ = stop.send(());
     out
 }
 
@@ -328,5 +346,127 @@ async fn idle_connections_cannot_hold_the_server() {
     drop(silent);
     let got = tokio::time::timeout(Duration::from_secs(10), call).await.expect("served once the slot was free");
     assert_eq!(got.unwrap().unwrap(), 3);
+    let _ = stop.send(());
+}
+
+fn steps_request(values: bool) -> strata_store::StepsRequest {
+    strata_store::StepsRequest {
+        matchers: vec![Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap()],
+        // Inside the fixture's hour.
+        start: 1_700_000_000_000,
+        end: 1_700_003_600_000,
+        step: 60_000,
+        offset: 0,
+        lookback: 300_000,
+        function: Some(("rate".into(), 300_000)),
+        limits: SelectLimits::default(),
+        values,
+        only: None,
+        aggregate: None,
+    }
+}
+
+#[tokio::test]
+async fn a_remote_leaf_is_the_local_leaf_with_external_labels() {
+    let ext = Labels::from_pairs([("replica", "a")]);
+    let (addr, stop) = start(service(fixture_store(), ext.clone())).await;
+    let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+    let local = fixture_store();
+    let view = |l: &Labels| {
+        let mut b = l.to_builder();
+        b.set("replica", "a");
+        b.build()
+    };
+    for function in [None, Some(("rate".to_string(), 300_000)), Some(("max_over_time".to_string(), 120_000))] {
+        for values in [true, false] {
+            let req = strata_store::StepsRequest { function: function.clone(), ..steps_request(values) };
+            let want = strata_promql::pushdown::evaluate(&local, &req, &view, Duration::from_secs(10)).await.unwrap();
+            let got = remote.steps(&req).await.unwrap().expect("the server evaluates leaves");
+            assert!(!want.series.is_empty());
+            assert_eq!(got.series.len(), want.series.len(), "{function:?}");
+            for (g, w) in got.series.iter().zip(&want.series) {
+                assert_eq!(g.labels, w.labels);
+                assert_eq!(g.summary, w.summary);
+                assert_eq!(g.name_dropped, w.name_dropped);
+                assert_eq!(g.values.len(), w.values.len());
+                assert!(g.values.iter().zip(&w.values).all(|(a, b)| a.map(f64::to_bits) == b.map(f64::to_bits)));
+            }
+            assert_eq!((got.samples, &got.infos), (want.samples, &want.infos));
+        }
+    }
+    // Only the series asked for, by the hash of the labels the caller sees.
+    let all = remote.steps(&steps_request(true)).await.unwrap().unwrap();
+    let one = all.series[1].labels.clone();
+    let mut req = steps_request(true);
+    req.only = Some(Arc::new([strata_store::labels_hash(&one)].into_iter().collect()));
+    let got = remote.steps(&req).await.unwrap().unwrap();
+    assert_eq!(got.series.iter().map(|s| &s.labels).collect::<Vec<_>>(), [&one]);
+    // A grid too large is refused before anything is evaluated.
+    let huge = strata_store::StepsRequest { step: 1, end: 1_700_010_000_000, ..steps_request(true) };
+    assert!(matches!(remote.steps(&huge).await, Err(StoreError::InvalidRequest(_))));
+    let _ = stop.send(());
+}
+
+#[tokio::test]
+async fn bad_steps_frames_are_errors_never_panics() {
+    let label = |v: &str| vec![pb::Label { name: "__name__".into(), value: v.into() }];
+    let one = |s: pb::StepSeries| vec![pb::StepsResponse { series: vec![s], ..Default::default() }];
+    // The request's grid has 11 steps: two presence bytes.
+    let good =
+        pb::StepSeries { labels: label("x"), present: vec![0b11, 0], values: vec![1.0, 2.0], ..Default::default() };
+    let cases: Vec<(&str, Vec<pb::StepsResponse>)> = vec![
+        ("presence bytes for another grid", one(pb::StepSeries { present: vec![0b11; 7], ..good.clone() })),
+        ("fewer values than present", one(pb::StepSeries { values: vec![1.0], ..good.clone() })),
+        ("more values than present", one(pb::StepSeries { values: vec![1.0, 2.0, 3.0], ..good.clone() })),
+        (
+            "invalid label name",
+            one(pb::StepSeries {
+                labels: label("x")
+                    .into_iter()
+                    .map(|mut l| {
+                        l.name = "bad name".into();
+                        l
+                    })
+                    .collect(),
+                ..good.clone()
+            }),
+        ),
+        (
+            "a label reference past the symbols",
+            vec![pb::StepsResponse {
+                series: vec![pb::StepSeries { labels: vec![], label_refs: vec![0, 1], ..good.clone() }],
+                symbols: vec!["__name__".into()],
+                ..Default::default()
+            }],
+        ),
+        (
+            "groups for a leaf without an aggregation",
+            vec![pb::StepsResponse { groups: vec![good.clone()], ..Default::default() }],
+        ),
+        (
+            "series out of order",
+            vec![pb::StepsResponse {
+                series: vec![pb::StepSeries { labels: label("y"), ..good.clone() }, good.clone()],
+                ..Default::default()
+            }],
+        ),
+    ];
+    for (what, frames) in cases {
+        let (addr, stop) = start_hostile(Vec::new(), frames).await;
+        let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+        match remote.steps(&steps_request(true)).await {
+            Err(StoreError::Corrupt { reason, .. }) => assert!(reason.contains("store 127.0.0.1:"), "{what}: {reason}"),
+            other => panic!("{what}: {other:?}"),
+        }
+        let _ = stop.send(());
+    }
+    // More series than the request allows.
+    let many: Vec<pb::StepSeries> =
+        (0..5).map(|i| pb::StepSeries { labels: label(&format!("x{i}")), ..good.clone() }).collect();
+    let (addr, stop) = start_hostile(Vec::new(), vec![pb::StepsResponse { series: many, ..Default::default() }]).await;
+    let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+    let mut req = steps_request(true);
+    req.limits.max_series = 3;
+    assert!(matches!(remote.steps(&req).await, Err(StoreError::LimitExceeded { what: "series", .. })));
     let _ = stop.send(());
 }

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
+use strata_store::Steps;
 
 /// One series of an instant vector evaluated at every step.
 #[derive(Debug, Clone)]
@@ -429,7 +430,7 @@ impl<'a> Evaluator<'a> {
     }
 
     fn series_of(&self, vs: &VectorSelector) -> &'a [fetch::FetchedSeries] {
-        self.data.get(&fetch::key(vs)).map(|v| v.as_slice()).unwrap_or(&[])
+        self.data.series.get(&fetch::key(vs)).map(|v| v.as_slice()).unwrap_or(&[])
     }
 
     /// The evaluation time of a selector at step `i`: `@` fixes it, `offset` shifts it.
@@ -470,6 +471,37 @@ impl<'a> Evaluator<'a> {
             })
             .collect::<Result<_, QueryError>>()?;
         Ok(Val::Vector(out.into_iter().flatten().collect()))
+    }
+
+    /// A leaf a store evaluated (pushdown), as evaluating it here would give it: its
+    /// samples and points charged, its annotations kept, the metric name dropped (or marked
+    /// for delayed removal) where the function drops it.
+    fn pushed(&self, steps: &Steps) -> Result<Val, QueryError> {
+        self.charge(steps.samples)?;
+        let kept = steps.series.len().saturating_add(steps.groups.len()) as u64;
+        self.points.charge(kept.saturating_mul(self.steps as u64))?;
+        steps.warnings.iter().for_each(|w| self.annotations.warn(w.clone()));
+        steps.infos.iter().for_each(|i| self.annotations.info(i.clone()));
+        let mut out = Vec::with_capacity(steps.series.len());
+        // An aggregation's groups, or a leaf's series; a series without a value is no
+        // series of the vector (as evaluating here drops it).
+        let series = if steps.groups.is_empty() { &steps.series } else { &steps.groups };
+        for s in series.iter().filter(|s| s.values.iter().any(Option::is_some)) {
+            if s.values.len() != self.steps {
+                return Err(QueryError::Execution(format!(
+                    "a store evaluated {} steps of {} for {}",
+                    s.values.len(),
+                    self.steps,
+                    s.labels
+                )));
+            }
+            let (labels, drop_name) =
+                if s.name_dropped { self.name_dropped(&s.labels) } else { (s.labels.clone(), false) };
+            out.push(StepSeries { labels, vals: s.values.clone(), drop_name });
+        }
+        let v = Val::Vector(out);
+        check_unique(&v)?;
+        Ok(v)
     }
 
     /// `timestamp(selector)`: the time of the sample the selector picks at each step.
@@ -609,7 +641,10 @@ impl<'a> Evaluator<'a> {
                 }
                 _ => Err(QueryError::BadData("unary minus needs a scalar or an instant vector".into())),
             },
-            Expr::VectorSelector(vs) => self.vector_selector(vs),
+            Expr::VectorSelector(vs) => match self.data.pushed.get(&crate::pushdown::node_key(e)) {
+                Some(steps) => self.pushed(steps),
+                None => self.vector_selector(vs),
+            },
             Expr::MatrixSelector(ms) => {
                 if self.steps != 1 {
                     return Err(QueryError::BadData(
@@ -636,8 +671,14 @@ impl<'a> Evaluator<'a> {
                 }
                 Ok(Val::Matrix(out))
             }
-            Expr::Call(c) => functions::call(self, c),
-            Expr::Aggregate(a) => aggregate::eval(self, a),
+            Expr::Call(c) => match self.data.pushed.get(&crate::pushdown::node_key(e)) {
+                Some(steps) => self.pushed(steps),
+                None => functions::call(self, c),
+            },
+            Expr::Aggregate(a) => match self.data.pushed.get(&crate::pushdown::node_key(e)) {
+                Some(steps) => self.pushed(steps),
+                None => aggregate::eval(self, a),
+            },
             Expr::Binary(b) => binary::eval(self, b),
             Expr::Subquery(sq) => {
                 if self.steps != 1 {

@@ -5,11 +5,12 @@ use super::QueryError;
 use promql_parser::parser::{AtModifier, Expr, Offset, SubqueryExpr, VectorSelector};
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::collections::HashSet;
 use std::time::UNIX_EPOCH;
 use strata_chunk::Chunk;
 use strata_model::matcher::Matcher;
 use strata_model::{Labels, MetricType, Sample};
-use strata_store::{SelectLimits, SelectRequest, Store};
+use strata_store::{SelectLimits, SelectRequest, Steps, Store};
 
 /// One selected series, still encoded: evaluation decodes it when it gets to it, into a
 /// buffer its thread reuses, so a query holds compressed chunks plus the few series being
@@ -28,6 +29,10 @@ thread_local! {
 }
 
 impl FetchedSeries {
+    pub fn new(labels: Labels, metric_type: MetricType, chunks: Vec<Chunk>, mint: i64, maxt: i64) -> Self {
+        FetchedSeries { labels, metric_type, chunks, mint, maxt }
+    }
+
     /// Calls `f` with the series' samples in the selector's range, in time order,
     /// staleness markers included. `f` may edit the buffer.
     pub fn with_samples<R>(&self, f: impl FnOnce(&mut Vec<Sample>) -> R) -> Result<R, QueryError> {
@@ -50,8 +55,13 @@ impl FetchedSeries {
     }
 }
 
-/// Selector address → its series.
-pub type Fetched = HashMap<usize, Vec<FetchedSeries>>;
+/// What phase one got: the series of each selector, and the leaves a store evaluated
+/// itself (pushdown), each keyed by its node's address.
+#[derive(Default)]
+pub struct Fetched {
+    pub series: HashMap<usize, Vec<FetchedSeries>>,
+    pub pushed: HashMap<usize, Steps>,
+}
 
 pub fn key(vs: &VectorSelector) -> usize {
     vs as *const VectorSelector as usize
@@ -121,8 +131,12 @@ fn collect<'a>(
     qs: i64,
     qe: i64,
     lookback: i64,
+    pushed: &HashSet<usize>,
     out: &mut Vec<Need<'a>>,
 ) -> Result<(), QueryError> {
+    if pushed.contains(&crate::pushdown::node_key(e)) {
+        return Ok(());
+    }
     let mut add = |vs: &'a VectorSelector, range: i64| {
         let o = offset_ms(&vs.offset);
         let (lo, hi) = match at_ms(&vs.at, qs, qe) {
@@ -135,25 +149,25 @@ fn collect<'a>(
         Expr::VectorSelector(vs) => add(vs, lookback),
         Expr::MatrixSelector(ms) => add(&ms.vs, ms.range.as_millis() as i64),
         Expr::Aggregate(a) => {
-            collect(&a.expr, start, end, qs, qe, lookback, out)?;
+            collect(&a.expr, start, end, qs, qe, lookback, pushed, out)?;
             if let Some(p) = &a.param {
-                collect(p, start, end, qs, qe, lookback, out)?;
+                collect(p, start, end, qs, qe, lookback, pushed, out)?;
             }
         }
-        Expr::Unary(u) => collect(&u.expr, start, end, qs, qe, lookback, out)?,
+        Expr::Unary(u) => collect(&u.expr, start, end, qs, qe, lookback, pushed, out)?,
         Expr::Binary(b) => {
-            collect(&b.lhs, start, end, qs, qe, lookback, out)?;
-            collect(&b.rhs, start, end, qs, qe, lookback, out)?;
+            collect(&b.lhs, start, end, qs, qe, lookback, pushed, out)?;
+            collect(&b.rhs, start, end, qs, qe, lookback, pushed, out)?;
         }
-        Expr::Paren(p) => collect(&p.expr, start, end, qs, qe, lookback, out)?,
+        Expr::Paren(p) => collect(&p.expr, start, end, qs, qe, lookback, pushed, out)?,
         Expr::Call(c) => {
             for a in &c.args.args {
-                collect(a, start, end, qs, qe, lookback, out)?;
+                collect(a, start, end, qs, qe, lookback, pushed, out)?;
             }
         }
         Expr::Subquery(sq) => {
             let (s, e, _) = subquery_grid(sq, start, end, qs, qe);
-            collect(&sq.expr, s, e, qs, qe, lookback, out)?;
+            collect(&sq.expr, s, e, qs, qe, lookback, pushed, out)?;
         }
         Expr::NumberLiteral(_) | Expr::StringLiteral(_) => {}
         Expr::Extension(_) => return Err(QueryError::Unsupported("extension expressions".into())),
@@ -164,13 +178,33 @@ fn collect<'a>(
 pub async fn fetch(
     store: &dyn Store,
     e: &Expr,
-    start: i64,
-    end: i64,
+    (start, end, step): (i64, i64, i64),
     lookback: i64,
     limits: SelectLimits,
+    pushdown: bool,
 ) -> Result<Fetched, QueryError> {
+    let mut out = Fetched::default();
+    let mut total = 0u64;
+    let pushable =
+        if pushdown { crate::pushdown::leaves(e, (start, end, step), lookback, limits)? } else { Vec::new() };
+    for p in pushable {
+        // An aggregation first; if no store takes it, its leaf.
+        let mut got = store.steps(&p.req).await?.map(|s| (p.node, s));
+        if let (None, Some((node, leaf))) = (&got, &p.leaf) {
+            got = store.steps(leaf).await?.map(|s| (*node, s));
+        }
+        let Some((node, steps)) = got else { continue };
+        let kept = steps.series.len().saturating_add(steps.groups.len()) as u64;
+        let points = kept.saturating_mul(p.req.steps().unwrap_or(usize::MAX) as u64);
+        total = total.saturating_add(steps.samples).saturating_add(points);
+        if total > limits.max_samples {
+            return Err(QueryError::TooManySamples(limits.max_samples));
+        }
+        out.pushed.insert(node, steps);
+    }
+    let pushed: HashSet<usize> = out.pushed.keys().copied().collect();
     let mut needs = Vec::new();
-    collect(e, start, end, start, end, lookback, &mut needs)?;
+    collect(e, start, end, start, end, lookback, &pushed, &mut needs)?;
     // A selector fetched for several contexts (a subquery and its outer query) gets the union.
     let mut merged: Vec<Need> = Vec::new();
     for n in needs {
@@ -183,8 +217,6 @@ pub async fn fetch(
         }
     }
     let needs = merged;
-    let mut out = Fetched::new();
-    let mut total = 0u64;
     for n in needs {
         let ms = matchers(n.vs)?;
         let mut req = SelectRequest::new(ms, n.mint, n.maxt);
@@ -194,17 +226,9 @@ pub async fn fetch(
         if total > limits.max_samples {
             return Err(QueryError::TooManySamples(limits.max_samples));
         }
-        let got = series
-            .into_iter()
-            .map(|s| FetchedSeries {
-                labels: s.labels,
-                metric_type: s.metric_type,
-                chunks: s.chunks,
-                mint: n.mint,
-                maxt: n.maxt,
-            })
-            .collect();
-        out.insert(key(n.vs), got);
+        let got =
+            series.into_iter().map(|s| FetchedSeries::new(s.labels, s.metric_type, s.chunks, n.mint, n.maxt)).collect();
+        out.series.insert(key(n.vs), got);
     }
     Ok(out)
 }

@@ -23,6 +23,9 @@ mod histogram;
 #[cfg(test)]
 mod hostile_tests;
 pub mod limits;
+pub mod pushdown;
+#[cfg(test)]
+mod pushdown_tests;
 pub mod selector;
 #[cfg(feature = "testfile")]
 pub mod testfile;
@@ -65,6 +68,9 @@ pub struct EngineOptions {
     /// metric name an operation drops stays visible to `label_replace`, `label_join` and
     /// `by (__name__)` and is removed from the result. Off by default, as in Prometheus.
     pub delayed_name_removal: bool,
+    /// Let stores that can evaluate a query's leaves (and aggregations over them) do so,
+    /// where the data is (`pushdown`). The answer is the same either way.
+    pub pushdown: bool,
 }
 
 impl Default for EngineOptions {
@@ -75,6 +81,7 @@ impl Default for EngineOptions {
             timeout: Duration::from_secs(120),
             max_series: 1_000_000,
             delayed_name_removal: false,
+            pushdown: true,
         }
     }
 }
@@ -208,7 +215,8 @@ impl Engine {
         let delayed_name_removal = self.options.delayed_name_removal;
         let fut = async {
             let lookback = i64::try_from(self.options.lookback.as_millis()).unwrap_or(i64::MAX);
-            let data = fetch::fetch(store, &expr, start, end, lookback, self.limits()).await?;
+            let data =
+                fetch::fetch(store, &expr, (start, end, step), lookback, self.limits(), self.options.pushdown).await?;
             let prepared = began.elapsed();
             let canceled = Arc::new(AtomicBool::new(false));
             let _cancel = CancelOnDrop(canceled.clone());
@@ -229,7 +237,7 @@ impl Engine {
                     warnings,
                     infos,
                     total_queryable_samples: ev.samples_touched(),
-                    peak_samples: data.values().flatten().map(|s| s.samples_in_range()).sum(),
+                    peak_samples: data.series.values().flatten().map(|s| s.samples_in_range()).sum(),
                     per_step: ev.step_stats(),
                     preparation: prepared,
                     inner_eval: began.elapsed() - prepared,

@@ -13,10 +13,12 @@ pub mod conformance;
 pub mod limits;
 pub mod memory;
 pub mod scope;
+pub mod steps;
 
 pub use batches::{collect_batches, collect_within, selection_order, BoxBatches, OneBatch, SeriesBatches};
 pub use limits::{require_matchers, SelectBudget};
 pub use scope::QueryScope;
+pub use steps::{labels_hash, AggregateSpec, Coverage, SeriesSummary, Steps, StepsRequest, StepsSeries};
 
 use async_trait::async_trait;
 use strata_chunk::{Chunk, ChunkError};
@@ -158,4 +160,11 @@ pub trait Store: Send + Sync {
 
     /// Metric family metadata, optionally for one metric, sorted by family.
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError>;
+
+    /// Evaluates a query's leaf where the data is ([`steps`] explains when that pays and
+    /// why it gives the same answer). `None`: this store does not (the default), and the
+    /// engine selects samples instead.
+    async fn steps(&self, _req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        Ok(None)
+    }
 }
