@@ -1,0 +1,194 @@
+//! The store's end: a leaf (or an aggregation over one) from a request, evaluated with
+//! this engine over the store's own series, under the labels the caller sees.
+
+use super::{AGGREGATIONS, COMPARISONS, RANGE_FUNCTIONS};
+use crate::eval::{Evaluator, Val};
+use crate::fetch::{self, FetchedSeries};
+use crate::QueryError;
+use promql_parser::label::Matchers;
+use promql_parser::parser::{Call, Expr, FunctionArgs, MatrixSelector, Offset, VectorSelector};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_model::Labels;
+use strata_store::{AggregateSpec, SeriesSummary, Steps, StepsRequest, StepsSeries, Store};
+
+/// The leaf a request describes, as an expression this engine evaluates.
+fn leaf_expr(req: &StepsRequest) -> Result<Expr, QueryError> {
+    if let Some(spec) = &req.aggregate {
+        return aggregate_expr(req, spec);
+    }
+    let offset = match req.offset {
+        0 => None,
+        o if o > 0 => Some(Offset::Pos(Duration::from_millis(o.unsigned_abs()))),
+        o => Some(Offset::Neg(Duration::from_millis(o.unsigned_abs()))),
+    };
+    let vs = VectorSelector { name: None, matchers: Matchers::empty(), offset, at: None };
+    let Some((name, range)) = &req.function else { return Ok(Expr::VectorSelector(vs)) };
+    let func = match crate::parse(&format!("{}(x[1m])", checked_function(name)?)) {
+        // The parser's function table is its own: a call of the function, parsed, carries it.
+        Ok(Expr::Call(c)) => c.func,
+        _ => return Err(QueryError::BadData(format!("{name:?} is not a range function a store evaluates"))),
+    };
+    let ms = MatrixSelector { vs, range: Duration::from_millis(checked_range(*range)?) };
+    Ok(Expr::Call(Call { func, args: FunctionArgs { args: vec![Box::new(Expr::MatrixSelector(ms))] } }))
+}
+
+fn checked_function(name: &str) -> Result<&str, QueryError> {
+    RANGE_FUNCTIONS
+        .iter()
+        .find(|f| **f == name)
+        .copied()
+        .ok_or_else(|| QueryError::BadData(format!("{name:?} is not a range function a store evaluates")))
+}
+
+fn checked_range(range: i64) -> Result<u64, QueryError> {
+    u64::try_from(range)
+        .ok()
+        .filter(|r| *r > 0)
+        .ok_or_else(|| QueryError::BadData(format!("range {range} ms is not positive")))
+}
+
+/// An aggregation over a leaf, spelled in PromQL from checked parts (names from the
+/// lists above, label names valid, numbers finite) and parsed. The selector is a
+/// placeholder: its series are handed to the evaluator.
+fn aggregate_expr(req: &StepsRequest, spec: &AggregateSpec) -> Result<Expr, QueryError> {
+    let bad = |what: String| QueryError::BadData(format!("a store does not evaluate {what}"));
+    if !AGGREGATIONS.contains(&spec.op.as_str()) {
+        return Err(bad(format!("the aggregation {:?}", spec.op)));
+    }
+    if let Some(l) =
+        spec.labels.iter().find(|l| !strata_model::is_valid_label_name(l) || *l == strata_model::METRIC_NAME)
+    {
+        return Err(bad(format!("a grouping by {l:?}")));
+    }
+    let number = |x: f64| if x.is_finite() { Ok(format!("{x:?}")) } else { Err(bad(format!("the number {x}"))) };
+    let offset = if req.offset != 0 { format!(" offset {}ms", req.offset) } else { String::new() };
+    let mut text = match &req.function {
+        Some((f, range)) => format!("{}(x[{}ms]{offset})", checked_function(f)?, checked_range(*range)?),
+        None => format!("x{offset}"),
+    };
+    if let Some((cmp, x)) = &spec.filter {
+        if !COMPARISONS.contains(&cmp.as_str()) {
+            return Err(bad(format!("the comparison {cmp:?}")));
+        }
+        text = format!("{text} {cmp} {}", number(*x)?);
+    }
+    let param = match spec.param {
+        Some(p) => format!("{}, ", number(p)?),
+        None => String::new(),
+    };
+    let grouping = format!("{} ({})", if spec.without { "without" } else { "by" }, spec.labels.join(", "));
+    crate::parse(&format!("{} {grouping} ({param}{text})", spec.op)).map_err(|e| bad(format!("this aggregation: {e}")))
+}
+
+/// The selector inside an expression built by [`leaf_expr`].
+fn leaf_selector(e: &Expr) -> Option<&VectorSelector> {
+    match e {
+        Expr::VectorSelector(vs) => Some(vs),
+        Expr::MatrixSelector(ms) => Some(&ms.vs),
+        Expr::Call(c) => leaf_selector(c.args.args.first()?),
+        Expr::Aggregate(a) => leaf_selector(&a.expr),
+        Expr::Binary(b) => leaf_selector(&b.lhs),
+        Expr::Paren(p) => leaf_selector(&p.expr),
+        _ => None,
+    }
+}
+
+/// Evaluates a leaf over `store`, as a store answers [`Store::steps`]. `view` gives a
+/// series' labels as the caller sees them (the tier's external labels attached); the
+/// answer carries those, sorted. Summaries only when `req.values` is false.
+pub async fn evaluate(
+    store: &dyn Store,
+    req: &StepsRequest,
+    view: &(dyn Fn(&Labels) -> Labels + Sync),
+    timeout: Duration,
+) -> Result<Steps, QueryError> {
+    let deadline = Instant::now() + timeout;
+    let steps = req.steps().ok_or_else(|| QueryError::BadData("the grid has no steps or too many".into()))?;
+    let expr = Arc::new(leaf_expr(req)?);
+    let sel = req.selection();
+    let mut found: Vec<(Labels, strata_store::SeriesChunks)> =
+        store.select(&sel).await?.into_iter().map(|s| (view(&s.labels), s)).filter(|(l, _)| req.wants(l)).collect();
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    if !req.values {
+        let series = found
+            .into_iter()
+            .map(|(labels, s)| {
+                let summary = SeriesSummary::of(&s.chunks, true)
+                    .map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
+                Ok(StepsSeries { labels, metric_type: s.metric_type, summary, values: Vec::new(), name_dropped: false })
+            })
+            .collect::<Result<_, QueryError>>()?;
+        return Ok(Steps { series, ..Steps::default() });
+    }
+    let points = (found.len() as u64).saturating_mul(steps as u64);
+    if points > req.limits.max_samples {
+        return Err(QueryError::TooManySamples(req.limits.max_samples));
+    }
+    let (start, end, step, lookback, max_samples) =
+        (req.start, req.end, req.step, req.lookback, req.limits.max_samples);
+    let aggregated = req.aggregate.is_some();
+    tokio::task::spawn_blocking(move || {
+        let vs = leaf_selector(&expr).ok_or_else(|| QueryError::Internal("a leaf without a selector".into()))?;
+        let mut data = fetch::Fetched::default();
+        let mut caller_labels = Vec::with_capacity(found.len());
+        let mut inputs = Vec::with_capacity(found.len());
+        for (labels, s) in found {
+            let summary = SeriesSummary::of(&s.chunks, true)
+                .map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
+            // Evaluated under the caller's labels: an aggregation groups by external labels too.
+            inputs.push(FetchedSeries::new(labels.clone(), s.metric_type, s.chunks, sel.start, sel.end));
+            caller_labels.push((labels, s.metric_type, summary));
+        }
+        data.series.insert(fetch::key(vs), inputs);
+        // Delayed name removal keeps each result under its series' own labels, with the
+        // mark saying whether the function drops the name; the caller applies it its way.
+        // (An aggregation's groups never hold the name.)
+        let ev = Evaluator::new(&data, start, end, step, lookback, max_samples)
+            .with_deadline(deadline, timeout)
+            .with_delayed_name_removal(!aggregated);
+        let Val::Vector(out) = ev.eval(&expr)? else {
+            return Err(QueryError::Internal("a leaf that is not an instant vector".into()));
+        };
+        if aggregated {
+            let mut groups: Vec<StepsSeries> = out
+                .into_iter()
+                .map(|g| StepsSeries {
+                    labels: g.labels,
+                    metric_type: Default::default(),
+                    summary: SeriesSummary::default(),
+                    values: g.vals,
+                    name_dropped: false,
+                })
+                .collect();
+            groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+            let series = caller_labels
+                .into_iter()
+                .map(|(labels, metric_type, summary)| StepsSeries {
+                    labels,
+                    metric_type,
+                    summary,
+                    values: Vec::new(),
+                    name_dropped: false,
+                })
+                .collect();
+            let (warnings, infos) = ev.annotations.take();
+            return Ok(Steps { series, groups, samples: ev.samples_touched(), warnings, infos });
+        }
+        let mut by_labels: std::collections::HashMap<Labels, (Vec<Option<f64>>, bool)> =
+            out.into_iter().map(|s| (s.labels, (s.vals, s.drop_name))).collect();
+        // Every selected series comes back, those without a value with none: the dedup
+        // weighs each replica, whether or not the leaf gives it a value.
+        let series = caller_labels
+            .into_iter()
+            .map(|(labels, metric_type, summary)| {
+                let (values, name_dropped) = by_labels.remove(&labels).unwrap_or_default();
+                StepsSeries { labels, metric_type, summary, values, name_dropped }
+            })
+            .collect();
+        let (warnings, infos) = ev.annotations.take();
+        Ok(Steps { series, samples: ev.samples_touched(), warnings, infos, ..Steps::default() })
+    })
+    .await
+    .map_err(|e| QueryError::Internal(e.to_string()))?
+}
