@@ -79,6 +79,8 @@ fn pushed_leaves_answer_as_the_engine_does() {
         ("topk(1, g)", true, false),
         ("stddev(c_total)", true, true),
         ("sum(nothing)", true, true),
+        ("sum by (job) (rate(c_total[5m] offset -1m))", true, true),
+        ("min(g offset 90s > 0.25)", true, true),
     ];
     let (mut pushed_before, mut aggregated_before) = (0, 0);
     for (q, expect_push, expect_aggregate) in queries {
@@ -110,4 +112,36 @@ fn leaves_that_read_times_or_another_grid_stay_above() {
         assert_eq!(run(&pushing, q, true, false), want, "{q}");
     }
     assert_eq!(pushing.evaluated(), 0);
+}
+
+#[test]
+fn a_part_a_store_cannot_take_is_declined_not_failed() {
+    use strata_store::{AggregateSpec, SelectLimits, StepsRequest};
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let store = Evaluating::new(data());
+    let req = |aggregate: AggregateSpec| StepsRequest {
+        matchers: vec![strata_model::Matcher::eq("__name__", "g")],
+        start: 0,
+        end: 600_000,
+        step: 60_000,
+        offset: 0,
+        lookback: 300_000,
+        function: None,
+        limits: SelectLimits::default(),
+        values: true,
+        only: None,
+        aggregate: Some(aggregate),
+    };
+    let spec = AggregateSpec { op: "sum".into(), param: None, without: false, labels: vec![], filter: None };
+    let declined = [
+        AggregateSpec { op: "topk".into(), ..spec.clone() },
+        AggregateSpec { labels: vec!["bad label".into()], ..spec.clone() },
+        AggregateSpec { filter: Some(("=~".into(), 1.0)), ..spec.clone() },
+        AggregateSpec { param: Some(f64::NAN), ..spec.clone() },
+    ];
+    for d in declined {
+        let got = rt.block_on(store.steps(&req(d.clone())));
+        assert!(matches!(got, Ok(None)), "{d:?}: {got:?}");
+    }
+    assert!(matches!(rt.block_on(store.steps(&req(spec))), Ok(Some(_))));
 }

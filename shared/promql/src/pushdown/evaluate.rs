@@ -27,7 +27,7 @@ fn leaf_expr(req: &StepsRequest) -> Result<Expr, QueryError> {
     let func = match crate::parse(&format!("{}(x[1m])", checked_function(name)?)) {
         // The parser's function table is its own: a call of the function, parsed, carries it.
         Ok(Expr::Call(c)) => c.func,
-        _ => return Err(QueryError::BadData(format!("{name:?} is not a range function a store evaluates"))),
+        _ => return Err(QueryError::Unsupported(format!("{name:?} as a range function a store evaluates"))),
     };
     let ms = MatrixSelector { vs, range: Duration::from_millis(checked_range(*range)?) };
     Ok(Expr::Call(Call { func, args: FunctionArgs { args: vec![Box::new(Expr::MatrixSelector(ms))] } }))
@@ -38,7 +38,7 @@ fn checked_function(name: &str) -> Result<&str, QueryError> {
         .iter()
         .find(|f| **f == name)
         .copied()
-        .ok_or_else(|| QueryError::BadData(format!("{name:?} is not a range function a store evaluates")))
+        .ok_or_else(|| QueryError::Unsupported(format!("{name:?} as a range function a store evaluates")))
 }
 
 fn checked_range(range: i64) -> Result<u64, QueryError> {
@@ -52,7 +52,8 @@ fn checked_range(range: i64) -> Result<u64, QueryError> {
 /// lists above, label names valid, numbers finite) and parsed. The selector is a
 /// placeholder: its series are handed to the evaluator.
 fn aggregate_expr(req: &StepsRequest, spec: &AggregateSpec) -> Result<Expr, QueryError> {
-    let bad = |what: String| QueryError::BadData(format!("a store does not evaluate {what}"));
+    // `Unsupported` answers "not here": the caller evaluates this part itself.
+    let bad = |what: String| QueryError::Unsupported(format!("{what} in a store"));
     if !AGGREGATIONS.contains(&spec.op.as_str()) {
         return Err(bad(format!("the aggregation {:?}", spec.op)));
     }
