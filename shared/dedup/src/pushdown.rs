@@ -10,10 +10,11 @@
 //! evaluated in a second call; a group no summary decides (replicas with gaps, merged
 //! sample by sample) sends the leaf back to the engine, which selects samples.
 
-use super::{strip, whole_replica};
+use super::{is_replica_label, strip, whole_replica};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use strata_model::{Labels, MatchOp, Matcher};
+use strata_store::steps::hash_labels;
 use strata_store::{labels_hash, SeriesSummary, Steps, StepsRequest, StepsSeries, Store, StoreError};
 
 /// The replica labels (name, value) of the replica most series came from last time.
@@ -150,20 +151,10 @@ async fn aggregate(
 /// `found`, by the hash of its labels; `None` if a group has none the summaries show, or
 /// two series with the same labels (which the fan-out merges).
 fn choose_replicas(found: &[&StepsSeries], replica_labels: &[String]) -> Option<HashMap<u64, Labels>> {
-    let kept = |l: &&strata_model::Label| !replica_labels.iter().any(|r| r.as_str() == l.name.as_ref());
+    let kept = |l: &&strata_model::Label| !is_replica_label(l, replica_labels);
     // Groups by a hash of the labels without the replica labels; within a group, the
     // merge's order (all labels). Equal hashes are checked for equal labels in place.
-    let key = |s: &StepsSeries| {
-        let mut h = xxhash_rust::xxh64::Xxh64::new(0);
-        for l in s.labels.iter().filter(kept) {
-            h.update(l.name.as_bytes());
-            h.update(&[0xff]);
-            h.update(l.value.as_bytes());
-            h.update(&[0xff]);
-        }
-        h.digest()
-    };
-    let keys: Vec<u64> = found.iter().map(|s| key(s)).collect();
+    let keys: Vec<u64> = found.iter().map(|s| hash_labels(s.labels.iter().filter(kept))).collect();
     let mut order: Vec<usize> = (0..found.len()).collect();
     order.sort_by(|&a, &b| keys[a].cmp(&keys[b]).then_with(|| found[a].labels.cmp(&found[b].labels)));
     let mut chosen = HashMap::with_capacity(order.len() / 2 + 1);

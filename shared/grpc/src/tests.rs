@@ -350,20 +350,12 @@ async fn idle_connections_cannot_hold_the_server() {
 }
 
 fn steps_request(values: bool) -> strata_store::StepsRequest {
-    strata_store::StepsRequest {
-        matchers: vec![Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap()],
-        // Inside the fixture's hour.
-        start: 1_700_000_000_000,
-        end: 1_700_003_600_000,
-        step: 60_000,
-        offset: 0,
-        lookback: 300_000,
-        function: Some(("rate".into(), 300_000)),
-        limits: SelectLimits::default(),
-        values,
-        only: None,
-        aggregate: None,
-    }
+    let all = vec![Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap()];
+    // Inside the fixture's hour.
+    let grid = (1_700_000_000_000, 1_700_003_600_000, 60_000);
+    let mut r = strata_store::StepsRequest::new(all, grid, 300_000);
+    (r.function, r.values) = (Some(("rate".into(), 300_000)), values);
+    r
 }
 
 #[tokio::test]

@@ -116,21 +116,12 @@ fn leaves_that_read_times_or_another_grid_stay_above() {
 
 #[test]
 fn a_part_a_store_cannot_take_is_declined_not_failed() {
-    use strata_store::{AggregateSpec, SelectLimits, StepsRequest};
+    use strata_store::{AggregateSpec, StepsRequest};
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let store = Evaluating::new(data());
     let req = |aggregate: AggregateSpec| StepsRequest {
-        matchers: vec![strata_model::Matcher::eq("__name__", "g")],
-        start: 0,
-        end: 600_000,
-        step: 60_000,
-        offset: 0,
-        lookback: 300_000,
-        function: None,
-        limits: SelectLimits::default(),
-        values: true,
-        only: None,
         aggregate: Some(aggregate),
+        ..StepsRequest::new(vec![strata_model::Matcher::eq("__name__", "g")], (0, 600_000, 60_000), 300_000)
     };
     let spec = AggregateSpec { op: "sum".into(), param: None, without: false, labels: vec![], filter: None };
     let declined = [

@@ -16,7 +16,7 @@ use crate::SelectRequest;
 use std::collections::HashSet;
 use std::sync::Arc;
 use strata_chunk::{Chunk, ChunkError};
-use strata_model::{is_stale, Labels, Matcher, MetricType, Sample};
+use strata_model::{is_stale, Label, Labels, Matcher, MetricType, Sample};
 
 /// One leaf of a query, on the query's grid.
 #[derive(Debug, Clone)]
@@ -55,6 +55,24 @@ pub struct AggregateSpec {
 }
 
 impl StepsRequest {
+    /// The instant selector of `matchers` on the grid `(start, end, step)`, with default
+    /// limits, values asked for; set the other fields for a function, an offset or more.
+    pub fn new(matchers: Vec<Matcher>, (start, end, step): (i64, i64, i64), lookback: i64) -> Self {
+        StepsRequest {
+            matchers,
+            start,
+            end,
+            step,
+            offset: 0,
+            lookback,
+            function: None,
+            limits: SelectLimits::default(),
+            values: true,
+            only: None,
+            aggregate: None,
+        }
+    }
+
     /// How many steps the grid has; `None` for a grid too large to index.
     pub fn steps(&self) -> Option<usize> {
         if self.step <= 0 || self.end < self.start {
@@ -83,8 +101,13 @@ impl StepsRequest {
 
 /// A hash of a label set that every tier computes alike (names and values, in order).
 pub fn labels_hash(labels: &Labels) -> u64 {
+    hash_labels(labels.iter())
+}
+
+/// [`labels_hash`] of some of a set's labels (those an iterator keeps), without a copy.
+pub fn hash_labels<'a>(labels: impl Iterator<Item = &'a Label>) -> u64 {
     let mut h = xxhash_rust::xxh64::Xxh64::new(0);
-    for l in labels.iter() {
+    for l in labels {
         h.update(l.name.as_bytes());
         h.update(&[0xff]);
         h.update(l.value.as_bytes());
@@ -218,19 +241,7 @@ mod tests {
 
     #[test]
     fn a_grid_counts_its_steps_and_refuses_what_cannot_be_indexed() {
-        let mut r = StepsRequest {
-            matchers: Vec::new(),
-            start: 0,
-            end: 600_000,
-            step: 60_000,
-            offset: 0,
-            lookback: 300_000,
-            function: None,
-            limits: SelectLimits::default(),
-            values: true,
-            only: None,
-            aggregate: None,
-        };
+        let mut r = StepsRequest::new(Vec::new(), (0, 600_000, 60_000), 300_000);
         assert_eq!(r.steps(), Some(11));
         assert_eq!((r.selection().start, r.selection().end), (-299_999, 600_000));
         r.function = Some(("rate".into(), 60_000));

@@ -114,11 +114,7 @@ pub async fn evaluate(
     if !req.values {
         let series = found
             .into_iter()
-            .map(|(labels, s)| {
-                let summary = SeriesSummary::of(&s.chunks, true)
-                    .map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
-                Ok(StepsSeries { labels, metric_type: s.metric_type, summary, values: Vec::new(), name_dropped: false })
-            })
+            .map(|(labels, s)| Ok(summary_only(labels, s.metric_type, summary(&s)?)))
             .collect::<Result<_, QueryError>>()?;
         return Ok(Steps { series, ..Steps::default() });
     }
@@ -135,8 +131,7 @@ pub async fn evaluate(
         let mut caller_labels = Vec::with_capacity(found.len());
         let mut inputs = Vec::with_capacity(found.len());
         for (labels, s) in found {
-            let summary = SeriesSummary::of(&s.chunks, true)
-                .map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))?;
+            let summary = summary(&s)?;
             // Evaluated under the caller's labels: an aggregation groups by external labels too.
             inputs.push(FetchedSeries::new(labels.clone(), s.metric_type, s.chunks, sel.start, sel.end));
             caller_labels.push((labels, s.metric_type, summary));
@@ -163,16 +158,7 @@ pub async fn evaluate(
                 })
                 .collect();
             groups.sort_by(|a, b| a.labels.cmp(&b.labels));
-            let series = caller_labels
-                .into_iter()
-                .map(|(labels, metric_type, summary)| StepsSeries {
-                    labels,
-                    metric_type,
-                    summary,
-                    values: Vec::new(),
-                    name_dropped: false,
-                })
-                .collect();
+            let series = caller_labels.into_iter().map(|(l, t, s)| summary_only(l, t, s)).collect();
             let (warnings, infos) = ev.annotations.take();
             return Ok(Steps { series, groups, samples: ev.samples_touched(), warnings, infos });
         }
@@ -192,4 +178,14 @@ pub async fn evaluate(
     })
     .await
     .map_err(|e| QueryError::Internal(e.to_string()))?
+}
+
+/// A series' summary (decoding it only when its chunk headers cannot show it gap free).
+fn summary(s: &strata_store::SeriesChunks) -> Result<SeriesSummary, QueryError> {
+    SeriesSummary::of(&s.chunks, true).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))
+}
+
+/// A series that carries its summary and no values.
+fn summary_only(labels: Labels, metric_type: strata_model::MetricType, summary: SeriesSummary) -> StepsSeries {
+    StepsSeries { labels, metric_type, summary, values: Vec::new(), name_dropped: false }
 }

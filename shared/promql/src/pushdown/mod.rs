@@ -73,19 +73,9 @@ pub fn leaves(
     let mut out = Vec::new();
     walk(e, &mut |found| {
         let req = |vs: &VectorSelector, function: Option<(String, i64)>| -> Result<StepsRequest, QueryError> {
-            Ok(StepsRequest {
-                matchers: fetch::matchers(vs)?,
-                start,
-                end,
-                step,
-                offset: fetch::offset_ms(&vs.offset),
-                lookback,
-                function,
-                limits,
-                values: true,
-                only: None,
-                aggregate: None,
-            })
+            let mut r = StepsRequest::new(fetch::matchers(vs)?, (start, end, step), lookback);
+            (r.offset, r.function, r.limits) = (fetch::offset_ms(&vs.offset), function, limits);
+            Ok(r)
         };
         let leaf = (found.leaf.node, req(found.leaf.vs, found.leaf.function.clone())?);
         out.push(match found.aggregate {
