@@ -377,7 +377,9 @@ impl Edge {
         Ok(Edge { http_addr, grpc_addr, scheme, state, shutdown, tasks, server })
     }
 
-    /// Stops scraping (marking series stale), the server and the loops; syncs the WAL.
+    /// Stops scraping (marking series stale), the server and the loops, then the database:
+    /// a block cut that is writing gives up (its window stays in the head and the WAL),
+    /// and a head checkpoint is written, so that the next start replays only what follows.
     pub async fn stop(self) {
         self.state.manager.stop_all().await;
         let _ = self.shutdown.send(true);
@@ -386,13 +388,12 @@ impl Edge {
             t.abort();
         }
         let db = self.state.db.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db.sync_wal()).await {
-            tracing::error!(error = %e, "final WAL sync failed");
-        }
-        // The next start loads the head from the snapshot instead of replaying the WAL.
-        let db = self.state.db.clone();
-        if let Ok(Err(e)) = tokio::task::spawn_blocking(move || db.write_head_snapshot()).await {
-            tracing::error!(error = %e, "head snapshot failed: the next start replays the WAL");
+        match tokio::task::spawn_blocking(move || db.shutdown()).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, "head checkpoint at shutdown failed: the next start replays the WAL")
+            }
+            Err(e) => tracing::error!(error = %e, "database shutdown task failed"),
         }
     }
 }

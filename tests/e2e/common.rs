@@ -77,6 +77,13 @@ impl Proc {
         }
     }
 
+    /// Sends SIGTERM and returns at once (the process may still be stopping).
+    pub fn signal_term(&self) {
+        if let Some(c) = self.child.as_ref() {
+            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+        }
+    }
+
     /// SIGTERM, then wait up to 30 s.
     pub fn terminate(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -136,3 +136,50 @@ fn a_failed_block_cut_makes_the_edge_unready_until_maintenance_succeeds() {
     assert_eq!(stored(&base, now), want, "after maintenance recovered");
     edge.terminate();
 }
+
+/// A stop that arrives while a block cut is writing (Kubernetes sends SIGTERM, then SIGKILL
+/// when the grace period ends): the cut has closed its window to new samples before its
+/// block exists, so whatever the stop writes must not record that window as on disk. The
+/// cut is held at `head-cut-writing` (`STRATA_PAUSE_AT`), SIGTERM arrives, and SIGKILL a
+/// few seconds later; after a restart every acknowledged sample is back.
+#[test]
+fn sigterm_during_a_block_cut_then_sigkill_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("edge.yml");
+    std::fs::write(&cfg, "scrape_configs: []\nstrata:\n  block_range: 10s\n").unwrap();
+    let (cfg, data_dir) = (cfg.display().to_string(), dir.path().join("data").display().to_string());
+    let port = free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let args = ["edge", "--config", &cfg, "--data", &data_dir, "--http-listen", &listen];
+    let base = format!("http://127.0.0.1:{port}");
+    let pause = [("STRATA_PAUSE_AT", "head-cut-writing:20000")];
+    let mut edge = Proc::strata_with_env(&args, &pause, dir.path(), "edge");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let now = now_ms();
+    let series = data(now);
+    remote_write_all(&base, &series);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !edge.log_text().contains("head-cut-writing: pausing") {
+        edge.assert_running();
+        assert!(std::time::Instant::now() < deadline, "no block cut began:\n{}", edge.log_text());
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    edge.signal_term();
+    // The grace period ends before the cut does.
+    std::thread::sleep(Duration::from_secs(3));
+    edge.kill9();
+
+    let mut edge = Proc::strata(&args, dir.path(), "edge-restarted");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let want: Vec<(String, Vec<(i64, f64)>)> = series.iter().map(|(l, s)| (l[1].1.clone(), s.clone())).collect();
+    let got = stored(&base, now);
+    let missing: Vec<(String, i64)> = want
+        .iter()
+        .flat_map(|(g, s)| s.iter().map(move |p| (g, p)))
+        .filter(|(g, p)| !got.iter().any(|(h, v)| h == *g && v.contains(p)))
+        .map(|(g, p)| (g.clone(), p.0))
+        .collect();
+    assert!(missing.is_empty(), "{} acknowledged samples lost, the first {:?}", missing.len(), missing.first());
+    assert_eq!(got, want, "after SIGTERM during a cut and SIGKILL");
+    edge.terminate();
+}

@@ -1,29 +1,43 @@
-//! Compaction's mechanism: several blocks (in time order, not overlapping) merged into one,
-//! series by series, so memory holds one series of each input at a time.
+//! Compaction's mechanism: several blocks merged into one, series by series, so memory
+//! holds one series of each input at a time.
 //!
-//! A series' chunks are concatenated in time order; neighbouring chunks that together fit
+//! A series' chunks are joined in time order. Blocks normally cover disjoint ranges; when
+//! they overlap (a window cut twice, a block restored beside the one compacted over it),
+//! the overlapping chunks are merged sample by sample, each timestamp once
+//! (`strata_chunk::merge`), so a merged block never holds chunks out of order. Neighbouring
+//! chunks that together fit
 //! in one ([`CHUNK_MAX_SAMPLES`]) are re-encoded as one, since a block cut from the head
 //! ends every series' chunk at the block boundary: without this, a day compacted from 2-hour
 //! blocks would keep twelve part-filled chunks per series where eight full ones serve.
 
 use crate::{BlockError, BlockReader, BlockSeries, BlockWriter};
+use strata_chunk::merge::{in_order, merge_sources};
 use strata_chunk::{Chunk, ChunkAppender, CHUNK_MAX_SAMPLES};
 use strata_model::Labels;
 
-/// Merges `inputs` (sorted by time) into `out`; returns the series written.
-pub fn merge_blocks(inputs: &[&BlockReader], out: &mut BlockWriter) -> Result<u64, BlockError> {
+/// What a merge wrote.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct MergeStats {
+    pub series: u64,
+    /// Timestamps where overlapping inputs held different values (the earlier input's
+    /// value was kept).
+    pub conflicts: u64,
+}
+
+/// Merges `inputs` (sorted by time; on a conflict the earlier wins) into `out`.
+pub fn merge_blocks(inputs: &[&BlockReader], out: &mut BlockWriter) -> Result<MergeStats, BlockError> {
     let mut next: Vec<usize> = vec![0; inputs.len()];
     let mut current: Vec<Option<BlockSeries>> = Vec::with_capacity(inputs.len());
     for r in inputs {
         current.push(if r.num_series() > 0 { Some(r.series_at(0)?) } else { None });
     }
-    let mut written = 0;
+    let mut stats = MergeStats::default();
     while let Some(labels) = current.iter().flatten().map(|s| &s.labels).min().cloned() {
-        let mut chunks: Vec<Chunk> = Vec::new();
+        let mut sources: Vec<Vec<Chunk>> = Vec::new();
         for (i, slot) in current.iter_mut().enumerate() {
             if slot.as_ref().is_some_and(|s| s.labels == labels) {
                 if let Some(s) = slot.take() {
-                    chunks.extend(s.chunks);
+                    sources.push(s.chunks);
                 }
                 next[i] += 1;
                 if next[i] < inputs[i].num_series() {
@@ -31,11 +45,23 @@ pub fn merge_blocks(inputs: &[&BlockReader], out: &mut BlockWriter) -> Result<u6
                 }
             }
         }
+        let mut chunks: Vec<Chunk> = sources.concat();
+        if !in_order(&chunks) {
+            let merged = merge_sources(sources).map_err(|e| BlockError::Corrupt {
+                block: "(merge input)".into(),
+                reason: format!("series {labels}: {e}"),
+            })?;
+            if merged.conflicts > 0 {
+                tracing::warn!(series = %labels, conflicts = merged.conflicts, "overlapping blocks hold different values at some timestamps: the older block's are kept");
+            }
+            stats.conflicts += merged.conflicts;
+            chunks = merged.chunks;
+        }
         let chunks = rechunk(&labels, chunks)?;
         out.add_series(&labels, &chunks)?;
-        written += 1;
+        stats.series += 1;
     }
-    Ok(written)
+    Ok(stats)
 }
 
 /// Re-flows a series' chunks into full ones when that takes fewer chunks: a block cut from

@@ -14,6 +14,9 @@ use strata_chunk::{Chunk, CHUNK_MAX_SAMPLES};
 use strata_model::{Label, Labels, Matcher, Metadata, MetricType};
 
 const FOOTER_BYTES: usize = 7 * 8 + 4 + 4;
+/// A read that fails (an I/O error, a chunk failing its CRC-32) is tried this often before
+/// the block is called damaged: a transient EIO or a torn page-cache read is not damage.
+const READ_ATTEMPTS: u32 = 3;
 /// A chunk larger than this is damage, not data (960 samples of 16 bytes each, doubled).
 const MAX_CHUNK_BYTES: u64 = 64 << 10;
 
@@ -47,9 +50,11 @@ pub struct BlockReader {
     metadata: Vec<(String, Metadata)>,
     chunks: File,
     chunks_len: u64,
-    /// Set at the first damage found while reading: the block is then kept out of queries
-    /// and compaction.
+    /// Set when a read keeps failing: the block is then kept out of queries and
+    /// compaction until [`verify`](Self::verify) finds it whole again.
     damaged: AtomicBool,
+    /// Why, and since when.
+    damage: parking_lot::Mutex<Option<(String, std::time::Instant)>>,
     /// This block's key in the shared cache, and the cache.
     number: u64,
     cache: Option<Arc<ChunkCache>>,
@@ -64,6 +69,7 @@ impl BlockReader {
 
     /// [`open`](Self::open), keeping series read by queries in `cache`.
     pub fn open_with_cache(dir: &Path, cache: Option<Arc<ChunkCache>>) -> Result<BlockReader, BlockError> {
+        crate::fault::fail("block-open").map_err(|e| BlockError::io(dir, e))?;
         let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
         let corrupt = |reason: String| BlockError::Corrupt { block: name.clone(), reason };
         let meta = BlockMeta::read(dir).map_err(corrupt)?;
@@ -101,6 +107,7 @@ impl BlockReader {
             chunks,
             chunks_len,
             damaged: AtomicBool::new(false),
+            damage: parking_lot::Mutex::new(None),
             number: next_block_number(),
             cache,
         };
@@ -199,10 +206,41 @@ impl BlockReader {
     }
 
     fn corrupt(&self, reason: impl Into<String>) -> BlockError {
-        self.damaged.store(true, Ordering::Relaxed);
         let reason = reason.into();
-        tracing::error!(block = %self.dir.display(), %reason, "damaged block: kept out of queries and compaction");
+        self.mark_damaged(&reason);
         BlockError::Corrupt { block: self.meta.id.clone(), reason }
+    }
+
+    fn mark_damaged(&self, reason: &str) {
+        *self.damage.lock() = Some((reason.to_string(), std::time::Instant::now()));
+        self.damaged.store(true, Ordering::Relaxed);
+        tracing::error!(block = %self.dir.display(), %reason, "damaged block: kept out of queries and compaction");
+    }
+
+    /// Why the block was found damaged, and how long ago; `None` while it is whole.
+    pub fn damage(&self) -> Option<(String, std::time::Duration)> {
+        self.damage.lock().as_ref().map(|(r, at)| (r.clone(), at.elapsed()))
+    }
+
+    /// Reads every chunk of the block, checking each; when all read back whole, a block
+    /// found damaged earlier (the disk failed for a while) is taken back into queries.
+    /// Returns whether the block is whole.
+    pub fn verify(&self) -> bool {
+        for id in 0..self.n_series {
+            let Ok((labels, refs)) = self.series_entry(id as SeriesId) else { return false };
+            if let Err(reason) = self.read_chunks_once(&labels, &refs) {
+                tracing::warn!(block = %self.dir.display(), %reason, "damaged block still fails to read");
+                if let Some(d) = self.damage.lock().as_mut() {
+                    d.1 = std::time::Instant::now();
+                }
+                return false;
+            }
+        }
+        if self.damaged.swap(false, Ordering::Relaxed) {
+            *self.damage.lock() = None;
+            tracing::info!(block = %self.dir.display(), "block reads whole again: back in queries and compaction");
+        }
+        true
     }
 
     fn sym(&self, i: u32) -> &str {
@@ -248,21 +286,36 @@ impl BlockReader {
         parse(&mut d).ok_or_else(|| bad("entry does not parse"))
     }
 
-    /// Reads the chunks (contiguous in the file) with one positioned read, checking each.
+    /// Reads the chunks (contiguous in the file) with one positioned read, checking each;
+    /// a failure is retried ([`READ_ATTEMPTS`]) before the block is marked damaged.
     fn read_chunks(&self, labels: &Labels, refs: &[ChunkRef]) -> Result<Vec<Chunk>, BlockError> {
+        let mut attempt = 1;
+        loop {
+            match self.read_chunks_once(labels, refs) {
+                Ok(chunks) => return Ok(chunks),
+                Err(reason) if attempt < READ_ATTEMPTS => {
+                    tracing::warn!(block = %self.dir.display(), %reason, attempt, "block read failed: retrying");
+                    std::thread::sleep(std::time::Duration::from_millis(5 * u64::from(attempt)));
+                    attempt += 1;
+                }
+                Err(reason) => return Err(self.corrupt(format!("{reason} ({READ_ATTEMPTS} attempts)"))),
+            }
+        }
+    }
+
+    fn read_chunks_once(&self, labels: &Labels, refs: &[ChunkRef]) -> Result<Vec<Chunk>, String> {
         let (Some(first), Some(last)) = (refs.first(), refs.last()) else { return Ok(Vec::new()) };
-        let len = usize::try_from(last.offset + last.len - first.offset).map_err(|_| self.corrupt("chunk range"))?;
+        let len = usize::try_from(last.offset + last.len - first.offset).map_err(|_| "chunk range".to_string())?;
         let mut buf = vec![0u8; len];
-        self.chunks.read_exact_at(&mut buf, first.offset).map_err(|e| {
-            self.damaged.store(true, Ordering::Relaxed);
-            BlockError::io(&self.dir.join(CHUNKS_FILE), e)
-        })?;
+        crate::fault::fail("block-read")
+            .and_then(|()| self.chunks.read_exact_at(&mut buf, first.offset))
+            .map_err(|e| format!("reading {}: {e}", self.dir.join(CHUNKS_FILE).display()))?;
         let mut out = Vec::with_capacity(refs.len());
         for r in refs {
             let at = (r.offset - first.offset) as usize;
             let data = &buf[at..at + r.len as usize];
             if crc32fast::hash(data) != r.crc {
-                return Err(self.corrupt(format!("series {labels}: chunk at byte {} fails its CRC-32", r.offset)));
+                return Err(format!("series {labels}: chunk at byte {} fails its CRC-32", r.offset));
             }
             out.push(Chunk { data: Arc::from(data), n: r.n, min_t: r.min_t, max_t: r.max_t });
         }

@@ -121,7 +121,7 @@ fn merging_blocks_keeps_every_sample_once_and_joins_part_chunks() {
     let (ra, rb) =
         (BlockReader::open(&dir.path().join(&a.id)).unwrap(), BlockReader::open(&dir.path().join(&b.id)).unwrap());
     let mut w = BlockWriter::create(dir.path(), 0, 14_400_000, 2, vec![a.id.clone(), b.id.clone()]).unwrap();
-    assert_eq!(merge_blocks(&[&ra, &rb], &mut w).unwrap(), 8);
+    assert_eq!(merge_blocks(&[&ra, &rb], &mut w).unwrap().series, 8);
     let m = w.finish().unwrap();
     assert_eq!(m.stats.samples, a.stats.samples + b.stats.samples);
     assert_eq!(m.stats.chunks, 8, "two 480-sample chunks per series became one");

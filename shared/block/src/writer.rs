@@ -4,7 +4,9 @@
 //! Crash safety: the files are written under `<id>.tmp`, `fsync`ed, `meta.json` is written
 //! and `fsync`ed last, and the directory is renamed to `<id>` (then the parent `fsync`ed).
 //! A crash at any point leaves either no block or a complete one; `.tmp` directories are
-//! removed on open.
+//! removed on open. A write that fails (a full disk) or is abandoned removes its `.tmp`
+//! directory at once, when the writer is dropped: retried writes never pile up partial
+//! blocks in the space that was just freed.
 //!
 //! Memory: chunk bytes stream to the `chunks` file and series entries to a scratch file
 //! as series arrive, and the index is written through a buffer; what is held until
@@ -48,6 +50,8 @@ pub struct BlockWriter {
     metadata: Vec<(String, Metadata)>,
     last: Option<Labels>,
     stats: BlockStats,
+    /// Renamed into place: dropping the writer then leaves the block alone.
+    finished: bool,
 }
 
 /// A block's directory name: sortable by creation, unique within a data directory.
@@ -76,11 +80,21 @@ impl BlockWriter {
         let tmp = parent.join(format!("{id}.tmp"));
         let io = |e| BlockError::io(&tmp, e);
         fs::create_dir_all(&tmp).map_err(io)?;
-        let mut chunks = BufWriter::with_capacity(1 << 20, File::create(tmp.join(CHUNKS_FILE)).map_err(io)?);
-        chunks.write_all(CHUNKS_MAGIC).map_err(io)?;
+        let files = || -> std::io::Result<_> {
+            let mut chunks = BufWriter::with_capacity(1 << 20, File::create(tmp.join(CHUNKS_FILE))?);
+            chunks.write_all(CHUNKS_MAGIC)?;
+            let series = BufWriter::with_capacity(1 << 20, File::create(tmp.join(SERIES_SCRATCH))?);
+            Ok((chunks, series))
+        };
+        let (chunks, series) = match files() {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&tmp);
+                return Err(io(e));
+            }
+        };
         let mut chunks_crc = crc32fast::Hasher::new();
         chunks_crc.update(CHUNKS_MAGIC);
-        let series = BufWriter::with_capacity(1 << 20, File::create(tmp.join(SERIES_SCRATCH)).map_err(io)?);
         Ok(BlockWriter {
             tmp,
             dir,
@@ -101,6 +115,7 @@ impl BlockWriter {
             metadata: Vec::new(),
             last: None,
             stats: BlockStats { min_sample_time: i64::MAX, max_sample_time: i64::MIN, ..Default::default() },
+            finished: false,
         })
     }
 
@@ -181,6 +196,7 @@ impl BlockWriter {
         let io = |e| BlockError::io(&tmp, e);
         self.chunks.flush().map_err(io)?;
         self.chunks.get_ref().sync_all().map_err(io)?;
+        crate::fault::fail("block-write").map_err(io)?;
         let index = self.write_index().map_err(io)?;
         fs::remove_file(tmp.join(SERIES_SCRATCH)).map_err(io)?;
         if self.stats.series == 0 {
@@ -211,16 +227,15 @@ impl BlockWriter {
         fsync_dir(&tmp);
         crate::fault::point("block-before-rename");
         fs::rename(&tmp, &self.dir).map_err(|e| BlockError::io(&self.dir, e))?;
+        self.finished = true;
         if let Some(parent) = self.dir.parent() {
             fsync_dir(parent);
         }
         Ok(meta)
     }
 
-    /// Leaves nothing behind (a failed or abandoned write).
-    pub fn abort(self) {
-        let _ = fs::remove_dir_all(&self.tmp);
-    }
+    /// Leaves nothing behind (a failed or abandoned write); dropping the writer does the same.
+    pub fn abort(self) {}
 
     /// Writes the `index` file: symbols, series entries (copied from the scratch file),
     /// their offset table, postings and their table, metadata, and the footer.
@@ -297,6 +312,18 @@ impl BlockWriter {
         b.out.flush()?;
         b.out.get_ref().sync_all()?;
         Ok(FileMeta { name: INDEX_FILE.into(), bytes, crc32 })
+    }
+}
+
+impl Drop for BlockWriter {
+    fn drop(&mut self) {
+        if !self.finished {
+            if let Err(e) = fs::remove_dir_all(&self.tmp) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %self.tmp.display(), error = %e, "could not remove an unfinished block");
+                }
+            }
+        }
     }
 }
 

@@ -36,6 +36,7 @@ mod appender;
 mod bits;
 mod block;
 mod iter;
+pub mod merge;
 mod rice;
 mod scale;
 mod sealed;

@@ -16,7 +16,6 @@
 //! stacked over globals that share a store) are merged into one, each sample once. Replicas that differ only in a
 //! replica label are not merged here: that is `ReplicaDedup`'s job, over this store.
 
-mod merge;
 mod stream;
 #[cfg(test)]
 mod tests;

@@ -2,12 +2,12 @@
 //! two, and a k-way merge hands on series in the request's order, equal series merged,
 //! so the fan-out holds a few batches per store, never every store's whole answer.
 
-use crate::merge::merge_chunks;
 use crate::{classify, Failure, StoreTarget};
 use async_trait::async_trait;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
+use strata_chunk::merge::merge_sources;
 use strata_model::MetricType;
 use strata_store::{selection_order, QueryScope, SelectBudget, SelectRequest, SeriesBatches, SeriesChunks, StoreError};
 use tokio::sync::mpsc;
@@ -121,8 +121,19 @@ impl SeriesBatches for MergedBatches {
             for j in 0..self.sources.len() {
                 while j != i && self.sources[j].head.front().is_some_and(|x| x.labels == s.labels) {
                     let Some(other) = self.sources[j].head.pop_front() else { break };
-                    s.chunks = merge_chunks(std::mem::take(&mut s.chunks), other.chunks)
-                        .map_err(|reason| StoreError::Corrupt { series: s.labels.to_string(), reason })?;
+                    let merged = merge_sources(vec![std::mem::take(&mut s.chunks), other.chunks])
+                        .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
+                    if merged.conflicts > 0 {
+                        self.scope.warn(format!(
+                            "series {}: stores {} and {} hold different values at {} timestamps; {}'s are used",
+                            s.labels,
+                            self.sources[i].name,
+                            self.sources[j].name,
+                            merged.conflicts,
+                            self.sources[i].name
+                        ));
+                    }
+                    s.chunks = merged.chunks;
                     if s.metric_type == MetricType::Unknown {
                         s.metric_type = other.metric_type;
                     }

@@ -3,15 +3,21 @@
 //! Opening cleans up what a crash can leave: `<id>.tmp` (a block write that did not finish)
 //! and `<id>.deleted` (a deletion that did not finish) are removed, and a block that another
 //! complete block lists among its `sources` (a compaction whose clean-up did not finish) is
-//! deleted. A block that fails to open is reported by name, counted, and kept out of
-//! queries and compaction; its directory stays for inspection, and its time range still
-//! counts, so the head never takes samples that would overlap it.
+//! deleted. Maintenance removes such leftovers too, before each run.
+//!
+//! A block that cannot be read (at open, or by reads that keep failing after retries) is
+//! damaged: named in the log and in every query whose range it overlaps, kept out of
+//! queries and compaction, and checked again every [`RECHECK_AFTER`] (a disk that failed
+//! for a while gives the block back). Its directory stays for inspection, and its time
+//! range still counts, so the head never takes samples that would overlap it and
+//! compaction never merges across it.
 
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashSet;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use strata_block::cache::ChunkCache;
 use strata_block::{BlockError, BlockMeta, BlockReader};
 use strata_model::MetricType;
@@ -19,6 +25,10 @@ use strata_model::MetricType;
 pub const BLOCKS_DIR: &str = "blocks";
 const TMP_SUFFIX: &str = ".tmp";
 const DELETED_SUFFIX: &str = ".deleted";
+/// A damaged block is read again (or opened again) at most this often.
+pub const RECHECK_AFTER: Duration = Duration::from_secs(600);
+/// Tries to open a block before it is called damaged.
+const OPEN_ATTEMPTS: u32 = 3;
 
 /// A block that could not be used: its directory name and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,13 +39,46 @@ pub struct DamagedBlock {
     pub range: Option<(i64, i64)>,
 }
 
+/// A block that failed to open, and when it was last tried.
+struct Unopened {
+    block: DamagedBlock,
+    tried: Instant,
+}
+
 pub struct BlockSet {
     dir: PathBuf,
     /// Series read by queries, shared by every block, bounded in bytes.
     cache: Arc<ChunkCache>,
     /// Sorted by `min_time`.
     blocks: RwLock<Vec<Arc<BlockReader>>>,
-    damaged: Mutex<Vec<DamagedBlock>>,
+    unopened: Mutex<Vec<Unopened>>,
+}
+
+fn open_with_retries(path: &Path, cache: &Arc<ChunkCache>) -> Result<BlockReader, BlockError> {
+    let mut attempt = 1;
+    loop {
+        match BlockReader::open_with_cache(path, Some(cache.clone())) {
+            Ok(r) => return Ok(r),
+            Err(e) if attempt < OPEN_ATTEMPTS => {
+                tracing::warn!(block = %path.display(), error = %e, attempt, "block failed to open: retrying");
+                std::thread::sleep(Duration::from_millis(5 * u64::from(attempt)));
+                attempt += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Bytes of every file under `p`.
+fn tree_bytes(p: &Path) -> u64 {
+    let Ok(rd) = fs::read_dir(p) else { return 0 };
+    rd.flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => tree_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
 }
 
 impl BlockSet {
@@ -43,30 +86,23 @@ impl BlockSet {
         let dir = data_dir.join(BLOCKS_DIR);
         let cache = Arc::new(ChunkCache::new(cache_bytes));
         fs::create_dir_all(&dir).map_err(|e| BlockError::io(&dir, e))?;
+        let set = BlockSet { dir, cache, blocks: RwLock::new(Vec::new()), unopened: Mutex::new(Vec::new()) };
+        set.remove_leftovers()?;
         let mut opened = Vec::new();
-        let mut damaged = Vec::new();
-        let entries = fs::read_dir(&dir).map_err(|e| BlockError::io(&dir, e))?;
+        let entries = fs::read_dir(&set.dir).map_err(|e| BlockError::io(&set.dir, e))?;
         for entry in entries.flatten() {
             let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
             if !path.is_dir() {
                 continue;
             }
-            if name.ends_with(TMP_SUFFIX) || name.ends_with(DELETED_SUFFIX) {
-                tracing::info!(block = %path.display(), "removing what an interrupted block write or deletion left");
-                fs::remove_dir_all(&path).map_err(|e| BlockError::io(&path, e))?;
-                continue;
-            }
-            match BlockReader::open_with_cache(&path, Some(cache.clone())) {
+            match open_with_retries(&path, &set.cache) {
                 Ok(r) => opened.push(Arc::new(r)),
                 Err(e) => {
                     tracing::error!(block = %path.display(), error = %e, "block cannot be read: kept out of queries and compaction");
-                    let range = BlockMeta::read(&path).ok().map(|m| (m.min_time, m.max_time));
-                    damaged.push(DamagedBlock { id: name, reason: e.to_string(), range });
+                    set.note_unopened(&path, e.to_string());
                 }
             }
         }
-        let set = BlockSet { dir, cache, blocks: RwLock::new(Vec::new()), damaged: Mutex::new(damaged) };
         // A compaction wrote its block, then stopped before deleting the ones it replaces.
         let replaced: HashSet<String> = opened.iter().flat_map(|r| r.meta().sources.clone()).collect();
         let (stale, mut live): (Vec<_>, Vec<_>) = opened.into_iter().partition(|r| replaced.contains(r.id()));
@@ -77,6 +113,30 @@ impl BlockSet {
         live.sort_by_key(|r| (r.meta().min_time, r.meta().max_time));
         *set.blocks.write() = live;
         Ok(set)
+    }
+
+    fn note_unopened(&self, path: &Path, reason: String) {
+        let id = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let range = BlockMeta::read(path).ok().map(|m| (m.min_time, m.max_time));
+        let mut u = self.unopened.lock();
+        u.retain(|x| x.block.id != id);
+        u.push(Unopened { block: DamagedBlock { id, reason, range }, tried: Instant::now() });
+    }
+
+    /// Removes what an interrupted block write or deletion left (`<id>.tmp`,
+    /// `<id>.deleted`). Called when nothing is writing blocks: at open and before each
+    /// maintenance run.
+    pub fn remove_leftovers(&self) -> Result<(), BlockError> {
+        let entries = fs::read_dir(&self.dir).map_err(|e| BlockError::io(&self.dir, e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let path = entry.path();
+            if path.is_dir() && (name.ends_with(TMP_SUFFIX) || name.ends_with(DELETED_SUFFIX)) {
+                tracing::info!(block = %path.display(), "removing what an interrupted block write or deletion left");
+                fs::remove_dir_all(&path).map_err(|e| BlockError::io(&path, e))?;
+            }
+        }
+        Ok(())
     }
 
     pub fn dir(&self) -> &Path {
@@ -94,22 +154,65 @@ impl BlockSet {
 
     /// Blocks found damaged, at open or since.
     pub fn damaged(&self) -> Vec<DamagedBlock> {
-        let mut v = self.damaged.lock().clone();
-        for r in self.blocks.read().iter().filter(|r| r.is_damaged()) {
-            v.push(DamagedBlock {
-                id: r.id().to_string(),
-                reason: "a read found damage".into(),
-                range: Some((r.meta().min_time, r.meta().max_time)),
-            });
+        let mut v: Vec<DamagedBlock> = self.unopened.lock().iter().map(|u| u.block.clone()).collect();
+        for r in self.blocks.read().iter() {
+            if let Some((reason, _)) = r.damage() {
+                v.push(DamagedBlock {
+                    id: r.id().to_string(),
+                    reason,
+                    range: Some((r.meta().min_time, r.meta().max_time)),
+                });
+            }
         }
         v
+    }
+
+    /// Damaged blocks whose range overlaps `[mint, maxt]`, or is unknown: what a query over
+    /// that range misses.
+    pub fn damaged_overlapping(&self, mint: i64, maxt: i64) -> Vec<DamagedBlock> {
+        let mut v = self.damaged();
+        v.retain(|d| d.range.is_none_or(|(lo, hi)| lo <= maxt && mint < hi));
+        v
+    }
+
+    /// Reads damaged blocks again (at most every [`RECHECK_AFTER`] each): one that now
+    /// reads whole, or opens, is back in queries and compaction.
+    pub fn recheck_damaged(&self) {
+        for r in self.blocks.read().iter() {
+            if r.damage().is_some_and(|(_, age)| age >= RECHECK_AFTER) {
+                // Whole again, or still damaged (logged, and the wait starts over).
+                r.verify();
+            }
+        }
+        let due: Vec<DamagedBlock> = {
+            let u = self.unopened.lock();
+            u.iter().filter(|u| u.tried.elapsed() >= RECHECK_AFTER).map(|u| u.block.clone()).collect()
+        };
+        for d in due {
+            let path = self.dir.join(&d.id);
+            if !path.is_dir() {
+                self.unopened.lock().retain(|u| u.block.id != d.id);
+                continue;
+            }
+            match open_with_retries(&path, &self.cache) {
+                Ok(r) if r.verify() => {
+                    tracing::info!(block = %path.display(), "a block that failed to open reads whole now: back in queries");
+                    self.unopened.lock().retain(|u| u.block.id != d.id);
+                    let mut b = self.blocks.write();
+                    b.push(Arc::new(r));
+                    b.sort_by_key(|r| (r.meta().min_time, r.meta().max_time));
+                }
+                Ok(_) => self.note_unopened(&path, d.reason.clone()),
+                Err(e) => self.note_unopened(&path, e.to_string()),
+            }
+        }
     }
 
     /// The end of the newest range any block covers, damaged ones included; `i64::MIN`
     /// without blocks. The head takes no sample before it.
     pub fn max_time(&self) -> i64 {
         let ok = self.blocks.read().iter().map(|r| r.meta().max_time).max().unwrap_or(i64::MIN);
-        let bad = self.damaged.lock().iter().filter_map(|d| d.range.map(|r| r.1)).max().unwrap_or(i64::MIN);
+        let bad = self.unopened.lock().iter().filter_map(|u| u.block.range.map(|r| r.1)).max().unwrap_or(i64::MIN);
         ok.max(bad)
     }
 
@@ -123,8 +226,11 @@ impl BlockSet {
         self.blocks.read().iter().map(|r| r.meta().stats.max_sample_time).max().unwrap_or(i64::MIN)
     }
 
+    /// Bytes of everything in the blocks directory: the blocks, damaged ones, and whatever
+    /// else takes space there (a write that could not clean up), as `retention_size` must
+    /// count it.
     pub fn disk_bytes(&self) -> u64 {
-        self.blocks.read().iter().map(|r| r.meta().bytes()).sum()
+        tree_bytes(&self.dir)
     }
 
     pub fn memory_bytes(&self) -> usize {
@@ -154,11 +260,20 @@ impl BlockSet {
 
     /// Opens a block just written under this set's directory and adds it.
     pub fn add(&self, id: &str) -> Result<(), BlockError> {
-        let r = BlockReader::open_with_cache(&self.dir.join(id), Some(self.cache.clone()))?;
+        let r = open_with_retries(&self.dir.join(id), &self.cache)?;
         let mut b = self.blocks.write();
         b.push(Arc::new(r));
         b.sort_by_key(|r| (r.meta().min_time, r.meta().max_time));
         Ok(())
+    }
+
+    /// Removes a block written but never added (it could not be opened): its data is still
+    /// where it came from. A failure is logged; the block is then found at the next open,
+    /// where overlapping blocks merge on read.
+    pub fn discard(&self, id: &str) {
+        if let Err(e) = self.remove_dir(id) {
+            tracing::error!(block = id, error = %e, "could not remove a block that failed to open after it was written");
+        }
     }
 
     pub fn cache(&self) -> &ChunkCache {
@@ -175,6 +290,7 @@ impl BlockSet {
             }
             !doomed
         });
+        self.unopened.lock().retain(|u| !ids.contains(&u.block.id));
         for id in ids {
             self.remove_dir(id)?;
         }

@@ -1,5 +1,7 @@
-//! `Tsdb`: the head block made durable by the WAL, the immutable blocks the head's aged
-//! data is cut into (see [`compact`](crate::compact)), retention, and the append policy.
+//! `Tsdb`: the head block made durable by the WAL and the head checkpoint, the immutable
+//! blocks the head's aged data is cut into (`compact`), retention, and the append policy.
+//! Where the head ends and the blocks begin is `floor`'s one invariant; `checkpoint` says
+//! what lets the WAL go.
 //!
 //! Append policy (documented for users in the README):
 //! * per series, samples must arrive in time order: an older timestamp is refused as
@@ -25,10 +27,11 @@ use crate::head::{HeadBlock, HeadError, HeadStats, MemSeries, SampleError};
 use crate::index::SeriesRef;
 use crate::metrics::TsdbMetrics;
 use crate::wal::{self, SyncPolicy, Wal, WalError, WalRecord};
+use floor::HeadFloor;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::time::now_ms;
@@ -81,6 +84,8 @@ pub enum TsdbError {
     Head(#[from] HeadError),
     #[error(transparent)]
     Block(#[from] strata_block::BlockError),
+    #[error("the database is stopping")]
+    Stopping,
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -104,13 +109,19 @@ struct Writer {
 pub struct Tsdb {
     head: HeadBlock,
     pub(crate) blocks: BlockSet,
-    /// The oldest timestamp the head takes: the end of the newest block. Raised (under the
-    /// WAL lock) before a block is cut, so no sample can enter the range being written.
-    pub(crate) head_floor: AtomicI64,
+    /// Where the head ends and the blocks begin (see [`floor`]).
+    pub(crate) floor: HeadFloor,
+    /// Held by a maintenance run (cut, compaction, retention, checkpoint): one at a time,
+    /// and a stop waits for the one running.
+    pub(crate) maintenance: Mutex<()>,
+    /// Set by [`shutdown`](Self::shutdown): maintenance stops, a running cut gives up.
+    stopping: AtomicBool,
+    /// The WAL cursor of the newest head checkpoint.
+    pub(crate) checkpoint_at: Mutex<Option<wal::WalCursor>>,
     /// The last block cut, compaction or retention failed: the tier reports itself not ready.
     pub(crate) maintenance_failed: AtomicBool,
-    /// This start loaded a head snapshot (and replayed only the WAL after it).
-    from_snapshot: bool,
+    /// This start loaded a head checkpoint (and replayed only the WAL after it).
+    from_checkpoint: bool,
     /// Readers hold it shared while they list blocks and read the head; a cut (block in,
     /// head range out) and a compaction (merged block in, sources out) hold it exclusively,
     /// so a query never sees a range twice or not at all.
@@ -122,31 +133,38 @@ pub struct Tsdb {
     /// The last WAL write failed: nothing is accepted until one succeeds, and the tier
     /// reports itself not ready.
     wal_failed: AtomicBool,
+    /// Tests: called at named points of a commit and a cut, to interleave them.
+    #[cfg(test)]
+    pub(crate) hook: Mutex<Option<TestHook>>,
 }
+
+/// Tests: a function called at named points (see [`Tsdb::at`]).
+#[cfg(test)]
+pub(crate) type TestHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Samples per WAL record at most.
 const MAX_SAMPLES_PER_RECORD: usize = 1 << 20;
 
 impl Tsdb {
-    /// Opens (or creates) the database in `dir`, replaying its WAL.
+    /// Opens (or creates) the database in `dir`: loads the head checkpoint, then replays the
+    /// WAL after it.
     pub fn open(dir: &Path, opts: TsdbOptions) -> Result<Tsdb, TsdbError> {
         let wal_dir = dir.join("wal");
         let blocks = BlockSet::open(dir, opts.block_cache_bytes)?;
-        // A clean shutdown left the head in a snapshot: the WAL replays from its cursor.
-        let snapshot = snapshot::load(dir, opts.max_series);
-        let (head, from, snapshot_segments, snapshot_floor) = match snapshot {
-            Some(l) => (l.head, Some(l.cursor), l.segments, l.floor),
-            None => (HeadBlock::new(opts.max_series), None, Vec::new(), i64::MIN),
+        let (head, from, checkpoint_floor) = match checkpoint::load(dir, opts.max_series) {
+            Ok(Some(l)) => (l.head, Some(l.cursor), l.floor),
+            // Unsound (moved aside and logged): whatever the WAL still holds is replayed.
+            Ok(None) | Err(_) => (HeadBlock::new(opts.max_series), None, i64::MIN),
         };
         // Samples before the newest block's end are in blocks: replay skips them.
-        let floor = blocks.max_time().max(snapshot_floor);
+        let floor = blocks.max_time().max(checkpoint_floor);
         let range = duration_ms(opts.block_range);
         let mut in_blocks = 0u64;
         let mut unknown_refs = 0u64;
         let mut future = 0u64;
         let mut aliases: HashMap<SeriesRef, SeriesRef> = HashMap::new();
         let max_valid = now_ms().saturating_add(duration_ms(opts.future_grace_period));
-        let mut stats = wal::replay_from(&wal_dir, from, |rec| match rec {
+        let stats = wal::replay_from(&wal_dir, from, |rec| match rec {
             WalRecord::Series { series_ref, labels } => {
                 let s = head.restore(series_ref, &labels);
                 if s.series_ref != series_ref {
@@ -169,9 +187,10 @@ impl Tsdb {
                         continue;
                     }
                     let mut g = series.samples.lock();
-                    // Replay may see a sample twice when a segment repeats after a crash;
-                    // the same check as on append keeps the series ordered.
-                    if g.check(&s) == Ok(true) {
+                    // A series appends in time order, so what is not newer than its last
+                    // sample it holds already: a record the checkpoint covered, or a
+                    // segment repeated after a crash.
+                    if g.last().is_none_or(|l| s.t > l.t) {
                         g.append(s, range);
                         head.note_time(s.t);
                     }
@@ -193,16 +212,6 @@ impl Tsdb {
                 dir = %wal_dir.display(),
                 "WAL replay: samples stamped too far in the future were skipped (written before the grace period applied)"
             );
-            // Their segments age out by the time of what was kept, not by the bad stamps.
-            for (_, max_t) in &mut stats.segment_max_t {
-                *max_t = (*max_t).min(max_valid);
-            }
-        }
-        // The snapshot knows the newest sample of the segments replay did not read.
-        for (n, max_t) in &mut stats.segment_max_t {
-            if let Some(&(_, t)) = snapshot_segments.iter().find(|(m, _)| m == n) {
-                *max_t = if *max_t == i64::MAX { t } else { (*max_t).max(t) };
-            }
         }
         if floor > i64::MIN {
             // Series whose every sample is in blocks were restored for nothing.
@@ -210,10 +219,8 @@ impl Tsdb {
             tracing::debug!(samples = in_blocks, "WAL replay: samples already in blocks skipped");
         }
         let damaged = stats.damaged_segments;
-        let mut wal =
-            Wal::open(&wal_dir, opts.wal_sync, stats.segment_max_t)?.with_segment_bytes(opts.wal_segment_bytes);
-        // The new segment starts with the metadata, as every segment after a rotation does,
-        // so it survives the deletion of the segments it was first logged in.
+        let mut wal = Wal::open(&wal_dir, opts.wal_sync)?.with_segment_bytes(opts.wal_segment_bytes);
+        // The new segment starts with the metadata, as every segment after a rotation does.
         let metadata: Vec<WalRecord> =
             head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta }).collect();
         if !metadata.is_empty() {
@@ -224,24 +231,71 @@ impl Tsdb {
         let db = Tsdb {
             head,
             blocks,
-            head_floor: AtomicI64::new(floor),
+            floor: HeadFloor::new(floor),
+            maintenance: Mutex::new(()),
+            stopping: AtomicBool::new(false),
+            checkpoint_at: Mutex::new(from),
             maintenance_failed: AtomicBool::new(false),
-            from_snapshot: from.is_some(),
+            from_checkpoint: from.is_some(),
             layout: parking_lot::RwLock::new(()),
             wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
             dir: dir.to_path_buf(),
             opts,
             metrics,
             wal_failed: AtomicBool::new(false),
+            #[cfg(test)]
+            hook: Mutex::new(None),
         };
         db.apply_retention()?;
-        if from.is_some() {
-            // Loaded: from now on the WAL alone holds the head, as after any start.
-            let path = dir.join(snapshot::SNAPSHOT_FILE);
-            std::fs::remove_file(&path).map_err(|e| TsdbError::Internal(format!("{}: {e}", path.display())))?;
+        let legacy = dir.join(checkpoint::LEGACY_SNAPSHOT_FILE);
+        if legacy.exists() {
+            // Written by an earlier version beside a whole WAL, which was just replayed.
+            std::fs::remove_file(&legacy).map_err(|e| TsdbError::Internal(format!("{}: {e}", legacy.display())))?;
         }
         Ok(db)
     }
+
+    /// Stops the database cleanly: maintenance ends (a cut that is writing gives up, its
+    /// window staying in the head and the WAL), the WAL is synced and a head checkpoint is
+    /// written, so that the next start replays only what comes after it. Commits after this
+    /// are still logged, and replayed by the next start.
+    pub fn shutdown(&self) -> Result<CheckpointStats, TsdbError> {
+        self.stopping.store(true, Ordering::Relaxed);
+        let _run = match self.maintenance.try_lock() {
+            Some(g) => g,
+            None => {
+                tracing::info!(dir = %self.dir.display(), "stopping: waiting for the running storage maintenance");
+                self.maintenance.lock()
+            }
+        };
+        self.sync_wal()?;
+        self.write_checkpoint_locked()
+    }
+
+    /// Whether [`shutdown`](Self::shutdown) has begun.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::Relaxed)
+    }
+
+    /// Bytes the database takes on disk: every file in the blocks directory, the WAL and
+    /// the head checkpoint (what `retention_size` bounds).
+    pub fn disk_bytes(&self) -> u64 {
+        let checkpoint = std::fs::metadata(self.dir.join(checkpoint::CHECKPOINT_FILE)).map_or(0, |m| m.len());
+        self.blocks.disk_bytes().saturating_add(self.wal_disk_bytes()).saturating_add(checkpoint)
+    }
+
+    /// Tests: runs the hook at point `name`.
+    #[cfg(test)]
+    pub(crate) fn at(&self, name: &str) {
+        let hook = self.hook.lock().clone();
+        if let Some(h) = hook {
+            h(name);
+        }
+    }
+
+    #[cfg(not(test))]
+    #[inline(always)]
+    pub(crate) fn at(&self, _name: &str) {}
 
     pub fn head(&self) -> &HeadBlock {
         &self.head
@@ -264,7 +318,6 @@ impl Tsdb {
     }
 
     #[cfg(test)]
-    #[cfg(test)]
     pub(crate) fn swap_wal_file(&self, f: std::fs::File) -> std::fs::File {
         self.wal.lock().wal.swap_file(f)
     }
@@ -280,9 +333,9 @@ impl Tsdb {
         self.is_writable() && !self.maintenance_failed.load(Ordering::Relaxed)
     }
 
-    /// Whether this start loaded a head snapshot.
-    pub fn restored_from_snapshot(&self) -> bool {
-        self.from_snapshot
+    /// Whether this start loaded a head checkpoint.
+    pub fn restored_from_checkpoint(&self) -> bool {
+        self.from_checkpoint
     }
 
     /// Held while reading blocks and head as one (see the field).
@@ -325,7 +378,7 @@ impl Tsdb {
     /// Oldest timestamp still accepted at wall-clock time `now`: the retention window back
     /// from the newest sample held, but never from beyond the wall clock.
     fn min_valid_time(&self, now: i64) -> i64 {
-        let floor = self.head_floor.load(Ordering::Relaxed);
+        let floor = self.floor.admit();
         let max = self.max_time();
         if max == i64::MIN {
             return floor;
@@ -436,6 +489,7 @@ impl Tsdb {
                 Err(e) => out.rejected.push((series.series_ref, *s, e)),
             }
         }
+        self.at("commit-checked");
         if accepted.is_empty() && records.is_empty() {
             return Ok(out);
         }
@@ -482,35 +536,6 @@ impl Tsdb {
         Ok(())
     }
 
-    /// Deletes the WAL segments whose samples are all older than `cutoff` (the caller holds
-    /// the WAL lock). When that is every segment, the current one is rotated first, with the
-    /// metadata logged at the head of the new one, so that it can go too.
-    pub(crate) fn truncate_wal(&self, wal: &mut Wal, cutoff: i64) -> Result<usize, TsdbError> {
-        let rotate = wal.current_older_than(cutoff);
-        if rotate {
-            wal.rotate()?;
-            let metadata: Vec<WalRecord> = self
-                .head
-                .all_metadata()
-                .into_iter()
-                .map(|(family, meta)| WalRecord::Metadata { family, meta })
-                .collect();
-            if !metadata.is_empty() {
-                wal.log(&metadata)?;
-            }
-        }
-        if let Some(first_kept) = wal.first_kept_after_truncation(cutoff) {
-            // The deleted segments held the labels of series the head still has.
-            let mut all = self.head.all_series();
-            all.sort_unstable_by_key(|s| s.series_ref);
-            let series = all.iter().map(|s| WalRecord::Series { series_ref: s.series_ref, labels: s.labels.clone() });
-            let metadata =
-                self.head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta });
-            wal.write_checkpoint(first_kept, series.chain(metadata))?;
-        }
-        Ok(wal.truncate_before(cutoff)?)
-    }
-
     /// `fsync`s the WAL; returns how long it took.
     pub fn sync_wal(&self) -> Result<Duration, TsdbError> {
         let mut w = self.wal.lock();
@@ -518,9 +543,9 @@ impl Tsdb {
         Ok(w.wal.last_fsync.unwrap_or_default())
     }
 
-    /// Keeps the WAL from `cursor`'s segment on, whatever retention and block cuts would
-    /// delete, until released with `None`: forwarding holds what upstream has not
-    /// acknowledged. Read it with [`WalReader`](crate::wal::WalReader).
+    /// Keeps the WAL from `cursor`'s segment on, whatever checkpoints would delete, until
+    /// released with `None`: forwarding holds what upstream has not acknowledged. Read it
+    /// with [`WalReader`](crate::wal::WalReader).
     pub fn hold_wal(&self, cursor: Option<wal::WalCursor>) {
         self.wal.lock().wal.hold_from(cursor.map(|c| c.segment));
     }
@@ -544,8 +569,10 @@ fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+mod checkpoint;
 mod compact;
-mod snapshot;
+mod floor;
+pub use checkpoint::{CheckpointStats, CHECKPOINT_FILE};
 pub use compact::{release_free_memory, MaintenanceOutcome};
 #[cfg(test)]
 mod tests;

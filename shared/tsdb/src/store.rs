@@ -2,18 +2,21 @@
 //! API read a tier's own database: its blocks and its head as one store.
 //!
 //! A series may have chunks in several blocks and in the head (a series that ends in a
-//! block and continues in the head): they never overlap in time, since the head takes no
-//! sample before the newest block's end, so its chunks are concatenated in time order.
+//! block and continues in the head). They are joined in time order; where blocks overlap
+//! (however that came about), the overlap is merged sample by sample, each timestamp once,
+//! never concatenated out of order. A block that is damaged (or becomes so while it is
+//! read) is skipped and the answer says so in its warnings, naming the block and its range.
 
 use crate::db::Tsdb;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use strata_block::BlockError;
+use strata_chunk::merge::{in_order, merge_sources};
 use strata_chunk::Chunk;
 use strata_model::matcher::matches_all;
 use strata_model::{Labels, Matcher, Metadata};
-use strata_store::{SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
+use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
 
 /// [`Store`] over a tier's own database.
 #[derive(Clone)]
@@ -26,13 +29,50 @@ fn block_error(e: BlockError) -> StoreError {
     }
 }
 
-/// Wraps a budget error so that a block's select can return it through `BlockError`.
-struct Charged(StoreError);
+/// What stops a block's select: the budget, or the block.
+enum ReadError {
+    Budget(StoreError),
+    Block(BlockError),
+}
 
-impl From<BlockError> for Charged {
+impl From<BlockError> for ReadError {
     fn from(e: BlockError) -> Self {
-        Charged(block_error(e))
+        ReadError::Block(e)
     }
+}
+
+/// Says in the request's warnings which damaged blocks a read of `[start, end]` skipped.
+fn warn_damaged(db: &Tsdb, start: i64, end: i64) {
+    let damaged = db.blocks().damaged_overlapping(start, end);
+    if damaged.is_empty() {
+        return;
+    }
+    let scope = QueryScope::current();
+    for d in damaged {
+        let range = d.range.map(|(lo, hi)| format!(" [{lo}, {hi})")).unwrap_or_default();
+        scope.warn(format!("block {}{range} is damaged and was skipped: {}", d.id, d.reason));
+    }
+}
+
+/// One series' chunks from each place that holds it (blocks oldest first, then the head),
+/// in time order.
+fn join(labels: &Labels, mut sources: Vec<Vec<Chunk>>) -> Result<Vec<Chunk>, StoreError> {
+    if sources.len() == 1 {
+        return Ok(sources.pop().unwrap_or_default());
+    }
+    let all: Vec<Chunk> = sources.concat();
+    if in_order(&all) {
+        return Ok(all);
+    }
+    let merged = merge_sources(sources)
+        .map_err(|e| StoreError::Corrupt { series: labels.to_string(), reason: e.to_string() })?;
+    if merged.conflicts > 0 {
+        QueryScope::current().warn(format!(
+            "series {labels}: overlapping blocks hold different values at {} timestamps; the older block's are used",
+            merged.conflicts
+        ));
+    }
+    Ok(merged.chunks)
 }
 
 #[async_trait]
@@ -43,30 +83,33 @@ impl Store for TsdbStore {
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
         let db = &self.0;
-        // Labels → chunks in time order: blocks oldest first, then the head. Samples are
-        // charged as read; each series is charged once, when merged.
-        let mut merged: BTreeMap<Labels, Vec<Chunk>> = BTreeMap::new();
+        // Labels → each place's chunks: blocks oldest first, then the head. Samples are
+        // charged as read; each series is charged once, when joined.
+        let mut merged: BTreeMap<Labels, Vec<Vec<Chunk>>> = BTreeMap::new();
         let _layout = db.read_layout();
         for block in db.blocks().overlapping(req.start, req.end) {
-            let found =
-                match block.select(&req.matchers, req.start, req.end, |c| budget.charge_samples(c).map_err(Charged)) {
-                    Ok(found) => found,
-                    // The block marked itself damaged and logged it: it is out of queries
-                    // from now on, and the rest is served.
-                    Err(Charged(StoreError::Corrupt { .. })) if block.is_damaged() => continue,
-                    Err(Charged(e)) => return Err(e),
-                };
+            let charge = |c: &[Chunk]| budget.charge_samples(c).map_err(ReadError::Budget);
+            let found = match block.select(&req.matchers, req.start, req.end, charge) {
+                Ok(found) => found,
+                Err(ReadError::Budget(e)) => return Err(e),
+                // The block marked itself damaged and logged it: the rest is served, and
+                // the warnings below name it.
+                Err(ReadError::Block(_)) if block.is_damaged() => continue,
+                Err(ReadError::Block(e)) => return Err(block_error(e)),
+            };
             for s in found {
-                merged.entry(s.labels).or_default().extend(s.chunks);
+                merged.entry(s.labels).or_default().push(s.chunks);
             }
         }
         let head = db.head().select_charged(&req.matchers, req.start, req.end, |c| budget.charge_samples(c))?;
         for (s, chunks) in head {
-            merged.entry(s.labels.clone()).or_default().extend(chunks);
+            merged.entry(s.labels.clone()).or_default().push(chunks);
         }
+        warn_damaged(db, req.start, req.end);
         let mut out = Vec::with_capacity(merged.len());
-        for (labels, chunks) in merged {
+        for (labels, sources) in merged {
             budget.charge_labels()?;
+            let chunks = join(&labels, sources)?;
             let metric_type = labels.metric_name().map(|n| db.metric_type(n)).unwrap_or_default();
             out.push(SeriesChunks { labels, metric_type, chunks });
         }
@@ -83,8 +126,13 @@ impl Store for TsdbStore {
         let _layout = self.0.read_layout();
         let mut found = self.0.head().select_labels(matchers, start, end);
         for block in self.0.blocks().overlapping(start, end) {
-            found.extend(block.series_labels(matchers, start, end).map_err(block_error)?);
+            match block.series_labels(matchers, start, end) {
+                Ok(labels) => found.extend(labels),
+                Err(_) if block.is_damaged() => continue,
+                Err(e) => return Err(block_error(e)),
+            }
         }
+        warn_damaged(&self.0, start, end);
         found.sort();
         found.dedup();
         budget.check_series_count(found.len())?;
@@ -97,6 +145,7 @@ impl Store for TsdbStore {
             for block in self.0.blocks().overlapping(start, end) {
                 names.extend(block.label_names());
             }
+            warn_damaged(&self.0, start, end);
             names.sort();
             names.dedup();
             return Ok(names);
@@ -124,6 +173,7 @@ impl Store for TsdbStore {
             for block in self.0.blocks().overlapping(start, end) {
                 vals.extend(block.label_values(name));
             }
+            warn_damaged(&self.0, start, end);
             vals.sort();
             vals.dedup();
             return Ok(vals);

@@ -4,12 +4,18 @@
 //! with the 8-byte magic [`SEGMENT_MAGIC`]; then records, each framed as
 //! `len: u32 LE | crc32(type ‖ payload): u32 LE | type: u8 | payload`.
 //!
-//! A series' labels are logged once, when it is created. Before segments are deleted (their
-//! samples are in blocks, or past retention), a checkpoint `checkpoint.NNNNNNNN` is written:
-//! the series the head still holds and all metadata, in the segment format; replay reads the
-//! newest checkpoint, then the segments from `NNNNNNNN` on (as Prometheus' WAL). Metadata is
-//! also logged again at the head of every segment. Logging labels once matters at scale: a
-//! fleet of millions of series re-logged per segment would fill segments with labels.
+//! A series' labels are logged once, when it is created: a fleet of millions of series
+//! re-logged per segment would fill segments with labels. Segments are deleted only once a
+//! head checkpoint (`db::checkpoint`: the head's series, chunks and metadata) covers them,
+//! whatever the age of their samples, so the WAL holds what came after the newest
+//! checkpoint and nothing the blocks and the checkpoint already hold. Metadata is also
+//! logged again at the head of every segment. Label checkpoints `checkpoint.NNNNNNNN`
+//! (the series and metadata of the segments before `NNNNNNNN`), which earlier versions
+//! wrote, are still read by a replay without a head checkpoint.
+//!
+//! Sample records are compressed with Snappy when that makes them smaller (as Prometheus'
+//! WAL is by default): on top of the compact encoding, a DCGM scrape's record shrinks by
+//! about a third.
 //!
 //! Durability, per method:
 //! * [`Wal::log`] writes the records to the OS before it returns: they survive the process
@@ -46,8 +52,12 @@ const REC_SERIES: u8 = 1;
 /// Samples as first written: reference, time delta, raw value bits (about 13 bytes each).
 const REC_SAMPLES: u8 = 2;
 const REC_METADATA: u8 = 3;
-/// Samples, compact (what the writer writes now): see [`encode_samples`].
+/// Samples, compact: see [`encode_samples`].
 const REC_SAMPLES_COMPACT: u8 = 4;
+/// [`REC_SAMPLES_COMPACT`]'s payload, Snappy-compressed (raw blocks).
+const REC_SAMPLES_SNAPPY: u8 = 5;
+/// Sample payloads shorter than this are not worth compressing.
+const COMPRESS_FROM_BYTES: usize = 256;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -114,7 +124,13 @@ impl WalRecord {
             }
             WalRecord::Samples(samples) => {
                 encode_samples(samples, &mut payload);
-                REC_SAMPLES_COMPACT
+                match compress(&payload) {
+                    Some(packed) => {
+                        payload = packed;
+                        REC_SAMPLES_SNAPPY
+                    }
+                    None => REC_SAMPLES_COMPACT,
+                }
             }
             WalRecord::Metadata { family, meta } => {
                 put_str(&mut payload, family);
@@ -162,6 +178,17 @@ impl WalRecord {
                 WalRecord::Samples(v)
             }
             REC_SAMPLES_COMPACT => WalRecord::Samples(decode_samples(&mut d)?),
+            REC_SAMPLES_SNAPPY => {
+                // The length is checked before anything is allocated: damage never asks
+                // for more than a record may hold.
+                let n = snap::raw::decompress_len(payload).ok().filter(|&n| n <= MAX_RECORD_BYTES as usize)?;
+                let mut raw = vec![0u8; n];
+                let got = snap::raw::Decoder::new().decompress(payload, &mut raw).ok()?;
+                raw.truncate(got);
+                let mut inner = Dec::new(&raw);
+                let v = decode_samples(&mut inner)?;
+                return (inner.i == raw.len()).then_some(WalRecord::Samples(v));
+            }
             REC_METADATA => {
                 let family = d.str()?.to_string();
                 let metric_type = MetricType::from_u8(d.u8()?);
@@ -197,6 +224,15 @@ fn encode_samples(samples: &[(SeriesRef, Sample)], out: &mut Vec<u8>) {
             }
         }
     }
+}
+
+/// The payload Snappy-compressed, when that is smaller by at least an eighth.
+fn compress(payload: &[u8]) -> Option<Vec<u8>> {
+    if payload.len() < COMPRESS_FROM_BYTES {
+        return None;
+    }
+    let packed = snap::raw::Encoder::new().compress_vec(payload).ok()?;
+    (packed.len() < payload.len() - payload.len() / 8).then_some(packed)
 }
 
 /// `v` as a whole number when it is one exactly (not -0.0, within 2^53 and its bits
@@ -354,8 +390,6 @@ pub struct ReplayStats {
     pub records: u64,
     pub samples: u64,
     pub damaged_segments: usize,
-    /// Highest sample timestamp seen per segment, for retention.
-    pub segment_max_t: Vec<(u32, i64)>,
 }
 
 /// Copies a damaged segment whole to `quarantine/<segment>-at-<offset>` before replay
@@ -374,9 +408,8 @@ pub fn replay(dir: &Path, f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalEr
     replay_from(dir, None, f)
 }
 
-/// [`replay`] from a cursor on (a head snapshot covers what is before it). Segments before
-/// the cursor's are not read; they appear in the stats with `i64::MAX` as their newest
-/// sample, which the caller replaces with what it knows.
+/// [`replay`] from a cursor on (a head checkpoint covers what is before it). Segments
+/// before the cursor's are not read.
 pub fn replay_from(dir: &Path, from: Option<WalCursor>, mut f: impl FnMut(WalRecord)) -> Result<ReplayStats, WalError> {
     let mut segs = list_segments(dir)?;
     let mut stats = ReplayStats::default();
@@ -400,22 +433,17 @@ pub fn replay_from(dir: &Path, from: Option<WalCursor>, mut f: impl FnMut(WalRec
     for (i, &n) in segs.iter().enumerate() {
         let path = segment_path(dir, n);
         let offset = match from {
-            Some(c) if n < c.segment => {
-                stats.segment_max_t.push((n, i64::MAX));
-                continue;
-            }
+            Some(c) if n < c.segment => continue,
             Some(c) if n == c.segment => c.offset,
             _ => 0,
         };
         let mut r = SegmentReader::open(&path, offset)?;
-        let mut max_t = i64::MIN;
         loop {
             match r.next_record() {
                 ReadOutcome::Record(rec) => {
                     stats.records += 1;
                     if let WalRecord::Samples(s) = &rec {
                         stats.samples += s.len() as u64;
-                        max_t = s.iter().map(|x| x.1.t).fold(max_t, i64::max);
                     }
                     f(rec);
                 }
@@ -439,7 +467,6 @@ pub fn replay_from(dir: &Path, from: Option<WalCursor>, mut f: impl FnMut(WalRec
             }
         }
         stats.segments += 1;
-        stats.segment_max_t.push((n, max_t));
         if last_log.elapsed() > Duration::from_secs(2) {
             tracing::info!(segment = i + 1, of = segs.len(), samples = stats.samples, "replaying WAL");
             last_log = Instant::now();
@@ -467,8 +494,8 @@ pub struct Wal {
     /// Written whole per call to [`log`](Self::log), so a failed write can be cut back.
     file: File,
     written: u64,
-    /// (segment, highest sample timestamp) of every segment, oldest first.
-    segments: Vec<(u32, i64)>,
+    /// Every segment on disk, oldest first, the current one last.
+    segments: Vec<u32>,
     scratch: Vec<u8>,
     /// Seconds of the last fsync, for the self-monitoring histogram.
     pub last_fsync: Option<Duration>,
@@ -478,15 +505,14 @@ pub struct Wal {
 }
 
 impl Wal {
-    /// Opens the WAL for writing in a new segment after the existing ones. Call [`replay`]
-    /// first; pass its `segment_max_t` so retention knows the old segments.
-    pub fn open(dir: &Path, policy: SyncPolicy, known: Vec<(u32, i64)>) -> Result<Wal, WalError> {
+    /// Opens the WAL for writing in a new segment after the existing ones (call [`replay`]
+    /// first).
+    pub fn open(dir: &Path, policy: SyncPolicy) -> Result<Wal, WalError> {
         fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let next = list_segments(dir)?.last().map(|n| n + 1).unwrap_or(0);
-        let (file, path) = Self::create_segment(dir, next)?;
-        let _ = path;
-        let mut segments = known;
-        segments.push((next, i64::MIN));
+        let mut segments = list_segments(dir)?;
+        let next = segments.last().map(|n| n + 1).unwrap_or(0);
+        let (file, _) = Self::create_segment(dir, next)?;
+        segments.push(next);
         Ok(Wal {
             dir: dir.to_path_buf(),
             policy,
@@ -527,8 +553,8 @@ impl Wal {
         &self.dir
     }
 
-    /// (segment, newest sample) of every segment, oldest first.
-    pub fn segments(&self) -> &[(u32, i64)] {
+    /// Every segment on disk, oldest first.
+    pub fn segments(&self) -> &[u32] {
         &self.segments
     }
 
@@ -544,10 +570,25 @@ impl Wal {
     pub fn disk_bytes(&self) -> u64 {
         self.segments
             .iter()
-            .filter_map(|(n, _)| fs::metadata(segment_path(&self.dir, *n)).ok())
+            .filter_map(|n| fs::metadata(segment_path(&self.dir, *n)).ok())
             .map(|m| m.len())
             .sum::<u64>()
             .max(self.written)
+    }
+
+    /// Bytes of the segments from `segment` on.
+    pub fn bytes_from(&self, segment: u32) -> u64 {
+        self.segments
+            .iter()
+            .filter(|&&n| n >= segment)
+            .map(|&n| {
+                if n == self.current {
+                    self.written
+                } else {
+                    fs::metadata(segment_path(&self.dir, n)).map_or(0, |m| m.len())
+                }
+            })
+            .sum()
     }
 
     /// Rotates to a new segment if the current one is full. Returns true when it did: the
@@ -560,12 +601,6 @@ impl Wal {
         Ok(true)
     }
 
-    /// Whether every sample of the current segment is older than `cutoff` (and it holds
-    /// some): then only a rotation lets truncation delete it.
-    pub fn current_older_than(&self, cutoff: i64) -> bool {
-        self.segments.last().is_some_and(|&(_, max_t)| max_t != i64::MIN && max_t < cutoff)
-    }
-
     /// Starts a new segment. The caller re-logs metadata; series are re-logged at their
     /// next sample, since their logged segment is no longer the current one.
     pub fn rotate(&mut self) -> Result<(), WalError> {
@@ -575,23 +610,19 @@ impl Wal {
         self.file = file;
         self.current = next;
         self.written = SEGMENT_MAGIC.len() as u64;
-        self.segments.push((next, i64::MIN));
+        self.segments.push(next);
         Ok(())
     }
 
     /// Writes the records to the OS (and to disk under [`SyncPolicy::Always`]).
     pub fn log(&mut self, records: &[WalRecord]) -> Result<(), WalError> {
         self.scratch.clear();
-        let mut max_t = i64::MIN;
         for r in records {
             let before = self.scratch.len();
             r.encode(&mut self.scratch);
             let framed = self.scratch.len() - before;
             if framed > MAX_RECORD_BYTES as usize + 8 {
                 return Err(WalError::RecordTooLarge { bytes: framed, max: MAX_RECORD_BYTES });
-            }
-            if let WalRecord::Samples(s) = r {
-                max_t = s.iter().map(|x| x.1.t).fold(max_t, i64::max);
             }
         }
         let path = segment_path(&self.dir, self.current);
@@ -605,9 +636,6 @@ impl Wal {
             return Err(io_err(&path)(e));
         }
         self.written += self.scratch.len() as u64;
-        if let Some(last) = self.segments.last_mut() {
-            last.1 = last.1.max(max_t);
-        }
         if self.policy == SyncPolicy::Always {
             self.sync()?;
         }
@@ -623,75 +651,53 @@ impl Wal {
         Ok(())
     }
 
-    /// The first segment [`truncate_before`](Self::truncate_before) would keep at `cutoff`,
-    /// when it would delete any: where a checkpoint must be written first.
-    pub fn first_kept_after_truncation(&self, cutoff: i64) -> Option<u32> {
-        let deletable = |&(n, max_t): &(u32, i64)| max_t < cutoff && self.hold.is_none_or(|h| n < h);
-        let k = self.segments[..self.segments.len().saturating_sub(1)].iter().take_while(|s| deletable(s)).count();
-        (k > 0).then(|| self.segments[k].0)
-    }
-
-    /// Writes `records` (the series the head holds and the metadata) as the checkpoint that
-    /// replaces every segment before `first_kept`; older checkpoints are deleted. Written under
-    /// a temporary name, synced and renamed. Records are encoded as the iterator yields
-    /// them, so a checkpoint of millions of series never holds their labels twice.
-    pub fn write_checkpoint(
-        &mut self,
-        first_kept: u32,
-        records: impl IntoIterator<Item = WalRecord>,
-    ) -> Result<(), WalError> {
-        let path = checkpoint_path(&self.dir, first_kept);
-        let tmp = self.dir.join(format!("{CHECKPOINT_PREFIX}{first_kept:08}.tmp"));
-        let mut w = io::BufWriter::with_capacity(1 << 20, File::create(&tmp).map_err(io_err(&tmp))?);
-        w.write_all(SEGMENT_MAGIC).map_err(io_err(&tmp))?;
-        let mut buf = Vec::new();
-        for r in records {
-            buf.clear();
-            r.encode(&mut buf);
-            w.write_all(&buf).map_err(io_err(&tmp))?;
-        }
-        let f = w.into_inner().map_err(|e| io_err(&tmp)(e.into_error()))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        fs::rename(&tmp, &path).map_err(io_err(&path))?;
-        if let Ok(d) = File::open(&self.dir) {
-            let _ = d.sync_all();
-        }
-        strata_block::fault::point("wal-checkpoint-before-delete");
-        if let Ok(rd) = fs::read_dir(&self.dir) {
-            for e in rd.flatten() {
-                let name = e.file_name();
-                let n =
-                    name.to_str().and_then(|s| s.strip_prefix(CHECKPOINT_PREFIX)).and_then(|s| s.parse::<u32>().ok());
-                if n.is_some_and(|n| n < first_kept) {
-                    let _ = fs::remove_file(e.path());
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Keeps segment `from` and every later one until the hold moves on (`None`: no hold):
     /// a reader that streams the WAL upstream holds what it has not had acknowledged.
     pub fn hold_from(&mut self, from: Option<u32>) {
         self.hold = from;
     }
 
-    /// Deletes whole segments whose samples are all older than `cutoff`; never the current
-    /// one, nor a held one. Returns how many were deleted.
-    pub fn truncate_before(&mut self, cutoff: i64) -> Result<usize, WalError> {
+    /// Deletes the segments before `segment` (a head checkpoint covers them), oldest first;
+    /// never the current one, nor a held one. Returns how many were deleted.
+    pub fn delete_before(&mut self, segment: u32) -> Result<usize, WalError> {
+        let keep_from = self.hold.map_or(segment, |h| h.min(segment)).min(self.current);
         let mut deleted = 0;
-        while self.segments.len() > 1 && self.segments[0].1 < cutoff && self.hold.is_none_or(|h| self.segments[0].0 < h)
-        {
-            let (n, _) = self.segments.remove(0);
+        while self.segments.first().is_some_and(|&n| n < keep_from) {
+            let n = self.segments.remove(0);
             let path = segment_path(&self.dir, n);
             match fs::remove_file(&path) {
                 Ok(()) => deleted += 1,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io_err(&path)(e)),
+                Err(e) => {
+                    self.segments.insert(0, n);
+                    return Err(io_err(&path)(e));
+                }
+            }
+        }
+        if deleted > 0 {
+            if let Ok(d) = File::open(&self.dir) {
+                let _ = d.sync_all();
             }
         }
         Ok(deleted)
     }
+}
+
+/// Removes the label checkpoints `checkpoint.NNNNNNNN` earlier versions wrote, once a head
+/// checkpoint holds everything they did.
+pub fn remove_label_checkpoints(dir: &Path) -> Result<(), WalError> {
+    let rd = match fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err(dir)(e)),
+    };
+    for e in rd.flatten() {
+        if e.file_name().to_str().is_some_and(|n| n.starts_with(CHECKPOINT_PREFIX)) {
+            let p = e.path();
+            fs::remove_file(&p).map_err(io_err(&p))?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads the WAL from a cursor onwards, across segments: the source for streaming upstream.

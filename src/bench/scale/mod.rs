@@ -222,12 +222,12 @@ pub fn run(
     drop(handles);
     drop(fleet);
     if crash_restart {
-        // As after a crash: no snapshot, the WAL replays the head window.
+        // As after a crash: the last checkpoint, then the WAL after it.
         drop(db);
         let started = Instant::now();
         let db = Tsdb::open(&dir, opts.clone())?;
         println!(
-            "  restart after a crash: {:.2} s to ready, {} head samples replayed from the WAL",
+            "  restart after a crash: {:.2} s to ready, {} head samples (the last checkpoint and the WAL after it)",
             started.elapsed().as_secs_f64(),
             db.stats().samples
         );
@@ -238,20 +238,20 @@ pub fn run(
     Ok(peak)
 }
 
-/// A clean shutdown (head snapshot) and a start, timed.
+/// A clean shutdown (head checkpoint) and a start, timed.
 fn restart_clean(db: Tsdb, dir: &std::path::Path, opts: &TsdbOptions) -> anyhow::Result<()> {
     let started = Instant::now();
-    db.write_head_snapshot()?;
+    db.shutdown()?;
     let shutdown = started.elapsed().as_secs_f64();
     drop(db);
     let started = Instant::now();
     let db = Tsdb::open(dir, opts.clone())?;
     println!(
-        "  restart after a clean shutdown: {:.2} s to ready (goal <= 60 s at 2.4 M series; the snapshot took {shutdown:.2} s at shutdown), {} head samples, {} blocks, from snapshot: {}",
+        "  restart after a clean shutdown: {:.2} s to ready (goal <= 60 s at 2.4 M series; the checkpoint took {shutdown:.2} s at shutdown), {} head samples, {} blocks, from a checkpoint: {}",
         started.elapsed().as_secs_f64(),
         db.stats().samples,
         db.blocks().len(),
-        db.restored_from_snapshot()
+        db.restored_from_checkpoint()
     );
     Ok(())
 }

@@ -1,18 +1,29 @@
-//! Storage maintenance, run by the maintenance loop: cutting the head's aged data into
-//! blocks, merging small blocks into larger ones, and retention by time and by size.
+//! Storage maintenance, run by the maintenance loop, one run at a time (the maintenance
+//! lock): cutting the head's aged data into blocks, merging small blocks into larger ones,
+//! retention by time and by size, and the head checkpoint that lets the WAL go.
 //!
-//! * **Cut**: once the head spans one and a half block ranges past the start of its oldest
-//!   range window, that window is written as a block. The floor (the oldest time the head
-//!   takes) is raised first, under the WAL lock, so nothing enters the range being written;
-//!   the head and the WAL drop the range only after the block is on disk. A crash between
-//!   the two leaves the samples in both, and replay skips those before the floor.
+//! * **Cut** (`cut_range`, the whole protocol in one place): once the head spans one and a
+//!   half block ranges past the start of its oldest range window, that window is written as
+//!   a block. The window is closed to commits first (`HeadFloor::close_before`, under the
+//!   WAL lock); the block is written without locks; then, holding the layout and WAL locks,
+//!   it is opened into the block set, the floor is marked durable and the window is dropped
+//!   from the head, so no commit and no query sees the series half moved. If the block is
+//!   not written, the window is reopened and stays in the head; a block that was renamed
+//!   into place but cannot be opened is removed, so it never lies beside a second cut of the
+//!   same window. A stop (`Tsdb::shutdown`) makes a cut give up between series.
 //! * **Compaction**: blocks of a window of 3 and then 12 block ranges (6 h and 24 h by
 //!   default) are merged once the head has moved past the window, series by series (see
-//!   `strata_block::merge`). The merged block names its sources; they are deleted after it
-//!   is in place, and if a crash comes between, the next open deletes them.
+//!   `strata_block::merge`, which also merges blocks that overlap). A window that holds a
+//!   damaged block is left alone: merging its neighbours across it would leave two blocks
+//!   over its range once it reads again. The merged block names its sources; they are
+//!   deleted after it is in place, and if a crash comes between, the next open deletes them.
 //! * **Retention**: blocks wholly older than `retention` are deleted, then the oldest while
-//!   blocks and WAL exceed `retention_size`, each renamed before it is removed.
+//!   everything in the data directory exceeds `retention_size`, each renamed before it is
+//!   removed; the head drops what is older than `retention`.
+//! * **Checkpoint**: once the WAL written since the last head checkpoint is larger than
+//!   the head's chunks, a new checkpoint is written and the segments before it deleted.
 
+use super::checkpoint::CheckpointStats;
 use super::{Tsdb, TsdbError};
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
@@ -36,6 +47,12 @@ pub fn release_free_memory() {
 /// Compaction levels, in block ranges.
 const LEVELS: [i64; 2] = [3, 12];
 
+/// A checkpoint is not written for less WAL than this, however small the head.
+const CHECKPOINT_MIN_WAL_BYTES: u64 = 4 << 10;
+
+/// How many series a cut writes between looks at whether the database is stopping.
+const STOP_CHECK_SERIES: usize = 256;
+
 /// What one maintenance run did.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MaintenanceOutcome {
@@ -44,25 +61,47 @@ pub struct MaintenanceOutcome {
     pub blocks_deleted: usize,
     pub head_series_removed: usize,
     pub wal_segments_deleted: usize,
+    /// A head checkpoint was written.
+    pub checkpointed: bool,
 }
 
 impl Tsdb {
-    /// Cuts, compacts, then applies retention. A failure is logged with the data directory,
-    /// counted, and turns [`is_healthy`](Tsdb::is_healthy) false until a run succeeds.
+    /// Cuts, compacts, applies retention, then checkpoints the head when the WAL calls for
+    /// it. A failure is logged with the data directory, counted, and turns
+    /// [`is_healthy`](Tsdb::is_healthy) false until a run succeeds. Does nothing once the
+    /// database is stopping.
     pub fn maintain(&self) -> Result<MaintenanceOutcome, TsdbError> {
+        let _run = self.maintenance.lock();
+        if self.is_stopping() {
+            return Ok(MaintenanceOutcome::default());
+        }
         let run = || -> Result<MaintenanceOutcome, TsdbError> {
-            let (blocks_cut, cut_segments) = self.cut_head_blocks()?;
-            let blocks_compacted = self.compact()?;
-            let (head_series_removed, wal_segments_deleted, blocks_deleted) = self.apply_retention()?;
+            self.blocks.remove_leftovers()?;
+            self.blocks.recheck_damaged();
+            let blocks_cut = self.cut_head_blocks_locked()?;
+            let blocks_compacted = self.compact_locked()?;
+            let (head_series_removed, blocks_deleted) = self.apply_retention_locked()?;
+            // Segments the last checkpoint covers that a hold kept until now.
+            let covered = self.checkpoint_at.lock().map(|c| c.segment);
+            let released = match covered {
+                Some(segment) => self.wal.lock().wal.delete_before(segment)?,
+                None => 0,
+            };
+            let checkpoint = if self.checkpoint_due() { Some(self.write_checkpoint_locked()?) } else { None };
             Ok(MaintenanceOutcome {
                 blocks_cut,
                 blocks_compacted,
                 blocks_deleted,
                 head_series_removed,
-                wal_segments_deleted: wal_segments_deleted + cut_segments,
+                wal_segments_deleted: released + checkpoint.map_or(0, |c| c.segments_deleted),
+                checkpointed: checkpoint.is_some(),
             })
         };
-        let out = run();
+        let out = match run() {
+            // A stop interrupted a cut: its window stays in the head and the WAL.
+            Err(TsdbError::Stopping) => return Ok(MaintenanceOutcome::default()),
+            out => out,
+        };
         if out.as_ref().is_ok_and(|o| o.blocks_cut + o.blocks_compacted + o.blocks_deleted > 0) {
             release_free_memory();
         }
@@ -73,101 +112,148 @@ impl Tsdb {
         out
     }
 
+    /// Writes a head checkpoint now and deletes the WAL segments it covers.
+    pub fn checkpoint(&self) -> Result<CheckpointStats, TsdbError> {
+        let _run = self.maintenance.lock();
+        self.write_checkpoint_locked()
+    }
+
+    /// Whether the WAL since the last checkpoint outgrew the head's chunks.
+    fn checkpoint_due(&self) -> bool {
+        let since = self.checkpoint_at.lock().map(|c| c.segment);
+        let wal = self.wal.lock().wal.bytes_from(since.unwrap_or(0));
+        wal > (self.head.stats().chunk_bytes as u64).max(CHECKPOINT_MIN_WAL_BYTES)
+    }
+
     /// Writes every head range window the head has moved 1.5 ranges past as a block.
-    /// Returns the blocks written and the WAL segments deleted.
-    pub fn cut_head_blocks(&self) -> Result<(usize, usize), TsdbError> {
+    /// Returns the blocks written.
+    pub fn cut_head_blocks(&self) -> Result<usize, TsdbError> {
+        let _run = self.maintenance.lock();
+        self.cut_head_blocks_locked()
+    }
+
+    fn cut_head_blocks_locked(&self) -> Result<usize, TsdbError> {
         let range = self.block_range_ms();
-        let (mut written, mut segments) = (0, 0);
+        let mut written = 0;
         loop {
-            let (lo, hi) = (self.head.min_time().max(self.head_floor.load(Ordering::Relaxed)), self.head.max_time());
+            let (lo, hi) = (self.head.min_time().max(self.floor.admit()), self.head.max_time());
             if hi == i64::MIN || lo == i64::MAX || lo > hi {
-                return Ok((written, segments));
+                return Ok(written);
             }
             let start = lo.div_euclid(range).saturating_mul(range);
             let end = start.saturating_add(range);
             if hi < end.saturating_add(range / 2) {
-                return Ok((written, segments));
+                return Ok(written);
             }
-            let (any, deleted) = self.cut_range(start, end)?;
-            written += usize::from(any);
-            segments += deleted;
+            written += usize::from(self.cut_range(start, end)?);
         }
     }
 
     /// Writes everything the head holds as blocks, up to the end of the window of its newest
     /// sample, then compacts: for a backfill (as `promtool tsdb create-blocks-from` does),
-    /// whose WAL holds whole series rather than time slices and cannot be deleted until
-    /// every window is cut. The head then takes nothing before that window's end, so this
-    /// is not for a live tier. Returns the blocks written.
+    /// so that everything is in blocks when it ends. The head then takes nothing before that
+    /// window's end, so this is not for a live tier. Returns the blocks written.
     pub fn flush_head(&self) -> Result<usize, TsdbError> {
+        let _run = self.maintenance.lock();
         let range = self.block_range_ms();
         let mut written = 0;
         loop {
-            let (lo, hi) = (self.head.min_time().max(self.head_floor.load(Ordering::Relaxed)), self.head.max_time());
+            let (lo, hi) = (self.head.min_time().max(self.floor.admit()), self.head.max_time());
             if hi == i64::MIN || lo == i64::MAX || lo > hi {
                 break;
             }
             let start = lo.div_euclid(range).saturating_mul(range);
-            written += usize::from(self.cut_range(start, start.saturating_add(range))?.0);
+            written += usize::from(self.cut_range(start, start.saturating_add(range))?);
         }
-        self.compact()?;
+        self.compact_locked()?;
+        if self.checkpoint_due() {
+            self.write_checkpoint_locked()?;
+        }
         Ok(written)
     }
 
-    /// Persists the head's samples in `[start, end)` as a block and drops them from the head
-    /// and the WAL. Returns whether there was anything to write, and the WAL segments deleted.
-    fn cut_range(&self, start: i64, end: i64) -> Result<(bool, usize), TsdbError> {
-        let previous_floor = {
+    /// Moves the head's samples in `[start, end)` into a block (see the module doc for the
+    /// protocol). Returns whether there was anything to write.
+    fn cut_range(&self, start: i64, end: i64) -> Result<bool, TsdbError> {
+        let reopen_at = {
             let _writer = self.wal.lock();
-            self.head_floor.fetch_max(end, Ordering::Relaxed)
+            self.floor.close_before(end)
         };
-        let out = self.write_cut(start, end);
-        let in_place = || self.blocks.healthy().iter().any(|b| b.meta().min_time == start && b.meta().max_time == end);
-        if out.is_err() && !in_place() {
-            // The window is not in a block: the floor goes back, or the next run would start
-            // past the window and a later cut's truncation would drop it from the head unwritten.
+        fault::point("head-cut-writing");
+        let written = self.write_cut(start, end);
+        let moved = written.and_then(|meta| {
+            self.at("cut-block-written");
+            let _layout = self.layout.write();
             let _writer = self.wal.lock();
-            self.head_floor.store(previous_floor, Ordering::Relaxed);
-        }
-        out
-    }
-
-    fn write_cut(&self, start: i64, end: i64) -> Result<(bool, usize), TsdbError> {
-        // One series' chunk list at a time: at 500 k series, holding every list at once
-        // would cost more than the block's whole index.
-        let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
-        let mut any = false;
-        for s in self.head.all_series_sorted() {
-            let chunks = s.chunks_within(start, end);
-            any |= !chunks.is_empty();
-            if let Err(e) = w.add_series(&s.labels, &chunks) {
-                w.abort();
-                return Err(e.into());
+            if let Some(meta) = &meta {
+                if let Err(e) = self.blocks.add(&meta.id) {
+                    // Renamed into place but not readable now: gone, so that the window's next
+                    // cut is its only block.
+                    self.blocks.discard(&meta.id);
+                    return Err(e.into());
+                }
+            }
+            self.floor.mark_durable(end);
+            self.head.truncate_before(end);
+            Ok(meta)
+        });
+        match moved {
+            Ok(meta) => {
+                self.at("cut-truncated");
+                if let Some(meta) = &meta {
+                    tracing::info!(block = %meta.id, start, end, series = meta.stats.series, samples = meta.stats.samples, "head range written as a block");
+                    self.metrics.blocks_written.inc();
+                }
+                Ok(meta.is_some())
+            }
+            Err(e) => {
+                let _writer = self.wal.lock();
+                self.floor.reopen(reopen_at);
+                Err(e)
             }
         }
-        if !any {
-            w.abort();
-        } else {
-            w.set_metadata(self.head.all_metadata());
-            let meta = w.finish()?;
-            fault::point("head-cut-before-truncate");
-            let _layout = self.layout.write();
-            self.blocks.add(&meta.id)?;
-            self.head.truncate_before(end);
-            tracing::info!(block = %meta.id, start, end, series = meta.stats.series, samples = meta.stats.samples, "head range written as a block");
-            self.metrics.blocks_written.inc();
+    }
+
+    /// Writes the head's chunks in `[start, end)` as a block; `None` when there are none.
+    fn write_cut(&self, start: i64, end: i64) -> Result<Option<strata_block::BlockMeta>, TsdbError> {
+        // One series' chunk list at a time: at 500 k series, holding every list at once
+        // would cost more than the block's whole index. A writer dropped on an error
+        // removes what it wrote.
+        let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
+        let mut any = false;
+        for (i, s) in self.head.all_series_sorted().iter().enumerate() {
+            if i % STOP_CHECK_SERIES == 0 && self.is_stopping() {
+                tracing::info!(
+                    start,
+                    end,
+                    "stopping: the block cut gives up; its window stays in the head and the WAL"
+                );
+                return Err(TsdbError::Stopping);
+            }
+            let chunks = s.chunks_within(start, end);
+            any |= !chunks.is_empty();
+            w.add_series(&s.labels, &chunks)?;
         }
-        let mut writer = self.wal.lock();
-        self.head.truncate_before(end);
-        let deleted = self.truncate_wal(&mut writer.wal, end)?;
-        Ok((any, deleted))
+        if !any {
+            return Ok(None);
+        }
+        w.set_metadata(self.head.all_metadata());
+        let meta = w.finish()?;
+        fault::point("head-cut-before-truncate");
+        Ok(Some(meta))
     }
 
     /// Merges blocks of each level's windows that the head has moved past. Returns the
     /// blocks written.
     pub fn compact(&self) -> Result<usize, TsdbError> {
+        let _run = self.maintenance.lock();
+        self.compact_locked()
+    }
+
+    fn compact_locked(&self) -> Result<usize, TsdbError> {
         let range = self.block_range_ms();
-        let floor = self.head_floor.load(Ordering::Relaxed);
+        let floor = self.floor.durable();
+        let damaged: Vec<(i64, i64)> = self.blocks.damaged().iter().filter_map(|d| d.range).collect();
         let mut written = 0;
         for mult in LEVELS {
             let r = range.saturating_mul(mult);
@@ -180,7 +266,10 @@ impl Tsdb {
                         windows.entry(w0).or_default().push(b);
                     }
                 }
-                let Some((w0, group)) = windows.into_iter().find(|(_, g)| g.len() >= 2) else { break };
+                let over_damage = |w0: i64| damaged.iter().any(|&(lo, hi)| lo < w0.saturating_add(r) && hi > w0);
+                let Some((w0, group)) = windows.into_iter().find(|(w0, g)| g.len() >= 2 && !over_damage(*w0)) else {
+                    break;
+                };
                 self.merge_group(w0, w0.saturating_add(r), &group)?;
                 written += 1;
             }
@@ -193,10 +282,7 @@ impl Tsdb {
         let level = group.iter().map(|b| b.meta().level).max().unwrap_or(1).saturating_add(1);
         let mut w = BlockWriter::create(self.blocks.dir(), start, end, level, sources.clone())?;
         let inputs: Vec<&BlockReader> = group.iter().map(|b| b.as_ref()).collect();
-        if let Err(e) = merge_blocks(&inputs, &mut w) {
-            w.abort();
-            return Err(e.into());
-        }
+        let stats = merge_blocks(&inputs, &mut w)?;
         // Every family any source knows; the newest source's word wins (they are in time order).
         let mut metadata = BTreeMap::new();
         for b in group {
@@ -207,18 +293,26 @@ impl Tsdb {
         fault::point("compaction-before-delete");
         {
             let _layout = self.layout.write();
-            self.blocks.add(&meta.id)?;
+            if let Err(e) = self.blocks.add(&meta.id) {
+                self.blocks.discard(&meta.id);
+                return Err(e.into());
+            }
             self.blocks.delete(&sources)?;
         }
-        tracing::info!(block = %meta.id, start, end, sources = sources.len(), series = meta.stats.series, "blocks compacted");
+        tracing::info!(block = %meta.id, start, end, sources = sources.len(), series = meta.stats.series, conflicts = stats.conflicts, "blocks compacted");
         self.metrics.blocks_compacted.inc();
         Ok(())
     }
 
     /// Drops data older than the retention window (counted back from the newest sample),
-    /// then the oldest blocks while blocks and WAL exceed `retention_size`. Returns the head
-    /// series, WAL segments and blocks removed.
-    pub fn apply_retention(&self) -> Result<(usize, usize, usize), TsdbError> {
+    /// then the oldest blocks while everything on disk exceeds `retention_size`. Returns
+    /// the head series and the blocks removed.
+    pub fn apply_retention(&self) -> Result<(usize, usize), TsdbError> {
+        let _run = self.maintenance.lock();
+        self.apply_retention_locked()
+    }
+
+    fn apply_retention_locked(&self) -> Result<(usize, usize), TsdbError> {
         let cutoff = self.retention_cutoff(now_ms());
         let mut doomed: Vec<String> = self
             .blocks
@@ -228,7 +322,7 @@ impl Tsdb {
             .map(|b| b.id().to_string())
             .collect();
         if let Some(limit) = self.opts.retention_size {
-            let mut total = self.blocks.disk_bytes().saturating_add(self.wal_disk_bytes());
+            let mut total = self.disk_bytes();
             for b in self.blocks.healthy() {
                 if total <= limit {
                     break;
@@ -240,23 +334,22 @@ impl Tsdb {
             }
         }
         if !doomed.is_empty() {
+            let _layout = self.layout.write();
             self.blocks.delete(&doomed)?;
             tracing::info!(blocks = doomed.len(), "retention deleted blocks");
         }
-        // The WAL before the head's floor is in blocks (a hold may have kept it until now).
-        let wal_cutoff = cutoff.max(self.head_floor.load(Ordering::Relaxed));
-        if wal_cutoff == i64::MIN {
-            return Ok((0, 0, doomed.len()));
+        if cutoff == i64::MIN {
+            return Ok((0, doomed.len()));
         }
         // Under the WAL lock: a commit sees a series either before its removal or marked
         // removed (and then appends to its live replacement), never half removed.
-        let mut writer = self.wal.lock();
-        let series = if cutoff > i64::MIN { self.head.truncate_before(cutoff) } else { 0 };
-        let segments = self.truncate_wal(&mut writer.wal, wal_cutoff)?;
-        drop(writer);
-        if series > 0 || segments > 0 {
-            tracing::info!(series, segments, cutoff, "retention removed old data");
+        let series = {
+            let _writer = self.wal.lock();
+            self.head.truncate_before(cutoff)
+        };
+        if series > 0 {
+            tracing::info!(series, cutoff, "retention removed old series from the head");
         }
-        Ok((series, segments, doomed.len()))
+        Ok((series, doomed.len()))
     }
 }

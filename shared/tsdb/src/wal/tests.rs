@@ -17,7 +17,7 @@ fn collect(dir: &Path) -> (Vec<WalRecord>, ReplayStats) {
 
 fn write_three(dir: &Path) -> Vec<WalRecord> {
     let recs = vec![series(1, "0"), samples(1, 1000, 10), samples(1, 2000, 10)];
-    let mut w = Wal::open(dir, SyncPolicy::Always, vec![]).unwrap();
+    let mut w = Wal::open(dir, SyncPolicy::Always).unwrap();
     w.log(&recs[..1]).unwrap();
     w.log(&recs[1..2]).unwrap();
     w.log(&recs[2..]).unwrap();
@@ -35,7 +35,7 @@ fn records_roundtrip() {
             meta: Metadata { metric_type: MetricType::Counter, help: "h\nx".into(), unit: "joules".into() },
         },
     ];
-    let mut w = Wal::open(d.path(), SyncPolicy::Interval(Duration::from_secs(1)), vec![]).unwrap();
+    let mut w = Wal::open(d.path(), SyncPolicy::Interval(Duration::from_secs(1))).unwrap();
     w.log(&recs).unwrap();
     drop(w);
     let (got, st) = collect(d.path());
@@ -85,7 +85,7 @@ fn damage_in_one_segment_does_not_hide_the_next() {
     let d = tempfile::tempdir().unwrap();
     write_three(d.path());
     // a second writer opens segment 1
-    let mut w = Wal::open(d.path(), SyncPolicy::Always, vec![]).unwrap();
+    let mut w = Wal::open(d.path(), SyncPolicy::Always).unwrap();
     w.log(&[series(1, "0"), samples(1, 5000, 3)]).unwrap();
     drop(w);
     let seg0 = segment_path(d.path(), 0);
@@ -107,29 +107,56 @@ fn garbage_file_is_not_fatal() {
 }
 
 #[test]
-fn rotation_and_truncation_by_time() {
+fn rotation_and_deletion_before_a_segment_spare_the_current_and_the_held() {
     let d = tempfile::tempdir().unwrap();
-    let mut w =
-        Wal::open(d.path(), SyncPolicy::Interval(Duration::from_secs(1)), vec![]).unwrap().with_segment_bytes(1024);
+    let mut w = Wal::open(d.path(), SyncPolicy::Interval(Duration::from_secs(1))).unwrap().with_segment_bytes(1024);
     for i in 0..20 {
         w.rotate_if_full().unwrap();
         w.log(&[series(1, "0"), samples(1, i * 100, 50)]).unwrap();
     }
-    let before = list_segments(d.path()).unwrap().len();
-    assert!(before > 3, "rotated into {before} segments");
-    let deleted = w.truncate_before(1000).unwrap();
-    assert!(deleted > 0);
-    let after = list_segments(d.path()).unwrap();
-    assert_eq!(after.len(), before - deleted);
-    // what is left replays on its own: every samples record has its series defined
-    let (got, _) = collect(d.path());
-    assert!(matches!(got[0], WalRecord::Series { .. }));
+    let before = list_segments(d.path()).unwrap();
+    assert!(before.len() > 3, "rotated into {} segments", before.len());
+    w.hold_from(Some(before[1]));
+    assert_eq!(w.delete_before(before[3]).unwrap(), 1, "the hold keeps the second segment on");
+    w.hold_from(None);
+    assert_eq!(w.delete_before(before[3]).unwrap(), 2);
+    assert_eq!(list_segments(d.path()).unwrap(), before[3..]);
+    // Never the current segment, whatever is asked.
+    let current = w.current_segment();
+    w.delete_before(u32::MAX).unwrap();
+    assert_eq!(list_segments(d.path()).unwrap(), [current]);
+}
+
+#[test]
+fn sample_records_are_compressed_and_replay_bit_for_bit() {
+    let d = tempfile::tempdir().unwrap();
+    let mut w = Wal::open(d.path(), SyncPolicy::Always).unwrap();
+    // A scrape of 1000 power readings with three decimals, then a tiny record.
+    let big: Vec<(SeriesRef, Sample)> = (0..1000u64)
+        .map(|r| (r + 1, Sample::new(1_700_000_000_000, 250.0 + (r * 7919 % 100_000) as f64 / 1000.0)))
+        .collect();
+    let small = vec![(1u64, Sample::new(1, f64::from_bits(0x7ff0_0000_0000_0002)))];
+    w.log(&[WalRecord::Samples(big.clone()), WalRecord::Samples(small.clone())]).unwrap();
+    let mut plain = Vec::new();
+    encode_samples(&big, &mut plain);
+    let on_disk = fs::metadata(segment_path(d.path(), 0)).unwrap().len() as usize;
+    assert!(on_disk < plain.len() * 9 / 10, "{on_disk} bytes on disk for a {} byte record", plain.len());
+    let (got, st) = collect(d.path());
+    assert_eq!(st.damaged_segments, 0);
+    let bits = |v: &[(SeriesRef, Sample)]| v.iter().map(|(r, s)| (*r, s.t, s.v.to_bits())).collect::<Vec<_>>();
+    match (&got[0], &got[1]) {
+        (WalRecord::Samples(a), WalRecord::Samples(b)) => {
+            assert_eq!(bits(a), bits(&big));
+            assert_eq!(bits(b), bits(&small));
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 #[test]
 fn reader_resumes_from_a_cursor_across_segments() {
     let d = tempfile::tempdir().unwrap();
-    let mut w = Wal::open(d.path(), SyncPolicy::Always, vec![]).unwrap().with_segment_bytes(1024);
+    let mut w = Wal::open(d.path(), SyncPolicy::Always).unwrap().with_segment_bytes(1024);
     let mut all = Vec::new();
     for i in 0..10 {
         w.rotate_if_full().unwrap();
@@ -185,7 +212,7 @@ fn random_segments_replay_without_panicking() {
 #[test]
 fn a_record_over_the_replay_limit_is_never_written() {
     let d = tempfile::tempdir().unwrap();
-    let mut w = Wal::open(d.path(), SyncPolicy::Always, vec![]).unwrap();
+    let mut w = Wal::open(d.path(), SyncPolicy::Always).unwrap();
     w.log(&[series(1, "0")]).unwrap();
     let before = fs::metadata(segment_path(d.path(), 0)).unwrap().len();
     let huge = "x".repeat(MAX_RECORD_BYTES as usize + 1);
@@ -249,7 +276,7 @@ fn records_with_a_valid_checksum_and_garbage_inside_replay_without_panicking() {
 fn a_well_formed_record_with_extreme_values_replays() {
     let d = tempfile::tempdir().unwrap();
     let wal = d.path().join("wal");
-    let mut w = Wal::open(&wal, SyncPolicy::Always, vec![]).unwrap();
+    let mut w = Wal::open(&wal, SyncPolicy::Always).unwrap();
     w.log(&[series(u64::MAX, "0"), samples(u64::MAX, i64::MAX - 5, 3), samples(u64::MAX - 1, i64::MIN, 2)]).unwrap();
     drop(w);
     let db = crate::Tsdb::open(d.path(), crate::TsdbOptions::default()).expect("opens");

@@ -1,0 +1,337 @@
+//! The head checkpoint: the head (every series with its chunks, the open one sealed in the
+//! block encoding, and the metadata) written to `<data>/head.checkpoint` with the WAL
+//! cursor it covers, so that the WAL segments before that cursor can go and a start loads
+//! the checkpoint and replays only the WAL after it (Prometheus' checkpoint plus its
+//! `memory-snapshot-on-shutdown`, in one file).
+//!
+//! It is written by maintenance once the WAL since the last checkpoint outgrows the head's
+//! chunks (so checkpoints write no more than the WAL did), and at every clean shutdown. The
+//! cursor is taken at a fresh segment, under the WAL lock, so everything before it is in
+//! memory; the series are then written one at a time without holding the WAL, so commits go
+//! on. A series may hold samples from after the cursor: replay skips what a series already
+//! holds (per series, samples are appended in time order, so anything not newer than its
+//! last sample is there). The floor recorded is the durable one (`floor`): a cut that is
+//! still writing its block never makes its window look stored.
+//!
+//! Safety: the file is written under a temporary name, `fsync`ed, read back to check its
+//! CRC-32, renamed, and only then are the segments it covers deleted. A checkpoint that
+//! fails any check at start is moved aside to `head.checkpoint.damaged` (never deleted) and
+//! the start goes on with the WAL that is left, saying loudly what it could not restore.
+
+use super::{Tsdb, TsdbError};
+use crate::head::HeadBlock;
+use crate::wal::WalCursor;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::path::Path;
+use std::sync::Arc;
+use strata_block::encoding::{put_str, put_uvarint, put_varint, Decoder};
+use strata_chunk::{Chunk, CHUNK_MAX_SAMPLES};
+use strata_model::{Label, Labels, Metadata, MetricType, Sample};
+
+pub const CHECKPOINT_FILE: &str = "head.checkpoint";
+/// What earlier versions wrote at shutdown, with the whole WAL beside it: ignored and
+/// removed (the WAL it came with is replayed).
+pub const LEGACY_SNAPSHOT_FILE: &str = "head.snapshot";
+const MAGIC: &[u8; 8] = b"STRHCK01";
+/// A chunk larger than this is damage.
+const MAX_CHUNK_BYTES: usize = 64 << 10;
+
+/// What a loaded checkpoint says beside the head.
+pub(crate) struct Loaded {
+    pub head: HeadBlock,
+    pub cursor: WalCursor,
+    /// The durable floor when it was written.
+    pub floor: i64,
+    pub series: usize,
+}
+
+/// What writing a checkpoint did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CheckpointStats {
+    pub series: usize,
+    pub bytes: u64,
+    pub segments_deleted: usize,
+}
+
+/// A writer that keeps the CRC-32 of what it wrote.
+struct Crc<W: Write> {
+    w: W,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl<W: Write> Crc<W> {
+    /// Writes one record, framed by its length, so that a reader parses it from memory.
+    fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
+        let len = u32::try_from(b.len()).map_err(|_| std::io::Error::other("checkpoint record over 4 GiB"))?;
+        self.crc.update(&len.to_le_bytes());
+        self.crc.update(b);
+        self.w.write_all(&len.to_le_bytes())?;
+        self.w.write_all(b)?;
+        self.bytes += 4 + b.len() as u64;
+        Ok(())
+    }
+}
+
+impl Tsdb {
+    /// Writes a head checkpoint and deletes the WAL segments it covers (the caller holds
+    /// the maintenance lock, so no cut is half done).
+    pub(crate) fn write_checkpoint_locked(&self) -> Result<CheckpointStats, TsdbError> {
+        let started = std::time::Instant::now();
+        let path = self.dir.join(CHECKPOINT_FILE);
+        let tmp = self.dir.join(format!("{CHECKPOINT_FILE}.tmp"));
+        let io = |e: std::io::Error| TsdbError::Internal(format!("head checkpoint {}: {e}", tmp.display()));
+        // A fresh segment: every record before it has been applied to the head.
+        let cursor = {
+            let mut w = self.wal.lock();
+            w.wal.rotate()?;
+            w.wal.cursor()
+        };
+        let write = || -> std::io::Result<(usize, u64)> {
+            strata_block::fault::fail("checkpoint-write")?;
+            let mut out = Crc {
+                w: BufWriter::with_capacity(1 << 20, File::create(&tmp)?),
+                crc: crc32fast::Hasher::new(),
+                bytes: MAGIC.len() as u64 + 4,
+            };
+            out.w.write_all(MAGIC)?;
+            out.crc.update(MAGIC);
+            let mut b = Vec::with_capacity(1 << 16);
+            put_uvarint(&mut b, cursor.segment as u64);
+            put_uvarint(&mut b, cursor.offset);
+            put_varint(&mut b, self.floor.durable());
+            let metadata = self.head.all_metadata();
+            put_uvarint(&mut b, metadata.len() as u64);
+            for (family, m) in &metadata {
+                put_str(&mut b, family);
+                b.push(m.metric_type.to_u8());
+                put_str(&mut b, &m.help);
+                put_str(&mut b, &m.unit);
+            }
+            let mut all = self.head.all_series();
+            // In reference order: loading then appends to the postings lists, never inserts.
+            all.sort_unstable_by_key(|s| s.series_ref);
+            put_uvarint(&mut b, all.len() as u64);
+            out.put(&b)?;
+            for s in &all {
+                b.clear();
+                let (last, chunks) = {
+                    let g = s.samples.lock();
+                    (g.last(), g.all_chunks())
+                };
+                put_uvarint(&mut b, s.series_ref);
+                put_uvarint(&mut b, s.labels.len() as u64);
+                for l in s.labels.iter() {
+                    put_str(&mut b, &l.name);
+                    put_str(&mut b, &l.value);
+                }
+                match last {
+                    Some(last) => {
+                        b.push(1);
+                        put_varint(&mut b, last.t);
+                        b.extend_from_slice(&last.v.to_le_bytes());
+                    }
+                    None => b.push(0),
+                }
+                put_uvarint(&mut b, chunks.len() as u64);
+                for c in chunks.into_iter().map(Chunk::compact) {
+                    put_varint(&mut b, c.min_t);
+                    put_varint(&mut b, c.max_t);
+                    put_uvarint(&mut b, c.n as u64);
+                    put_uvarint(&mut b, c.data.len() as u64);
+                    b.extend_from_slice(&c.data);
+                }
+                out.put(&b)?;
+            }
+            let crc = out.crc.clone().finalize();
+            out.w.write_all(&crc.to_le_bytes())?;
+            let f = out.w.into_inner().map_err(|e| e.into_error())?;
+            f.sync_all()?;
+            Ok((all.len(), out.bytes))
+        };
+        let written = write().and_then(|n| verify(&tmp).map(|()| n));
+        let (series, bytes) = match written {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(io(e));
+            }
+        };
+        std::fs::rename(&tmp, &path).map_err(io)?;
+        if let Ok(d) = File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        strata_block::fault::point("checkpoint-before-wal-delete");
+        let segments_deleted = {
+            let mut w = self.wal.lock();
+            w.wal.delete_before(cursor.segment)?
+        };
+        crate::wal::remove_label_checkpoints(&self.wal_dir())?;
+        let legacy = self.dir.join(LEGACY_SNAPSHOT_FILE);
+        if legacy.exists() {
+            std::fs::remove_file(&legacy).map_err(|e| TsdbError::Internal(format!("{}: {e}", legacy.display())))?;
+        }
+        *self.checkpoint_at.lock() = Some(cursor);
+        tracing::info!(
+            series,
+            bytes,
+            segments_deleted,
+            secs = started.elapsed().as_secs_f64(),
+            path = %path.display(),
+            "head checkpoint written"
+        );
+        Ok(CheckpointStats { series, bytes, segments_deleted })
+    }
+}
+
+/// Reads a checkpoint file through, checking its CRC-32 (what was written reads back).
+fn verify(path: &Path) -> std::io::Result<()> {
+    let f = File::open(path)?;
+    let size = f.metadata()?.len();
+    let mut r = BufReader::with_capacity(1 << 20, f);
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic)?;
+    let mut rec = Records { r, crc: crc32fast::Hasher::new(), buf: Vec::new(), left: size.saturating_sub(12) };
+    rec.crc.update(&magic);
+    while rec.left > 0 {
+        rec.next().map_err(std::io::Error::other)?;
+    }
+    let want = rec.crc.clone().finalize();
+    let mut tail = [0u8; 4];
+    rec.r.read_exact(&mut tail)?;
+    if &magic != MAGIC || u32::from_le_bytes(tail) != want {
+        return Err(std::io::Error::other("the checkpoint does not read back as written"));
+    }
+    Ok(())
+}
+
+/// Reads the length-framed records, keeping the CRC-32 of what it read.
+struct Records<R: Read> {
+    r: R,
+    crc: crc32fast::Hasher,
+    buf: Vec<u8>,
+    left: u64,
+}
+
+impl<R: Read> Records<R> {
+    /// The next record; it must fit in what is left of the file.
+    fn next(&mut self) -> Result<&[u8], &'static str> {
+        let mut len = [0u8; 4];
+        self.r.read_exact(&mut len).map_err(|_| "truncated")?;
+        let n = u32::from_le_bytes(len) as u64;
+        if n.saturating_add(4) > self.left {
+            return Err("record longer than the file");
+        }
+        self.left -= n + 4;
+        self.buf.resize(n as usize, 0);
+        self.r.read_exact(&mut self.buf).map_err(|_| "truncated")?;
+        self.crc.update(&len);
+        self.crc.update(&self.buf);
+        Ok(&self.buf)
+    }
+}
+
+/// Loads the checkpoint in `dir`, if there is one, into a new head. `Err` when one is
+/// there but unsound: it has been moved aside, and what it held is lost unless the WAL
+/// before its cursor is still there (the caller replays what is).
+pub(crate) fn load(dir: &Path, max_series: usize) -> Result<Option<Loaded>, String> {
+    let path = dir.join(CHECKPOINT_FILE);
+    let Ok(file) = File::open(&path) else { return Ok(None) };
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let started = std::time::Instant::now();
+    match read(BufReader::with_capacity(1 << 20, file), size, max_series) {
+        Ok(l) => {
+            tracing::info!(
+                series = l.series,
+                secs = started.elapsed().as_secs_f64(),
+                "head checkpoint loaded; the WAL replays from its cursor"
+            );
+            Ok(Some(l))
+        }
+        Err(reason) => {
+            let aside = dir.join(format!("{CHECKPOINT_FILE}.damaged"));
+            let moved = std::fs::rename(&path, &aside);
+            tracing::error!(
+                path = %path.display(),
+                reason,
+                moved_to = %aside.display(),
+                moved = moved.is_ok(),
+                "head checkpoint unreadable: the head's samples before its WAL cursor cannot be restored; replaying the WAL that is left"
+            );
+            Err(format!("{}: {reason}", path.display()))
+        }
+    }
+}
+
+fn read(mut r: impl Read, size: u64, max_series: usize) -> Result<Loaded, &'static str> {
+    const BAD: &str = "malformed";
+    let mut magic = [0u8; 8];
+    r.read_exact(&mut magic).map_err(|_| "truncated")?;
+    if &magic != MAGIC {
+        return Err("no checkpoint magic");
+    }
+    let mut crc = crc32fast::Hasher::new();
+    crc.update(&magic);
+    let mut rec = Records { r, crc, buf: Vec::new(), left: size.saturating_sub(12) };
+    let head = HeadBlock::new(max_series);
+    let (cursor, floor, n_series) = {
+        let mut d = Decoder::new(rec.next()?);
+        let cursor = WalCursor {
+            segment: d.uvarint().and_then(|v| u32::try_from(v).ok()).ok_or(BAD)?,
+            offset: d.uvarint().ok_or(BAD)?,
+        };
+        let floor = d.varint().ok_or(BAD)?;
+        let n_meta = d.len(d.b.len()).ok_or(BAD)?;
+        for _ in 0..n_meta {
+            let family = d.str().ok_or(BAD)?.to_string();
+            let metric_type = MetricType::from_u8(d.u8().ok_or(BAD)?);
+            let (help, unit) = (d.str().ok_or(BAD)?.to_string(), d.str().ok_or(BAD)?.to_string());
+            head.set_metadata(&family, Metadata { metric_type, help, unit });
+        }
+        let n_series = d.uvarint().and_then(|v| usize::try_from(v).ok()).filter(|&n| n as u64 <= size).ok_or(BAD)?;
+        (cursor, floor, n_series)
+    };
+    for _ in 0..n_series {
+        let mut d = Decoder::new(rec.next()?);
+        let r = d.uvarint().ok_or(BAD)?;
+        let nl = d.len(256).ok_or(BAD)?;
+        let mut labels = Vec::with_capacity(nl);
+        for _ in 0..nl {
+            let (name, value) = (d.str().ok_or(BAD)?, d.str().ok_or(BAD)?);
+            labels.push(Label { name: Arc::from(name), value: Arc::from(value) });
+        }
+        let labels = Labels::from_sorted_unchecked(labels);
+        let last = match d.u8().ok_or(BAD)? {
+            1 => Some(Sample::new(d.varint().ok_or(BAD)?, d.f64().ok_or(BAD)?)),
+            _ => None,
+        };
+        let nc = d.len(d.b.len()).ok_or(BAD)?;
+        let mut chunks = Vec::with_capacity(nc);
+        for _ in 0..nc {
+            let (min_t, max_t) = (d.varint().ok_or(BAD)?, d.varint().ok_or(BAD)?);
+            let n = d
+                .uvarint()
+                .and_then(|n| u16::try_from(n).ok())
+                .filter(|&n| n > 0 && n <= CHUNK_MAX_SAMPLES)
+                .ok_or("chunk sample count")?;
+            let len = d.len(MAX_CHUNK_BYTES).ok_or(BAD)?;
+            let data: Arc<[u8]> = Arc::from(d.bytes(len).ok_or(BAD)?);
+            if min_t > max_t {
+                return Err("chunk time range");
+            }
+            head.note_time(min_t);
+            head.note_time(max_t);
+            chunks.push(Chunk { data, n, min_t, max_t });
+        }
+        let s = head.restore(r, &labels);
+        s.samples.lock().restore(chunks, last);
+    }
+    let want = rec.crc.clone().finalize();
+    let mut tail = [0u8; 4];
+    rec.r.read_exact(&mut tail).map_err(|_| "no CRC")?;
+    if u32::from_le_bytes(tail) != want {
+        return Err("CRC-32 mismatch");
+    }
+    Ok(Loaded { head, cursor, floor, series: n_series })
+}
