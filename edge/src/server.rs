@@ -267,11 +267,9 @@ async fn spawn_store_api(
     let bound = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
     let external = Labels::from_pairs(cfg.external_labels.iter());
     let info_db = db.clone();
-    let info = Arc::new(move || StoreInfo {
-        min_time: info_db.min_time(),
-        max_time: info_db.max_time(),
-        kind: strata_grpc::pb::ComponentKind::Edge,
-        label_sets: Vec::new(),
+    let info = Arc::new(move || {
+        let (min_time, max_time) = info_db.advertised_range();
+        StoreInfo { min_time, max_time, kind: strata_grpc::pb::ComponentKind::Edge, label_sets: Vec::new() }
     });
     let service = StoreService::new(Arc::new(TsdbStore(db.clone())), external, SelectLimits::default(), info);
     tokio::spawn(async move {

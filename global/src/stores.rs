@@ -6,11 +6,15 @@
 //! `partial_response=false`) instead of silently missing its data. What `Info` said
 //! (external label sets, time range) lets the fan-out skip stores that cannot match; a
 //! store whose `Info` failed is asked for everything.
+//!
+//! Discovery never drops a store in silence either: a file-SD file that cannot be read
+//! keeps its last stores, and a DNS name whose lookup fails keeps the stores of its last
+//! answer, each shown in `/api/v1/stores` with the lookup's error until a lookup succeeds.
 
 use crate::config::{check_address, GlobalConfig};
 use parking_lot::{Mutex, RwLock};
 use serde_json::{json, Value};
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -29,6 +33,8 @@ pub struct StoreStatus {
     pub healthy: bool,
     pub last_error: Option<String>,
     pub last_check: Option<SystemTime>,
+    /// The store was found by a DNS name whose last lookup failed: this is why.
+    pub discovery_error: Option<String>,
 }
 
 pub struct StoreSet {
@@ -39,12 +45,22 @@ pub struct StoreSet {
     /// The last good contents of each file-SD file: a file being rewritten or broken keeps
     /// its stores.
     files: Mutex<HashMap<PathBuf, Vec<String>>>,
+    /// The last good answer for each DNS name looked up (an SRV name's targets, a host's
+    /// addresses), and the error of its last lookup if that failed.
+    names: Mutex<HashMap<String, Looked>>,
     /// TLS for every store connection, loaded from the configuration's files.
     tls: Option<strata_grpc::ClientTlsConfig>,
 }
 
 /// File-SD files larger than this are refused.
 const MAX_SD_FILE_BYTES: u64 = 4 << 20;
+
+/// A DNS name's last good answer.
+#[derive(Debug, Clone, Default)]
+struct Looked {
+    answer: Vec<String>,
+    error: Option<String>,
+}
 
 #[derive(serde::Deserialize)]
 struct SdGroup {
@@ -73,8 +89,25 @@ impl StoreSet {
             clients: Mutex::new(HashMap::new()),
             status: RwLock::new(Vec::new()),
             files: Mutex::new(HashMap::new()),
+            names: Mutex::new(HashMap::new()),
             tls: None,
         }
+    }
+
+    /// A lookup's answer, or on failure the last good one with the error kept beside it.
+    fn settle(&self, name: &str, looked: Result<Vec<String>, String>) -> Looked {
+        let mut names = self.names.lock();
+        let entry = names.entry(name.to_string()).or_default();
+        match looked {
+            Ok(answer) => *entry = Looked { answer, error: None },
+            Err(e) => {
+                if entry.error.is_none() {
+                    tracing::warn!(%name, error = %e, stores = entry.answer.len(), "store DNS lookup failed: keeping the stores of its last answer");
+                }
+                entry.error = Some(format!("lookup of {name} failed: {e}"));
+            }
+        }
+        entry.clone()
     }
 
     /// Connects to the stores over TLS.
@@ -87,9 +120,10 @@ impl StoreSet {
         self.status.read().clone()
     }
 
-    /// Every store address the configuration names now, sorted.
-    async fn addresses(&self) -> Vec<String> {
-        let mut all: BTreeSet<String> = self.cfg.stores.iter().cloned().collect();
+    /// Every store address the configuration names now, sorted, each with the error of
+    /// the failed lookup it comes from (its last good answer), if one failed.
+    async fn addresses(&self) -> Vec<(String, Option<String>)> {
+        let mut all: BTreeMap<String, Option<String>> = self.cfg.stores.iter().map(|a| (a.clone(), None)).collect();
         for path in &self.cfg.sd_files {
             match read_sd_file(path) {
                 Ok(found) => {
@@ -100,26 +134,50 @@ impl StoreSet {
                 }
             }
         }
-        all.extend(self.files.lock().values().flatten().cloned());
-        let mut named: Vec<(String, u16)> = self.cfg.dns.clone();
+        for a in self.files.lock().values().flatten() {
+            all.entry(a.clone()).or_insert(None);
+        }
+        // Hosts to resolve, with the error of the SRV lookup that named them, if it failed.
+        let mut hosts: Vec<((String, u16), Option<String>)> = self.cfg.dns.iter().map(|h| (h.clone(), None)).collect();
         if !self.cfg.dns_srv.is_empty() {
-            match self.cfg.dns_resolver.or_else(crate::dns::system_resolver) {
-                Some(resolver) => {
-                    for name in &self.cfg.dns_srv {
-                        match crate::dns::lookup_srv(resolver, name, Duration::from_secs(5)).await {
-                            Ok(found) => named.extend(found),
-                            Err(e) => tracing::warn!(%name, %resolver, error = %e, "store SRV lookup failed"),
-                        }
+            let resolver = self.cfg.dns_resolver.or_else(crate::dns::system_resolver);
+            for name in &self.cfg.dns_srv {
+                let key = format!("dnssrv+{name}");
+                let looked = match resolver {
+                    Some(r) => crate::dns::lookup_srv(r, name, Duration::from_secs(5))
+                        .await
+                        .map(|found| found.into_iter().map(|(h, p)| format!("{h}:{p}")).collect()),
+                    None => Err("no resolver: set dns_resolver".to_string()),
+                };
+                let looked = self.settle(&key, looked);
+                for target in looked.answer {
+                    if let Some((h, p)) =
+                        target.rsplit_once(':').and_then(|(h, p)| Some((h.to_string(), p.parse().ok()?)))
+                    {
+                        hosts.push(((h, p), looked.error.clone()));
                     }
                 }
-                None => tracing::warn!("dnssrv+ stores configured but no resolver: set dns_resolver"),
             }
         }
-        for (host, port) in &named {
-            match tokio::time::timeout(Duration::from_secs(5), tokio::net::lookup_host((host.as_str(), *port))).await {
-                Ok(Ok(addrs)) => all.extend(addrs.map(|a| a.to_string())),
-                Ok(Err(e)) => tracing::warn!(name = %host, error = %e, "store DNS lookup failed"),
-                Err(_) => tracing::warn!(name = %host, "store DNS lookup timed out"),
+        for ((host, port), srv_error) in hosts {
+            let key = format!("dns+{host}:{port}");
+            let looked = match tokio::time::timeout(
+                Duration::from_secs(5),
+                tokio::net::lookup_host((host.as_str(), port)),
+            )
+            .await
+            {
+                Ok(Ok(addrs)) => Ok(addrs.map(|a| a.to_string()).collect()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err("timed out".to_string()),
+            };
+            let looked = self.settle(&key, looked);
+            let error = srv_error.or(looked.error);
+            for a in looked.answer {
+                let slot = all.entry(a).or_insert(None);
+                if slot.is_none() {
+                    *slot = error.clone();
+                }
             }
         }
         all.into_iter().collect()
@@ -144,7 +202,8 @@ impl StoreSet {
     /// Resolves the addresses, reads every store's `Info` at once and updates the
     /// fan-out's targets.
     pub async fn refresh(&self) {
-        let addresses = self.addresses().await;
+        let found = self.addresses().await;
+        let addresses: Vec<String> = found.iter().map(|(a, _)| a.clone()).collect();
         self.clients.lock().retain(|a, _| addresses.contains(a));
         let mut set = tokio::task::JoinSet::new();
         for (i, addr) in addresses.iter().enumerate() {
@@ -163,8 +222,18 @@ impl StoreSet {
             });
         }
         let mut results = Vec::new();
-        while let Some(Ok(r)) = set.join_next().await {
-            results.push(r);
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(r) => results.push(r),
+                Err(e) => tracing::error!(error = %e, "a store Info task failed"),
+            }
+        }
+        // A store whose Info task itself failed is still a store: asked, and shown down.
+        for (i, addr) in addresses.iter().enumerate() {
+            if !results.iter().any(|r| r.0 == i) {
+                let client = self.client(addr).ok();
+                results.push((i, Err((client, "the Info call failed".to_string()))));
+            }
         }
         results.sort_by_key(|r| r.0);
         let previous = self.status();
@@ -191,6 +260,7 @@ impl StoreSet {
                         healthy: true,
                         last_error: None,
                         last_check: Some(now),
+                        discovery_error: found[i].1.clone(),
                     });
                 }
                 Err((client, error)) => {
@@ -210,6 +280,7 @@ impl StoreSet {
                         healthy: false,
                         last_error: Some(error),
                         last_check: Some(now),
+                        discovery_error: found[i].1.clone(),
                     });
                 }
             }
@@ -237,6 +308,7 @@ impl StoreSet {
                     "health": if s.healthy { "up" } else { "down" },
                     "lastError": s.last_error,
                     "lastCheck": ts(s.last_check),
+                    "discoveryError": s.discovery_error,
                 })
             })
             .collect();
@@ -329,5 +401,64 @@ mod tests {
         assert_eq!(fanout.targets().len(), st.len());
         let page = set.status_json();
         assert_eq!(page.as_array().unwrap().len(), st.len());
+    }
+
+    /// A name that resolved once and then fails to (the DNS server is down, the record
+    /// vanished in a rollout): its stores stay in the fan-out from the last answer, marked
+    /// with the lookup error in `/api/v1/stores`, never dropped in silence.
+    #[tokio::test]
+    async fn a_failed_lookup_keeps_the_last_answers_stores_and_says_so() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let info =
+            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![] });
+        let svc = StoreService::new(Arc::new(MemoryStore::default()), Labels::default(), SelectLimits::default(), info);
+        tokio::spawn(strata_grpc::serve(
+            listener,
+            svc,
+            strata_grpc::ServeOptions::new(Duration::from_secs(5)),
+            std::future::pending(),
+        ));
+        let dns = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let resolver = dns.local_addr().unwrap();
+        let fail = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let failing = fail.clone();
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            while let Ok((n, from)) = dns.recv_from(&mut buf).await {
+                let mut a = buf[..n].to_vec();
+                a[2] = 0x81;
+                if failing.load(std::sync::atomic::Ordering::Relaxed) {
+                    a[3] = 0x82; // SERVFAIL, no answers
+                    let _ = dns.send_to(&a, from).await;
+                    continue;
+                }
+                a[3] = 0x80;
+                a[7] = 1;
+                a.extend_from_slice(&[0xC0, 12, 0, 33, 0, 1, 0, 0, 0, 30]);
+                let mut rdata = vec![0, 1, 0, 1];
+                rdata.extend_from_slice(&port.to_be_bytes());
+                rdata.extend_from_slice(b"\x09localhost\x00");
+                a.extend_from_slice(&(rdata.len() as u16).to_be_bytes());
+                a.extend_from_slice(&rdata);
+                let _ = dns.send_to(&a, from).await;
+            }
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let text = format!("dns_sd: ['dnssrv+_grpc._tcp.edges.test']\ndns_resolver: '{resolver}'\nstore_timeout: 2s\n");
+        let cfg = GlobalConfig::parse(&text, dir.path()).unwrap();
+        let fanout = Arc::new(Fanout::new(Vec::new(), Duration::from_secs(2)));
+        let set = StoreSet::new(cfg, fanout.clone());
+        set.refresh().await;
+        assert_eq!(set.status().len(), 1, "{:?}", set.status());
+        fail.store(true, std::sync::atomic::Ordering::Relaxed);
+        set.refresh().await;
+        let st = set.status();
+        assert_eq!(st.len(), 1, "the store found by the last good lookup was dropped: {st:?}");
+        assert!(st[0].healthy, "the store itself still answers: {st:?}");
+        assert!(st[0].discovery_error.as_deref().is_some_and(|e| e.contains("edges.test")), "{st:?}");
+        assert_eq!(fanout.targets().len(), 1);
+        let page = set.status_json().to_string();
+        assert!(page.contains("discoveryError") && page.contains("edges.test"), "{page}");
     }
 }

@@ -155,7 +155,7 @@ fn copy_dir(src: &std::path::Path, dst: &std::path::Path) -> std::io::Result<()>
 }
 
 /// Where `fleet_day.py` caches its data: `$FLEET_DAY_CACHE`, else `~/.cache/strata-fleet-day`.
-fn fleet_day_cache() -> PathBuf {
+pub(super) fn fleet_day_cache() -> PathBuf {
     std::env::var_os("FLEET_DAY_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache/strata-fleet-day")))

@@ -7,6 +7,7 @@ mod global_pair;
 mod ingest;
 mod scale;
 mod vs_prometheus;
+mod wal_day;
 
 use std::path::PathBuf;
 
@@ -87,6 +88,20 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 15)]
         seconds: u64,
     },
+    /// The fleet day remote-written into an empty edge: ingest rate and CPU, bytes per
+    /// sample of the whole data directory for two minutes after the last write, restart
+    /// times; VictoriaMetrics given the same requests in the same run.
+    WalDay {
+        /// The file `../shared/bench/fleet_day.py path` names.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Run this `strata` binary as the edge (another build, to compare).
+        #[arg(long)]
+        edge_binary: Option<PathBuf>,
+        /// Also VictoriaMetrics (Debian's `victoria-metrics`).
+        #[arg(long)]
+        vm: bool,
+    },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
     VsPrometheus {
@@ -137,6 +152,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,
+        BenchCommand::WalDay { file, edge_binary, vm } => wal_day::run(file, edge_binary, vm).await,
         BenchCommand::VsPrometheus { nodes, seconds, prometheus } => {
             vs_prometheus::run(nodes, seconds, &prometheus).await
         }

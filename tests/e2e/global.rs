@@ -316,3 +316,64 @@ fn the_global_reads_an_edge_over_mutual_tls() {
     edge.assert_running();
     edge.terminate();
 }
+
+/// Findings of the global review that need real processes.
+mod review {
+    use super::*;
+
+    fn write_now(base: &str, name: &str, t: i64, v: f64) {
+        let labels = vec![("__name__".to_string(), name.to_string()), ("gpu".to_string(), "0".to_string())];
+        remote_write_all(base, &[(labels, vec![(t, v)])]);
+    }
+
+    /// The global reads a store's `Info` once an hour here; meanwhile the edge receives
+    /// newer samples. A query over the last seconds must still ask the edge: a store that
+    /// takes samples advertises an open end, never the newest sample it held when asked.
+    #[test]
+    fn a_store_still_taking_samples_is_asked_for_ranges_past_its_last_info() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut edge_a, base_a, grpc_a) = edge(dir.path(), "a");
+        let now = now_ms();
+        write_now(&base_a, "gpu_temp", now - 60_000, 40.0);
+        let cfg = format!("stores: ['{grpc_a}']\ninfo_interval: 1h\n");
+        let (mut global, base) = start_global(dir.path(), "global", &cfg, &[]);
+        let later = now_ms();
+        write_now(&base_a, "gpu_temp", later, 41.0);
+        let t = later as f64 / 1000.0 + 0.5;
+        let data = api_data(&format!("{base}/api/v1/query?query=max_over_time(gpu_temp%5B5s%5D)&time={t:.3}"));
+        let result = data["result"].as_array().cloned().unwrap_or_default();
+        assert_eq!(result.len(), 1, "the edge was skipped by the time range of its last Info: {data}");
+        assert_eq!(result[0]["value"][1], "41");
+        global.terminate();
+        edge_a.terminate();
+    }
+
+    /// A top global over a middle global whose own edge is down: the top's answer carries
+    /// the middle's warning, and `partial_response=false` at the top reaches the middle,
+    /// which then fails instead of answering in part.
+    #[test]
+    fn warnings_and_partial_response_travel_through_stacked_globals() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut edge_a, base_a, grpc_a) = edge(dir.path(), "a");
+        let now = now_ms();
+        write_now(&base_a, "gpu_temp", now - 10_000, 40.0);
+        let down = format!("127.0.0.1:{}", free_port());
+        let mid_grpc = format!("127.0.0.1:{}", free_port());
+        let mid_cfg = format!("stores: ['{grpc_a}', '{down}']\nstore_timeout: 2s\ninfo_interval: 1s\n");
+        let (mut mid, _) = start_global(dir.path(), "global-mid", &mid_cfg, &["--grpc-listen", &mid_grpc]);
+        let top_cfg = format!("stores: ['{mid_grpc}']\nstore_timeout: 5s\ninfo_interval: 1s\n");
+        let (mut top, base) = start_global(dir.path(), "global-top", &top_cfg, &[]);
+        let t = now as f64 / 1000.0;
+        let (code, body) = get(&format!("{base}/api/v1/query?query=gpu_temp&time={t:.3}"));
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body["data"]["result"].as_array().map(Vec::len), Some(1), "{body}");
+        let warnings = body["warnings"].to_string();
+        assert!(warnings.contains(&down), "the middle global's warning did not reach the top: {body}");
+        let (code, body) = get(&format!("{base}/api/v1/query?query=gpu_temp&time={t:.3}&partial_response=false"));
+        assert_ne!(code, 200, "partial_response=false did not reach the middle global: {body}");
+        assert!(body["error"].as_str().unwrap_or_default().contains(&down), "{body}");
+        top.terminate();
+        mid.terminate();
+        edge_a.terminate();
+    }
+}

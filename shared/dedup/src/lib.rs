@@ -7,7 +7,12 @@
 //! (the store trait carries it), not from the function a query applies: a counter is
 //! merged with the counter rule whether it is read by `rate`, `resets` or a plain
 //! selector, and a gauge is never averaged. Histogram and summary series (`_bucket`,
-//! `_count`, `_sum`) are counters; a summary's quantiles are gauges.
+//! `_count`, `_sum`) are counters; a summary's quantiles are gauges. A series of unknown
+//! type (a page without `# TYPE`, remote write before its metadata) whose name ends in
+//! `_total`, `_count`, `_sum` or `_bucket` is merged as a counter (the suffixes Prometheus'
+//! "might not be a counter" annotation checks); replicas that disagree on a type are named
+//! in the answer's warnings. Which replica is whole is decided once, by
+//! `strata_store::whole_replica`, for the merge and for pushdown alike.
 //!
 //! Dedup is on unless the request's scope says `dedup=false`, which shows every replica.
 //! Series with a single replica pass through with their chunks as stored; merged series
@@ -19,9 +24,9 @@ pub mod samples;
 use async_trait::async_trait;
 use std::sync::Arc;
 use strata_chunk::Chunk;
-use strata_model::{Label, Labels, Matcher, Metadata, MetricType, Sample};
+use strata_model::{Label, Labels, Matcher, Metadata, MetricType};
 use strata_store::{
-    collect_batches, collect_within, BoxBatches, Coverage, OneBatch, QueryScope, SelectBudget, SelectRequest,
+    collect_batches, collect_within, whole_replica, BoxBatches, OneBatch, QueryScope, SelectBudget, SelectRequest,
     SeriesBatches, SeriesChunks, SeriesSummary, Steps, StepsRequest, Store, StoreError,
 };
 
@@ -52,75 +57,83 @@ fn is_replica_label(l: &Label, replica_labels: &[String]) -> bool {
     replica_labels.iter().any(|r| r.as_str() == l.name.as_ref())
 }
 
+/// Name suffixes of counter series (Prometheus' "might not be a counter" annotation checks
+/// the same), for series whose type is unknown.
+const COUNTER_SUFFIXES: [&str; 4] = ["_total", "_count", "_sum", "_bucket"];
+
 /// Whether a series is merged as a counter.
 pub fn is_counter(t: MetricType, labels: &Labels) -> bool {
     match t {
         MetricType::Counter | MetricType::Histogram => true,
         MetricType::Summary => labels.get("quantile").is_none(),
+        MetricType::Unknown => labels.metric_name().is_some_and(|n| COUNTER_SUFFIXES.iter().any(|s| n.ends_with(s))),
         _ => false,
     }
 }
 
-/// [`samples::covers`] from chunk headers alone, for block-encoded chunks: each chunk's
-/// largest possible step, and the steps between chunks, within 1.5 grid steps, and the span
-/// reached at both ends. (Block chunks hold no staleness markers.) `false` means "decode
-/// and look", not "has a gap".
+/// [`samples::covers`] from chunk headers alone, for block-encoded chunks (`false` means
+/// "decode and look", not "has a gap").
+#[cfg(test)]
 fn covers_by_headers(chunks: &[Chunk], first: i64, last: i64) -> bool {
-    Coverage::of_headers(chunks).is_some_and(|c| c.covers(first, last))
+    strata_store::Coverage::of_headers(chunks).is_some_and(|c| c.covers(first, last, c.own_gap()))
 }
 
-/// The replica of a group that [`merge_group`] passes through whole, decided from
-/// summaries alone; `None` when the summaries do not show one (the merge may still find
-/// one, or merge samples). Replicas in the order the merge sees them.
-pub fn whole_replica(group: &[&SeriesSummary]) -> Option<usize> {
-    if group.len() == 1 {
-        return Some(0);
-    }
-    let first = group.iter().filter_map(|g| g.span).map(|s| s.0).min().unwrap_or(0);
-    let last = group.iter().filter_map(|g| g.span).map(|s| s.1).max().unwrap_or(0);
-    let fullest = (0..group.len()).max_by_key(|&k| group[k].samples)?;
-    group[fullest].surely_covers(first, last).then_some(fullest)
+/// The type a group of replicas is merged as: the one they state; when they disagree, the
+/// counter rule if any says counter (it never shows a false reset), and a warning names
+/// the series and the types.
+fn group_type(labels: &Labels, group: &[SeriesChunks]) -> MetricType {
+    let mut known = group.iter().map(|s| s.metric_type).filter(|t| *t != MetricType::Unknown);
+    let Some(first) = known.next() else { return MetricType::Unknown };
+    let Some(other) = known.find(|t| *t != first) else { return first };
+    let chosen = group.iter().map(|s| s.metric_type).find(|t| is_counter(*t, labels)).unwrap_or(first);
+    QueryScope::current().warn(format!(
+        "series {labels}: HA replicas disagree on the metric type ({} and {}); merged as {}",
+        first.as_str(),
+        other.as_str(),
+        chosen.as_str()
+    ));
+    chosen
 }
 
-/// One series from the replicas of a group (`labels`: theirs without the replica labels).
+/// One series from the replicas of a group (`labels`: theirs without the replica labels):
+/// the replica [`whole_replica`] names, as stored, or the samples merged.
 fn merge_group(labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks, StoreError> {
-    let metric_type = group.iter().map(|s| s.metric_type).find(|t| *t != MetricType::Unknown).unwrap_or_default();
+    let metric_type = group_type(&labels, &group);
     let mut group = group;
     if group.len() == 1 {
         let chunks = group.pop().map(|s| s.chunks).unwrap_or_default();
         return Ok(SeriesChunks { labels, metric_type, chunks });
     }
-    let decode = |s: &SeriesChunks| -> Result<Vec<Sample>, StoreError> {
-        let mut v = Vec::new();
-        Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v)
-            .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
-        Ok(v)
+    let corrupt = |s: &SeriesChunks, e: strata_chunk::ChunkError| StoreError::Corrupt {
+        series: s.labels.to_string(),
+        reason: e.to_string(),
     };
-    // The fullest replica first (counts and span from chunk headers): if it covers the
-    // span without a gap, it is the answer and the others stay encoded.
-    let first = group.iter().filter_map(|g| g.chunks.first()).map(|c| c.min_t).min().unwrap_or(0);
-    let last = group.iter().filter_map(|g| g.chunks.last()).map(|c| c.max_t).max().unwrap_or(0);
-    let count = |g: &SeriesChunks| g.chunks.iter().map(|c| c.n as u64).sum::<u64>();
-    let fullest = (0..group.len()).max_by_key(|&k| count(&group[k])).unwrap_or(0);
-    let fullest_samples =
-        if covers_by_headers(&group[fullest].chunks, first, last) { None } else { Some(decode(&group[fullest])?) };
-    let chunks = match fullest_samples {
-        Some(f) if !samples::covers(&f, first, last) => {
-            // The fullest replica is decoded already; the others now.
-            let mut f = Some(f);
-            let replicas = (0..group.len())
-                .map(|k| if k == fullest { Ok(f.take().unwrap_or_default()) } else { decode(&group[k]) })
-                .collect::<Result<Vec<_>, _>>()?;
-            match samples::merge(&replicas, is_counter(metric_type, &labels)) {
-                // One replica covers the span without a gap: its chunks go on as stored.
-                samples::Merged::Replica(k) => std::mem::take(&mut group[k].chunks),
-                samples::Merged::Samples(merged) => Chunk::encode_samples(merged),
+    // The summaries the stores compute for pushdown, from the same chunks: one decision.
+    let mut summaries = Vec::with_capacity(group.len());
+    let mut decoded = Vec::with_capacity(group.len());
+    for s in &group {
+        let (summary, samples) = SeriesSummary::of_decoding(&s.chunks, true).map_err(|e| corrupt(s, e))?;
+        summaries.push(summary);
+        decoded.push(samples);
+    }
+    if let Some(k) = whole_replica(&summaries.iter().collect::<Vec<_>>()) {
+        let chunks = std::mem::take(&mut group[k].chunks);
+        return Ok(SeriesChunks { labels, metric_type, chunks });
+    }
+    let replicas = group
+        .iter()
+        .zip(decoded)
+        .map(|(s, d)| match d {
+            Some(v) => Ok(v),
+            None => {
+                let mut v = Vec::new();
+                Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v).map_err(|e| corrupt(s, e))?;
+                Ok(v)
             }
-        }
-        // The fullest replica covers the span without a gap: it is the answer.
-        _ => std::mem::take(&mut group[fullest].chunks),
-    };
-    Ok(SeriesChunks { labels, metric_type, chunks })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let merged = samples::merge_replicas(&replicas, is_counter(metric_type, &labels));
+    Ok(SeriesChunks { labels, metric_type, chunks: Chunk::encode_samples(merged) })
 }
 
 /// The inner store's batches, ordered without the replica labels so that the replicas of

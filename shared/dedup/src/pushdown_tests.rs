@@ -4,6 +4,7 @@
 
 use super::*;
 use strata_model::Labels;
+use strata_model::Sample;
 use strata_promql::pushdown::Evaluating;
 use strata_promql::{Engine, EngineOptions, QueryValue};
 use strata_store::memory::MemoryStore;

@@ -1,6 +1,6 @@
 use super::samples::{merge, merge_replicas, Merged};
 use super::*;
-use strata_model::{stale_nan, Labels};
+use strata_model::{stale_nan, Labels, Sample};
 use strata_store::conformance::{fixture, run_all};
 use strata_store::memory::MemoryStore;
 
@@ -299,5 +299,144 @@ async fn replicas_that_sort_apart_and_straddle_batches_are_one_series_each() {
         let v = s.samples(0, i64::MAX).unwrap();
         assert!(v.windows(2).all(|w| w[1].t - w[0].t <= 45_000), "{}: a gap", s.labels);
         assert_eq!(resets(&v), 0, "{}", s.labels);
+    }
+}
+
+/// Findings of the global review: untyped counters, replicas that disagree on a type, a
+/// flapping target's markers, a replica that saw a reset before the output did, and one
+/// decision of which replica is whole.
+mod review {
+    use super::*;
+    use strata_store::SeriesSummary;
+
+    fn store_of(replicas: &[(&str, MetricType, Vec<Sample>)], name: &str) -> MemoryStore {
+        let mut m = MemoryStore::default();
+        for (replica, t, samples) in replicas {
+            m.add(Labels::from_pairs([("__name__", name), ("replica", replica)]), *t, samples.clone());
+        }
+        m
+    }
+
+    /// A page without `# TYPE` (or remote write before its metadata): the series is
+    /// untyped, but its name says counter, and a lagging replica at a switch must not read
+    /// as a reset.
+    #[tokio::test]
+    async fn an_untyped_total_is_merged_as_a_counter() {
+        // A stops, B takes over with a reading taken a little before A's last one.
+        let a = vec![Sample::new(0, 100.0), Sample::new(30_000, 130.0), Sample::new(60_000, 160.0)];
+        let b = vec![
+            Sample::new(61_000, 159.0),
+            Sample::new(91_000, 190.0),
+            Sample::new(121_000, 220.0),
+            Sample::new(151_000, 250.0),
+        ];
+        for name in ["energy_total", "requests_count", "latency_sum", "latency_bucket"] {
+            let m = store_of(&[("a", MetricType::Unknown, a.clone()), ("b", MetricType::Unknown, b.clone())], name);
+            let d = ReplicaDedup::new(Arc::new(m), vec!["replica".into()]);
+            let got = d.select(&SelectRequest::new(vec![Matcher::eq("__name__", name)], 0, i64::MAX)).await.unwrap();
+            let v = got[0].samples(0, i64::MAX).unwrap();
+            assert_eq!(resets(&v), 0, "{name}: a false reset at the switch: {v:?}");
+        }
+    }
+
+    /// Replicas that disagree on a series' type: the answer says so instead of letting the
+    /// replica order decide in silence.
+    #[tokio::test]
+    async fn replicas_that_disagree_on_a_type_are_named_in_a_warning() {
+        let s = scrape(0, 30, 600, &[], |_| true);
+        let m = store_of(&[("a", MetricType::Counter, s.clone()), ("b", MetricType::Gauge, s)], "energy");
+        let d = ReplicaDedup::new(Arc::new(m), vec!["replica".into()]);
+        let scope = QueryScope::default();
+        let req = SelectRequest::new(vec![Matcher::eq("__name__", "energy")], 0, i64::MAX);
+        scope.clone().run(d.select(&req)).await.unwrap();
+        let w = scope.warnings();
+        assert!(w.iter().any(|w| w.contains("energy") && w.contains("counter") && w.contains("gauge")), "{w:?}");
+    }
+
+    /// A flapping target: both replicas show a staleness marker every other scrape. The
+    /// merge must not scan the other replica whole for each marker (quadratic: minutes of
+    /// CPU for one query); it finishes well within a second's work.
+    #[test]
+    fn a_flapping_targets_markers_merge_in_linear_time() {
+        let n = 100_000i64;
+        let flap = |off: i64| -> Vec<Sample> {
+            (0..n).map(|k| Sample::new(off + k * 5_000, if k % 2 == 1 { stale_nan() } else { k as f64 })).collect()
+        };
+        let (a, b) = (flap(0), flap(2_000));
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let out = merge_replicas(&[a, b], false);
+            let _ = tx.send(out.len());
+        });
+        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+        assert!(got.is_ok_and(|n| n > 0), "the merge of {n} flapping samples per replica did not finish in 5 s");
+    }
+
+    /// thanos-io/thanos 1326, the other way round: replica B reads the reset at 1,005 s,
+    /// the output's replica A only at 1,020 s, and A then loses scrapes. B's next sample
+    /// (35 at 1,035 s) is after a reset B itself has shown: it belongs in the output.
+    #[test]
+    fn a_replica_that_saw_the_reset_first_is_followed_at_once() {
+        let a = scrape(0, 30, 2000, &[1000], |t| !(1_050_000..=1_200_000).contains(&t));
+        let b = scrape(15, 30, 2000, &[1000], |_| true);
+        let out = merge_replicas(&[a, b], true);
+        assert!(
+            out.contains(&Sample::new(1_035_000, 35.0)),
+            "B's first sample after the switch was dropped: {:?}",
+            &out[30..40]
+        );
+        assert_eq!(resets(&out), 1);
+        let jump = out.windows(2).filter(|w| w[1].v >= w[0].v).map(|w| w[1].v - w[0].v).fold(0.0, f64::max);
+        assert!(jump <= 45.0, "a jump of {jump}");
+    }
+
+    /// One decision of which replica is whole: for every group, when the summaries name a
+    /// replica (what pushdown evaluates), the merge passes exactly that one; when they do
+    /// not, the merge merges samples and never passes some replica by another rule.
+    #[test]
+    fn the_merge_and_pushdown_decide_which_replica_is_whole_alike() {
+        let full = |off: i64, every: i64, from: i64, to: i64| scrape(off, every, to, &[], move |t| t >= from * 1000);
+        let holed = |off: i64, every: i64, hole: (i64, i64)| {
+            scrape(off, every, 3600, &[], move |t| !(hole.0 * 1000..hole.1 * 1000).contains(&t))
+        };
+        let scenarios: Vec<(&str, Vec<Vec<Sample>>)> = vec![
+            ("identical", vec![full(0, 30, 0, 3600), full(0, 30, 0, 3600)]),
+            ("offset", vec![full(0, 30, 0, 3600), full(15, 30, 0, 3600)]),
+            ("one with a hole", vec![holed(0, 30, (900, 1000)), full(15, 30, 0, 3600)]),
+            // The fullest replica (10 s) has a hole; the 15 s one is whole by the group's gap.
+            ("fullest with a hole", vec![holed(0, 10, (1800, 1860)), full(5, 15, 0, 3600)]),
+            ("both holed", vec![holed(0, 30, (900, 1000)), holed(15, 30, (2000, 2100))]),
+            ("late start", vec![full(0, 30, 600, 3600), full(15, 30, 0, 3600)]),
+        ];
+        for (what, reps) in scenarios {
+            let group: Vec<SeriesChunks> = reps
+                .iter()
+                .enumerate()
+                .map(|(k, s)| SeriesChunks {
+                    labels: Labels::from_pairs([("__name__", "x".to_string()), ("replica", k.to_string())]),
+                    metric_type: MetricType::Counter,
+                    chunks: Chunk::encode_samples(s.clone()),
+                })
+                .collect();
+            let summaries: Vec<SeriesSummary> =
+                group.iter().map(|g| SeriesSummary::of(&g.chunks, true).unwrap()).collect();
+            let decision = whole_replica(&summaries.iter().collect::<Vec<_>>());
+            let merged = merge_group(Labels::from_pairs([("__name__", "x")]), group.clone()).unwrap();
+            match decision {
+                Some(k) => assert_eq!(
+                    merged.chunks, group[k].chunks,
+                    "{what}: pushdown evaluates replica {k}, the merge did not pass it"
+                ),
+                None => {
+                    let mut got = Vec::new();
+                    Chunk::decode_range(&merged.chunks, i64::MIN, i64::MAX, &mut got).unwrap();
+                    assert_eq!(
+                        got,
+                        merge_replicas(&reps, true),
+                        "{what}: no replica is whole, yet the merge passed one"
+                    );
+                }
+            }
+        }
     }
 }

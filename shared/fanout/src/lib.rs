@@ -5,10 +5,14 @@
 //! those labels (`cluster="c1"` never reaches the stores of `c0`). The calls run at once,
 //! each under the fan-out's timeout. A store that fails or is too slow is named with the
 //! reason: as a warning in the request's [`QueryScope`] (partial response, the default),
-//! or, with `partial_response=false`, as the request's error. Errors that are the
-//! request's own (a limit, an invalid request) fail it either way. A store that failed is
-//! not asked again within the same request (the scope remembers it), so a hanging store
-//! costs one timeout per request, not one per selection.
+//! or, with `partial_response=false`, as the request's error. Only the request's own errors
+//! fail it either way: its limit reached (by the fan-out's own count, or by one store's part
+//! alone). A store that refuses what the others answer (a request its version does not
+//! take, a limit of its own below the request's) fails alone. The timeout counts the
+//! store's own time, never the time the consumer takes to read what it sent. A store that
+//! failed is not asked again within the same request (the scope remembers it), so a
+//! hanging store costs one timeout per request, not one per selection. Every call runs in
+//! the request's scope, so a store's own warnings (a stacked global's) reach the answer.
 //!
 //! A selection streams (`stream`): each store's batches come through a small channel and
 //! a k-way merge hands them on in order, so the fan-out holds a few batches per store,
@@ -26,8 +30,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
-    collect_within, require_matchers, BoxBatches, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Steps,
-    StepsRequest, Store, StoreError,
+    collect_within, require_matchers, BoxBatches, QueryScope, SelectBudget, SelectLimits, SelectRequest, SeriesChunks,
+    Steps, StepsRequest, Store, StoreError,
 };
 
 /// One store behind the fan-out, with what its `Info` said.
@@ -94,9 +98,8 @@ impl Fanout {
     /// Returns the answers in store order; failures are settled per the request's scope.
     async fn ask<T: Send + 'static, F>(
         &self,
-        matchers: &[Matcher],
-        start: i64,
-        end: i64,
+        (matchers, start, end): (&[Matcher], i64, i64),
+        limits: SelectLimits,
         call: impl Fn(Arc<dyn Store>) -> F,
     ) -> Result<Vec<T>, StoreError>
     where
@@ -108,7 +111,7 @@ impl Fanout {
         let asked = targets.iter().enumerate().filter(|(_, t)| t.may_match(matchers, start, end));
         for (i, t) in asked.filter(|(_, t)| !scope.has_failed(&t.name)) {
             let (fut, timeout) = (call(t.store.clone()), self.timeout);
-            set.spawn(async move { (i, tokio::time::timeout(timeout, fut).await) });
+            set.spawn(scope.clone().run(async move { (i, tokio::time::timeout(timeout, fut).await) }));
         }
         let mut answers: Vec<(usize, T)> = Vec::new();
         let mut failed: Vec<(usize, String)> = Vec::new();
@@ -122,7 +125,7 @@ impl Fanout {
                     answers.push((i, v));
                     continue;
                 }
-                Ok(Err(e)) => classify(e),
+                Ok(Err(e)) => classify(e, &limits),
                 Err(_) => Failure::Store(format!("no answer within {:?}", self.timeout)),
             };
             match failure {
@@ -149,9 +152,21 @@ impl Fanout {
     }
 }
 
-pub(crate) fn classify(e: StoreError) -> Failure {
+/// Whose failure a store's error is. `limits`: the request's.
+pub(crate) fn classify(e: StoreError, limits: &SelectLimits) -> Failure {
+    let requested = |what: &str| match what {
+        "series" => u64::try_from(limits.max_series).unwrap_or(u64::MAX),
+        _ => limits.max_samples,
+    };
     match e {
-        StoreError::LimitExceeded { .. } | StoreError::InvalidRequest(_) => Failure::Request(e),
+        // One store's part alone reached the request's limit: the whole answer would too.
+        StoreError::LimitExceeded { what, limit } if limit >= requested(what) => Failure::Request(e),
+        StoreError::LimitExceeded { what, limit } => {
+            Failure::Store(format!("its own {what} limit of {limit} is below the request's {}", requested(what)))
+        }
+        // The fan-out validated the request before it asked: a store that refuses it (a
+        // version that does not take it) fails alone.
+        StoreError::InvalidRequest(m) => Failure::Store(format!("refused the request: {m}")),
         StoreError::Unavailable(m) => Failure::Store(m),
         StoreError::Corrupt { series, reason } if series.is_empty() => Failure::Store(reason),
         StoreError::Corrupt { series, reason } => Failure::Store(format!("series {series}: {reason}")),
@@ -187,7 +202,7 @@ impl Store for Fanout {
     ) -> Result<Vec<Labels>, StoreError> {
         let ms = matchers.to_vec();
         let answers = self
-            .ask(matchers, start, end, move |s| {
+            .ask((matchers, start, end), SelectLimits::default(), move |s| {
                 let ms = ms.clone();
                 async move { s.series(&ms, start, end).await }
             })
@@ -204,7 +219,7 @@ impl Store for Fanout {
     async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
         let ms = matchers.to_vec();
         let answers = self
-            .ask(matchers, start, end, move |s| {
+            .ask((matchers, start, end), SelectLimits::default(), move |s| {
                 let ms = ms.clone();
                 async move { s.label_names(&ms, start, end).await }
             })
@@ -221,7 +236,7 @@ impl Store for Fanout {
     ) -> Result<Vec<String>, StoreError> {
         let (ms, name) = (matchers.to_vec(), name.to_string());
         let answers = self
-            .ask(matchers, start, end, move |s| {
+            .ask((matchers, start, end), SelectLimits::default(), move |s| {
                 let (ms, name) = (ms.clone(), name.clone());
                 async move { s.label_values(&name, &ms, start, end).await }
             })
@@ -236,7 +251,7 @@ impl Store for Fanout {
         let sel = req.selection();
         let shared = Arc::new(req.clone());
         let answers = self
-            .ask(&sel.matchers, sel.start, sel.end, move |s| {
+            .ask((&sel.matchers, sel.start, sel.end), req.limits, move |s| {
                 let r = shared.clone();
                 async move { s.steps(&r).await }
             })
@@ -247,7 +262,7 @@ impl Store for Fanout {
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
         let metric = metric.map(str::to_string);
         let answers = self
-            .ask(&[], i64::MIN, i64::MAX, move |s| {
+            .ask((&[], i64::MIN, i64::MAX), SelectLimits::default(), move |s| {
                 let metric = metric.clone();
                 async move { s.metadata(metric.as_deref()).await }
             })

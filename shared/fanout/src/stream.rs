@@ -6,7 +6,7 @@ use crate::{classify, Failure, StoreTarget};
 use async_trait::async_trait;
 use std::collections::VecDeque;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use strata_chunk::merge::merge_sources;
 use strata_model::MetricType;
 use strata_store::{selection_order, QueryScope, SelectBudget, SelectRequest, SeriesBatches, SeriesChunks, StoreError};
@@ -37,13 +37,15 @@ pub struct MergedBatches {
 }
 
 impl MergedBatches {
-    /// Starts a reader per store (each under `timeout`, for its whole answer).
+    /// Starts a reader per store, in the request's scope (each store gets `timeout` of its
+    /// own time for its whole answer).
     pub fn start(targets: &[&StoreTarget], req: &SelectRequest, timeout: Duration) -> Self {
+        let scope = QueryScope::current();
         let sources = targets
             .iter()
             .map(|t| {
                 let (tx, rx) = mpsc::channel(2);
-                tokio::spawn(read_store(t.store.clone(), req.clone(), timeout, tx));
+                tokio::spawn(scope.clone().run(read_store(t.store.clone(), req.clone(), timeout, tx)));
                 Source { name: t.name.clone(), rx, head: VecDeque::new(), done: false }
             })
             .collect();
@@ -51,7 +53,7 @@ impl MergedBatches {
             sources,
             order_without: req.order_without.clone(),
             budget: SelectBudget::new(req.limits, req.start, req.end),
-            scope: QueryScope::current(),
+            scope,
         }
     }
 
@@ -149,26 +151,40 @@ impl SeriesBatches for MergedBatches {
     }
 }
 
-/// Reads one store's batches into `tx` until the end, a failure or the timeout.
+/// Reads one store's batches into `tx` until the end, a failure or the timeout. The timeout
+/// is the store's own time: waiting for the merge to take a batch (a slow consumer) does
+/// not count against it.
 async fn read_store(
     store: Arc<dyn strata_store::Store>,
     req: SelectRequest,
     timeout: Duration,
     tx: mpsc::Sender<Message>,
 ) {
-    let read = async {
-        let mut batches = store.select_batches(&req).await?;
-        while let Some(b) = batches.next_batch().await? {
-            if tx.send(Message::Batch(b)).await.is_err() {
-                break; // the merge was dropped
+    let mut left = timeout;
+    let failure = 'read: {
+        let started = Instant::now();
+        let opened = tokio::time::timeout(left, store.select_batches(&req)).await;
+        left = left.saturating_sub(started.elapsed());
+        let mut batches = match opened {
+            Ok(Ok(b)) => b,
+            Ok(Err(e)) => break 'read classify(e, &req.limits),
+            Err(_) => break 'read Failure::Store(format!("no answer within {timeout:?}")),
+        };
+        loop {
+            let started = Instant::now();
+            let next = tokio::time::timeout(left, batches.next_batch()).await;
+            left = left.saturating_sub(started.elapsed());
+            match next {
+                Ok(Ok(Some(b))) => {
+                    if tx.send(Message::Batch(b)).await.is_err() {
+                        return; // the merge was dropped
+                    }
+                }
+                Ok(Ok(None)) => return,
+                Ok(Err(e)) => break 'read classify(e, &req.limits),
+                Err(_) => break 'read Failure::Store(format!("no answer within {timeout:?}")),
             }
         }
-        Ok::<(), StoreError>(())
-    };
-    let failure = match tokio::time::timeout(timeout, read).await {
-        Ok(Ok(())) => return,
-        Ok(Err(e)) => classify(e),
-        Err(_) => Failure::Store(format!("no answer within {timeout:?}")),
     };
     let _ = tx.send(Message::Failed(failure)).await;
 }

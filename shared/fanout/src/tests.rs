@@ -275,7 +275,7 @@ fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
         labels: Labels::from_pairs([("__name__", name)]),
         metric_type: Default::default(),
         summary: Default::default(),
-        values: vec![Some(1.0)],
+        values: strata_store::StepValues::from_options(&[Some(1.0)]),
         name_dropped: false,
     };
     let steps = |s: &[&str], g: &[&str]| Steps {
@@ -296,4 +296,155 @@ fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
         merged_steps(vec![Some(steps(&["a", "b"], &[])), Some(steps(&["c"], &[]))], 2),
         Err(StoreError::LimitExceeded { what: "series", .. })
     ));
+}
+
+/// Findings of the global review: a store's timeout must not count the consumer's time,
+/// and one store's own refusal must not fail the request.
+mod review {
+    use super::*;
+
+    /// `n` series in batches of 100, quickly.
+    struct Finite(usize);
+
+    struct FiniteBatches(usize, usize);
+
+    #[async_trait]
+    impl strata_store::SeriesBatches for FiniteBatches {
+        async fn next_batch(&mut self) -> Result<Option<Vec<SeriesChunks>>, StoreError> {
+            if self.0 >= self.1 {
+                return Ok(None);
+            }
+            let end = (self.0 + 100).min(self.1);
+            let out = (self.0..end)
+                .map(|i| SeriesChunks {
+                    labels: Labels::from_pairs([("__name__", "x".to_string()), ("i", format!("{i:09}"))]),
+                    metric_type: Default::default(),
+                    chunks: vec![],
+                })
+                .collect();
+            self.0 = end;
+            Ok(Some(out))
+        }
+    }
+
+    #[async_trait]
+    impl Store for Finite {
+        async fn select_within(
+            &self,
+            _: &SelectRequest,
+            _: &mut SelectBudget,
+        ) -> Result<Vec<SeriesChunks>, StoreError> {
+            Err(StoreError::InvalidRequest("read me in batches".into()))
+        }
+        async fn select_batches(&self, _: &SelectRequest) -> Result<BoxBatches, StoreError> {
+            Ok(Box::new(FiniteBatches(0, self.0)))
+        }
+        async fn series_within(
+            &self,
+            _: &[Matcher],
+            _: i64,
+            _: i64,
+            _: &mut SelectBudget,
+        ) -> Result<Vec<Labels>, StoreError> {
+            Ok(vec![])
+        }
+        async fn label_names(&self, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+            Ok(vec![])
+        }
+        async fn label_values(&self, _: &str, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+            Ok(vec![])
+        }
+        async fn metadata(&self, _: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+            Ok(vec![])
+        }
+    }
+
+    /// A healthy store streams 5,000 series at once to a consumer that takes 150 ms per
+    /// batch of 1,024: the whole takes longer than the store's 300 ms timeout, yet the store
+    /// itself answered in a few milliseconds. Nothing is cut off.
+    #[tokio::test]
+    async fn a_slow_consumer_does_not_make_a_fast_store_time_out() {
+        let fanout = Fanout::new(vec![StoreTarget::new("fast", Arc::new(Finite(5000)))], Duration::from_millis(300));
+        let scope = QueryScope::default();
+        let got = scope
+            .clone()
+            .run(async {
+                let mut batches = fanout.select_batches(&gpu_util()).await.unwrap();
+                let mut n = 0;
+                while let Some(b) = batches.next_batch().await.unwrap() {
+                    n += b.len();
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                n
+            })
+            .await;
+        assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
+        assert_eq!(got, 5000, "series dropped");
+    }
+
+    /// Stores that refuse a request themselves.
+    struct RefusesWith(fn() -> StoreError);
+
+    #[async_trait]
+    impl Store for RefusesWith {
+        async fn select_within(
+            &self,
+            _: &SelectRequest,
+            _: &mut SelectBudget,
+        ) -> Result<Vec<SeriesChunks>, StoreError> {
+            Err((self.0)())
+        }
+        async fn series_within(
+            &self,
+            _: &[Matcher],
+            _: i64,
+            _: i64,
+            _: &mut SelectBudget,
+        ) -> Result<Vec<Labels>, StoreError> {
+            Err((self.0)())
+        }
+        async fn label_names(&self, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+            Err((self.0)())
+        }
+        async fn label_values(&self, _: &str, _: &[Matcher], _: i64, _: i64) -> Result<Vec<String>, StoreError> {
+            Err((self.0)())
+        }
+        async fn metadata(&self, _: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+            Err((self.0)())
+        }
+    }
+
+    /// A store that answers `INVALID_ARGUMENT` (an older version) and one whose own samples
+    /// limit is below the request's: each is that store's failure, named in the warnings,
+    /// and the others' answer stands; `partial_response=false` fails the request.
+    #[tokio::test]
+    async fn one_stores_refusal_is_that_stores_failure() {
+        let fanout = Fanout::new(
+            vec![
+                StoreTarget::new("good", Arc::new(memory(|_| true))),
+                StoreTarget::new(
+                    "old:10901",
+                    Arc::new(RefusesWith(|| StoreError::InvalidRequest("unknown field".into()))),
+                ),
+                StoreTarget::new(
+                    "small:10901",
+                    Arc::new(RefusesWith(|| StoreError::LimitExceeded { what: "samples", limit: 10 })),
+                ),
+            ],
+            Duration::from_secs(5),
+        );
+        let want = QueryScope::default().run(memory(|_| true).select(&gpu_util())).await.unwrap().len();
+        let scope = QueryScope::default();
+        let got = scope.clone().run(fanout.select(&gpu_util())).await;
+        let got = got.unwrap_or_else(|e| panic!("one store's refusal failed the request: {e}"));
+        assert_eq!(got.len(), want);
+        let w = scope.warnings();
+        assert!(w.iter().any(|w| w.contains("old:10901")) && w.iter().any(|w| w.contains("small:10901")), "{w:?}");
+        let scope = QueryScope::default();
+        let names = scope.clone().run(fanout.label_names(&[], i64::MIN, i64::MAX)).await;
+        assert!(names.is_ok_and(|n| !n.is_empty()), "label names failed");
+        assert_eq!(scope.warnings().len(), 2, "{:?}", scope.warnings());
+        let strict = QueryScope::new(false, true);
+        assert!(strict.run(fanout.select(&gpu_util())).await.is_err(), "partial_response=false must fail");
+    }
 }

@@ -8,14 +8,34 @@ use std::cmp::Ordering;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
-    collect_within, require_matchers, selection_order, BoxBatches, SelectBudget, SelectLimits, SelectRequest,
-    SeriesBatches, SeriesChunks, Steps, StepsRequest, Store, StoreError,
+    collect_within, require_matchers, selection_order, BoxBatches, QueryScope, SelectBudget, SelectLimits,
+    SelectRequest, SeriesBatches, SeriesChunks, Steps, StepsRequest, Store, StoreError,
 };
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
 
-/// The most annotations of each kind kept from one `Steps` answer.
+/// The most annotations of each kind kept from one `Steps` answer, and warnings from one
+/// answer of any call.
 const MAX_ANNOTATIONS: usize = 100;
+
+/// Whether the request's scope disables partial response (sent along, so a store that fans
+/// out in turn honours it).
+fn partial_response_disabled() -> bool {
+    !QueryScope::current().partial_response
+}
+
+/// Puts a peer's warnings (a stacked global's failed stores) into the request's scope,
+/// naming the peer; at most [`MAX_ANNOTATIONS`] of them.
+fn pass_on_warnings(store: &str, warnings: &[pb::Warning]) {
+    if warnings.is_empty() {
+        return;
+    }
+    let scope = QueryScope::current();
+    for w in warnings.iter().take(MAX_ANNOTATIONS) {
+        let about = if w.store.is_empty() { String::new() } else { format!("store {}: ", w.store) };
+        scope.warn(format!("store {store}: {about}{}", w.message));
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct RemoteStoreOptions {
@@ -126,9 +146,7 @@ impl Frames {
                 Ok(None) => return Ok(None),
                 Err(s) => return Err(store_error_from_status(&self.name, &s, self.limits)),
             };
-            for w in &frame.warnings {
-                tracing::warn!(store = %self.name, about = %w.store, "{}", w.message);
-            }
+            pass_on_warnings(&self.name, &frame.warnings);
             let symbols = FrameSymbols::new(frame.symbols, &mut self.pool);
             let mut out = Vec::with_capacity(frame.series.len());
             for mut s in frame.series {
@@ -193,6 +211,7 @@ fn series_request(matchers: &[Matcher], start: i64, end: i64, limits: SelectLimi
         skip_chunks: skip,
         max_series: limits.max_series as u64,
         max_samples: limits.max_samples,
+        partial_response_disabled: partial_response_disabled(),
         ..Default::default()
     }
 }
@@ -240,8 +259,10 @@ impl Store for RemoteStore {
             min_time: start,
             max_time: end,
             matchers: matchers.iter().map(matcher_to_pb).collect(),
+            partial_response_disabled: partial_response_disabled(),
         };
         let r = c.label_names(req).await.map_err(|s| self.error(&s))?.into_inner();
+        pass_on_warnings(&self.name, &r.warnings);
         Ok(r.names)
     }
 
@@ -258,8 +279,10 @@ impl Store for RemoteStore {
             min_time: start,
             max_time: end,
             matchers: matchers.iter().map(matcher_to_pb).collect(),
+            partial_response_disabled: partial_response_disabled(),
         };
         let r = c.label_values(req).await.map_err(|s| self.error(&s))?.into_inner();
+        pass_on_warnings(&self.name, &r.warnings);
         Ok(r.values)
     }
 
@@ -278,15 +301,16 @@ impl Store for RemoteStore {
             Err(s) => return Err(store_error_from_status(&self.name, &s, req.limits)),
         };
         let (mut out, mut pool) = (Steps::default(), StringPool::default());
+        // Every value received is charged to the query's sample budget as its frame arrives,
+        // as a selection's samples are: a store cannot make the client hold more.
+        let mut values = 0u64;
         loop {
             let mut frame = match stream.message().await {
                 Ok(Some(f)) => f,
                 Ok(None) => break,
                 Err(s) => return Err(store_error_from_status(&self.name, &s, req.limits)),
             };
-            for w in &frame.warnings {
-                tracing::warn!(store = %self.name, about = %w.store, "{}", w.message);
-            }
+            pass_on_warnings(&self.name, &frame.warnings);
             if out.series.len().saturating_add(frame.series.len()) > req.limits.max_series {
                 let limit = u64::try_from(req.limits.max_series).unwrap_or(u64::MAX);
                 return Err(StoreError::LimitExceeded { what: "series", limit });
@@ -297,6 +321,10 @@ impl Store for RemoteStore {
                     .map_err(|r| corrupt(&self.name, r))?;
                 if out.series.last().is_some_and(|l| l.labels >= s.labels) {
                     return Err(corrupt(&self.name, format!("series {} out of order or repeated", s.labels)));
+                }
+                values = values.saturating_add(s.values.present() as u64);
+                if values > req.limits.max_samples {
+                    return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
                 }
                 out.series.push(s);
             }
@@ -313,6 +341,10 @@ impl Store for RemoteStore {
                 if out.groups.last().is_some_and(|l| l.labels >= g.labels) {
                     return Err(corrupt(&self.name, format!("group {} out of order or repeated", g.labels)));
                 }
+                values = values.saturating_add(g.values.present() as u64);
+                if values > req.limits.max_samples {
+                    return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
+                }
                 out.groups.push(g);
             }
             out.samples = out.samples.saturating_add(frame.samples);
@@ -326,8 +358,12 @@ impl Store for RemoteStore {
 
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
         let mut c = self.client.clone();
-        let req = pb::MetadataRequest { metric: metric.unwrap_or_default().to_string() };
+        let req = pb::MetadataRequest {
+            metric: metric.unwrap_or_default().to_string(),
+            partial_response_disabled: partial_response_disabled(),
+        };
         let r = c.metadata(req).await.map_err(|s| self.error(&s))?.into_inner();
+        pass_on_warnings(&self.name, &r.warnings);
         Ok(r.families.into_iter().map(metadata_from_pb).collect())
     }
 }

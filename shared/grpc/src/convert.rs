@@ -257,13 +257,24 @@ pub fn store_error_from_status(store: &str, s: &Status, limits: SelectLimits) ->
         }
         (cause, last) = (c.source(), text);
     }
+    // The limit the peer applied, as its message spells it ("samples limit of N exceeded"),
+    // else the request's: the fan-out tells the request's own limit from a store's lower one.
+    let limit_in = |what: &str, requested: u64| {
+        s.message()
+            .strip_prefix(what)
+            .and_then(|m| m.strip_prefix(" limit of "))
+            .and_then(|m| m.split(' ').next())
+            .and_then(|n| n.parse::<u64>().ok())
+            .unwrap_or(requested)
+    };
     match s.code() {
         Code::InvalidArgument => StoreError::InvalidRequest(msg),
         Code::ResourceExhausted if s.message().starts_with("samples limit") => {
-            StoreError::LimitExceeded { what: "samples", limit: limits.max_samples }
+            StoreError::LimitExceeded { what: "samples", limit: limit_in("samples", limits.max_samples) }
         }
         Code::ResourceExhausted if s.message().starts_with("series limit") => {
-            StoreError::LimitExceeded { what: "series", limit: u64::try_from(limits.max_series).unwrap_or(u64::MAX) }
+            let requested = u64::try_from(limits.max_series).unwrap_or(u64::MAX);
+            StoreError::LimitExceeded { what: "series", limit: limit_in("series", requested) }
         }
         Code::ResourceExhausted => StoreError::Unavailable(format!("{msg} (a limit)")),
         Code::DataLoss => StoreError::Corrupt { series: String::new(), reason: msg },

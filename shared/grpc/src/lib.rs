@@ -20,15 +20,17 @@ mod frames;
 mod listener;
 mod server;
 mod steps;
+mod stream;
 #[cfg(test)]
 mod tests;
 mod tls;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{status_from_store_error, store_error_from_status};
-pub use listener::ConnectionLimits;
+pub use listener::{CallGuard, ConnectionLimits, Connections};
 pub use server::{selection_wire_bytes, serve, ServeOptions, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
+pub use stream::StreamBounds;
 pub use tls::{ClientTlsFiles, ServerTlsFiles};
 pub use tonic::transport::{ClientTlsConfig, ServerTlsConfig};
 

@@ -1,16 +1,26 @@
 //! The StoreAPI's connections, bounded as the HTTP server's are: at most
 //! [`ConnectionLimits::max_connections`] at once (the rest wait in the kernel's backlog,
-//! holding none of our memory or file descriptors), and a connection that sends nothing
-//! within [`ConnectionLimits::first_byte_timeout`] is closed. Idle or slow peers therefore
-//! cannot keep the slots, and a flood of connections cannot use up the process' file
-//! descriptors, which the edge needs for its WAL and its scrapes.
+//! holding none of our memory or file descriptors), a connection that sends nothing
+//! within [`ConnectionLimits::first_byte_timeout`] is closed, and so is one with no call
+//! open for [`ConnectionLimits::idle_timeout`]: HTTP/2 pings keep a connection alive for
+//! the protocol, not its slot. (Connection age is bounded by the server, see `serve`.)
+//! Idle or slow peers therefore cannot keep the slots, and a flood of connections cannot
+//! use up the process' file descriptors, which the edge needs for its WAL and its scrapes.
+//!
+//! Which connection a call belongs to is known by its peer address: [`Connections`] keeps
+//! each open connection's count of open calls, which the service raises and lowers with a
+//! [`CallGuard`] held for as long as the call's answer streams.
 
+use parking_lot::Mutex;
+use std::collections::HashMap;
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,11 +32,69 @@ pub struct ConnectionLimits {
     pub max_connections: usize,
     /// From accepting a connection to its first byte (the HTTP/2 preface or a TLS hello).
     pub first_byte_timeout: Duration,
+    /// A connection with no call open for this long is closed (pings do not count).
+    pub idle_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
     fn default() -> Self {
-        ConnectionLimits { max_connections: 256, first_byte_timeout: Duration::from_secs(10) }
+        ConnectionLimits {
+            max_connections: 256,
+            first_byte_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+        }
+    }
+}
+
+/// One connection's open calls, and when its last call ended.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    calls: AtomicUsize,
+    since: Mutex<Instant>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity { calls: AtomicUsize::new(0), since: Mutex::new(Instant::now()) }
+    }
+
+    /// How long the connection has had no call open (`None`: one is open).
+    fn idle_for(&self) -> Option<Duration> {
+        (self.calls.load(Ordering::Acquire) == 0).then(|| self.since.lock().elapsed())
+    }
+}
+
+/// The open connections by peer address.
+#[derive(Debug, Default)]
+pub struct Connections(Mutex<HashMap<SocketAddr, Arc<Activity>>>);
+
+/// A call in progress on its connection; dropping it ends the call.
+#[derive(Debug)]
+pub struct CallGuard(Arc<Activity>);
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        *self.0.since.lock() = Instant::now();
+        self.0.calls.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Connections {
+    fn open(&self, peer: SocketAddr) -> Arc<Activity> {
+        let a = Arc::new(Activity::new());
+        self.0.lock().insert(peer, a.clone());
+        a
+    }
+
+    fn close(&self, peer: SocketAddr) {
+        self.0.lock().remove(&peer);
+    }
+
+    /// Marks a call open on the connection from `peer` (unknown peers: nothing to mark).
+    pub fn call(&self, peer: Option<SocketAddr>) -> Option<CallGuard> {
+        let a = self.0.lock().get(&peer?)?.clone();
+        a.calls.fetch_add(1, Ordering::AcqRel);
+        Some(CallGuard(a))
     }
 }
 
@@ -35,6 +103,7 @@ impl Default for ConnectionLimits {
 pub(crate) fn accept(
     listener: TcpListener,
     limits: ConnectionLimits,
+    connections: Arc<Connections>,
 ) -> tokio_stream::wrappers::ReceiverStream<io::Result<Bounded>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -59,7 +128,12 @@ pub(crate) fn accept(
             };
             let _ = stream.set_nodelay(true);
             let deadline = Some(Box::pin(tokio::time::sleep(limits.first_byte_timeout)));
-            if tx.send(Ok(Bounded { stream, _slot: permit, deadline })).await.is_err() {
+            let peer = stream.peer_addr().ok();
+            let activity = peer.map(|p| (p, connections.open(p), connections.clone()));
+            let idle = Box::pin(tokio::time::sleep(limits.idle_timeout));
+            let bounded =
+                Bounded { stream, _slot: permit, deadline, idle, idle_timeout: limits.idle_timeout, activity };
+            if tx.send(Ok(bounded)).await.is_err() {
                 return;
             }
         }
@@ -73,6 +147,38 @@ pub(crate) struct Bounded {
     _slot: OwnedSemaphorePermit,
     /// Until the first byte arrives.
     deadline: Option<Pin<Box<Sleep>>>,
+    /// When to look again whether the connection has been idle for `idle_timeout`.
+    idle: Pin<Box<Sleep>>,
+    idle_timeout: Duration,
+    /// Its peer, its calls, and the registry to leave when it closes.
+    activity: Option<(SocketAddr, Arc<Activity>, Arc<Connections>)>,
+}
+
+impl Drop for Bounded {
+    fn drop(&mut self) {
+        if let Some((peer, _, connections)) = &self.activity {
+            connections.close(*peer);
+        }
+    }
+}
+
+impl Bounded {
+    /// Whether the connection has had no call open for the idle timeout; re-arms the timer
+    /// for the next look otherwise.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        loop {
+            if self.idle.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            let Some((_, activity, _)) = &self.activity else { return false };
+            let wait = match activity.idle_for() {
+                Some(idle) if idle >= self.idle_timeout => return true,
+                Some(idle) => self.idle_timeout - idle,
+                None => self.idle_timeout,
+            };
+            self.idle.as_mut().reset(tokio::time::Instant::now() + wait);
+        }
+    }
 }
 
 impl Connected for Bounded {
@@ -95,6 +201,9 @@ impl AsyncRead for Bounded {
                 }
                 _ => {}
             }
+        }
+        if read.is_pending() && self.idle_expired(cx) {
+            return Poll::Ready(Err(io::Error::new(io::ErrorKind::TimedOut, "no call open: idle connection closed")));
         }
         read
     }

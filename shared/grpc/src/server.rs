@@ -1,9 +1,18 @@
 //! [`StoreService`]: any [`Store`] as the gRPC `Store` service, with the tier's external
 //! labels.
+//!
+//! Every call runs in a [`QueryScope`] made from the request (`partial_response_disabled`),
+//! so a store that fans out in turn (a global) settles its stores' failures as the querier
+//! above asked, and the warnings it collects travel back: after the last series of a
+//! `Series` stream, in the last frame of `Steps`, in the answers of the label and metadata
+//! calls. A call holds its connection's [`CallGuard`] while its answer streams, so the
+//! connection counts as busy, not idle; streams are bounded for clients that stop reading
+//! (`stream`).
 
 use crate::convert::*;
 use crate::frames::FrameBuilder;
-use crate::listener::ConnectionLimits;
+use crate::listener::{ConnectionLimits, Connections};
+use crate::stream::{FrameSender, FrameStream, StreamBounds};
 use crate::{pb, GrpcError, H2_FRAME_BYTES, MAX_MESSAGE_BYTES, WINDOW_BYTES};
 use pb::store_server::{Store as StoreRpc, StoreServer};
 use std::net::SocketAddr;
@@ -11,7 +20,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Label, Labels, MatchOp, Matcher};
-use strata_store::{selection_order, BoxBatches, SelectLimits, SelectRequest, SeriesChunks, Store};
+use strata_store::{selection_order, BoxBatches, QueryScope, SelectLimits, SelectRequest, SeriesChunks, Store};
 use tokio_stream::Stream;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
@@ -33,6 +42,10 @@ pub struct StoreService {
     info: Arc<dyn Fn() -> StoreInfo + Send + Sync>,
     /// The most a request may ask; a request's own limits apply below these.
     limits: SelectLimits,
+    /// The open connections' calls (set by [`serve`]).
+    connections: Arc<Connections>,
+    /// How long a streamed answer may wait for its client (set by [`serve`]).
+    bounds: StreamBounds,
 }
 
 impl StoreService {
@@ -42,7 +55,14 @@ impl StoreService {
         limits: SelectLimits,
         info: Arc<dyn Fn() -> StoreInfo + Send + Sync>,
     ) -> Self {
-        StoreService { store, external, info, limits }
+        StoreService {
+            store,
+            external,
+            info,
+            limits,
+            connections: Arc::default(),
+            bounds: StreamBounds { send_timeout: Duration::from_secs(30), max_request: Duration::from_secs(120) },
+        }
     }
 
     /// The tonic service: gzip both ways, messages capped at [`MAX_MESSAGE_BYTES`].
@@ -125,18 +145,26 @@ enum Source {
     Batches(BoxBatches),
 }
 
-/// Sends a finished frame, if there is one; `false` when the client has gone.
-async fn send(
-    tx: &tokio::sync::mpsc::Sender<Result<pb::SeriesResponse, Status>>,
-    frame: Option<pb::SeriesResponse>,
-) -> bool {
+/// Sends a finished frame, if there is one; `false` when the stream is over.
+async fn send(tx: &FrameSender<pb::SeriesResponse>, frame: Option<pb::SeriesResponse>) -> bool {
     match frame {
-        Some(f) => tx.send(Ok(f)).await.is_ok(),
+        Some(f) => tx.send(f).await,
         None => true,
     }
 }
 
-type FrameStream = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
+/// The scope a request asks for: a failing store below is its failure when it disables
+/// partial response, else a warning.
+fn scope_of(partial_response_disabled: bool) -> QueryScope {
+    QueryScope::new(!partial_response_disabled, true)
+}
+
+/// The scope's warnings as the wire carries them.
+fn warnings_of(scope: &QueryScope) -> Vec<pb::Warning> {
+    scope.warnings().into_iter().map(|message| pb::Warning { store: String::new(), message }).collect()
+}
+
+type SeriesFrames = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl StoreRpc for StoreService {
@@ -157,10 +185,70 @@ impl StoreRpc for StoreService {
         }))
     }
 
-    type SeriesStream = FrameStream;
+    type SeriesStream = SeriesFrames;
 
-    async fn series(&self, req: Request<pb::SeriesRequest>) -> Result<Response<FrameStream>, Status> {
+    async fn series(&self, req: Request<pb::SeriesRequest>) -> Result<Response<SeriesFrames>, Status> {
+        let call = self.connections.call(req.remote_addr());
         let req = req.into_inner();
+        let scope = scope_of(req.partial_response_disabled);
+        scope.clone().run(self.series_in_scope(req, scope, call)).await
+    }
+
+    async fn label_names(
+        &self,
+        req: Request<pb::LabelNamesRequest>,
+    ) -> Result<Response<pb::LabelNamesResponse>, Status> {
+        let _call = self.connections.call(req.remote_addr());
+        let req = req.into_inner();
+        let scope = scope_of(req.partial_response_disabled);
+        let mut answer = scope.clone().run(self.label_names_in_scope(req)).await?;
+        answer.warnings = warnings_of(&scope);
+        Ok(Response::new(answer))
+    }
+
+    async fn label_values(
+        &self,
+        req: Request<pb::LabelValuesRequest>,
+    ) -> Result<Response<pb::LabelValuesResponse>, Status> {
+        let _call = self.connections.call(req.remote_addr());
+        let req = req.into_inner();
+        let scope = scope_of(req.partial_response_disabled);
+        let mut answer = scope.clone().run(self.label_values_in_scope(req)).await?;
+        answer.warnings = warnings_of(&scope);
+        Ok(Response::new(answer))
+    }
+
+    type StepsStream = Pin<Box<dyn Stream<Item = Result<pb::StepsResponse, Status>> + Send>>;
+
+    async fn steps(&self, req: Request<pb::StepsRequest>) -> Result<Response<Self::StepsStream>, Status> {
+        let call = self.connections.call(req.remote_addr());
+        let req = req.into_inner();
+        let scope = scope_of(req.partial_response_disabled);
+        scope.clone().run(self.steps_in_scope(req, scope, call)).await
+    }
+
+    async fn metadata(&self, req: Request<pb::MetadataRequest>) -> Result<Response<pb::MetadataResponse>, Status> {
+        let _call = self.connections.call(req.remote_addr());
+        let req = req.into_inner();
+        let scope = scope_of(req.partial_response_disabled);
+        let metric = req.metric;
+        let found = scope
+            .clone()
+            .run(self.store.metadata((!metric.is_empty()).then_some(metric.as_str())))
+            .await
+            .map_err(status_from_store_error)?;
+        let families = found.iter().map(|(f, m)| metadata_to_pb(f, m)).collect();
+        Ok(Response::new(pb::MetadataResponse { families, warnings: warnings_of(&scope) }))
+    }
+}
+
+impl StoreService {
+    async fn series_in_scope(
+        &self,
+        req: pb::SeriesRequest,
+        scope: QueryScope,
+        call: Option<crate::listener::CallGuard>,
+    ) -> Result<Response<SeriesFrames>, Status> {
         if req.max_resolution_ms != 0 || req.aggregates.iter().any(|&a| a != pb::Aggregate::Raw as i32) {
             return Err(Status::invalid_argument("this store holds raw data only; ask with max_resolution_ms 0"));
         }
@@ -205,9 +293,10 @@ impl StoreRpc for StoreService {
         };
         // Frames are encoded as the client takes them: at most two wait in the channel, so
         // the service holds the selection (or the store's current batch) and two frames,
-        // never the whole answer encoded.
-        let (tx, rx) = tokio::sync::mpsc::channel::<Result<pb::SeriesResponse, Status>>(2);
-        tokio::spawn(async move {
+        // never the whole answer encoded; a client that stops reading ends the stream.
+        let (tx, rx) = crate::stream::channel::<pb::SeriesResponse>(self.bounds);
+        tokio::spawn(scope.clone().run(async move {
+            let _call = call;
             let mut frames = FrameBuilder::default();
             let unit = |d: &SeriesChunks| {
                 let family = d.labels.metric_name().unwrap_or("");
@@ -233,24 +322,27 @@ impl StoreRpc for StoreService {
                         }
                         Ok(None) => break,
                         Err(e) => {
-                            let _ = tx.send(Err(status_from_store_error(e))).await;
+                            tx.fail(status_from_store_error(e)).await;
                             return;
                         }
                     }
                 },
             }
-            send(&tx, frames.finish()).await;
-        });
-        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+            if !send(&tx, frames.finish()).await {
+                return;
+            }
+            // What the stores below said (a global's failed stores), after the last series.
+            let warnings = warnings_of(&scope);
+            if !warnings.is_empty() {
+                tx.send(pb::SeriesResponse { warnings, ..Default::default() }).await;
+            }
+        }));
+        Ok(Response::new(Box::pin(rx)))
     }
 
-    async fn label_names(
-        &self,
-        req: Request<pb::LabelNamesRequest>,
-    ) -> Result<Response<pb::LabelNamesResponse>, Status> {
-        let req = req.into_inner();
+    async fn label_names_in_scope(&self, req: pb::LabelNamesRequest) -> Result<pb::LabelNamesResponse, Status> {
         let Some(matchers) = self.split_external(matchers_from_pb(&req.matchers)?)? else {
-            return Ok(Response::new(pb::LabelNamesResponse::default()));
+            return Ok(pb::LabelNamesResponse::default());
         };
         let matchers = if req.matchers.is_empty() { Vec::new() } else { matchers };
         let mut names =
@@ -258,19 +350,15 @@ impl StoreRpc for StoreService {
         names.extend(self.external.iter().map(|l| l.name.to_string()));
         names.sort();
         names.dedup();
-        Ok(Response::new(pb::LabelNamesResponse { names, warnings: vec![] }))
+        Ok(pb::LabelNamesResponse { names, warnings: vec![] })
     }
 
-    async fn label_values(
-        &self,
-        req: Request<pb::LabelValuesRequest>,
-    ) -> Result<Response<pb::LabelValuesResponse>, Status> {
-        let req = req.into_inner();
+    async fn label_values_in_scope(&self, req: pb::LabelValuesRequest) -> Result<pb::LabelValuesResponse, Status> {
         let Some(matchers) = self.split_external(matchers_from_pb(&req.matchers)?)? else {
-            return Ok(Response::new(pb::LabelValuesResponse::default()));
+            return Ok(pb::LabelValuesResponse::default());
         };
         if let Some(v) = self.external.get(&req.name) {
-            return Ok(Response::new(pb::LabelValuesResponse { values: vec![v.to_string()], warnings: vec![] }));
+            return Ok(pb::LabelValuesResponse { values: vec![v.to_string()], warnings: vec![] });
         }
         let matchers = if req.matchers.is_empty() { Vec::new() } else { matchers };
         let values = self
@@ -278,13 +366,16 @@ impl StoreRpc for StoreService {
             .label_values(&req.name, &matchers, req.min_time, req.max_time)
             .await
             .map_err(status_from_store_error)?;
-        Ok(Response::new(pb::LabelValuesResponse { values, warnings: vec![] }))
+        Ok(pb::LabelValuesResponse { values, warnings: vec![] })
     }
 
-    type StepsStream = Pin<Box<dyn Stream<Item = Result<pb::StepsResponse, Status>> + Send>>;
-
-    async fn steps(&self, req: Request<pb::StepsRequest>) -> Result<Response<Self::StepsStream>, Status> {
-        let mut req = crate::steps::request_from_pb(req.into_inner(), self.limits)?;
+    async fn steps_in_scope(
+        &self,
+        req: pb::StepsRequest,
+        scope: QueryScope,
+        call: Option<crate::listener::CallGuard>,
+    ) -> Result<Response<Pin<Box<dyn Stream<Item = Result<pb::StepsResponse, Status>> + Send>>>, Status> {
+        let mut req = crate::steps::request_from_pb(req, self.limits)?;
         let Some(matchers) = self.split_external(std::mem::take(&mut req.matchers))? else {
             let empty = pb::StepsResponse::default();
             return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(empty)]))));
@@ -295,18 +386,22 @@ impl StoreRpc for StoreService {
         let answer = strata_promql::pushdown::evaluate(&*self.store, &req, &view, STEPS_TIMEOUT)
             .await
             .map_err(status_from_query_error)?;
-        Ok(Response::new(Box::pin(tokio_stream::iter(crate::steps::frames(answer).map(Ok)))))
-    }
-
-    async fn metadata(&self, req: Request<pb::MetadataRequest>) -> Result<Response<pb::MetadataResponse>, Status> {
-        let metric = req.into_inner().metric;
-        let found = self
-            .store
-            .metadata((!metric.is_empty()).then_some(metric.as_str()))
-            .await
-            .map_err(status_from_store_error)?;
-        let families = found.iter().map(|(f, m)| metadata_to_pb(f, m)).collect();
-        Ok(Response::new(pb::MetadataResponse { families, warnings: vec![] }))
+        let warnings = warnings_of(&scope);
+        let (tx, rx): (FrameSender<pb::StepsResponse>, FrameStream<pb::StepsResponse>) =
+            crate::stream::channel(self.bounds);
+        tokio::spawn(async move {
+            let _call = call;
+            let mut frames = crate::steps::frames(answer).peekable();
+            while let Some(mut f) = frames.next() {
+                if frames.peek().is_none() {
+                    f.warnings = warnings.clone();
+                }
+                if !tx.send(f).await {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(rx)))
     }
 }
 
@@ -330,11 +425,18 @@ pub struct ServeOptions {
     pub max_request: Duration,
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     pub connections: ConnectionLimits,
+    /// A stream whose client takes no frame for this long is ended.
+    pub stream_send_timeout: Duration,
 }
 
 impl ServeOptions {
     pub fn new(max_request: Duration) -> Self {
-        ServeOptions { max_request, tls: None, connections: ConnectionLimits::default() }
+        ServeOptions {
+            max_request,
+            tls: None,
+            connections: ConnectionLimits::default(),
+            stream_send_timeout: Duration::from_secs(30),
+        }
     }
 
     pub fn with_tls(mut self, tls: Option<tonic::transport::ServerTlsConfig>) -> Self {
@@ -346,6 +448,9 @@ impl ServeOptions {
 /// Calls at once on one connection (a global asks one per selection).
 const MAX_STREAMS_PER_CONNECTION: u32 = 128;
 
+/// A connection is asked to go after this long.
+const MAX_CONNECTION_AGE: Duration = Duration::from_secs(30 * 60);
+
 /// Serves `service` on `listener` until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -354,6 +459,9 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
     let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
+    let mut service = service;
+    let connections = service.connections.clone();
+    service.bounds = StreamBounds { send_timeout: opts.stream_send_timeout, max_request: opts.max_request };
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = opts.tls {
         builder = builder.tls_config(tls).map_err(|e| GrpcError::TlsConfig(e.to_string()))?;
@@ -367,10 +475,14 @@ pub async fn serve(
         // A peer that stops answering pings is dropped, and its slot freed.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        // No connection keeps its slot for ever: it is asked to go (GOAWAY) after a while,
+        // and closed if it has not a minute later (a client reconnects for its next call).
+        .max_connection_age(MAX_CONNECTION_AGE)
+        .max_connection_age_grace(Duration::from_secs(60))
         .add_service(service.into_server())
         // The listener sets TCP_NODELAY: without it a stream's last small frame waits out
         // the peer's delayed ACK (40 ms on Linux), longer than a whole query.
-        .serve_with_incoming_shutdown(crate::listener::accept(listener, opts.connections), shutdown)
+        .serve_with_incoming_shutdown(crate::listener::accept(listener, opts.connections, connections), shutdown)
         .await
         .map_err(|source| GrpcError::Serve { addr, source })
 }

@@ -7,7 +7,7 @@ use crate::pb;
 use std::collections::HashSet;
 use std::sync::Arc;
 use strata_model::Labels;
-use strata_store::{AggregateSpec, Coverage, SelectLimits, SeriesSummary, StepsRequest, StepsSeries};
+use strata_store::{AggregateSpec, Coverage, SelectLimits, SeriesSummary, StepValues, StepsRequest, StepsSeries};
 use tonic::Status;
 
 /// The most steps a grid may have: Prometheus refuses range queries over 11,000 points
@@ -17,6 +17,7 @@ pub const MAX_STEPS: usize = 1_000_000;
 pub fn request_to_pb(r: &StepsRequest) -> pb::StepsRequest {
     let (function, range) = r.function.clone().unwrap_or_default();
     pb::StepsRequest {
+        partial_response_disabled: !strata_store::QueryScope::current().partial_response,
         matchers: r.matchers.iter().map(matcher_to_pb).collect(),
         start: r.start,
         end: r.end,
@@ -79,23 +80,21 @@ pub fn request_from_pb(r: pb::StepsRequest, cap: SelectLimits) -> Result<StepsRe
 }
 
 fn coverage_to_pb(c: &Option<Coverage>) -> Option<pb::Coverage> {
-    c.map(|c| pb::Coverage { gap: c.gap, gap_free: c.gap_free, first: c.first, last: c.last })
+    c.map(|c| pb::Coverage { first: c.first, last: c.last, step: c.step, max_step: c.max_step, stale: c.stale })
 }
 
 fn coverage_from_pb(c: Option<pb::Coverage>) -> Option<Coverage> {
-    c.map(|c| Coverage { gap: c.gap, gap_free: c.gap_free, first: c.first, last: c.last })
+    c.map(|c| Coverage { first: c.first, last: c.last, step: c.step, max_step: c.max_step, stale: c.stale })
 }
 
 /// A series for a frame, its labels as references into the frame's `symbols`.
 pub fn series_to_pb(s: &StepsSeries, symbols: &mut SymbolTable) -> pb::StepSeries {
-    let mut present = vec![0u8; s.values.len().div_ceil(8)];
-    let mut values = Vec::with_capacity(s.values.len());
-    for (i, v) in s.values.iter().enumerate() {
-        if let Some(v) = v {
-            present[i / 8] |= 1 << (i % 8);
-            values.push(*v);
-        }
-    }
+    // A series without a value travels without a bitmap.
+    let (present, values) = if s.values.is_empty() {
+        (Vec::new(), Vec::new())
+    } else {
+        (s.values.present_bytes(), s.values.values().to_vec())
+    };
     let m = &s.summary;
     pb::StepSeries {
         labels: Vec::new(),
@@ -136,28 +135,14 @@ pub fn series_from_pb(
         by_headers: coverage_from_pb(m.by_headers),
         by_samples: coverage_from_pb(m.by_samples),
     };
-    let mut out = Vec::new();
     // A series the leaf gives no value has no bitmap.
-    if values && !s.present.is_empty() {
-        if s.present.len() != steps.div_ceil(8) {
-            return Err(format!("series {labels}: {} presence bytes for {steps} steps", s.present.len()));
-        }
-        let mut given = s.values.into_iter();
-        out.reserve_exact(steps);
-        for i in 0..steps {
-            let v = if s.present[i / 8] & (1 << (i % 8)) != 0 {
-                Some(given.next().ok_or_else(|| format!("series {labels}: fewer values than steps present"))?)
-            } else {
-                None
-            };
-            out.push(v);
-        }
-        if given.next().is_some() {
-            return Err(format!("series {labels}: more values than steps present"));
-        }
+    let out = if values && !s.present.is_empty() {
+        StepValues::from_wire(steps, &s.present, s.values).map_err(|e| format!("series {labels}: {e}"))?
     } else if !s.values.is_empty() {
         return Err(format!("series {labels}: values without steps"));
-    }
+    } else {
+        StepValues::default()
+    };
     Ok(StepsSeries {
         labels,
         metric_type: metric_type_from_pb(s.r#type),

@@ -314,7 +314,8 @@ async fn tls_and_client_certificates_are_enforced() {
 #[tokio::test]
 async fn idle_connections_cannot_hold_the_server() {
     use tokio::io::AsyncReadExt;
-    let limits = ConnectionLimits { max_connections: 2, first_byte_timeout: Duration::from_millis(300) };
+    let limits =
+        ConnectionLimits { max_connections: 2, first_byte_timeout: Duration::from_millis(300), ..Default::default() };
     let (addr, stop) = start_limited(limits).await;
     // Every slot taken by a connection that never speaks.
     let mut idle = Vec::new();
@@ -335,7 +336,8 @@ async fn idle_connections_cannot_hold_the_server() {
     let _ = stop.send(());
 
     // One slot, held by a silent connection: a client waits in the backlog until it goes.
-    let limits = ConnectionLimits { max_connections: 1, first_byte_timeout: Duration::from_secs(30) };
+    let limits =
+        ConnectionLimits { max_connections: 1, first_byte_timeout: Duration::from_secs(30), ..Default::default() };
     let (addr, stop) = start_limited(limits).await;
     let silent = tokio::net::TcpStream::connect(&addr).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -380,8 +382,8 @@ async fn a_remote_leaf_is_the_local_leaf_with_external_labels() {
                 assert_eq!(g.labels, w.labels);
                 assert_eq!(g.summary, w.summary);
                 assert_eq!(g.name_dropped, w.name_dropped);
-                assert_eq!(g.values.len(), w.values.len());
-                assert!(g.values.iter().zip(&w.values).all(|(a, b)| a.map(f64::to_bits) == b.map(f64::to_bits)));
+                assert_eq!(g.values.steps(), w.values.steps());
+                assert!(g.values.iter().zip(w.values.iter()).all(|(a, b)| a.map(f64::to_bits) == b.map(f64::to_bits)));
             }
             assert_eq!((got.samples, &got.infos), (want.samples, &want.infos));
         }
@@ -461,4 +463,143 @@ async fn bad_steps_frames_are_errors_never_panics() {
     req.limits.max_series = 3;
     assert!(matches!(remote.steps(&req).await, Err(StoreError::LimitExceeded { what: "series", .. })));
     let _ = stop.send(());
+}
+
+/// Findings of the global review: bounds a hostile or slow peer could break.
+mod review {
+    use super::*;
+
+    /// A connection that only answers HTTP/2 pings (keepalive) and never calls: it holds
+    /// its slot only until the idle timeout, and a real client is then served.
+    #[tokio::test]
+    async fn a_connection_that_only_pings_is_closed_when_idle() {
+        let limits = ConnectionLimits {
+            max_connections: 1,
+            first_byte_timeout: Duration::from_millis(300),
+            idle_timeout: Duration::from_millis(500),
+        };
+        let (addr, stop) = start_limited(limits).await;
+        let tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let (_client, mut conn) = h2::client::handshake(tcp).await.unwrap();
+        let mut pings = conn.ping_pong().expect("ping_pong");
+        let conn = tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let pinger = tokio::spawn(async move {
+            while pings.ping(h2::Ping::opaque()).await.is_ok() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+        let sel = SelectRequest::new(vec![Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], i64::MIN, i64::MAX);
+        let got = tokio::time::timeout(Duration::from_secs(5), remote.select(&sel)).await;
+        assert!(got.is_ok(), "a connection that only pings held the only slot for 5 s");
+        assert_eq!(got.unwrap().unwrap().len(), 3);
+        let ended = tokio::time::timeout(Duration::from_secs(5), pinger).await;
+        assert!(ended.is_ok(), "the pinging connection was kept");
+        conn.abort();
+        let _ = stop.send(());
+    }
+
+    /// 2,000 series of 960 samples each, about 16 MB of chunks: more than HTTP/2's window.
+    fn large_store() -> MemoryStore {
+        let mut m = MemoryStore::default();
+        for i in 0..2000 {
+            let labels = Labels::from_pairs([("__name__", "big".to_string()), ("i", format!("{i:05}"))]);
+            let samples = (0..960i64).map(|k| {
+                strata_model::Sample::new(k * 1000 + (k * 7919) % 13, ((k * 104_729 + i) % 100_003) as f64 / 7.0)
+            });
+            m.add(labels, strata_model::MetricType::Gauge, samples);
+        }
+        m
+    }
+
+    /// A client that asks for a large selection and stops reading: the server ends the
+    /// stream after its send timeout, freeing what it held, instead of keeping the
+    /// selection until the client comes back.
+    #[tokio::test]
+    async fn a_stream_the_client_stops_reading_is_ended() {
+        for external in [Labels::default(), Labels::from_pairs([("replica", "a")])] {
+            let opts = ServeOptions {
+                stream_send_timeout: Duration::from_millis(300),
+                ..ServeOptions::new(Duration::from_secs(30))
+            };
+            let (addr, stop) = start_with(service(large_store(), external.clone()), opts).await;
+            let mut client = pb::store_client::StoreClient::connect(format!("http://{addr}"))
+                .await
+                .unwrap()
+                .max_decoding_message_size(MAX_MESSAGE_BYTES);
+            let req = pb::SeriesRequest {
+                min_time: i64::MIN,
+                max_time: i64::MAX,
+                matchers: vec![pb::LabelMatcher { r#type: 0, name: "__name__".into(), value: "big".into() }],
+                ..Default::default()
+            };
+            let mut stream = client.series(req).await.unwrap().into_inner();
+            let mut got = stream.message().await.unwrap().map_or(0, |f| f.series.len());
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            let mut ended_early = false;
+            loop {
+                match stream.message().await {
+                    Ok(Some(f)) => got += f.series.len(),
+                    Ok(None) => break,
+                    Err(_) => {
+                        ended_early = true;
+                        break;
+                    }
+                }
+            }
+            assert!(
+                ended_early && got < 2000,
+                "external {external}: the server kept the stream for a client that stopped reading ({got} series came)"
+            );
+            let _ = stop.send(());
+        }
+    }
+
+    /// A hostile store answers a leaf with far more values than the request's sample
+    /// budget allows, frame after frame: the client stops at the first frame past the
+    /// budget instead of holding every frame.
+    #[tokio::test]
+    async fn a_leaf_answer_over_the_sample_budget_fails_as_it_arrives() {
+        // The request's grid has 61 steps: eight presence bytes.
+        let frames: Vec<pb::StepsResponse> = (0..20)
+            .map(|f| pb::StepsResponse {
+                series: (0..2000)
+                    .map(|i| pb::StepSeries {
+                        labels: vec![pb::Label { name: "__name__".into(), value: format!("x{:06}", f * 2000 + i) }],
+                        present: vec![0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x1f],
+                        values: vec![1.0; 61],
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .collect();
+        let (addr, stop) = start_hostile(Vec::new(), frames).await;
+        let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+        let mut req = steps_request(true);
+        req.limits.max_samples = 200_000;
+        let got = remote.steps(&req).await;
+        assert!(
+            matches!(got, Err(StoreError::LimitExceeded { what: "samples", limit: 200_000 })),
+            "{:?}",
+            got.map(|s| s.map(|s| s.series.len()))
+        );
+        let _ = stop.send(());
+    }
+
+    /// Step values are kept as the wire carries them: the values present and a bit per
+    /// step, not 16 bytes a step.
+    #[test]
+    fn step_values_are_dense() {
+        let v: Vec<Option<f64>> = (0..1000).map(|i| (i % 10 == 0).then_some(i as f64)).collect();
+        let dense = strata_store::StepValues::from_options(&v);
+        assert_eq!(dense.to_options(), v);
+        assert!(
+            dense.heap_bytes() <= 100 * 8 + 1000 / 8 + 16,
+            "{} bytes for 100 values over 1000 steps",
+            dense.heap_bytes()
+        );
+    }
 }

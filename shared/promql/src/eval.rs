@@ -486,18 +486,18 @@ impl<'a> Evaluator<'a> {
         // An aggregation's groups, or a leaf's series; a series without a value is no
         // series of the vector (as evaluating here drops it).
         let series = if steps.groups.is_empty() { &steps.series } else { &steps.groups };
-        for s in series.iter().filter(|s| s.values.iter().any(Option::is_some)) {
-            if s.values.len() != self.steps {
+        for s in series.iter().filter(|s| !s.values.is_empty()) {
+            if s.values.steps() != self.steps {
                 return Err(QueryError::Execution(format!(
                     "a store evaluated {} steps of {} for {}",
-                    s.values.len(),
+                    s.values.steps(),
                     self.steps,
                     s.labels
                 )));
             }
             let (labels, drop_name) =
                 if s.name_dropped { self.name_dropped(&s.labels) } else { (s.labels.clone(), false) };
-            out.push(StepSeries { labels, vals: s.values.clone(), drop_name });
+            out.push(StepSeries { labels, vals: s.values.to_options(), drop_name });
         }
         let v = Val::Vector(out);
         check_unique(&v)?;

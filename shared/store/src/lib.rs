@@ -18,7 +18,9 @@ pub mod steps;
 pub use batches::{collect_batches, collect_within, selection_order, BoxBatches, OneBatch, SeriesBatches};
 pub use limits::{require_matchers, SelectBudget};
 pub use scope::QueryScope;
-pub use steps::{labels_hash, AggregateSpec, Coverage, SeriesSummary, Steps, StepsRequest, StepsSeries};
+pub use steps::{
+    labels_hash, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries,
+};
 
 use async_trait::async_trait;
 use strata_chunk::{Chunk, ChunkError};

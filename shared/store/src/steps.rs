@@ -116,6 +116,96 @@ pub fn hash_labels<'a>(labels: impl Iterator<Item = &'a Label>) -> u64 {
     h.digest()
 }
 
+/// A leaf's values for one series on the grid, dense as the wire carries them: a bit per
+/// step saying whether it has a value, and the values present in order (8 bytes a value,
+/// not 16 a step). Empty (no steps) when the series has none or none were asked for.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct StepValues {
+    steps: usize,
+    present: Vec<u64>,
+    values: Vec<f64>,
+}
+
+impl StepValues {
+    pub fn from_options(v: &[Option<f64>]) -> Self {
+        let mut present = vec![0u64; v.len().div_ceil(64)];
+        let mut values = Vec::with_capacity(v.iter().filter(|x| x.is_some()).count());
+        for (i, x) in v.iter().enumerate() {
+            if let Some(x) = x {
+                present[i / 64] |= 1 << (i % 64);
+                values.push(*x);
+            }
+        }
+        StepValues { steps: v.len(), present, values }
+    }
+
+    /// From the wire: `present` holds a bit per step (least significant first, 8 a byte),
+    /// `values` one per bit set. Checked: the bitmap fits the grid, the values the bitmap.
+    pub fn from_wire(steps: usize, present: &[u8], values: Vec<f64>) -> Result<Self, String> {
+        if present.len() != steps.div_ceil(8) {
+            return Err(format!("{} presence bytes for {steps} steps", present.len()));
+        }
+        let mut words = vec![0u64; steps.div_ceil(64)];
+        let mut set = 0usize;
+        for (i, b) in present.iter().enumerate() {
+            // Bits past the last step mean nothing; they are not counted.
+            let keep = if (i + 1) * 8 > steps { ((1u16 << (steps - i * 8)) - 1) as u8 } else { 0xff };
+            let b = b & keep;
+            set += b.count_ones() as usize;
+            words[i / 8] |= u64::from(b) << ((i % 8) * 8);
+        }
+        if set != values.len() {
+            let which = if values.len() < set { "fewer" } else { "more" };
+            return Err(format!("{which} values than steps present ({} for {set})", values.len()));
+        }
+        Ok(StepValues { steps, present: words, values })
+    }
+
+    /// The bitmap as the wire carries it.
+    pub fn present_bytes(&self) -> Vec<u8> {
+        (0..self.steps.div_ceil(8)).map(|i| (self.present[i / 8] >> ((i % 8) * 8)) as u8).collect()
+    }
+
+    /// The values present, in step order.
+    pub fn values(&self) -> &[f64] {
+        &self.values
+    }
+
+    /// Steps on the grid (0: no values).
+    pub fn steps(&self) -> usize {
+        self.steps
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+
+    /// How many steps have a value.
+    pub fn present(&self) -> usize {
+        self.values.len()
+    }
+
+    /// One per step.
+    pub fn iter(&self) -> impl Iterator<Item = Option<f64>> + '_ {
+        let mut next = 0;
+        (0..self.steps).map(move |i| {
+            (self.present[i / 64] >> (i % 64) & 1 == 1).then(|| {
+                next += 1;
+                self.values[next - 1]
+            })
+        })
+    }
+
+    pub fn to_options(&self) -> Vec<Option<f64>> {
+        self.iter().collect()
+    }
+
+    /// Bytes it holds on the heap.
+    pub fn heap_bytes(&self) -> usize {
+        self.present.len() * 8 + self.values.len() * 8
+    }
+}
+
 /// What a leaf gave for one series.
 #[derive(Debug, Clone)]
 pub struct StepsSeries {
@@ -125,7 +215,7 @@ pub struct StepsSeries {
     pub summary: SeriesSummary,
     /// One per step when values were asked for and the leaf gives the series any; else
     /// empty.
-    pub values: Vec<Option<f64>>,
+    pub values: StepValues,
     /// The function drops the metric name from its result (the engine applies that itself,
     /// delayed or not, as its options say).
     pub name_dropped: bool,
@@ -146,44 +236,57 @@ pub struct Steps {
     pub infos: Vec<String>,
 }
 
-/// Whether one replica's samples run without a gap, and the gap limit that says so.
+/// How one replica's samples run: its scrape step, its longest step, whether it holds a
+/// staleness marker, and its first and last sample. Known from the samples, or from block
+/// chunk headers alone (bounds, not exact steps).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Coverage {
-    /// 1.5 scrape intervals: a longer step is a gap.
-    pub gap: i64,
-    /// No step over `gap` and no staleness marker.
-    pub gap_free: bool,
+    /// The scrape interval: the median step between samples, or the smallest grid step of
+    /// the block chunks; `i64::MAX` with fewer than two samples.
+    pub step: i64,
+    /// The longest step between two consecutive samples (from headers: an upper bound).
+    pub max_step: i64,
+    /// A staleness marker among the samples (block chunks hold none).
+    pub stale: bool,
     /// The first and last sample's times.
     pub first: i64,
     pub last: i64,
 }
 
 impl Coverage {
-    /// From decoded samples: the gap limit is 1.5 times the median step.
     pub fn of_samples(samples: &[Sample]) -> Option<Coverage> {
         let (a, z) = (samples.first()?, samples.last()?);
-        let gap = sample_gap(&[samples]);
-        let gap_free = samples.windows(2).all(|w| w[1].t - w[0].t <= gap) && !samples.iter().any(|s| is_stale(s.v));
-        Some(Coverage { gap, gap_free, first: a.t, last: z.t })
+        let mut steps: Vec<i64> = samples.windows(2).map(|w| w[1].t - w[0].t).filter(|&d| d > 0).collect();
+        let max_step = steps.iter().copied().max().unwrap_or(0);
+        steps.sort_unstable();
+        let step = steps.get(steps.len() / 2).copied().unwrap_or(i64::MAX);
+        let stale = samples.iter().any(|s| is_stale(s.v));
+        Some(Coverage { step, max_step, stale, first: a.t, last: z.t })
     }
 
-    /// From block chunk headers alone (each chunk's grid step and largest possible step):
-    /// `None` unless every chunk is in the block encoding. The limit is 1.5 of the smallest
-    /// grid step, so "gap free" here implies gap free by [`of_samples`](Self::of_samples).
-    /// Block chunks hold no staleness markers.
+    /// From block chunk headers alone (each chunk's grid step and largest possible step,
+    /// and the steps between chunks): `None` unless every chunk is in the block encoding.
     pub fn of_headers(chunks: &[Chunk]) -> Option<Coverage> {
         let bounds = chunks.iter().map(Chunk::step_bounds).collect::<Option<Vec<_>>>()?;
         let step = bounds.iter().map(|b| b.0).min()?;
-        let gap = step.saturating_add(step / 2);
-        let gap_free = bounds.iter().all(|b| b.1 <= gap)
-            && chunks.windows(2).all(|w| w[1].min_t > w[0].max_t && w[1].min_t - w[0].max_t <= gap);
-        Some(Coverage { gap, gap_free, first: chunks.first()?.min_t, last: chunks.last()?.max_t })
+        let between =
+            chunks.windows(2).map(|w| if w[1].min_t > w[0].max_t { w[1].min_t - w[0].max_t } else { i64::MAX });
+        let max_step = bounds.iter().map(|b| b.1).chain(between).max().unwrap_or(0);
+        Some(Coverage { step, max_step, stale: false, first: chunks.first()?.min_t, last: chunks.last()?.max_t })
     }
 
-    /// Whether these samples reach from `first` to `last` (the span of all replicas)
-    /// without a gap.
-    pub fn covers(&self, first: i64, last: i64) -> bool {
-        self.gap_free && self.first <= first.saturating_add(self.gap) && self.last >= last.saturating_sub(self.gap)
+    /// Whether these samples reach from `first` to `last` with no step over `gap` and no
+    /// staleness marker.
+    pub fn covers(&self, first: i64, last: i64, gap: i64) -> bool {
+        !self.stale
+            && self.max_step <= gap
+            && self.first <= first.saturating_add(gap)
+            && self.last >= last.saturating_sub(gap)
+    }
+
+    /// 1.5 of its own step: what a gap is for this replica alone.
+    pub fn own_gap(&self) -> i64 {
+        self.step.saturating_add(self.step / 2)
     }
 }
 
@@ -198,8 +301,8 @@ pub fn sample_gap(replicas: &[&[Sample]]) -> i64 {
     replicas.iter().filter_map(|r| median_step(r)).min().map(|i| i.saturating_add(i / 2)).unwrap_or(i64::MAX)
 }
 
-/// One replica of a series, as the dedup weighs it: its sample count, span, and whether it
-/// runs without a gap, known from chunk headers or from the samples (or not known).
+/// One replica of a series, as the dedup weighs it: its sample count, span, and how it runs,
+/// known from chunk headers or from the samples (or not known).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SeriesSummary {
     pub samples: u64,
@@ -211,33 +314,90 @@ pub struct SeriesSummary {
 
 impl SeriesSummary {
     /// A series' summary from its chunks; `decode`: decode them when the headers cannot
-    /// show the series gap free.
+    /// show the series runs without a gap of its own.
     pub fn of(chunks: &[Chunk], decode: bool) -> Result<SeriesSummary, ChunkError> {
+        Ok(Self::of_decoding(chunks, decode)?.0)
+    }
+
+    /// [`of`](Self::of), handing back the samples when it decoded them.
+    pub fn of_decoding(chunks: &[Chunk], decode: bool) -> Result<(SeriesSummary, Option<Vec<Sample>>), ChunkError> {
         let by_headers = Coverage::of_headers(chunks);
-        let by_samples = if decode && !by_headers.is_some_and(|c| c.gap_free) {
+        let proven = by_headers.is_some_and(|c| !c.stale && c.max_step <= c.own_gap());
+        let decoded = if decode && !proven {
             let mut v = Vec::new();
             Chunk::decode_range(chunks, i64::MIN, i64::MAX, &mut v)?;
-            Coverage::of_samples(&v)
+            Some(v)
         } else {
             None
         };
-        Ok(SeriesSummary {
+        let summary = SeriesSummary {
             samples: chunks.iter().map(|c| c.n as u64).sum(),
             span: chunks.first().zip(chunks.last()).map(|(a, z)| (a.min_t, z.max_t)),
             by_headers,
-            by_samples,
-        })
+            by_samples: decoded.as_deref().and_then(Coverage::of_samples),
+        };
+        Ok((summary, decoded))
     }
 
-    /// Whether it is known to cover `[first, last]` without a gap (`false`: not known).
-    pub fn surely_covers(&self, first: i64, last: i64) -> bool {
-        self.by_headers.is_some_and(|c| c.covers(first, last)) || self.by_samples.is_some_and(|c| c.covers(first, last))
+    /// A summary of decoded samples (no chunk headers).
+    pub fn of_samples(samples: &[Sample]) -> SeriesSummary {
+        SeriesSummary {
+            samples: samples.len() as u64,
+            span: samples.first().zip(samples.last()).map(|(a, z)| (a.t, z.t)),
+            by_headers: None,
+            by_samples: Coverage::of_samples(samples),
+        }
     }
+
+    /// Whether it is known to cover `[first, last]` with no step over `gap` (`false`:
+    /// not known).
+    pub fn covers(&self, first: i64, last: i64, gap: i64) -> bool {
+        self.by_headers.is_some_and(|c| c.covers(first, last, gap))
+            || self.by_samples.is_some_and(|c| c.covers(first, last, gap))
+    }
+
+    /// The smallest scrape step it is known to have.
+    fn step(&self) -> Option<i64> {
+        [self.by_headers, self.by_samples].iter().flatten().map(|c| c.step).filter(|&s| s != i64::MAX).min()
+    }
+}
+
+/// The replica of a group of replicas that HA dedup passes through whole, or `None` when
+/// none is known to be whole and the samples must be merged: the one decision both the
+/// merge over samples and pushdown (which evaluates on the chosen replica) make, so their
+/// answers are the same.
+///
+/// A replica is whole when it reaches over the group's span (every replica's first to last
+/// sample) without a staleness marker or a step longer than 1.5 of the group's smallest
+/// scrape interval. Of the whole replicas, the fullest is chosen (the last of equals). A
+/// group of one is its own answer.
+pub fn whole_replica(group: &[&SeriesSummary]) -> Option<usize> {
+    if group.len() == 1 {
+        return Some(0);
+    }
+    let first = group.iter().filter_map(|g| g.span).map(|s| s.0).min()?;
+    let last = group.iter().filter_map(|g| g.span).map(|s| s.1).max()?;
+    let gap = group.iter().filter_map(|g| g.step()).min().map_or(i64::MAX, |s| s.saturating_add(s / 2));
+    (0..group.len()).filter(|&k| group[k].covers(first, last, gap)).max_by_key(|&k| group[k].samples)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn step_values_round_trip_through_the_wire_form_and_refuse_what_does_not_fit() {
+        let v: Vec<Option<f64>> = (0..70).map(|i| (i % 3 == 0).then_some(i as f64 * 0.5)).collect();
+        let dense = StepValues::from_options(&v);
+        assert_eq!(dense.to_options(), v);
+        let back = StepValues::from_wire(70, &dense.present_bytes(), dense.values().to_vec()).unwrap();
+        assert_eq!(back, dense);
+        assert!(StepValues::from_wire(71, &dense.present_bytes(), dense.values().to_vec()).is_ok(), "9 bytes fit 71");
+        assert!(StepValues::from_wire(80, &dense.present_bytes(), vec![]).is_err());
+        assert!(StepValues::from_wire(70, &dense.present_bytes(), vec![1.0]).is_err());
+        // Bits past the grid are ignored, not counted.
+        assert_eq!(StepValues::from_wire(3, &[0xff], vec![1.0, 2.0, 3.0]).unwrap().present(), 3);
+    }
 
     #[test]
     fn a_grid_counts_its_steps_and_refuses_what_cannot_be_indexed() {
@@ -268,15 +428,16 @@ mod tests {
         let chunks = compacted(&full);
         assert!(chunks.iter().all(Chunk::is_block), "the test needs block-encoded chunks");
         let h = Coverage::of_headers(&chunks).expect("block chunks have step bounds");
-        assert!(h.gap_free);
+        let gap = 22_500;
+        assert!(h.covers(h.first, h.last, gap));
         assert_eq!((h.first, h.last), (full[0].t, full[199].t));
         // A gap: whichever encoding its chunk gets, the headers do not vouch for it.
-        assert!(!Coverage::of_headers(&compacted(&holed)).is_some_and(|c| c.gap_free));
-        assert!(!Coverage::of_samples(&holed).is_some_and(|c| c.gap_free));
+        assert!(!Coverage::of_headers(&compacted(&holed)).is_some_and(|c| c.covers(c.first, c.last, gap)));
+        assert!(!Coverage::of_samples(&holed).is_some_and(|c| c.covers(c.first, c.last, gap)));
         let s = SeriesSummary::of(&compacted(&holed), true).expect("decodes");
-        assert!(!s.surely_covers(0, 199 * 15_000));
+        assert!(!s.covers(0, 199 * 15_000, gap));
         let s = SeriesSummary::of(&compacted(&full), false).expect("decodes");
-        assert!(s.surely_covers(0, 199 * 15_000));
-        assert!(!s.surely_covers(-60_000, 199 * 15_000), "another replica starts a minute earlier");
+        assert!(s.covers(0, 199 * 15_000, gap));
+        assert!(!s.covers(-60_000, 199 * 15_000, gap), "another replica starts a minute earlier");
     }
 }

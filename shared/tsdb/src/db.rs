@@ -362,6 +362,15 @@ impl Tsdb {
         self.head.max_time().max(self.blocks.max_sample_time())
     }
 
+    /// The time range to advertise to a querier (the StoreAPI's `Info`), which may skip the
+    /// store for queries outside it until it asks again: from the oldest sample held, or
+    /// the oldest time a commit is still accepted at if that is older (a new series within
+    /// retention), to an open end, since a database that takes samples holds newer ones by
+    /// the time the querier asks (as Thanos' sidecar advertises the head).
+    pub fn advertised_range(&self) -> (i64, i64) {
+        (self.min_time().min(self.min_valid_time(now_ms())), i64::MAX)
+    }
+
     /// A metric's type from the head's metadata, else from the newest block that knows it.
     pub fn metric_type(&self, metric: &str) -> strata_model::MetricType {
         match self.head.metric_type(metric) {

@@ -10,7 +10,7 @@ use promql_parser::parser::{Call, Expr, FunctionArgs, MatrixSelector, Offset, Ve
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_model::Labels;
-use strata_store::{AggregateSpec, SeriesSummary, Steps, StepsRequest, StepsSeries, Store};
+use strata_store::{AggregateSpec, SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries, Store};
 
 /// The leaf a request describes, as an expression this engine evaluates.
 fn leaf_expr(req: &StepsRequest) -> Result<Expr, QueryError> {
@@ -153,7 +153,7 @@ pub async fn evaluate(
                     labels: g.labels,
                     metric_type: Default::default(),
                     summary: SeriesSummary::default(),
-                    values: g.vals,
+                    values: StepValues::from_options(&g.vals),
                     name_dropped: false,
                 })
                 .collect();
@@ -170,7 +170,7 @@ pub async fn evaluate(
             .into_iter()
             .map(|(labels, metric_type, summary)| {
                 let (values, name_dropped) = by_labels.remove(&labels).unwrap_or_default();
-                StepsSeries { labels, metric_type, summary, values, name_dropped }
+                StepsSeries { labels, metric_type, summary, values: StepValues::from_options(&values), name_dropped }
             })
             .collect();
         let (warnings, infos) = ev.annotations.take();
@@ -187,5 +187,5 @@ fn summary(s: &strata_store::SeriesChunks) -> Result<SeriesSummary, QueryError> 
 
 /// A series that carries its summary and no values.
 fn summary_only(labels: Labels, metric_type: strata_model::MetricType, summary: SeriesSummary) -> StepsSeries {
-    StepsSeries { labels, metric_type, summary, values: Vec::new(), name_dropped: false }
+    StepsSeries { labels, metric_type, summary, values: StepValues::default(), name_dropped: false }
 }
