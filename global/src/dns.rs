@@ -1,6 +1,9 @@
 //! DNS SRV lookups for `dnssrv+` store names: a minimal client (one UDP question, the
 //! answer section parsed with name compression), since the standard library resolves only
-//! addresses. The hosts an SRV answer names are then resolved as any `dns+` name is.
+//! addresses. The hosts an SRV answer names are then resolved as any `dns+` name is. An
+//! answer too large for UDP comes truncated (the TC bit: about seven Kubernetes names fit
+//! in 512 bytes); it is never taken as the whole list, but asked again over TCP, as
+//! resolvers do.
 //! Everything read from the wire is bounds-checked: a broken or hostile answer is an
 //! error, never a panic.
 
@@ -66,14 +69,31 @@ fn read_name(b: &[u8], mut i: usize) -> Result<(String, usize), String> {
     Err("a name with too many labels or a pointer loop".into())
 }
 
-/// The SRV records (target host, port) of an answer to the question with `id`.
+/// The SRV records (target host, port) of an answer to the question with `id`. A
+/// truncated answer is [`Truncated`](SrvAnswer::Truncated), never a short list.
 pub fn parse_srv_answer(b: &[u8], id: u16) -> Result<Vec<(String, u16)>, String> {
+    match parse_srv(b, id)? {
+        SrvAnswer::Records(r) => Ok(r),
+        SrvAnswer::Truncated => Err("the answer was truncated".into()),
+    }
+}
+
+/// An answer: its records, or word that they did not fit.
+pub enum SrvAnswer {
+    Records(Vec<(String, u16)>),
+    Truncated,
+}
+
+fn parse_srv(b: &[u8], id: u16) -> Result<SrvAnswer, String> {
     if u16_at(b, 0)? != id {
         return Err("an answer to another question".into());
     }
     let flags = u16_at(b, 2)?;
     if flags & 0x8000 == 0 {
         return Err("not an answer".into());
+    }
+    if flags & 0x0200 != 0 {
+        return Ok(SrvAnswer::Truncated);
     }
     match flags & 0x000F {
         0 => {}
@@ -102,10 +122,11 @@ pub fn parse_srv_answer(b: &[u8], id: u16) -> Result<Vec<(String, u16)>, String>
         }
         i = rdata + len;
     }
-    Ok(out)
+    Ok(SrvAnswer::Records(out))
 }
 
-/// Asks `resolver` for `name`'s SRV records over UDP.
+/// Asks `resolver` for `name`'s SRV records over UDP, and again over TCP when the answer
+/// is truncated.
 pub async fn lookup_srv(resolver: SocketAddr, name: &str, timeout: Duration) -> Result<Vec<(String, u16)>, String> {
     let id = (std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(7)
         & 0xFFFF) as u16;
@@ -120,7 +141,33 @@ pub async fn lookup_srv(resolver: SocketAddr, name: &str, timeout: Duration) -> 
         .await
         .map_err(|_| format!("no answer from {resolver} within {timeout:?}"))?
         .map_err(|e| e.to_string())?;
-    parse_srv_answer(&buf[..n], id)
+    match parse_srv(&buf[..n], id)? {
+        SrvAnswer::Records(r) => Ok(r),
+        SrvAnswer::Truncated => {
+            let tcp = lookup_srv_tcp(resolver, &q, id);
+            tokio::time::timeout(timeout, tcp)
+                .await
+                .map_err(|_| format!("the answer over UDP was truncated, and none came over TCP within {timeout:?}"))?
+        }
+    }
+}
+
+/// The question over TCP (each message framed by its length); the answer read up to its
+/// length, at most 64 KiB as the protocol allows.
+async fn lookup_srv_tcp(resolver: SocketAddr, q: &[u8], id: u16) -> Result<Vec<(String, u16)>, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut c = tokio::net::TcpStream::connect(resolver).await.map_err(|e| format!("TCP to {resolver}: {e}"))?;
+    let mut framed = (q.len() as u16).to_be_bytes().to_vec();
+    framed.extend_from_slice(q);
+    c.write_all(&framed).await.map_err(|e| e.to_string())?;
+    let mut len = [0u8; 2];
+    c.read_exact(&mut len).await.map_err(|e| e.to_string())?;
+    let mut buf = vec![0u8; u16::from_be_bytes(len) as usize];
+    c.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+    match parse_srv(&buf, id)? {
+        SrvAnswer::Records(r) => Ok(r),
+        SrvAnswer::Truncated => Err("the answer was truncated over TCP too".into()),
+    }
 }
 
 #[cfg(test)]
@@ -165,6 +212,40 @@ mod tests {
         assert_eq!(got, [("edge-0.local".to_string(), 10901), ("edge-1.local".to_string(), 10902)]);
     }
 
+    /// More records than fit in UDP: the truncated UDP answer (with the few that fit) is not
+    /// taken; the whole list comes over TCP.
+    #[tokio::test]
+    async fn a_truncated_answer_is_asked_again_over_tcp() {
+        let udp = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let addr = udp.local_addr().unwrap();
+        let tcp = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let names: Vec<String> = (0..20).map(|i| format!("edge-{i}.edges.monitoring.svc.cluster.local")).collect();
+        let (first, all2) = (names[..3].to_vec(), names.clone());
+        tokio::spawn(async move {
+            let mut buf = [0u8; 512];
+            let (n, from) = udp.recv_from(&mut buf).await.unwrap();
+            let records: Vec<(u16, &str)> = first.iter().map(|n| (10901, n.as_str())).collect();
+            let mut a = answer(&buf[..n], &records);
+            a[2] |= 0x02; // TC
+            udp.send_to(&a, from).await.unwrap();
+        });
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut c, _) = tcp.accept().await.unwrap();
+            let mut len = [0u8; 2];
+            c.read_exact(&mut len).await.unwrap();
+            let mut q = vec![0u8; u16::from_be_bytes(len) as usize];
+            c.read_exact(&mut q).await.unwrap();
+            let records: Vec<(u16, &str)> = all2.iter().map(|n| (10901, n.as_str())).collect();
+            let a = answer(&q, &records);
+            let mut framed = (a.len() as u16).to_be_bytes().to_vec();
+            framed.extend_from_slice(&a);
+            c.write_all(&framed).await.unwrap();
+        });
+        let got = lookup_srv(addr, "_grpc._tcp.edges.local", Duration::from_secs(2)).await.unwrap();
+        assert_eq!(got.len(), 20, "{got:?}");
+    }
+
     #[test]
     fn broken_answers_are_errors() {
         let q = srv_query(7, "_grpc._tcp.x").unwrap();
@@ -180,5 +261,8 @@ mod tests {
         looped[at + 1] = at as u8; // a pointer to itself
         assert!(parse_srv_answer(&looped, 7).is_err());
         assert!(srv_query(1, "a..b").is_err());
+        let mut truncated = good.clone();
+        truncated[2] |= 0x02;
+        assert!(parse_srv_answer(&truncated, 7).is_err(), "a truncated answer is not the list");
     }
 }

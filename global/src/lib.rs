@@ -148,10 +148,21 @@ impl Global {
                 let bound = listener.local_addr().map_err(|source| GlobalError::Bind { addr, source })?;
                 let info_stores = stores.clone();
                 let info = Arc::new(move || {
+                    // What every store below confirmed, or nothing: a global above must not
+                    // skip this one for labels or times a store that did not answer holds.
                     let st = info_stores.status();
+                    let confirmed = !st.is_empty() && st.iter().all(|s| s.healthy && !s.label_sets.is_empty());
+                    if !confirmed {
+                        return StoreInfo {
+                            min_time: i64::MIN,
+                            max_time: i64::MAX,
+                            kind: pb::ComponentKind::Global,
+                            label_sets: Vec::new(),
+                        };
+                    }
                     StoreInfo {
-                        min_time: st.iter().map(|s| s.min_time).min().unwrap_or(i64::MAX),
-                        max_time: st.iter().map(|s| s.max_time).max().unwrap_or(i64::MIN),
+                        min_time: st.iter().map(|s| s.min_time).min().unwrap_or(i64::MIN),
+                        max_time: st.iter().map(|s| s.max_time).max().unwrap_or(i64::MAX),
                         kind: pb::ComponentKind::Global,
                         label_sets: st.iter().flat_map(|s| s.label_sets.clone()).collect(),
                     }

@@ -461,4 +461,45 @@ mod tests {
         let page = set.status_json().to_string();
         assert!(page.contains("discoveryError") && page.contains("edges.test"), "{page}");
     }
+
+    /// A fast store over gRPC whose answer the querier reads slowly (150 ms a batch, more
+    /// than the store's 300 ms timeout in all): neither the fan-out's timeout nor the
+    /// server's stream limits cut it off.
+    #[tokio::test]
+    async fn a_fast_remote_store_read_slowly_is_not_cut_off() {
+        let mut m = MemoryStore::default();
+        for i in 0..5000 {
+            let labels = Labels::from_pairs([("__name__", "x".to_string()), ("i", format!("{i:05}"))]);
+            m.add(labels, strata_model::MetricType::Gauge, [strata_model::Sample::new(1_000, i as f64)]);
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let info =
+            Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge, label_sets: vec![] });
+        let svc = StoreService::new(Arc::new(m), Labels::default(), SelectLimits::default(), info);
+        tokio::spawn(strata_grpc::serve(
+            listener,
+            svc,
+            strata_grpc::ServeOptions::new(Duration::from_secs(120)),
+            std::future::pending(),
+        ));
+        let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
+        let fanout = Fanout::new(vec![StoreTarget::new(addr, Arc::new(remote))], Duration::from_millis(300));
+        let scope = strata_store::QueryScope::default();
+        let req = strata_store::SelectRequest::new(vec![strata_model::Matcher::eq("__name__", "x")], 0, 10_000);
+        let n = scope
+            .clone()
+            .run(async {
+                let mut batches = strata_store::Store::select_batches(&fanout, &req).await.unwrap();
+                let mut n = 0;
+                while let Some(b) = batches.next_batch().await.unwrap() {
+                    n += b.len();
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                }
+                n
+            })
+            .await;
+        assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
+        assert_eq!(n, 5000);
+    }
 }

@@ -134,7 +134,12 @@ fn terminate(g: &mut Guard) {
     let _ = g.0.wait();
 }
 
-pub async fn run(file: Option<PathBuf>, edge_bin: Option<PathBuf>, vm: bool) -> anyhow::Result<()> {
+pub async fn run(
+    file: Option<PathBuf>,
+    edge_bin: Option<PathBuf>,
+    vm: bool,
+    keep: Option<PathBuf>,
+) -> anyhow::Result<()> {
     let file = file.unwrap_or_else(|| super::fleet_day::fleet_day_cache().join("small/fleet.om"));
     if !file.exists() {
         anyhow::bail!(
@@ -153,6 +158,13 @@ pub async fn run(file: Option<PathBuf>, edge_bin: Option<PathBuf>, vm: bool) -> 
     println!("  {samples} samples in {} requests ({:.2} MB on the wire)", bodies.len(), wire as f64 / 1e6);
 
     let dir = tempfile::tempdir()?;
+    let dir = match &keep {
+        Some(k) => {
+            std::fs::create_dir_all(k)?;
+            tempfile::Builder::new().prefix("wal-day").tempdir_in(k)?
+        }
+        None => dir,
+    };
     let cfg = dir.path().join("edge.yml");
     std::fs::write(&cfg, "scrape_configs: []\nstrata:\n  retention: 3d\n")?;
     let data = dir.path().join("data");
@@ -186,6 +198,11 @@ pub async fn run(file: Option<PathBuf>, edge_bin: Option<PathBuf>, vm: bool) -> 
     terminate(&mut edge);
     println!("  strata restart: {clean:.2} s to ready after a clean stop, {crash:.2} s after SIGKILL (goal <= 1 s)");
 
+    if let Some(k) = &keep {
+        println!("  the data directory is kept: {}", dir.keep().display());
+        let _ = k;
+        return Ok(());
+    }
     if !vm {
         return Ok(());
     }

@@ -369,6 +369,15 @@ mod review {
         assert_eq!(body["data"]["result"].as_array().map(Vec::len), Some(1), "{body}");
         let warnings = body["warnings"].to_string();
         assert!(warnings.contains(&down), "the middle global's warning did not reach the top: {body}");
+        // The store that is down may hold another cluster: the middle global must not
+        // advertise only the labels of the stores that answered, or the top skips it.
+        let c1 = "gpu_temp%7Bcluster%3D%22c1%22%7D";
+        let (code, body) = get(&format!("{base}/api/v1/query?query={c1}&time={t:.3}"));
+        assert_eq!(code, 200, "{body}");
+        assert!(
+            body["warnings"].to_string().contains(&down),
+            "the top global skipped the middle for cluster c1: {body}"
+        );
         let (code, body) = get(&format!("{base}/api/v1/query?query=gpu_temp&time={t:.3}&partial_response=false"));
         assert_ne!(code, 200, "partial_response=false did not reach the middle global: {body}");
         assert!(body["error"].as_str().unwrap_or_default().contains(&down), "{body}");

@@ -38,6 +38,14 @@ struct ChunkRef {
     max_t: i64,
 }
 
+/// What made a block damaged; `found` counts the findings, so that a check that began
+/// before the latest one never clears it.
+#[derive(Debug, Default)]
+struct Damage {
+    why: Option<(String, std::time::Instant)>,
+    found: u64,
+}
+
 pub struct BlockReader {
     dir: PathBuf,
     meta: BlockMeta,
@@ -53,8 +61,8 @@ pub struct BlockReader {
     /// Set when a read keeps failing: the block is then kept out of queries and
     /// compaction until [`verify`](Self::verify) finds it whole again.
     damaged: AtomicBool,
-    /// Why, and since when.
-    damage: parking_lot::Mutex<Option<(String, std::time::Instant)>>,
+    /// Why, since when, and how often it was found: the flag changes only under this lock.
+    damage: parking_lot::Mutex<Damage>,
     /// This block's key in the shared cache, and the cache.
     number: u64,
     cache: Option<Arc<ChunkCache>>,
@@ -107,7 +115,7 @@ impl BlockReader {
             chunks,
             chunks_len,
             damaged: AtomicBool::new(false),
-            damage: parking_lot::Mutex::new(None),
+            damage: parking_lot::Mutex::new(Damage::default()),
             number: next_block_number(),
             cache,
         };
@@ -212,35 +220,41 @@ impl BlockReader {
     }
 
     fn mark_damaged(&self, reason: &str) {
-        *self.damage.lock() = Some((reason.to_string(), std::time::Instant::now()));
+        let mut d = self.damage.lock();
+        d.why = Some((reason.to_string(), std::time::Instant::now()));
+        d.found += 1;
         self.damaged.store(true, Ordering::Relaxed);
+        drop(d);
         tracing::error!(block = %self.dir.display(), %reason, "damaged block: kept out of queries and compaction");
     }
 
     /// Why the block was found damaged, and how long ago; `None` while it is whole.
     pub fn damage(&self) -> Option<(String, std::time::Duration)> {
-        self.damage.lock().as_ref().map(|(r, at)| (r.clone(), at.elapsed()))
+        self.damage.lock().why.as_ref().map(|(r, at)| (r.clone(), at.elapsed()))
     }
 
     /// Reads every chunk of the block, checking each; when all read back whole, a block
     /// found damaged earlier (the disk failed for a while) is taken back into queries.
     /// Returns whether the block is whole.
     pub fn verify(&self) -> bool {
+        let found = self.damage.lock().found;
         for id in 0..self.n_series {
             let Ok((labels, refs)) = self.series_entry(id as SeriesId) else { return false };
             if let Err(reason) = self.read_chunks_once(&labels, &refs) {
                 tracing::warn!(block = %self.dir.display(), %reason, "damaged block still fails to read");
-                if let Some(d) = self.damage.lock().as_mut() {
+                if let Some(d) = self.damage.lock().why.as_mut() {
                     d.1 = std::time::Instant::now();
                 }
                 return false;
             }
         }
-        if self.damaged.swap(false, Ordering::Relaxed) {
-            *self.damage.lock() = None;
+        let mut d = self.damage.lock();
+        // A query that found damage while this check read is newer news: it stands.
+        if d.found == found && d.why.take().is_some() {
+            self.damaged.store(false, Ordering::Relaxed);
             tracing::info!(block = %self.dir.display(), "block reads whole again: back in queries and compaction");
         }
-        true
+        d.found == found
     }
 
     fn sym(&self, i: u32) -> &str {

@@ -141,6 +141,31 @@ pub(super) fn step_bounds(bytes: &[u8]) -> Option<(i64, i64)> {
     Some((step, step.checked_add(spread as i64)?))
 }
 
+/// Where a block-encoded chunk of `n` samples keeps its timestamps: the bits from 6 (after
+/// the tag and the scale) to the returned end. Samples scraped together (every series of a
+/// target shares the scrape's time) have the same timestamp bits, which a container can
+/// then store once (see `split`). `None` when the header does not parse.
+pub(super) fn timestamp_bits_end(bytes: &[u8], n: usize) -> Option<usize> {
+    if !is_block(bytes) {
+        return None;
+    }
+    let mut r = BitReader { bytes, pos: 6 };
+    for _ in 0..3 {
+        read_long(&mut r)?;
+    }
+    let m = read_long(&mut r)?.checked_add(1)?;
+    if r.overrun() || m == 0 || m > 1 << 32 {
+        return None;
+    }
+    let mut end = r.pos;
+    if m > 1 {
+        let radix = Radix::for_alphabet(m);
+        let groups = n.div_ceil(radix.digits as usize);
+        end = end.checked_add(groups.checked_mul(radix.bits as usize)?)?;
+    }
+    (end <= bytes.len() * 8).then_some(end)
+}
+
 fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
     let truncated = || ChunkError::Truncated(0);
     let mut r = BitReader { bytes, pos: 3 };

@@ -40,6 +40,7 @@ pub mod merge;
 mod rice;
 mod scale;
 mod sealed;
+pub mod split;
 mod timestamp;
 mod value;
 

@@ -362,14 +362,27 @@ mod review {
         let flap = |off: i64| -> Vec<Sample> {
             (0..n).map(|k| Sample::new(off + k * 5_000, if k % 2 == 1 { stale_nan() } else { k as f64 })).collect()
         };
-        let (a, b) = (flap(0), flap(2_000));
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let out = merge_replicas(&[a, b], false);
-            let _ = tx.send(out.len());
-        });
-        let got = rx.recv_timeout(std::time::Duration::from_secs(5));
-        assert!(got.is_ok_and(|n| n > 0), "the merge of {n} flapping samples per replica did not finish in 5 s");
+        // A counter that flaps and resets, seen by both replicas: the counter rule's look
+        // at each replica's history must stay linear too.
+        let counter = |off: i64| -> Vec<Sample> {
+            (0..n)
+                .map(|k| Sample::new(off + k * 5_000, if k % 2 == 1 { stale_nan() } else { (k % 1000) as f64 }))
+                .collect()
+        };
+        for (what, a, b, is_counter) in
+            [("gauge", flap(0), flap(2_000), false), ("counter", counter(0), counter(2_000), true)]
+        {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let out = merge_replicas(&[a, b], is_counter);
+                let _ = tx.send(out.len());
+            });
+            let got = rx.recv_timeout(std::time::Duration::from_secs(5));
+            assert!(
+                got.is_ok_and(|n| n > 0),
+                "{what}: the merge of {n} flapping samples per replica did not finish in 5 s"
+            );
+        }
     }
 
     /// thanos-io/thanos 1326, the other way round: replica B reads the reset at 1,005 s,

@@ -78,6 +78,9 @@ pub(crate) enum Failure {
     Request(StoreError),
     /// The store's: a warning under partial response.
     Store(String),
+    /// The store refused the request as invalid: its failure alone, unless every store
+    /// refuses it (then the request is at fault).
+    Refused(String, StoreError),
 }
 
 impl Fanout {
@@ -115,6 +118,7 @@ impl Fanout {
         }
         let mut answers: Vec<(usize, T)> = Vec::new();
         let mut failed: Vec<(usize, String)> = Vec::new();
+        let mut refused: Vec<StoreError> = Vec::new();
         while let Some(joined) = set.join_next().await {
             let (i, out) = match joined {
                 Ok(x) => x,
@@ -131,7 +135,15 @@ impl Fanout {
             match failure {
                 Failure::Request(e) => return Err(e),
                 Failure::Store(reason) => failed.push((i, reason)),
+                Failure::Refused(reason, e) => {
+                    failed.push((i, reason));
+                    refused.push(e);
+                }
             }
+        }
+        if answers.is_empty() && !refused.is_empty() && refused.len() == failed.len() {
+            // Every store that was asked refused it: the request is what is wrong.
+            return Err(refused.swap_remove(0));
         }
         failed.sort_by_key(|f| f.0);
         if !failed.is_empty() {
@@ -159,14 +171,15 @@ pub(crate) fn classify(e: StoreError, limits: &SelectLimits) -> Failure {
         _ => limits.max_samples,
     };
     match e {
-        // One store's part alone reached the request's limit: the whole answer would too.
-        StoreError::LimitExceeded { what, limit } if limit >= requested(what) => Failure::Request(e),
+        // One store's part alone reached the request's limit (the store applies the limit
+        // the request carries): the whole answer would too.
+        StoreError::LimitExceeded { what, limit } if limit == requested(what) => Failure::Request(e),
         StoreError::LimitExceeded { what, limit } => {
-            Failure::Store(format!("its own {what} limit of {limit} is below the request's {}", requested(what)))
+            Failure::Store(format!("refused at a {what} limit of {limit}, not the request's {}", requested(what)))
         }
         // The fan-out validated the request before it asked: a store that refuses it (a
         // version that does not take it) fails alone.
-        StoreError::InvalidRequest(m) => Failure::Store(format!("refused the request: {m}")),
+        StoreError::InvalidRequest(ref m) => Failure::Refused(format!("refused the request: {m}"), e),
         StoreError::Unavailable(m) => Failure::Store(m),
         StoreError::Corrupt { series, reason } if series.is_empty() => Failure::Store(reason),
         StoreError::Corrupt { series, reason } => Failure::Store(format!("series {series}: {reason}")),
@@ -256,7 +269,7 @@ impl Store for Fanout {
                 async move { s.steps(&r).await }
             })
             .await?;
-        merged_steps(answers, req.limits.max_series)
+        merged_steps(answers, req.limits)
     }
 
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
@@ -283,14 +296,20 @@ impl Store for Fanout {
 /// them does not evaluate leaves, if two hold the same series (the select path merges
 /// those sample by sample, which step values cannot be), or if two computed the same
 /// group of an aggregation (each saw only its part).
-fn merged_steps(answers: Vec<Option<Steps>>, max_series: usize) -> Result<Option<Steps>, StoreError> {
+fn merged_steps(answers: Vec<Option<Steps>>, limits: SelectLimits) -> Result<Option<Steps>, StoreError> {
     let mut out = Steps::default();
+    // The query's budget holds for all stores together, not for each.
+    let mut values = 0u64;
     for a in answers {
         let Some(a) = a else { return Ok(None) };
+        values = a.series.iter().chain(&a.groups).fold(values, |v, s| v.saturating_add(s.values.present() as u64));
+        if values > limits.max_samples {
+            return Err(StoreError::LimitExceeded { what: "samples", limit: limits.max_samples });
+        }
         out.series.extend(a.series);
         out.groups.extend(a.groups);
-        if out.series.len().max(out.groups.len()) > max_series {
-            return Err(StoreError::LimitExceeded { what: "series", limit: max_series as u64 });
+        if out.series.len().max(out.groups.len()) > limits.max_series {
+            return Err(StoreError::LimitExceeded { what: "series", limit: limits.max_series as u64 });
         }
         out.samples = out.samples.saturating_add(a.samples);
         out.warnings.extend(a.warnings.into_iter().filter(|w| !out.warnings.contains(w)).collect::<Vec<_>>());

@@ -34,6 +34,9 @@ pub struct MergedBatches {
     order_without: Vec<String>,
     budget: SelectBudget,
     scope: QueryScope,
+    /// The stores that refused the request as invalid, and whether any series came.
+    refused: Vec<StoreError>,
+    delivered: bool,
 }
 
 impl MergedBatches {
@@ -54,6 +57,8 @@ impl MergedBatches {
             order_without: req.order_without.clone(),
             budget: SelectBudget::new(req.limits, req.start, req.end),
             scope,
+            refused: Vec::new(),
+            delivered: false,
         }
     }
 
@@ -78,8 +83,16 @@ impl MergedBatches {
                 match failure {
                     Failure::Request(e) => return Err(e),
                     Failure::Store(reason) => failed.push((i, reason)),
+                    Failure::Refused(reason, e) => {
+                        failed.push((i, reason));
+                        self.refused.push(e);
+                    }
                 }
             }
+        }
+        if !self.delivered && !self.refused.is_empty() && self.refused.len() == self.sources.len() {
+            // Every store refused it: the request is what is wrong.
+            return Err(self.refused.swap_remove(0));
         }
         let named = |(i, reason): &(usize, String)| format!("store {}: {reason}", self.sources[*i].name);
         if !failed.is_empty() && !self.scope.partial_response {
@@ -145,6 +158,7 @@ impl SeriesBatches for MergedBatches {
                 }
             }
             self.budget.charge_series(&s.chunks)?;
+            self.delivered = true;
             out.push(s);
         }
         Ok(if out.is_empty() { None } else { Some(out) })

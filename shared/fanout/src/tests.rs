@@ -283,18 +283,25 @@ fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
         groups: g.iter().map(|n| series(n)).collect(),
         ..Default::default()
     };
-    let merged = merged_steps(vec![Some(steps(&["b", "c"], &[])), Some(steps(&["a"], &[]))], 10).unwrap().unwrap();
+    let limits = |n: usize, samples: u64| SelectLimits { max_series: n, max_samples: samples };
+    let ten = limits(10, 1000);
+    let merged = merged_steps(vec![Some(steps(&["b", "c"], &[])), Some(steps(&["a"], &[]))], ten).unwrap().unwrap();
     let names: Vec<_> = merged.series.iter().map(|s| s.labels.metric_name().unwrap_or("").to_string()).collect();
     assert_eq!(names, ["a", "b", "c"]);
     // A store that does not evaluate leaves: the engine selects samples instead.
-    assert!(merged_steps(vec![Some(steps(&["a"], &[])), None], 10).unwrap().is_none());
+    assert!(merged_steps(vec![Some(steps(&["a"], &[])), None], ten).unwrap().is_none());
     // One series from two stores, or one group each computed a part of.
-    assert!(merged_steps(vec![Some(steps(&["a"], &[])), Some(steps(&["a"], &[]))], 10).unwrap().is_none());
-    assert!(merged_steps(vec![Some(steps(&[], &["g"])), Some(steps(&[], &["g"]))], 10).unwrap().is_none());
-    assert!(merged_steps(vec![Some(steps(&[], &["g"])), Some(steps(&[], &["h"]))], 10).unwrap().is_some());
+    assert!(merged_steps(vec![Some(steps(&["a"], &[])), Some(steps(&["a"], &[]))], ten).unwrap().is_none());
+    assert!(merged_steps(vec![Some(steps(&[], &["g"])), Some(steps(&[], &["g"]))], ten).unwrap().is_none());
+    assert!(merged_steps(vec![Some(steps(&[], &["g"])), Some(steps(&[], &["h"]))], ten).unwrap().is_some());
     assert!(matches!(
-        merged_steps(vec![Some(steps(&["a", "b"], &[])), Some(steps(&["c"], &[]))], 2),
+        merged_steps(vec![Some(steps(&["a", "b"], &[])), Some(steps(&["c"], &[]))], limits(2, 1000)),
         Err(StoreError::LimitExceeded { what: "series", .. })
+    ));
+    // The sample budget holds for every store's values together, not for each store's.
+    assert!(matches!(
+        merged_steps(vec![Some(steps(&["a", "b"], &[])), Some(steps(&["c"], &[]))], limits(10, 2)),
+        Err(StoreError::LimitExceeded { what: "samples", limit: 2 })
     ));
 }
 
@@ -446,5 +453,29 @@ mod review {
         assert_eq!(scope.warnings().len(), 2, "{:?}", scope.warnings());
         let strict = QueryScope::new(false, true);
         assert!(strict.run(fanout.select(&gpu_util())).await.is_err(), "partial_response=false must fail");
+        // Every store refuses it: the request is what is wrong, not an empty answer.
+        let refusing = Fanout::new(
+            vec![
+                StoreTarget::new("a", Arc::new(RefusesWith(|| StoreError::InvalidRequest("bad matcher".into())))),
+                StoreTarget::new("b", Arc::new(RefusesWith(|| StoreError::InvalidRequest("bad matcher".into())))),
+            ],
+            Duration::from_secs(5),
+        );
+        let r = QueryScope::default().run(refusing.select(&gpu_util())).await;
+        assert!(matches!(r, Err(StoreError::InvalidRequest(_))), "{r:?}");
+        let r = QueryScope::default().run(refusing.label_names(&[], 0, 1)).await;
+        assert!(matches!(r, Err(StoreError::InvalidRequest(_))), "{r:?}");
+        // A store that claims a limit above the one asked is not believed to be the request's.
+        let odd = Fanout::new(
+            vec![
+                StoreTarget::new("good", Arc::new(memory(|_| true))),
+                StoreTarget::new(
+                    "odd",
+                    Arc::new(RefusesWith(|| StoreError::LimitExceeded { what: "samples", limit: u64::MAX })),
+                ),
+            ],
+            Duration::from_secs(5),
+        );
+        assert!(QueryScope::default().run(odd.select(&gpu_util())).await.is_ok());
     }
 }

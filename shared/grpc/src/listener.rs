@@ -86,8 +86,13 @@ impl Connections {
         a
     }
 
-    fn close(&self, peer: SocketAddr) {
-        self.0.lock().remove(&peer);
+    /// Forgets a closed connection; only its own entry (a new connection from the same
+    /// address may have taken the slot already).
+    fn close(&self, peer: SocketAddr, activity: &Arc<Activity>) {
+        let mut m = self.0.lock();
+        if m.get(&peer).is_some_and(|a| Arc::ptr_eq(a, activity)) {
+            m.remove(&peer);
+        }
     }
 
     /// Marks a call open on the connection from `peer` (unknown peers: nothing to mark).
@@ -156,8 +161,8 @@ pub(crate) struct Bounded {
 
 impl Drop for Bounded {
     fn drop(&mut self) {
-        if let Some((peer, _, connections)) = &self.activity {
-            connections.close(*peer);
+        if let Some((peer, activity, connections)) = &self.activity {
+            connections.close(*peer, activity);
         }
     }
 }

@@ -61,7 +61,7 @@ impl StoreService {
             info,
             limits,
             connections: Arc::default(),
-            bounds: StreamBounds { send_timeout: Duration::from_secs(30), max_request: Duration::from_secs(120) },
+            bounds: StreamBounds { max_request: Duration::from_secs(120) },
         }
     }
 
@@ -168,7 +168,8 @@ type SeriesFrames = Pin<Box<dyn Stream<Item = Result<pb::SeriesResponse, Status>
 
 #[tonic::async_trait]
 impl StoreRpc for StoreService {
-    async fn info(&self, _: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+    async fn info(&self, req: Request<pb::InfoRequest>) -> Result<Response<pb::InfoResponse>, Status> {
+        let _call = self.connections.call(req.remote_addr());
         let i = (self.info)();
         let label_sets = if i.label_sets.is_empty() {
             vec![pb::LabelSet { labels: labels_to_pb(&self.external) }]
@@ -333,9 +334,10 @@ impl StoreService {
             }
             // What the stores below said (a global's failed stores), after the last series.
             let warnings = warnings_of(&scope);
-            if !warnings.is_empty() {
-                tx.send(pb::SeriesResponse { warnings, ..Default::default() }).await;
+            if !warnings.is_empty() && !tx.send(pb::SeriesResponse { warnings, ..Default::default() }).await {
+                return;
             }
+            tx.finish();
         }));
         Ok(Response::new(Box::pin(rx)))
     }
@@ -400,6 +402,7 @@ impl StoreService {
                     return;
                 }
             }
+            tx.finish();
         });
         Ok(Response::new(Box::pin(rx)))
     }
@@ -421,22 +424,16 @@ pub fn selection_wire_bytes(series: &[SeriesChunks], external: &Labels) -> usize
 /// How a StoreAPI server runs.
 #[derive(Clone)]
 pub struct ServeOptions {
-    /// Requests carry their own deadline (`grpc-timeout`); none runs longer than this.
+    /// Requests carry their own deadline (`grpc-timeout`); none runs longer than this, its
+    /// streamed answer included.
     pub max_request: Duration,
     pub tls: Option<tonic::transport::ServerTlsConfig>,
     pub connections: ConnectionLimits,
-    /// A stream whose client takes no frame for this long is ended.
-    pub stream_send_timeout: Duration,
 }
 
 impl ServeOptions {
     pub fn new(max_request: Duration) -> Self {
-        ServeOptions {
-            max_request,
-            tls: None,
-            connections: ConnectionLimits::default(),
-            stream_send_timeout: Duration::from_secs(30),
-        }
+        ServeOptions { max_request, tls: None, connections: ConnectionLimits::default() }
     }
 
     pub fn with_tls(mut self, tls: Option<tonic::transport::ServerTlsConfig>) -> Self {
@@ -461,7 +458,7 @@ pub async fn serve(
     let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut service = service;
     let connections = service.connections.clone();
-    service.bounds = StreamBounds { send_timeout: opts.stream_send_timeout, max_request: opts.max_request };
+    service.bounds = StreamBounds { max_request: opts.max_request };
     let mut builder = tonic::transport::Server::builder();
     if let Some(tls) = opts.tls {
         builder = builder.tls_config(tls).map_err(|e| GrpcError::TlsConfig(e.to_string()))?;

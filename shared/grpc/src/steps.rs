@@ -83,8 +83,16 @@ fn coverage_to_pb(c: &Option<Coverage>) -> Option<pb::Coverage> {
     c.map(|c| pb::Coverage { first: c.first, last: c.last, step: c.step, max_step: c.max_step, stale: c.stale })
 }
 
+/// A peer's coverage; one without a positive step says nothing (an older peer's fields, or
+/// damage), so no replica is taken for whole on its word.
 fn coverage_from_pb(c: Option<pb::Coverage>) -> Option<Coverage> {
-    c.map(|c| Coverage { first: c.first, last: c.last, step: c.step, max_step: c.max_step, stale: c.stale })
+    c.filter(|c| c.step > 0 && c.max_step >= 0).map(|c| Coverage {
+        first: c.first,
+        last: c.last,
+        step: c.step,
+        max_step: c.max_step,
+        stale: c.stale,
+    })
 }
 
 /// A series for a frame, its labels as references into the frame's `symbols`.

@@ -5,10 +5,12 @@
 //! waits on the channel, holding what it is sending (a store's batch, or a selection
 //! gathered to attach external labels: up to a million series). tonic's request timeout
 //! ends with the handler, not with the body, so nothing else would ever end that wait.
-//! Here each send waits at most `send_timeout`, and the whole stream lasts at most
-//! `max_request`; past either, the task ends and frees what it held, and the stream ends
-//! with an error status after the frames already queued, never with a clean end that
-//! would read as a complete answer.
+//! Here the whole stream lasts at most `max_request`: past it, the task ends and frees what
+//! it held, and the stream ends with an error status after the frames already queued, never
+//! with a clean end that would read as a complete answer. (A shorter wait per frame would
+//! cut off a healthy store whose client reads slowly on purpose: a fan-out's merge reads
+//! each store only as fast as the slowest one and the consumer let it.) A frame task that
+//! ends without finishing (a panic) ends the stream with an error too.
 
 use parking_lot::Mutex;
 use std::pin::Pin;
@@ -23,8 +25,6 @@ use tonic::Status;
 /// How long a stream may wait for its client.
 #[derive(Debug, Clone, Copy)]
 pub struct StreamBounds {
-    /// One frame waiting for the client at most this long ends the stream.
-    pub send_timeout: Duration,
     /// The whole stream at most this long.
     pub max_request: Duration,
 }
@@ -35,6 +35,7 @@ pub struct FrameSender<T> {
     failed: Arc<Mutex<Option<Status>>>,
     bounds: StreamBounds,
     deadline: Instant,
+    finished: bool,
 }
 
 /// The client's end: the frames, then the error that ended the stream, if one did.
@@ -49,7 +50,8 @@ pub fn channel<T>(bounds: StreamBounds) -> (FrameSender<T>, FrameStream<T>) {
     let (tx, rx) = mpsc::channel(2);
     let failed = Arc::new(Mutex::new(None));
     let deadline = Instant::now() + bounds.max_request;
-    (FrameSender { tx, failed: failed.clone(), bounds, deadline }, FrameStream { rx, failed, done: false })
+    let sender = FrameSender { tx, failed: failed.clone(), bounds, deadline, finished: false };
+    (sender, FrameStream { rx, failed, done: false })
 }
 
 impl<T> FrameSender<T> {
@@ -60,8 +62,14 @@ impl<T> FrameSender<T> {
     }
 
     /// Ends the stream with `status` after what is queued.
-    pub async fn fail(&self, status: Status) {
+    pub async fn fail(mut self, status: Status) {
         self.send_item(Err(status)).await;
+        self.finished = true;
+    }
+
+    /// The stream is complete: it ends cleanly after what is queued.
+    pub fn finish(mut self) {
+        self.finished = true;
     }
 
     async fn send_item(&self, item: Result<T, Status>) -> bool {
@@ -70,14 +78,14 @@ impl<T> FrameSender<T> {
             self.end(Status::deadline_exceeded(format!("the stream took longer than {:?}", self.bounds.max_request)));
             return false;
         }
-        let wait = self.bounds.send_timeout.min(self.deadline - now);
-        match tokio::time::timeout(wait, self.tx.send(item)).await {
+        match tokio::time::timeout_at(self.deadline, self.tx.send(item)).await {
             Ok(Ok(())) => true,
             Ok(Err(_)) => false, // the client went
             Err(_) => {
-                tracing::debug!(waited = ?wait, "a StoreAPI client stopped reading: its stream is ended");
+                tracing::debug!(max = ?self.bounds.max_request, "a StoreAPI client did not read its stream in time: ended");
                 self.end(Status::deadline_exceeded(format!(
-                    "the client took no frame for {wait:?}: the stream was ended"
+                    "the client did not take the stream within {:?}: ended",
+                    self.bounds.max_request
                 )));
                 false
             }
@@ -88,6 +96,14 @@ impl<T> FrameSender<T> {
         let mut f = self.failed.lock();
         if f.is_none() {
             *f = Some(status);
+        }
+    }
+}
+
+impl<T> Drop for FrameSender<T> {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.end(Status::internal("the store's answer ended early"));
         }
     }
 }
@@ -117,7 +133,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_stream_nobody_reads_ends_with_an_error_after_what_was_queued() {
-        let bounds = StreamBounds { send_timeout: Duration::from_millis(50), max_request: Duration::from_secs(10) };
+        let bounds = StreamBounds { max_request: Duration::from_millis(100) };
         let (tx, mut rx) = channel::<u32>(bounds);
         let task = tokio::spawn(async move {
             let mut sent = 0;
@@ -129,10 +145,30 @@ mod tests {
             }
             sent
         });
-        assert_eq!(task.await.unwrap(), 2, "two frames fit in the channel, then the send timed out");
+        assert_eq!(task.await.unwrap(), 2, "two frames fit in the channel, then the stream ran out of time");
         assert_eq!(rx.next().await.map(|r| r.ok()), Some(Some(0)));
         assert_eq!(rx.next().await.map(|r| r.ok()), Some(Some(1)));
         assert!(matches!(rx.next().await, Some(Err(s)) if s.code() == tonic::Code::DeadlineExceeded));
         assert!(rx.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_task_that_ends_without_finishing_ends_the_stream_with_an_error() {
+        let (tx, mut rx) = channel::<u32>(StreamBounds { max_request: Duration::from_secs(10) });
+        let task = tokio::spawn(async move {
+            tx.send(1).await;
+            panic!("a bug in the frame task");
+        });
+        assert!(task.await.is_err());
+        assert_eq!(rx.next().await.map(|r| r.ok()), Some(Some(1)));
+        assert!(
+            matches!(rx.next().await, Some(Err(s)) if s.code() == tonic::Code::Internal),
+            "a truncated answer looked complete"
+        );
+        let (tx, mut rx) = channel::<u32>(StreamBounds { max_request: Duration::from_secs(10) });
+        tx.send(1).await;
+        tx.finish();
+        assert_eq!(rx.next().await.map(|r| r.ok()), Some(Some(1)));
+        assert!(rx.next().await.is_none(), "a finished stream ends cleanly");
     }
 }

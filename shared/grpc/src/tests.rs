@@ -82,7 +82,8 @@ async fn external_labels_are_advertised_attached_and_matched() {
 }
 
 /// A hostile server: answers `Series` and `Steps` with whatever frames the test gives it.
-struct Hostile(Vec<pb::SeriesResponse>, Vec<pb::StepsResponse>);
+/// Frames to send whatever is asked, and how many `Steps` frames the client has taken.
+struct Hostile(Vec<pb::SeriesResponse>, Vec<pb::StepsResponse>, Arc<std::sync::atomic::AtomicUsize>);
 
 #[tonic::async_trait]
 impl pb::store_server::Store for Hostile {
@@ -108,7 +109,12 @@ impl pb::store_server::Store for Hostile {
         _: tonic::Request<pb::StepsRequest>,
     ) -> Result<tonic::Response<Self::StepsStream>, tonic::Status> {
         let frames: Vec<_> = self.1.iter().cloned().map(Ok).collect();
-        Ok(tonic::Response::new(Box::pin(tokio_stream::iter(frames))))
+        let taken = self.2.clone();
+        let counted = tokio_stream::StreamExt::map(tokio_stream::iter(frames), move |f| {
+            taken.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            f
+        });
+        Ok(tonic::Response::new(Box::pin(counted)))
     }
     async fn label_names(
         &self,
@@ -135,17 +141,28 @@ async fn start_hostile(
     frames: Vec<pb::SeriesResponse>,
     steps: Vec<pb::StepsResponse>,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let (addr, stop, _) = start_hostile_counted(frames, steps).await;
+    (addr, stop)
+}
+
+/// [`start_hostile`], with the count of `Steps` frames the server has sent.
+async fn start_hostile_counted(
+    frames: Vec<pb::SeriesResponse>,
+    steps: Vec<pb::StepsResponse>,
+) -> (String, tokio::sync::oneshot::Sender<()>, Arc<std::sync::atomic::AtomicUsize>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let server = pb::store_server::StoreServer::new(Hostile(frames, steps)).max_encoding_message_size(64 << 20);
+    let taken = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let server =
+        pb::store_server::StoreServer::new(Hostile(frames, steps, taken.clone())).max_encoding_message_size(64 << 20);
     tokio::spawn(tonic::transport::Server::builder().add_service(server).serve_with_incoming_shutdown(
         tokio_stream::wrappers::TcpListenerStream::new(listener),
         async {
             let _ = rx.await;
         },
     ));
-    (addr, tx)
+    (addr, tx, taken)
 }
 
 async fn ask_hostile(frames: Vec<pb::SeriesResponse>) -> Result<Vec<strata_store::SeriesChunks>, StoreError> {
@@ -515,15 +532,14 @@ mod review {
     }
 
     /// A client that asks for a large selection and stops reading: the server ends the
-    /// stream after its send timeout, freeing what it held, instead of keeping the
-    /// selection until the client comes back.
+    /// stream once the longest a call may take has passed, freeing what it held, instead of
+    /// keeping the selection until the client comes back; the client then sees an error,
+    /// not an answer that looks complete.
     #[tokio::test]
     async fn a_stream_the_client_stops_reading_is_ended() {
         for external in [Labels::default(), Labels::from_pairs([("replica", "a")])] {
-            let opts = ServeOptions {
-                stream_send_timeout: Duration::from_millis(300),
-                ..ServeOptions::new(Duration::from_secs(30))
-            };
+            // No call, its streamed answer included, runs longer than this.
+            let opts = ServeOptions::new(Duration::from_secs(1));
             let (addr, stop) = start_with(service(large_store(), external.clone()), opts).await;
             let mut client = pb::store_client::StoreClient::connect(format!("http://{addr}"))
                 .await
@@ -563,7 +579,7 @@ mod review {
     #[tokio::test]
     async fn a_leaf_answer_over_the_sample_budget_fails_as_it_arrives() {
         // The request's grid has 61 steps: eight presence bytes.
-        let frames: Vec<pb::StepsResponse> = (0..20)
+        let frames: Vec<pb::StepsResponse> = (0..60)
             .map(|f| pb::StepsResponse {
                 series: (0..2000)
                     .map(|i| pb::StepSeries {
@@ -576,7 +592,7 @@ mod review {
                 ..Default::default()
             })
             .collect();
-        let (addr, stop) = start_hostile(Vec::new(), frames).await;
+        let (addr, stop, taken) = start_hostile_counted(Vec::new(), frames).await;
         let remote = RemoteStore::new(&addr, RemoteStoreOptions::default()).unwrap();
         let mut req = steps_request(true);
         req.limits.max_samples = 200_000;
@@ -586,7 +602,37 @@ mod review {
             "{:?}",
             got.map(|s| s.map(|s| s.series.len()))
         );
+        // The budget is past in the second frame; what else the server sent is what fits
+        // the connection's flow-control window (16 MiB, about 15 frames), not all 60.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let sent = taken.load(std::sync::atomic::Ordering::SeqCst);
+        assert!(sent < 30, "the client took {sent} of 60 frames before it stopped");
         let _ = stop.send(());
+    }
+
+    /// A summary without a step (an older peer's `gap` fields, or damage) vouches for
+    /// nothing: the replica is never taken for whole on it.
+    #[test]
+    fn a_coverage_without_a_step_says_nothing() {
+        let cov = pb::Coverage { first: 0, last: 600_000, step: 0, max_step: 0, stale: false };
+        let s = pb::StepSeries {
+            labels: vec![pb::Label { name: "__name__".into(), value: "x".into() }],
+            summary: Some(pb::SeriesSummary {
+                samples: 41,
+                has_span: true,
+                span_start: 0,
+                span_end: 600_000,
+                by_headers: Some(cov),
+                by_samples: Some(cov),
+            }),
+            ..Default::default()
+        };
+        let mut pool = crate::convert::StringPool::default();
+        let symbols = crate::convert::FrameSymbols::new(vec![], &mut pool);
+        let got = crate::steps::series_from_pb(s, 11, false, &symbols, &mut pool).unwrap();
+        assert_eq!((got.summary.by_headers, got.summary.by_samples), (None, None));
+        let one = got.summary.clone();
+        assert!(strata_store::whole_replica(&[&one, &got.summary]).is_none());
     }
 
     /// Step values are kept as the wire carries them: the values present and a bit per

@@ -13,8 +13,22 @@
 //! asks a store that timed out only once per request, however many selections follow
 //! (each selector of a binary expression is a selection of its own).
 
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
+
+/// Warnings one request keeps at most, and the longest kept whole: the stores below are
+/// peers, and a hostile one must not grow a request's memory with messages.
+pub const MAX_WARNINGS: usize = 100;
+pub const MAX_WARNING_BYTES: usize = 4096;
+
+/// The warnings of a request: each once, in order, bounded.
+#[derive(Debug, Default)]
+struct Warnings {
+    list: Vec<String>,
+    seen: HashSet<String>,
+    omitted: usize,
+}
 
 tokio::task_local! {
     static SCOPE: QueryScope;
@@ -27,7 +41,7 @@ pub struct QueryScope {
     pub partial_response: bool,
     /// HA replicas are merged into one series (`dedup=false` shows each).
     pub dedup: bool,
-    warnings: Arc<Mutex<Vec<String>>>,
+    warnings: Arc<Mutex<Warnings>>,
     failed_stores: Arc<Mutex<Vec<String>>>,
 }
 
@@ -53,19 +67,39 @@ impl QueryScope {
         SCOPE.try_with(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Adds a warning for the response (repeats of one message are kept once).
+    /// Adds a warning for the response (repeats of one message are kept once; past
+    /// [`MAX_WARNINGS`] they are counted, and a message is cut at [`MAX_WARNING_BYTES`]).
     pub fn warn(&self, message: impl Into<String>) {
-        let message = message.into();
-        if let Ok(mut w) = self.warnings.lock() {
-            if !w.contains(&message) {
-                w.push(message);
+        let mut message = message.into();
+        if message.len() > MAX_WARNING_BYTES {
+            let mut cut = MAX_WARNING_BYTES;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
             }
+            message.truncate(cut);
+            message.push_str(" [cut]");
+        }
+        if let Ok(mut w) = self.warnings.lock() {
+            if w.seen.contains(&message) {
+                return;
+            }
+            if w.list.len() >= MAX_WARNINGS {
+                w.omitted += 1;
+                return;
+            }
+            w.seen.insert(message.clone());
+            w.list.push(message);
         }
     }
 
-    /// The warnings added so far, in order.
+    /// The warnings added so far, in order, and how many more were left out.
     pub fn warnings(&self) -> Vec<String> {
-        self.warnings.lock().map(|w| w.clone()).unwrap_or_default()
+        let Ok(w) = self.warnings.lock() else { return Vec::new() };
+        let mut out = w.list.clone();
+        if w.omitted > 0 {
+            out.push(format!("{} more warnings omitted", w.omitted));
+        }
+        out
     }
 
     /// Notes that the store named `name` failed (its warning is added separately).
@@ -101,6 +135,21 @@ mod tests {
             })
             .await;
         assert_eq!(scope.warnings(), ["store a: down"]);
+    }
+
+    #[test]
+    fn warnings_are_bounded_in_count_and_size() {
+        let scope = QueryScope::default();
+        for i in 0..10_000 {
+            scope.warn(format!("store {i}: down"));
+        }
+        scope.warn("x".repeat(100_000));
+        let w = scope.warnings();
+        assert_eq!(w.len(), MAX_WARNINGS + 1);
+        assert_eq!(w.last().map(String::as_str), Some("9901 more warnings omitted"));
+        let scope = QueryScope::default();
+        scope.warn("é".repeat(10_000));
+        assert!(scope.warnings()[0].len() <= MAX_WARNING_BYTES + 8);
     }
 
     #[tokio::test]

@@ -158,6 +158,11 @@ impl StepValues {
             let which = if values.len() < set { "fewer" } else { "more" };
             return Err(format!("{which} values than steps present ({} for {set})", values.len()));
         }
+        if set == 0 {
+            // A series without a value travels without a bitmap; one of nothing would be
+            // free to send and cost the receiver a bit per step.
+            return Err("a presence bitmap with no step present".into());
+        }
         Ok(StepValues { steps, present: words, values })
     }
 
@@ -358,7 +363,7 @@ impl SeriesSummary {
 
     /// The smallest scrape step it is known to have.
     fn step(&self) -> Option<i64> {
-        [self.by_headers, self.by_samples].iter().flatten().map(|c| c.step).filter(|&s| s != i64::MAX).min()
+        [self.by_headers, self.by_samples].iter().flatten().map(|c| c.step).filter(|&s| s > 0 && s != i64::MAX).min()
     }
 }
 
@@ -394,6 +399,7 @@ mod tests {
         assert_eq!(back, dense);
         assert!(StepValues::from_wire(71, &dense.present_bytes(), dense.values().to_vec()).is_ok(), "9 bytes fit 71");
         assert!(StepValues::from_wire(80, &dense.present_bytes(), vec![]).is_err());
+        assert!(StepValues::from_wire(16, &[0, 0], vec![]).is_err(), "a bitmap of nothing");
         assert!(StepValues::from_wire(70, &dense.present_bytes(), vec![1.0]).is_err());
         // Bits past the grid are ignored, not counted.
         assert_eq!(StepValues::from_wire(3, &[0xff], vec![1.0, 2.0, 3.0]).unwrap().present(), 3);

@@ -233,6 +233,20 @@ impl BlockSet {
         tree_bytes(&self.dir)
     }
 
+    /// Bytes of the damaged blocks' directories (kept for inspection, never deleted by
+    /// retention).
+    pub fn damaged_bytes(&self) -> u64 {
+        self.damaged().iter().map(|d| tree_bytes(&self.dir.join(&d.id))).sum()
+    }
+
+    /// The oldest time any block covers, those that could not be opened included (their
+    /// meta's range, when it was readable); `i64::MAX` without blocks.
+    pub fn min_time(&self) -> i64 {
+        let ok = self.blocks.read().iter().map(|r| r.meta().min_time).min().unwrap_or(i64::MAX);
+        let bad = self.unopened.lock().iter().filter_map(|u| u.block.range.map(|r| r.0)).min().unwrap_or(i64::MAX);
+        ok.min(bad)
+    }
+
     pub fn memory_bytes(&self) -> usize {
         self.blocks.read().iter().map(|r| r.memory_bytes()).sum()
     }

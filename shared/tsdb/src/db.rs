@@ -86,6 +86,8 @@ pub enum TsdbError {
     Block(#[from] strata_block::BlockError),
     #[error("the database is stopping")]
     Stopping,
+    #[error("the data directory {dir} is in use by another process (it holds {dir}/lock)")]
+    Locked { dir: PathBuf },
     #[error("internal error: {0}")]
     Internal(String),
 }
@@ -133,6 +135,8 @@ pub struct Tsdb {
     /// The last WAL write failed: nothing is accepted until one succeeds, and the tier
     /// reports itself not ready.
     wal_failed: AtomicBool,
+    /// `<data>/lock`, locked while this database is open: one process per directory.
+    _lock: std::fs::File,
     /// Tests: called at named points of a commit and a cut, to interleave them.
     #[cfg(test)]
     pub(crate) hook: Mutex<Option<TestHook>>,
@@ -150,12 +154,14 @@ impl Tsdb {
     /// WAL after it.
     pub fn open(dir: &Path, opts: TsdbOptions) -> Result<Tsdb, TsdbError> {
         let wal_dir = dir.join("wal");
+        let lock = lock_dir(dir)?;
         let blocks = BlockSet::open(dir, opts.block_cache_bytes)?;
-        let (head, from, checkpoint_floor) = match checkpoint::load(dir, opts.max_series) {
-            Ok(Some(l)) => (l.head, Some(l.cursor), l.floor),
-            // Unsound (moved aside and logged): whatever the WAL still holds is replayed.
-            Ok(None) | Err(_) => (HeadBlock::new(opts.max_series), None, i64::MIN),
-        };
+        let (head, from, checkpoint_floor) =
+            match checkpoint::load(dir, opts.max_series, duration_ms(opts.block_range).max(1)) {
+                Ok(Some(l)) => (l.head, Some(l.cursor), l.floor),
+                // Unsound (moved aside and logged): whatever the WAL still holds is replayed.
+                Ok(None) | Err(_) => (HeadBlock::new(opts.max_series), None, i64::MIN),
+            };
         // Samples before the newest block's end are in blocks: replay skips them.
         let floor = blocks.max_time().max(checkpoint_floor);
         let range = duration_ms(opts.block_range);
@@ -169,6 +175,8 @@ impl Tsdb {
                 let s = head.restore(series_ref, &labels);
                 if s.series_ref != series_ref {
                     aliases.insert(series_ref, s.series_ref);
+                } else {
+                    aliases.remove(&series_ref);
                 }
             }
             WalRecord::Samples(samples) => {
@@ -243,6 +251,7 @@ impl Tsdb {
             opts,
             metrics,
             wal_failed: AtomicBool::new(false),
+            _lock: lock,
             #[cfg(test)]
             hook: Mutex::new(None),
         };
@@ -368,7 +377,9 @@ impl Tsdb {
     /// retention), to an open end, since a database that takes samples holds newer ones by
     /// the time the querier asks (as Thanos' sidecar advertises the head).
     pub fn advertised_range(&self) -> (i64, i64) {
-        (self.min_time().min(self.min_valid_time(now_ms())), i64::MAX)
+        // Damaged blocks' ranges too: a querier must ask, to be told they were skipped.
+        let min = self.min_time().min(self.blocks.min_time()).min(self.min_valid_time(now_ms()));
+        (min, i64::MAX)
     }
 
     /// A metric's type from the head's metadata, else from the newest block that knows it.
@@ -571,6 +582,30 @@ impl Tsdb {
     pub fn stats(&self) -> HeadStats {
         self.head.stats()
     }
+}
+
+/// Locks `<dir>/lock` for this process (released when the file closes, a crash included):
+/// a second process on one data directory would delete the other's block writes as
+/// leftovers and interleave WALs.
+fn lock_dir(dir: &Path) -> Result<std::fs::File, TsdbError> {
+    std::fs::create_dir_all(dir).map_err(|e| TsdbError::Internal(format!("{}: {e}", dir.display())))?;
+    let path = dir.join("lock");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| TsdbError::Internal(format!("{}: {e}", path.display())))?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock takes a file descriptor this function owns, and no pointers.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+        if r != 0 {
+            return Err(TsdbError::Locked { dir: dir.to_path_buf() });
+        }
+    }
+    Ok(f)
 }
 
 /// A duration in milliseconds, saturating (a configured duration can be any size).

@@ -308,15 +308,21 @@ impl HeadBlock {
     /// retention and created again under a new one), that series is returned: the caller
     /// maps `r` to it, so one label set is always one series.
     pub fn restore(&self, r: SeriesRef, labels: &Labels) -> Arc<MemSeries> {
+        // No reference the WAL has used is handed out again, whether it maps to a series of
+        // its own or to one restored under another reference: a later start would replay
+        // the old use and the new one under the same number.
+        self.next_ref.fetch_max(r.saturating_add(1), Ordering::Relaxed);
         let mut t = self.table.write();
-        if let Some(s) = t.series.get(&r) {
-            return s.clone();
-        }
         let hash = labels.stable_hash();
         if let Some(s) = Self::find(&t, hash, labels) {
             return s;
         }
-        self.next_ref.fetch_max(r.saturating_add(1), Ordering::Relaxed);
+        if t.series.contains_key(&r) {
+            // The reference names other labels here (damage, or a reference reused by an
+            // older version): these labels get one of their own.
+            let fresh = self.next_ref.fetch_add(1, Ordering::Relaxed);
+            return Self::insert(&mut t, fresh, hash, labels);
+        }
         Self::insert(&mut t, r, hash, labels)
     }
 

@@ -13,19 +13,28 @@
 //! last sample is there). The floor recorded is the durable one (`floor`): a cut that is
 //! still writing its block never makes its window look stored.
 //!
+//! Encoding: a series' chunks go in the block encoding. Labels and timestamps repeat from
+//! series to series (every series of a target is scraped at the same instants, so their
+//! chunks hold the same timestamp bits), so each distinct string and each distinct run of
+//! timestamp bits is written once, where it first appears, and referred to by number after
+//! (`strata_chunk::split`): on the fleet-day set this halves the checkpoint. The dictionary
+//! of timestamp runs is bounded ([`MAX_TIMES_BYTES`]); past it, chunks go whole.
+//!
 //! Safety: the file is written under a temporary name, `fsync`ed, read back to check its
 //! CRC-32, renamed, and only then are the segments it covers deleted. A checkpoint that
 //! fails any check at start is moved aside to `head.checkpoint.damaged` (never deleted) and
 //! the start goes on with the WAL that is left, saying loudly what it could not restore.
 
 use super::{Tsdb, TsdbError};
-use crate::head::HeadBlock;
+use crate::head::{block_end, HeadBlock};
 use crate::wal::WalCursor;
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 use std::sync::Arc;
 use strata_block::encoding::{put_str, put_uvarint, put_varint, Decoder};
+use strata_chunk::split::Split;
 use strata_chunk::{Chunk, CHUNK_MAX_SAMPLES};
 use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 
@@ -33,9 +42,154 @@ pub const CHECKPOINT_FILE: &str = "head.checkpoint";
 /// What earlier versions wrote at shutdown, with the whole WAL beside it: ignored and
 /// removed (the WAL it came with is replayed).
 pub const LEGACY_SNAPSHOT_FILE: &str = "head.snapshot";
-const MAGIC: &[u8; 8] = b"STRHCK01";
+const MAGIC: &[u8; 8] = b"STRHCK02";
 /// A chunk larger than this is damage.
 const MAX_CHUNK_BYTES: usize = 64 << 10;
+/// Bytes of distinct timestamp runs the writer remembers to refer back to.
+const MAX_TIMES_BYTES: usize = 64 << 20;
+/// Chunk kinds in a series record.
+const CHUNK_WHOLE: u8 = 0;
+const CHUNK_SPLIT: u8 = 1;
+
+/// The writer's dictionaries: strings and timestamp runs already written, by number.
+#[derive(Default)]
+struct Dictionary {
+    symbols: HashMap<Arc<str>, u64>,
+    times: HashMap<(Vec<u8>, u32), u64>,
+    times_bytes: usize,
+    /// Runs written so far, remembered or not (the reader numbers every one).
+    times_written: u64,
+}
+
+impl Dictionary {
+    /// A string as a reference: `0` and the string when new, else its number plus one.
+    fn put_symbol(&mut self, b: &mut Vec<u8>, s: &Arc<str>) {
+        if let Some(&i) = self.symbols.get(s) {
+            put_uvarint(b, i + 1);
+            return;
+        }
+        put_uvarint(b, 0);
+        put_str(b, s);
+        let next = self.symbols.len() as u64;
+        self.symbols.insert(s.clone(), next);
+    }
+
+    /// A chunk: its timestamps by reference when it is block-encoded, else whole.
+    fn put_chunk(&mut self, b: &mut Vec<u8>, c: &Chunk) {
+        put_varint(b, c.min_t);
+        put_varint(b, c.max_t);
+        put_uvarint(b, c.n as u64);
+        let Some(split) = c.split_times() else {
+            b.push(CHUNK_WHOLE);
+            put_uvarint(b, c.data.len() as u64);
+            b.extend_from_slice(&c.data);
+            return;
+        };
+        b.push(CHUNK_SPLIT);
+        let key = (split.times, split.time_bits);
+        match self.times.get(&key) {
+            Some(&i) => put_uvarint(b, i + 1),
+            None => {
+                put_uvarint(b, 0);
+                put_uvarint(b, key.1 as u64);
+                put_uvarint(b, key.0.len() as u64);
+                b.extend_from_slice(&key.0);
+                if self.times_bytes + key.0.len() <= MAX_TIMES_BYTES {
+                    self.times_bytes += key.0.len();
+                    self.times.insert(key, self.times_written);
+                }
+                self.times_written += 1;
+            }
+        }
+        put_uvarint(b, split.rest_bits as u64);
+        put_uvarint(b, split.rest.len() as u64);
+        b.extend_from_slice(&split.rest);
+    }
+}
+
+/// The reader's dictionaries, as the writer numbered them.
+#[derive(Default)]
+struct Entries {
+    symbols: Vec<Arc<str>>,
+    times: Vec<(Arc<[u8]>, u32)>,
+}
+
+impl Entries {
+    fn symbol(&mut self, d: &mut Decoder) -> Option<Arc<str>> {
+        match d.uvarint()? {
+            0 => {
+                let s: Arc<str> = Arc::from(d.str()?);
+                self.symbols.push(s.clone());
+                Some(s)
+            }
+            i => self.symbols.get(usize::try_from(i - 1).ok()?).cloned(),
+        }
+    }
+
+    fn chunk(&mut self, d: &mut Decoder) -> Result<Chunk, &'static str> {
+        const BAD: &str = "malformed chunk";
+        let (min_t, max_t) = (d.varint().ok_or(BAD)?, d.varint().ok_or(BAD)?);
+        let n = d
+            .uvarint()
+            .and_then(|n| u16::try_from(n).ok())
+            .filter(|&n| n > 0 && n <= CHUNK_MAX_SAMPLES)
+            .ok_or("chunk sample count")?;
+        if min_t > max_t {
+            return Err("chunk time range");
+        }
+        match d.u8().ok_or(BAD)? {
+            CHUNK_WHOLE => {
+                let len = d.len(MAX_CHUNK_BYTES).ok_or(BAD)?;
+                let data: Arc<[u8]> = Arc::from(d.bytes(len).ok_or(BAD)?);
+                Ok(Chunk { data, n, min_t, max_t })
+            }
+            CHUNK_SPLIT => {
+                let (times, time_bits) = match d.uvarint().ok_or(BAD)? {
+                    0 => {
+                        let bits = d.uvarint().and_then(|v| u32::try_from(v).ok()).ok_or(BAD)?;
+                        let len = d.len(MAX_CHUNK_BYTES).ok_or(BAD)?;
+                        let t: Arc<[u8]> = Arc::from(d.bytes(len).ok_or(BAD)?);
+                        self.times.push((t.clone(), bits));
+                        (t, bits)
+                    }
+                    i => self.times.get(usize::try_from(i - 1).map_err(|_| BAD)?).cloned().ok_or(BAD)?,
+                };
+                let rest_bits = d.uvarint().and_then(|v| u32::try_from(v).ok()).ok_or(BAD)?;
+                let len = d.len(MAX_CHUNK_BYTES).ok_or(BAD)?;
+                let rest = d.bytes(len).ok_or(BAD)?.to_vec();
+                let split = Split { times: times.to_vec(), time_bits, rest, rest_bits };
+                let c = Chunk::join_times(&split, n, min_t, max_t).ok_or("a chunk that does not join")?;
+                if c.data.len() > MAX_CHUNK_BYTES {
+                    return Err("chunk too large");
+                }
+                Ok(c)
+            }
+            _ => Err("unknown chunk kind"),
+        }
+    }
+}
+
+/// A series' chunks with every chunk inside one block window, as the head keeps them: a
+/// checkpoint written under another block range has chunks across this range's
+/// boundaries, which a cut would otherwise never take.
+fn fit_to_windows(chunks: Vec<Chunk>, range: i64) -> Result<Vec<Chunk>, &'static str> {
+    let inside = |c: &Chunk| block_end(c.min_t, range) > c.max_t;
+    if chunks.iter().all(inside) {
+        return Ok(chunks);
+    }
+    let mut out = Vec::with_capacity(chunks.len() + 1);
+    for c in chunks {
+        if inside(&c) {
+            out.push(c);
+            continue;
+        }
+        let samples = c.decode().map_err(|_| "a chunk that does not decode")?;
+        for part in samples.chunk_by(|a, b| block_end(a.t, range) == block_end(b.t, range)) {
+            out.extend(Chunk::encode_samples(part.iter().copied()).into_iter().map(Chunk::compact));
+        }
+    }
+    Ok(out)
+}
 
 /// What a loaded checkpoint says beside the head.
 pub(crate) struct Loaded {
@@ -114,6 +268,7 @@ impl Tsdb {
             all.sort_unstable_by_key(|s| s.series_ref);
             put_uvarint(&mut b, all.len() as u64);
             out.put(&b)?;
+            let mut dict = Dictionary::default();
             for s in &all {
                 b.clear();
                 let (last, chunks) = {
@@ -123,8 +278,8 @@ impl Tsdb {
                 put_uvarint(&mut b, s.series_ref);
                 put_uvarint(&mut b, s.labels.len() as u64);
                 for l in s.labels.iter() {
-                    put_str(&mut b, &l.name);
-                    put_str(&mut b, &l.value);
+                    dict.put_symbol(&mut b, &l.name);
+                    dict.put_symbol(&mut b, &l.value);
                 }
                 match last {
                     Some(last) => {
@@ -136,11 +291,7 @@ impl Tsdb {
                 }
                 put_uvarint(&mut b, chunks.len() as u64);
                 for c in chunks.into_iter().map(Chunk::compact) {
-                    put_varint(&mut b, c.min_t);
-                    put_varint(&mut b, c.max_t);
-                    put_uvarint(&mut b, c.n as u64);
-                    put_uvarint(&mut b, c.data.len() as u64);
-                    b.extend_from_slice(&c.data);
+                    dict.put_chunk(&mut b, &c);
                 }
                 out.put(&b)?;
             }
@@ -167,12 +318,17 @@ impl Tsdb {
             let mut w = self.wal.lock();
             w.wal.delete_before(cursor.segment)?
         };
-        crate::wal::remove_label_checkpoints(&self.wal_dir())?;
+        *self.checkpoint_at.lock() = Some(cursor);
+        // What earlier versions left is superseded now; failing to remove it costs space, not data.
+        if let Err(e) = crate::wal::remove_label_checkpoints(&self.wal_dir()) {
+            tracing::warn!(error = %e, "could not remove an old label checkpoint");
+        }
         let legacy = self.dir.join(LEGACY_SNAPSHOT_FILE);
         if legacy.exists() {
-            std::fs::remove_file(&legacy).map_err(|e| TsdbError::Internal(format!("{}: {e}", legacy.display())))?;
+            if let Err(e) = std::fs::remove_file(&legacy) {
+                tracing::warn!(path = %legacy.display(), error = %e, "could not remove an old head snapshot");
+            }
         }
-        *self.checkpoint_at.lock() = Some(cursor);
         tracing::info!(
             series,
             bytes,
@@ -235,12 +391,12 @@ impl<R: Read> Records<R> {
 /// Loads the checkpoint in `dir`, if there is one, into a new head. `Err` when one is
 /// there but unsound: it has been moved aside, and what it held is lost unless the WAL
 /// before its cursor is still there (the caller replays what is).
-pub(crate) fn load(dir: &Path, max_series: usize) -> Result<Option<Loaded>, String> {
+pub(crate) fn load(dir: &Path, max_series: usize, block_range: i64) -> Result<Option<Loaded>, String> {
     let path = dir.join(CHECKPOINT_FILE);
     let Ok(file) = File::open(&path) else { return Ok(None) };
     let size = file.metadata().map_err(|e| e.to_string())?.len();
     let started = std::time::Instant::now();
-    match read(BufReader::with_capacity(1 << 20, file), size, max_series) {
+    match read(BufReader::with_capacity(1 << 20, file), size, max_series, block_range) {
         Ok(l) => {
             tracing::info!(
                 series = l.series,
@@ -264,7 +420,7 @@ pub(crate) fn load(dir: &Path, max_series: usize) -> Result<Option<Loaded>, Stri
     }
 }
 
-fn read(mut r: impl Read, size: u64, max_series: usize) -> Result<Loaded, &'static str> {
+fn read(mut r: impl Read, size: u64, max_series: usize, block_range: i64) -> Result<Loaded, &'static str> {
     const BAD: &str = "malformed";
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic).map_err(|_| "truncated")?;
@@ -292,14 +448,18 @@ fn read(mut r: impl Read, size: u64, max_series: usize) -> Result<Loaded, &'stat
         let n_series = d.uvarint().and_then(|v| usize::try_from(v).ok()).filter(|&n| n as u64 <= size).ok_or(BAD)?;
         (cursor, floor, n_series)
     };
+    let mut entries = Entries::default();
     for _ in 0..n_series {
         let mut d = Decoder::new(rec.next()?);
         let r = d.uvarint().ok_or(BAD)?;
         let nl = d.len(256).ok_or(BAD)?;
         let mut labels = Vec::with_capacity(nl);
         for _ in 0..nl {
-            let (name, value) = (d.str().ok_or(BAD)?, d.str().ok_or(BAD)?);
-            labels.push(Label { name: Arc::from(name), value: Arc::from(value) });
+            let (name, value) = (entries.symbol(&mut d).ok_or(BAD)?, entries.symbol(&mut d).ok_or(BAD)?);
+            labels.push(Label { name, value });
+        }
+        if !labels.windows(2).all(|w| w[0].name < w[1].name) {
+            return Err("labels not sorted");
         }
         let labels = Labels::from_sorted_unchecked(labels);
         let last = match d.u8().ok_or(BAD)? {
@@ -309,21 +469,12 @@ fn read(mut r: impl Read, size: u64, max_series: usize) -> Result<Loaded, &'stat
         let nc = d.len(d.b.len()).ok_or(BAD)?;
         let mut chunks = Vec::with_capacity(nc);
         for _ in 0..nc {
-            let (min_t, max_t) = (d.varint().ok_or(BAD)?, d.varint().ok_or(BAD)?);
-            let n = d
-                .uvarint()
-                .and_then(|n| u16::try_from(n).ok())
-                .filter(|&n| n > 0 && n <= CHUNK_MAX_SAMPLES)
-                .ok_or("chunk sample count")?;
-            let len = d.len(MAX_CHUNK_BYTES).ok_or(BAD)?;
-            let data: Arc<[u8]> = Arc::from(d.bytes(len).ok_or(BAD)?);
-            if min_t > max_t {
-                return Err("chunk time range");
-            }
-            head.note_time(min_t);
-            head.note_time(max_t);
-            chunks.push(Chunk { data, n, min_t, max_t });
+            let c = entries.chunk(&mut d)?;
+            head.note_time(c.min_t);
+            head.note_time(c.max_t);
+            chunks.push(c);
         }
+        let chunks = fit_to_windows(chunks, block_range)?;
         let s = head.restore(r, &labels);
         s.samples.lock().restore(chunks, last);
     }

@@ -18,8 +18,10 @@
 //!   over its range once it reads again. The merged block names its sources; they are
 //!   deleted after it is in place, and if a crash comes between, the next open deletes them.
 //! * **Retention**: blocks wholly older than `retention` are deleted, then the oldest while
-//!   everything in the data directory exceeds `retention_size`, each renamed before it is
-//!   removed; the head drops what is older than `retention`.
+//!   everything in the data directory exceeds `retention_size` (never for bytes deleting
+//!   blocks cannot free), each renamed before it is removed; the head drops what is older
+//!   than `retention`. Retention runs even when the cut failed, since a full disk is when
+//!   it matters.
 //! * **Checkpoint**: once the WAL written since the last head checkpoint is larger than
 //!   the head's chunks, a new checkpoint is written and the segments before it deleted.
 
@@ -78,20 +80,27 @@ impl Tsdb {
         let run = || -> Result<MaintenanceOutcome, TsdbError> {
             self.blocks.remove_leftovers()?;
             self.blocks.recheck_damaged();
-            let blocks_cut = self.cut_head_blocks_locked()?;
-            let blocks_compacted = self.compact_locked()?;
-            let (head_series_removed, blocks_deleted) = self.apply_retention_locked()?;
-            // Segments the last checkpoint covers that a hold kept until now.
+            // A cut that fails (a full disk) does not stop retention, which may free the space.
+            let cut = self.cut_head_blocks_locked();
+            if matches!(cut, Err(TsdbError::Stopping)) {
+                return Err(TsdbError::Stopping);
+            }
+            let blocks_compacted = if cut.is_ok() { self.compact_locked()? } else { 0 };
+            let (head_series_removed, by_time) = self.retain_by_time()?;
+            // Segments the last checkpoint covers that a hold kept until now, then a new
+            // checkpoint if the WAL calls for it: what the WAL frees, size retention sees.
             let covered = self.checkpoint_at.lock().map(|c| c.segment);
             let released = match covered {
                 Some(segment) => self.wal.lock().wal.delete_before(segment)?,
                 None => 0,
             };
             let checkpoint = if self.checkpoint_due() { Some(self.write_checkpoint_locked()?) } else { None };
+            let by_size = self.retain_by_size()?;
+            let blocks_cut = cut?;
             Ok(MaintenanceOutcome {
                 blocks_cut,
                 blocks_compacted,
-                blocks_deleted,
+                blocks_deleted: by_time + by_size,
                 head_series_removed,
                 wal_segments_deleted: released + checkpoint.map_or(0, |c| c.segments_deleted),
                 checkpointed: checkpoint.is_some(),
@@ -222,6 +231,7 @@ impl Tsdb {
         let mut w = BlockWriter::create(self.blocks.dir(), start, end, 1, Vec::new())?;
         let mut any = false;
         for (i, s) in self.head.all_series_sorted().iter().enumerate() {
+            self.at("cut-series");
             if i % STOP_CHECK_SERIES == 0 && self.is_stopping() {
                 tracing::info!(
                     start,
@@ -309,37 +319,23 @@ impl Tsdb {
     /// the head series and the blocks removed.
     pub fn apply_retention(&self) -> Result<(usize, usize), TsdbError> {
         let _run = self.maintenance.lock();
-        self.apply_retention_locked()
+        let (series, by_time) = self.retain_by_time()?;
+        Ok((series, by_time + self.retain_by_size()?))
     }
 
-    fn apply_retention_locked(&self) -> Result<(usize, usize), TsdbError> {
+    /// Blocks wholly older than the retention window, and the head's series with nothing
+    /// newer, are removed. Returns the head series and the blocks removed.
+    fn retain_by_time(&self) -> Result<(usize, usize), TsdbError> {
         let cutoff = self.retention_cutoff(now_ms());
-        let mut doomed: Vec<String> = self
-            .blocks
-            .healthy()
-            .iter()
-            .filter(|b| cutoff > i64::MIN && b.meta().max_time <= cutoff)
-            .map(|b| b.id().to_string())
-            .collect();
-        if let Some(limit) = self.opts.retention_size {
-            let mut total = self.disk_bytes();
-            for b in self.blocks.healthy() {
-                if total <= limit {
-                    break;
-                }
-                total = total.saturating_sub(b.meta().bytes());
-                if !doomed.iter().any(|d| d == b.id()) {
-                    doomed.push(b.id().to_string());
-                }
-            }
+        if cutoff == i64::MIN {
+            return Ok((0, 0));
         }
+        let doomed: Vec<String> =
+            self.blocks.healthy().iter().filter(|b| b.meta().max_time <= cutoff).map(|b| b.id().to_string()).collect();
         if !doomed.is_empty() {
             let _layout = self.layout.write();
             self.blocks.delete(&doomed)?;
-            tracing::info!(blocks = doomed.len(), "retention deleted blocks");
-        }
-        if cutoff == i64::MIN {
-            return Ok((0, doomed.len()));
+            tracing::info!(blocks = doomed.len(), cutoff, "retention deleted blocks older than the retention window");
         }
         // Under the WAL lock: a commit sees a series either before its removal or marked
         // removed (and then appends to its live replacement), never half removed.
@@ -351,5 +347,40 @@ impl Tsdb {
             tracing::info!(series, cutoff, "retention removed old series from the head");
         }
         Ok((series, doomed.len()))
+    }
+
+    /// The oldest healthy blocks, while the data directory exceeds `retention_size`. What
+    /// deleting blocks cannot free (the WAL, the head checkpoint, damaged blocks kept for
+    /// inspection) is not deleted for: when that alone exceeds the size, a warning says so.
+    fn retain_by_size(&self) -> Result<usize, TsdbError> {
+        let Some(limit) = self.opts.retention_size else { return Ok(0) };
+        let healthy = self.blocks.healthy();
+        let deletable: u64 = healthy.iter().map(|b| b.meta().bytes()).sum();
+        let total = self.disk_bytes();
+        let fixed = total.saturating_sub(deletable);
+        if fixed > limit {
+            tracing::warn!(
+                limit,
+                fixed,
+                damaged = self.blocks.damaged_bytes(),
+                "retention_size cannot be met: the WAL, the head checkpoint and damaged blocks alone exceed it; no block is deleted for them"
+            );
+            return Ok(0);
+        }
+        let mut over = total.saturating_sub(limit);
+        let mut doomed = Vec::new();
+        for b in &healthy {
+            if over == 0 {
+                break;
+            }
+            over = over.saturating_sub(b.meta().bytes());
+            doomed.push(b.id().to_string());
+        }
+        if !doomed.is_empty() {
+            let _layout = self.layout.write();
+            self.blocks.delete(&doomed)?;
+            tracing::info!(blocks = doomed.len(), limit, "retention deleted the oldest blocks for retention_size");
+        }
+        Ok(doomed.len())
     }
 }

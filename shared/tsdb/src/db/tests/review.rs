@@ -334,3 +334,196 @@ async fn ordered_samples_of(db: &Arc<Tsdb>, name: &str) -> usize {
     let found = TsdbStore(db.clone()).select(&req).await.expect("select");
     found.iter().map(|s| s.samples(i64::MIN, i64::MAX).unwrap().len()).sum()
 }
+
+/// A series the checkpoint holds, removed by retention and brought back under a new
+/// reference, then a crash; after the restart a new series takes the next reference, and
+/// a second crash replays both: each series' samples stay its own.
+#[tokio::test]
+async fn a_series_revived_under_a_new_reference_keeps_its_samples_apart_across_two_crashes() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = TsdbOptions { retention: Duration::from_secs(3600), ..Default::default() };
+    let now = strata_model::time::now_ms();
+    let (old, newer) = (labels("old"), labels("newer"));
+    {
+        let db = Tsdb::open(d.path(), opts.clone()).unwrap();
+        let s = db.series(&old).unwrap();
+        db.commit(&[(s.clone(), Sample::new(now - 3 * 3_600_000, 1.0))]).unwrap();
+        let other = db.series(&labels("other")).unwrap();
+        db.commit(&[(other, Sample::new(now - 60_000, 1.0))]).unwrap();
+        db.checkpoint().unwrap();
+        db.apply_retention().unwrap();
+        assert!(s.is_removed());
+        // Brought back through the stale handle: a new reference.
+        db.commit(&[(s, Sample::new(now - 30_000, 2.0))]).unwrap();
+    }
+    {
+        let db = Tsdb::open(d.path(), opts.clone()).unwrap();
+        let s = db.series(&newer).unwrap();
+        db.commit(&[(s, Sample::new(now - 20_000, 7.0))]).unwrap();
+    }
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    let got = ordered_samples(&db).await;
+    let of = |g: &str| got.iter().find(|(x, _)| x == g).map(|(_, v)| v.clone()).unwrap_or_default();
+    assert_eq!(of("newer"), [Sample::new(now - 20_000, 7.0)], "{got:?}");
+    assert_eq!(of("old").last(), Some(&Sample::new(now - 30_000, 2.0)), "{got:?}");
+}
+
+/// A checkpoint written under one block range, loaded under a smaller one (the user
+/// changed `block_range`): its chunks cross the new range's boundaries, and every sample
+/// still reaches a block, none dropped by the cuts.
+#[tokio::test]
+async fn a_checkpoint_from_another_block_range_loses_nothing_to_the_cuts() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = |secs| TsdbOptions {
+        block_range: Duration::from_secs(secs),
+        retention: Duration::from_secs(100 * 86400),
+        ..Default::default()
+    };
+    {
+        let db = Tsdb::open(d.path(), opts(1200)).unwrap();
+        let series: Vec<_> = (0..4).map(|g| db.series(&labels(&g.to_string())).unwrap()).collect();
+        for i in 0..120 {
+            let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(i * 15_000, i as f64))).collect();
+            db.commit(&batch).unwrap();
+        }
+        db.shutdown().unwrap();
+    }
+    let db = Arc::new(Tsdb::open(d.path(), opts(600)).unwrap());
+    assert!(db.restored_from_checkpoint());
+    let out = db.maintain().unwrap();
+    assert!(out.blocks_cut >= 1, "{out:?}");
+    let n: usize = ordered_samples(&db).await.iter().map(|s| s.1.len()).sum();
+    assert_eq!(n, 4 * 120, "after the cuts under the new range");
+    drop(db);
+    let db = Arc::new(Tsdb::open(d.path(), opts(600)).unwrap());
+    let n: usize = ordered_samples(&db).await.iter().map(|s| s.1.len()).sum();
+    assert_eq!(n, 4 * 120, "after a restart");
+}
+
+/// `retention_size` smaller than what deleting blocks can free (a damaged block kept for
+/// inspection, the WAL, the checkpoint): no healthy block is deleted for it, in vain.
+#[tokio::test]
+async fn size_retention_never_deletes_blocks_for_bytes_it_cannot_free() {
+    let d = tempfile::tempdir().unwrap();
+    let db = blocky(d.path(), 6, None);
+    db.maintain().unwrap();
+    let victim = db.blocks().healthy()[0].id().to_string();
+    let healthy = db.blocks().len();
+    drop(db);
+    let idx = d.path().join("blocks").join(&victim).join("index");
+    let mut bytes = std::fs::read(&idx).unwrap();
+    bytes[10] ^= 0xff;
+    std::fs::write(&idx, bytes).unwrap();
+    let damaged = {
+        let db = Tsdb::open(d.path(), blocky_options(None)).unwrap();
+        db.blocks().damaged_bytes()
+    };
+    assert!(damaged > 0);
+    let db = Tsdb::open(d.path(), blocky_options(Some(damaged / 2))).unwrap();
+    db.maintain().unwrap();
+    assert_eq!(db.blocks().len(), healthy - 1, "healthy blocks were deleted for a damaged block's bytes");
+}
+
+/// Two processes on one data directory would delete each other's block writes as
+/// leftovers: the second open is refused while the first holds it.
+#[test]
+fn a_data_directory_is_opened_once() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(d.path(), TsdbOptions::default()).unwrap();
+    let second = Tsdb::open(d.path(), TsdbOptions::default());
+    assert!(matches!(second, Err(TsdbError::Locked { .. })), "{:?}", second.err());
+    drop(db);
+    Tsdb::open(d.path(), TsdbOptions::default()).expect("free again once closed");
+}
+
+/// A stop while a cut writes its block: the cut gives up between series, its window stays
+/// in the head (not closed to commits, not recorded as on disk), the stop's checkpoint
+/// holds it, and the next start serves every sample and cuts the window then.
+#[tokio::test]
+async fn a_stop_makes_a_running_cut_give_up_and_keep_its_window() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(d.path(), blocky_options(None)).unwrap());
+    let series: Vec<_> = (0..600).map(|g| db.series(&labels(&g.to_string())).unwrap()).collect();
+    for i in 0..2 * 240 {
+        let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(i * 15_000, 1.0))).collect();
+        db.commit(&batch).unwrap();
+    }
+    let stopper: Mutex<Option<std::thread::JoinHandle<()>>> = Mutex::new(None);
+    let weak = Arc::downgrade(&db);
+    *db.hook.lock() = Some(Arc::new(move |point: &str| {
+        if point != "cut-series" || stopper.lock().is_some() {
+            return;
+        }
+        let Some(db) = weak.upgrade() else { return };
+        let stopping = db.clone();
+        *stopper.lock() = Some(std::thread::spawn(move || {
+            stopping.shutdown().unwrap();
+        }));
+        while !db.is_stopping() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }));
+    let out = db.maintain().unwrap();
+    assert_eq!(out, MaintenanceOutcome::default(), "the cut did not give up");
+    assert!(db.blocks().is_empty(), "a block was written");
+    let s = db.series(&labels("new")).unwrap();
+    assert_eq!(
+        db.commit(&[(s, Sample::new(1, 1.0))]).unwrap().rejected.len(),
+        0,
+        "the window stayed closed to commits"
+    );
+    *db.hook.lock() = None;
+    // The stop (its checkpoint) finishes once the cut is out of the way.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !d.path().join(CHECKPOINT_FILE).exists() {
+        assert!(std::time::Instant::now() < deadline, "the stop never wrote its checkpoint");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    drop(db);
+    let db = Arc::new(Tsdb::open(d.path(), blocky_options(None)).unwrap());
+    assert!(db.restored_from_checkpoint());
+    let n: usize = ordered_samples(&db).await.iter().map(|s| s.1.len()).sum();
+    assert_eq!(n, 600 * 480 + 1);
+    assert!(db.maintain().unwrap().blocks_cut > 0, "the window is cut after the restart");
+}
+
+/// Checkpoints written while commits go on (new series among them), then a crash: every
+/// acknowledged sample is back, once, whether the checkpoint or the WAL after it held it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoints_racing_commits_lose_and_repeat_nothing() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = blocky_options(None);
+    let db = Arc::new(Tsdb::open(d.path(), opts.clone()).unwrap());
+    let done = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (db, done) = (db.clone(), done.clone());
+        std::thread::spawn(move || {
+            let mut acked = 0usize;
+            let mut i = 0i64;
+            while !done.load(Ordering::Relaxed) {
+                // Four old series and, every tenth round, a new one.
+                let mut names: Vec<String> = (0..4).map(|g| g.to_string()).collect();
+                if i % 10 == 0 {
+                    names.push(format!("new-{i}"));
+                }
+                let batch: Vec<_> =
+                    names.iter().map(|n| (db.series(&labels(n)).unwrap(), Sample::new(i * 1_000, i as f64))).collect();
+                acked += db.commit(&batch).unwrap().appended;
+                i += 1;
+            }
+            acked
+        })
+    };
+    for _ in 0..20 {
+        db.checkpoint().unwrap();
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    done.store(true, Ordering::Relaxed);
+    let acked = writer.join().unwrap();
+    drop(db);
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    assert!(db.restored_from_checkpoint());
+    let n: usize = ordered_samples(&db).await.iter().map(|s| s.1.len()).sum();
+    assert_eq!(n, acked, "{acked} samples acknowledged");
+}
