@@ -104,6 +104,9 @@ pub enum BenchCommand {
         /// Keep the edge's data directory under this folder, to look into (skips VictoriaMetrics).
         #[arg(long)]
         keep: Option<PathBuf>,
+        /// Only the writes: no two minutes of watching, no restarts.
+        #[arg(long)]
+        ingest_only: bool,
     },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
@@ -155,7 +158,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,
-        BenchCommand::WalDay { file, edge_binary, vm, keep } => wal_day::run(file, edge_binary, vm, keep).await,
+        BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
+            wal_day::run(file, edge_binary, vm, keep, ingest_only).await
+        }
         BenchCommand::VsPrometheus { nodes, seconds, prometheus } => {
             vs_prometheus::run(nodes, seconds, &prometheus).await
         }

@@ -139,6 +139,7 @@ pub async fn run(
     edge_bin: Option<PathBuf>,
     vm: bool,
     keep: Option<PathBuf>,
+    ingest_only: bool,
 ) -> anyhow::Result<()> {
     let file = file.unwrap_or_else(|| super::fleet_day::fleet_day_cache().join("small/fleet.om"));
     if !file.exists() {
@@ -180,6 +181,10 @@ pub async fn run(
         samples as f64 / secs / 1e6,
         cpu / (samples as f64 / 1e6)
     );
+    if ingest_only {
+        terminate(&mut edge);
+        return Ok(());
+    }
     let strata = watch("strata data directory", &data, samples).await;
     let part = |p: &str| tree_bytes(&data.join(p)) as f64 / samples as f64;
     let checkpoint = std::fs::metadata(data.join("head.checkpoint")).map_or(0, |m| m.len()) as f64 / samples as f64;

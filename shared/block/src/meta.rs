@@ -4,8 +4,10 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// The block format this code writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The block format this code writes; it reads this one and the ones before it.
+pub const FORMAT_VERSION: u32 = 2;
+/// Version 1: the same, with the index stored as it is rather than deflated.
+pub const FIRST_VERSION: u32 = 1;
 pub const META_FILE: &str = "meta.json";
 pub const INDEX_FILE: &str = "index";
 pub const CHUNKS_FILE: &str = "chunks";
@@ -41,8 +43,12 @@ pub struct BlockStats {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileMeta {
     pub name: String,
+    /// Bytes on disk, and their CRC-32.
     pub bytes: u64,
     pub crc32: u32,
+    /// Set when the file is deflated: the bytes it inflates to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw_bytes: Option<u64>,
 }
 
 impl BlockMeta {
@@ -65,9 +71,9 @@ impl BlockMeta {
             return Err(format!("{}: {} bytes, larger than any meta", path.display(), text.len()));
         }
         let meta: BlockMeta = serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if meta.version != FORMAT_VERSION {
+        if !(FIRST_VERSION..=FORMAT_VERSION).contains(&meta.version) {
             return Err(format!(
-                "{}: format version {} (this build reads {FORMAT_VERSION})",
+                "{}: format version {} (this build reads {FIRST_VERSION} to {FORMAT_VERSION})",
                 path.display(),
                 meta.version
             ));

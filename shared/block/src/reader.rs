@@ -68,6 +68,25 @@ pub struct BlockReader {
     cache: Option<Arc<ChunkCache>>,
 }
 
+/// The largest index a block may inflate to: far above any real one (2.4 M series take
+/// about 160 MB), and a bound on what a damaged `meta.json` can make a reader allocate.
+const MAX_INDEX_BYTES: u64 = 4 << 30;
+
+/// An index deflated on disk, inflated to exactly `raw` bytes.
+fn inflate(stored: &[u8], raw: u64) -> Result<Vec<u8>, String> {
+    use std::io::Read;
+    if raw > MAX_INDEX_BYTES {
+        return Err(format!("it claims {raw} bytes"));
+    }
+    let mut out = Vec::with_capacity(raw as usize);
+    let mut d = flate2::read::DeflateDecoder::new(stored).take(raw + 1);
+    d.read_to_end(&mut out).map_err(|e| e.to_string())?;
+    if out.len() as u64 != raw {
+        return Err(format!("{} bytes, meta.json says {raw}", out.len()));
+    }
+    Ok(out)
+}
+
 impl BlockReader {
     /// Opens the block in `dir`, checking its meta, the index's size and CRC-32 and the
     /// chunks file's size. Chunks are checked as they are read.
@@ -84,14 +103,18 @@ impl BlockReader {
         let want = |f: &str| meta.file(f).cloned().ok_or_else(|| corrupt(format!("meta.json lists no {f} file")));
         let (index_meta, chunks_meta) = (want(INDEX_FILE)?, want(CHUNKS_FILE)?);
         let index_path = dir.join(INDEX_FILE);
-        let index = std::fs::read(&index_path).map_err(|e| BlockError::io(&index_path, e))?;
-        if index.len() as u64 != index_meta.bytes || crc32fast::hash(&index) != index_meta.crc32 {
+        let stored = std::fs::read(&index_path).map_err(|e| BlockError::io(&index_path, e))?;
+        if stored.len() as u64 != index_meta.bytes || crc32fast::hash(&stored) != index_meta.crc32 {
             return Err(corrupt(format!(
                 "index is {} bytes with a CRC-32 other than meta.json's ({} bytes)",
-                index.len(),
+                stored.len(),
                 index_meta.bytes
             )));
         }
+        let index = match index_meta.raw_bytes {
+            None => stored,
+            Some(raw) => inflate(&stored, raw).map_err(|e| corrupt(format!("index does not inflate: {e}")))?,
+        };
         let chunks_path = dir.join(CHUNKS_FILE);
         let chunks = File::open(&chunks_path).map_err(|e| BlockError::io(&chunks_path, e))?;
         let chunks_len = chunks.metadata().map_err(|e| BlockError::io(&chunks_path, e))?.len();

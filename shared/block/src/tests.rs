@@ -150,3 +150,30 @@ fn merging_blocks_keeps_every_sample_once_and_joins_part_chunks() {
         .collect();
     assert_eq!(all_samples(&merged, &[all]), want);
 }
+
+/// Blocks of format version 1 (the index stored as it is) still read, alike.
+#[test]
+fn a_version_1_block_with_its_index_stored_whole_reads_alike() {
+    use std::io::Read;
+    let dir = tempfile::tempdir().unwrap();
+    let meta = write(dir.path(), 0, 7_200_000);
+    let block = dir.path().join(&meta.id);
+    let all = Matcher::new(MatchOp::Regex, "__name__", ".+").unwrap();
+    let want = all_samples(&BlockReader::open(&block).unwrap(), std::slice::from_ref(&all));
+    let stored = std::fs::read(block.join("index")).unwrap();
+    let mut raw = Vec::new();
+    flate2::read::DeflateDecoder::new(&stored[..]).read_to_end(&mut raw).unwrap();
+    assert!(stored.len() < raw.len(), "the index is deflated: {} bytes of {}", stored.len(), raw.len());
+    std::fs::write(block.join("index"), &raw).unwrap();
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(block.join("meta.json")).unwrap()).unwrap();
+    m["version"] = 1.into();
+    for f in m["files"].as_array_mut().unwrap() {
+        if f["name"] == "index" {
+            f["bytes"] = raw.len().into();
+            f["crc32"] = crc32fast::hash(&raw).into();
+            f.as_object_mut().unwrap().remove("raw_bytes");
+        }
+    }
+    std::fs::write(block.join("meta.json"), serde_json::to_vec(&m).unwrap()).unwrap();
+    assert_eq!(all_samples(&BlockReader::open(&block).unwrap(), &[all]), want);
+}

@@ -217,6 +217,7 @@ impl BlockWriter {
                     name: CHUNKS_FILE.into(),
                     bytes: self.chunks_len,
                     crc32: self.chunks_crc.clone().finalize(),
+                    raw_bytes: None,
                 },
             ],
         };
@@ -241,7 +242,9 @@ impl BlockWriter {
     /// their offset table, postings and their table, metadata, and the footer.
     fn write_index(&mut self) -> std::io::Result<FileMeta> {
         self.series.flush()?;
-        let mut b = CountingWriter::new(File::create(self.tmp.join(INDEX_FILE))?);
+        let file = CrcFile { out: File::create(self.tmp.join(INDEX_FILE))?, len: 0, crc: crc32fast::Hasher::new() };
+        let deflated = flate2::write::DeflateEncoder::new(file, flate2::Compression::new(INDEX_DEFLATE_LEVEL));
+        let mut b = CountingWriter::new(deflated);
         b.write_all(INDEX_MAGIC)?;
         let symbols_off = b.len;
         let mut e = Vec::new();
@@ -308,10 +311,37 @@ impl BlockWriter {
         let crc = b.crc.clone().finalize();
         b.write_all(&crc.to_le_bytes())?;
         b.write_all(b"SIDX")?;
-        let (bytes, crc32) = (b.len, b.crc.clone().finalize());
+        let raw = b.len;
         b.out.flush()?;
-        b.out.get_ref().sync_all()?;
-        Ok(FileMeta { name: INDEX_FILE.into(), bytes, crc32 })
+        let deflated = b.out.into_inner().map_err(|e| e.into_error())?;
+        let file = deflated.finish()?;
+        file.out.sync_all()?;
+        Ok(FileMeta { name: INDEX_FILE.into(), bytes: file.len, crc32: file.crc.finalize(), raw_bytes: Some(raw) })
+    }
+}
+
+/// zlib's default: the index, mostly varints of label symbols and chunk headers, shrinks
+/// to about 40% (0.05 bytes a sample on the fleet-day set, against 0.13), and inflates at
+/// open in milliseconds.
+const INDEX_DEFLATE_LEVEL: u32 = 6;
+
+/// A file that counts and checksums the bytes written to it.
+struct CrcFile {
+    out: File,
+    len: u64,
+    crc: crc32fast::Hasher,
+}
+
+impl Write for CrcFile {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.len += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
     }
 }
 
@@ -327,20 +357,21 @@ impl Drop for BlockWriter {
     }
 }
 
-/// A buffered file writer that counts and checksums what passes through it.
-struct CountingWriter {
-    out: BufWriter<File>,
+/// A buffered writer that counts and checksums what passes through it (the index as it
+/// is, before it is deflated).
+struct CountingWriter<W: Write> {
+    out: BufWriter<W>,
     len: u64,
     crc: crc32fast::Hasher,
 }
 
-impl CountingWriter {
-    fn new(f: File) -> Self {
-        CountingWriter { out: BufWriter::with_capacity(1 << 20, f), len: 0, crc: crc32fast::Hasher::new() }
+impl<W: Write> CountingWriter<W> {
+    fn new(w: W) -> Self {
+        CountingWriter { out: BufWriter::with_capacity(1 << 20, w), len: 0, crc: crc32fast::Hasher::new() }
     }
 }
 
-impl Write for CountingWriter {
+impl<W: Write> Write for CountingWriter<W> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         let n = self.out.write(buf)?;
         self.crc.update(&buf[..n]);

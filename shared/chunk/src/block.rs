@@ -12,9 +12,13 @@
 //!   bits with `b/j` as close to `log2 m` as groups allow (40 values of jitter: 6 per 32
 //!   bits, 5.33 bits each). Groups are independent, and a digit costs a multiply.
 //! * **values**: every value is an exact decimal at one scale; the first three scaled
-//!   integers are written whole, the rest in partitions of 64, each with the FLAC fixed
-//!   predictor (order 1–3) and the Rice parameter that code it in the fewest bits; an
-//!   all-zero partition costs only its 8 bits of parameters.
+//!   integers are written whole, the rest in partitions of 64, each with the predictor and
+//!   the Rice parameter that code it in the fewest bits; an all-zero partition costs only
+//!   its 8 bits of parameters. The predictors are FLAC's fixed ones of order 1 to 3 (the
+//!   last value, linear, quadratic: trends and counters) and the mean of the last eight
+//!   values (noise around a level, as a gauge's readings are: the residual's spread is that
+//!   of one reading, not of the difference of two, about 0.4 bits a sample less on DCGM's
+//!   utilisation, temperature and power).
 //!
 //! Chunks whose values are not all decimals at one scale (NaN, staleness markers, floats
 //! with long mantissas) or whose timestamps do not sit on any grid stay in the streaming
@@ -210,16 +214,21 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
         slot.v = unscale(s, scale);
     }
     let mut bits = BitBuf::at(bytes, r.pos);
-    for part in samples.get_mut(WARM_UP..).unwrap_or_default().chunks_mut(PARTITION) {
+    let mut start = WARM_UP.min(samples.len());
+    while start < samples.len() {
+        let end = (start + PARTITION).min(samples.len());
+        let (before, rest) = samples.split_at_mut(start);
+        let part = &mut rest[..end - start];
         let order = bits.read(2) as usize + 1;
         let k = bits.read(6) as u32;
-        // One loop per order, so that the prediction is straight-line code.
+        // One loop per predictor, so that the prediction is straight-line code.
         match order {
             1 => decode_partition::<1>(part, &mut bits, k, &mut hist, scale)?,
             2 => decode_partition::<2>(part, &mut bits, k, &mut hist, scale)?,
             3 => decode_partition::<3>(part, &mut bits, k, &mut hist, scale)?,
-            _ => return Err(truncated()),
+            _ => decode_mean_partition(before, part, &mut bits, k, &mut hist, scale)?,
         }
+        start = end;
     }
     if bits.overrun() {
         return Err(truncated());
@@ -243,6 +252,55 @@ fn decode_partition<const ORDER: usize>(
         slot.v = unscale(s, scale);
     }
     Ok(())
+}
+
+/// Residuals of one partition predicted by the mean of the last eight values (the first
+/// value stands in for those before it), into the samples' values. The values before the
+/// partition are read back from the samples (`before`): a decoded value scales back to its
+/// integer exactly, so the other predictors' loop keeps only three in registers.
+fn decode_mean_partition(
+    before: &[Sample],
+    part: &mut [Sample],
+    bits: &mut BitBuf,
+    k: u32,
+    hist: &mut [i64; 3],
+    scale: u32,
+) -> Result<(), ChunkError> {
+    let back = |b: usize| before.get(before.len().saturating_sub(b)).map_or(0, |x| scaled_back(x.v, scale));
+    // ring[j] holds the value MEAN_OF - j places back; `at` is the oldest.
+    let mut ring = [0i64; MEAN_OF];
+    for (j, slot) in ring.iter_mut().enumerate() {
+        *slot = back(MEAN_OF - j);
+    }
+    let mut sum = ring.iter().fold(0i64, |a, &x| a.wrapping_add(x));
+    let mut at = 0;
+    for slot in part {
+        let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
+        let s = mean_of(sum).wrapping_add(unzigzag(z));
+        sum = sum.wrapping_sub(ring[at]).wrapping_add(s);
+        ring[at] = s;
+        at = (at + 1) % MEAN_OF;
+        slot.v = unscale(s, scale);
+    }
+    let newest = |b: usize| ring[(at + MEAN_OF - b) % MEAN_OF];
+    *hist = [newest(1), newest(2), newest(3)];
+    Ok(())
+}
+
+/// Values the mean predictor averages.
+const MEAN_OF: usize = 8;
+
+/// The mean of eight values from their sum, rounded half up (arithmetic shift: floor).
+#[inline(always)]
+fn mean_of(sum: i64) -> i64 {
+    sum.wrapping_add(MEAN_OF as i64 / 2) >> 3
+}
+
+/// A decoded value's scaled integer (exact for what the encoder wrote: every value was
+/// checked to scale back to itself).
+#[inline(always)]
+fn scaled_back(v: f64, scale: u32) -> i64 {
+    crate::scale::round_half_away(v * crate::scale::POW10[scale.min(MAX_SCALE) as usize]) as i64
 }
 
 /// FLAC's fixed predictor of order 1 (the last value), 2 (linear) or 3 (quadratic) from
@@ -339,14 +397,17 @@ impl FastDiv {
 /// `scaled[start..end]` in the fewest bits (the lowest order on a tie).
 fn plan_partition(scaled: &[i64], start: usize, end: usize) -> (usize, u32, [u64; PARTITION]) {
     let mut best = (u64::MAX, 1, ZERO_PARTITION, [0u64; PARTITION]);
-    for order in 1..=3 {
+    // The value `b` places before `i`; the first value stands in for those before it.
+    let back = |i: usize, b: usize| if i >= b { scaled[i - b] } else { scaled[0] };
+    for order in 1..=4 {
         let mut residuals = [0u64; PARTITION];
         for (z, i) in residuals.iter_mut().zip(start..end) {
             let h = [scaled[i - 1], scaled[i - 2], scaled[i - 3]];
             let prediction = match order {
                 1 => predict::<1>(&h),
                 2 => predict::<2>(&h),
-                _ => predict::<3>(&h),
+                3 => predict::<3>(&h),
+                _ => mean_of((1..=MEAN_OF).fold(0i64, |a, b| a.wrapping_add(back(i, b)))),
             };
             *z = zigzag(scaled[i].wrapping_sub(prediction));
         }

@@ -46,6 +46,7 @@ mod value;
 
 pub use appender::ChunkAppender;
 pub use iter::ChunkIter;
+pub use scale::{from_decimal, to_decimal};
 pub use sealed::Chunk;
 
 /// Samples per chunk before it is sealed (Prometheus uses 120).

@@ -53,3 +53,16 @@ pub(crate) fn unscale(s: i64, k: u32) -> f64 {
         s as f64 / POW10[k as usize]
     }
 }
+
+/// `v` as an exact decimal: the smallest scale `k` (0 to 6) and the integer `v·10^k`,
+/// which [`from_decimal`] turns back into `v` bit for bit; `None` for values that are no
+/// exact decimal at any scale (NaN, infinities, -0.0, long mantissas).
+pub fn to_decimal(v: f64) -> Option<(u32, i64)> {
+    let k = decimal_scale(v)?;
+    Some((k, scaled_at(v, k)?))
+}
+
+/// The value [`to_decimal`] gave `(k, s)` for; `None` for a scale past 6.
+pub fn from_decimal(k: u32, s: i64) -> Option<f64> {
+    (k <= MAX_SCALE).then(|| unscale(s, k))
+}

@@ -43,6 +43,13 @@ pub const CHECKPOINT_FILE: &str = "head.checkpoint";
 /// removed (the WAL it came with is replayed).
 pub const LEGACY_SNAPSHOT_FILE: &str = "head.snapshot";
 const MAGIC: &[u8; 8] = b"STRHCK02";
+/// After the magic, the records and their CRC-32 are deflated: labels and record framing
+/// shrink, and the chunks (already entropy-coded) nearly do not.
+const DEFLATE_LEVEL: u32 = 6;
+/// The length that ends the records.
+const END_OF_RECORDS: u32 = u32::MAX;
+/// A record longer than this is damage (one series' labels and chunks take kilobytes).
+const MAX_RECORD_BYTES: u32 = 64 << 20;
 /// A chunk larger than this is damage.
 const MAX_CHUNK_BYTES: usize = 64 << 10;
 /// Bytes of distinct timestamp runs the writer remembers to refer back to.
@@ -218,13 +225,25 @@ struct Crc<W: Write> {
 impl<W: Write> Crc<W> {
     /// Writes one record, framed by its length, so that a reader parses it from memory.
     fn put(&mut self, b: &[u8]) -> std::io::Result<()> {
-        let len = u32::try_from(b.len()).map_err(|_| std::io::Error::other("checkpoint record over 4 GiB"))?;
+        let len = u32::try_from(b.len())
+            .ok()
+            .filter(|&n| n <= MAX_RECORD_BYTES)
+            .ok_or_else(|| std::io::Error::other("a checkpoint record over its limit"))?;
         self.crc.update(&len.to_le_bytes());
         self.crc.update(b);
         self.w.write_all(&len.to_le_bytes())?;
         self.w.write_all(b)?;
         self.bytes += 4 + b.len() as u64;
         Ok(())
+    }
+
+    /// Ends the records, then the CRC-32 of everything before it.
+    fn end(&mut self) -> std::io::Result<()> {
+        let end = END_OF_RECORDS.to_le_bytes();
+        self.crc.update(&end);
+        self.w.write_all(&end)?;
+        let crc = self.crc.clone().finalize();
+        self.w.write_all(&crc.to_le_bytes())
     }
 }
 
@@ -244,12 +263,10 @@ impl Tsdb {
         };
         let write = || -> std::io::Result<(usize, u64)> {
             strata_block::fault::fail("checkpoint-write")?;
-            let mut out = Crc {
-                w: BufWriter::with_capacity(1 << 20, File::create(&tmp)?),
-                crc: crc32fast::Hasher::new(),
-                bytes: MAGIC.len() as u64 + 4,
-            };
-            out.w.write_all(MAGIC)?;
+            let mut file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+            file.write_all(MAGIC)?;
+            let deflated = flate2::write::DeflateEncoder::new(file, flate2::Compression::new(DEFLATE_LEVEL));
+            let mut out = Crc { w: deflated, crc: crc32fast::Hasher::new(), bytes: 0 };
             out.crc.update(MAGIC);
             let mut b = Vec::with_capacity(1 << 16);
             put_uvarint(&mut b, cursor.segment as u64);
@@ -295,11 +312,12 @@ impl Tsdb {
                 }
                 out.put(&b)?;
             }
-            let crc = out.crc.clone().finalize();
-            out.w.write_all(&crc.to_le_bytes())?;
-            let f = out.w.into_inner().map_err(|e| e.into_error())?;
+            out.end()?;
+            let file = out.w.finish()?;
+            let f = file.into_inner().map_err(|e| e.into_error())?;
             f.sync_all()?;
-            Ok((all.len(), out.bytes))
+            let bytes = f.metadata()?.len();
+            Ok((all.len(), bytes))
         };
         let written = write().and_then(|n| verify(&tmp).map(|()| n));
         let (series, bytes) = match written {
@@ -343,48 +361,59 @@ impl Tsdb {
 
 /// Reads a checkpoint file through, checking its CRC-32 (what was written reads back).
 fn verify(path: &Path) -> std::io::Result<()> {
-    let f = File::open(path)?;
-    let size = f.metadata()?.len();
-    let mut r = BufReader::with_capacity(1 << 20, f);
+    let mut r = BufReader::with_capacity(1 << 20, File::open(path)?);
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic)?;
-    let mut rec = Records { r, crc: crc32fast::Hasher::new(), buf: Vec::new(), left: size.saturating_sub(12) };
-    rec.crc.update(&magic);
-    while rec.left > 0 {
-        rec.next().map_err(std::io::Error::other)?;
-    }
-    let want = rec.crc.clone().finalize();
-    let mut tail = [0u8; 4];
-    rec.r.read_exact(&mut tail)?;
-    if &magic != MAGIC || u32::from_le_bytes(tail) != want {
+    if &magic != MAGIC {
         return Err(std::io::Error::other("the checkpoint does not read back as written"));
     }
-    Ok(())
+    let mut rec = Records::after_magic(r);
+    while rec.next().map_err(std::io::Error::other)?.is_some() {}
+    rec.check_crc().map_err(|_| std::io::Error::other("the checkpoint does not read back as written"))
 }
 
-/// Reads the length-framed records, keeping the CRC-32 of what it read.
+/// Reads the length-framed records out of the deflated stream after the magic, keeping the
+/// CRC-32 of what it read.
 struct Records<R: Read> {
-    r: R,
+    r: flate2::read::DeflateDecoder<R>,
     crc: crc32fast::Hasher,
     buf: Vec<u8>,
-    left: u64,
 }
 
 impl<R: Read> Records<R> {
-    /// The next record; it must fit in what is left of the file.
-    fn next(&mut self) -> Result<&[u8], &'static str> {
+    fn after_magic(r: R) -> Self {
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(MAGIC);
+        Records { r: flate2::read::DeflateDecoder::new(r), crc, buf: Vec::new() }
+    }
+
+    /// The next record; `None` at the end of the records.
+    fn next(&mut self) -> Result<Option<&[u8]>, &'static str> {
         let mut len = [0u8; 4];
         self.r.read_exact(&mut len).map_err(|_| "truncated")?;
-        let n = u32::from_le_bytes(len) as u64;
-        if n.saturating_add(4) > self.left {
-            return Err("record longer than the file");
+        self.crc.update(&len);
+        let n = u32::from_le_bytes(len);
+        if n == END_OF_RECORDS {
+            return Ok(None);
         }
-        self.left -= n + 4;
+        if n > MAX_RECORD_BYTES {
+            return Err("a record longer than any");
+        }
         self.buf.resize(n as usize, 0);
         self.r.read_exact(&mut self.buf).map_err(|_| "truncated")?;
-        self.crc.update(&len);
         self.crc.update(&self.buf);
-        Ok(&self.buf)
+        Ok(Some(&self.buf))
+    }
+
+    /// After the last record: the CRC-32 that follows must be that of what was read.
+    fn check_crc(&mut self) -> Result<(), &'static str> {
+        let want = self.crc.clone().finalize();
+        let mut tail = [0u8; 4];
+        self.r.read_exact(&mut tail).map_err(|_| "no CRC")?;
+        if u32::from_le_bytes(tail) != want {
+            return Err("CRC-32 mismatch");
+        }
+        Ok(())
     }
 }
 
@@ -394,9 +423,8 @@ impl<R: Read> Records<R> {
 pub(crate) fn load(dir: &Path, max_series: usize, block_range: i64) -> Result<Option<Loaded>, String> {
     let path = dir.join(CHECKPOINT_FILE);
     let Ok(file) = File::open(&path) else { return Ok(None) };
-    let size = file.metadata().map_err(|e| e.to_string())?.len();
     let started = std::time::Instant::now();
-    match read(BufReader::with_capacity(1 << 20, file), size, max_series, block_range) {
+    match read(BufReader::with_capacity(1 << 20, file), max_series, block_range) {
         Ok(l) => {
             tracing::info!(
                 series = l.series,
@@ -420,19 +448,17 @@ pub(crate) fn load(dir: &Path, max_series: usize, block_range: i64) -> Result<Op
     }
 }
 
-fn read(mut r: impl Read, size: u64, max_series: usize, block_range: i64) -> Result<Loaded, &'static str> {
+fn read(mut r: impl Read, max_series: usize, block_range: i64) -> Result<Loaded, &'static str> {
     const BAD: &str = "malformed";
     let mut magic = [0u8; 8];
     r.read_exact(&mut magic).map_err(|_| "truncated")?;
     if &magic != MAGIC {
         return Err("no checkpoint magic");
     }
-    let mut crc = crc32fast::Hasher::new();
-    crc.update(&magic);
-    let mut rec = Records { r, crc, buf: Vec::new(), left: size.saturating_sub(12) };
+    let mut rec = Records::after_magic(r);
     let head = HeadBlock::new(max_series);
     let (cursor, floor, n_series) = {
-        let mut d = Decoder::new(rec.next()?);
+        let mut d = Decoder::new(rec.next()?.ok_or("truncated")?);
         let cursor = WalCursor {
             segment: d.uvarint().and_then(|v| u32::try_from(v).ok()).ok_or(BAD)?,
             offset: d.uvarint().ok_or(BAD)?,
@@ -445,12 +471,12 @@ fn read(mut r: impl Read, size: u64, max_series: usize, block_range: i64) -> Res
             let (help, unit) = (d.str().ok_or(BAD)?.to_string(), d.str().ok_or(BAD)?.to_string());
             head.set_metadata(&family, Metadata { metric_type, help, unit });
         }
-        let n_series = d.uvarint().and_then(|v| usize::try_from(v).ok()).filter(|&n| n as u64 <= size).ok_or(BAD)?;
+        let n_series = d.uvarint().and_then(|v| usize::try_from(v).ok()).ok_or(BAD)?;
         (cursor, floor, n_series)
     };
     let mut entries = Entries::default();
     for _ in 0..n_series {
-        let mut d = Decoder::new(rec.next()?);
+        let mut d = Decoder::new(rec.next()?.ok_or("truncated")?);
         let r = d.uvarint().ok_or(BAD)?;
         let nl = d.len(256).ok_or(BAD)?;
         let mut labels = Vec::with_capacity(nl);
@@ -478,11 +504,9 @@ fn read(mut r: impl Read, size: u64, max_series: usize, block_range: i64) -> Res
         let s = head.restore(r, &labels);
         s.samples.lock().restore(chunks, last);
     }
-    let want = rec.crc.clone().finalize();
-    let mut tail = [0u8; 4];
-    rec.r.read_exact(&mut tail).map_err(|_| "no CRC")?;
-    if u32::from_le_bytes(tail) != want {
-        return Err("CRC-32 mismatch");
+    if rec.next()?.is_some() {
+        return Err("more records than the header says");
     }
+    rec.check_crc()?;
     Ok(Loaded { head, cursor, floor, series: n_series })
 }

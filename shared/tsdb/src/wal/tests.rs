@@ -128,26 +128,34 @@ fn rotation_and_deletion_before_a_segment_spare_the_current_and_the_held() {
 }
 
 #[test]
-fn sample_records_are_compressed_and_replay_bit_for_bit() {
+fn decimal_readings_take_their_scaled_integer_and_every_value_replays_bit_for_bit() {
     let d = tempfile::tempdir().unwrap();
     let mut w = Wal::open(d.path(), SyncPolicy::Always).unwrap();
-    // A scrape of 1000 power readings with three decimals, then a tiny record.
-    let big: Vec<(SeriesRef, Sample)> = (0..1000u64)
+    // A scrape of 1000 power readings with three decimals.
+    let power: Vec<(SeriesRef, Sample)> = (0..1000u64)
         .map(|r| (r + 1, Sample::new(1_700_000_000_000, 250.0 + (r * 7919 % 100_000) as f64 / 1000.0)))
         .collect();
-    let small = vec![(1u64, Sample::new(1, f64::from_bits(0x7ff0_0000_0000_0002)))];
-    w.log(&[WalRecord::Samples(big.clone()), WalRecord::Samples(small.clone())]).unwrap();
-    let mut plain = Vec::new();
-    encode_samples(&big, &mut plain);
+    let odd = vec![
+        (1u64, Sample::new(1, f64::from_bits(0x7ff0_0000_0000_0002))), // a staleness-like NaN
+        (2, Sample::new(2, -0.0)),
+        (3, Sample::new(3, 0.1 + 0.2)),
+        (4, Sample::new(4, f64::INFINITY)),
+        (5, Sample::new(5, 1e300)),
+        (6, Sample::new(6, -123_456.789_012)),
+        (7, Sample::new(7, 9_007_199_254_740_993.0)),
+    ];
+    w.log(&[WalRecord::Samples(power.clone())]).unwrap();
     let on_disk = fs::metadata(segment_path(d.path(), 0)).unwrap().len() as usize;
-    assert!(on_disk < plain.len() * 9 / 10, "{on_disk} bytes on disk for a {} byte record", plain.len());
+    // Reference and time deltas take a byte each, the scaled value four: not the 11 of raw bits.
+    assert!(on_disk < 1000 * 7 + 64, "{on_disk} bytes on disk for 1000 three-decimal readings");
+    w.log(&[WalRecord::Samples(odd.clone())]).unwrap();
     let (got, st) = collect(d.path());
     assert_eq!(st.damaged_segments, 0);
     let bits = |v: &[(SeriesRef, Sample)]| v.iter().map(|(r, s)| (*r, s.t, s.v.to_bits())).collect::<Vec<_>>();
     match (&got[0], &got[1]) {
         (WalRecord::Samples(a), WalRecord::Samples(b)) => {
-            assert_eq!(bits(a), bits(&big));
-            assert_eq!(bits(b), bits(&small));
+            assert_eq!(bits(a), bits(&power));
+            assert_eq!(bits(b), bits(&odd));
         }
         other => panic!("{other:?}"),
     }
