@@ -78,7 +78,9 @@ fn inflate(stored: &[u8], raw: u64) -> Result<Vec<u8>, String> {
     if raw > MAX_INDEX_BYTES {
         return Err(format!("it claims {raw} bytes"));
     }
-    let mut out = Vec::with_capacity(raw as usize);
+    // Reserved on the file's word only as far as deflate can plausibly reach; beyond it
+    // the buffer grows with what really inflates.
+    let mut out = Vec::with_capacity(raw.min(stored.len() as u64 * 32) as usize);
     let mut d = flate2::read::DeflateDecoder::new(stored).take(raw + 1);
     d.read_to_end(&mut out).map_err(|e| e.to_string())?;
     if out.len() as u64 != raw {

@@ -27,7 +27,7 @@
 
 use crate::bits::{BitReader, BitWriter};
 use crate::rice::{read_long, read_rice, unzigzag, write_long, write_rice, zigzag, RiceRead, ESCAPE};
-use crate::scale::{decimal_scale, scaled_at, unscale, MAX_EXACT, MAX_SCALE};
+use crate::scale::{decimal_scale, scaled_at, unscale, MAX_SCALE};
 use crate::timestamp::rice_len;
 use crate::ChunkError;
 use strata_model::Sample;
@@ -87,8 +87,10 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
 }
 
 /// Every value as an integer at one decimal scale, the smallest that holds them all, or
-/// `None`. The scale only grows, and earlier integers are multiplied up: a division of the
-/// same rational by a power of ten rounds to the same float, so they stay exact.
+/// `None`. The scale only grows; when it does, the earlier values are scaled again at the
+/// finer scale from their floats (not multiplied up: near 2^53 the two can differ by one),
+/// so that every integer is the one a decoder gets back from the decoded float, which the
+/// mean predictor relies on (`scaled_back`).
 fn scaled_values(samples: &[Sample]) -> Option<(u32, Vec<i64>)> {
     let mut scale = 0;
     let mut out: Vec<i64> = Vec::with_capacity(samples.len());
@@ -97,9 +99,8 @@ fn scaled_values(samples: &[Sample]) -> Option<(u32, Vec<i64>)> {
             Some(x) => x,
             None => {
                 let finer = decimal_scale(s.v).filter(|&k| k > scale)?;
-                let f = 10i64.pow(finer - scale);
-                for o in out.iter_mut() {
-                    *o = o.checked_mul(f).filter(|x| x.unsigned_abs() < MAX_EXACT as u64)?;
+                for (o, earlier) in out.iter_mut().zip(samples) {
+                    *o = scaled_at(earlier.v, finer)?;
                 }
                 scale = finer;
                 scaled_at(s.v, scale)?

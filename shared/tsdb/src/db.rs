@@ -156,11 +156,11 @@ impl Tsdb {
         let wal_dir = dir.join("wal");
         let lock = lock_dir(dir)?;
         let blocks = BlockSet::open(dir, opts.block_cache_bytes)?;
+        // A damaged checkpoint is moved aside and logged: whatever the WAL holds is replayed.
         let (head, from, checkpoint_floor) =
-            match checkpoint::load(dir, opts.max_series, duration_ms(opts.block_range).max(1)) {
-                Ok(Some(l)) => (l.head, Some(l.cursor), l.floor),
-                // Unsound (moved aside and logged): whatever the WAL still holds is replayed.
-                Ok(None) | Err(_) => (HeadBlock::new(opts.max_series), None, i64::MIN),
+            match checkpoint::load(dir, opts.max_series, duration_ms(opts.block_range).max(1))? {
+                Some(l) => (l.head, Some(l.cursor), l.floor),
+                None => (HeadBlock::new(opts.max_series), None, i64::MIN),
             };
         // Samples before the newest block's end are in blocks: replay skips them.
         let floor = blocks.max_time().max(checkpoint_floor);
@@ -602,7 +602,11 @@ fn lock_dir(dir: &Path) -> Result<std::fs::File, TsdbError> {
         // SAFETY: flock takes a file descriptor this function owns, and no pointers.
         let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
         if r != 0 {
-            return Err(TsdbError::Locked { dir: dir.to_path_buf() });
+            let e = std::io::Error::last_os_error();
+            if e.kind() == std::io::ErrorKind::WouldBlock {
+                return Err(TsdbError::Locked { dir: dir.to_path_buf() });
+            }
+            return Err(TsdbError::Internal(format!("locking {}: {e}", path.display())));
         }
     }
     Ok(f)

@@ -80,23 +80,26 @@ impl Tsdb {
         let run = || -> Result<MaintenanceOutcome, TsdbError> {
             self.blocks.remove_leftovers()?;
             self.blocks.recheck_damaged();
-            // A cut that fails (a full disk) does not stop retention, which may free the space.
+            // A step that fails (a full disk) does not stop the later ones: size retention
+            // may be what frees the space. The first failure is the run's.
             let cut = self.cut_head_blocks_locked();
             if matches!(cut, Err(TsdbError::Stopping)) {
                 return Err(TsdbError::Stopping);
             }
-            let blocks_compacted = if cut.is_ok() { self.compact_locked()? } else { 0 };
-            let (head_series_removed, by_time) = self.retain_by_time()?;
+            let compacted = if cut.is_ok() { self.compact_locked() } else { Ok(0) };
+            let by_time = self.retain_by_time();
             // Segments the last checkpoint covers that a hold kept until now, then a new
             // checkpoint if the WAL calls for it: what the WAL frees, size retention sees.
             let covered = self.checkpoint_at.lock().map(|c| c.segment);
             let released = match covered {
-                Some(segment) => self.wal.lock().wal.delete_before(segment)?,
-                None => 0,
+                Some(segment) => self.wal.lock().wal.delete_before(segment).map_err(TsdbError::from),
+                None => Ok(0),
             };
-            let checkpoint = if self.checkpoint_due() { Some(self.write_checkpoint_locked()?) } else { None };
-            let by_size = self.retain_by_size()?;
-            let blocks_cut = cut?;
+            let checkpoint = if self.checkpoint_due() { Some(self.write_checkpoint_locked()) } else { None };
+            let by_size = self.retain_by_size();
+            let (blocks_cut, blocks_compacted, (head_series_removed, by_time), released, by_size) =
+                (cut?, compacted?, by_time?, released?, by_size?);
+            let checkpoint = checkpoint.transpose()?;
             Ok(MaintenanceOutcome {
                 blocks_cut,
                 blocks_compacted,

@@ -527,3 +527,22 @@ async fn checkpoints_racing_commits_lose_and_repeat_nothing() {
     let n: usize = ordered_samples(&db).await.iter().map(|s| s.1.len()).sum();
     assert_eq!(n, acked, "{acked} samples acknowledged");
 }
+
+/// A series with more labels than any reader limit used to allow, and with labels and
+/// values of every length: what a checkpoint writes, it loads.
+#[tokio::test]
+async fn a_checkpoint_loads_whatever_the_head_held() {
+    let d = tempfile::tempdir().unwrap();
+    {
+        let db = Tsdb::open(d.path(), TsdbOptions::default()).unwrap();
+        let mut pairs: Vec<(String, String)> = (0..300).map(|i| (format!("l{i:03}"), "x".repeat(i))).collect();
+        pairs.push(("__name__".into(), "DCGM_FI_DEV_GPU_UTIL".into()));
+        let s = db.series(&Labels::from_pairs(pairs)).unwrap();
+        db.commit(&[(s, Sample::new(1_000, 1.0))]).unwrap();
+        db.shutdown().unwrap();
+    }
+    let db = Arc::new(Tsdb::open(d.path(), TsdbOptions::default()).unwrap());
+    assert!(db.restored_from_checkpoint(), "the checkpoint did not load");
+    let got = ordered_samples(&db).await;
+    assert_eq!(got.len(), 1);
+}
