@@ -210,7 +210,7 @@ fn a_query_whose_client_disconnects_stops_and_frees_its_slot() {
     let dir = tempfile::tempdir().unwrap();
     let (_edge, port) = idle_edge(dir.path(), &["--query.max-concurrency", "1", "--query.max-samples", "4000000000"]);
     let base = format!("http://127.0.0.1:{port}");
-    let heavy = "/api/v1/query_range?query=quantile_over_time(0.5,vector(time())%5B1d:1s%5D)&start=0&end=10000&step=1";
+    let heavy = "/api/v1/query_range?query=quantile_over_time(0.5,vector(time())%5B7d:1s%5D)&start=0&end=10000&step=1";
     // It runs long: past a 2 s timeout, rather than being refused up front.
     let c = reqwest::blocking::Client::builder().timeout(Duration::from_secs(30)).build().unwrap();
     let text = c.get(format!("{base}{heavy}&timeout=2s")).send().unwrap().text().unwrap_or_default();

@@ -89,8 +89,7 @@ pub(super) fn encode(samples: &[Sample]) -> Option<Vec<u8>> {
 /// Every value as an integer at one decimal scale, the smallest that holds them all, or
 /// `None`. The scale only grows; when it does, the earlier values are scaled again at the
 /// finer scale from their floats (not multiplied up: near 2^53 the two can differ by one),
-/// so that every integer is the one a decoder gets back from the decoded float, which the
-/// mean predictor relies on (`scaled_back`).
+/// so that every integer is the one `scaled_at` gives for its value at the final scale.
 fn scaled_values(samples: &[Sample]) -> Option<(u32, Vec<i64>)> {
     let mut scale = 0;
     let mut out: Vec<i64> = Vec::with_capacity(samples.len());
@@ -209,8 +208,16 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
     }
     let samples = &mut out[base..];
     let mut hist = [0i64; 3]; // newest first
+                              // The last eight values, the value at index `i` in slot `i % 8`; the mean predictor reads
+                              // them, the others only store into it (off their dependency chain). The first value
+                              // stands in for those before it.
+    let mut ring = [0i64; MEAN_OF];
     for (i, slot) in samples.iter_mut().take(WARM_UP).enumerate() {
         let s = unzigzag(read_long(&mut r).ok_or(ChunkError::Truncated(i as u16))?);
+        if i == 0 {
+            ring = [s; MEAN_OF];
+        }
+        ring[i % MEAN_OF] = s;
         hist = [s, hist[0], hist[1]];
         slot.v = unscale(s, scale);
     }
@@ -218,16 +225,15 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
     let mut start = WARM_UP.min(samples.len());
     while start < samples.len() {
         let end = (start + PARTITION).min(samples.len());
-        let (before, rest) = samples.split_at_mut(start);
-        let part = &mut rest[..end - start];
-        let order = bits.read(2) as usize + 1;
-        let k = bits.read(6) as u32;
+        // The order less one in two bits, then the Rice parameter in six.
+        let header = bits.read(8) as u32;
+        let part = Partition { samples: &mut samples[start..end], start, k: header & 63 };
         // One loop per predictor, so that the prediction is straight-line code.
-        match order {
-            1 => decode_partition::<1>(part, &mut bits, k, &mut hist, scale)?,
-            2 => decode_partition::<2>(part, &mut bits, k, &mut hist, scale)?,
-            3 => decode_partition::<3>(part, &mut bits, k, &mut hist, scale)?,
-            _ => decode_mean_partition(before, part, &mut bits, k, &mut hist, scale)?,
+        match (header >> 6) + 1 {
+            1 => part.decode::<1>(&mut bits, &mut hist, &mut ring, scale)?,
+            2 => part.decode::<2>(&mut bits, &mut hist, &mut ring, scale)?,
+            3 => part.decode::<3>(&mut bits, &mut hist, &mut ring, scale)?,
+            _ => part.decode_mean(&mut bits, &mut hist, &mut ring, scale)?,
         }
         start = end;
     }
@@ -237,55 +243,56 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
     Ok(())
 }
 
-/// Residuals of one partition with predictor order `ORDER`, into the samples' values.
-#[inline(always)]
-fn decode_partition<const ORDER: usize>(
-    part: &mut [Sample],
-    bits: &mut BitBuf,
+/// One partition's samples, the index of its first in the chunk, and its Rice parameter.
+struct Partition<'a> {
+    samples: &'a mut [Sample],
+    start: usize,
     k: u32,
-    hist: &mut [i64; 3],
-    scale: u32,
-) -> Result<(), ChunkError> {
-    for slot in part {
-        let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
-        let s = predict::<ORDER>(hist).wrapping_add(unzigzag(z));
-        *hist = [s, hist[0], hist[1]];
-        slot.v = unscale(s, scale);
-    }
-    Ok(())
 }
 
-/// Residuals of one partition predicted by the mean of the last eight values (the first
-/// value stands in for those before it), into the samples' values. The values before the
-/// partition are read back from the samples (`before`): a decoded value scales back to its
-/// integer exactly, so the other predictors' loop keeps only three in registers.
-fn decode_mean_partition(
-    before: &[Sample],
-    part: &mut [Sample],
-    bits: &mut BitBuf,
-    k: u32,
-    hist: &mut [i64; 3],
-    scale: u32,
-) -> Result<(), ChunkError> {
-    let back = |b: usize| before.get(before.len().saturating_sub(b)).map_or(0, |x| scaled_back(x.v, scale));
-    // ring[j] holds the value MEAN_OF - j places back; `at` is the oldest.
-    let mut ring = [0i64; MEAN_OF];
-    for (j, slot) in ring.iter_mut().enumerate() {
-        *slot = back(MEAN_OF - j);
+impl Partition<'_> {
+    /// Residuals with predictor order `ORDER` into the samples' values.
+    #[inline(always)]
+    fn decode<const ORDER: usize>(
+        self,
+        bits: &mut BitBuf,
+        hist: &mut [i64; 3],
+        ring: &mut [i64; MEAN_OF],
+        scale: u32,
+    ) -> Result<(), ChunkError> {
+        let k = self.k;
+        for (i, slot) in (self.start..).zip(self.samples) {
+            let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
+            let s = predict::<ORDER>(hist).wrapping_add(unzigzag(z));
+            *hist = [s, hist[0], hist[1]];
+            ring[i % MEAN_OF] = s;
+            slot.v = unscale(s, scale);
+        }
+        Ok(())
     }
-    let mut sum = ring.iter().fold(0i64, |a, &x| a.wrapping_add(x));
-    let mut at = 0;
-    for slot in part {
-        let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
-        let s = mean_of(sum).wrapping_add(unzigzag(z));
-        sum = sum.wrapping_sub(ring[at]).wrapping_add(s);
-        ring[at] = s;
-        at = (at + 1) % MEAN_OF;
-        slot.v = unscale(s, scale);
+
+    /// Residuals predicted by the mean of the last eight values into the samples' values.
+    fn decode_mean(
+        self,
+        bits: &mut BitBuf,
+        hist: &mut [i64; 3],
+        ring: &mut [i64; MEAN_OF],
+        scale: u32,
+    ) -> Result<(), ChunkError> {
+        let k = self.k;
+        // The sum plus half the divisor, so the mean is one shift on the chain.
+        let mut sum4 = ring.iter().fold(MEAN_OF as i64 / 2, |a, &x| a.wrapping_add(x));
+        for (i, slot) in (self.start..).zip(self.samples) {
+            let z = if k == ZERO_PARTITION { 0 } else { bits.rice(k).ok_or(ChunkError::Truncated(0))? };
+            let s = (sum4 >> 3).wrapping_add(unzigzag(z));
+            let oldest = &mut ring[i % MEAN_OF];
+            sum4 = sum4.wrapping_sub(*oldest).wrapping_add(s);
+            *oldest = s;
+            *hist = [s, hist[0], hist[1]];
+            slot.v = unscale(s, scale);
+        }
+        Ok(())
     }
-    let newest = |b: usize| ring[(at + MEAN_OF - b) % MEAN_OF];
-    *hist = [newest(1), newest(2), newest(3)];
-    Ok(())
 }
 
 /// Values the mean predictor averages.
@@ -295,13 +302,6 @@ const MEAN_OF: usize = 8;
 #[inline(always)]
 fn mean_of(sum: i64) -> i64 {
     sum.wrapping_add(MEAN_OF as i64 / 2) >> 3
-}
-
-/// A decoded value's scaled integer (exact for what the encoder wrote: every value was
-/// checked to scale back to itself).
-#[inline(always)]
-fn scaled_back(v: f64, scale: u32) -> i64 {
-    crate::scale::round_half_away(v * crate::scale::POW10[scale.min(MAX_SCALE) as usize]) as i64
 }
 
 /// FLAC's fixed predictor of order 1 (the last value), 2 (linear) or 3 (quadratic) from
