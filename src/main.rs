@@ -187,8 +187,17 @@ fn promql_test(dir: Option<PathBuf>, verbose: bool) -> anyhow::Result<()> {
     Ok(())
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
+    // Request handlers parse, check and plan queries as deep as the engine accepts: their
+    // threads get the stack that depth needs (address space; only what is used is memory).
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_stack_size(strata_promql::limits::CALLER_STACK)
+        .build()?
+        .block_on(run())
+}
+
+async fn run() -> anyhow::Result<()> {
     init_logging();
     let cli = Cli::parse();
     match cli.command {

@@ -9,7 +9,7 @@ use crate::differential::{remote_write_all, Series};
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-fn edge(dir: &std::path::Path, replica: &str) -> (Proc, String, String) {
+pub(crate) fn edge(dir: &std::path::Path, replica: &str) -> (Proc, String, String) {
     edge_with(dir, replica, &[])
 }
 
@@ -30,7 +30,7 @@ fn edge_with(dir: &std::path::Path, replica: &str, extra: &[&str]) -> (Proc, Str
 
 /// A global named `name` with this configuration file, started with `extra` arguments;
 /// returns it and its base URL.
-fn start_global(dir: &std::path::Path, name: &str, config: &str, extra: &[&str]) -> (Proc, String) {
+pub(crate) fn start_global(dir: &std::path::Path, name: &str, config: &str, extra: &[&str]) -> (Proc, String) {
     let cfg = dir.join(format!("{name}.yml"));
     std::fs::write(&cfg, config).unwrap();
     let (cfg, http) = (cfg.display().to_string(), format!("127.0.0.1:{}", free_port()));

@@ -8,6 +8,7 @@ mod edge_crash;
 mod edge_scrape;
 mod global;
 mod grpc_store;
+mod hostile_queries;
 mod prometheus;
 mod promql_conformance;
 mod security;

@@ -66,23 +66,93 @@ fn overflowing_durations_are_errors() {
     }
 }
 
-#[test]
-fn deep_nesting_is_an_error_not_a_stack_overflow() {
-    for q in [
-        format!("{}up{}", "(".repeat(5000), ")".repeat(5000)),
-        format!("{}up{}", "abs(".repeat(2000), ")".repeat(2000)),
-        format!("{}up", "-".repeat(5000)),
-        "up + ".repeat(3000) + "up",
-    ] {
-        // The parser itself may refuse: either way an error, and no overflow.
-        let r = std::thread::Builder::new()
-            .stack_size(2 << 20)
-            .spawn(move || run(&q, Duration::from_secs(5)).map_err(|e| e.to_string()))
-            .expect("thread")
-            .join()
-            .expect("no panic or stack overflow");
-        assert!(r.is_err(), "a deeply nested query was evaluated");
+/// Every construct that deepens a syntax tree, as a query of about `n` levels.
+fn deep(construct: &str, n: usize) -> String {
+    let wrap = |open: &str, close: &str| format!("{}up{}", open.repeat(n), close.repeat(n));
+    let chain = |op: &str| vec!["up"; n + 1].join(op);
+    match construct {
+        "parentheses" => wrap("(", ")"),
+        "calls" => wrap("abs(", ")"),
+        "calls with arguments" => wrap("clamp(", ", 0, 1)"),
+        "aggregations" => wrap("sum by (gpu) (", ")"),
+        "aggregations with a parameter" => wrap("topk(2, ", ")"),
+        "subqueries" => wrap("max_over_time(", "[1m:1m])"),
+        "unary signs" => format!("{}up", "- ".repeat(n)),
+        "sums" => chain(" + "),
+        "powers" => chain(" ^ "),
+        "comparisons" => chain(" > bool "),
+        "or" => chain(" or "),
+        "and" => chain(" and "),
+        "unless" => chain(" unless "),
+        "mixed" => wrap("-(abs(sum(", ") + 1))"),
+        _ => unreachable!("{construct}"),
     }
+}
+
+const CONSTRUCTS: [&str; 14] = [
+    "parentheses",
+    "calls",
+    "calls with arguments",
+    "aggregations",
+    "aggregations with a parameter",
+    "subqueries",
+    "unary signs",
+    "sums",
+    "powers",
+    "comparisons",
+    "or",
+    "and",
+    "unless",
+    "mixed",
+];
+
+/// `f` on a thread with the stack of the binary's runtime threads, where the API parses,
+/// checks, clones, plans and drops a query; a stack overflow there aborts the test binary.
+fn on_worker_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+    let stack = crate::limits::CALLER_STACK;
+    std::thread::Builder::new().stack_size(stack).spawn(f).expect("thread").join().expect("no panic")
+}
+
+#[test]
+fn deep_nesting_is_refused_before_parsing() {
+    for c in CONSTRUCTS {
+        let q = deep(c, 100_000);
+        let began = Instant::now();
+        let r = on_worker_stack(move || run(&q, Duration::from_secs(5)).map_err(|e| e.to_string()));
+        let e = r.expect_err(c);
+        assert!(e.contains("levels deep") || e.contains("bytes long"), "{c}: {e}");
+        assert!(began.elapsed() < Duration::from_secs(2), "{c}: refused after {:?}", began.elapsed());
+    }
+}
+
+#[test]
+fn the_deepest_accepted_query_of_every_construct_is_answered() {
+    for c in CONSTRUCTS {
+        // The deepest query of this construct the bound lets through.
+        let (mut lo, mut hi) = (1, crate::limits::MAX_DEPTH);
+        while lo < hi {
+            let mid = (lo + hi).div_ceil(2);
+            if crate::nesting::bound(&deep(c, mid)) <= crate::limits::MAX_DEPTH {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        let q = deep(c, lo);
+        let r = on_worker_stack(move || {
+            let expr = crate::parse(&q).map_err(|e| e.to_string())?;
+            let copy = expr.clone();
+            drop(copy);
+            run(&q, Duration::from_secs(30)).map_err(|e| e.to_string())
+        });
+        assert!(r.is_ok(), "{c} at {lo} levels: {r:?}");
+    }
+}
+
+#[test]
+fn a_thousand_term_or_chain_is_answered() {
+    let q = (0..1000).map(|i| format!("up{{gpu=\"{}\"}}", i % 4)).collect::<Vec<_>>().join(" or ");
+    on_worker_stack(move || run(&q, Duration::from_secs(30))).expect("answered");
 }
 
 /// A small deterministic generator of PromQL text, valid and not, for the property test.

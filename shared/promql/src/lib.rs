@@ -23,6 +23,7 @@ mod histogram;
 #[cfg(test)]
 mod hostile_tests;
 pub mod limits;
+mod nesting;
 pub mod pushdown;
 #[cfg(test)]
 mod pushdown_tests;
@@ -50,7 +51,24 @@ pub struct ParseError(pub String);
 /// The parser panics on some numbers it cannot turn into a duration (`offset Inf`,
 /// `[1e20]`); a query is user input, so such a panic becomes a parse error here instead of
 /// ending the request's task.
+///
+/// Queries longer than [`limits::MAX_QUERY_BYTES`], or whose tree could be deeper than
+/// [`limits::MAX_DEPTH`], are refused before the parser (which recurses per level) sees them.
 pub fn parse(query: &str) -> Result<Expr, ParseError> {
+    if query.len() > limits::MAX_QUERY_BYTES {
+        return Err(ParseError(format!(
+            "query is {} bytes long, more than the limit of {}",
+            query.len(),
+            limits::MAX_QUERY_BYTES
+        )));
+    }
+    let depth = nesting::bound(query);
+    if depth > limits::MAX_DEPTH {
+        return Err(ParseError(format!(
+            "query nests up to {depth} levels deep (operators and brackets), more than the limit of {}",
+            limits::MAX_DEPTH
+        )));
+    }
     match std::panic::catch_unwind(|| promql_parser::parser::parse(query)) {
         Ok(parsed) => parsed.map_err(ParseError),
         Err(_) => Err(ParseError("invalid duration or time in the query: out of range".into())),
@@ -220,9 +238,10 @@ impl Engine {
             let prepared = began.elapsed();
             let canceled = Arc::new(AtomicBool::new(false));
             let _cancel = CancelOnDrop(canceled.clone());
-            // CPU-bound work runs on a blocking thread, so that the runtime's other tasks (an
-            // edge's scrape loops share it) keep running and a dropped query can be stopped.
-            let work = tokio::task::spawn_blocking(move || {
+            // CPU-bound work runs on a thread of its own, so that the runtime's other tasks (an
+            // edge's scrape loops share it) keep running, a dropped query can be stopped, and
+            // the evaluator's recursion has the stack the depth limit was sized for.
+            limits::on_query_thread(move || {
                 let mut ev = Evaluator::new(&data, start, end, step, lookback, max_samples)
                     .with_deadline(deadline, timeout)
                     .with_cancel(canceled)
@@ -244,8 +263,8 @@ impl Engine {
                     total: began.elapsed(),
                 };
                 Ok((value, stats))
-            });
-            work.await.map_err(|e| QueryError::Internal(e.to_string()))?
+            })
+            .await
         };
         tokio::time::timeout(self.options.timeout, fut).await.map_err(|_| QueryError::Timeout(self.options.timeout))?
     }

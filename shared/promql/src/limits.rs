@@ -1,8 +1,10 @@
 //! What bounds a query before and while it runs, so that no expression can take the
 //! process down.
 //!
-//! Before evaluation, [`check`] walks the expression once: nesting deeper than
-//! [`MAX_DEPTH`] is refused (evaluation recurses per level), and every range, offset,
+//! Before parsing, a query longer than [`MAX_QUERY_BYTES`] or whose tree could nest deeper
+//! than [`MAX_DEPTH`] is refused (see `nesting`); evaluation runs on a thread whose stack
+//! holds that depth ([`on_query_thread`]). Before evaluation, [`check`] walks the expression
+//! once: it refuses the depth again (for trees built without the parser), and every range, offset,
 //! subquery step and `@` time must lie within what Prometheus itself accepts (±292 years,
 //! Go's `time.Duration`), so that time arithmetic over a bounded number of levels cannot
 //! overflow. During evaluation, every buffer of one value per step is charged to a
@@ -16,9 +18,24 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, UNIX_EPOCH};
 use strata_model::duration::MAX_DURATION_MS;
 
-/// Deepest expression nesting evaluated. Real queries stay far below it; each level costs
-/// stack in the evaluator and in the parser's tree.
-pub const MAX_DEPTH: usize = 128;
+/// Deepest syntax tree parsed and evaluated: a generated chain of two thousand `or`
+/// terms fits. Each level costs stack in the parser, every walk over the tree and the
+/// evaluator; evaluation runs on a thread whose stack is sized for it ([`QUERY_STACK`]).
+pub const MAX_DEPTH: usize = 2048;
+
+/// Longest query text accepted (Prometheus has no limit of its own; its HTTP server reads
+/// at most 1 MB of URL and 10 MB of form).
+pub const MAX_QUERY_BYTES: usize = 1 << 20;
+
+/// The stack a thread needs to parse, check, clone, plan and drop a query of [`MAX_DEPTH`]
+/// levels (a debug build's frames included, with a margin): the binary's runtime threads,
+/// where requests are handled, have it.
+pub const CALLER_STACK: usize = 16 << 20;
+
+/// The stack of a thread that evaluates a query: room for [`MAX_DEPTH`] levels of the
+/// deepest-framed construct, measured by the tests, with a margin. It is reserved address
+/// space; only what a query touches is memory.
+pub const QUERY_STACK: usize = 64 << 20;
 
 /// Refuses expressions too deep to evaluate safely or with times out of range.
 pub fn check(expr: &Expr) -> Result<(), QueryError> {
@@ -90,6 +107,30 @@ fn at(a: &Option<AtModifier>) -> Result<(), QueryError> {
     duration("@ time", d)
 }
 
+/// Runs `f` on a thread of its own whose stack is [`QUERY_STACK`], and waits for it without
+/// blocking the runtime. A panic in `f` is the query's internal error; a thread that cannot
+/// be started (the process is at its limit) is the query's execution error.
+pub async fn on_query_thread<T, F>(f: F) -> Result<T, QueryError>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T, QueryError> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("strata-query".into())
+        .stack_size(QUERY_STACK)
+        .spawn(move || {
+            let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+                let what =
+                    p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+                Err(QueryError::Internal(what.unwrap_or_else(|| "a panic".into())))
+            });
+            let _ = tx.send(out);
+        })
+        .map_err(|e| QueryError::Execution(format!("cannot start a thread for the query: {e}")))?;
+    rx.await.map_err(|_| QueryError::Internal("the query's thread ended without an answer".into()))?
+}
+
 /// Values held in per-step buffers, counted against the query's sample limit as they are
 /// allocated. Shared by a query's evaluator and its subqueries' inner evaluators.
 #[derive(Debug)]
@@ -129,9 +170,9 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_refused() {
-        let deep = format!("{}1{}", "(".repeat(MAX_DEPTH + 5), ")".repeat(MAX_DEPTH + 5));
-        assert!(matches!(checked(&deep), Err(QueryError::BadData(m)) if m.contains("nested")));
-        let ok = format!("{}1{}", "(".repeat(MAX_DEPTH - 5), ")".repeat(MAX_DEPTH - 5));
+        let deep = format!("{}1{}", "(".repeat(MAX_DEPTH / 2 + 5), ")".repeat(MAX_DEPTH / 2 + 5));
+        assert!(matches!(crate::parse(&deep), Err(crate::ParseError(m)) if m.contains("levels deep")));
+        let ok = format!("{}1{}", "(".repeat(MAX_DEPTH / 2 - 5), ")".repeat(MAX_DEPTH / 2 - 5));
         assert!(checked(&ok).is_ok());
     }
 
