@@ -148,6 +148,8 @@ pub(crate) type TestHook = Arc<dyn Fn(&str) + Send + Sync>;
 
 /// Samples per WAL record at most.
 const MAX_SAMPLES_PER_RECORD: usize = 1 << 20;
+/// Samples committed under one hold of the WAL lock (about 10 ms of work).
+const COMMIT_SLICE: usize = 16_384;
 
 impl Tsdb {
     /// Opens (or creates) the database in `dir`: loads the head checkpoint, then replays the
@@ -440,11 +442,31 @@ impl Tsdb {
 
     fn commit_inner(&self, batch: &[(Arc<MemSeries>, Sample)], distinct: bool) -> Result<CommitOutcome, TsdbError> {
         let mut out = CommitOutcome::default();
-        if batch.is_empty() {
-            return Ok(out);
-        }
+        // A large batch (a remote-write request of millions of samples) goes in slices, and
+        // the WAL lock is handed to a waiting writer between them: a scrape or a small
+        // write waits for one slice at most, never for a whole large request.
         let mut writer = self.wal.lock();
-        let Writer { wal, pending } = &mut *writer;
+        let mut slices = batch.chunks(COMMIT_SLICE).peekable();
+        while let Some(slice) = slices.next() {
+            self.commit_slice(&mut writer, slice, distinct, &mut out)?;
+            if slices.peek().is_some() {
+                parking_lot::MutexGuard::bump(&mut writer);
+            }
+        }
+        Ok(out)
+    }
+
+    fn commit_slice(
+        &self,
+        writer: &mut Writer,
+        batch: &[(Arc<MemSeries>, Sample)],
+        distinct: bool,
+        out: &mut CommitOutcome,
+    ) -> Result<(), TsdbError> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let Writer { wal, pending } = writer;
         pending.clear();
         let rotated = wal.rotate_if_full()?;
         let segment = wal.current_segment();
@@ -462,6 +484,9 @@ impl Tsdb {
         let mut accepted_idx: Vec<usize> = Vec::with_capacity(batch.len());
         // Live stand-ins for series retention removed while a caller still held them.
         let mut revived: HashMap<usize, Arc<MemSeries>> = HashMap::new();
+        // Samples older than their series' newest: duplicates only if stored, looked up
+        // together after the loop (a lookup decodes a chunk).
+        let mut older: Vec<(usize, SeriesRef, Sample)> = Vec::new();
         for (i, (series, s)) in batch.iter().enumerate() {
             let series = if series.is_removed() {
                 match self.head.get_or_create(&series.labels) {
@@ -488,7 +513,13 @@ impl Tsdb {
                 Some(p) if s.t == p.t && p.v.to_bits() == s.v.to_bits() => Ok(false),
                 Some(p) if s.t == p.t => Err(SampleError::DuplicateTimestamp),
                 Some(_) => Err(SampleError::OutOfOrder),
-                None => series.samples.lock().check(s),
+                None => match series.samples.lock().check(s) {
+                    Some(c) => c,
+                    None => {
+                        older.push((i, series.series_ref, *s));
+                        continue;
+                    }
+                },
             };
             match check {
                 Ok(true) => {
@@ -509,9 +540,10 @@ impl Tsdb {
                 Err(e) => out.rejected.push((series.series_ref, *s, e)),
             }
         }
+        self.classify_older(batch, &revived, &mut older, out);
         self.at("commit-checked");
         if accepted.is_empty() && records.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         let n = accepted.len();
         // Records stay far below what replay accepts (a sample takes at most 28 bytes).
@@ -541,9 +573,35 @@ impl Tsdb {
             self.head.note_time(lo);
             self.head.note_time(hi);
         }
-        out.appended = n;
+        out.appended += n;
         self.metrics.samples_appended.inc_by(n as u64);
-        Ok(out)
+        Ok(())
+    }
+
+    /// Sorts out samples older than their series' newest: an exact copy of a stored sample
+    /// is an ignored duplicate, anything else is out of order. Each series' chunks are
+    /// decoded once for all of its older samples.
+    fn classify_older(
+        &self,
+        batch: &[(Arc<MemSeries>, Sample)],
+        revived: &HashMap<usize, Arc<MemSeries>>,
+        older: &mut [(usize, SeriesRef, Sample)],
+        out: &mut CommitOutcome,
+    ) {
+        older.sort_unstable_by_key(|&(i, r, s)| (r, s.t, i));
+        for run in older.chunk_by(|a, b| a.1 == b.1) {
+            let i = run[0].0;
+            let series = revived.get(&i).unwrap_or(&batch[i].0);
+            let samples: Vec<Sample> = run.iter().map(|x| x.2).collect();
+            let held = series.samples.lock().holds_each(&samples);
+            for (&(_, r, s), held) in run.iter().zip(held) {
+                if held {
+                    out.ignored_duplicates += 1;
+                } else {
+                    out.rejected.push((r, s, SampleError::OutOfOrder));
+                }
+            }
+        }
     }
 
     /// Records a metric family's metadata, logging it when it changed.

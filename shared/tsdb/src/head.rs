@@ -66,35 +66,47 @@ impl SeriesSamples {
         SeriesSamples { sealed: Vec::new(), open: ChunkAppender::new(), last: None }
     }
 
-    /// Checks a sample against this series' newest one. `Ok(false)` is an exact duplicate
-    /// of a stored sample, accepted and ignored, so a retried write is idempotent; an older
-    /// sample that is not already stored is out of order.
-    pub fn check(&self, s: &Sample) -> Result<bool, SampleError> {
+    /// Checks a sample against this series' newest one: `Some(Ok(true))` is newer,
+    /// `Some(Ok(false))` an exact duplicate of the newest (accepted and ignored, so a retried
+    /// write is idempotent), `None` older, which is a duplicate only if it is stored: the
+    /// caller asks [`holds_each`](Self::holds_each) for all of a batch's older samples at
+    /// once, since that decodes chunks.
+    pub fn check(&self, s: &Sample) -> Option<Result<bool, SampleError>> {
         match self.last {
-            None => Ok(true),
-            Some(last) if s.t > last.t => Ok(true),
+            None => Some(Ok(true)),
+            Some(last) if s.t > last.t => Some(Ok(true)),
             Some(last) if s.t == last.t => {
-                if last.v.to_bits() == s.v.to_bits() {
-                    Ok(false)
-                } else {
-                    Err(SampleError::DuplicateTimestamp)
-                }
+                Some(if last.v.to_bits() == s.v.to_bits() { Ok(false) } else { Err(SampleError::DuplicateTimestamp) })
             }
-            Some(_) if self.holds(s) => Ok(false),
-            Some(_) => Err(SampleError::OutOfOrder),
+            Some(_) => None,
         }
     }
 
-    /// Whether this exact sample (timestamp and value bits) is stored. Only the rare
-    /// out-of-order path pays for the decode.
-    fn holds(&self, s: &Sample) -> bool {
-        let i = self.sealed.partition_point(|c| c.max_t < s.t);
-        let found = |mut it: strata_chunk::ChunkIter<'_>| it.any(|x| x.bit_eq(s));
-        match self.sealed.get(i) {
-            Some(c) if c.min_t <= s.t => found(c.iter()),
-            Some(_) => false,
-            None => !self.open.is_empty() && self.open.min_t() <= s.t && found(self.open.seal().iter()),
-        }
+    /// For each of `samples` (in time order), whether that exact sample (timestamp and
+    /// value bits) is stored. Each chunk they fall in is decoded once, however many there are.
+    pub fn holds_each(&self, samples: &[Sample]) -> Vec<bool> {
+        let mut decoded: Option<(usize, Vec<Sample>)> = None;
+        let open = (!self.open.is_empty()).then(|| self.open.seal());
+        samples
+            .iter()
+            .map(|s| {
+                let i = self.sealed.partition_point(|c| c.max_t < s.t);
+                let chunk = match self.sealed.get(i) {
+                    Some(c) if c.min_t <= s.t => c,
+                    Some(_) => return false,
+                    None => match &open {
+                        Some(o) if o.min_t <= s.t => o,
+                        _ => return false,
+                    },
+                };
+                if decoded.as_ref().map(|(at, _)| *at) != Some(i) {
+                    decoded = Some((i, chunk.iter().collect()));
+                }
+                let got = decoded.as_ref().map_or(&[][..], |(_, v)| &v[..]);
+                let at = got.partition_point(|x| x.t < s.t);
+                got.get(at).is_some_and(|x| x.bit_eq(s))
+            })
+            .collect()
     }
 
     /// Appends a sample that passed [`check`](Self::check). A chunk never spans a multiple

@@ -716,3 +716,6 @@ fn a_block_cut_takes_the_open_chunk_in_the_block_encoding_too() {
 
 /// Findings of the storage review: each test reproduces one (see its doc).
 mod review;
+
+/// Findings of the edge review (issue 20) that live in storage.
+mod edge_review;
