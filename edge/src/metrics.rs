@@ -31,6 +31,7 @@ pub struct EdgeMetrics {
     pub remote_write_requests: Family<CodeLabel, Counter>,
     pub remote_write_samples: Counter,
     pub remote_write_rejected: Family<ReasonLabel, Counter>,
+    pub remote_write_rejected_metadata: Counter,
     pub config_reloads: Family<ReasonLabel, Counter>,
     pub config_last_reload_success: Gauge,
 }
@@ -68,6 +69,12 @@ impl EdgeMetrics {
             "Remote-write samples refused, by reason",
             remote_write_rejected.clone(),
         );
+        let remote_write_rejected_metadata = Counter::default();
+        registry.register(
+            "remote_write_rejected_metadata",
+            "Remote-write metadata entries skipped (a name, help or unit that is not UTF-8)",
+            remote_write_rejected_metadata.clone(),
+        );
         let config_reloads = Family::default();
         registry.register("config_reloads", "Configuration reloads by result", config_reloads.clone());
         let config_last_reload_success = Gauge::default();
@@ -84,6 +91,7 @@ impl EdgeMetrics {
             remote_write_requests,
             remote_write_samples,
             remote_write_rejected,
+            remote_write_rejected_metadata,
             config_reloads,
             config_last_reload_success,
         }

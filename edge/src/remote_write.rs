@@ -3,14 +3,20 @@
 //! A request is a snappy-compressed (raw block format) `WriteRequest`. Answers:
 //! * 204: every sample stored (exact duplicates of stored samples count as stored);
 //! * 400: the body is not snappy or protobuf (nothing stored), or some samples were
-//!   refused: the valid samples of the request **are stored**, the refused ones are named
-//!   in the message by reason with the first example. Senders do not retry a 400, and a
-//!   retry would be harmless since exact duplicates are ignored;
+//!   refused (out of order, out of bounds, native histograms): the valid samples of the
+//!   request **are stored**, the refused ones are named in the message by reason with the
+//!   first example. Senders do not retry a 400, and a retry would be harmless since exact
+//!   duplicates are ignored. A series with invalid labels (a value that is not UTF-8
+//!   included) is skipped, counted and logged, and alone does not make a 400, as in
+//!   Prometheus;
+//! * 415: not remote write 1.0 (`Content-Type` with `proto=io.prometheus.write.v2.Request`,
+//!   another media type, an encoding other than snappy), so the sender can fall back;
 //! * 413: the body, its decompressed size, its sample count or the memory its decoding
 //!   would take is over the limit (measured on the wire before decoding: see [`shape`]);
 //! * 500: the WAL could not be written (nothing stored; the sender retries);
-//! * 503: more writes than `max_concurrent` waited too long for their turn (the sender
-//!   retries).
+//! * 503: the bodies being uploaded already declare `max_buffered_bytes`, or more writes
+//!   than `max_concurrent` waited too long for their turn (the sender retries). A write
+//!   takes a processing slot only once its body has arrived.
 //!
 //! A series is created only for a time series that carries samples.
 
@@ -21,7 +27,7 @@ use prost::Message;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use strata_model::{Label, Labels, Metadata, MetricType, Sample};
-use strata_proto::prometheus::{metric_metadata::MetricType as PbType, WriteRequest};
+use strata_proto::prometheus::{metric_metadata::MetricType as PbType, ReceivedLabel, ReceivedWriteRequest};
 use strata_tsdb::db::Tsdb;
 use strata_tsdb::head::HeadError;
 
@@ -34,6 +40,8 @@ pub struct WriteLimits {
     pub max_samples: usize,
     /// Writes processed at once; the rest wait their turn.
     pub max_concurrent: usize,
+    /// Bytes of bodies being uploaded or waiting, over all writes; past it a write gets 503.
+    pub max_buffered_bytes: usize,
 }
 
 impl Default for WriteLimits {
@@ -44,6 +52,7 @@ impl Default for WriteLimits {
             max_decoded_memory: 256 << 20,
             max_samples: 5_000_000,
             max_concurrent: 4,
+            max_buffered_bytes: 256 << 20,
         }
     }
 }
@@ -72,24 +81,29 @@ fn convert_type(t: i32) -> MetricType {
 enum LabelsError {
     #[error("invalid label name {0:?}")]
     Invalid(String),
+    #[error("label {0:?} has a value that is not UTF-8")]
+    Utf8(String),
     #[error("duplicate label name")]
     Duplicate,
     #[error("missing metric name")]
     NoMetricName,
 }
 
-/// Builds a label set, refusing what Prometheus refuses: invalid or duplicate names,
-/// a missing metric name.
-fn to_labels(pb: Vec<strata_proto::prometheus::Label>) -> Result<Labels, LabelsError> {
+/// Builds a label set, refusing what Prometheus refuses: names or values that are not
+/// UTF-8, invalid or duplicate names, a missing metric name.
+fn to_labels(pb: Vec<ReceivedLabel>) -> Result<Labels, LabelsError> {
     let mut v: Vec<Label> = Vec::with_capacity(pb.len());
     for l in pb {
-        if !strata_model::is_valid_label_name(&l.name) {
-            return Err(LabelsError::Invalid(l.name));
+        let name = String::from_utf8(l.name)
+            .map_err(|e| LabelsError::Invalid(String::from_utf8_lossy(e.as_bytes()).into_owned()))?;
+        if !strata_model::is_valid_label_name(&name) {
+            return Err(LabelsError::Invalid(name));
         }
         if l.value.is_empty() {
             continue;
         }
-        v.push(Label { name: l.name.into(), value: l.value.into() });
+        let value = String::from_utf8(l.value).map_err(|_| LabelsError::Utf8(name.clone()))?;
+        v.push(Label { name: name.into(), value: value.into() });
     }
     v.sort_by(|a, b| a.name.cmp(&b.name));
     if v.windows(2).any(|w| w[0].name == w[1].name) {
@@ -160,7 +174,7 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
             ),
         );
     }
-    let req = match WriteRequest::decode(raw.as_slice()) {
+    let req = match ReceivedWriteRequest::decode(raw.as_slice()) {
         Ok(r) => r,
         Err(e) => return fail(400, format!("body is not a remote-write WriteRequest: {e}")),
     };
@@ -171,24 +185,48 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
         if m.metric_family_name.is_empty() {
             continue;
         }
-        let meta = Metadata { metric_type: convert_type(m.r#type), help: m.help, unit: m.unit };
-        if let Err(e) = db.set_metadata(&m.metric_family_name, meta) {
+        let (Ok(family), Ok(help), Ok(unit)) =
+            (String::from_utf8(m.metric_family_name), String::from_utf8(m.help), String::from_utf8(m.unit))
+        else {
+            metrics.remote_write_rejected_metadata.inc();
+            tracing::warn!("remote write: metadata with a family name, help or unit that is not UTF-8 skipped");
+            continue;
+        };
+        let meta = Metadata { metric_type: convert_type(m.r#type), help, unit };
+        if let Err(e) = db.set_metadata(&family, meta) {
             return fail(500, format!("storing metadata: {e}"));
         }
     }
     let mut batch = Vec::with_capacity(total);
+    // Series Prometheus would skip (invalid labels) are skipped and counted; like
+    // Prometheus, they alone do not make the answer a 400.
+    let mut skipped: Option<(usize, String)> = None;
     for ts in req.timeseries {
         let n = ts.samples.len();
-        if n == 0 {
+        let histograms = ts.histograms.len();
+        if n == 0 && histograms == 0 {
             continue;
         }
         let labels = match to_labels(ts.labels) {
             Ok(l) => l,
             Err(e) => {
-                reject(metrics, &mut reasons, "invalid_labels", n, e.to_string());
+                let lost = n + histograms;
+                metrics
+                    .remote_write_rejected
+                    .get_or_create(&ReasonLabel { reason: "invalid_labels".into() })
+                    .inc_by(lost as u64);
+                let s = skipped.get_or_insert((0, e.to_string()));
+                s.0 += lost;
                 continue;
             }
         };
+        if histograms > 0 {
+            let example = format!("native histogram samples are not supported: series {labels}");
+            reject(metrics, &mut reasons, "native_histograms", histograms, example);
+        }
+        if n == 0 {
+            continue;
+        }
         let series = match db.series(&labels) {
             Ok(s) => s,
             Err(e @ HeadError::SeriesLimit { .. }) => {
@@ -213,8 +251,14 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
         reject(metrics, &mut reasons, e.reason(), 1, format!("{e}: series {series}, timestamp {}, value {}", s.t, s.v));
     }
     let stored = committed.appended + committed.ignored_duplicates;
+    if let Some((n, first)) = &skipped {
+        tracing::warn!(samples = n, first = %first, "remote write: series with invalid labels skipped");
+    }
     if reasons.is_empty() {
         return WriteOutcome { status: 204, message: String::new(), stored };
+    }
+    if let Some((n, first)) = skipped {
+        reasons.insert("invalid_labels", (n, first));
     }
     let refused: usize = reasons.values().map(|r| r.0).sum();
     let detail: Vec<String> = reasons.iter().map(|(k, (n, ex))| format!("{k}: {n} (first: {ex})")).collect();
@@ -231,23 +275,63 @@ pub struct RemoteWrite {
     pub db: Arc<Tsdb>,
     pub metrics: Arc<EdgeMetrics>,
     pub limits: WriteLimits,
-    /// One permit per write processed at once; a write takes one before reading its body,
-    /// so queued writes hold no memory.
+    /// One permit per write processed at once, taken once its body is read.
     pub slots: Arc<tokio::sync::Semaphore>,
+    /// One permit per KiB of body uploaded or waiting ([`WriteLimits::max_buffered_bytes`]).
+    pub upload_kib: Arc<tokio::sync::Semaphore>,
 }
 
 impl RemoteWrite {
     pub fn new(db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>, limits: WriteLimits) -> Self {
         let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
-        RemoteWrite { db, metrics, limits, slots }
+        // Room for at least one body of the largest size.
+        let kib = (limits.max_buffered_bytes / 1024).max(limits.max_body_bytes.div_ceil(1024)).min(u32::MAX as usize);
+        let upload_kib = Arc::new(tokio::sync::Semaphore::new(kib));
+        RemoteWrite { db, metrics, limits, slots, upload_kib }
     }
+}
+
+/// Checks that a request speaks remote write 1.0, as Prometheus 3 does: `Content-Type`
+/// absent or `application/x-protobuf` (with no `proto` or `proto=prometheus.WriteRequest`),
+/// `Content-Encoding` absent or `snappy`. Anything else is answered 415 with the reason,
+/// so that a remote write 2.0 sender knows to fall back instead of having its data dropped.
+pub fn protocol(headers: &axum::http::HeaderMap) -> Result<(), String> {
+    let get = |h| headers.get(h).map(|v| v.to_str().unwrap_or("\u{fffd}").trim().to_string());
+    if let Some(enc) = get(axum::http::header::CONTENT_ENCODING) {
+        if !enc.eq_ignore_ascii_case("snappy") {
+            return Err(format!("unsupported Content-Encoding {enc:?}: remote write takes snappy"));
+        }
+    }
+    let Some(ct) = get(axum::http::header::CONTENT_TYPE) else { return Ok(()) };
+    let mut parts = ct.split(';').map(str::trim);
+    let media = parts.next().unwrap_or("");
+    if !media.eq_ignore_ascii_case("application/x-protobuf") {
+        return Err(format!("unsupported Content-Type {ct:?}: remote write takes application/x-protobuf"));
+    }
+    for p in parts {
+        let Some((k, v)) = p.split_once('=') else { continue };
+        if k.trim().eq_ignore_ascii_case("proto") {
+            let v = v.trim().trim_matches('"');
+            if v == "io.prometheus.write.v2.Request" {
+                return Err("remote write 2.0 (io.prometheus.write.v2.Request) is not supported yet: \
+                            send prometheus.WriteRequest (remote write 1.0)"
+                    .into());
+            }
+            if v != "prometheus.WriteRequest" {
+                return Err(format!("unsupported remote-write message {v:?}: Strata takes prometheus.WriteRequest"));
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use strata_model::matcher::Matcher;
-    use strata_proto::prometheus::{Label as PbLabel, Sample as PbSample, TimeSeries};
+    use strata_proto::prometheus::{
+        Label as PbLabel, ReceivedTimeSeries, Sample as PbSample, Skipped, TimeSeries, WriteRequest,
+    };
     use strata_tsdb::db::TsdbOptions;
 
     /// One test series: label pairs and (timestamp, value) samples.
@@ -325,6 +409,74 @@ mod tests {
         assert_eq!(count(&db, "a"), 2);
         assert_eq!(count(&db, "c"), 1);
         assert!(m.encode().contains("strata_remote_write_rejected_samples_total{reason=\"out_of_order\"} 1"));
+    }
+
+    fn received_series(labels: &[(&[u8], &[u8])], samples: usize, histograms: usize) -> ReceivedTimeSeries {
+        ReceivedTimeSeries {
+            labels: labels.iter().map(|(n, v)| ReceivedLabel { name: n.to_vec(), value: v.to_vec() }).collect(),
+            samples: (0..samples).map(|i| PbSample { timestamp: 1000 * (i as i64 + 1), value: 1.0 }).collect(),
+            exemplars: vec![],
+            histograms: vec![Skipped {}; histograms],
+        }
+    }
+
+    fn received_body(series: Vec<ReceivedTimeSeries>) -> Vec<u8> {
+        let req = ReceivedWriteRequest { timeseries: series, metadata: vec![] };
+        snap::raw::Encoder::new().compress_vec(&req.encode_to_vec()).unwrap()
+    }
+
+    /// Prometheus skips a series whose label value is not UTF-8 and stores the rest; the
+    /// string decoder used to refuse the whole body for it.
+    #[test]
+    fn a_label_value_that_is_not_utf8_skips_only_its_series() {
+        let (_d, db, m) = setup();
+        let b = received_body(vec![
+            received_series(&[(b"__name__", b"good"), (b"gpu", b"0")], 3, 0),
+            received_series(&[(b"__name__", b"bad"), (b"gpu", b"\xff\xfe")], 2, 0),
+            received_series(&[(b"__name__", b"good"), (b"gpu", b"1")], 3, 0),
+        ]);
+        let out = handle(&db, &m, &b, &WriteLimits::default());
+        assert_eq!(out.status, 204, "{}", out.message);
+        assert_eq!((count(&db, "good"), count(&db, "bad")), (6, 0));
+        assert!(m.encode().contains("strata_remote_write_rejected_samples_total{reason=\"invalid_labels\"} 2"));
+    }
+
+    /// Native histogram samples cannot be stored: they are counted and named in a 400, and
+    /// the float samples beside them are stored.
+    #[test]
+    fn native_histograms_are_counted_and_answered_not_dropped() {
+        let (_d, db, m) = setup();
+        let b = received_body(vec![
+            received_series(&[(b"__name__", b"latency")], 0, 2),
+            received_series(&[(b"__name__", b"floats")], 3, 0),
+        ]);
+        let out = handle(&db, &m, &b, &WriteLimits::default());
+        assert_eq!(out.status, 400);
+        assert!(out.message.contains("native_histograms: 2"), "{}", out.message);
+        assert_eq!(count(&db, "floats"), 3);
+        assert!(m.encode().contains("strata_remote_write_rejected_samples_total{reason=\"native_histograms\"} 2"));
+    }
+
+    #[test]
+    fn only_remote_write_1_0_is_taken() {
+        use axum::http::{header, HeaderMap, HeaderValue};
+        let with = |ct: Option<&'static str>, enc: Option<&'static str>| {
+            let mut h = HeaderMap::new();
+            if let Some(ct) = ct {
+                h.insert(header::CONTENT_TYPE, HeaderValue::from_static(ct));
+            }
+            if let Some(enc) = enc {
+                h.insert(header::CONTENT_ENCODING, HeaderValue::from_static(enc));
+            }
+            protocol(&h)
+        };
+        assert!(with(None, None).is_ok());
+        assert!(with(Some("application/x-protobuf"), Some("snappy")).is_ok());
+        assert!(with(Some("application/x-protobuf;proto=prometheus.WriteRequest"), Some("snappy")).is_ok());
+        let v2 = with(Some("application/x-protobuf;proto=io.prometheus.write.v2.Request"), Some("snappy"));
+        assert!(v2.is_err_and(|e| e.contains("remote write 2.0")));
+        assert!(with(Some("application/json"), None).is_err());
+        assert!(with(Some("application/x-protobuf"), Some("zstd")).is_err());
     }
 
     #[test]

@@ -152,24 +152,48 @@ const WRITE_WAIT: Duration = Duration::from_secs(30);
 
 async fn write(State(s): State<Arc<EdgeState>>, req: axum::extract::Request) -> Response {
     let rw = s.remote_write.clone();
-    let Ok(Ok(_slot)) = tokio::time::timeout(WRITE_WAIT, rw.slots.clone().acquire_owned()).await else {
-        rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: "503".into() }).inc();
-        let msg = format!("too many remote writes at once (limit {}): retry later\n", rw.limits.max_concurrent);
-        return (StatusCode::SERVICE_UNAVAILABLE, msg).into_response();
+    let answer = |code: StatusCode, msg: String| {
+        rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: code.as_u16().to_string() }).inc();
+        (code, msg).into_response()
+    };
+    if let Err(why) = remote_write::protocol(req.headers()) {
+        return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, why + "\n");
+    }
+    // The body's bytes are reserved before it is read (its declared length, or the limit
+    // when it declares none), from a budget shared by every upload: slow uploads hold only
+    // their bytes, never the processing slots, and all of them together stay bounded.
+    let declared = req
+        .headers()
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
+        .unwrap_or(rw.limits.max_body_bytes);
+    if declared > rw.limits.max_body_bytes {
+        return answer(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body of {declared} bytes is over the limit of {} bytes\n", rw.limits.max_body_bytes),
+        );
+    }
+    let reserve = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
+    let Ok(_bytes) = rw.upload_kib.clone().try_acquire_many_owned(reserve) else {
+        let msg = format!(
+            "too many remote-write bytes in flight (limit {} MiB): retry later\n",
+            rw.limits.max_buffered_bytes >> 20
+        );
+        return answer(StatusCode::SERVICE_UNAVAILABLE, msg);
     };
     let body =
         match tokio::time::timeout(WRITE_WAIT, axum::body::to_bytes(req.into_body(), rw.limits.max_body_bytes)).await {
             Ok(Ok(b)) => b,
             Ok(Err(e)) => {
-                rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: "413".into() }).inc();
                 let msg = format!("reading the body (limit {} bytes): {e}\n", rw.limits.max_body_bytes);
-                return (StatusCode::PAYLOAD_TOO_LARGE, msg).into_response();
+                return answer(StatusCode::PAYLOAD_TOO_LARGE, msg);
             }
-            Err(_) => {
-                rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: "408".into() }).inc();
-                return (StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time\n").into_response();
-            }
+            Err(_) => return answer(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time\n".into()),
         };
+    let Ok(Ok(_slot)) = tokio::time::timeout(WRITE_WAIT, rw.slots.clone().acquire_owned()).await else {
+        let msg = format!("too many remote writes at once (limit {}): retry later\n", rw.limits.max_concurrent);
+        return answer(StatusCode::SERVICE_UNAVAILABLE, msg);
+    };
     let out = tokio::task::spawn_blocking(move || remote_write::handle(&rw.db, &rw.metrics, &body, &rw.limits)).await;
     match out {
         Ok(o) => {

@@ -7,7 +7,9 @@
 //! decoding would take, so the receiver refuses a body before it costs memory.
 
 use std::mem::size_of;
-use strata_proto::prometheus::{Exemplar, Label, MetricMetadata, Sample, TimeSeries};
+use strata_proto::prometheus::{
+    ReceivedLabel as Label, ReceivedMetricMetadata as MetricMetadata, ReceivedTimeSeries as TimeSeries, Sample, Skipped,
+};
 
 /// What a `WriteRequest` holds, counted on the wire.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -16,20 +18,22 @@ pub struct Shape {
     pub labels: u64,
     pub samples: u64,
     pub exemplars: u64,
+    /// Native histogram samples, which Strata does not store.
+    pub histograms: u64,
     pub metadata: u64,
     /// Bytes of strings and nested messages that decode into heap data.
     pub payload_bytes: u64,
 }
 
 impl Shape {
-    /// An upper bound of the heap a decoded request takes. Exemplar payloads are counted
-    /// as if every two bytes were a label (their smallest encoding).
+    /// An upper bound of the heap a decoded request takes (exemplars and histograms are
+    /// decoded as empty markers).
     pub fn decoded_bytes(&self) -> u64 {
         let per = |n: u64, size: usize| n.saturating_mul(size as u64);
         per(self.series, size_of::<TimeSeries>())
             .saturating_add(per(self.labels, size_of::<Label>()))
             .saturating_add(per(self.samples, size_of::<Sample>()))
-            .saturating_add(per(self.exemplars, size_of::<Exemplar>()))
+            .saturating_add(per(self.exemplars.saturating_add(self.histograms), size_of::<Skipped>().max(1)))
             .saturating_add(per(self.metadata, size_of::<MetricMetadata>()))
             .saturating_add(self.payload_bytes.saturating_mul(1 + size_of::<Label>() as u64 / 2))
     }
@@ -59,10 +63,8 @@ pub fn scan(buf: &[u8]) -> Result<Shape, ShapeError> {
                             shape.payload_bytes += label.len() as u64;
                         }
                         (2, Some(_)) => shape.samples += 1,
-                        (3, Some(exemplar)) => {
-                            shape.exemplars += 1;
-                            shape.payload_bytes += exemplar.len() as u64;
-                        }
+                        (3, Some(_)) => shape.exemplars += 1,
+                        (4, Some(_)) => shape.histograms += 1,
                         _ => {}
                     }
                     Ok(())
@@ -130,7 +132,7 @@ fn varint(buf: &[u8], i: &mut usize, base: usize) -> Result<u64, ShapeError> {
 mod tests {
     use super::*;
     use prost::Message;
-    use strata_proto::prometheus::WriteRequest;
+    use strata_proto::prometheus::{Label, TimeSeries, WriteRequest};
 
     fn request(series: usize, labels: usize, samples: usize) -> WriteRequest {
         WriteRequest {
