@@ -118,6 +118,8 @@ pub struct RawScrapeConfig {
     pub honor_labels: bool,
     pub honor_timestamps: Option<bool>,
     #[serde(default)]
+    pub track_timestamps_staleness: bool,
+    #[serde(default)]
     pub sample_limit: u64,
     #[serde(default)]
     pub label_limit: u64,
@@ -185,6 +187,9 @@ pub struct ScrapeJob {
     pub params: BTreeMap<String, Vec<String>>,
     pub honor_labels: bool,
     pub honor_timestamps: bool,
+    /// Staleness markers for series whose samples carry their own timestamps (Prometheus
+    /// 2.48's `track_timestamps_staleness`; off by default, as there).
+    pub track_timestamps_staleness: bool,
     pub sample_limit: u64,
     pub label_limit: u64,
     pub body_size_limit: u64,
@@ -301,6 +306,7 @@ impl EdgeConfig {
                 params: j.params.clone(),
                 honor_labels: j.honor_labels,
                 honor_timestamps: j.honor_timestamps.unwrap_or(true),
+                track_timestamps_staleness: j.track_timestamps_staleness,
                 sample_limit: j.sample_limit,
                 label_limit: j.label_limit,
                 body_size_limit: match j.body_size_limit.0 {

@@ -28,6 +28,10 @@ pub struct EdgeMetrics {
     pub scrapes: Family<JobLabel, Counter>,
     pub scrape_failures: Family<JobLabel, Counter>,
     pub scrape_series_limit_dropped: Family<JobLabel, Counter>,
+    /// Scraped samples the database refused, as Prometheus' `prometheus_target_scrapes_sample_*`.
+    pub scrape_out_of_order: Counter,
+    pub scrape_duplicate_timestamp: Counter,
+    pub scrape_out_of_bounds: Counter,
     pub remote_write_requests: Family<CodeLabel, Counter>,
     pub remote_write_samples: Counter,
     pub remote_write_rejected: Family<ReasonLabel, Counter>,
@@ -50,6 +54,24 @@ impl EdgeMetrics {
             "scrape_series_limit_dropped_samples",
             "Scraped samples of new series dropped because the database is at its series limit, by job",
             scrape_series_limit_dropped.clone(),
+        );
+        let scrape_out_of_order = Counter::default();
+        registry.register(
+            "target_scrapes_sample_out_of_order",
+            "Scraped samples refused as out of order",
+            scrape_out_of_order.clone(),
+        );
+        let scrape_duplicate_timestamp = Counter::default();
+        registry.register(
+            "target_scrapes_sample_duplicate_timestamp",
+            "Scraped samples refused for a different value at a stored timestamp",
+            scrape_duplicate_timestamp.clone(),
+        );
+        let scrape_out_of_bounds = Counter::default();
+        registry.register(
+            "target_scrapes_sample_out_of_bounds",
+            "Scraped samples refused as older than retention or too far in the future",
+            scrape_out_of_bounds.clone(),
         );
         let remote_write_requests = Family::default();
         registry.register(
@@ -88,6 +110,9 @@ impl EdgeMetrics {
             scrapes,
             scrape_failures,
             scrape_series_limit_dropped,
+            scrape_out_of_order,
+            scrape_duplicate_timestamp,
+            scrape_out_of_bounds,
             remote_write_requests,
             remote_write_samples,
             remote_write_rejected,

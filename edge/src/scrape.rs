@@ -21,7 +21,7 @@ use strata_ingest::relabel;
 use strata_model::time::now_ms;
 use strata_model::{stale_nan, Labels, LabelsBuilder, Metadata, Sample, METRIC_NAME};
 use strata_tsdb::db::{Tsdb, TsdbError};
-use strata_tsdb::head::{HeadError, MemSeries};
+use strata_tsdb::head::{HeadError, MemSeries, SampleError};
 use strata_tsdb::index::SeriesRef;
 use tokio::sync::watch;
 
@@ -60,6 +60,11 @@ pub struct ScrapeReport {
     /// Samples of new series dropped because the database is at its series limit; the
     /// scrape still succeeds for the series that exist.
     pub series_limit_dropped: usize,
+    /// Samples the database refused (Prometheus' `prometheus_target_scrapes_sample_*`):
+    /// out of order, a different value at a stored timestamp, older than retention.
+    pub out_of_order: usize,
+    pub duplicate_timestamp: usize,
+    pub out_of_bounds: usize,
 }
 
 /// What a raw series line resolves to: a head series, or nothing (dropped by relabeling).
@@ -166,17 +171,22 @@ type RefSet = HashSet<SeriesRef, BuildHasherDefault<RefHasher>>;
 /// How many scrapes a cache entry survives without being seen.
 const CACHE_KEEP_SCRAPES: u64 = 10;
 
+type ChangedMeta = HashSet<String, foldhash::fast::RandomState>;
+
 pub struct ScrapeIngest {
     pub target: Target,
     job: Arc<ScrapeJob>,
     db: Arc<Tsdb>,
     cache: SeriesCache,
-    /// Metadata as last seen on this target's pages, so unchanged pages cost no allocation.
-    metadata: HashMap<String, Metadata, foldhash::fast::RandomState>,
+    /// Metadata as last seen on this target's pages (with the scrape that last showed it),
+    /// so unchanged pages cost no allocation.
+    metadata: HashMap<String, (Metadata, u64), foldhash::fast::RandomState>,
     iteration: u64,
     /// Series appended by the last successful scrape, for staleness.
     previous: Vec<Arc<MemSeries>>,
     seen: RefSet,
+    /// Series of the current page whose samples carried their own timestamps.
+    explicit: RefSet,
     synthetic: HashMap<&'static str, Arc<MemSeries>>,
     batch: Vec<(Arc<MemSeries>, Sample)>,
     /// New series of the current page refused by the series limit.
@@ -194,6 +204,7 @@ impl ScrapeIngest {
             iteration: 0,
             previous: Vec::new(),
             seen: RefSet::default(),
+            explicit: RefSet::default(),
             series_limit_dropped: 0,
             synthetic: HashMap::new(),
             batch: Vec::new(),
@@ -202,6 +213,7 @@ impl ScrapeIngest {
 
     fn target_series_labels(&self, scraped: Labels) -> LabelsBuilder {
         let mut lb = scraped.to_builder();
+        let mut conflicts: Vec<(&str, &str)> = Vec::new();
         for l in self.target.labels.iter() {
             let existing = scraped.get(&l.name).unwrap_or("");
             if self.job.honor_labels {
@@ -210,10 +222,20 @@ impl ScrapeIngest {
                 }
             } else {
                 if !existing.is_empty() {
-                    lb.set(&format!("exported_{}", l.name), existing);
+                    conflicts.push((&l.name, existing));
                 }
                 lb.set_shared(l.name.clone(), l.value.clone());
             }
+        }
+        // As Prometheus: the page's value moves to `exported_<name>`, or to
+        // `exported_exported_<name>` and so on while that is taken; shorter names first.
+        conflicts.sort_by_key(|(name, _)| name.len());
+        for (name, value) in conflicts {
+            let mut moved = format!("exported_{name}");
+            while lb.get(&moved).is_some_and(|v| !v.is_empty()) {
+                moved.insert_str(0, "exported_");
+            }
+            lb.set(&moved, value);
         }
         lb
     }
@@ -221,12 +243,15 @@ impl ScrapeIngest {
     /// Resolves the raw series on line position `pos` to its head series, or `None` when
     /// relabeling drops it. Bytes found in the cache were validated when first seen; new ones
     /// are validated here.
+    /// `full`: the page already holds `sample_limit` samples, so a series it would add
+    /// fails the scrape before it is created (Prometheus' limit appender).
     fn resolve(
         &mut self,
         pos: usize,
         raw: &[u8],
         line: usize,
         steady: &mut bool,
+        full: bool,
     ) -> Result<(Option<Arc<MemSeries>>, bool), ScrapeError> {
         let known = match self.cache.positional(pos, raw) {
             Some(slot) => Some(slot),
@@ -260,6 +285,9 @@ impl ScrapeIngest {
                 if self.job.label_limit > 0 && labels.len() as u64 > self.job.label_limit {
                     return Err(ScrapeError::LabelLimit { limit: self.job.label_limit, series: labels.to_string() });
                 }
+                if full {
+                    return Err(ScrapeError::SampleLimit(self.job.sample_limit));
+                }
                 match self.db.head().get_or_create(&labels) {
                     Ok(s) => Some(s),
                     Err(HeadError::SeriesLimit { .. }) => {
@@ -278,13 +306,18 @@ impl ScrapeIngest {
         Ok((series, created))
     }
 
-    fn note_metadata(&mut self, family: &str, update: impl FnOnce(&mut Metadata) -> bool, changed: &mut Vec<String>) {
+    /// Updates the metadata cache from one `# TYPE`/`# HELP`/`# UNIT` line; a family that
+    /// is new or changed goes into `changed` once (a set: a page of 200 k `# TYPE` lines
+    /// costs linear time).
+    fn note_metadata(&mut self, family: &str, update: impl FnOnce(&mut Metadata) -> bool, changed: &mut ChangedMeta) {
+        let iteration = self.iteration;
         let (m, new) = match self.metadata.get_mut(family) {
             Some(m) => (m, false),
-            None => (self.metadata.entry(family.to_string()).or_default(), true),
+            None => (self.metadata.entry(family.to_string()).or_insert((Metadata::default(), iteration)), true),
         };
-        if (update(m) || new) && !changed.iter().any(|f| f == family) {
-            changed.push(family.to_string());
+        m.1 = iteration;
+        if (update(&mut m.0) || new) && !changed.contains(family) {
+            changed.insert(family.to_string());
         }
     }
 
@@ -298,25 +331,56 @@ impl ScrapeIngest {
         ts: i64,
         duration: Duration,
     ) -> Result<ScrapeReport, ScrapeError> {
+        let mut changed_meta = ChangedMeta::default();
+        let out = self.ingest_page(body, format, ts, duration, &mut changed_meta);
+        if out.is_err() {
+            // Nothing of a failed page is stored, its metadata included: forget what it
+            // taught the cache, so the next good page stores it.
+            for family in &changed_meta {
+                self.metadata.remove(family);
+            }
+        }
+        out
+    }
+
+    fn ingest_page(
+        &mut self,
+        body: &[u8],
+        format: Format,
+        ts: i64,
+        duration: Duration,
+        changed_meta: &mut ChangedMeta,
+    ) -> Result<ScrapeReport, ScrapeError> {
         self.iteration += 1;
         self.batch.clear();
         self.series_limit_dropped = 0;
         self.cache.next_order.clear();
         let mut report = ScrapeReport::default();
-        let mut changed_meta: Vec<String> = Vec::new();
         // Every line where it was last time: then nothing can be duplicated or gone stale.
         let mut steady = true;
+        let limit = self.job.sample_limit;
+        // Series whose samples carry their own timestamps get no staleness markers unless
+        // the job tracks them (as Prometheus: a marker at scrape time would make every
+        // later sample of a target stamping the past out of order).
+        self.explicit.clear();
         for entry in exposition::Parser::new(body, format) {
             match entry? {
                 Entry::Sample { series, value, timestamp_ms, line, .. } => {
-                    let (resolved, created) = self.resolve(report.scraped, series, line, &mut steady)?;
+                    let full = limit > 0 && self.batch.len() as u64 >= limit;
+                    let (resolved, created) = self.resolve(report.scraped, series, line, &mut steady, full)?;
                     report.scraped += 1;
                     let Some(s) = resolved else { continue };
+                    if full {
+                        return Err(ScrapeError::SampleLimit(limit));
+                    }
                     report.series_added += created as usize;
                     let t = match timestamp_ms {
                         Some(t) if self.job.honor_timestamps => {
                             if t > self.db.max_valid_time(ts) {
                                 return Err(future_timestamp(t, ts, line));
+                            }
+                            if !self.job.track_timestamps_staleness {
+                                self.explicit.insert(s.series_ref);
                             }
                             t
                         }
@@ -327,7 +391,7 @@ impl ScrapeIngest {
                 Entry::Type { family, metric_type } => self.note_metadata(
                     family,
                     |m| std::mem::replace(&mut m.metric_type, metric_type) != metric_type,
-                    &mut changed_meta,
+                    changed_meta,
                 ),
                 Entry::Help { family, help } => self.note_metadata(
                     family,
@@ -337,7 +401,7 @@ impl ScrapeIngest {
                             true
                         }
                     },
-                    &mut changed_meta,
+                    changed_meta,
                 ),
                 Entry::Unit { family, unit } => self.note_metadata(
                     family,
@@ -347,18 +411,15 @@ impl ScrapeIngest {
                             true
                         }
                     },
-                    &mut changed_meta,
+                    changed_meta,
                 ),
             }
         }
         report.post_relabel = self.batch.len();
         report.series_limit_dropped = self.series_limit_dropped;
-        if self.job.sample_limit > 0 && self.batch.len() as u64 > self.job.sample_limit {
-            return Err(ScrapeError::SampleLimit(self.job.sample_limit));
-        }
-        for family in changed_meta {
-            if let Some(meta) = self.metadata.get(&family) {
-                self.db.set_metadata(&family, meta.clone())?;
+        for family in changed_meta.iter() {
+            if let Some((meta, _)) = self.metadata.get(family) {
+                self.db.set_metadata(family, meta.clone())?;
             }
         }
         steady &= report.scraped == self.cache.order.len();
@@ -386,13 +447,29 @@ impl ScrapeIngest {
         let mut out = if distinct { self.db.commit_distinct(&self.batch)? } else { self.db.commit(&self.batch)? };
         out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
         report.appended = out.appended;
+        for (_, _, e) in &out.rejected {
+            match e {
+                SampleError::OutOfOrder => report.out_of_order += 1,
+                SampleError::DuplicateTimestamp => report.duplicate_timestamp += 1,
+                _ => report.out_of_bounds += 1,
+            }
+        }
         if !steady {
             self.previous.clear();
-            self.previous.extend(self.batch.iter().take(report.post_relabel).map(|(s, _)| s.clone()));
+            let explicit = &self.explicit;
+            self.previous.extend(
+                self.batch
+                    .iter()
+                    .take(report.post_relabel)
+                    .filter(|(s, _)| !explicit.contains(&s.series_ref))
+                    .map(|(s, _)| s.clone()),
+            );
         }
         self.cache.commit_order();
         if self.iteration.is_multiple_of(CACHE_KEEP_SCRAPES) {
-            self.cache.evict(self.iteration.saturating_sub(CACHE_KEEP_SCRAPES));
+            let oldest = self.iteration.saturating_sub(CACHE_KEEP_SCRAPES);
+            self.cache.evict(oldest);
+            self.metadata.retain(|_, (_, seen)| *seen >= oldest);
         }
         Ok(report)
     }
@@ -531,6 +608,19 @@ impl ScrapeLoop {
         self.buffers.put(bufs);
         match result {
             Ok(r) => {
+                let refused = r.out_of_order + r.duplicate_timestamp + r.out_of_bounds;
+                if refused > 0 {
+                    self.metrics.scrape_out_of_order.inc_by(r.out_of_order as u64);
+                    self.metrics.scrape_duplicate_timestamp.inc_by(r.duplicate_timestamp as u64);
+                    self.metrics.scrape_out_of_bounds.inc_by(r.out_of_bounds as u64);
+                    tracing::warn!(
+                        target_url = %self.ingest.target.url,
+                        out_of_order = r.out_of_order,
+                        duplicate_timestamp = r.duplicate_timestamp,
+                        out_of_bounds = r.out_of_bounds,
+                        "scraped samples refused by the database"
+                    );
+                }
                 if r.series_limit_dropped > 0 {
                     self.metrics
                         .scrape_series_limit_dropped

@@ -276,3 +276,100 @@ fn the_series_limit_drops_new_series_but_keeps_the_target_and_its_series() {
     assert!(samples_of(&db, &[name("c")]).is_empty());
     assert_eq!(samples_of(&db, &[name("up")])[0].1.last().map(|s| s.v), Some(1.0), "the target is up");
 }
+
+/// Edge review (issue 20, item 12): a page label that clashes with a target label moves
+/// to `exported_<name>`, and on to `exported_exported_<name>` when that is taken, so two
+/// series that differ only there stay two series.
+#[test]
+fn conflicting_exported_labels_chain_as_in_prometheus() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let page = "m{job=\"a\",exported_job=\"b\"} 1\nm{job=\"a\",exported_job=\"c\"} 2\n";
+    let r = ing.ingest(page.as_bytes(), Format::Text, 1000, Duration::ZERO).expect("no duplicate series");
+    assert_eq!(r.appended, 2);
+    let mut got: Vec<String> = samples_of(&f.db, &[name("m")]).iter().map(|(l, _)| l.to_string()).collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "m{exported_exported_job=\"a\", exported_job=\"b\", instance=\"node-0\", job=\"dcgm\"}",
+            "m{exported_exported_job=\"a\", exported_job=\"c\", instance=\"node-0\", job=\"dcgm\"}",
+        ]
+    );
+}
+
+/// Item 11: `sample_limit` stops series creation at the limit, as Prometheus' limit
+/// appender does; a churning target cannot fill the head for everyone.
+#[test]
+fn sample_limit_stops_before_creating_series() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, "scrape_configs:\n  - job_name: dcgm\n    sample_limit: 10\n");
+    let page: String = (0..5000).map(|i| format!("churn{{i=\"{i}\"}} 1\n")).collect();
+    let e = ing.ingest(page.as_bytes(), Format::Text, 1000, Duration::ZERO).expect_err("over the limit");
+    assert!(matches!(e, ScrapeError::SampleLimit(10)), "{e}");
+    let created = f.db.head().num_series();
+    assert!(created <= 10, "{created} series created by a scrape limited to 10 samples");
+}
+
+/// Item 9: metadata first seen on a page that fails is stored by the next good page.
+#[test]
+fn metadata_of_a_failed_page_is_stored_by_the_next_good_one() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let bad = "# TYPE energy_total counter\nenergy_total 1\nenergy_total{ 2\n";
+    assert!(ing.ingest(bad.as_bytes(), Format::Text, 1000, Duration::ZERO).is_err());
+    let good = "# TYPE energy_total counter\nenergy_total 1\n";
+    ing.ingest(good.as_bytes(), Format::Text, 6000, Duration::ZERO).unwrap();
+    assert_eq!(f.db.head().metric_type("energy_total"), MetricType::Counter);
+}
+
+/// Item 10: a page of 200 k `# TYPE` lines is linear, and families that leave the page
+/// leave the target's metadata cache.
+#[test]
+fn a_flood_of_type_lines_is_linear_and_the_cache_is_trimmed() {
+    let f = fixture();
+    let mut ing = ingest_for(&f.db, JOB);
+    let flood: String = (0..200_000).map(|i| format!("# TYPE f{i} gauge\n")).collect::<String>() + "x 1\n";
+    let t = Instant::now();
+    ing.ingest(flood.as_bytes(), Format::Text, 1000, Duration::ZERO).unwrap();
+    // Quadratic was 34 s of CPU; linear is well under a second even in a debug build.
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    assert_eq!(ing.metadata.len(), 200_000);
+    for k in 1..=2 * CACHE_KEEP_SCRAPES {
+        ing.ingest(b"x 1\n", Format::Text, 1000 + k as i64 * 5000, Duration::ZERO).unwrap();
+    }
+    assert!(ing.metadata.len() < 10, "{} families kept after they left the page", ing.metadata.len());
+}
+
+/// Item 8: a target stamping its samples in the past gets no staleness markers when it
+/// misses a scrape (unless `track_timestamps_staleness`), so its later samples still go in;
+/// samples the database refuses are counted.
+#[test]
+fn explicit_timestamps_get_no_staleness_markers_and_refusals_are_counted() {
+    let f = fixture();
+    let now = strata_model::time::now_ms();
+    let mut ing = ingest_for(&f.db, JOB);
+    let page = |t: i64| format!("stamped 1 {t}\nplain 1\n");
+    ing.ingest(page(now - 60_000).as_bytes(), Format::Text, now, Duration::ZERO).unwrap();
+    ing.fail(now + 5_000, Duration::ZERO).unwrap();
+    for k in 1..=4 {
+        let r =
+            ing.ingest(page(now - 60_000 + k * 1000).as_bytes(), Format::Text, now + 5_000 * (k + 1), Duration::ZERO);
+        assert_eq!(r.unwrap().out_of_order, 0, "scrape {k}");
+    }
+    let stamped = &samples_of(&f.db, &[name("stamped")])[0].1;
+    assert_eq!(stamped.len(), 5, "{stamped:?}");
+    assert!(stamped.iter().all(|s| !is_stale(s.v)));
+    let plain = &samples_of(&f.db, &[name("plain")])[0].1;
+    assert!(plain.iter().any(|s| is_stale(s.v)), "series without timestamps still go stale");
+
+    // A sample older than the series' newest, and no copy of a stored one: refused, counted.
+    let older = format!("stamped 2 {}\nplain 1\n", now - 59_500);
+    let r = ing.ingest(older.as_bytes(), Format::Text, now + 60_000, Duration::ZERO).unwrap();
+    assert_eq!(r.out_of_order, 1);
+
+    let mut tracked = ingest_for(&f.db, "scrape_configs:\n  - job_name: t\n    track_timestamps_staleness: true\n");
+    tracked.ingest(b"tracked 1 1000\n", Format::Text, now, Duration::ZERO).unwrap();
+    tracked.fail(now + 5_000, Duration::ZERO).unwrap();
+    assert!(samples_of(&f.db, &[name("tracked")])[0].1.iter().any(|s| is_stale(s.v)));
+}
