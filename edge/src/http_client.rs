@@ -29,6 +29,9 @@ pub struct ClientSecurity {
     pub server_name: Option<String>,
     /// The full header value: `Basic …` or `Bearer …`.
     pub authorization: Option<String>,
+    /// A digest of the secrets and certificate files as read, so a reload notices rotated
+    /// contents behind unchanged paths. Never printed.
+    pub digest: u64,
 }
 
 impl std::fmt::Debug for ClientSecurity {

@@ -37,6 +37,8 @@ pub struct EdgeMetrics {
     pub remote_write_rejected: Family<ReasonLabel, Counter>,
     pub remote_write_rejected_metadata: Counter,
     pub config_reloads: Family<ReasonLabel, Counter>,
+    /// File-SD files that could not be read or parsed (Prometheus' `prometheus_sd_file_read_errors_total`).
+    pub sd_file_read_errors: Counter,
     pub config_last_reload_success: Gauge,
 }
 
@@ -97,6 +99,12 @@ impl EdgeMetrics {
             "Remote-write metadata entries skipped (a name, help or unit that is not UTF-8)",
             remote_write_rejected_metadata.clone(),
         );
+        let sd_file_read_errors = Counter::default();
+        registry.register(
+            "sd_file_read_errors",
+            "File-SD files that could not be read or parsed (their last good targets are kept)",
+            sd_file_read_errors.clone(),
+        );
         let config_reloads = Family::default();
         registry.register("config_reloads", "Configuration reloads by result", config_reloads.clone());
         let config_last_reload_success = Gauge::default();
@@ -118,6 +126,7 @@ impl EdgeMetrics {
             remote_write_rejected,
             remote_write_rejected_metadata,
             config_reloads,
+            sd_file_read_errors,
             config_last_reload_success,
         }
     }

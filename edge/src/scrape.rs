@@ -566,6 +566,16 @@ pub fn scrape_offset(target: &Target, interval: Duration) -> Duration {
     Duration::from_millis(h % ms)
 }
 
+/// What a scrape loop is told to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoopState {
+    Run,
+    /// The target left the configuration or discovery.
+    Removed,
+    /// The process is stopping.
+    Shutdown,
+}
+
 pub struct ScrapeLoop {
     pub ingest: ScrapeIngest,
     pub client: ScrapeClient,
@@ -644,24 +654,65 @@ impl ScrapeLoop {
         }
     }
 
-    /// Runs until `stop` changes, then marks the target's series stale.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) {
-        let interval = self.ingest.job.interval;
-        let offset = scrape_offset(&self.ingest.target, interval);
-        let period = interval.as_millis() as i64;
-        let now = now_ms();
-        let mut next = now - now.rem_euclid(period) + offset.as_millis() as i64;
-        if next < now {
-            next += period;
+    /// A changed job for the same target (a reload): the loop keeps its series cache and
+    /// staleness state (as Prometheus reuses a loop's cache across interval, timeout,
+    /// limit and client changes), unless what a page resolves to changed.
+    fn reconfigure(&mut self, job: Arc<ScrapeJob>) {
+        let old = &self.ingest.job;
+        let resolves_alike = old.honor_labels == job.honor_labels
+            && old.honor_timestamps == job.honor_timestamps
+            && old.label_limit == job.label_limit
+            && format!("{:?}", old.metric_relabel) == format!("{:?}", job.metric_relabel);
+        if !resolves_alike {
+            self.ingest.cache = SeriesCache::default();
         }
+        self.client =
+            ScrapeClient::with_security(&self.ingest.target.url, ACCEPT_HEADER, job.timeout, job.security.clone());
+        self.ingest.job = job;
+    }
+
+    /// The first scrape slot at or after now: the target's offset within the interval.
+    fn first_slot(&self) -> i64 {
+        let period = self.ingest.job.interval.as_millis().max(1) as i64;
+        let offset = scrape_offset(&self.ingest.target, self.ingest.job.interval).as_millis() as i64;
+        let now = now_ms();
+        let next = now - now.rem_euclid(period) + offset;
+        if next < now {
+            next + period
+        } else {
+            next
+        }
+    }
+
+    /// Scrapes until `state` leaves [`LoopState::Run`], taking job changes from `jobs`.
+    /// Removed, it marks the target's series stale as Prometheus does: at the time its
+    /// next scrape would have been, written one interval later, so a loop that replaces it
+    /// (the same series from a re-added target) masks the markers. At a shutdown it
+    /// writes none: the data stays valid until its lookback ends, and a restart goes on.
+    pub async fn run(mut self, mut state: watch::Receiver<LoopState>, mut jobs: watch::Receiver<Arc<ScrapeJob>>) {
+        let mut next = self.first_slot();
         let mut last_error: Option<String> = None;
+        let mut last_scrape: Option<i64> = None;
         loop {
             let wait = Duration::from_millis((next - now_ms()).max(0) as u64);
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
-                _ = stop.changed() => break,
+                _ = state.changed() => break,
+                changed = jobs.changed() => {
+                    if changed.is_ok() {
+                        let job = jobs.borrow_and_update().clone();
+                        let moved = job.interval != self.ingest.job.interval;
+                        self.reconfigure(job);
+                        if moved {
+                            next = self.first_slot();
+                        }
+                    }
+                    continue;
+                }
             }
+            let period = self.ingest.job.interval.as_millis().max(1) as i64;
             let ts = now_ms();
+            last_scrape = Some(ts);
             let err = self.scrape_once(ts).await;
             match (&err, &last_error) {
                 (Some(e), prev) if prev.as_deref() != Some(&e.to_string()) => {
@@ -681,7 +732,19 @@ impl ScrapeLoop {
                 next += ((now - next) / period + 1) * period;
             }
         }
-        if let Err(e) = self.ingest.end(now_ms()) {
+        if *state.borrow() != LoopState::Removed {
+            return;
+        }
+        let period = self.ingest.job.interval.as_millis().max(1) as i64;
+        let stale_at = last_scrape.map_or_else(now_ms, |t| t.saturating_add(period));
+        let write_at = stale_at.saturating_add(period);
+        let wait = Duration::from_millis(write_at.saturating_sub(now_ms()).max(0) as u64);
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            // A shutdown while waiting: no markers.
+            _ = state.changed() => return,
+        }
+        if let Err(e) = self.ingest.end(stale_at) {
             tracing::error!(target_url = %self.ingest.target.url, error = %e, "writing end-of-target staleness markers failed");
         }
     }

@@ -102,7 +102,14 @@ pub fn build(
     };
     let tls_cfg = tls.cloned().unwrap_or_default();
     let client = if https || tls.is_some() { Some(Arc::new(client_config(base, &tls_cfg)?)) } else { None };
-    Ok(ClientSecurity { tls: client, server_name: tls_cfg.server_name.clone(), authorization })
+    let mut digest = strata_model::Fnv64::new();
+    digest.write(authorization.as_deref().unwrap_or("").as_bytes());
+    for f in [&tls_cfg.ca_file, &tls_cfg.cert_file, &tls_cfg.key_file].into_iter().flatten() {
+        // Read already by `client_config`; a file that vanished since reads as empty.
+        digest.write(&std::fs::read(resolve(base, f)).unwrap_or_default());
+        digest.write(&[0xff]);
+    }
+    Ok(ClientSecurity { tls: client, server_name: tls_cfg.server_name.clone(), authorization, digest: digest.finish() })
 }
 
 fn client_config(base: &Path, t: &TlsConfig) -> Result<rustls::ClientConfig, String> {

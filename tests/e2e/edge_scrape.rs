@@ -169,3 +169,86 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
     });
     edge.terminate();
 }
+
+/// Every step of `up{job=...}` over the last `secs` seconds at 0.25 s: the steps with no
+/// value (a staleness marker, or a missed scrape past the lookback) are returned.
+fn up_gaps(base: &str, job: &str, from: f64, to: f64, lookback: &str) -> Vec<f64> {
+    let url = format!(
+        "{base}/api/v1/query_range?query=up%7Bjob%3D%22{job}%22%7D&start={from:.3}&end={to:.3}&step=0.25&lookback_delta={lookback}"
+    );
+    let data = api_data(&url);
+    let mut present: Vec<f64> = data["result"]
+        .as_array()
+        .and_then(|r| r.first())
+        .and_then(|s| s["values"].as_array())
+        .map(|v| v.iter().filter_map(|p| p[0].as_f64()).collect())
+        .unwrap_or_default();
+    present.sort_by(f64::total_cmp);
+    let mut gaps = Vec::new();
+    let mut t = from;
+    while t <= to {
+        if !present.iter().any(|p| (p - t).abs() < 0.01) {
+            gaps.push(t);
+        }
+        t += 0.25;
+    }
+    gaps
+}
+
+/// Edge review (issue 20, items 5 and 6): a reload that changes a job's settings (its
+/// `sample_limit`) keeps its targets' loops, with no staleness marker and no missed scrape;
+/// a file-SD file rewritten with garbage keeps its last good targets.
+#[test]
+fn a_reload_that_changes_a_job_and_a_broken_sd_file_leave_no_gap() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = serve_pages();
+    let cfg = dir.path().join("edge.yml");
+    let sd = dir.path().join("targets.json");
+    std::fs::write(&sd, format!("[{{\"targets\": [\"127.0.0.1:{port}\"]}}]")).unwrap();
+    let text = |limit: u32| {
+        format!(
+            "global:\n  scrape_interval: 1s\nscrape_configs:\n  - job_name: fixed\n    metrics_path: /plain\n    sample_limit: {limit}\n    static_configs:\n      - targets: ['127.0.0.1:{port}']\n  - job_name: filesd\n    metrics_path: /plain\n    file_sd_configs:\n      - files: ['targets.json']\n"
+        )
+    };
+    std::fs::write(&cfg, text(100)).unwrap();
+    let edge_port = free_port();
+    let base = format!("http://127.0.0.1:{edge_port}");
+    let mut edge = Proc::strata(
+        &[
+            "edge",
+            "--config",
+            &cfg.display().to_string(),
+            "--data",
+            &dir.path().join("data").display().to_string(),
+            "--http-listen",
+            &format!("127.0.0.1:{edge_port}"),
+            "--web.enable-lifecycle",
+        ],
+        dir.path(),
+        "edge",
+    );
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
+    wait_for("both jobs scraped", Duration::from_secs(15), || {
+        !series(&base, "up{job=\"fixed\"}").is_empty() && !series(&base, "up{job=\"filesd\"}").is_empty()
+    });
+    std::thread::sleep(Duration::from_secs(2));
+
+    let before = now();
+    std::fs::write(&cfg, text(200)).unwrap();
+    let r = client().post(format!("{base}/-/reload")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    // An editor rewriting the file in place: garbage for a while.
+    std::fs::write(&sd, "[{\"targets\": [\"127.0.0.1:").unwrap();
+    std::thread::sleep(Duration::from_secs(12));
+    let after = now();
+    // A 1.5 s lookback: a scrape every second keeps every step covered, a missed one or a
+    // staleness marker does not.
+    let gaps = up_gaps(&base, "fixed", before - 1.0, after - 1.0, "1500ms");
+    assert!(gaps.is_empty(), "up of the reloaded job has gaps at {gaps:?}");
+    let gaps = up_gaps(&base, "filesd", before - 1.0, after - 1.0, "1500ms");
+    assert!(gaps.is_empty(), "up of the file-SD job has gaps at {gaps:?}");
+    let m = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    assert!(metric_value(&m, "strata_sd_file_read_errors_total").is_some_and(|v| v >= 1.0), "{m}");
+    edge.terminate();
+}

@@ -148,14 +148,53 @@ fn duration_param(p: &Params, name: &str) -> Result<Option<i64>, ApiError> {
     })
 }
 
+/// The engine for one request: `timeout` shortens the configured one (a timeout that is
+/// not positive, or under half a millisecond, has expired before the query starts: a 503
+/// timeout, as Prometheus answers), `lookback_delta` (Prometheus 3) replaces the lookback
+/// when positive.
 fn engine_for(state: &ApiState, p: &Params) -> Result<Engine, ApiError> {
     let mut opts = state.engine.clone();
     if let Some(t) = duration_param(p, "timeout")? {
-        if t > 0 {
-            opts.timeout = opts.timeout.min(Duration::from_millis(t as u64));
+        if t <= 0 {
+            return Err(QueryError::Timeout(Duration::ZERO).into());
+        }
+        opts.timeout = opts.timeout.min(Duration::from_millis(t as u64));
+    }
+    if let Some(l) = duration_param(p, "lookback_delta")? {
+        if l > 0 {
+            opts.lookback = Duration::from_millis(l as u64);
         }
     }
     Ok(Engine::new(opts))
+}
+
+/// `limit` (Prometheus 3.2): at most this many series in the result, with a warning when
+/// some were cut; 0 or absent is no limit.
+fn limit_param(p: &Params) -> Result<usize, ApiError> {
+    match p.get("limit").filter(|s| !s.is_empty()) {
+        None => Ok(0),
+        Some(s) => s.parse::<usize>().map_err(|_| {
+            ApiError::bad_data(format!("invalid parameter \"limit\": cannot parse {s:?} to a non-negative integer"))
+        }),
+    }
+}
+
+/// Cuts a result to `limit` series, saying so in the warnings.
+fn truncate(v: &mut QueryValue, limit: usize, warnings: &mut Vec<String>) {
+    let cut = match v {
+        QueryValue::Vector(x) if limit > 0 && x.len() > limit => {
+            x.truncate(limit);
+            true
+        }
+        QueryValue::Matrix(x) if limit > 0 && x.len() > limit => {
+            x.truncate(limit);
+            true
+        }
+        _ => false,
+    };
+    if cut {
+        warnings.push("results truncated due to limit".into());
+    }
 }
 
 fn parse_query(p: &Params) -> Result<strata_promql::Expr, ApiError> {
@@ -177,11 +216,13 @@ pub async fn instant(
         None => now_ms(),
     };
     let engine = engine_for(&s, &p)?;
+    let limit = limit_param(&p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let scope = super::scope_of(&p)?;
     let run = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p));
-    let (v, mut stats) = scope.clone().run(run).await?;
+    let (mut v, mut stats) = scope.clone().run(run).await?;
     stats.warnings.extend(scope.warnings());
+    truncate(&mut v, limit, &mut stats.warnings);
     Ok(super::success_annotated(with_stats(result_json(v), &p, &stats), &stats.warnings, &stats.infos))
 }
 
@@ -209,16 +250,19 @@ pub async fn range(
     if step <= 0 {
         return Err(ApiError::bad_data("invalid parameter \"step\": zero or negative query resolution step widths are not accepted. Try a positive integer"));
     }
-    if (end - start) / step >= MAX_POINTS {
+    // Prometheus refuses only above 11,000 points.
+    if (end - start) / step > MAX_POINTS {
         return Err(ApiError::bad_data("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)"));
     }
     let expr = parse_query(&p)?;
     let engine = engine_for(&s, &p)?;
+    let limit = limit_param(&p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let scope = super::scope_of(&p)?;
     let run = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p));
-    let (v, mut stats) = scope.clone().run(run).await?;
+    let (mut v, mut stats) = scope.clone().run(run).await?;
     stats.warnings.extend(scope.warnings());
+    truncate(&mut v, limit, &mut stats.warnings);
     match v {
         // A day of points for many series: written as text, not built as a JSON tree.
         QueryValue::Matrix(m) => {

@@ -277,3 +277,39 @@ async fn annotations_come_back_as_warnings_and_infos() {
     let (_, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000000").await;
     assert!(v.get("warnings").is_none() && v.get("infos").is_none(), "{v}");
 }
+
+/// Edge review (issue 20, items 18 and 19), each against Prometheus 3's answer.
+#[tokio::test]
+async fn points_limit_limit_lookback_and_expired_timeouts_as_prometheus() {
+    let (_d, app) = app();
+    // Exactly 11,000 points is allowed; 11,001 is not.
+    let (code, v) = get(&app, "/api/v1/query_range?query=1&start=0&end=11000&step=1").await;
+    assert_eq!(code, 200, "{v}");
+    let (code, _) = get(&app, "/api/v1/query_range?query=1&start=0&end=11001&step=1").await;
+    assert_eq!(code, 400);
+
+    // `limit` cuts the result and warns.
+    let (code, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000000&limit=2").await;
+    assert_eq!(code, 200, "{v}");
+    assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(2));
+    assert_eq!(v["warnings"][0], "results truncated due to limit");
+    let (_, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000000&limit=0").await;
+    assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(3));
+    assert!(v.get("warnings").is_none());
+    let range = "/api/v1/query_range?query=DCGM_FI_DEV_GPU_UTIL&start=1700000000&end=1700000060&step=15&limit=1";
+    let (_, v) = get(&app, range).await;
+    assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v["warnings"][0], "results truncated due to limit");
+
+    // `lookback_delta`: the sample at 1700000000 is found 60 s later only with a lookback over a minute.
+    let (_, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000060&lookback_delta=30s").await;
+    assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(0), "{v}");
+    let (_, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000060&lookback_delta=2m").await;
+    assert_eq!(v["data"]["result"].as_array().map(Vec::len), Some(3), "{v}");
+
+    // A timeout that has expired before the query starts.
+    for t in ["0", "-1", "0.0001"] {
+        let (code, v) = get(&app, &format!("/api/v1/query?query=1&timeout={t}")).await;
+        assert_eq!((code, v["errorType"].as_str()), (503, Some("timeout")), "timeout={t}: {v}");
+    }
+}
