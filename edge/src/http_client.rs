@@ -254,9 +254,29 @@ impl Default for Buffers {
     }
 }
 
-/// Inflates one gzip member (RFC 1952) into `out`, checking its CRC and length, and the
-/// size limit (0: none) as it goes.
+/// Inflates a gzip stream (RFC 1952) into `out`: every member in turn, as Go's reader
+/// does (a stream may be several members concatenated), each checked against its CRC and
+/// length, and the size limit (0: none) as it goes.
 fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64) -> Result<(), HttpError> {
+    out.clear();
+    out.reserve(input.len() * 4);
+    let mut rest = input;
+    loop {
+        rest = gunzip_member(rest, out, inflater, limit)?;
+        if rest.is_empty() {
+            return Ok(());
+        }
+    }
+}
+
+/// Inflates the gzip member at the start of `input`, appending to `out`; returns the
+/// bytes after it.
+fn gunzip_member<'a>(
+    input: &'a [u8],
+    out: &mut Vec<u8>,
+    inflater: &mut Decompress,
+    limit: u64,
+) -> Result<&'a [u8], HttpError> {
     let bad = |m: &str| HttpError::Protocol(format!("gzip body: {m}"));
     if input.len() < 18 || input[0] != 0x1f || input[1] != 0x8b || input[2] != 8 {
         return Err(bad("not a gzip stream"));
@@ -282,8 +302,7 @@ fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64
     }
     let data = input.get(pos..).ok_or_else(|| bad("truncated header"))?;
     inflater.reset(false);
-    out.clear();
-    out.reserve(data.len() * 4);
+    let start = out.len();
     loop {
         let before = inflater.total_in() as usize;
         let status =
@@ -293,7 +312,7 @@ fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64
         }
         match status {
             Status::StreamEnd => break,
-            _ if out.len() == out.capacity() => out.reserve(out.capacity()),
+            _ if out.len() == out.capacity() => out.reserve(out.capacity().max(4096)),
             _ if inflater.total_in() as usize == before => return Err(bad("truncated stream")),
             _ => {}
         }
@@ -302,10 +321,11 @@ fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64
     let trailer = data.get(end..end + 8).ok_or_else(|| bad("missing trailer"))?;
     let crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
     let size = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
-    if crc32fast::hash(out) != crc || size != out.len() as u32 {
+    let member = &out[start..];
+    if crc32fast::hash(member) != crc || size != member.len() as u32 {
         return Err(bad("checksum mismatch"));
     }
-    Ok(())
+    Ok(&data[end + 8..])
 }
 
 /// Buffers shared by all scrape loops.
@@ -643,6 +663,14 @@ mod tests {
         assert!(gunzip(&corrupt, &mut out, &mut inf, 0).is_err());
         assert!(gunzip(&z[..z.len() / 2], &mut out, &mut inf, 0).is_err());
         assert!(gunzip(b"not gzip at all, not at all", &mut out, &mut inf, 0).is_err());
+        // Several members concatenated (issue 20, item 13): all of them, in order.
+        let mut multi = gz(b"a 1\n");
+        multi.extend_from_slice(&gz(b"b 2\n"));
+        multi.extend_from_slice(&gz(b"c 3\n"));
+        gunzip(&multi, &mut out, &mut inf, 0).unwrap();
+        assert_eq!(out, b"a 1\nb 2\nc 3\n");
+        multi.extend_from_slice(b"trailing garbage");
+        assert!(gunzip(&multi, &mut out, &mut inf, 0).is_err());
     }
 
     #[tokio::test]

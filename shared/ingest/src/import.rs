@@ -25,6 +25,10 @@ pub enum ImportError {
     Head(#[from] HeadError),
     #[error(transparent)]
     Store(#[from] TsdbError),
+    #[error("line {0} is longer than {PIECE} bytes")]
+    LineTooLong(usize),
+    #[error("the input ends without \"# EOF\" (cut off?): {samples} samples before line {line} were imported, the rest was not")]
+    NoEof { line: usize, samples: u64 },
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -59,9 +63,17 @@ pub fn import_openmetrics(
         if !eof && buf.len() < PIECE {
             continue;
         }
-        // Parse up to the last complete line; keep the rest for the next piece.
-        let cut = if eof { buf.len() } else { buf.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0) };
+        // Parse up to the last complete line; keep the rest for the next piece. At the end
+        // a last line without its newline is parsed only if it is `# EOF`: anything else
+        // may be cut off, and is not imported.
+        let mut cut = buf.iter().rposition(|&b| b == b'\n').map(|i| i + 1).unwrap_or(0);
+        if eof && buf[cut..].trim_ascii() == b"# EOF" {
+            cut = buf.len();
+        }
         if cut == 0 && !eof {
+            if buf.len() > PIECE {
+                return Err(ImportError::LineTooLong(line_no));
+            }
             continue;
         }
         let lines = buf[..cut].iter().filter(|&&b| b == b'\n').count();
@@ -100,6 +112,10 @@ pub fn import_openmetrics(
         if saw_eof {
             break;
         }
+        if eof {
+            flush(db, &mut batch, &mut stats)?;
+            return Err(ImportError::NoEof { line: line_no, samples: stats.samples });
+        }
     }
     flush(db, &mut batch, &mut stats)?;
     for (family, m) in meta {
@@ -123,6 +139,25 @@ mod tests {
     use strata_model::matcher::Matcher;
     use strata_model::MetricType;
     use strata_tsdb::db::TsdbOptions;
+
+    /// Edge review (issue 20, item 13): a file cut off mid-line imports nothing of its
+    /// last line and says so; a file with no newline is refused before it fills memory.
+    #[test]
+    fn a_cut_off_file_keeps_its_last_line_out_and_says_so() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Tsdb::open(d.path(), TsdbOptions::default()).unwrap();
+        let e = import_openmetrics(&db, "a 1 1\nb 2 2\nc 3".as_bytes(), |_| {}).unwrap_err();
+        assert!(matches!(e, ImportError::NoEof { samples: 2, .. }), "{e}");
+        let c = db.head().select(&[Matcher::eq("__name__", "c")], i64::MIN, i64::MAX);
+        assert!(c.is_empty(), "the cut-off line was imported");
+        // `# EOF` without its newline is a complete file.
+        let d2 = tempfile::tempdir().unwrap();
+        let db2 = Tsdb::open(d2.path(), TsdbOptions::default()).unwrap();
+        assert_eq!(import_openmetrics(&db2, "a 1 1\n# EOF".as_bytes(), |_| {}).unwrap().samples, 1);
+        let endless = std::io::repeat(b'x').take(3 * PIECE as u64);
+        let e = import_openmetrics(&db2, endless, |_| {}).unwrap_err();
+        assert!(matches!(e, ImportError::LineTooLong(1)), "{e}");
+    }
 
     #[test]
     fn imports_a_file_in_pieces() {

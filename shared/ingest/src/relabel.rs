@@ -118,12 +118,14 @@ impl RelabelRule {
         if matches!(action, Action::KeepEqual | Action::DropEqual) && cfg.regex.is_some() {
             return Err(invalid("does not take a regex"));
         }
+        // As Prometheus: no field other than the regex, unless it is written with its
+        // default value (`separator: ;`, `replacement: $1` are accepted).
         if matches!(action, Action::LabelDrop | Action::LabelKeep)
             && (!cfg.source_labels.is_empty()
-                || cfg.target_label.is_some()
-                || cfg.modulus.is_some()
-                || cfg.separator.is_some()
-                || cfg.replacement.is_some())
+                || cfg.target_label.as_deref().is_some_and(|t| !t.is_empty())
+                || cfg.modulus.is_some_and(|m| m != 0)
+                || cfg.separator.as_deref().is_some_and(|s| s != ";")
+                || cfg.replacement.as_deref().is_some_and(|r| r != "$1"))
         {
             return Err(invalid("takes only a regex"));
         }
@@ -178,7 +180,11 @@ impl RelabelRule {
                 for l in snapshot {
                     if self.regex.is_match(&l.name) {
                         let new_name = self.regex.replace_all(&l.name, self.replacement.as_str()).into_owned();
-                        lb.set_shared(new_name.into(), l.value.clone());
+                        // A name that is not a valid label name is not created (as `replace`
+                        // skips an invalid target), rather than failing the series later.
+                        if is_valid_label_name(&new_name) {
+                            lb.set_shared(new_name.into(), l.value.clone());
+                        }
                     }
                 }
             }
@@ -457,6 +463,29 @@ mod tests {
         assert!(RelabelRule::compile(&RelabelConfig { target_label: Some("1bad".into()), ..cfg(Action::Lowercase) })
             .is_err());
         assert!(RelabelRule::compile(&cfg(Action::Replace)).is_err(), "replace needs a target");
+    }
+
+    /// Edge review (issue 20, item 13): `labeldrop` with its defaults written out is what
+    /// Prometheus accepts; `labelmap` creates only valid label names.
+    #[test]
+    fn labeldrop_takes_explicit_defaults_and_labelmap_checks_its_names() {
+        let explicit = RelabelConfig {
+            regex: Some("pod".into()),
+            separator: Some(";".into()),
+            replacement: Some("$1".into()),
+            ..cfg(Action::LabelDrop)
+        };
+        assert!(RelabelRule::compile(&explicit).is_ok());
+        let other = RelabelConfig { separator: Some(",".into()), ..explicit };
+        assert!(RelabelRule::compile(&other).is_err());
+        let r = rule(RelabelConfig {
+            regex: Some("__meta_(.*)".into()),
+            replacement: Some("1$1".into()),
+            ..cfg(Action::LabelMap)
+        });
+        let mut lb = ls(&[("__meta_zone", "z1"), ("a", "b")]).to_builder();
+        assert!(r.apply(&mut lb));
+        assert_eq!(lb.get("1zone"), None, "an invalid label name was created");
     }
 
     #[test]
