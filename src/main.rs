@@ -209,10 +209,11 @@ async fn run() -> anyhow::Result<()> {
         Command::PromqlTest { .. } => anyhow::bail!("this strata was built without the promql-test feature"),
         Command::Simulate { nodes, gpus_per_node, listen, seed, start_at, web_config_file } => {
             let web = match &web_config_file {
-                Some(p) => strata_server::WebConfig::load(p)?,
-                None => strata_server::WebConfig::default(),
+                Some(p) => strata_server::LiveWebConfig::load(p.clone())?,
+                None => strata_server::LiveWebConfig::fixed(Default::default()),
             };
-            let scheme = if web.tls.is_some() { "https" } else { "http" };
+            let _watch = web.spawn_watcher(std::time::Duration::from_secs(5));
+            let scheme = if web.current().tls.is_some() { "https" } else { "http" };
             let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
             let addr = listener.local_addr()?;
             let offset =

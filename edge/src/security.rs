@@ -225,7 +225,13 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        tokio::spawn(strata_server::serve(listener, app, Default::default(), web, std::future::pending()));
+        tokio::spawn(strata_server::serve(
+            listener,
+            app,
+            Default::default(),
+            strata_server::LiveWebConfig::fixed(web),
+            std::future::pending(),
+        ));
         addr
     }
 

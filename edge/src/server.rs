@@ -19,7 +19,7 @@ use strata_api::ApiOptions;
 use strata_grpc::{ServeOptions, StoreInfo, StoreService};
 use strata_model::duration::parse_duration;
 use strata_model::Labels;
-use strata_server::{ServerLimits, WebConfig, WebConfigError};
+use strata_server::{LiveWebConfig, ServerLimits, WebConfig, WebConfigError};
 use strata_store::SelectLimits;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::wal::SyncPolicy;
@@ -317,15 +317,15 @@ impl Edge {
         let cfg = EdgeConfig::load(&opts.config_path)?;
         let web = match &opts.web_config {
             Some(p) => {
-                let w = WebConfig::load(p)?;
-                for key in &w.ignored {
+                let w = LiveWebConfig::load(p.clone())?;
+                for key in &w.current().ignored {
                     tracing::warn!(path = %p.display(), key = %key, "web configuration key not implemented by Strata: ignored");
                 }
                 w
             }
-            None => WebConfig::default(),
+            None => LiveWebConfig::fixed(WebConfig::default()),
         };
-        let scheme = if web.tls.is_some() { "https" } else { "http" };
+        let scheme = if web.current().tls.is_some() { "https" } else { "http" };
         let data_dir = opts
             .data_dir
             .clone()
@@ -361,9 +361,10 @@ impl Edge {
 
         let mut tasks = strata_tsdb::loops::spawn(&db);
         tasks.push(manager.spawn_file_sd_watcher(opts.file_sd_check));
+        tasks.extend(web.spawn_watcher(opts.file_sd_check));
         #[cfg(unix)]
         {
-            let st = state.clone();
+            let (st, web) = (state.clone(), web.clone());
             tasks.push(tokio::spawn(async move {
                 let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
                     return;
@@ -371,6 +372,9 @@ impl Edge {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: reloading configuration");
                     let _ = st.reload().await;
+                    if let Some(p) = web.path() {
+                        web.reload_and_log(p, &mut None);
+                    }
                 }
             }));
         }

@@ -27,7 +27,7 @@ use strata_dedup::ReplicaDedup;
 use strata_fanout::Fanout;
 use strata_grpc::{pb, ServeOptions, StoreInfo, StoreService};
 use strata_model::Labels;
-use strata_server::{ServerLimits, WebConfig};
+use strata_server::{LiveWebConfig, ServerLimits, WebConfig};
 use strata_store::{SelectLimits, Store};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -137,7 +137,10 @@ impl Global {
                 let stopped = async move {
                     let _ = stop.changed().await;
                 };
-                if let Err(e) = strata_server::serve(listener, app, limits, WebConfig::default(), stopped).await {
+                if let Err(e) =
+                    strata_server::serve(listener, app, limits, LiveWebConfig::fixed(WebConfig::default()), stopped)
+                        .await
+                {
                     tracing::error!(error = %e, "global HTTP server failed");
                 }
             }));

@@ -21,7 +21,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
-use crate::web_config::WebConfig;
+use crate::live::LiveWebConfig;
 
 #[derive(Debug, Clone, Copy)]
 pub struct ServerLimits {
@@ -47,16 +47,22 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ServerLimits,
-    web: WebConfig,
+    web: Arc<LiveWebConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let timeout = limits.request_timeout;
-    let mut app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| within(timeout, req, next)));
-    if let Some(auth) = web.auth.clone() {
-        app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| {
-            crate::web_config::require_basic_auth(auth.clone(), req, next)
-        }));
-    }
+    let app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| within(timeout, req, next)));
+    // The users in force when each request comes (the web config may be reloaded).
+    let live = web.clone();
+    let app = app.layer(axum::middleware::from_fn(move |req: Request, next: Next| {
+        let auth = live.current().auth.clone();
+        async move {
+            match auth {
+                Some(auth) => crate::web_config::require_basic_auth(auth, req, next).await,
+                None => next.run(req).await,
+            }
+        }
+    }));
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let (stop_tx, stop_rx) = watch::channel(false);
     tokio::pin!(shutdown);
@@ -82,7 +88,7 @@ pub async fn serve(
         };
         let app = app.clone();
         let stop = stop_rx.clone();
-        let tls = web.tls.clone();
+        let tls = web.current().tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
             match tls {
@@ -153,7 +159,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        tokio::spawn(serve(listener, app, limits, WebConfig::default(), async move {
+        tokio::spawn(serve(listener, app, limits, LiveWebConfig::fixed(Default::default()), async move {
             let _ = rx.await;
         }));
         (addr, tx)

@@ -80,6 +80,8 @@ pub struct WebConfig {
     pub auth: Option<Arc<BasicAuth>>,
     /// Keys of the file Strata does not implement.
     pub ignored: Vec<String>,
+    /// The files it read besides itself (certificates, keys, CAs), so a change is noticed.
+    pub files: Vec<PathBuf>,
 }
 
 impl std::fmt::Debug for WebConfig {
@@ -105,10 +107,23 @@ impl WebConfig {
         let base = path.parent().unwrap_or(Path::new("."));
         let invalid = |message: String| WebConfigError::Invalid { path: path.to_path_buf(), message };
         let mut ignored: Vec<String> = raw.unknown.keys().cloned().collect();
+        let mut files = Vec::new();
         let tls = match raw.tls_server_config {
             None => None,
             Some(t) => {
+                // Keys that would narrow who may connect are never ignored: the file is
+                // refused rather than served more openly than it says.
+                if t.unknown.contains_key("client_allowed_sans") {
+                    return Err(invalid(
+                        "tls_server_config.client_allowed_sans is not supported by Strata: \
+                                        refusing the file rather than accepting every certificate the CA signed"
+                            .into(),
+                    ));
+                }
                 ignored.extend(t.unknown.keys().map(|k| format!("tls_server_config.{k}")));
+                files.extend(
+                    [&t.cert_file, &t.key_file, &t.client_ca_file].into_iter().flatten().map(|f| resolve(base, f)),
+                );
                 Some(tls_acceptor(&t, base, path)?)
             }
         };
@@ -123,7 +138,7 @@ impl WebConfig {
             users.insert(user, hash);
         }
         let auth = (!users.is_empty()).then(|| Arc::new(BasicAuth::new(users)));
-        Ok(WebConfig { tls, auth, ignored })
+        Ok(WebConfig { tls, auth, ignored, files })
     }
 }
 
@@ -162,6 +177,14 @@ fn tls_acceptor(t: &RawTls, base: &Path, path: &Path) -> Result<tokio_rustls::Tl
         .with_protocol_versions(&versions)
         .map_err(|source| WebConfigError::Tls { path: path.to_path_buf(), source })?;
     let auth_type = t.client_auth_type.as_deref().unwrap_or("NoClientCert");
+    if auth_type == "NoClientCert" && t.client_ca_file.is_some() {
+        // As the exporter toolkit: a CA without a policy would check nothing.
+        return Err(invalid(
+            "client_ca_file is set but client_auth_type is not: no client certificate would be checked \
+                            (set client_auth_type: RequireAndVerifyClientCert)"
+                .into(),
+        ));
+    }
     let builder = match auth_type {
         "NoClientCert" => builder.with_no_client_auth(),
         "RequireAndVerifyClientCert" | "VerifyClientCertIfGiven" => {
@@ -194,6 +217,10 @@ fn tls_acceptor(t: &RawTls, base: &Path, path: &Path) -> Result<tokio_rustls::Tl
 /// Basic-auth users with bcrypt hashes, and the pairs already verified.
 pub struct BasicAuth {
     users: BTreeMap<String, String>,
+    /// A hash checked for users that do not exist.
+    dummy: String,
+    /// bcrypt checks run, for the tests.
+    checks_run: std::sync::atomic::AtomicU64,
     verified: Mutex<HashSet<u64>>,
     key: RandomState,
     checks: Semaphore,
@@ -204,25 +231,49 @@ const VERIFIED_CACHE: usize = 1024;
 
 impl BasicAuth {
     fn new(users: BTreeMap<String, String>) -> Self {
-        BasicAuth { users, verified: Mutex::new(HashSet::new()), key: RandomState::new(), checks: Semaphore::new(2) }
+        // The cost of the users' hashes (`$2y$10$...`), for the stand-in unknown users meet.
+        let cost =
+            users.values().filter_map(|h| h.get(4..6)?.parse::<u32>().ok()).max().unwrap_or(bcrypt::DEFAULT_COST);
+        let dummy = bcrypt::hash("strata: no such user", cost.clamp(4, 16)).unwrap_or_default();
+        BasicAuth {
+            users,
+            dummy,
+            checks_run: Default::default(),
+            verified: Mutex::new(HashSet::new()),
+            key: RandomState::new(),
+            checks: Semaphore::new(2),
+        }
     }
 
     /// Whether an `Authorization` header value names a user with the right password.
     pub async fn check(self: &Arc<Self>, header: Option<&str>) -> bool {
-        let Some(encoded) = header.and_then(|h| h.strip_prefix("Basic ")) else { return false };
+        // The scheme is case-insensitive, as Go's `Request.BasicAuth` reads it.
+        let Some(encoded) = header.and_then(|h| {
+            let (scheme, rest) = h.split_at_checked(6)?;
+            scheme.eq_ignore_ascii_case("Basic ").then_some(rest)
+        }) else {
+            return false;
+        };
         let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else { return false };
         let Ok(pair) = String::from_utf8(decoded) else { return false };
         let Some((user, password)) = pair.split_once(':') else { return false };
-        let Some(hash) = self.users.get(user) else { return false };
+        // An unknown user costs the same bcrypt check as a known one (against a hash of the
+        // users' own cost), so the time of a refusal does not tell which users exist.
+        let (known, hash) = match self.users.get(user) {
+            Some(h) => (true, h),
+            None => (false, &self.dummy),
+        };
         let fingerprint = self.key.hash_one((user, password, hash));
         if self.verified.lock().map(|v| v.contains(&fingerprint)).unwrap_or(false) {
             return true;
         }
         let Ok(_turn) = self.checks.acquire().await else { return false };
+        self.checks_run.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let (password, hash) = (password.to_string(), hash.clone());
         let ok = tokio::task::spawn_blocking(move || bcrypt::verify(password, &hash).unwrap_or(false))
             .await
-            .unwrap_or(false);
+            .unwrap_or(false)
+            && known;
         if ok {
             if let Ok(mut v) = self.verified.lock() {
                 if v.len() >= VERIFIED_CACHE {
@@ -292,7 +343,13 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let app = axum::Router::new().route("/", get(|| async { "ok" }));
-        tokio::spawn(serve(listener, app, ServerLimits::default(), web, std::future::pending()));
+        tokio::spawn(serve(
+            listener,
+            app,
+            ServerLimits::default(),
+            crate::LiveWebConfig::fixed(web),
+            std::future::pending(),
+        ));
         addr
     }
 
@@ -358,5 +415,79 @@ mod tests {
             let e = WebConfig::load(&f).unwrap_err().to_string();
             assert!(e.contains(want), "{text:?}: {e}");
         }
+    }
+
+    /// Edge review (issue 20, item 14): settings that would let any certificate the CA
+    /// signed in, or none at all, are refused, never served open.
+    #[test]
+    fn mtls_settings_that_would_fail_open_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        crate::test_certs::write(d.path()).unwrap();
+        for (text, want) in [
+            ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_ca_file: ca.crt\n", "client_auth_type"),
+            ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n  client_allowed_sans: [client.example]\n", "client_allowed_sans"),
+        ] {
+            let f = d.path().join("web.yml");
+            std::fs::write(&f, text).unwrap();
+            let e = WebConfig::load(&f).unwrap_err().to_string();
+            assert!(e.contains(want), "{text:?}: {e}");
+        }
+    }
+
+    /// Item 15: an unknown user costs a bcrypt check too (no timing tells which users
+    /// exist), and the scheme is matched case-insensitively, as Go does.
+    #[tokio::test]
+    async fn unknown_users_cost_a_check_and_the_scheme_ignores_case() {
+        let hash = bcrypt::hash("secret", 4).unwrap();
+        let auth = Arc::new(BasicAuth::new(BTreeMap::from([("alice".to_string(), hash)])));
+        let header =
+            |pair: &str, scheme: &str| format!("{scheme} {}", base64::engine::general_purpose::STANDARD.encode(pair));
+        assert!(auth.dummy.starts_with("$2b$04$") || auth.dummy.starts_with("$2y$04$"), "{}", auth.dummy);
+        let before = auth.checks_run.load(std::sync::atomic::Ordering::Relaxed);
+        assert!(!auth.check(Some(&header("mallory:secret", "Basic"))).await);
+        assert_eq!(
+            auth.checks_run.load(std::sync::atomic::Ordering::Relaxed),
+            before + 1,
+            "no bcrypt check for an unknown user"
+        );
+        assert!(auth.check(Some(&header("alice:secret", "basic"))).await);
+        assert!(auth.check(Some(&header("alice:secret", "BASIC"))).await);
+    }
+
+    /// Item 16: the running server follows its web config file: a removed user is refused
+    /// at its next request, a file that does not load leaves the last good one in force.
+    #[tokio::test]
+    async fn a_changed_web_config_is_followed_and_a_bad_one_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let certs = crate::test_certs::write(d.path()).unwrap();
+        let file = d.path().join("web.yml");
+        let users = |u: &str| {
+            let hash = bcrypt::hash("pw", 4).unwrap();
+            format!("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\nbasic_auth_users:\n  {u}: {hash}\n")
+        };
+        std::fs::write(&file, users("alice")).unwrap();
+        let live = crate::LiveWebConfig::load(file.clone()).unwrap();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new().route("/", get(|| async { "ok" }));
+        tokio::spawn(serve(listener, app, ServerLimits::default(), live.clone(), std::future::pending()));
+        let tls = connector(&certs, false);
+        assert!(https_get(addr, &tls, Some("alice:pw")).await.unwrap().starts_with("HTTP/1.1 200"));
+        assert!(!live.reload().unwrap(), "nothing changed");
+
+        std::fs::write(&file, users("bob")).unwrap();
+        assert!(live.reload().unwrap());
+        assert!(
+            https_get(addr, &tls, Some("alice:pw")).await.unwrap().starts_with("HTTP/1.1 401"),
+            "a removed user kept access"
+        );
+        assert!(https_get(addr, &tls, Some("bob:pw")).await.unwrap().starts_with("HTTP/1.1 200"));
+
+        std::fs::write(&file, "basic_auth_users:\n  bob: not-a-hash\n").unwrap();
+        assert!(live.reload().is_err());
+        assert!(
+            https_get(addr, &tls, Some("bob:pw")).await.unwrap().starts_with("HTTP/1.1 200"),
+            "the last good config stays"
+        );
     }
 }

@@ -17,7 +17,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     fleet: Fleet,
     clock_offset_ms: i64,
-    web: strata_server::WebConfig,
+    web: std::sync::Arc<strata_server::LiveWebConfig>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> Result<(), SimulatorError> {
     let state = std::sync::Arc::new(server::SimState { fleet, clock_offset_ms });
