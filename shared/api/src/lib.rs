@@ -95,6 +95,7 @@ pub fn success(data: Value, warnings: Vec<String>) -> Response {
 
 /// A success with Prometheus' `warnings` and `infos` annotations, each present when non-empty.
 pub fn success_annotated(data: Value, warnings: &[String], infos: &[String]) -> Response {
+    let (warnings, infos) = (&capped(warnings, "warning")[..], &capped(infos, "info")[..]);
     let mut body = json!({"status": "success", "data": data});
     if !warnings.is_empty() {
         body["warnings"] = json!(warnings);
@@ -106,7 +107,19 @@ pub fn success_annotated(data: Value, warnings: &[String], infos: &[String]) -> 
 }
 
 /// `{"status":"success","data":<data>}` around data already in JSON text, with annotations.
+/// At most ten annotations of a kind, then how many more were left out (Prometheus'
+/// `AsStrings(query, 10, 10)`).
+fn capped(list: &[String], kind: &str) -> Vec<String> {
+    const MAX: usize = 10;
+    let mut out: Vec<String> = list.iter().take(MAX).cloned().collect();
+    if list.len() > MAX {
+        out.push(format!("{} more {kind} annotations omitted", list.len() - MAX));
+    }
+    out
+}
+
 pub fn success_raw(data: &str, warnings: &[String], infos: &[String]) -> Response {
+    let (warnings, infos) = (&capped(warnings, "warning")[..], &capped(infos, "info")[..]);
     let mut body = String::with_capacity(data.len() + 32);
     body.push_str(r#"{"status":"success","data":"#);
     body.push_str(data);
@@ -210,7 +223,40 @@ fn api_routes(state: Arc<ApiState>) -> Router {
         .route("/api/v1/label/{name}/values", get(label_values))
         .route("/api/v1/metadata", get(metadata))
         .route("/api/v1/status/buildinfo", get(buildinfo))
+        .route("/api/v1/query_exemplars", get(no_exemplars).post(no_exemplars))
+        .fallback(|| async { (StatusCode::NOT_FOUND, "404 page not found\n") })
+        .layer(axum::middleware::from_fn(cors))
         .with_state(state)
+}
+
+/// Prometheus' CORS headers (its default `--web.cors.origin=.*`) on every API answer to a
+/// request that names an origin, so in-browser clients (Grafana in browser mode) can read it.
+async fn cors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let has_origin = req.headers().contains_key(axum::http::header::ORIGIN);
+    // A preflight on any API path: 204, as Prometheus' `OPTIONS /api/v1/*path`.
+    let mut resp = if req.method() == Method::OPTIONS && req.uri().path().starts_with("/api/v1/") {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        next.run(req).await
+    };
+    if has_origin {
+        let h = resp.headers_mut();
+        for (k, v) in [
+            ("access-control-allow-headers", "Accept, Authorization, Content-Type, Origin"),
+            ("access-control-allow-methods", "GET, POST, OPTIONS"),
+            ("access-control-expose-headers", "Date"),
+            ("vary", "Origin"),
+            ("access-control-allow-origin", "*"),
+        ] {
+            h.insert(k, axum::http::HeaderValue::from_static(v));
+        }
+    }
+    resp
+}
+
+/// Strata stores no exemplars: the answer is an empty list, as from a Prometheus without them.
+async fn no_exemplars() -> Response {
+    success(json!([]), vec![])
 }
 
 fn matchers_of(p: &Params) -> Result<Vec<Vec<Matcher>>, ApiError> {
@@ -278,6 +324,9 @@ async fn series(
         return Err(ApiError::bad_data("no match[] parameter provided"));
     }
     let (start, end) = p.range()?;
+    if end < start {
+        return Ok(success(json!([]), vec![]));
+    }
     let scope = scope_of(&p)?;
     let mut all = Vec::new();
     for ms in &sets {
@@ -308,6 +357,9 @@ async fn labels(
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
+    if end < start {
+        return Ok(success(json!([]), vec![]));
+    }
     let scope = scope_of(&p)?;
     let mut names = Vec::new();
     for ms in with_empty_set(&sets) {
@@ -330,6 +382,9 @@ async fn label_values(
     }
     let sets = matchers_of(&p)?;
     let (start, end) = p.range()?;
+    if end < start {
+        return Ok(success(json!([]), vec![]));
+    }
     let scope = scope_of(&p)?;
     let mut vals = Vec::new();
     for ms in with_empty_set(&sets) {
@@ -343,11 +398,20 @@ async fn label_values(
 
 async fn metadata(State(s): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Result<Response, ApiError> {
     let p = Params::from_request(&Method::GET, &HeaderMap::new(), q.as_deref(), &Bytes::new())?;
-    let limit = limit_of(&p)?;
+    // As Prometheus 3: `limit` absent or negative is no limit, 0 is an empty answer;
+    // `limit_per_metric` must be a number (a family has one metadata entry here).
+    let int = |k: &str| -> Result<i64, ApiError> {
+        match p.get(k).filter(|s| !s.is_empty()) {
+            None => Ok(-1),
+            Some(s) => s.parse::<i64>().map_err(|_| ApiError::bad_data(format!("{k} must be a number"))),
+        }
+    };
+    let limit = int("limit")?;
+    int("limit_per_metric")?;
     let md = s.store.metadata(p.get("metric").filter(|m| !m.is_empty())).await?;
     let mut out = serde_json::Map::new();
     for (family, m) in md {
-        if limit > 0 && out.len() >= limit {
+        if limit >= 0 && out.len() as i64 >= limit {
             break;
         }
         out.insert(family, json!([{"type": m.metric_type.as_str(), "help": m.help, "unit": m.unit}]));
@@ -355,15 +419,20 @@ async fn metadata(State(s): State<Arc<ApiState>>, RawQuery(q): RawQuery) -> Resu
     Ok(success(Value::Object(out), vec![]))
 }
 
+/// The Prometheus release whose HTTP API Strata answers as: clients (Grafana) turn their
+/// features on by this version.
+pub const PROMETHEUS_API_VERSION: &str = "3.5.0";
+
 async fn buildinfo() -> Response {
     success(
         json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "revision": "",
-            "branch": "",
-            "buildUser": "",
-            "buildDate": "",
-            "goVersion": "strata (rust)",
+            "version": PROMETHEUS_API_VERSION,
+            "revision": env!("STRATA_GIT_REVISION"),
+            "branch": env!("STRATA_GIT_BRANCH"),
+            "buildUser": "strata",
+            "buildDate": env!("STRATA_BUILD_DATE"),
+            "goVersion": "none (Strata is written in Rust)",
+            "strataVersion": env!("CARGO_PKG_VERSION"),
         }),
         vec![],
     )

@@ -16,8 +16,9 @@ impl Params {
         query: Option<&str>,
         body: &[u8],
     ) -> Result<Params, ApiError> {
-        let mut pairs: Vec<(String, String)> =
-            form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned().collect();
+        // The body's parameters come first: where both carry one, the body's wins, as Go's
+        // `Request.FormValue` reads them.
+        let mut pairs: Vec<(String, String)> = Vec::new();
         if method == Method::POST && !body.is_empty() {
             let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
             if !ct.starts_with("application/x-www-form-urlencoded") {
@@ -27,6 +28,7 @@ impl Params {
             }
             pairs.extend(form_urlencoded::parse(body).into_owned());
         }
+        pairs.extend(form_urlencoded::parse(query.unwrap_or("").as_bytes()).into_owned());
         Ok(Params { pairs })
     }
 
@@ -52,9 +54,7 @@ impl Params {
             }
             _ => MAX_TIME,
         };
-        if end < start {
-            return Err(ApiError::bad_data("invalid parameter \"end\": end timestamp must not be before start time"));
-        }
+        // An end before the start selects nothing (Prometheus answers an empty list).
         Ok((start, end))
     }
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_model::duration::parse_duration_ms;
 use strata_model::time::{now_ms, parse_time};
-use strata_model::value::format_value;
+use strata_model::value::{format_api_time, format_api_value};
 use strata_promql::{Engine, QueryError, QueryStats, QueryValue};
 
 /// Prometheus refuses range queries above this many points per series.
@@ -30,64 +30,90 @@ impl From<QueryError> for ApiError {
     }
 }
 
+/// A timestamp as a JSON number, whole seconds without a fraction (for `stats`).
 fn time_json(t: i64) -> Value {
-    json!(t as f64 / 1000.0)
-}
-
-fn value_json(v: f64) -> Value {
-    Value::String(format_value(v))
-}
-
-fn result_json(v: QueryValue) -> Value {
-    match v {
-        QueryValue::Scalar(t, x) => json!({"resultType": "scalar", "result": [time_json(t), value_json(x)]}),
-        QueryValue::String(t, s) => json!({"resultType": "string", "result": [time_json(t), s]}),
-        QueryValue::Vector(v) => json!({
-            "resultType": "vector",
-            "result": v.iter().map(|(l, t, x)| json!({"metric": labels_json(l), "value": [time_json(*t), value_json(*x)]})).collect::<Vec<_>>(),
-        }),
-        QueryValue::Matrix(m) => json!({
-            "resultType": "matrix",
-            "result": m.iter().map(|s| json!({
-                "metric": labels_json(&s.labels),
-                "values": s.points.iter().map(|(t, x)| json!([time_json(*t), value_json(*x)])).collect::<Vec<_>>(),
-            })).collect::<Vec<_>>(),
-        }),
+    if t % 1000 == 0 {
+        json!(t / 1000)
+    } else {
+        json!(t as f64 / 1000.0)
     }
 }
 
-/// `{"resultType":"matrix","result":[...]}` (plus `stats`), written directly; the same
-/// text `result_json` would give.
-fn matrix_json(m: &[strata_promql::SeriesPoints], stats: Option<&Value>) -> String {
+/// `[<time>,"<value>"]` as Prometheus writes a point, byte for byte.
+fn push_point(out: &mut String, t: i64, v: f64) {
     use std::fmt::Write;
-    let points: usize = m.iter().map(|s| s.points.len()).sum();
-    let mut out = String::with_capacity(64 + m.len() * 256 + points * 32);
-    out.push_str(r#"{"resultType":"matrix","result":["#);
-    let mut ryu = ryu::Buffer::new();
-    for (i, s) in m.iter().enumerate() {
-        if i > 0 {
-            out.push(',');
-        }
-        out.push_str(r#"{"metric":"#);
-        out.push_str(&labels_json(&s.labels).to_string());
-        out.push_str(r#","values":["#);
-        for (j, &(t, v)) in s.points.iter().enumerate() {
-            if j > 0 {
-                out.push(',');
-            }
-            out.push('[');
-            out.push_str(ryu.format_finite(t as f64 / 1000.0));
-            out.push_str(",\"");
-            if v.is_finite() {
-                let _ = write!(out, "{v}");
-            } else {
-                out.push_str(&format_value(v));
-            }
-            out.push_str("\"]");
-        }
-        out.push_str("]}");
+    out.push('[');
+    let (sign, abs) = (if t < 0 { "-" } else { "" }, t.unsigned_abs());
+    let _ = match abs % 1000 {
+        0 => write!(out, "{sign}{}", abs / 1000),
+        frac => write!(out, "{sign}{}.{frac:03}", abs / 1000),
+    };
+    out.push_str(",\"");
+    let plain = v.is_finite() && (v == 0.0 || (1e-6..1e21).contains(&v.abs()));
+    if plain {
+        let _ = write!(out, "{v}");
+    } else {
+        out.push_str(&format_api_value(v));
     }
-    out.push(']');
+    out.push_str("\"]");
+}
+
+/// The `data` of a query answer as JSON text (`{"resultType":...,"result":...}` plus
+/// `stats`), written directly: numbers as Prometheus writes them, which a JSON tree cannot
+/// (`1796150016`, `1.500`), and a day of points for many series without building a tree.
+fn result_text(v: &QueryValue, stats: Option<&Value>) -> String {
+    let points: usize = match v {
+        QueryValue::Matrix(m) => m.iter().map(|s| s.points.len()).sum(),
+        QueryValue::Vector(x) => x.len(),
+        _ => 1,
+    };
+    let mut out = String::with_capacity(64 + points * 40);
+    match v {
+        QueryValue::Scalar(t, x) => {
+            out.push_str(r#"{"resultType":"scalar","result":"#);
+            push_point(&mut out, *t, *x);
+        }
+        QueryValue::String(t, text) => {
+            out.push_str(r#"{"resultType":"string","result":["#);
+            out.push_str(&format_api_time(*t));
+            out.push(',');
+            out.push_str(&Value::String(text.clone()).to_string());
+            out.push(']');
+        }
+        QueryValue::Vector(x) => {
+            out.push_str(r#"{"resultType":"vector","result":["#);
+            for (i, (labels, t, v)) in x.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"metric":"#);
+                out.push_str(&labels_json(labels).to_string());
+                out.push_str(r#","value":"#);
+                push_point(&mut out, *t, *v);
+                out.push('}');
+            }
+            out.push(']');
+        }
+        QueryValue::Matrix(m) => {
+            out.push_str(r#"{"resultType":"matrix","result":["#);
+            for (i, s) in m.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                out.push_str(r#"{"metric":"#);
+                out.push_str(&labels_json(&s.labels).to_string());
+                out.push_str(r#","values":["#);
+                for (j, &(t, v)) in s.points.iter().enumerate() {
+                    if j > 0 {
+                        out.push(',');
+                    }
+                    push_point(&mut out, t, v);
+                }
+                out.push_str("]}");
+            }
+            out.push(']');
+        }
+    }
     if let Some(st) = stats {
         out.push_str(r#","stats":"#);
         out.push_str(&st.to_string());
@@ -99,14 +125,6 @@ fn matrix_json(m: &[strata_promql::SeriesPoints], stats: Option<&Value>) -> Stri
 /// `stats=all` asks for samples per step as well.
 fn wants_step_stats(p: &Params) -> bool {
     p.get("stats") == Some("all")
-}
-
-/// Adds Prometheus' `stats` object to the data when the `stats` parameter is set.
-fn with_stats(mut data: Value, p: &Params, st: &QueryStats) -> Value {
-    if let Some(stats) = stats_json(p, st) {
-        data["stats"] = stats;
-    }
-    data
 }
 
 /// Prometheus' `stats` object, when the `stats` parameter asks for it.
@@ -168,17 +186,6 @@ fn engine_for(state: &ApiState, p: &Params) -> Result<Engine, ApiError> {
     Ok(Engine::new(opts))
 }
 
-/// `limit` (Prometheus 3.2): at most this many series in the result, with a warning when
-/// some were cut; 0 or absent is no limit.
-fn limit_param(p: &Params) -> Result<usize, ApiError> {
-    match p.get("limit").filter(|s| !s.is_empty()) {
-        None => Ok(0),
-        Some(s) => s.parse::<usize>().map_err(|_| {
-            ApiError::bad_data(format!("invalid parameter \"limit\": cannot parse {s:?} to a non-negative integer"))
-        }),
-    }
-}
-
 /// Cuts a result to `limit` series, saying so in the warnings.
 fn truncate(v: &mut QueryValue, limit: usize, warnings: &mut Vec<String>) {
     let cut = match v {
@@ -216,14 +223,14 @@ pub async fn instant(
         None => now_ms(),
     };
     let engine = engine_for(&s, &p)?;
-    let limit = limit_param(&p)?;
+    let limit = super::limit_of(&p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let scope = super::scope_of(&p)?;
     let run = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p));
     let (mut v, mut stats) = scope.clone().run(run).await?;
     stats.warnings.extend(scope.warnings());
     truncate(&mut v, limit, &mut stats.warnings);
-    Ok(super::success_annotated(with_stats(result_json(v), &p, &stats), &stats.warnings, &stats.infos))
+    Ok(super::success_raw(&result_text(&v, stats_json(&p, &stats).as_ref()), &stats.warnings, &stats.infos))
 }
 
 pub async fn range(
@@ -250,26 +257,24 @@ pub async fn range(
     if step <= 0 {
         return Err(ApiError::bad_data("invalid parameter \"step\": zero or negative query resolution step widths are not accepted. Try a positive integer"));
     }
-    // Prometheus refuses only above 11,000 points.
-    if (end - start) / step > MAX_POINTS {
+    // Prometheus refuses only above 11,000 points. A span past ±292 million years
+    // (client_golang's boundary times at both ends) cannot be stepped through.
+    let Some(span) = end.checked_sub(start) else {
+        return Err(ApiError::bad_data("invalid parameter \"end\": the range from start to end is out of bounds"));
+    };
+    if span / step > MAX_POINTS {
         return Err(ApiError::bad_data("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)"));
     }
     let expr = parse_query(&p)?;
     let engine = engine_for(&s, &p)?;
-    let limit = limit_param(&p)?;
+    let limit = super::limit_of(&p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let scope = super::scope_of(&p)?;
     let run = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p));
     let (mut v, mut stats) = scope.clone().run(run).await?;
     stats.warnings.extend(scope.warnings());
     truncate(&mut v, limit, &mut stats.warnings);
-    match v {
-        // A day of points for many series: written as text, not built as a JSON tree.
-        QueryValue::Matrix(m) => {
-            Ok(super::success_raw(&matrix_json(&m, stats_json(&p, &stats).as_ref()), &stats.warnings, &stats.infos))
-        }
-        v => Ok(super::success_annotated(with_stats(result_json(v), &p, &stats), &stats.warnings, &stats.infos)),
-    }
+    Ok(super::success_raw(&result_text(&v, stats_json(&p, &stats).as_ref()), &stats.warnings, &stats.infos))
 }
 
 #[cfg(test)]
@@ -278,8 +283,10 @@ mod tests {
     use strata_model::Labels;
     use strata_promql::SeriesPoints;
 
+    /// The text is valid JSON and writes numbers as Prometheus does, byte for byte (edge
+    /// review, issue 20, item 24).
     #[test]
-    fn matrix_text_is_the_json_tree_written_out() {
+    fn results_are_written_as_prometheus_writes_them() {
         let m = vec![
             SeriesPoints {
                 labels: Labels::from_pairs([
@@ -295,14 +302,22 @@ mod tests {
             },
             SeriesPoints {
                 labels: Labels::default(),
-                points: vec![(-1500, f64::NEG_INFINITY), (0, 123456789012345680000.0)],
+                points: vec![(-1500, f64::NEG_INFINITY), (0, 1.2345678901234569e23)],
             },
         ];
-        let text: Value = serde_json::from_str(&matrix_json(&m, None)).expect("valid JSON");
-        assert_eq!(text, result_json(QueryValue::Matrix(m.clone())));
-        let stats = json!({"samples": {"totalQueryableSamples": 3}});
-        let with: Value = serde_json::from_str(&matrix_json(&m, Some(&stats))).expect("valid JSON");
-        assert_eq!(with["stats"], stats);
-        assert_eq!(with["result"], text["result"]);
+        let text = result_text(&QueryValue::Matrix(m), None);
+        let parsed: Value = serde_json::from_str(&text).expect("valid JSON");
+        assert_eq!(parsed["result"][0]["metric"]["job"], "a \"quoted\" \\ job\n");
+        assert!(
+            text.contains(r#"[1700000000,"1"],[1700000000.500,"NaN"],[1700000001,"+Inf"],[1700000002,"-1e-07"]"#),
+            "{text}"
+        );
+        assert!(text.contains(r#"[-1.500,"-Inf"],[0,"1.2345678901234569e+23"]"#), "{text}");
+        let v = result_text(&QueryValue::Vector(vec![(Labels::default(), 1_796_150_016_000, 5e-324)]), None);
+        assert_eq!(v, r#"{"resultType":"vector","result":[{"metric":{},"value":[1796150016,"5e-324"]}]}"#);
+        let sc = result_text(&QueryValue::Scalar(1000, 2.0), Some(&json!({"samples": {}})));
+        assert_eq!(sc, r#"{"resultType":"scalar","result":[1,"2"],"stats":{"samples":{}}}"#);
+        let st = result_text(&QueryValue::String(1000, "a\"b".into()), None);
+        assert_eq!(st, r#"{"resultType":"string","result":[1,"a\"b"]}"#);
     }
 }

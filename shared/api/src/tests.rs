@@ -70,7 +70,6 @@ async fn bad_requests_are_bad_data() {
         "/api/v1/series?match[]=x%7B",
         "/api/v1/series?match[]=%7Ba%3D~%22.*%22%7D",
         "/api/v1/series?match[]=up&start=yesterday",
-        "/api/v1/series?match[]=up&start=10&end=5",
         "/api/v1/labels?limit=-1",
         "/api/v1/label/1bad/values",
     ] {
@@ -107,7 +106,7 @@ async fn instant_and_range_queries_in_prometheus_shapes() {
     let (code, v) = get(&app, "/api/v1/query?query=sum(DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
     assert_eq!(code, 200, "{v}");
     assert_eq!(v["data"]["resultType"], "vector");
-    assert_eq!(v["data"]["result"][0]["value"], json!([1700000000.0, "3"]));
+    assert_eq!(v["data"]["result"][0]["value"], json!([1700000000, "3"]));
     assert_eq!(v["data"]["result"][0]["metric"], json!({}));
     let (code, v) = get(
         &app,
@@ -118,9 +117,9 @@ async fn instant_and_range_queries_in_prometheus_shapes() {
     assert_eq!(v["data"]["resultType"], "matrix");
     let s = &v["data"]["result"][0];
     assert_eq!(s["metric"]["__name__"], "DCGM_FI_DEV_GPU_TEMP");
-    assert_eq!(s["values"], json!([[1700000000.0, "1"], [1700000030.0, "1"], [1700000060.0, "1"]]));
+    assert_eq!(s["values"], json!([[1700000000, "1"], [1700000030, "1"], [1700000060, "1"]]));
     let (_, v) = get(&app, "/api/v1/query?query=1%2B1&time=10").await;
-    assert_eq!(v["data"], json!({"resultType": "scalar", "result": [10.0, "2"]}));
+    assert_eq!(v["data"], json!({"resultType": "scalar", "result": [10, "2"]}));
 }
 
 #[tokio::test]
@@ -141,10 +140,10 @@ async fn stats_on_request_count_the_samples_touched() {
             .await;
     let st = &v["data"]["stats"]["samples"];
     assert_eq!(st["totalQueryableSamples"], 9, "{st}");
-    assert_eq!(st["totalQueryableSamplesPerStep"], json!([[1700000000.0, 3], [1700000030.0, 3], [1700000060.0, 3]]));
+    assert_eq!(st["totalQueryableSamplesPerStep"], json!([[1700000000, 3], [1700000030, 3], [1700000060, 3]]));
     let (_, v) =
         get(&app, "/api/v1/query?query=count_over_time(DCGM_FI_DEV_GPU_TEMP[5m])&time=1700000060&stats=all").await;
-    assert_eq!(v["data"]["stats"]["samples"]["totalQueryableSamplesPerStep"], json!([[1700000060.0, 3]]));
+    assert_eq!(v["data"]["stats"]["samples"]["totalQueryableSamplesPerStep"], json!([[1700000060, 3]]));
 }
 
 #[tokio::test]
@@ -312,4 +311,70 @@ async fn points_limit_limit_lookback_and_expired_timeouts_as_prometheus() {
         let (code, v) = get(&app, &format!("/api/v1/query?query=1&timeout={t}")).await;
         assert_eq!((code, v["errorType"].as_str()), (503, Some("timeout")), "timeout={t}: {v}");
     }
+}
+
+/// Edge review (issue 20, items 17, 20-23, 25), each against Prometheus' answer.
+#[tokio::test]
+async fn boundary_times_empty_ranges_body_params_cors_and_build_info_as_prometheus() {
+    let (_d, app) = app();
+    // client_golang's boundary times, as numbers and in Go's RFC 3339 spelling.
+    for (start, end) in [
+        ("-9223309901257974", "9223309901257974"),
+        ("-292273086-05-16T16:47:06Z", "292277025-08-18T07:12:54.999999999Z"),
+    ] {
+        let (code, v) =
+            get(&app, &format!("/api/v1/series?match[]=DCGM_FI_DEV_GPU_UTIL&start={start}&end={end}")).await;
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(v["data"].as_array().map(Vec::len), Some(3));
+        let (code, v) = get(&app, &format!("/api/v1/labels?start={start}&end={end}")).await;
+        assert_eq!(code, 200, "{v}");
+    }
+    // An end before the start: an empty list.
+    for path in ["/api/v1/series?match[]=up&", "/api/v1/labels?", "/api/v1/label/job/values?"] {
+        let (code, v) = get(&app, &format!("{path}start=200&end=100")).await;
+        assert_eq!((code, v["data"].clone()), (200, json!([])), "{path}");
+    }
+    // Metadata limits as Prometheus 3.
+    let (_, v) = get(&app, "/api/v1/metadata?limit=0").await;
+    assert_eq!(v["data"], json!({}));
+    let (_, v) = get(&app, "/api/v1/metadata?limit=-1").await;
+    assert_eq!(v["data"].as_object().map(|m| m.len()), Some(1));
+    let (code, _) = get(&app, "/api/v1/metadata?limit_per_metric=x").await;
+    assert_eq!(code, 400);
+    // A POST whose body and URL both carry `query`: the body's is evaluated.
+    let req = Request::post("/api/v1/query?query=1")
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(Body::from("query=2"))
+        .unwrap();
+    let (_, v) = call(&app, req).await;
+    assert_eq!(v["data"]["result"][1], "2", "{v}");
+    // CORS: a preflight is 204 with the headers, and answers to an origin carry them.
+    let resp = app
+        .clone()
+        .oneshot(Request::options("/api/v1/query").header("origin", "http://grafana").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status().as_u16(), 204);
+    assert_eq!(resp.headers()["access-control-allow-origin"], "*");
+    assert!(resp.headers()["access-control-allow-methods"].to_str().unwrap().contains("POST"));
+    // Unknown paths, exemplars, build info.
+    let resp = app.clone().oneshot(Request::get("/api/v1/nope").body(Body::empty()).unwrap()).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 404);
+    assert_eq!(&resp.into_body().collect().await.unwrap().to_bytes()[..], b"404 page not found\n");
+    let (code, v) = get(&app, "/api/v1/query_exemplars?query=up&start=0&end=1").await;
+    assert_eq!((code, v["data"].clone()), (200, json!([])));
+    let (_, v) = get(&app, "/api/v1/status/buildinfo").await;
+    assert!(v["data"]["version"].as_str().is_some_and(|s| s.starts_with("3.")), "{v}");
+    assert_eq!(v["data"]["strataVersion"], env!("CARGO_PKG_VERSION"));
+    assert!(v["data"]["buildDate"].as_str().is_some_and(|d| d.len() == 17), "{v}");
+}
+
+/// Item 23: at most ten annotations of a kind, then a count of the rest.
+#[test]
+fn annotations_are_capped_at_ten_with_a_count() {
+    let many: Vec<String> = (0..13).map(|i| format!("info {i}")).collect();
+    let capped = capped(&many, "info");
+    assert_eq!(capped.len(), 11);
+    assert_eq!(capped[10], "3 more info annotations omitted");
+    assert_eq!(super::capped(&many[..10], "info").len(), 10);
 }

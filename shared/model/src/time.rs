@@ -1,8 +1,15 @@
 //! Time: the wall clock in milliseconds, and timestamps as Prometheus' API reads them.
 
 /// Prometheus' `minTime`/`maxTime` defaults for an open range, in ms.
-pub const MIN_TIME: i64 = -9_223_309_901_257_974; // time.Unix(math.MinInt64/1000+62135596801, 0)
-pub const MAX_TIME: i64 = 9_223_309_901_257_974;
+/// Prometheus' (and client_golang's) smallest API time, `time.Unix(math.MinInt64/1000 +
+/// 62135596801, 0)`, in milliseconds: clients send it as the "no start" default.
+pub const MIN_TIME: i64 = -9_223_309_901_257_974_000;
+/// The largest, `time.Unix(math.MaxInt64/1000 - 62135596801, 999999999)`, in milliseconds.
+pub const MAX_TIME: i64 = 9_223_309_901_257_974_999;
+/// How Go writes them in RFC 3339 (its parser takes only four-digit years, so Prometheus
+/// matches these two strings by name).
+const MIN_TIME_FORMATTED: &str = "-292273086-05-16T16:47:06Z";
+const MAX_TIME_FORMATTED: &str = "292277025-08-18T07:12:54.999999999Z";
 
 /// Milliseconds since the Unix epoch by the wall clock (0 if the clock is before 1970).
 pub fn now_ms() -> i64 {
@@ -19,6 +26,18 @@ pub struct TimeError(pub String);
 
 /// Parses a Prometheus API time: Unix seconds (with a fraction) or RFC 3339. Returns ms.
 pub fn parse_time(s: &str) -> Result<i64, TimeError> {
+    // Whole seconds exactly (a float loses the last digits of the boundary times).
+    if let Ok(secs) = s.parse::<i64>() {
+        return secs
+            .checked_mul(1000)
+            .filter(|ms| (MIN_TIME..=MAX_TIME).contains(ms))
+            .ok_or_else(|| TimeError(s.to_string()));
+    }
+    match s {
+        MIN_TIME_FORMATTED => return Ok(MIN_TIME),
+        MAX_TIME_FORMATTED => return Ok(MAX_TIME),
+        _ => {}
+    }
     if let Ok(f) = s.parse::<f64>() {
         if !f.is_finite() {
             return Err(TimeError(s.to_string()));
@@ -26,7 +45,7 @@ pub fn parse_time(s: &str) -> Result<i64, TimeError> {
         // As Prometheus: split off the fraction and round it to milliseconds.
         let secs = f.trunc();
         let ms = secs * 1000.0 + ((f - secs) * 1000.0).round();
-        if ms.abs() > MAX_TIME as f64 {
+        if !(MIN_TIME as f64..=MAX_TIME as f64).contains(&ms) {
             return Err(TimeError(s.to_string()));
         }
         return Ok(ms as i64);

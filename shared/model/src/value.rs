@@ -15,6 +15,38 @@ pub fn format_value(v: f64) -> String {
     }
 }
 
+/// A sample value as Prometheus' HTTP API writes it (`jsonutil.MarshalFloat`): the
+/// shortest digits, in plain notation unless `|v|` is under 1e-6 or at least 1e21, where
+/// Go's exponent form is used (`1e-07`, `1e+21`, `1.2345678901234569e+23`).
+pub fn format_api_value(v: f64) -> String {
+    let abs = v.abs();
+    if !v.is_finite() || abs == 0.0 || (1e-6..1e21).contains(&abs) {
+        return format_value(v);
+    }
+    // Rust writes `1.2345678901234569e23` / `1e-7`; Go signs the exponent and gives it
+    // at least two digits.
+    let e = format!("{v:e}");
+    let Some((mantissa, exp)) = e.split_once('e') else { return e };
+    let (sign, digits) = match exp.strip_prefix('-') {
+        Some(d) => ('-', d),
+        None => ('+', exp),
+    };
+    format!("{mantissa}e{sign}{digits:0>2}")
+}
+
+/// A timestamp in ms as Prometheus' HTTP API writes it (`jsonutil.MarshalTimestamp`):
+/// seconds, and a three-digit fraction only when there is one (`1796150016`, `1.500`).
+pub fn format_api_time(t: i64) -> String {
+    let sign = if t < 0 { "-" } else { "" };
+    let abs = t.unsigned_abs();
+    let (secs, frac) = (abs / 1000, abs % 1000);
+    if frac == 0 {
+        format!("{sign}{secs}")
+    } else {
+        format!("{sign}{secs}.{frac:03}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -27,5 +59,29 @@ mod tests {
         assert_eq!(format_value(1e-7), "0.0000001");
         assert_eq!(format_value(f64::NAN), "NaN");
         assert_eq!(format_value(f64::NEG_INFINITY), "-Inf");
+    }
+
+    #[test]
+    fn api_numbers_as_prometheus_writes_them() {
+        for (v, want) in [
+            (1e-7, "1e-07"),
+            (1e21, "1e+21"),
+            (1.2345678901234569e23, "1.2345678901234569e+23"),
+            (5e-324, "5e-324"),
+            (-2.5e-9, "-2.5e-09"),
+            (1e-6, "0.000001"),
+            (123456789.0, "123456789"),
+            (0.1, "0.1"),
+            (-0.0, "-0"),
+            (f64::INFINITY, "+Inf"),
+            (f64::NAN, "NaN"),
+        ] {
+            assert_eq!(format_api_value(v), want, "{v:e}");
+        }
+        for (t, want) in
+            [(1_796_150_016_000, "1796150016"), (1500, "1.500"), (1_005, "1.005"), (-1500, "-1.500"), (0, "0")]
+        {
+            assert_eq!(format_api_time(t), want);
+        }
     }
 }
