@@ -26,12 +26,16 @@ enum Command {
     Up(up::UpArgs),
     /// Serve simulated dcgm-exporter pages at /node/<i>/metrics.
     Simulate {
+        /// Simulated nodes, one page each.
         #[arg(long, default_value_t = 4)]
         nodes: usize,
+        /// GPUs on each node.
         #[arg(long, default_value_t = 8)]
         gpus_per_node: usize,
+        /// Address to serve the pages on.
         #[arg(long, default_value = "127.0.0.1:9400")]
         listen: SocketAddr,
+        /// Seed of the fleet's random behaviour: the same seed gives the same fleet.
         #[arg(long, default_value_t = 1)]
         seed: u64,
         /// Start the simulated clock at this Unix time (seconds) instead of now.
@@ -43,6 +47,7 @@ enum Command {
     },
     /// Run Prometheus' PromQL conformance files ($PROMQL_TESTDATA, else ../shared/promql-testdata).
     PromqlTest {
+        /// The directory of `.test` files.
         dir: Option<PathBuf>,
         /// Print every failure and skip, not just the counts and the first failures.
         #[arg(long)]
@@ -54,6 +59,7 @@ enum Command {
         /// The global's configuration file (stores, file SD, DNS, timeouts).
         #[arg(long)]
         config: PathBuf,
+        /// Address of the Prometheus HTTP API, `/api/v1/stores` and `/metrics`.
         #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], strata_global::DEFAULT_HTTP_PORT)))]
         http_listen: SocketAddr,
         /// Serve the StoreAPI here too, so that globals can be stacked.
@@ -64,6 +70,7 @@ enum Command {
         /// A label that tells HA replicas apart (repeatable; default from the file, else `replica`).
         #[arg(long = "query.replica-label")]
         replica_labels: Vec<String>,
+        /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
         #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
         query_max_concurrency: usize,
         /// Let the stores evaluate a query's leaves and aggregations where the data is
@@ -76,6 +83,8 @@ enum Command {
         /// A Prometheus configuration file (Strata's own keys under `strata:`).
         #[arg(long)]
         config: PathBuf,
+        /// Address of the Prometheus HTTP API, remote write, `/metrics` and the lifecycle
+        /// endpoints [default: 127.0.0.1:9401, or `strata.http_listen` in the file].
         #[arg(long)]
         http_listen: Option<SocketAddr>,
         /// Serve the StoreAPI (gRPC) here, for a global querier.
@@ -83,6 +92,8 @@ enum Command {
         grpc_listen: Option<SocketAddr>,
         #[command(flatten)]
         grpc_tls: GrpcServerTls,
+        /// Data directory: WAL, head checkpoint and blocks [default: strata-data/edge, or
+        /// `strata.data_dir` in the file]. One process per directory.
         #[arg(long)]
         data: Option<PathBuf>,
         /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
@@ -107,10 +118,13 @@ enum Command {
 /// CA makes clients present a certificate that chains to it.
 #[derive(clap::Args)]
 struct GrpcServerTls {
+    /// TLS certificate of the StoreAPI server (PEM); with the key, turns TLS on.
     #[arg(long = "grpc-server-tls-cert", requires = "grpc_server_tls_key")]
     grpc_server_tls_cert: Option<PathBuf>,
+    /// TLS private key of the StoreAPI server (PEM).
     #[arg(long = "grpc-server-tls-key", requires = "grpc_server_tls_cert")]
     grpc_server_tls_key: Option<PathBuf>,
+    /// CA that clients' certificates must chain to; set, a client certificate is required.
     #[arg(long = "grpc-server-tls-client-ca", requires = "grpc_server_tls_cert")]
     grpc_server_tls_client_ca: Option<PathBuf>,
 }
@@ -293,5 +307,35 @@ async fn run() -> anyhow::Result<()> {
             tokio::time::timeout(Duration::from_secs(30), edge.stop()).await.context("shutdown took over 30 s")?;
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is (`--help` is the manual).
+    #[test]
+    fn every_flag_of_every_command_is_described() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() && sub.get_name() != "help" {
+                    missing.push(format!("{path} {} (no description)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "strata", &mut missing);
+        assert!(missing.is_empty(), "undescribed: {missing:#?}");
     }
 }

@@ -20,8 +20,10 @@ pub struct UpArgs {
     /// First of the ten ports used: simulator, four edges, their StoreAPI, the global.
     #[arg(long, default_value_t = 9400)]
     port_base: u16,
+    /// Simulated nodes per cluster (two clusters, each scraped by an HA pair of edges).
     #[arg(long, default_value_t = 4)]
     nodes: usize,
+    /// GPUs on each simulated node.
     #[arg(long, default_value_t = 8)]
     gpus_per_node: usize,
 }

@@ -337,6 +337,19 @@ impl Edge {
         let opened = tokio::task::spawn_blocking(move || Tsdb::open(&dir, tsdb_opts)).await?;
         let db = Arc::new(opened.map_err(|source| EdgeError::Open { dir: data_dir.clone(), source })?);
         let metrics = Arc::new(EdgeMetrics::new(db.metrics()));
+        // The configuration loaded at start is a successful load, as Prometheus reports it
+        // (a "reload failed" alert must not fire on a clean start); the families the README
+        // names are listed from the start, at 0.
+        metrics.config_last_reload_success.set(1);
+        for reason in ["success", "failure"] {
+            let _ = metrics.config_reloads.get_or_create(&ReasonLabel { reason: reason.into() });
+        }
+        for job in &cfg.jobs {
+            let label = crate::metrics::JobLabel { job: job.job_name.clone() };
+            let _ = metrics.scrapes.get_or_create(&label);
+            let _ = metrics.scrape_failures.get_or_create(&label);
+        }
+        let _ = metrics.remote_write_requests.get_or_create(&crate::metrics::CodeLabel { code: "204".into() });
         let manager = ScrapeManager::new(db.clone(), metrics.clone());
         let mut limits = WriteLimits::default();
         if let Some(b) = cfg.strata.remote_write_max_bytes {

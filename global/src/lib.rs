@@ -10,6 +10,7 @@
 
 pub mod config;
 pub mod dns;
+pub mod metrics;
 pub mod stores;
 
 use axum::extract::State;
@@ -81,6 +82,12 @@ pub struct Global {
 
 struct GlobalState {
     stores: Arc<StoreSet>,
+    metrics: Arc<metrics::GlobalMetrics>,
+}
+
+async fn self_metrics(State(s): State<Arc<GlobalState>>) -> Response {
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode(&s.stores))
+        .into_response()
 }
 
 async fn stores_page(State(s): State<Arc<GlobalState>>) -> Response {
@@ -120,12 +127,16 @@ impl Global {
         }
 
         let query_store: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), replica_labels));
+        let global_metrics = metrics::GlobalMetrics::new();
+        let tracked = global_metrics.clone();
         let app = Router::new()
             .route("/api/v1/stores", get(stores_page))
+            .route("/metrics", get(self_metrics))
             .route("/-/healthy", get(|| async { "Strata global is Healthy.\n" }))
             .route("/-/ready", get(|| async { "Strata global is Ready.\n" }))
-            .with_state(Arc::new(GlobalState { stores: stores.clone() }))
-            .merge(strata_api::router_with(query_store, opts.api.clone()));
+            .with_state(Arc::new(GlobalState { stores: stores.clone(), metrics: global_metrics }))
+            .merge(strata_api::router_with(query_store, opts.api.clone()))
+            .layer(axum::middleware::from_fn(move |req, next| metrics::track(tracked.clone(), req, next)));
         let bind = |addr| async move {
             tokio::net::TcpListener::bind(addr).await.map_err(|source| GlobalError::Bind { addr, source })
         };

@@ -15,8 +15,10 @@ use std::path::PathBuf;
 pub enum BenchCommand {
     /// Parse + relabel + append + WAL of simulated DCGM pages on one core.
     Ingest {
+        /// Simulated nodes, one page each.
         #[arg(long, default_value_t = 64)]
         nodes: usize,
+        /// GPUs on each node.
         #[arg(long, default_value_t = 8)]
         gpus_per_node: usize,
         /// Scrapes per node (5 s apart in simulated time).
@@ -48,8 +50,10 @@ pub enum BenchCommand {
     /// simulated hours, blocks cut and compacted beside it; ingest rate, peak RSS, bytes on
     /// disk per sample, restart time.
     Scale {
+        /// Series appended.
         #[arg(long, default_value_t = 100_000)]
         series: usize,
+        /// Simulated hours of samples.
         #[arg(long, default_value_t = 2.0)]
         hours: f64,
         /// Seconds between samples.
@@ -68,20 +72,24 @@ pub enum BenchCommand {
     /// The global's fan-out at scale: N series served by an HA pair over gRPC, selected
     /// through the fan-out and the dedup; time and peak memory of the select.
     Global {
+        /// Series each replica serves.
         #[arg(long, default_value_t = 1_000_000)]
         series: usize,
     },
     /// `bench global`'s child: serves the simulated series as an HA pair.
     #[command(hide = true)]
     GlobalServers {
+        /// Series each replica serves.
         #[arg(long)]
         series: usize,
+        /// Where to write the servers' addresses once they listen.
         #[arg(long)]
         addr_file: PathBuf,
     },
     /// The attacks of issue 8, together, against an edge that scrapes and receives remote
     /// write: what each gets, and the edge's peak memory.
     Attack {
+        /// Simulated nodes the edge scrapes meanwhile.
         #[arg(long, default_value_t = 32)]
         nodes: usize,
         /// Seconds of normal load before the attacks.
@@ -111,10 +119,13 @@ pub enum BenchCommand {
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
     VsPrometheus {
+        /// Simulated nodes both scrape.
         #[arg(long, default_value_t = 256)]
         nodes: usize,
+        /// Seconds of scraping measured.
         #[arg(long, default_value_t = 120)]
         seconds: u64,
+        /// The Prometheus binary to run beside the edge.
         #[arg(long, default_value = "prometheus")]
         prometheus: String,
     },

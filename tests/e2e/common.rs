@@ -165,6 +165,17 @@ pub fn series_count(base: &str, selector: &str) -> usize {
 /// Whether the test may use Debian's `prometheus` and `promtool`. Without them the test
 /// fails and says so, unless STRATA_SKIP_PROMETHEUS=1 is set on purpose (never under CI=true),
 /// in which case it says it skipped.
+/// Records that a suite did not run and why: printed (visible with `--nocapture`) and, when
+/// the test command set `STRATA_NOT_RUN_DIR`, written there for its closing summary, so a
+/// suite that did not run never reads as passed.
+pub fn report_not_run(suite: &str, reason: &str) {
+    println!("NOT RUN: {suite}: {reason}");
+    if let Ok(dir) = std::env::var("STRATA_NOT_RUN_DIR") {
+        let _ = std::fs::create_dir_all(&dir);
+        let _ = std::fs::write(Path::new(&dir).join(suite.replace(['/', ' '], "_")), format!("{suite}: {reason}\n"));
+    }
+}
+
 pub fn require_prometheus() -> bool {
     let installed = Command::new("prometheus").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     if installed {
@@ -172,7 +183,7 @@ pub fn require_prometheus() -> bool {
     }
     let in_ci = std::env::var("CI").as_deref() == Ok("true");
     if !in_ci && std::env::var("STRATA_SKIP_PROMETHEUS").as_deref() == Ok("1") {
-        eprintln!("SKIPPED: prometheus not installed and STRATA_SKIP_PROMETHEUS=1");
+        report_not_run("tests needing Prometheus", "prometheus not installed and STRATA_SKIP_PROMETHEUS=1");
         return false;
     }
     panic!("the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it");

@@ -233,6 +233,12 @@ fn a_reload_that_changes_a_job_and_a_broken_sd_file_leave_no_gap() {
         !series(&base, "up{job=\"fixed\"}").is_empty() && !series(&base, "up{job=\"filesd\"}").is_empty()
     });
     std::thread::sleep(Duration::from_secs(2));
+    // A clean start is a successful load, and the metrics the docs name are there at 0.
+    let m = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    assert_eq!(metric_value(&m, "strata_config_last_reload_successful"), Some(1.0), "{m}");
+    assert_eq!(metric_value(&m, "strata_config_reloads_total{reason=\"failure\"}"), Some(0.0), "{m}");
+    assert_eq!(metric_value(&m, "strata_scrape_failures_total{job=\"fixed\"}"), Some(0.0), "{m}");
+    assert!(metric_value(&m, "strata_remote_write_requests_total{code=\"204\"}").is_some(), "{m}");
 
     let before = now();
     std::fs::write(&cfg, text(200)).unwrap();

@@ -125,6 +125,14 @@ fn the_global_dedups_an_ha_pair_and_names_bad_stores() {
     assert_eq!(a["labelSets"][0]["replica"], "a", "{a}");
     assert_eq!(a["kind"], "edge");
 
+    // The global's own metrics (issue 20, item 28): each store's health, its requests.
+    let m = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    let store_up = |addr: &str| metric_value(&m, &format!("strata_global_store_up{{store=\"{addr}\"}}"));
+    assert_eq!((store_up(&grpc_a), store_up(&refused)), (Some(1.0), Some(0.0)), "{m}");
+    assert_eq!(metric_value(&m, "strata_global_stores"), Some(4.0), "{m}");
+    assert!(m.contains("strata_global_http_requests_total{handler=\"/api/v1/query\",code=\"200\"}"), "{m}");
+    assert!(m.contains("strata_global_http_request_duration_seconds_bucket{"), "{m}");
+
     // Globals stack: a global over the pair serves the StoreAPI (streaming the fan-out's
     // merge through), and a global over it deduplicates as the first one did.
     let mid_grpc = format!("127.0.0.1:{}", free_port());

@@ -56,6 +56,24 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let stores = api_data(&format!("{global}/api/v1/stores"));
     assert_eq!(stores.as_array().unwrap().len(), 4, "{stores}");
     assert!(stores.as_array().unwrap().iter().all(|s| s["health"] == "up"), "{stores}");
+    // The README's quick-start commands, as a user pastes them (ports moved to this run's).
+    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
+    let commands = readme_commands(&readme, "curl ");
+    assert!(commands.len() >= 4, "the README's quick start lost its commands: {commands:?}");
+    for cmd in commands {
+        let run = (0..10)
+            .fold(cmd.clone(), |c, k| c.replace(&format!("localhost:94{k:02}"), &format!("127.0.0.1:{}", base + k)));
+        let out = std::process::Command::new("bash").arg("-c").arg(&run).output().expect("bash runs");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success() && !text.trim().is_empty(), "README command failed: {cmd}\n{text}");
+        if text.starts_with('{') {
+            let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{cmd}: {e}: {text}"));
+            assert_eq!(v["status"], "success", "{cmd}: {text}");
+        }
+        if cmd.contains("count by (cluster)") {
+            assert!(text.contains("\"c0\"") && text.contains("\"c1\""), "{cmd}: {text}");
+        }
+    }
     // Reloading over HTTP is off unless asked for, as in Prometheus.
     let r = client().post(format!("http://127.0.0.1:{}/-/reload", base + 1)).send().unwrap();
     assert_eq!(r.status().as_u16(), 403);
@@ -82,4 +100,20 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
         assert!(data.join(format!("edge-{e}/edge.yml")).is_file());
     }
     assert!(data.join("global/global.yml").is_file());
+}
+
+/// The lines of the README's `sh` code blocks that start with `prefix`.
+fn readme_commands(readme: &str, prefix: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut in_sh = false;
+    for line in readme.lines() {
+        if line.starts_with("```") {
+            in_sh = !in_sh && line.trim() == "```sh";
+            continue;
+        }
+        if in_sh && line.starts_with(prefix) {
+            out.push(line.to_string());
+        }
+    }
+    out
 }

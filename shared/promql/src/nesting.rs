@@ -164,7 +164,7 @@ mod tests {
             "topk(5, abs(ceil(-x)))",
             "count_values(\"v\", x)",
             "histogram_quantile(0.9, sum by (le) (rate(b[5m])))",
-            "x{a=\"(((\", b='\\'))'} + `)))` # ((( comment\n + 1e-5 + 0x1F",
+            "label_replace(x{a=\"(((\", b='\\'))'}, \"d\", `)))`, \"s\", \"(.*)\") # ((( comment\n + 1e-5 + 0x1F",
             "0x1e-5-0x1E-1",
             "((((x))))",
             "x[5m:]",
