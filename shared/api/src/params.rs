@@ -43,15 +43,15 @@ impl Params {
     /// `start` and `end`, defaulting to the whole time range.
     pub fn range(&self) -> Result<(i64, i64), ApiError> {
         let start = match self.get("start") {
-            Some(s) if !s.is_empty() => {
-                parse_time(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"start\": {e}")))?
-            }
+            Some(s) if !s.is_empty() => parse_time(s).map_err(|e| {
+                ApiError::bad_data(format!("invalid parameter \"start\": Invalid time value for 'start': {e}"))
+            })?,
             _ => MIN_TIME,
         };
         let end = match self.get("end") {
-            Some(s) if !s.is_empty() => {
-                parse_time(s).map_err(|e| ApiError::bad_data(format!("invalid parameter \"end\": {e}")))?
-            }
+            Some(s) if !s.is_empty() => parse_time(s).map_err(|e| {
+                ApiError::bad_data(format!("invalid parameter \"end\": Invalid time value for 'end': {e}"))
+            })?,
             _ => MAX_TIME,
         };
         // An end before the start selects nothing (Prometheus answers an empty list).

@@ -174,7 +174,8 @@ fn engine_for(state: &ApiState, p: &Params) -> Result<Engine, ApiError> {
     let mut opts = state.engine.clone();
     if let Some(t) = duration_param(p, "timeout")? {
         if t <= 0 {
-            return Err(QueryError::Timeout(Duration::ZERO).into());
+            // Prometheus' answer for a deadline that passed before the query started.
+            return Err(ApiError { kind: crate::ErrorType::Timeout, message: "query timed out in query queue".into() });
         }
         opts.timeout = opts.timeout.min(Duration::from_millis(t as u64));
     }
@@ -219,7 +220,10 @@ pub async fn instant(
     let p = Params::from_request(&method, &headers, q.as_deref(), &body)?;
     let expr = parse_query(&p)?;
     let time = match p.get("time").filter(|t| !t.is_empty()) {
-        Some(t) => parse_time(t).map_err(|e| ApiError::bad_data(format!("invalid parameter \"time\": {e}")))?,
+        // Prometheus' wording for the parameters it reads with `parseTimeParam`.
+        Some(t) => parse_time(t).map_err(|e| {
+            ApiError::bad_data(format!("invalid parameter \"time\": Invalid time value for 'time': {e}"))
+        })?,
         None => now_ms(),
     };
     let engine = engine_for(&s, &p)?;
