@@ -187,6 +187,8 @@ pub struct ScrapeIngest {
     seen: RefSet,
     /// Series of the current page whose samples carried their own timestamps.
     explicit: RefSet,
+    /// Whether the last good page had any.
+    had_explicit: bool,
     synthetic: HashMap<&'static str, Arc<MemSeries>>,
     batch: Vec<(Arc<MemSeries>, Sample)>,
     /// New series of the current page refused by the series limit.
@@ -205,6 +207,7 @@ impl ScrapeIngest {
             previous: Vec::new(),
             seen: RefSet::default(),
             explicit: RefSet::default(),
+            had_explicit: false,
             series_limit_dropped: 0,
             synthetic: HashMap::new(),
             batch: Vec::new(),
@@ -423,6 +426,10 @@ impl ScrapeIngest {
             }
         }
         steady &= report.scraped == self.cache.order.len();
+        // Which series are left out of staleness can change on a page that is otherwise
+        // the same: such pages rebuild `previous` every time.
+        let any_explicit = !self.explicit.is_empty();
+        steady &= !any_explicit && !self.had_explicit;
         if !steady {
             // Two lines that relabel into one series are a duplicate too.
             self.seen.clear();
@@ -465,6 +472,7 @@ impl ScrapeIngest {
                     .map(|(s, _)| s.clone()),
             );
         }
+        self.had_explicit = any_explicit;
         self.cache.commit_order();
         if self.iteration.is_multiple_of(CACHE_KEEP_SCRAPES) {
             let oldest = self.iteration.saturating_sub(CACHE_KEEP_SCRAPES);
@@ -662,6 +670,7 @@ impl ScrapeLoop {
         let resolves_alike = old.honor_labels == job.honor_labels
             && old.honor_timestamps == job.honor_timestamps
             && old.label_limit == job.label_limit
+            && old.track_timestamps_staleness == job.track_timestamps_staleness
             && format!("{:?}", old.metric_relabel) == format!("{:?}", job.metric_relabel);
         if !resolves_alike {
             self.ingest.cache = SeriesCache::default();

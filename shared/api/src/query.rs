@@ -154,9 +154,11 @@ fn stats_json(p: &Params, st: &QueryStats) -> Option<Value> {
 fn duration_param(p: &Params, name: &str) -> Result<Option<i64>, ApiError> {
     let Some(s) = p.get(name).filter(|s| !s.is_empty()) else { return Ok(None) };
     if let Ok(f) = s.parse::<f64>() {
-        if !f.is_finite() || f * 1000.0 > i64::MAX as f64 || f * 1000.0 < i64::MIN as f64 {
+        // Prometheus' bound: a Go duration, nanoseconds in an int64 (about 292 years).
+        let ns = f * 1e9;
+        if !f.is_finite() || ns >= i64::MAX as f64 || ns <= i64::MIN as f64 {
             return Err(ApiError::bad_data(format!(
-                "invalid parameter \"{name}\": cannot parse {s:?} to a valid duration"
+                "invalid parameter \"{name}\": cannot parse {s:?} to a valid duration. It overflows int64"
             )));
         }
         return Ok(Some((f * 1000.0).round() as i64));

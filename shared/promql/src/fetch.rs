@@ -115,12 +115,13 @@ pub fn subquery_grid(sq: &SubqueryExpr, start: i64, end: i64, qs: i64, qe: i64) 
     };
     let o = offset_ms(&sq.offset);
     let range = sq.range.as_millis() as i64;
-    let lo = start - o - range;
+    // Saturating: client_golang's boundary times leave under two thousand years of room.
+    let lo = start.saturating_sub(o).saturating_sub(range);
     let mut s = step * (lo / step);
     if s <= lo {
-        s += step;
+        s = s.saturating_add(step);
     }
-    (s, end - o, step)
+    (s, end.saturating_sub(o), step)
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -143,7 +144,11 @@ fn collect<'a>(
             Some(t) => (t, t),
             None => (start, end),
         };
-        out.push(Need { vs, mint: lo - o - range + 1, maxt: hi - o });
+        out.push(Need {
+            vs,
+            mint: lo.saturating_sub(o).saturating_sub(range).saturating_add(1),
+            maxt: hi.saturating_sub(o),
+        });
     };
     match e {
         Expr::VectorSelector(vs) => add(vs, lookback),

@@ -132,7 +132,11 @@ fn the_deepest_accepted_query_of_every_construct_is_answered() {
         let (mut lo, mut hi) = (1, crate::limits::MAX_DEPTH);
         while lo < hi {
             let mid = (lo + hi).div_ceil(2);
-            if crate::nesting::bound(&deep(c, mid)) <= crate::limits::MAX_DEPTH {
+            let q = deep(c, mid);
+            let admitted = crate::nesting::bound(&q).is_some_and(|s| {
+                s.depth <= crate::limits::MAX_DEPTH && s.tokens * s.depth <= crate::limits::MAX_PARSE_WORK
+            });
+            if admitted {
                 lo = mid;
             } else {
                 hi = mid - 1;
@@ -244,4 +248,16 @@ fn random_expressions_answer_or_fail_within_the_deadline() {
     }
     // The generator must exercise both paths, or the test proves nothing.
     assert!(answered > 20 && refused > 20, "answered {answered}, refused {refused}");
+}
+
+/// The review's quadratic parse: a thousand groups of 500 scalars summed passes the depth
+/// bound but would cost the parser's type checks billions of steps; it is refused at once.
+#[test]
+fn a_wide_scalar_sum_is_refused_before_the_parser_walks_it() {
+    let group = format!("({})", vec!["1"; 500].join("+"));
+    let q = vec![group.as_str(); 900].join("+");
+    let began = Instant::now();
+    let e = crate::parse(&q).expect_err("refused");
+    assert!(e.0.contains("too large to parse"), "{e}");
+    assert!(began.elapsed() < Duration::from_secs(5), "{:?}", began.elapsed());
 }

@@ -62,12 +62,23 @@ pub fn parse(query: &str) -> Result<Expr, ParseError> {
             limits::MAX_QUERY_BYTES
         )));
     }
-    let depth = nesting::bound(query);
-    if depth > limits::MAX_DEPTH {
-        return Err(ParseError(format!(
-            "query nests up to {depth} levels deep (operators and brackets), more than the limit of {}",
-            limits::MAX_DEPTH
-        )));
+    if let Some(shape) = nesting::bound(query) {
+        if shape.depth > limits::MAX_DEPTH {
+            return Err(ParseError(format!(
+                "query nests up to {} levels deep (operators and brackets), more than the limit of {}",
+                shape.depth,
+                limits::MAX_DEPTH
+            )));
+        }
+        // The parser's type checks walk scalar subtrees: at most nodes × depth steps.
+        if shape.tokens.saturating_mul(shape.depth) > limits::MAX_PARSE_WORK {
+            return Err(ParseError(format!(
+                "query of {} tokens nesting up to {} levels deep is too large to parse (limit {} tokens × levels)",
+                shape.tokens,
+                shape.depth,
+                limits::MAX_PARSE_WORK
+            )));
+        }
     }
     match std::panic::catch_unwind(|| promql_parser::parser::parse(query)) {
         Ok(parsed) => parsed.map_err(ParseError),

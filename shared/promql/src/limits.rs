@@ -23,6 +23,11 @@ use strata_model::duration::MAX_DURATION_MS;
 /// evaluator; evaluation runs on a thread whose stack is sized for it ([`QUERY_STACK`]).
 pub const MAX_DEPTH: usize = 2048;
 
+/// Tokens × depth a query may have: the parser's type checks take up to that many steps
+/// (a few tens of milliseconds at the limit); a 2,000-term `or` chain of plain selectors
+/// is a fifth of it.
+pub const MAX_PARSE_WORK: usize = 50_000_000;
+
 /// Longest query text accepted (Prometheus has no limit of its own; its HTTP server reads
 /// at most 1 MB of URL and 10 MB of form).
 pub const MAX_QUERY_BYTES: usize = 1 << 20;
@@ -115,11 +120,19 @@ where
     T: Send + 'static,
     F: FnOnce() -> Result<T, QueryError> + Send + 'static,
 {
+    // A query whose caller gave up runs on until its next check; bounded in number so
+    // abandoned queries cannot pile up threads.
+    let Some(live) = LiveQuery::enter() else {
+        return Err(QueryError::Execution(format!(
+            "{MAX_QUERY_THREADS} queries are still running, some for callers that gave up: retry later"
+        )));
+    };
     let (tx, rx) = tokio::sync::oneshot::channel();
     std::thread::Builder::new()
         .name("strata-query".into())
         .stack_size(QUERY_STACK)
         .spawn(move || {
+            let _live = live;
             let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
                 let what =
                     p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
@@ -129,6 +142,31 @@ where
         })
         .map_err(|e| QueryError::Execution(format!("cannot start a thread for the query: {e}")))?;
     rx.await.map_err(|_| QueryError::Internal("the query's thread ended without an answer".into()))?
+}
+
+/// Query threads alive at once, the abandoned ones included.
+pub const MAX_QUERY_THREADS: usize = 256;
+
+static LIVE_QUERIES: AtomicU64 = AtomicU64::new(0);
+
+/// One live query thread, counted while it exists.
+struct LiveQuery;
+
+impl LiveQuery {
+    fn enter() -> Option<LiveQuery> {
+        let before = LIVE_QUERIES.fetch_add(1, Ordering::AcqRel);
+        if before >= MAX_QUERY_THREADS as u64 {
+            LIVE_QUERIES.fetch_sub(1, Ordering::AcqRel);
+            return None;
+        }
+        Some(LiveQuery)
+    }
+}
+
+impl Drop for LiveQuery {
+    fn drop(&mut self) {
+        LIVE_QUERIES.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// Values held in per-step buffers, counted against the query's sample limit as they are

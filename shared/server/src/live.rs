@@ -30,8 +30,9 @@ impl LiveWebConfig {
 
     /// Loads `path`; the first load must succeed.
     pub fn load(path: PathBuf) -> Result<Arc<Self>, WebConfigError> {
-        let web = WebConfig::load(&path)?;
-        let digest = digest(&path, &web);
+        let text = std::fs::read(&path).map_err(|source| WebConfigError::Read { path: path.clone(), source })?;
+        let web = WebConfig::parse(&String::from_utf8_lossy(&text), &path)?;
+        let digest = digest_of(&text, &web);
         Ok(Arc::new(LiveWebConfig { path: Some(path), current: RwLock::new((Arc::new(web), digest)) }))
     }
 
@@ -52,11 +53,28 @@ impl LiveWebConfig {
             Err(p) => p.into_inner().1,
         };
         let old = self.current();
-        if digest(path, &old) == seen {
+        // The digest of the bytes that are parsed, so a file written between two reads is
+        // never taken as seen.
+        let text = std::fs::read(path).map_err(|source| WebConfigError::Read { path: path.clone(), source })?;
+        let d = digest_of(&text, &old);
+        if d == seen {
             return Ok(false);
         }
-        let web = WebConfig::load(path)?;
-        let d = digest(path, &web);
+        let web = WebConfig::parse(&String::from_utf8_lossy(&text), path)?;
+        // Fail closed: a reload never turns TLS or basic auth off (an editor's truncated
+        // file loads as "no TLS, no users"); that needs a restart.
+        let weakened = match (old.tls.is_some() && web.tls.is_none(), old.auth.is_some() && web.auth.is_none()) {
+            (true, _) => Some("TLS"),
+            (_, true) => Some("basic auth"),
+            _ => None,
+        };
+        if let Some(what) = weakened {
+            return Err(WebConfigError::Invalid {
+                path: path.clone(),
+                message: format!("the new file turns {what} off; refused while running (restart to do that)"),
+            });
+        }
+        let d = digest_of(&text, &web);
         let mut cur = match self.current.write() {
             Ok(c) => c,
             Err(p) => p.into_inner(),
@@ -74,7 +92,14 @@ impl LiveWebConfig {
             let mut tick = tokio::time::interval(every);
             loop {
                 tick.tick().await;
-                me.reload_and_log(&path, &mut last_error);
+                // A reload reads files and may hash a bcrypt stand-in: off the runtime.
+                let (m, p, mut e) = (me.clone(), path.clone(), last_error.take());
+                last_error = tokio::task::spawn_blocking(move || {
+                    m.reload_and_log(&p, &mut e);
+                    e
+                })
+                .await
+                .unwrap_or(None);
             }
         }))
     }
@@ -102,14 +127,15 @@ impl LiveWebConfig {
     }
 }
 
-/// The bytes of the file and of every file its configuration read.
-fn digest(path: &std::path::Path, web: &WebConfig) -> u64 {
+/// The file's bytes and those of every file its configuration read.
+fn digest_of(text: &[u8], web: &WebConfig) -> u64 {
     use std::hash::{BuildHasher, Hasher};
     // Fixed keys: digests are compared across reads.
     let mut h = std::hash::BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().build_hasher();
-    for f in std::iter::once(path).chain(web.files.iter().map(PathBuf::as_path)) {
-        h.write(&std::fs::read(f).unwrap_or_default());
+    h.write(text);
+    for f in &web.files {
         h.write_u8(0xff);
+        h.write(&std::fs::read(f).unwrap_or_default());
     }
     h.finish()
 }

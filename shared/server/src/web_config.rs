@@ -98,10 +98,15 @@ impl WebConfig {
     pub fn load(path: &Path) -> Result<WebConfig, WebConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|source| WebConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::parse(&text, path)
+    }
+
+    /// The configuration in `text`, read from `path` (relative files resolve beside it).
+    pub fn parse(text: &str, path: &Path) -> Result<WebConfig, WebConfigError> {
         let raw: RawWebConfig = if text.trim().is_empty() {
             RawWebConfig::default()
         } else {
-            serde_saphyr::from_str(&text)
+            serde_saphyr::from_str(text)
                 .map_err(|e| WebConfigError::Parse { path: path.to_path_buf(), message: e.to_string() })?
         };
         let base = path.parent().unwrap_or(Path::new("."));
@@ -485,6 +490,9 @@ mod tests {
 
         std::fs::write(&file, "basic_auth_users:\n  bob: not-a-hash\n").unwrap();
         assert!(live.reload().is_err());
+        // An editor's truncated file loads as "no TLS, no users": refused, never served open.
+        std::fs::write(&file, "").unwrap();
+        assert!(live.reload().is_err_and(|e| e.to_string().contains("turns TLS off")));
         assert!(
             https_get(addr, &tls, Some("bob:pw")).await.unwrap().starts_with("HTTP/1.1 200"),
             "the last good config stays"

@@ -446,7 +446,10 @@ impl Tsdb {
         // the WAL lock is handed to a waiting writer between them: a scrape or a small
         // write waits for one slice at most, never for a whole large request.
         let mut writer = self.wal.lock();
-        let mut slices = batch.chunks(COMMIT_SLICE).peekable();
+        // A scrape's batch stays whole: its staleness markers and `up` go in with it, or
+        // nothing does.
+        let slice = if distinct { batch.len().max(1) } else { COMMIT_SLICE };
+        let mut slices = batch.chunks(slice).peekable();
         while let Some(slice) = slices.next() {
             self.commit_slice(&mut writer, slice, distinct, &mut out)?;
             if slices.peek().is_some() {
