@@ -385,9 +385,7 @@ impl Edge {
                 while hup.recv().await.is_some() {
                     tracing::info!("SIGHUP: reloading configuration");
                     let _ = st.reload().await;
-                    if let Some(p) = web.path() {
-                        web.reload_and_log(p, &mut None);
-                    }
+                    web.reload_and_log(&mut None);
                 }
             }));
         }

@@ -66,6 +66,18 @@ fn series(base: &str, selector: &str) -> Vec<serde_json::Value> {
     data.as_array().cloned().unwrap_or_else(|| panic!("series data is not an array: {data}"))
 }
 
+/// An edge with this configuration that may be reloaded over HTTP, ready; its base URL.
+fn lifecycle_edge(dir: &std::path::Path, cfg: &std::path::Path) -> (Proc, String) {
+    let edge_port = free_port();
+    let base = format!("http://127.0.0.1:{edge_port}");
+    let (cfg, data) = (cfg.display().to_string(), dir.join("data").display().to_string());
+    let listen = format!("127.0.0.1:{edge_port}");
+    let args = ["edge", "--config", &cfg, "--data", &data, "--http-listen", &listen, "--web.enable-lifecycle"];
+    let mut edge = Proc::strata(&args, dir, "edge");
+    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    (edge, base)
+}
+
 fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;
     while Instant::now() < deadline {
@@ -89,23 +101,7 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
         format!("{head}{}{}{}{big}", job("gz", port, "/gz"), job("om", port, "/om"), job("bad", port, "/bad")),
     )
     .unwrap();
-    let edge_port = free_port();
-    let base = format!("http://127.0.0.1:{edge_port}");
-    let mut edge = Proc::strata(
-        &[
-            "edge",
-            "--config",
-            &cfg.display().to_string(),
-            "--data",
-            &dir.path().join("data").display().to_string(),
-            "--http-listen",
-            &format!("127.0.0.1:{edge_port}"),
-            "--web.enable-lifecycle",
-        ],
-        dir.path(),
-        "edge",
-    );
-    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let (mut edge, base) = lifecycle_edge(dir.path(), &cfg);
 
     wait_for("gzip and OpenMetrics pages", Duration::from_secs(15), || {
         !series(&base, "gz_metric").is_empty() && !series(&base, "om_energy_total").is_empty()
@@ -211,23 +207,7 @@ fn a_reload_that_changes_a_job_and_a_broken_sd_file_leave_no_gap() {
         )
     };
     std::fs::write(&cfg, text(100)).unwrap();
-    let edge_port = free_port();
-    let base = format!("http://127.0.0.1:{edge_port}");
-    let mut edge = Proc::strata(
-        &[
-            "edge",
-            "--config",
-            &cfg.display().to_string(),
-            "--data",
-            &dir.path().join("data").display().to_string(),
-            "--http-listen",
-            &format!("127.0.0.1:{edge_port}"),
-            "--web.enable-lifecycle",
-        ],
-        dir.path(),
-        "edge",
-    );
-    wait_ready(&format!("{base}/-/ready"), &mut edge, Duration::from_secs(30));
+    let (mut edge, base) = lifecycle_edge(dir.path(), &cfg);
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64();
     wait_for("both jobs scraped", Duration::from_secs(15), || {
         !series(&base, "up{job=\"fixed\"}").is_empty() && !series(&base, "up{job=\"filesd\"}").is_empty()

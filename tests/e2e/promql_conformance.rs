@@ -20,11 +20,12 @@ fn prometheus_promql_conformance_files() {
     if !dir.is_dir() {
         let msg =
             format!("THE PROMQL CONFORMANCE SUITE DID NOT RUN: {} does not exist; set PROMQL_TESTDATA", dir.display());
-        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{msg}");
+        // Reported either way, so the test command's summary never says it ran.
         crate::common::report_not_run(
             "PromQL conformance",
             &format!("{} does not exist; set PROMQL_TESTDATA", dir.display()),
         );
+        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{msg}");
         return;
     }
     let report = testfile::run_dir(&dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_model::duration::parse_duration_ms;
 use strata_model::time::{now_ms, parse_time};
-use strata_model::value::{format_api_time, format_api_value};
+use strata_model::value::{push_api_time, push_api_value};
 use strata_promql::{Engine, QueryError, QueryStats, QueryValue};
 
 /// Prometheus refuses range queries above this many points per series.
@@ -41,20 +41,10 @@ fn time_json(t: i64) -> Value {
 
 /// `[<time>,"<value>"]` as Prometheus writes a point, byte for byte.
 fn push_point(out: &mut String, t: i64, v: f64) {
-    use std::fmt::Write;
     out.push('[');
-    let (sign, abs) = (if t < 0 { "-" } else { "" }, t.unsigned_abs());
-    let _ = match abs % 1000 {
-        0 => write!(out, "{sign}{}", abs / 1000),
-        frac => write!(out, "{sign}{}.{frac:03}", abs / 1000),
-    };
+    push_api_time(out, t);
     out.push_str(",\"");
-    let plain = v.is_finite() && (v == 0.0 || (1e-6..1e21).contains(&v.abs()));
-    if plain {
-        let _ = write!(out, "{v}");
-    } else {
-        out.push_str(&format_api_value(v));
-    }
+    push_api_value(out, v);
     out.push_str("\"]");
 }
 
@@ -75,7 +65,7 @@ fn result_text(v: &QueryValue, stats: Option<&Value>) -> String {
         }
         QueryValue::String(t, text) => {
             out.push_str(r#"{"resultType":"string","result":["#);
-            out.push_str(&format_api_time(*t));
+            push_api_time(&mut out, *t);
             out.push(',');
             out.push_str(&Value::String(text.clone()).to_string());
             out.push(']');

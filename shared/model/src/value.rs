@@ -19,32 +19,54 @@ pub fn format_value(v: f64) -> String {
 /// shortest digits, in plain notation unless `|v|` is under 1e-6 or at least 1e21, where
 /// Go's exponent form is used (`1e-07`, `1e+21`, `1.2345678901234569e+23`).
 pub fn format_api_value(v: f64) -> String {
+    let mut s = String::new();
+    push_api_value(&mut s, v);
+    s
+}
+
+/// [`format_api_value`], appended to `out` (the API writes many points into one buffer).
+pub fn push_api_value(out: &mut String, v: f64) {
+    use std::fmt::Write;
     let abs = v.abs();
-    if !v.is_finite() || abs == 0.0 || (1e-6..1e21).contains(&abs) {
-        return format_value(v);
+    if !v.is_finite() {
+        out.push_str(&format_value(v));
+        return;
+    }
+    if abs == 0.0 || (1e-6..1e21).contains(&abs) {
+        let _ = write!(out, "{v}");
+        return;
     }
     // Rust writes `1.2345678901234569e23` / `1e-7`; Go signs the exponent and gives it
     // at least two digits.
     let e = format!("{v:e}");
-    let Some((mantissa, exp)) = e.split_once('e') else { return e };
+    let Some((mantissa, exp)) = e.split_once('e') else {
+        out.push_str(&e);
+        return;
+    };
     let (sign, digits) = match exp.strip_prefix('-') {
         Some(d) => ('-', d),
         None => ('+', exp),
     };
-    format!("{mantissa}e{sign}{digits:0>2}")
+    let _ = write!(out, "{mantissa}e{sign}{digits:0>2}");
 }
 
 /// A timestamp in ms as Prometheus' HTTP API writes it (`jsonutil.MarshalTimestamp`):
 /// seconds, and a three-digit fraction only when there is one (`1796150016`, `1.500`).
 pub fn format_api_time(t: i64) -> String {
+    let mut s = String::new();
+    push_api_time(&mut s, t);
+    s
+}
+
+/// [`format_api_time`], appended to `out`.
+pub fn push_api_time(out: &mut String, t: i64) {
+    use std::fmt::Write;
     let sign = if t < 0 { "-" } else { "" };
     let abs = t.unsigned_abs();
-    let (secs, frac) = (abs / 1000, abs % 1000);
-    if frac == 0 {
-        format!("{sign}{secs}")
-    } else {
-        format!("{sign}{secs}.{frac:03}")
-    }
+    let _ = match abs % 1000 {
+        0 => write!(out, "{sign}{}", abs / 1000),
+        frac => write!(out, "{sign}{}.{frac:03}", abs / 1000),
+    };
 }
 
 #[cfg(test)]

@@ -85,7 +85,7 @@ impl LiveWebConfig {
 
     /// Checks for changes every `every`, logging each reload or refusal once.
     pub fn spawn_watcher(self: &Arc<Self>, every: Duration) -> Option<tokio::task::JoinHandle<()>> {
-        let path = self.path.clone()?;
+        self.path.as_ref()?;
         let me = self.clone();
         Some(tokio::spawn(async move {
             let mut last_error: Option<String> = None;
@@ -93,9 +93,9 @@ impl LiveWebConfig {
             loop {
                 tick.tick().await;
                 // A reload reads files and may hash a bcrypt stand-in: off the runtime.
-                let (m, p, mut e) = (me.clone(), path.clone(), last_error.take());
+                let (m, mut e) = (me.clone(), last_error.take());
                 last_error = tokio::task::spawn_blocking(move || {
-                    m.reload_and_log(&p, &mut e);
+                    m.reload_and_log(&mut e);
                     e
                 })
                 .await
@@ -105,7 +105,8 @@ impl LiveWebConfig {
     }
 
     /// [`reload`](Self::reload), logged: for SIGHUP and the watcher.
-    pub fn reload_and_log(&self, path: &std::path::Path, last_error: &mut Option<String>) {
+    pub fn reload_and_log(&self, last_error: &mut Option<String>) {
+        let path = self.path.as_deref().unwrap_or(std::path::Path::new(""));
         match self.reload() {
             Ok(true) => {
                 tracing::info!(path = %path.display(), "web configuration reloaded");
@@ -120,10 +121,6 @@ impl LiveWebConfig {
                 }
             }
         }
-    }
-
-    pub fn path(&self) -> Option<&std::path::Path> {
-        self.path.as_deref()
     }
 }
 
