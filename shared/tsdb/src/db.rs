@@ -31,7 +31,7 @@ use floor::HeadFloor;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::time::now_ms;
@@ -120,6 +120,9 @@ pub struct Tsdb {
     stopping: AtomicBool,
     /// The WAL cursor of the newest head checkpoint.
     pub(crate) checkpoint_at: Mutex<Option<wal::WalCursor>>,
+    /// The durable floor the newest checkpoint recorded: a higher floor now means a block
+    /// was cut since (`i64::MIN`: no checkpoint).
+    pub(crate) checkpoint_floor: AtomicI64,
     /// The last block cut, compaction or retention failed: the tier reports itself not ready.
     pub(crate) maintenance_failed: AtomicBool,
     /// This start loaded a head checkpoint (and replayed only the WAL after it).
@@ -245,6 +248,7 @@ impl Tsdb {
             maintenance: Mutex::new(()),
             stopping: AtomicBool::new(false),
             checkpoint_at: Mutex::new(from),
+            checkpoint_floor: AtomicI64::new(checkpoint_floor),
             maintenance_failed: AtomicBool::new(false),
             from_checkpoint: from.is_some(),
             layout: parking_lot::RwLock::new(()),

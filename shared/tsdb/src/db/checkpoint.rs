@@ -69,6 +69,7 @@ impl Tsdb {
             w.wal.cursor()
         };
         let range = self.block_range_ms();
+        let floor = self.floor.durable();
         let write = || -> std::io::Result<(usize, u64)> {
             strata_block::fault::fail("checkpoint-write")?;
             let mut file = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
@@ -78,8 +79,7 @@ impl Tsdb {
             let mut all = self.head.all_series();
             // In reference order: loading then appends to the postings lists, never inserts.
             all.sort_unstable_by_key(|s| s.series_ref);
-            let header =
-                Header { cursor, floor: self.floor.durable(), metadata: self.head.all_metadata(), series: all.len() };
+            let header = Header { cursor, floor, metadata: self.head.all_metadata(), series: all.len() };
             let mut b = Vec::with_capacity(1 << 16);
             format::encode_header(&mut b, &header);
             out.put(&b)?;
@@ -118,6 +118,7 @@ impl Tsdb {
             w.wal.delete_before(cursor.segment)?
         };
         *self.checkpoint_at.lock() = Some(cursor);
+        self.checkpoint_floor.store(floor, std::sync::atomic::Ordering::Relaxed);
         // What earlier versions left is superseded now; failing to remove it costs space, not data.
         if let Err(e) = crate::wal::remove_label_checkpoints(&self.wal_dir()) {
             tracing::warn!(error = %e, "could not remove an old label checkpoint");

@@ -51,6 +51,10 @@ const LEVELS: [i64; 2] = [3, 12];
 
 /// A checkpoint is not written for less WAL than this, however small the head.
 const CHECKPOINT_MIN_WAL_BYTES: u64 = 4 << 10;
+/// Without a block cut since the last checkpoint, one is due once the WAL since is this
+/// many times the head's chunks, and at least [`UNCUT_MIN_WAL_BYTES`] (see `checkpoint_due`).
+const UNCUT_WAL_PER_HEAD: u64 = 8;
+const UNCUT_MIN_WAL_BYTES: u64 = 64 << 20;
 
 /// How many series a cut writes between looks at whether the database is stopping.
 const STOP_CHECK_SERIES: usize = 256;
@@ -130,11 +134,26 @@ impl Tsdb {
         self.write_checkpoint_locked()
     }
 
-    /// Whether the WAL since the last checkpoint outgrew the head's chunks.
+    /// Whether a checkpoint is worth its cost now. One costs a pass over the whole head
+    /// (chunks re-encoded, deflated, read back), and the WAL it frees grows about four times
+    /// as fast as the head's chunks (a scraped sample takes 5-6 bytes there, 1-1.5 in a
+    /// chunk): a checkpoint each time the WAL since the last one passed the head's chunks
+    /// wrote every sample about four times over, a fifth of the scrape path's CPU. So, as
+    /// Prometheus checkpoints at each head truncation, one is due once a block was cut since
+    /// the last (most of the WAL then covers samples that are in a block) and the WAL since
+    /// then outgrew the head's chunks: about one pass per block range, and the WAL holds
+    /// about one head window. Without a cut, only a WAL past [`UNCUT_WAL_PER_HEAD`] times
+    /// the head's chunks and [`UNCUT_MIN_WAL_BYTES`] is due: a head whose WAL is mostly
+    /// labels (series churn), or one that is never cut.
     fn checkpoint_due(&self) -> bool {
         let since = self.checkpoint_at.lock().map(|c| c.segment);
         let wal = self.wal.lock().wal.bytes_from(since.unwrap_or(0));
-        wal > (self.head.stats().chunk_bytes as u64).max(CHECKPOINT_MIN_WAL_BYTES)
+        let head = self.head.stats().chunk_bytes as u64;
+        if self.floor.durable() > self.checkpoint_floor.load(Ordering::Relaxed) {
+            wal > head.max(CHECKPOINT_MIN_WAL_BYTES)
+        } else {
+            wal > head.saturating_mul(UNCUT_WAL_PER_HEAD).max(UNCUT_MIN_WAL_BYTES)
+        }
     }
 
     /// Writes every head range window the head has moved 1.5 ranges past as a block.

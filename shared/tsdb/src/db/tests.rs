@@ -378,6 +378,39 @@ async fn count_samples(db: &Arc<Tsdb>) -> usize {
     found.iter().map(|s| s.samples(0, i64::MAX).unwrap().len()).sum()
 }
 
+/// A checkpoint costs a pass over the head: a head that only grows (no cut) does not get
+/// one each time its WAL passes its chunks, as it did (every sample was written about four
+/// times over); the first cut makes one due.
+#[test]
+fn a_growing_head_is_checkpointed_after_a_cut_not_every_time_its_wal_passes_it() {
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(d.path(), blocky_options(None)).unwrap();
+    let series: Vec<_> = (0..64).map(|g| db.series(&labels(&g.to_string())).unwrap()).collect();
+    let mut i = 0i64;
+    let mut write = |until_min: i64| {
+        while i * 15_000 < until_min * 60_000 {
+            let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(i * 15_000, (i % 97) as f64))).collect();
+            db.commit(&batch).unwrap();
+            i += 1;
+        }
+    };
+    for minutes in [5, 10, 15, 20, 25] {
+        write(minutes);
+        let wal = db.wal.lock().wal.bytes_from(0);
+        let chunks = db.head().stats().chunk_bytes as u64;
+        assert!(wal > chunks, "the test needs a WAL larger than the head ({wal} <= {chunks})");
+        let out = db.maintain().unwrap();
+        assert!(!out.checkpointed && out.blocks_cut == 0, "after {minutes} min: {out:?}");
+    }
+    // 20-minute blocks: the first is cut once the head is 30 minutes past its start.
+    write(31);
+    let out = db.maintain().unwrap();
+    assert!(out.blocks_cut == 1 && out.checkpointed, "{out:?}");
+    // The checkpoint covers the cut: the next run, with little new WAL, writes none.
+    write(32);
+    assert!(!db.maintain().unwrap().checkpointed);
+}
+
 #[tokio::test]
 async fn the_wal_covers_only_the_head_once_blocks_are_cut() {
     let d = tempfile::tempdir().unwrap();
