@@ -7,6 +7,7 @@ mod global_pair;
 mod ingest;
 mod scale;
 mod vs_prometheus;
+mod vs_prometheus_write;
 mod wal_day;
 
 use std::path::PathBuf;
@@ -125,9 +126,16 @@ pub enum BenchCommand {
         /// Seconds of scraping measured.
         #[arg(long, default_value_t = 120)]
         seconds: u64,
+        /// Seconds between scrapes (with --remote-write: between the instants sent).
+        #[arg(long, default_value_t = 5)]
+        interval: u64,
         /// The Prometheus binary to run beside the edge.
         #[arg(long, default_value = "prometheus")]
         prometheus: String,
+        /// Instead of scraping, both receive the same remote-write requests: the fleet's
+        /// pages at this many instants.
+        #[arg(long, value_name = "INSTANTS")]
+        remote_write: Option<usize>,
     },
 }
 
@@ -172,9 +180,10 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
-        BenchCommand::VsPrometheus { nodes, seconds, prometheus } => {
-            vs_prometheus::run(nodes, seconds, &prometheus).await
-        }
+        BenchCommand::VsPrometheus { nodes, seconds, interval, prometheus, remote_write } => match remote_write {
+            Some(instants) => vs_prometheus_write::run(nodes, interval, instants, &prometheus).await,
+            None => vs_prometheus::run(nodes, interval, seconds, &prometheus).await,
+        },
     }
 }
 

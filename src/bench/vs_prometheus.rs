@@ -1,6 +1,6 @@
 //! The edge and Prometheus 2.42 scraping the same simulated fleet in one run. Each runs as
-//! its own process; CPU time and peak resident memory come from `/proc/<pid>`, samples from
-//! each one's own appended-samples counter.
+//! its own process; CPU time (from both being ready to the end) and peak resident memory
+//! come from `/proc/<pid>`, samples from each one's own appended-samples counter.
 
 use anyhow::Context;
 use std::process::{Child, Command, Stdio};
@@ -29,7 +29,7 @@ pub(super) fn proc_stats(pid: u32) -> anyhow::Result<ProcStats> {
     Ok(ProcStats { cpu_secs: (utime + stime) / ticks, peak_rss_mb: hwm_kb / 1024.0 })
 }
 
-fn counter_sum(page: &str, name: &str) -> f64 {
+pub(super) fn counter_sum(page: &str, name: &str) -> f64 {
     page.lines()
         .filter(|l| l.starts_with(name) && (l[name.len()..].starts_with(' ') || l[name.len()..].starts_with('{')))
         .filter_map(|l| l.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()))
@@ -80,7 +80,7 @@ pub(super) async fn wait_ready(url: &str) -> anyhow::Result<()> {
     anyhow::bail!("{url} did not become ready")
 }
 
-pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result<()> {
+pub async fn run(nodes: usize, interval: u64, seconds: u64, prometheus: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let sim_port = free_port()?;
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", sim_port)).await?;
@@ -99,7 +99,7 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     for i in 0..nodes {
         targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));
     }
-    let cfg = format!("global:\n  scrape_interval: 5s\n  scrape_timeout: 5s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}");
+    let cfg = format!("global:\n  scrape_interval: {interval}s\n  scrape_timeout: {interval}s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}");
     let cfg_path = dir.path().join("scrape.yml");
     std::fs::write(&cfg_path, &cfg)?;
     let (edge_port, prom_port) = (free_port()?, free_port()?);
@@ -119,17 +119,29 @@ pub async fn run(nodes: usize, seconds: u64, prometheus: &str) -> anyhow::Result
     wait_ready(&format!("http://127.0.0.1:{edge_port}/-/ready")).await?;
     wait_ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await?;
     println!(
-        "bench vs-prometheus: {nodes} nodes x 8 GPUs (~{} series) scraped every 5 s by both, for {seconds} s",
+        "bench vs-prometheus: {nodes} nodes x 8 GPUs (~{} series) scraped every {interval} s by both, for {seconds} s",
         nodes * 8 * 25
+    );
+    // From ready on: start-up is not a cost per sample.
+    let (e0, p0) = (proc_stats(edge.0.id())?, proc_stats(prom.0.id())?);
+    let edge_before = counter_sum(
+        &get(&format!("http://127.0.0.1:{edge_port}/metrics")).await?,
+        "strata_head_samples_appended_total",
+    );
+    let prom_before = counter_sum(
+        &get(&format!("http://127.0.0.1:{prom_port}/metrics")).await?,
+        "prometheus_tsdb_head_samples_appended_total",
     );
     tokio::time::sleep(Duration::from_secs(seconds)).await;
 
     let edge_page = get(&format!("http://127.0.0.1:{edge_port}/metrics")).await?;
     let prom_page = get(&format!("http://127.0.0.1:{prom_port}/metrics")).await?;
-    let edge_samples = counter_sum(&edge_page, "strata_head_samples_appended_total");
-    let prom_samples = counter_sum(&prom_page, "prometheus_tsdb_head_samples_appended_total");
-    let es = proc_stats(edge.0.id())?;
-    let ps = proc_stats(prom.0.id())?;
+    let edge_samples = counter_sum(&edge_page, "strata_head_samples_appended_total") - edge_before;
+    let prom_samples = counter_sum(&prom_page, "prometheus_tsdb_head_samples_appended_total") - prom_before;
+    let mut es = proc_stats(edge.0.id())?;
+    let mut ps = proc_stats(prom.0.id())?;
+    es.cpu_secs -= e0.cpu_secs;
+    ps.cpu_secs -= p0.cpu_secs;
     let per_m = |x: f64, n: f64| x / (n / 1e6).max(1e-9);
     println!(
         "  {:<12} {:>12} {:>10} {:>16} {:>13} {:>18}",
