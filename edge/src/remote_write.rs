@@ -21,13 +21,14 @@
 //! A series is created only for a time series that carries samples.
 
 mod shape;
+mod wire;
 
 use crate::metrics::{CodeLabel, EdgeMetrics, ReasonLabel};
-use prost::Message;
+use shape::ShapeError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use strata_model::{Label, Labels, Metadata, MetricType, Sample};
-use strata_proto::prometheus::{metric_metadata::MetricType as PbType, ReceivedLabel, ReceivedWriteRequest};
+use strata_model::{Label, Labels, Metadata, MetricType};
+use strata_proto::prometheus::metric_metadata::MetricType as PbType;
 use strata_tsdb::db::Tsdb;
 use strata_tsdb::head::HeadError;
 
@@ -89,31 +90,38 @@ enum LabelsError {
     NoMetricName,
 }
 
-/// Builds a label set, refusing what Prometheus refuses: names or values that are not
-/// UTF-8, invalid or duplicate names, a missing metric name.
-fn to_labels(pb: Vec<ReceivedLabel>) -> Result<Labels, LabelsError> {
-    let mut v: Vec<Label> = Vec::with_capacity(pb.len());
-    for l in pb {
-        let name = String::from_utf8(l.name)
-            .map_err(|e| LabelsError::Invalid(String::from_utf8_lossy(e.as_bytes()).into_owned()))?;
-        if !strata_model::is_valid_label_name(&name) {
-            return Err(LabelsError::Invalid(name));
+/// Checks a series' labels as read from the wire into `out`, sorted by name without empty
+/// values, refusing what Prometheus refuses: names or values that are not UTF-8, invalid or
+/// duplicate names, a missing metric name.
+fn to_pairs<'a>(wire: &[(&'a [u8], &'a [u8])], out: &mut Vec<(&'a str, &'a str)>) -> Result<(), LabelsError> {
+    out.clear();
+    for &(name, value) in wire {
+        let name =
+            std::str::from_utf8(name).map_err(|_| LabelsError::Invalid(String::from_utf8_lossy(name).into_owned()))?;
+        if !strata_model::is_valid_label_name(name) {
+            return Err(LabelsError::Invalid(name.to_string()));
         }
-        if l.value.is_empty() {
+        if value.is_empty() {
             continue;
         }
-        let value = String::from_utf8(l.value).map_err(|_| LabelsError::Utf8(name.clone()))?;
-        v.push(Label { name: name.into(), value: value.into() });
+        let value = std::str::from_utf8(value).map_err(|_| LabelsError::Utf8(name.to_string()))?;
+        out.push((name, value));
     }
-    v.sort_by(|a, b| a.name.cmp(&b.name));
-    if v.windows(2).any(|w| w[0].name == w[1].name) {
-        return Err(LabelsError::Duplicate);
+    // Senders sort their labels: check before sorting.
+    if !out.windows(2).all(|w| w[0].0 < w[1].0) {
+        out.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        if out.windows(2).any(|w| w[0].0 == w[1].0) {
+            return Err(LabelsError::Duplicate);
+        }
     }
-    let labels = Labels::from_sorted_unchecked(v);
-    if labels.metric_name().is_none() {
+    if !out.iter().any(|(n, _)| *n == strata_model::METRIC_NAME) {
         return Err(LabelsError::NoMetricName);
     }
-    Ok(labels)
+    Ok(())
+}
+
+fn to_labels(pairs: &[(&str, &str)]) -> Labels {
+    Labels::from_sorted_unchecked(pairs.iter().map(|(n, v)| Label { name: (*n).into(), value: (*v).into() }).collect())
 }
 
 /// Decodes and stores one request body. Runs on a blocking thread: it writes the WAL.
@@ -174,74 +182,86 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
             ),
         );
     }
-    let req = match ReceivedWriteRequest::decode(raw.as_slice()) {
-        Ok(r) => r,
-        Err(e) => return fail(400, format!("body is not a remote-write WriteRequest: {e}")),
-    };
-    drop(raw);
-    let total: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
+    let not_a_request = |e: ShapeError| fail(400, format!("body is not a remote-write WriteRequest: {e}"));
     let mut reasons: BTreeMap<&'static str, (usize, String)> = BTreeMap::new();
-    for m in req.metadata {
-        if m.metric_family_name.is_empty() {
+    let mut metadata = Vec::new();
+    if let Err(e) = wire::each_metadata(&raw, &mut |m| metadata.push(m)) {
+        return not_a_request(e);
+    }
+    for m in metadata {
+        if m.family.is_empty() {
             continue;
         }
         let (Ok(family), Ok(help), Ok(unit)) =
-            (String::from_utf8(m.metric_family_name), String::from_utf8(m.help), String::from_utf8(m.unit))
+            (std::str::from_utf8(m.family), std::str::from_utf8(m.help), std::str::from_utf8(m.unit))
         else {
             metrics.remote_write_rejected_metadata.inc();
             tracing::warn!("remote write: metadata with a family name, help or unit that is not UTF-8 skipped");
             continue;
         };
-        let meta = Metadata { metric_type: convert_type(m.r#type), help, unit };
-        if let Err(e) = db.set_metadata(&family, meta) {
+        let meta =
+            Metadata { metric_type: convert_type(m.metric_type), help: help.to_string(), unit: unit.to_string() };
+        if let Err(e) = db.set_metadata(family, meta) {
             return fail(500, format!("storing metadata: {e}"));
         }
     }
+    let total = usize::try_from(shape.samples).unwrap_or(usize::MAX);
     let mut batch = Vec::with_capacity(total);
     // Series Prometheus would skip (invalid labels) are skipped and counted; like
     // Prometheus, they alone do not make the answer a 400.
     let mut skipped: Option<(usize, String)> = None;
-    for ts in req.timeseries {
+    let mut pairs = Vec::new();
+    let mut scratch = wire::WireSeries::default();
+    let read = wire::each_series(&raw, &mut scratch, &mut |ts| {
         let n = ts.samples.len();
-        let histograms = ts.histograms.len();
+        let histograms = ts.histograms;
         if n == 0 && histograms == 0 {
-            continue;
+            return;
         }
-        let labels = match to_labels(ts.labels) {
-            Ok(l) => l,
-            Err(e) => {
-                let lost = n + histograms;
-                metrics
-                    .remote_write_rejected
-                    .get_or_create(&ReasonLabel { reason: "invalid_labels".into() })
-                    .inc_by(lost as u64);
-                let s = skipped.get_or_insert((0, e.to_string()));
-                s.0 += lost;
-                continue;
-            }
-        };
+        // The usual case: labels sent sorted, none empty, and the head holds exactly them.
+        // Stored labels are valid, so bytes equal to them need no other check, and the
+        // lookup allocates nothing.
+        let direct = histograms == 0
+            && ts.labels.iter().all(|(_, v)| !v.is_empty())
+            && ts.labels.windows(2).all(|w| w[0].0 < w[1].0);
+        if let Some(series) = direct.then(|| db.head().find_pairs(&ts.labels)).flatten() {
+            batch.extend(ts.samples.iter().map(|s| (series.clone(), *s)));
+            return;
+        }
+        if let Err(e) = to_pairs(&ts.labels, &mut pairs) {
+            let lost = n + histograms;
+            metrics
+                .remote_write_rejected
+                .get_or_create(&ReasonLabel { reason: "invalid_labels".into() })
+                .inc_by(lost as u64);
+            let s = skipped.get_or_insert((0, e.to_string()));
+            s.0 += lost;
+            return;
+        }
         if histograms > 0 {
-            let example = format!("native histogram samples are not supported: series {labels}");
+            let example = format!("native histogram samples are not supported: series {}", to_labels(&pairs));
             reject(metrics, &mut reasons, "native_histograms", histograms, example);
         }
         if n == 0 {
-            continue;
+            return;
         }
-        let series = match db.series(&labels) {
+        let series = match db.series(&to_labels(&pairs)) {
             Ok(s) => s,
             Err(e @ HeadError::SeriesLimit { .. }) => {
                 reject(metrics, &mut reasons, "series_limit", n, e.to_string());
-                continue;
+                return;
             }
             Err(e) => {
                 reject(metrics, &mut reasons, "invalid_labels", n, e.to_string());
-                continue;
+                return;
             }
         };
-        for s in ts.samples {
-            batch.push((series.clone(), Sample::new(s.timestamp, s.value)));
-        }
+        batch.extend(ts.samples.iter().map(|s| (series.clone(), *s)));
+    });
+    if let Err(e) = read {
+        return not_a_request(e);
     }
+    drop(raw);
     let committed = match db.commit(&batch) {
         Ok(c) => c,
         Err(e) => return fail(500, format!("writing the WAL: {e}")),
@@ -328,9 +348,11 @@ pub fn protocol(headers: &axum::http::HeaderMap) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
     use strata_model::matcher::Matcher;
     use strata_proto::prometheus::{
-        Label as PbLabel, ReceivedTimeSeries, Sample as PbSample, Skipped, TimeSeries, WriteRequest,
+        Label as PbLabel, ReceivedLabel, ReceivedTimeSeries, ReceivedWriteRequest, Sample as PbSample, Skipped,
+        TimeSeries, WriteRequest,
     };
     use strata_tsdb::db::TsdbOptions;
 
@@ -423,6 +445,33 @@ mod tests {
     fn received_body(series: Vec<ReceivedTimeSeries>) -> Vec<u8> {
         let req = ReceivedWriteRequest { timeseries: series, metadata: vec![] };
         snap::raw::Encoder::new().compress_vec(&req.encode_to_vec()).unwrap()
+    }
+
+    /// A series the head holds is found from the body's bytes when its labels come sorted
+    /// and none is empty; any other spelling of the same labels (unsorted, with an empty
+    /// value) goes through the checks and lands in the same series, and bytes that only
+    /// look alike (a stored series' labels with one invalid byte) are still refused.
+    #[test]
+    fn every_spelling_of_a_held_series_lands_in_it_and_bad_bytes_are_still_refused() {
+        let (_d, db, m) = setup();
+        let at = |labels: &[(&[u8], &[u8])], t: i64| {
+            let mut s = received_series(labels, 1, 0);
+            s.samples[0].timestamp = t;
+            s
+        };
+        let b = received_body(vec![
+            at(&[(b"__name__", b"m"), (b"gpu", b"0")], 1000),
+            at(&[(b"__name__", b"m"), (b"gpu", b"0")], 2000),
+            at(&[(b"gpu", b"0"), (b"__name__", b"m")], 3000),
+            at(&[(b"__name__", b"m"), (b"empty", b""), (b"gpu", b"0")], 4000),
+            at(&[(b"__name__", b"m"), (b"gpu", b"0"), (b"gpu", b"0")], 5000),
+            at(&[(b"__name__", b"m"), (b"gpu", b"\xff")], 6000),
+        ]);
+        let out = handle(&db, &m, &b, &WriteLimits::default());
+        assert_eq!(out.status, 204, "{}", out.message);
+        assert_eq!(db.head().stats().series, 1);
+        assert_eq!(count(&db, "m"), 4);
+        assert!(m.encode().contains("strata_remote_write_rejected_samples_total{reason=\"invalid_labels\"} 2"));
     }
 
     /// Prometheus skips a series whose label value is not UTF-8 and stores the rest; the

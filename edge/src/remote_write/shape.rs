@@ -45,6 +45,8 @@ pub enum ShapeError {
     Truncated(usize),
     #[error("invalid protobuf wire type {wire} at byte {at}")]
     WireType { wire: u64, at: usize },
+    #[error("invalid protobuf field number at byte {0}")]
+    Field(usize),
     #[error("protobuf varint too long at byte {0}")]
     Varint(usize),
 }
@@ -54,23 +56,23 @@ pub fn scan(buf: &[u8]) -> Result<Shape, ShapeError> {
     let mut shape = Shape::default();
     fields(buf, 0, &mut |field, body, at| {
         match (field, body) {
-            (1, Some(series)) => {
+            (1, Wire::Bytes(series)) => {
                 shape.series += 1;
                 fields(series, at, &mut |f, b, _| {
                     match (f, b) {
-                        (1, Some(label)) => {
+                        (1, Wire::Bytes(label)) => {
                             shape.labels += 1;
                             shape.payload_bytes += label.len() as u64;
                         }
-                        (2, Some(_)) => shape.samples += 1,
-                        (3, Some(_)) => shape.exemplars += 1,
-                        (4, Some(_)) => shape.histograms += 1,
+                        (2, Wire::Bytes(_)) => shape.samples += 1,
+                        (3, Wire::Bytes(_)) => shape.exemplars += 1,
+                        (4, Wire::Bytes(_)) => shape.histograms += 1,
                         _ => {}
                     }
                     Ok(())
                 })?;
             }
-            (3, Some(m)) => {
+            (3, Wire::Bytes(m)) => {
                 shape.metadata += 1;
                 shape.payload_bytes += m.len() as u64;
             }
@@ -81,32 +83,48 @@ pub fn scan(buf: &[u8]) -> Result<Shape, ShapeError> {
     Ok(shape)
 }
 
-/// Calls `f(field, body, offset)` for each field of a message: `body` is the bytes of a
-/// length-delimited field, `None` for the scalar wire types, which are skipped.
-fn fields<'a>(
+/// One field's value as the wire holds it.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Wire<'a> {
+    Varint(u64),
+    Fixed64(u64),
+    Fixed32,
+    Bytes(&'a [u8]),
+}
+
+/// Calls `f(field, value, offset)` for each field of a message, in wire order.
+pub(super) fn fields<'a>(
     buf: &'a [u8],
     base: usize,
-    f: &mut dyn FnMut(u64, Option<&'a [u8]>, usize) -> Result<(), ShapeError>,
+    f: &mut dyn FnMut(u64, Wire<'a>, usize) -> Result<(), ShapeError>,
 ) -> Result<(), ShapeError> {
     let mut i = 0;
     while i < buf.len() {
         let key = varint(buf, &mut i, base)?;
         let (field, wire) = (key >> 3, key & 7);
         let at = base + i;
+        if field == 0 || key > u64::from(u32::MAX) {
+            return Err(ShapeError::Field(at));
+        }
         match wire {
             0 => {
-                varint(buf, &mut i, base)?;
-                f(field, None, at)?;
+                let v = varint(buf, &mut i, base)?;
+                f(field, Wire::Varint(v), at)?;
             }
-            1 | 5 => {
-                let n = if wire == 1 { 8 } else { 4 };
-                i = i.checked_add(n).filter(|e| *e <= buf.len()).ok_or(ShapeError::Truncated(at))?;
-                f(field, None, at)?;
+            1 => {
+                let b = buf.get(i..i.saturating_add(8)).ok_or(ShapeError::Truncated(at))?;
+                let v = u64::from_le_bytes(b.try_into().map_err(|_| ShapeError::Truncated(at))?);
+                i += 8;
+                f(field, Wire::Fixed64(v), at)?;
+            }
+            5 => {
+                i = i.checked_add(4).filter(|e| *e <= buf.len()).ok_or(ShapeError::Truncated(at))?;
+                f(field, Wire::Fixed32, at)?;
             }
             2 => {
                 let len = usize::try_from(varint(buf, &mut i, base)?).map_err(|_| ShapeError::Truncated(at))?;
                 let end = i.checked_add(len).filter(|e| *e <= buf.len()).ok_or(ShapeError::Truncated(at))?;
-                f(field, Some(&buf[i..end]), base + i)?;
+                f(field, Wire::Bytes(&buf[i..end]), base + i)?;
                 i = end;
             }
             _ => return Err(ShapeError::WireType { wire, at }),
@@ -120,6 +138,10 @@ fn varint(buf: &[u8], i: &mut usize, base: usize) -> Result<u64, ShapeError> {
     for shift in (0..64).step_by(7) {
         let b = *buf.get(*i).ok_or(ShapeError::Truncated(base + *i))?;
         *i += 1;
+        // The tenth byte holds the 64th bit only: anything more overflows (prost refuses it).
+        if shift == 63 && b > 1 {
+            return Err(ShapeError::Varint(base + *i));
+        }
         v |= u64::from(b & 0x7f) << shift;
         if b & 0x80 == 0 {
             return Ok(v);

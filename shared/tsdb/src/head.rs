@@ -165,6 +165,20 @@ impl SeriesSamples {
     }
 }
 
+/// The key of the head's series-by-labels map (in memory only, so any fast hash does): the
+/// names and values with separators, so that ("ab", "c") and ("a", "bc") differ.
+fn series_hash<'a>(seed: &impl std::hash::BuildHasher, pairs: impl Iterator<Item = (&'a [u8], &'a [u8])>) -> u64 {
+    use std::hash::Hasher;
+    let mut h = seed.build_hasher();
+    for (name, value) in pairs {
+        h.write(name);
+        h.write_u8(0xff);
+        h.write(value);
+        h.write_u8(0xff);
+    }
+    h.finish()
+}
+
 pub struct MemSeries {
     pub series_ref: SeriesRef,
     pub labels: Labels,
@@ -196,8 +210,8 @@ impl MemSeries {
 
 #[derive(Default)]
 struct SeriesTable {
-    by_hash: HashMap<u64, Vec<SeriesRef>>,
-    series: HashMap<SeriesRef, Arc<MemSeries>>,
+    by_hash: HashMap<u64, Vec<SeriesRef>, foldhash::fast::RandomState>,
+    series: HashMap<SeriesRef, Arc<MemSeries>, foldhash::fast::RandomState>,
     index: PostingsIndex,
     interner: Interner,
 }
@@ -222,6 +236,9 @@ pub struct HeadBlock {
     max_series: usize,
     min_t: AtomicI64,
     max_t: AtomicI64,
+    /// Seeds the series-by-labels keys: random per process, so that no client can choose
+    /// labels that all land in one bucket.
+    label_hasher: foldhash::fast::RandomState,
 }
 
 /// Suffixes under which a metric's samples appear while its metadata names the family.
@@ -257,6 +274,7 @@ impl HeadBlock {
             max_series,
             min_t: AtomicI64::new(i64::MAX),
             max_t: AtomicI64::new(i64::MIN),
+            label_hasher: Default::default(),
         }
     }
 
@@ -279,9 +297,23 @@ impl HeadBlock {
         table.by_hash.get(&hash)?.iter().filter_map(|r| table.series.get(r)).find(|s| &s.labels == labels).cloned()
     }
 
+    /// The series with exactly these labels, given as (name, value) pairs sorted by name and
+    /// without empty values, if the head holds it: a lookup that allocates nothing, for a
+    /// receiver that reads labels in place. Stored labels are valid, so bytes that match
+    /// them need no other check.
+    pub fn find_pairs(&self, pairs: &[(&[u8], &[u8])]) -> Option<Arc<MemSeries>> {
+        let hash = series_hash(&self.label_hasher, pairs.iter().copied());
+        let t = self.table.read();
+        let same = |s: &&Arc<MemSeries>| {
+            s.labels.len() == pairs.len()
+                && s.labels.iter().zip(pairs).all(|(l, (n, v))| l.name.as_bytes() == *n && l.value.as_bytes() == *v)
+        };
+        t.by_hash.get(&hash)?.iter().filter_map(|r| t.series.get(r)).find(same).cloned()
+    }
+
     /// The series with these labels, created if new. The bool says whether it was created.
     pub fn get_or_create(&self, labels: &Labels) -> Result<(Arc<MemSeries>, bool), HeadError> {
-        let hash = labels.stable_hash();
+        let hash = series_hash(&self.label_hasher, labels.iter().map(|l| (l.name.as_bytes(), l.value.as_bytes())));
         if let Some(s) = Self::find(&self.table.read(), hash, labels) {
             return Ok((s, false));
         }
@@ -325,7 +357,7 @@ impl HeadBlock {
         // the old use and the new one under the same number.
         self.next_ref.fetch_max(r.saturating_add(1), Ordering::Relaxed);
         let mut t = self.table.write();
-        let hash = labels.stable_hash();
+        let hash = series_hash(&self.label_hasher, labels.iter().map(|l| (l.name.as_bytes(), l.value.as_bytes())));
         if let Some(s) = Self::find(&t, hash, labels) {
             return s;
         }
@@ -482,7 +514,8 @@ impl HeadBlock {
             for s in &dead {
                 s.removed.store(true, Ordering::Relaxed);
                 t.series.remove(&s.series_ref);
-                let hash = s.labels.stable_hash();
+                let hash =
+                    series_hash(&self.label_hasher, s.labels.iter().map(|l| (l.name.as_bytes(), l.value.as_bytes())));
                 if let Some(v) = t.by_hash.get_mut(&hash) {
                     v.retain(|r| *r != s.series_ref);
                     if v.is_empty() {
@@ -515,5 +548,32 @@ impl HeadBlock {
         st.label_bytes = t.series.values().map(|s| s.labels.len() * std::mem::size_of::<strata_model::Label>()).sum();
         st.index_bytes = t.index.byte_size() + t.interner.byte_size() + t.series.len() * per_series + st.label_bytes;
         st
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pairs_find_exactly_the_series_with_those_labels() {
+        let head = HeadBlock::new(100);
+        let a = Labels::from_pairs([("__name__", "m"), ("gpu", "0"), ("job", "dcgm")]);
+        let (s, created) = head.get_or_create(&a).unwrap();
+        assert!(created);
+        let b = |v: &[(&'static str, &'static str)]| -> Vec<(&'static [u8], &'static [u8])> {
+            v.iter().map(|(n, v)| (n.as_bytes(), v.as_bytes())).collect()
+        };
+        let found = head.find_pairs(&b(&[("__name__", "m"), ("gpu", "0"), ("job", "dcgm")])).unwrap();
+        assert_eq!(found.series_ref, s.series_ref);
+        for other in [
+            &[("__name__", "m"), ("gpu", "1"), ("job", "dcgm")][..],
+            &[("__name__", "m"), ("gpu", "0")][..],
+            &[("__name__", "m"), ("gpu", "0"), ("job", "dcgm"), ("x", "y")][..],
+            &[("__name__", "m"), ("gpu0", ""), ("job", "dcgm")][..],
+            &[("__name__", "m"), ("job", "dcgm"), ("gpu", "0")][..],
+        ] {
+            assert!(head.find_pairs(&b(other)).is_none(), "{other:?}");
+        }
     }
 }
