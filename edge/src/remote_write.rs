@@ -188,6 +188,12 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
     if let Err(e) = wire::each_metadata(&raw, &mut |m| metadata.push(m)) {
         return not_a_request(e);
     }
+    // The whole body must read before anything is stored (`scan` does not look inside
+    // labels and samples): a malformed body stores nothing, as a prost decode did.
+    let mut scratch = wire::WireSeries::default();
+    if let Err(e) = wire::each_series(&raw, &mut scratch, &mut |_| {}) {
+        return not_a_request(e);
+    }
     for m in metadata {
         if m.family.is_empty() {
             continue;
@@ -211,7 +217,6 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
     // Prometheus, they alone do not make the answer a 400.
     let mut skipped: Option<(usize, String)> = None;
     let mut pairs = Vec::new();
-    let mut scratch = wire::WireSeries::default();
     let read = wire::each_series(&raw, &mut scratch, &mut |ts| {
         let n = ts.samples.len();
         let histograms = ts.histograms;
@@ -472,6 +477,30 @@ mod tests {
         assert_eq!(db.head().stats().series, 1);
         assert_eq!(count(&db, "m"), 4);
         assert!(m.encode().contains("strata_remote_write_rejected_samples_total{reason=\"invalid_labels\"} 2"));
+    }
+
+    /// A body that does not read (here: its last series has a label whose name is a
+    /// varint) stores nothing, not the metadata nor the series before the damage.
+    #[test]
+    fn a_body_damaged_after_good_series_stores_nothing() {
+        let (_d, db, m) = setup();
+        let good = ReceivedWriteRequest {
+            timeseries: vec![received_series(&[(b"__name__", b"before")], 2, 0)],
+            metadata: vec![strata_proto::prometheus::ReceivedMetricMetadata {
+                r#type: 1,
+                metric_family_name: b"before".to_vec(),
+                help: b"h".to_vec(),
+                unit: vec![],
+            }],
+        };
+        let mut raw = good.encode_to_vec();
+        // timeseries { labels { name: varint 1 } }
+        raw.extend_from_slice(&[0x0a, 0x04, 0x0a, 0x02, 0x08, 0x01]);
+        let body = snap::raw::Encoder::new().compress_vec(&raw).unwrap();
+        let out = handle(&db, &m, &body, &WriteLimits::default());
+        assert_eq!(out.status, 400, "{}", out.message);
+        assert_eq!(db.head().stats().series, 0, "series created by a refused body");
+        assert!(db.head().all_metadata().is_empty(), "metadata stored from a refused body");
     }
 
     /// Prometheus skips a series whose label value is not UTF-8 and stores the rest; the

@@ -6,7 +6,9 @@
 //!
 //! The wire semantics are protobuf's, as prost applies them: unknown fields are skipped, a
 //! scalar field given twice keeps the last value, a known field with the wrong wire type
-//! is an error, and a nested message must itself parse.
+//! is an error, and a nested message must itself parse. One difference: groups (wire
+//! types 3 and 4, deprecated since proto2 and sent by no remote-write client) are refused
+//! anywhere, where prost skips them as unknown fields inside a label or a sample.
 
 use super::shape::{fields, ShapeError, Wire};
 use strata_model::Sample;
@@ -160,7 +162,22 @@ mod tests {
                 unit: "u".into(),
             }],
         };
-        let body = req.encode_to_vec();
+        let mut body = req.encode_to_vec();
+        // Beside the sender's messages: a series with unsorted labels, an empty value, an
+        // exemplar, a histogram and an unknown field, as Prometheus 3 may send them.
+        let odd = strata_proto::prometheus::ReceivedTimeSeries {
+            labels: vec![
+                strata_proto::prometheus::ReceivedLabel { name: b"job".to_vec(), value: b"j".to_vec() },
+                strata_proto::prometheus::ReceivedLabel { name: b"__name__".to_vec(), value: b"odd".to_vec() },
+                strata_proto::prometheus::ReceivedLabel { name: b"empty".to_vec(), value: vec![] },
+            ],
+            samples: vec![strata_proto::prometheus::Sample { value: 2.5, timestamp: 7 }],
+            exemplars: vec![strata_proto::prometheus::Skipped {}],
+            histograms: vec![strata_proto::prometheus::Skipped {}, strata_proto::prometheus::Skipped {}],
+        };
+        body.extend(ReceivedWriteRequest { timeseries: vec![odd], metadata: vec![] }.encode_to_vec());
+        // field 9, varint 5: unknown at the top
+        body.extend_from_slice(&[0x48, 0x05]);
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         for round in 0..20_000 {
             let mut b = body.clone();

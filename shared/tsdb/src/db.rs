@@ -333,7 +333,7 @@ impl Tsdb {
     }
 
     #[cfg(test)]
-    pub(crate) fn swap_wal_file(&self, f: std::fs::File) -> std::fs::File {
+    pub(crate) fn swap_wal_file(&self, f: Arc<std::fs::File>) -> Arc<std::fs::File> {
         self.wal.lock().wal.swap_file(f)
     }
 
@@ -622,10 +622,17 @@ impl Tsdb {
     }
 
     /// `fsync`s the WAL; returns how long it took.
+    ///
+    /// The `fsync` runs without the WAL lock: commits (scrapes, remote writes) go on
+    /// meanwhile instead of waiting milliseconds for the disk. (A rotation syncs the segment
+    /// it closes under the lock.)
     pub fn sync_wal(&self) -> Result<Duration, TsdbError> {
-        let mut w = self.wal.lock();
-        w.wal.sync()?;
-        Ok(w.wal.last_fsync.unwrap_or_default())
+        let (file, path) = self.wal.lock().wal.sync_handle();
+        let t0 = std::time::Instant::now();
+        file.sync_data().map_err(|e| wal::WalError::Io { path, source: e })?;
+        let took = t0.elapsed();
+        self.wal.lock().wal.last_fsync = Some(took);
+        Ok(took)
     }
 
     /// Keeps the WAL from `cursor`'s segment on, whatever checkpoints would delete, until

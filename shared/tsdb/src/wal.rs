@@ -478,7 +478,8 @@ pub struct Wal {
     segment_bytes: u64,
     current: u32,
     /// Written whole per call to [`log`](Self::log), so a failed write can be cut back.
-    file: File,
+    /// Shared with [`sync_handle`](Self::sync_handle)'s callers, who `fsync` it unlocked.
+    file: Arc<File>,
     written: u64,
     /// Every segment on disk, oldest first, the current one last.
     segments: Vec<u32>,
@@ -504,7 +505,7 @@ impl Wal {
             policy,
             segment_bytes: DEFAULT_SEGMENT_BYTES,
             current: next,
-            file,
+            file: Arc::new(file),
             written: SEGMENT_MAGIC.len() as u64,
             segments,
             scratch: Vec::new(),
@@ -515,7 +516,7 @@ impl Wal {
 
     /// Puts another file in place of the current segment's (tests: a file that fails).
     #[cfg(test)]
-    pub(crate) fn swap_file(&mut self, f: File) -> File {
+    pub(crate) fn swap_file(&mut self, f: Arc<File>) -> Arc<File> {
         std::mem::replace(&mut self.file, f)
     }
 
@@ -593,7 +594,7 @@ impl Wal {
         self.sync()?;
         let next = self.current + 1;
         let (file, _) = Self::create_segment(&self.dir, next)?;
-        self.file = file;
+        self.file = Arc::new(file);
         self.current = next;
         self.written = SEGMENT_MAGIC.len() as u64;
         self.segments.push(next);
@@ -612,10 +613,10 @@ impl Wal {
             }
         }
         let path = segment_path(&self.dir, self.current);
-        if let Err(e) = self.file.write_all(&self.scratch) {
+        if let Err(e) = (&*self.file).write_all(&self.scratch) {
             // Part of the records may be in the file: cut back to the last whole record so
             // that the next write does not follow a torn one.
-            let cut = self.file.set_len(self.written).and_then(|()| self.file.seek(SeekFrom::Start(self.written)));
+            let cut = self.file.set_len(self.written).and_then(|()| (&*self.file).seek(SeekFrom::Start(self.written)));
             if let Err(e2) = cut {
                 tracing::error!(segment = %path.display(), error = %e2, "could not cut a failed WAL write back");
             }
@@ -635,6 +636,13 @@ impl Wal {
         self.file.sync_data().map_err(io_err(&path))?;
         self.last_fsync = Some(t0.elapsed());
         Ok(())
+    }
+
+    /// The current segment and its path, to `fsync` without holding the WAL (`sync_data`
+    /// covers every write made before it began). Shared, not duplicated: no descriptor is
+    /// taken, so the sync works when descriptors run out.
+    pub fn sync_handle(&self) -> (Arc<File>, PathBuf) {
+        (self.file.clone(), segment_path(&self.dir, self.current))
     }
 
     /// Keeps segment `from` and every later one until the hold moves on (`None`: no hold):

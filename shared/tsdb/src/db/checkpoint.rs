@@ -4,8 +4,9 @@
 //! the checkpoint and replays only the WAL after it (Prometheus' checkpoint plus its
 //! `memory-snapshot-on-shutdown`, in one file).
 //!
-//! It is written by maintenance once the WAL since the last checkpoint outgrows the head's
-//! chunks (so checkpoints write no more than the WAL did), and at every clean shutdown. The
+//! It is written by maintenance once a block was cut since the last checkpoint and the WAL
+//! since outgrew the head's chunks (about once a block range; `checkpoint_due` in
+//! `compact.rs` has the other cases), and at every clean shutdown. The
 //! cursor is taken at a fresh segment, under the WAL lock, so everything before it is in
 //! memory; the series are then written one at a time without holding the WAL, so commits go
 //! on. A series may hold samples from after the cursor: replay skips what a series already

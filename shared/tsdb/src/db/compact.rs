@@ -22,8 +22,9 @@
 //!   blocks cannot free), each renamed before it is removed; the head drops what is older
 //!   than `retention`. Retention runs even when the cut failed, since a full disk is when
 //!   it matters.
-//! * **Checkpoint**: once the WAL written since the last head checkpoint is larger than
-//!   the head's chunks, a new checkpoint is written and the segments before it deleted.
+//! * **Checkpoint**: once a block was cut since the last head checkpoint and the WAL written
+//!   since is larger than the head's chunks (see `checkpoint_due` for the other cases), a
+//!   new checkpoint is written and the segments before it deleted.
 
 use super::checkpoint::CheckpointStats;
 use super::{Tsdb, TsdbError};
@@ -142,14 +143,19 @@ impl Tsdb {
     /// Prometheus checkpoints at each head truncation, one is due once a block was cut since
     /// the last (most of the WAL then covers samples that are in a block) and the WAL since
     /// then outgrew the head's chunks: about one pass per block range, and the WAL holds
-    /// about one head window. Without a cut, only a WAL past [`UNCUT_WAL_PER_HEAD`] times
-    /// the head's chunks and [`UNCUT_MIN_WAL_BYTES`] is due: a head whose WAL is mostly
-    /// labels (series churn), or one that is never cut.
+    /// up to about two block ranges of samples (some three times the head's chunks, where it
+    /// was once). Without a cut, only a WAL past [`UNCUT_WAL_PER_HEAD`] times the head's
+    /// chunks and [`UNCUT_MIN_WAL_BYTES`] is due: a head whose WAL is mostly labels (series
+    /// churn), or one that is never cut. With `retention_size` set, or after a failed run,
+    /// the old rule holds: due once the WAL outgrows the head.
     fn checkpoint_due(&self) -> bool {
         let since = self.checkpoint_at.lock().map(|c| c.segment);
         let wal = self.wal.lock().wal.bytes_from(since.unwrap_or(0));
         let head = self.head.stats().chunk_bytes as u64;
-        if self.floor.durable() > self.checkpoint_floor.load(Ordering::Relaxed) {
+        // When disk is what matters (a size bound, or the last run failed, perhaps on a
+        // full disk), the WAL is freed as soon as it outgrows the head, whatever it costs.
+        let eager = self.opts.retention_size.is_some() || self.maintenance_failed.load(Ordering::Relaxed);
+        if eager || self.floor.durable() > self.checkpoint_floor.load(Ordering::Relaxed) {
             wal > head.max(CHECKPOINT_MIN_WAL_BYTES)
         } else {
             wal > head.saturating_mul(UNCUT_WAL_PER_HEAD).max(UNCUT_MIN_WAL_BYTES)

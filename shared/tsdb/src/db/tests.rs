@@ -315,7 +315,7 @@ fn a_failed_wal_write_stores_nothing_and_marks_the_database_unwritable_until_one
     let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
         panic!("/dev/full is needed for this test");
     };
-    let real = db.swap_wal_file(full);
+    let real = db.swap_wal_file(Arc::new(full));
     assert!(db.commit(&[(s.clone(), Sample::new(now - 1000, 2.0))]).is_err());
     assert!(!db.is_writable());
     assert_eq!(read_all(&db, "0").len(), 1, "a sample that was not logged was applied");
