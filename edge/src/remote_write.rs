@@ -13,7 +13,9 @@
 //!   another media type, an encoding other than snappy), so the sender can fall back;
 //! * 413: the body, its decompressed size, its sample count or the memory its decoding
 //!   would take is over the limit (measured on the wire before decoding: see [`shape`]);
-//! * 500: the WAL could not be written (nothing stored; the sender retries);
+//! * 500: the WAL could not be written. Nothing from the failed commit slice on is stored;
+//!   a request over one slice (16,384 samples) may have its earlier slices stored, and the
+//!   sender's retry stores the rest (exact duplicates are ignored);
 //! * 503: the bodies being uploaded already declare `max_buffered_bytes`, or more writes
 //!   than `max_concurrent` waited too long for their turn (the sender retries). A write
 //!   takes a processing slot only once its body has arrived.
