@@ -70,6 +70,29 @@ pub(super) fn spawn_edge(
     Ok(Guard(child))
 }
 
+/// The Prometheus binary `bin` with config `cfg` and data in `data`, on `127.0.0.1:port`,
+/// with `extra` flags; killed on drop.
+pub(super) fn spawn_prometheus(
+    bin: &str,
+    cfg: &std::path::Path,
+    data: &std::path::Path,
+    port: u16,
+    extra: &[&str],
+) -> anyhow::Result<Guard> {
+    let child = Command::new(bin)
+        .args([
+            format!("--config.file={}", cfg.display()),
+            format!("--storage.tsdb.path={}", data.display()),
+            format!("--web.listen-address=127.0.0.1:{port}"),
+        ])
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {bin} (apt-get install -y prometheus)"))?;
+    Ok(Guard(child))
+}
+
 pub(super) async fn wait_ready(url: &str) -> anyhow::Result<()> {
     for _ in 0..300 {
         if reqwest::get(url).await.map(|r| r.status().is_success()).unwrap_or(false) {
@@ -104,18 +127,7 @@ pub async fn run(nodes: usize, interval: u64, seconds: u64, prometheus: &str) ->
     std::fs::write(&cfg_path, &cfg)?;
     let (edge_port, prom_port) = (free_port()?, free_port()?);
     let edge = spawn_edge(&cfg_path, &dir.path().join("edge"), edge_port, Stdio::null())?;
-    let prom = Guard(
-        Command::new(prometheus)
-            .args([
-                format!("--config.file={}", cfg_path.display()),
-                format!("--storage.tsdb.path={}", dir.path().join("prom").display()),
-                format!("--web.listen-address=127.0.0.1:{prom_port}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {prometheus} (apt-get install -y prometheus)"))?,
-    );
+    let prom = spawn_prometheus(prometheus, &cfg_path, &dir.path().join("prom"), prom_port, &[])?;
     wait_ready(&format!("http://127.0.0.1:{edge_port}/-/ready")).await?;
     wait_ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await?;
     println!(

@@ -5,10 +5,10 @@
 //! `/proc/<pid>` from the first request to the last, samples from each one's own
 //! appended-samples counter.
 
-use super::vs_prometheus::{counter_sum, free_port, proc_stats, spawn_edge, wait_ready, Guard};
+use super::vs_prometheus::{counter_sum, free_port, proc_stats, spawn_edge, spawn_prometheus, wait_ready};
 use anyhow::Context;
 use prost::Message;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use strata_ingest::exposition::{parse_series, Entry, Format, Parser};
 use strata_proto::prometheus::{Label, Sample, TimeSeries, WriteRequest};
 
@@ -70,19 +70,13 @@ pub async fn run(nodes: usize, interval: u64, instants: usize, prometheus: &str)
     std::fs::write(&cfg_path, "scrape_configs: []\n")?;
     let (edge_port, prom_port) = (free_port()?, free_port()?);
     let edge = spawn_edge(&cfg_path, &dir.path().join("edge"), edge_port, Stdio::null())?;
-    let prom = Guard(
-        Command::new(prometheus)
-            .args([
-                format!("--config.file={}", cfg_path.display()),
-                format!("--storage.tsdb.path={}", dir.path().join("prom").display()),
-                format!("--web.listen-address=127.0.0.1:{prom_port}"),
-                "--web.enable-remote-write-receiver".to_string(),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {prometheus} (apt-get install -y prometheus)"))?,
-    );
+    let prom = spawn_prometheus(
+        prometheus,
+        &cfg_path,
+        &dir.path().join("prom"),
+        prom_port,
+        &["--web.enable-remote-write-receiver"],
+    )?;
     wait_ready(&format!("http://127.0.0.1:{edge_port}/-/ready")).await?;
     wait_ready(&format!("http://127.0.0.1:{prom_port}/-/ready")).await?;
     let fleet = strata_simulator::Fleet::new(1, nodes, 8);

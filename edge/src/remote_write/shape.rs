@@ -51,28 +51,43 @@ pub enum ShapeError {
     Varint(usize),
 }
 
-/// Walks a `WriteRequest` and counts what it holds.
+/// Walks a `WriteRequest`, checks every message in it as [`super::wire`] reads them (so a
+/// body that passes stores nothing it then fails on), and counts what it holds.
 pub fn scan(buf: &[u8]) -> Result<Shape, ShapeError> {
+    use super::wire::{bytes, label, metadata, sample, skipped};
     let mut shape = Shape::default();
     fields(buf, 0, &mut |field, body, at| {
-        match (field, body) {
-            (1, Wire::Bytes(series)) => {
+        match field {
+            1 => {
                 shape.series += 1;
-                fields(series, at, &mut |f, b, _| {
-                    match (f, b) {
-                        (1, Wire::Bytes(label)) => {
+                fields(bytes(body, at)?, at, &mut |f, b, at| {
+                    match f {
+                        1 => {
+                            let l = bytes(b, at)?;
+                            label(l, at)?;
                             shape.labels += 1;
-                            shape.payload_bytes += label.len() as u64;
+                            shape.payload_bytes += l.len() as u64;
                         }
-                        (2, Wire::Bytes(_)) => shape.samples += 1,
-                        (3, Wire::Bytes(_)) => shape.exemplars += 1,
-                        (4, Wire::Bytes(_)) => shape.histograms += 1,
+                        2 => {
+                            sample(bytes(b, at)?, at)?;
+                            shape.samples += 1;
+                        }
+                        3 => {
+                            skipped(bytes(b, at)?, at)?;
+                            shape.exemplars += 1;
+                        }
+                        4 => {
+                            skipped(bytes(b, at)?, at)?;
+                            shape.histograms += 1;
+                        }
                         _ => {}
                     }
                     Ok(())
                 })?;
             }
-            (3, Wire::Bytes(m)) => {
+            3 => {
+                let m = bytes(body, at)?;
+                metadata(m, at)?;
                 shape.metadata += 1;
                 shape.payload_bytes += m.len() as u64;
             }

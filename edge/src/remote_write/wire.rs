@@ -34,7 +34,7 @@ fn wrong_wire(at: usize) -> ShapeError {
     ShapeError::WireType { wire: u64::MAX, at }
 }
 
-fn bytes(w: Wire<'_>, at: usize) -> Result<&[u8], ShapeError> {
+pub(super) fn bytes(w: Wire<'_>, at: usize) -> Result<&[u8], ShapeError> {
     match w {
         Wire::Bytes(b) => Ok(b),
         _ => Err(wrong_wire(at)),
@@ -42,11 +42,11 @@ fn bytes(w: Wire<'_>, at: usize) -> Result<&[u8], ShapeError> {
 }
 
 /// A nested message Strata does not read (an exemplar, a histogram): it must parse.
-fn skipped(b: &[u8], at: usize) -> Result<(), ShapeError> {
+pub(super) fn skipped(b: &[u8], at: usize) -> Result<(), ShapeError> {
     fields(b, at, &mut |_, _, _| Ok(()))
 }
 
-fn label(b: &[u8], at: usize) -> Result<(&[u8], &[u8]), ShapeError> {
+pub(super) fn label(b: &[u8], at: usize) -> Result<(&[u8], &[u8]), ShapeError> {
     let (mut name, mut value): (&[u8], &[u8]) = (&[], &[]);
     fields(b, at, &mut |f, w, at| {
         match f {
@@ -59,7 +59,7 @@ fn label(b: &[u8], at: usize) -> Result<(&[u8], &[u8]), ShapeError> {
     Ok((name, value))
 }
 
-fn sample(b: &[u8], at: usize) -> Result<Sample, ShapeError> {
+pub(super) fn sample(b: &[u8], at: usize) -> Result<Sample, ShapeError> {
     let (mut v, mut t) = (0.0f64, 0i64);
     fields(b, at, &mut |f, w, at| {
         match (f, w) {
@@ -116,22 +116,26 @@ pub fn each_metadata<'a>(body: &'a [u8], each: &mut dyn FnMut(WireMetadata<'a>))
         if f != 3 {
             return Ok(());
         }
-        let mut m = WireMetadata { metric_type: 0, family: &[], help: &[], unit: &[] };
-        fields(bytes(w, at)?, at, &mut |f, w, at| {
-            match (f, w) {
-                // An enum: prost keeps the varint's low 32 bits.
-                (1, Wire::Varint(x)) => m.metric_type = x as i32,
-                (1, _) => return Err(wrong_wire(at)),
-                (2, w) => m.family = bytes(w, at)?,
-                (4, w) => m.help = bytes(w, at)?,
-                (5, w) => m.unit = bytes(w, at)?,
-                _ => {}
-            }
-            Ok(())
-        })?;
-        each(m);
+        each(metadata(bytes(w, at)?, at)?);
         Ok(())
     })
+}
+
+pub(super) fn metadata(b: &[u8], at: usize) -> Result<WireMetadata<'_>, ShapeError> {
+    let mut m = WireMetadata { metric_type: 0, family: &[], help: &[], unit: &[] };
+    fields(b, at, &mut |f, w, at| {
+        match (f, w) {
+            // An enum: prost keeps the varint's low 32 bits.
+            (1, Wire::Varint(x)) => m.metric_type = x as i32,
+            (1, _) => return Err(wrong_wire(at)),
+            (2, w) => m.family = bytes(w, at)?,
+            (4, w) => m.help = bytes(w, at)?,
+            (5, w) => m.unit = bytes(w, at)?,
+            _ => {}
+        }
+        Ok(())
+    })?;
+    Ok(m)
 }
 
 #[cfg(test)]
@@ -191,6 +195,8 @@ mod tests {
                 }
             }
             let theirs = ReceivedWriteRequest::decode(b.as_slice());
+            // The check before anything is stored refuses exactly what prost refuses.
+            assert_eq!(super::super::shape::scan(&b).is_ok(), theirs.is_ok(), "round {round}: scan and prost differ");
             let mut ours = Vec::new();
             let mut scratch = WireSeries::default();
             let series = each_series(&b, &mut scratch, &mut |s| {
