@@ -120,6 +120,12 @@ fn scrape_formats_bad_pages_reload_and_file_sd() {
         m.contains("strata_scrape_failures_total{job=\"bad\"}")
     });
     assert!(series(&base, "good_metric").is_empty(), "nothing of a bad page is stored");
+    // The counter goes up before the line is logged and read back from the pipe.
+    let bad_line = |log: &str| log.lines().any(|l| l.contains("scrape failed") && l.contains("/bad"));
+    let waited = std::time::Instant::now();
+    while !bad_line(&edge.log_text()) && waited.elapsed() < Duration::from_secs(15) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let log = edge.log_text();
     let line = log
         .lines()
