@@ -221,6 +221,11 @@ pub struct Fetched {
 }
 
 impl Buffers {
+    /// Bytes of the fetched body as it came (gzipped or not).
+    pub fn fetched_bytes(&self) -> usize {
+        self.body.len()
+    }
+
     /// The fetched page, inflated when it came gzipped, with the size limit (0: none)
     /// enforced on the inflated bytes while inflating.
     pub fn page(&mut self, gzip: bool, limit: u64) -> Result<&[u8], HttpError> {

@@ -217,6 +217,54 @@ impl ScrapeManager {
 mod tests {
     use super::*;
 
+    /// Edge review (issue 20): the file-SD watcher's sync racing a reload. A sync that read
+    /// the old configuration and installed its targets after the reload's would leave the
+    /// old file's targets running until the next change. Syncs and reloads run
+    /// concurrently on a multi-threaded runtime; after the last reload, whatever the
+    /// interleaving, the loops are exactly the new configuration's targets.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_file_sd_sync_racing_a_reload_never_installs_the_old_targets() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Tsdb::open(&dir.path().join("data"), Default::default()).unwrap());
+        let manager = ScrapeManager::new(db.clone(), Arc::new(EdgeMetrics::new(db.metrics())));
+        // Two configurations, each reading its own file-SD file; port 1 refuses, so the
+        // loops only fail their scrapes.
+        let config = |name: &str, port_base: u16| {
+            let sd = dir.path().join(format!("{name}.json"));
+            let targets: Vec<String> = (0..20).map(|i| format!("\"127.0.0.{}:1\"", port_base + i)).collect();
+            std::fs::write(&sd, format!("[{{\"targets\": [{}]}}]", targets.join(","))).unwrap();
+            let text = format!(
+                "scrape_configs:\n  - job_name: {name}\n    scrape_interval: 1h\n    file_sd_configs:\n      - files: ['{}']\n",
+                sd.display()
+            );
+            Arc::new(EdgeConfig::parse(&text, &dir.path().join("edge.yml")).unwrap())
+        };
+        let (old, new) = (config("old", 1), config("new", 101));
+        let running = |loops: &Loops| {
+            let mut jobs: Vec<String> = loops.running.keys().map(|k| k.0.clone()).collect();
+            jobs.sort();
+            jobs.dedup();
+            (jobs, loops.running.len())
+        };
+        for _ in 0..50 {
+            manager.apply(old.clone()).await;
+            let syncs: Vec<_> = (0..4)
+                .map(|_| {
+                    let m = manager.clone();
+                    tokio::spawn(async move { m.sync().await })
+                })
+                .collect();
+            tokio::task::yield_now().await;
+            manager.apply(new.clone()).await;
+            for s in syncs {
+                s.await.unwrap();
+            }
+            let loops = manager.loops.lock().await;
+            assert_eq!(running(&loops), (vec!["new".to_string()], 20), "the old configuration's targets came back");
+        }
+        manager.stop_all().await;
+    }
+
     /// Edge review (issue 20, item 7): rotated contents of a `password_file` or a
     /// certificate file change the job's fingerprint, so a reload hands the loop the new
     /// credentials (`Debug` hides secrets, so it alone saw no change).

@@ -265,15 +265,22 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
         return not_a_request(e);
     }
     drop(raw);
-    let committed = match db.commit(&batch) {
-        Ok(c) => c,
-        Err(e) => return fail(500, format!("writing the WAL: {e}")),
-    };
+    // Refusals of slices stored before a WAL failure are counted like any others.
+    let (committed, done) = db.commit_partial(&batch);
     for (r, s, e) in &committed.rejected {
         let series = db.head().series(*r).map(|x| x.labels.to_string()).unwrap_or_default();
         reject(metrics, &mut reasons, e.reason(), 1, format!("{e}: series {series}, timestamp {}, value {}", s.t, s.v));
     }
     let stored = committed.appended + committed.ignored_duplicates;
+    if let Err(e) = done {
+        let refused: usize = reasons.values().map(|r| r.0).sum();
+        tracing::warn!(stored, refused, error = %e, "remote write: the WAL failed part way; the sender retries the rest");
+        return WriteOutcome {
+            status: 500,
+            message: format!("writing the WAL: {e} ({stored} samples of earlier slices stored, {refused} refused)"),
+            stored,
+        };
+    }
     if let Some((n, first)) = &skipped {
         tracing::warn!(samples = n, first = %first, "remote write: series with invalid labels skipped");
     }

@@ -334,8 +334,19 @@ impl ScrapeIngest {
         ts: i64,
         duration: Duration,
     ) -> Result<ScrapeReport, ScrapeError> {
+        self.ingest_from(body, format, ts, duration, Thread::MayBlock)
+    }
+
+    fn ingest_from(
+        &mut self,
+        body: &[u8],
+        format: Format,
+        ts: i64,
+        duration: Duration,
+        thread: Thread,
+    ) -> Result<ScrapeReport, ScrapeError> {
         let mut changed_meta = ChangedMeta::default();
-        let out = self.ingest_page(body, format, ts, duration, &mut changed_meta);
+        let out = self.ingest_page(body, format, ts, duration, &mut changed_meta, thread);
         if out.is_err() {
             // Nothing of a failed page is stored, its metadata included: forget what it
             // taught the cache, so the next good page stores it.
@@ -353,6 +364,7 @@ impl ScrapeIngest {
         ts: i64,
         duration: Duration,
         changed_meta: &mut ChangedMeta,
+        thread: Thread,
     ) -> Result<ScrapeReport, ScrapeError> {
         self.iteration += 1;
         self.batch.clear();
@@ -420,10 +432,16 @@ impl ScrapeIngest {
         }
         report.post_relabel = self.batch.len();
         report.series_limit_dropped = self.series_limit_dropped;
-        for family in changed_meta.iter() {
-            if let Some((meta, _)) = self.metadata.get(family) {
-                self.db.set_metadata(family, meta.clone())?;
-            }
+        if !changed_meta.is_empty() {
+            // Logged under the WAL lock, which a large remote write may hold for a slice.
+            thread.may_wait(|| {
+                for family in changed_meta.iter() {
+                    if let Some((meta, _)) = self.metadata.get(family) {
+                        self.db.set_metadata(family, meta.clone())?;
+                    }
+                }
+                Ok::<_, ScrapeError>(())
+            })?;
         }
         steady &= report.scraped == self.cache.order.len();
         // Which series are left out of staleness can change on a page that is otherwise
@@ -451,7 +469,15 @@ impl ScrapeIngest {
         let distinct =
             !self.batch.iter().any(|(s, _)| report_samples.iter().any(|(r, _)| r.series_ref == s.series_ref));
         self.batch.extend(report_samples);
-        let mut out = if distinct { self.db.commit_distinct(&self.batch)? } else { self.db.commit(&self.batch)? };
+        let (db, batch) = (&self.db, &self.batch);
+        let mut out = match thread {
+            Thread::AsyncWorker if distinct => match db.try_commit_distinct(batch) {
+                Some(out) => out?,
+                None => thread.may_wait(|| db.commit_distinct(batch))?,
+            },
+            _ if distinct => thread.may_wait(|| db.commit_distinct(batch))?,
+            _ => thread.may_wait(|| db.commit(batch))?,
+        };
         out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
         report.appended = out.appended;
         for (_, _, e) in &out.rejected {
@@ -557,6 +583,31 @@ fn describe_fetch(e: &HttpError) -> String {
     }
 }
 
+/// The thread a page is ingested on, which decides how its commit may wait for the WAL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Thread {
+    /// One that may block (a test's, or a worker that has handed its queue over).
+    MayBlock,
+    /// An async worker running a small page inline: it takes the WAL only when it is free
+    /// and the commit will not `fsync`, and otherwise hands its queue over to wait.
+    AsyncWorker,
+}
+
+impl Thread {
+    fn may_wait<T>(self, f: impl FnOnce() -> T) -> T {
+        match self {
+            Thread::MayBlock => f(),
+            Thread::AsyncWorker => off_async_workers(f),
+        }
+    }
+}
+
+/// Pages up to this size (inflated) are parsed and appended on the async worker that
+/// fetched them: a DCGM page of a few hundred series takes a fraction of a millisecond,
+/// less than handing the worker's queue to another thread would cost. Larger pages go off
+/// the workers whole.
+const INLINE_PAGE_BYTES: u64 = 256 << 10;
+
 /// Runs CPU-bound work (inflating, parsing, appending with its WAL write) so that it does
 /// not hold up the runtime's other tasks: on a multi-threaded runtime the worker hands its
 /// queue over first. Elsewhere (single-threaded tests) it simply runs.
@@ -616,11 +667,22 @@ impl ScrapeLoop {
         // As Prometheus: scrape_duration_seconds is the time the fetch took.
         let duration = started.elapsed();
         let result = match fetched {
-            Ok(f) => off_async_workers(|| {
-                let body = bufs.page(f.gzip, job.body_size_limit)?;
+            Ok(f) => {
                 let format = Format::from_content_type(f.content_type.as_deref());
-                self.ingest.ingest(body, format, ts, duration)
-            }),
+                let limit = job.body_size_limit;
+                let inline_limit = if limit == 0 { INLINE_PAGE_BYTES } else { limit.min(INLINE_PAGE_BYTES) };
+                let inline = (bufs.fetched_bytes() as u64 <= inline_limit).then(|| bufs.page(f.gzip, inline_limit));
+                match inline {
+                    Some(Ok(body)) => self.ingest.ingest_from(body, format, ts, duration, Thread::AsyncWorker),
+                    Some(Err(e)) if !matches!(e, HttpError::BodyTooLarge(_)) => Err(e.into()),
+                    // Too large to inflate inline (or over the job's limit anyway, which
+                    // inflating again off the workers says).
+                    _ => off_async_workers(|| {
+                        let body = bufs.page(f.gzip, limit)?;
+                        self.ingest.ingest(body, format, ts, duration)
+                    }),
+                }
+            }
             Err(e) => Err(e.into()),
         };
         self.buffers.put(bufs);

@@ -218,7 +218,7 @@ pub async fn instant(
         })?,
         None => now_ms(),
     };
-    let engine = engine_for(&s, &p)?;
+    let engine = engine_for(&s, &p)?.with_source(p.get("query").unwrap_or(""));
     let limit = super::limit_of(&p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let scope = super::scope_of(&p)?;
@@ -262,7 +262,7 @@ pub async fn range(
         return Err(ApiError::bad_data("exceeded maximum resolution of 11,000 points per timeseries. Try decreasing the query resolution (?step=XX)"));
     }
     let expr = parse_query(&p)?;
-    let engine = engine_for(&s, &p)?;
+    let engine = engine_for(&s, &p)?.with_source(p.get("query").unwrap_or(""));
     let limit = super::limit_of(&p)?;
     let _slot = s.query_slot(engine.options.timeout).await?;
     let scope = super::scope_of(&p)?;

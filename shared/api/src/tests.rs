@@ -262,7 +262,8 @@ async fn annotations_come_back_as_warnings_and_infos() {
     // A quantile outside [0, 1]: a warning, in the vector and the matrix shape alike.
     let (code, v) = get(&app, "/api/v1/query?query=quantile(2,DCGM_FI_DEV_GPU_UTIL)&time=1700000000").await;
     assert_eq!(code, 200, "{v}");
-    assert!(v["warnings"][0].as_str().unwrap_or_default().contains("quantile value should be between 0 and 1"), "{v}");
+    // Worded as Prometheus 3 words it, with the argument's line and column in the query.
+    assert_eq!(v["warnings"][0], "PromQL warning: quantile value should be between 0 and 1, got 2 (1:10)", "{v}");
     let (code, v) =
         get(&app, "/api/v1/query_range?query=quantile(2,DCGM_FI_DEV_GPU_UTIL)&start=1700000000&end=1700000060&step=15")
             .await;
@@ -271,7 +272,15 @@ async fn annotations_come_back_as_warnings_and_infos() {
     assert!(v["warnings"][0].as_str().unwrap_or_default().contains("quantile value"), "{v}");
     // rate() over a name that does not look like a counter: an info.
     let (_, v) = get(&app, "/api/v1/query?query=rate(DCGM_FI_DEV_GPU_UTIL%5B5m%5D)&time=1700000000").await;
-    assert!(v["infos"][0].as_str().unwrap_or_default().contains("metric might not be a counter"), "{v}");
+    assert_eq!(
+        v["infos"][0],
+        "PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: \"DCGM_FI_DEV_GPU_UTIL\" (1:6)",
+        "{v}"
+    );
+    // The position is the argument's in the text as sent, across lines.
+    let (_, v) =
+        get(&app, "/api/v1/query?query=sum(%0A%20%20rate(DCGM_FI_DEV_GPU_UTIL%5B5m%5D))&time=1700000000").await;
+    assert!(v["infos"][0].as_str().unwrap_or_default().ends_with("\" (2:8)"), "{v}");
     // No annotation, no key.
     let (_, v) = get(&app, "/api/v1/query?query=DCGM_FI_DEV_GPU_UTIL&time=1700000000").await;
     assert!(v.get("warnings").is_none() && v.get("infos").is_none(), "{v}");

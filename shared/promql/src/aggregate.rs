@@ -189,9 +189,12 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             let first = scalar_param(0)?;
             if !first.is_nan() && !(-1.0..=1.0).contains(&first) {
                 let capped = first.clamp(-1.0, 1.0);
-                ev.annotations.warn(format!(
-                    "PromQL warning: ratio value should be between -1 and 1, got {first}, capping to {capped}"
-                ));
+                let message =
+                    format!("PromQL warning: ratio value should be between -1 and 1, got {first}, capping to {capped}");
+                match a.param.as_deref() {
+                    Some(p) => ev.annotations.warn_at(message, p),
+                    None => ev.annotations.warn(message),
+                }
             }
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
             // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
@@ -275,7 +278,9 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
     let phi: Vec<f64> = match kind {
         Simple::Quantile => {
             let q: Vec<f64> = (0..ev.steps).map(scalar_param).collect::<Result<_, _>>()?;
-            q.iter().for_each(|&x| ev.annotations.check_quantile(x));
+            if let Some(p) = a.param.as_deref() {
+                q.iter().for_each(|&x| ev.annotations.check_quantile(x, p));
+            }
             q
         }
         _ => Vec::new(),

@@ -38,41 +38,78 @@ pub enum Val {
 }
 
 /// Prometheus' annotations of one query: warnings (the answer may be wrong) and infos
-/// (the answer may surprise), each message once, in order of first appearance.
+/// (the answer may surprise), each message once, in order of first appearance. Those about
+/// one argument of a call or an aggregation name its node, so the answer can say where it
+/// stands in the query text (see [`crate::positions`]).
 #[derive(Debug, Default)]
 pub struct Annotations {
-    items: std::sync::Mutex<Vec<(bool, String)>>,
+    items: std::sync::Mutex<Vec<Annotation>>,
+}
+
+#[derive(Debug)]
+struct Annotation {
+    info: bool,
+    message: String,
+    /// The argument's [`node_key`](crate::positions::node_key).
+    at: Option<usize>,
 }
 
 impl Annotations {
-    /// Prometheus' warning for a quantile outside [0, 1], once per query.
-    pub fn check_quantile(&self, q: f64) {
+    /// Prometheus' warning for a quantile outside [0, 1], once per query; `arg` is the
+    /// quantile's node.
+    pub fn check_quantile(&self, q: f64, arg: &Expr) {
         if q.is_nan() || !(0.0..=1.0).contains(&q) {
-            self.warn(format!("PromQL warning: quantile value should be between 0 and 1, got {}", go_float(q)));
+            self.warn_at(format!("PromQL warning: quantile value should be between 0 and 1, got {}", go_float(q)), arg);
         }
     }
 
     pub fn warn(&self, message: String) {
-        self.add(false, message);
+        self.add(false, message, None);
     }
 
     pub fn info(&self, message: String) {
-        self.add(true, message);
+        self.add(true, message, None);
     }
 
-    fn add(&self, info: bool, message: String) {
+    /// A warning about the argument `arg`.
+    pub fn warn_at(&self, message: String, arg: &Expr) {
+        self.add(false, message, Some(crate::positions::node_key(arg)));
+    }
+
+    /// An info about the argument `arg`.
+    pub fn info_at(&self, message: String, arg: &Expr) {
+        self.add(true, message, Some(crate::positions::node_key(arg)));
+    }
+
+    fn add(&self, info: bool, message: String, at: Option<usize>) {
         if let Ok(mut v) = self.items.lock() {
-            if !v.iter().any(|(i, m)| *i == info && *m == message) {
-                v.push((info, message));
+            if !v.iter().any(|a| a.info == info && a.message == message && a.at == at) {
+                v.push(Annotation { info, message, at });
             }
         }
     }
 
-    /// (warnings, infos).
+    /// (warnings, infos), without positions.
     pub fn take(&self) -> (Vec<String>, Vec<String>) {
+        self.take_with(|_| None)
+    }
+
+    /// (warnings, infos), each about an argument ending with what `suffix` says of it
+    /// (Prometheus' ` (line:column)`); messages that come out equal are kept once.
+    pub fn take_with(&self, suffix: impl Fn(usize) -> Option<String>) -> (Vec<String>, Vec<String>) {
         let items = self.items.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
-        let (infos, warnings): (Vec<_>, Vec<_>) = items.into_iter().partition(|(i, _)| *i);
-        (warnings.into_iter().map(|x| x.1).collect(), infos.into_iter().map(|x| x.1).collect())
+        let (mut warnings, mut infos) = (Vec::new(), Vec::new());
+        for a in items {
+            let text = match a.at.and_then(&suffix) {
+                Some(s) => a.message + &s,
+                None => a.message,
+            };
+            let list = if a.info { &mut infos } else { &mut warnings };
+            if !list.contains(&text) {
+                list.push(text);
+            }
+        }
+        (warnings, infos)
     }
 }
 

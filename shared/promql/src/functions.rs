@@ -197,7 +197,7 @@ fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, Query
     match kind {
         OverTime::Quantile => {
             let q = scalar_arg(ev, c, 0)?;
-            q.iter().for_each(|&x| ev.annotations.check_quantile(x));
+            q.iter().for_each(|&x| ev.annotations.check_quantile(x, &c.args.args[0]));
             ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| Some(kind.apply(s, q[i])))
         }
         // The only one that keeps the metric name.
@@ -404,7 +404,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
                     for s in ev.selected(&m.vs) {
                         let n = s.labels.metric_name().unwrap_or("");
                         if !["_total", "_sum", "_count", "_bucket"].iter().any(|x| n.ends_with(x)) {
-                            ev.annotations.info(format!("PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {n:?}"));
+                            ev.annotations.info_at(format!("PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {n:?}"), &c.args.args[0]);
                         }
                     }
                 }
@@ -530,7 +530,7 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
         "histogram_quantile" => {
             let q = scalar_arg(ev, c, 0)?;
             let input = vector_arg(ev, c, 1)?;
-            crate::histogram::histogram_quantile(ev, &q, input)
+            crate::histogram::histogram_quantile(ev, c, &q, input)
         }
         "label_replace" => {
             let v = vector_arg(ev, c, 0)?;

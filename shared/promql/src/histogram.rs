@@ -6,6 +6,7 @@
 
 use crate::eval::{Evaluator, StepSeries, Val, VectorBuilder};
 use crate::QueryError;
+use promql_parser::parser::Call;
 use std::collections::HashMap;
 use strata_model::{Labels, METRIC_NAME};
 
@@ -101,7 +102,10 @@ fn bucket_quantile(q: f64, buckets: &mut Vec<Bucket>) -> (f64, bool) {
 }
 
 /// `histogram_quantile(q, buckets)` at every step.
-pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> Result<Val, QueryError> {
+/// Annotations about the quantile point at `c`'s first argument, those about the buckets
+/// at its second, as Prometheus places them.
+pub fn histogram_quantile(ev: &Evaluator, c: &Call, q: &[f64], input: Vec<StepSeries>) -> Result<Val, QueryError> {
+    let (q_arg, buckets_arg) = (&c.args.args[0], &c.args.args[1]);
     // Each series' histogram (its labels without `le`), the output labels (without the
     // metric name too) and its bound; series without a numeric `le` are ignored.
     let mut keys: HashMap<Labels, usize> = HashMap::new();
@@ -111,7 +115,7 @@ pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> 
         let Some(upper) = s.labels.get(BUCKET_LABEL).and_then(parse_bound) else {
             let name = s.labels.metric_name().unwrap_or("");
             let le = s.labels.get(BUCKET_LABEL).unwrap_or("");
-            ev.annotations.warn(format!("PromQL warning: bucket label \"le\" is missing or has a malformed value of {le:?} for metric name {name:?}"));
+            ev.annotations.warn_at(format!("PromQL warning: bucket label \"le\" is missing or has a malformed value of {le:?} for metric name {name:?}"), buckets_arg);
             continue;
         };
         let mut key = s.labels.to_builder();
@@ -126,7 +130,7 @@ pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> 
         }
         members.push((h, upper, s));
     }
-    q.iter().for_each(|&x| ev.annotations.check_quantile(x));
+    q.iter().for_each(|&x| ev.annotations.check_quantile(x, q_arg));
     let mut builder = VectorBuilder::new(ev);
     let mut per_hist: Vec<Vec<Bucket>> = vec![Vec::new(); outputs.len()];
     for (i, &q) in q.iter().enumerate().take(ev.steps) {
@@ -144,7 +148,7 @@ pub fn histogram_quantile(ev: &Evaluator, q: &[f64], input: Vec<StepSeries>) -> 
             let (v, forced) = bucket_quantile(q, buckets);
             if forced {
                 let name = members.iter().find(|m| m.0 == h).and_then(|m| m.2.labels.metric_name()).unwrap_or("");
-                ev.annotations.info(format!("PromQL info: input to histogram_quantile needed to be fixed for monotonicity (see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) for metric name {name:?}"));
+                ev.annotations.info_at(format!("PromQL info: input to histogram_quantile needed to be fixed for monotonicity (see https://prometheus.io/docs/prometheus/latest/querying/functions/#histogram_quantile) for metric name {name:?}"), buckets_arg);
             }
             builder.set(outputs[h].clone(), i, v)?;
         }

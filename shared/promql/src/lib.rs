@@ -24,6 +24,7 @@ mod histogram;
 mod hostile_tests;
 pub mod limits;
 mod nesting;
+mod positions;
 pub mod pushdown;
 #[cfg(test)]
 mod pushdown_tests;
@@ -168,11 +169,21 @@ impl Drop for CancelOnDrop {
 /// The engine: options plus the store to read.
 pub struct Engine {
     pub options: EngineOptions,
+    /// The text the evaluated expression was parsed from, when known: annotations about an
+    /// argument then say where it stands in it, as Prometheus' do.
+    source: Option<Arc<str>>,
 }
 
 impl Engine {
     pub fn new(options: EngineOptions) -> Self {
-        Engine { options }
+        Engine { options, source: None }
+    }
+
+    /// Annotations will be positioned in `query`, the text the evaluated expression was
+    /// parsed from.
+    pub fn with_source(mut self, query: &str) -> Self {
+        self.source = Some(query.into());
+        self
     }
 
     fn limits(&self) -> SelectLimits {
@@ -242,6 +253,7 @@ impl Engine {
         let expr = Arc::new(expr.clone());
         let (max_samples, timeout) = (self.options.max_samples, self.options.timeout);
         let delayed_name_removal = self.options.delayed_name_removal;
+        let source = self.source.clone();
         let fut = async {
             let lookback = i64::try_from(self.options.lookback.as_millis()).unwrap_or(i64::MAX);
             let data =
@@ -262,7 +274,9 @@ impl Engine {
                 }
                 let steps = ev.steps;
                 let value = if instant { ev.instant_result(&expr, start) } else { ev.range_result(&expr, steps) }?;
-                let (warnings, infos) = ev.annotations.take();
+                let positions = source.as_deref().map(|q| (q, positions::ArgPositions::of(q, &expr)));
+                let (warnings, infos) =
+                    ev.annotations.take_with(|arg| positions.as_ref().and_then(|(q, p)| p.suffix(q, arg)));
                 let stats = QueryStats {
                     warnings,
                     infos,

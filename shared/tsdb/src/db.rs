@@ -143,6 +143,9 @@ pub struct Tsdb {
     /// Tests: called at named points of a commit and a cut, to interleave them.
     #[cfg(test)]
     pub(crate) hook: Mutex<Option<TestHook>>,
+    /// Tests: a WAL file swapped in after a batch's first slice (a disk that fills mid-request).
+    #[cfg(test)]
+    pub(crate) wal_file_after_first_slice: Mutex<Option<Arc<std::fs::File>>>,
 }
 
 /// Tests: a function called at named points (see [`Tsdb::at`]).
@@ -260,6 +263,8 @@ impl Tsdb {
             _lock: lock,
             #[cfg(test)]
             hook: Mutex::new(None),
+            #[cfg(test)]
+            wal_file_after_first_slice: Mutex::new(None),
         };
         db.apply_retention()?;
         let legacy = dir.join(checkpoint::LEGACY_SNAPSHOT_FILE);
@@ -429,7 +434,19 @@ impl Tsdb {
     /// Validates, logs and applies a batch. Samples of one series must be in time order
     /// within the batch; each refused sample is reported and the rest still go in.
     pub fn commit(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
-        self.commit_inner(batch, false)
+        let mut out = CommitOutcome::default();
+        self.commit_inner(batch, false, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`commit`](Self::commit) that keeps what happened before a failure: a batch over one
+    /// slice may have its earlier slices stored when a later slice's WAL write fails, and
+    /// the outcome says what they stored and refused (a caller counts those refusals
+    /// before it answers the failure).
+    pub fn commit_partial(&self, batch: &[(Arc<MemSeries>, Sample)]) -> (CommitOutcome, Result<(), TsdbError>) {
+        let mut out = CommitOutcome::default();
+        let done = self.commit_inner(batch, false, &mut out);
+        (out, done)
     }
 
     /// [`commit`](Self::commit) for a batch whose samples all belong to different series,
@@ -441,11 +458,34 @@ impl Tsdb {
             refs.sort_unstable();
             refs.windows(2).all(|w| w[0] != w[1])
         });
-        self.commit_inner(batch, true)
+        let mut out = CommitOutcome::default();
+        self.commit_inner(batch, true, &mut out)?;
+        Ok(out)
     }
 
-    fn commit_inner(&self, batch: &[(Arc<MemSeries>, Sample)], distinct: bool) -> Result<CommitOutcome, TsdbError> {
+    /// [`commit_distinct`](Self::commit_distinct) when it cannot wait: `None` when the WAL
+    /// lock is held, the commit would `fsync` (a full segment to rotate, or
+    /// [`SyncPolicy::Always`]), so the caller can commit from a thread that may block. An
+    /// async worker commits a scrape's page this way without handing its queue to another
+    /// thread, which costs more than the commit.
+    pub fn try_commit_distinct(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Option<Result<CommitOutcome, TsdbError>> {
+        if self.opts.wal_sync == SyncPolicy::Always {
+            return None;
+        }
+        let mut writer = self.wal.try_lock()?;
+        if writer.wal.is_full() {
+            return None;
+        }
         let mut out = CommitOutcome::default();
+        Some(self.commit_slice(&mut writer, batch, true, &mut out).map(|()| out))
+    }
+
+    fn commit_inner(
+        &self,
+        batch: &[(Arc<MemSeries>, Sample)],
+        distinct: bool,
+        out: &mut CommitOutcome,
+    ) -> Result<(), TsdbError> {
         // A large batch (a remote-write request of millions of samples) goes in slices, and
         // the WAL lock is handed to a waiting writer between them: a scrape or a small
         // write waits for one slice at most, never for a whole large request.
@@ -455,12 +495,16 @@ impl Tsdb {
         let slice = if distinct { batch.len().max(1) } else { COMMIT_SLICE };
         let mut slices = batch.chunks(slice).peekable();
         while let Some(slice) = slices.next() {
-            self.commit_slice(&mut writer, slice, distinct, &mut out)?;
+            self.commit_slice(&mut writer, slice, distinct, out)?;
+            #[cfg(test)]
+            if let Some(f) = self.wal_file_after_first_slice.lock().take() {
+                writer.wal.swap_file(f);
+            }
             if slices.peek().is_some() {
                 parking_lot::MutexGuard::bump(&mut writer);
             }
         }
-        Ok(out)
+        Ok(())
     }
 
     fn commit_slice(

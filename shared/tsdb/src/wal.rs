@@ -580,8 +580,13 @@ impl Wal {
 
     /// Rotates to a new segment if the current one is full. Returns true when it did: the
     /// caller must then re-log series definitions and metadata before their next use.
+    /// Whether the next write rotates to a new segment (and so `fsync`s the current one).
+    pub fn is_full(&self) -> bool {
+        self.written >= self.segment_bytes
+    }
+
     pub fn rotate_if_full(&mut self) -> Result<bool, WalError> {
-        if self.written < self.segment_bytes {
+        if !self.is_full() {
             return Ok(false);
         }
         self.rotate()?;

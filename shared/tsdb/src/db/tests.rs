@@ -304,6 +304,60 @@ fn an_append_through_a_handle_retention_removed_lands_in_a_live_series() {
     assert_eq!(read_all(&db, "0").last(), Some(&Sample::new(now, 2.0)), "lost at restart");
 }
 
+/// A scrape committed from an async worker never waits: `try_commit_distinct` declines
+/// while the WAL lock is held, when the write would rotate a full segment (an `fsync`), and
+/// under `wal_sync: always`; otherwise it stores the batch as `commit_distinct` does.
+#[test]
+fn try_commit_declines_whatever_would_block() {
+    let d = tempfile::tempdir().unwrap();
+    let opts = TsdbOptions { wal_segment_bytes: 4096, ..Default::default() };
+    let db = Tsdb::open(d.path(), opts).unwrap();
+    let now = strata_model::time::now_ms();
+    let s = db.series(&labels("0")).unwrap();
+    let held = db.wal.lock();
+    assert!(db.try_commit_distinct(&[(s.clone(), Sample::new(now - 9000, 1.0))]).is_none(), "waited for the lock");
+    drop(held);
+    let mut t = now - 9000;
+    while !db.wal.lock().wal.is_full() {
+        let out = db.try_commit_distinct(&[(s.clone(), Sample::new(t, 1.0))]).expect("declined a free WAL");
+        assert_eq!(out.unwrap().appended, 1);
+        t += 1;
+    }
+    assert!(db.try_commit_distinct(&[(s.clone(), Sample::new(t, 1.0))]).is_none(), "rotated (fsync) inline");
+    assert_eq!(db.commit_distinct(&[(s, Sample::new(t, 1.0))]).unwrap().appended, 1);
+    drop(db);
+    let d = tempfile::tempdir().unwrap();
+    let db = Tsdb::open(d.path(), TsdbOptions { wal_sync: wal::SyncPolicy::Always, ..Default::default() }).unwrap();
+    let s = db.series(&labels("0")).unwrap();
+    assert!(db.try_commit_distinct(&[(s, Sample::new(now, 1.0))]).is_none(), "fsynced inline");
+}
+
+/// Edge review (issue 20): a large batch whose second slice cannot be logged. The first
+/// slice's samples are stored and its refusals reported with the failure, so the caller
+/// counts them (they were lost with the error before).
+#[test]
+fn a_wal_failure_in_a_later_slice_keeps_the_earlier_slices_outcome() {
+    let d = tempfile::tempdir().unwrap();
+    let db = open(d.path());
+    let now = strata_model::time::now_ms();
+    let s = db.series(&labels("0")).unwrap();
+    db.commit(&[(s.clone(), Sample::new(now, 1.0))]).unwrap();
+    // One sample out of order, then more than a slice of new series' samples.
+    let mut batch = vec![(s.clone(), Sample::new(now - 1000, 2.0))];
+    for i in 0..COMMIT_SLICE + 10 {
+        batch.push((db.series(&labels(&format!("n{i}"))).unwrap(), Sample::new(now, 1.0)));
+    }
+    let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
+        panic!("/dev/full is needed for this test");
+    };
+    *db.wal_file_after_first_slice.lock() = Some(Arc::new(full));
+    let (out, done) = db.commit_partial(&batch);
+    assert!(done.is_err(), "the second slice was logged to a full disk");
+    assert_eq!(out.appended, COMMIT_SLICE - 1, "the first slice's stored samples");
+    assert_eq!(out.rejected.len(), 1, "the first slice's refusal was lost with the error");
+    assert_eq!(out.rejected[0].2, SampleError::OutOfOrder);
+}
+
 #[test]
 fn a_failed_wal_write_stores_nothing_and_marks_the_database_unwritable_until_one_succeeds() {
     let d = tempfile::tempdir().unwrap();
