@@ -264,7 +264,9 @@ impl Default for Buffers {
 /// length, and the size limit (0: none) as it goes.
 fn gunzip(input: &[u8], out: &mut Vec<u8>, inflater: &mut Decompress, limit: u64) -> Result<(), HttpError> {
     out.clear();
-    out.reserve(input.len() * 4);
+    // A guess at the inflated size, never past the limit.
+    let guess = input.len().saturating_mul(4);
+    out.reserve(if limit > 0 { guess.min(usize::try_from(limit).unwrap_or(usize::MAX)) } else { guess });
     let mut rest = input;
     loop {
         rest = gunzip_member(rest, out, inflater, limit)?;

@@ -273,11 +273,12 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
     }
     let stored = committed.appended + committed.ignored_duplicates;
     if let Err(e) = done {
-        let refused: usize = reasons.values().map(|r| r.0).sum();
-        tracing::warn!(stored, refused, error = %e, "remote write: the WAL failed part way; the sender retries the rest");
+        // Counters count attempts: the sender's retry counts its refusals again, as any
+        // refused request's retry does.
+        tracing::warn!(stored, error = %e, "remote write: the WAL failed part way; the sender retries the rest");
         return WriteOutcome {
             status: 500,
-            message: format!("writing the WAL: {e} ({stored} samples of earlier slices stored, {refused} refused)"),
+            message: format!("writing the WAL: {e} ({stored} samples of earlier slices stored)"),
             stored,
         };
     }

@@ -193,6 +193,8 @@ pub struct ScrapeIngest {
     batch: Vec<(Arc<MemSeries>, Sample)>,
     /// New series of the current page refused by the series limit.
     series_limit_dropped: usize,
+    /// The thread the current page is ingested on.
+    thread: Thread,
 }
 
 impl ScrapeIngest {
@@ -211,7 +213,15 @@ impl ScrapeIngest {
             series_limit_dropped: 0,
             synthetic: HashMap::new(),
             batch: Vec::new(),
+            thread: Thread::MayBlock,
         }
+    }
+
+    /// Whether a page can be ingested on an async worker: besides the page's own size
+    /// (the caller's), what it may touch is small (the series a shrinking page marks
+    /// stale, the cache a periodic trim walks).
+    fn is_light(&self) -> bool {
+        self.previous.len() <= INLINE_SERIES && self.cache.slots.len() <= INLINE_SERIES
     }
 
     fn target_series_labels(&self, scraped: Labels) -> LabelsBuilder {
@@ -291,7 +301,9 @@ impl ScrapeIngest {
                 if full {
                     return Err(ScrapeError::SampleLimit(self.job.sample_limit));
                 }
-                match self.db.head().get_or_create(&labels) {
+                // Creating a series takes the head's table lock, which a heavy query may hold.
+                let db = &self.db;
+                match self.thread.may_wait(|| db.head().get_or_create(&labels)) {
                     Ok(s) => Some(s),
                     Err(HeadError::SeriesLimit { .. }) => {
                         // Not cached: the series is tried again once there is room.
@@ -346,7 +358,9 @@ impl ScrapeIngest {
         thread: Thread,
     ) -> Result<ScrapeReport, ScrapeError> {
         let mut changed_meta = ChangedMeta::default();
+        self.thread = thread;
         let out = self.ingest_page(body, format, ts, duration, &mut changed_meta, thread);
+        self.thread = Thread::MayBlock;
         if out.is_err() {
             // Nothing of a failed page is stored, its metadata included: forget what it
             // taught the cache, so the next good page stores it.
@@ -476,7 +490,8 @@ impl ScrapeIngest {
                 None => thread.may_wait(|| db.commit_distinct(batch))?,
             },
             _ if distinct => thread.may_wait(|| db.commit_distinct(batch))?,
-            _ => thread.may_wait(|| db.commit(batch))?,
+            // The page exposes one of its report series: still one commit, all or nothing.
+            _ => thread.may_wait(|| db.commit_whole(batch))?,
         };
         out.appended = out.appended.saturating_sub(self.batch.len() - page_samples);
         report.appended = out.appended;
@@ -608,6 +623,9 @@ impl Thread {
 /// the workers whole.
 const INLINE_PAGE_BYTES: u64 = 256 << 10;
 
+/// ... and pages of targets whose last page and series cache are at most this large.
+const INLINE_SERIES: usize = 20_000;
+
 /// Runs CPU-bound work (inflating, parsing, appending with its WAL write) so that it does
 /// not hold up the runtime's other tasks: on a multi-threaded runtime the worker hands its
 /// queue over first. Elsewhere (single-threaded tests) it simply runs.
@@ -671,7 +689,8 @@ impl ScrapeLoop {
                 let format = Format::from_content_type(f.content_type.as_deref());
                 let limit = job.body_size_limit;
                 let inline_limit = if limit == 0 { INLINE_PAGE_BYTES } else { limit.min(INLINE_PAGE_BYTES) };
-                let inline = (bufs.fetched_bytes() as u64 <= inline_limit).then(|| bufs.page(f.gzip, inline_limit));
+                let light = bufs.fetched_bytes() as u64 <= inline_limit && self.ingest.is_light();
+                let inline = light.then(|| bufs.page(f.gzip, inline_limit));
                 match inline {
                     Some(Ok(body)) => self.ingest.ingest_from(body, format, ts, duration, Thread::AsyncWorker),
                     Some(Err(e)) if !matches!(e, HttpError::BodyTooLarge(_)) => Err(e.into()),
@@ -716,7 +735,7 @@ impl ScrapeLoop {
             }
             Err(e) => {
                 self.metrics.scrape_failures.get_or_create(&label).inc();
-                if let Err(e2) = self.ingest.fail(ts, duration) {
+                if let Err(e2) = off_async_workers(|| self.ingest.fail(ts, duration)) {
                     tracing::error!(target_url = %self.ingest.target.url, error = %e2, "writing staleness markers and up = 0 failed");
                 }
                 Some(e)
@@ -815,7 +834,7 @@ impl ScrapeLoop {
             // A shutdown while waiting: no markers.
             _ = state.changed() => return,
         }
-        if let Err(e) = self.ingest.end(stale_at) {
+        if let Err(e) = off_async_workers(|| self.ingest.end(stale_at)) {
             tracing::error!(target_url = %self.ingest.target.url, error = %e, "writing end-of-target staleness markers failed");
         }
     }

@@ -277,6 +277,13 @@ async fn annotations_come_back_as_warnings_and_infos() {
         "PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: \"DCGM_FI_DEV_GPU_UTIL\" (1:6)",
         "{v}"
     );
+    // One warning per message, as Prometheus keys them (the position is the last one's).
+    let (_, v) = get(
+        &app,
+        "/api/v1/query?query=quantile(2,DCGM_FI_DEV_GPU_UTIL)%2Bquantile(2,DCGM_FI_DEV_GPU_UTIL)&time=1700000000",
+    )
+    .await;
+    assert_eq!(v["warnings"].as_array().map(Vec::len), Some(1), "{v}");
     // The position is the argument's in the text as sent, across lines.
     let (_, v) =
         get(&app, "/api/v1/query?query=sum(%0A%20%20rate(DCGM_FI_DEV_GPU_UTIL%5B5m%5D))&time=1700000000").await;

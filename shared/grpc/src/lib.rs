@@ -26,7 +26,10 @@ mod tests;
 mod tls;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
-pub use convert::{status_from_store_error, store_error_from_status};
+pub use convert::{
+    labels_from_pb, labels_to_pb, metadata_from_pb, metadata_to_pb, status_from_store_error, store_error_from_status,
+    StringPool,
+};
 pub use listener::{CallGuard, ConnectionLimits, Connections};
 pub use server::{selection_wire_bytes, serve, ServeOptions, StoreInfo, StoreService};
 pub use strata_proto::store as pb;

@@ -355,6 +355,7 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
         return Err("expected '{' or the end of the series after the metric name".into());
     }
     i += 1;
+    let mut pairs = Vec::new();
     loop {
         i = skip_blank(raw, i);
         match raw.get(i) {
@@ -377,10 +378,10 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
             return Err(format!("expected '\"' for label {lname}"));
         }
         let (value, next) = read_quoted(raw, i + 1)?;
-        if b.get(lname).is_some() || (lname == METRIC_NAME) {
+        if lname == METRIC_NAME {
             return Err(format!("duplicate label {lname}"));
         }
-        b.set(lname, &value);
+        pairs.push((lname, value));
         i = skip_blank(raw, next);
         match raw.get(i) {
             Some(b',') => i += 1,
@@ -390,6 +391,16 @@ pub fn parse_series(raw: &[u8]) -> Result<Labels, String> {
     }
     if skip_blank(raw, i + 1) != raw.len() {
         return Err("unexpected text after the label set".into());
+    }
+    // Sorted once rather than inserted in order one by one: a line of many labels in
+    // descending order would otherwise cost quadratic time.
+    pairs.sort_by(|a, b| a.0.cmp(b.0));
+    if let Some(w) = pairs.windows(2).find(|w| w[0].0 == w[1].0) {
+        // Any repeated name, whatever its values, as Prometheus refuses it.
+        return Err(format!("duplicate label {}", w[0].0));
+    }
+    for (name, value) in &pairs {
+        b.set(name, value);
     }
     Ok(b.build())
 }

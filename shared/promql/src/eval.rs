@@ -81,10 +81,13 @@ impl Annotations {
         self.add(true, message, Some(crate::positions::node_key(arg)));
     }
 
+    /// Kept once per message, as Prometheus keys annotations by their text before it adds
+    /// positions: the position is the last one added (its map assignment overwrites).
     fn add(&self, info: bool, message: String, at: Option<usize>) {
         if let Ok(mut v) = self.items.lock() {
-            if !v.iter().any(|a| a.info == info && a.message == message && a.at == at) {
-                v.push(Annotation { info, message, at });
+            match v.iter_mut().find(|a| a.info == info && a.message == message) {
+                Some(a) => a.at = at.or(a.at),
+                None => v.push(Annotation { info, message, at }),
             }
         }
     }

@@ -101,6 +101,14 @@ pub struct CommitOutcome {
     pub rejected: Vec<(SeriesRef, Sample, SampleError)>,
 }
 
+impl CommitOutcome {
+    fn merge(&mut self, o: CommitOutcome) {
+        self.appended += o.appended;
+        self.ignored_duplicates += o.ignored_duplicates;
+        self.rejected.extend(o.rejected);
+    }
+}
+
 /// The WAL writer and the scratch space of [`Tsdb::commit`], which the WAL lock serialises.
 struct Writer {
     wal: Wal,
@@ -156,6 +164,16 @@ pub(crate) type TestHook = Arc<dyn Fn(&str) + Send + Sync>;
 const MAX_SAMPLES_PER_RECORD: usize = 1 << 20;
 /// Samples committed under one hold of the WAL lock (about 10 ms of work).
 const COMMIT_SLICE: usize = 16_384;
+
+/// How a batch is committed: in slices that let waiting writers in, or whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Slicing {
+    Sliced,
+    /// Whole, its series all different (no repeats to track).
+    Distinct,
+    /// Whole, series may repeat.
+    Whole,
+}
 
 impl Tsdb {
     /// Opens (or creates) the database in `dir`: loads the head checkpoint, then replays the
@@ -435,7 +453,7 @@ impl Tsdb {
     /// within the batch; each refused sample is reported and the rest still go in.
     pub fn commit(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
         let mut out = CommitOutcome::default();
-        self.commit_inner(batch, false, &mut out)?;
+        self.commit_inner(batch, Slicing::Sliced, &mut out)?;
         Ok(out)
     }
 
@@ -445,8 +463,17 @@ impl Tsdb {
     /// before it answers the failure).
     pub fn commit_partial(&self, batch: &[(Arc<MemSeries>, Sample)]) -> (CommitOutcome, Result<(), TsdbError>) {
         let mut out = CommitOutcome::default();
-        let done = self.commit_inner(batch, false, &mut out);
+        let done = self.commit_inner(batch, Slicing::Sliced, &mut out);
         (out, done)
+    }
+
+    /// [`commit`](Self::commit) in one slice, all or nothing: a scrape's page that exposes
+    /// one of its own report series (so its series are not distinct) still goes in with its
+    /// staleness markers and `up`.
+    pub fn commit_whole(&self, batch: &[(Arc<MemSeries>, Sample)]) -> Result<CommitOutcome, TsdbError> {
+        let mut out = CommitOutcome::default();
+        self.commit_inner(batch, Slicing::Whole, &mut out)?;
+        Ok(out)
     }
 
     /// [`commit`](Self::commit) for a batch whose samples all belong to different series,
@@ -459,7 +486,7 @@ impl Tsdb {
             refs.windows(2).all(|w| w[0] != w[1])
         });
         let mut out = CommitOutcome::default();
-        self.commit_inner(batch, true, &mut out)?;
+        self.commit_inner(batch, Slicing::Distinct, &mut out)?;
         Ok(out)
     }
 
@@ -483,16 +510,17 @@ impl Tsdb {
     fn commit_inner(
         &self,
         batch: &[(Arc<MemSeries>, Sample)],
-        distinct: bool,
+        slicing: Slicing,
         out: &mut CommitOutcome,
     ) -> Result<(), TsdbError> {
+        let distinct = slicing == Slicing::Distinct;
         // A large batch (a remote-write request of millions of samples) goes in slices, and
         // the WAL lock is handed to a waiting writer between them: a scrape or a small
         // write waits for one slice at most, never for a whole large request.
         let mut writer = self.wal.lock();
         // A scrape's batch stays whole: its staleness markers and `up` go in with it, or
         // nothing does.
-        let slice = if distinct { batch.len().max(1) } else { COMMIT_SLICE };
+        let slice = if slicing == Slicing::Sliced { COMMIT_SLICE } else { batch.len().max(1) };
         let mut slices = batch.chunks(slice).peekable();
         while let Some(slice) = slices.next() {
             self.commit_slice(&mut writer, slice, distinct, out)?;
@@ -507,16 +535,19 @@ impl Tsdb {
         Ok(())
     }
 
+    /// Commits one slice; `total` takes its outcome only once its WAL write succeeded (a
+    /// failed slice stores nothing, and its refusals are the retry's to report).
     fn commit_slice(
         &self,
         writer: &mut Writer,
         batch: &[(Arc<MemSeries>, Sample)],
         distinct: bool,
-        out: &mut CommitOutcome,
+        total: &mut CommitOutcome,
     ) -> Result<(), TsdbError> {
         if batch.is_empty() {
             return Ok(());
         }
+        let out = &mut CommitOutcome::default();
         let Writer { wal, pending } = writer;
         pending.clear();
         let rotated = wal.rotate_if_full()?;
@@ -594,6 +625,7 @@ impl Tsdb {
         self.classify_older(batch, &revived, &mut older, out);
         self.at("commit-checked");
         if accepted.is_empty() && records.is_empty() {
+            total.merge(std::mem::take(out));
             return Ok(());
         }
         let n = accepted.len();
@@ -626,6 +658,7 @@ impl Tsdb {
         }
         out.appended += n;
         self.metrics.samples_appended.inc_by(n as u64);
+        total.merge(std::mem::take(out));
         Ok(())
     }
 

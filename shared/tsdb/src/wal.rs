@@ -254,7 +254,7 @@ fn decode_samples(d: &mut Dec, decimals: bool) -> Option<Vec<(SeriesRef, Sample)
     Some(v)
 }
 
-fn segment_path(dir: &Path, n: u32) -> PathBuf {
+pub fn segment_path(dir: &Path, n: u32) -> PathBuf {
     dir.join(format!("{n:08}"))
 }
 
@@ -299,10 +299,16 @@ pub fn list_segments(dir: &Path) -> Result<Vec<u32>, WalError> {
     Ok(v)
 }
 
-/// Reads records of one segment from `offset` (0 = from the start, past the magic).
+/// Reads records of one segment from `offset` (0 = from the start, past the magic). Only
+/// the bytes from `offset` on are read: a forwarder reopens the segment being written at
+/// its tail again and again.
 pub struct SegmentReader {
     path: PathBuf,
+    /// Whether the segment starts with the magic (an empty file: `None`).
+    magic: Option<bool>,
+    /// The segment's bytes from `base` on.
     data: Vec<u8>,
+    base: usize,
     pos: usize,
 }
 
@@ -318,11 +324,18 @@ pub enum ReadOutcome {
 
 impl SegmentReader {
     pub fn open(path: &Path, offset: u64) -> Result<Self, WalError> {
+        use std::io::{Seek, SeekFrom};
         let mut f = File::open(path).map_err(io_err(path))?;
+        let mut head = Vec::with_capacity(SEGMENT_MAGIC.len());
+        (&mut f).take(SEGMENT_MAGIC.len() as u64).read_to_end(&mut head).map_err(io_err(path))?;
+        let magic = if head.is_empty() { None } else { Some(head == SEGMENT_MAGIC) };
+        let base = usize::try_from(offset).unwrap_or(usize::MAX).max(SEGMENT_MAGIC.len());
         let mut data = Vec::new();
-        f.read_to_end(&mut data).map_err(io_err(path))?;
-        let pos = (offset as usize).max(SEGMENT_MAGIC.len());
-        Ok(SegmentReader { path: path.to_path_buf(), data, pos })
+        if magic == Some(true) {
+            f.seek(SeekFrom::Start(base as u64)).map_err(io_err(path))?;
+            f.read_to_end(&mut data).map_err(io_err(path))?;
+        }
+        Ok(SegmentReader { path: path.to_path_buf(), magic, data, base, pos: 0 })
     }
 
     pub fn path(&self) -> &Path {
@@ -331,21 +344,21 @@ impl SegmentReader {
 
     /// Offset of the next record.
     pub fn offset(&self) -> u64 {
-        self.pos as u64
+        (self.base + self.pos) as u64
     }
 
     pub fn next_record(&mut self) -> ReadOutcome {
-        if self.data.len() < SEGMENT_MAGIC.len() || &self.data[..8] != SEGMENT_MAGIC {
-            if self.data.is_empty() {
-                return ReadOutcome::End;
-            }
-            return ReadOutcome::Damaged { offset: 0, reason: "bad segment magic".into() };
+        match self.magic {
+            None => return ReadOutcome::End,
+            Some(false) => return ReadOutcome::Damaged { offset: 0, reason: "bad segment magic".into() },
+            Some(true) => {}
         }
         let start = self.pos;
         if start == self.data.len() {
             return ReadOutcome::End;
         }
-        let damaged = |reason: &str| ReadOutcome::Damaged { offset: start as u64, reason: reason.to_string() };
+        let damaged =
+            |reason: &str| ReadOutcome::Damaged { offset: (self.base + start) as u64, reason: reason.to_string() };
         let Some(head) = self.data.get(start..start + 8) else {
             return damaged("torn record header");
         };
@@ -745,6 +758,16 @@ impl WalReader {
                         // Re-open later to see records appended since.
                         self.current = None;
                         return Ok(None);
+                    }
+                    // The writer finishes a segment before it creates the next, and a
+                    // reader holds the segment as it was when opened: read it once more,
+                    // so a record written between that and the listing is not skipped.
+                    let path = segment_path(&self.dir, self.cursor.segment);
+                    let mut again = SegmentReader::open(&path, self.cursor.offset)?;
+                    if let ReadOutcome::Record(rec) = again.next_record() {
+                        self.cursor.offset = again.offset();
+                        self.current = Some(again);
+                        return Ok(Some((rec, self.cursor)));
                     }
                     self.cursor = WalCursor { segment: self.cursor.segment + 1, offset: 0 };
                     self.current = None;

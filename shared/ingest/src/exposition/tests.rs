@@ -239,3 +239,18 @@ fn mutated_valid_pages_never_panic() {
         }
     }
 }
+
+/// Edge review (issue 20): labels in any order come out sorted, many of them in descending
+/// order included (sorted once, not inserted one by one: quadratic before), and a repeated
+/// name is refused whatever its values, as Prometheus refuses it.
+#[test]
+fn labels_in_any_order_sort_and_a_repeated_name_is_refused() {
+    let names: Vec<String> = (0..20_000).rev().map(|i| format!("l{i:05}")).collect();
+    let line = format!("m{{{}}}", names.iter().map(|n| format!("{n}=\"v\"")).collect::<Vec<_>>().join(","));
+    let labels = parse_series(line.as_bytes()).unwrap();
+    assert_eq!(labels.len(), 20_001);
+    assert!(labels.iter().map(|l| l.name.to_string()).collect::<Vec<_>>().windows(2).all(|w| w[0] < w[1]));
+    assert!(parse_series(b"m{a=\"\",a=\"x\"}").is_err());
+    assert!(parse_series(b"m{b=\"1\",a=\"2\",b=\"3\"}").is_err());
+    assert_eq!(parse_series(b"m{b=\"1\",a=\"\"}").unwrap().to_string(), "m{b=\"1\"}");
+}

@@ -347,6 +347,8 @@ fn a_wal_failure_in_a_later_slice_keeps_the_earlier_slices_outcome() {
     for i in 0..COMMIT_SLICE + 10 {
         batch.push((db.series(&labels(&format!("n{i}"))).unwrap(), Sample::new(now, 1.0)));
     }
+    // A refusal in the failed slice is not reported: nothing of that slice happened.
+    batch.push((s.clone(), Sample::new(now - 500, 3.0)));
     let Ok(full) = std::fs::OpenOptions::new().write(true).open("/dev/full") else {
         panic!("/dev/full is needed for this test");
     };

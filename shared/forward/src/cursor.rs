@@ -1,0 +1,102 @@
+//! Where an upstream's acknowledged data ends in the edge's WAL, persisted atomically.
+
+use crate::ForwardError;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use strata_tsdb::wal::WalCursor;
+
+/// A position in the WAL that every sample before was acknowledged by the upstream whose
+/// storage identity it carries: the record at `wal`, of whose samples the first `skip`
+/// were acknowledged already (a record larger than a batch goes in parts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cursor {
+    pub storage_id: String,
+    pub wal: WalCursor,
+    pub skip: u64,
+}
+
+/// One upstream's cursor file (`<data>/forward/<upstream>.cursor`), replaced whole (write,
+/// `fsync`, rename, `fsync` of the directory), so a crash leaves the old or the new one.
+pub struct CursorFile {
+    path: PathBuf,
+}
+
+const HEADER: &str = "strata forward cursor v1";
+
+impl CursorFile {
+    /// The cursor file of `upstream` (any text: it is encoded into a file name).
+    pub fn new(data_dir: &Path, upstream: &str) -> CursorFile {
+        let name: String =
+            upstream.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
+        CursorFile { path: data_dir.join("forward").join(format!("{name}.cursor")) }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The persisted cursor; `None` when there is none or it cannot be read (logged: the
+    /// upstream then gets everything again, which it ignores where it holds it).
+    pub fn load(&self) -> Option<Cursor> {
+        let text = match std::fs::read_to_string(&self.path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
+            Err(e) => {
+                tracing::warn!(file = %self.path.display(), error = %e, "forward cursor unreadable: sending from the oldest data");
+                return None;
+            }
+        };
+        let parsed = parse(&text);
+        if parsed.is_none() {
+            tracing::warn!(file = %self.path.display(), "forward cursor damaged: sending from the oldest data");
+        }
+        parsed
+    }
+
+    pub fn store(&self, c: &Cursor) -> Result<(), ForwardError> {
+        let err = |source| ForwardError::Cursor { file: self.path.clone(), source };
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(err)?;
+        let tmp = self.path.with_extension("cursor.tmp");
+        let text = format!(
+            "{HEADER}\nstorage_id {}\nsegment {}\noffset {}\nskip {}\n",
+            c.storage_id, c.wal.segment, c.wal.offset, c.skip
+        );
+        let mut f = std::fs::File::create(&tmp).map_err(err)?;
+        f.write_all(text.as_bytes()).map_err(err)?;
+        f.sync_data().map_err(err)?;
+        std::fs::rename(&tmp, &self.path).map_err(err)?;
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(err)?;
+        Ok(())
+    }
+}
+
+fn parse(text: &str) -> Option<Cursor> {
+    let mut lines = text.lines();
+    if lines.next()? != HEADER {
+        return None;
+    }
+    let mut field = |name: &str| lines.next()?.strip_prefix(name)?.strip_prefix(' ').map(str::to_string);
+    let storage_id = field("storage_id")?;
+    let segment = field("segment")?.parse().ok()?;
+    let offset = field("offset")?.parse().ok()?;
+    let skip = field("skip")?.parse().ok()?;
+    Some(Cursor { storage_id, wal: WalCursor { segment, offset }, skip })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cursor_survives_a_round_trip_and_damage_reads_as_none() {
+        let d = tempfile::tempdir().unwrap();
+        let f = CursorFile::new(d.path(), "regional-a:19091");
+        assert_eq!(f.load(), None);
+        let c = Cursor { storage_id: "abc".into(), wal: WalCursor { segment: 3, offset: 4096 }, skip: 7 };
+        f.store(&c).unwrap();
+        assert_eq!(f.load(), Some(c));
+        std::fs::write(f.path(), "strata forward cursor v1\nstorage_id abc\nsegment x\n").unwrap();
+        assert_eq!(f.load(), None);
+    }
+}

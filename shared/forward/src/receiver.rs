@@ -1,0 +1,210 @@
+//! The regional's side: batches appended to its database and acknowledged once durable.
+
+use crate::{pb, ForwardError, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
+use pb::forward_server::{Forward, ForwardServer};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use strata_grpc::{labels_from_pb, metadata_from_pb, StringPool, MAX_MESSAGE_BYTES};
+use strata_model::{Sample, METRIC_NAME};
+use strata_tsdb::db::Tsdb;
+use strata_tsdb::head::SampleError;
+use tonic::codec::CompressionEncoding;
+use tonic::{Request, Response, Status};
+
+/// A regional's storage identity: random, created with its data directory, so an edge can
+/// tell a regional that lost its data from one that kept it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorageId(pub String);
+
+impl StorageId {
+    const FILE: &'static str = "storage-id";
+
+    /// The identity of the database in `data_dir`, created on first use.
+    pub fn load_or_create(data_dir: &Path) -> Result<StorageId, ForwardError> {
+        let path = data_dir.join(Self::FILE);
+        let bad = |reason: String| ForwardError::StorageId { file: path.clone(), reason };
+        match std::fs::read_to_string(&path) {
+            Ok(s) => {
+                let id = s.trim();
+                if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return Err(bad(format!("not an identity: {id:?} (delete the file to start a new one)")));
+                }
+                Ok(StorageId(id.to_string()))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                let id = random_hex()?;
+                let tmp = path.with_extension("tmp");
+                let write = || -> std::io::Result<()> {
+                    let mut f = std::fs::File::create(&tmp)?;
+                    f.write_all(id.as_bytes())?;
+                    f.sync_data()?;
+                    std::fs::rename(&tmp, &path)?;
+                    std::fs::File::open(data_dir)?.sync_all()
+                };
+                write().map_err(|e| bad(e.to_string()))?;
+                Ok(StorageId(id))
+            }
+            Err(e) => Err(bad(e.to_string())),
+        }
+    }
+}
+
+fn random_hex() -> Result<String, ForwardError> {
+    let mut b = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut b))
+        .map_err(|e| ForwardError::StorageId { file: PathBuf::from("/dev/urandom"), reason: e.to_string() })?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// What the receiver did, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct ReceiverStats {
+    pub batches: AtomicU64,
+    pub batches_refused: AtomicU64,
+    pub appended: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub conflicts: AtomicU64,
+    pub out_of_order: AtomicU64,
+    pub out_of_bounds: AtomicU64,
+}
+
+/// The `Forward` service over a database.
+#[derive(Clone)]
+pub struct ForwardReceiver {
+    db: Arc<Tsdb>,
+    id: StorageId,
+    stats: Arc<ReceiverStats>,
+}
+
+impl ForwardReceiver {
+    pub fn new(db: Arc<Tsdb>, id: StorageId) -> ForwardReceiver {
+        ForwardReceiver { db, id, stats: Arc::default() }
+    }
+
+    pub fn stats(&self) -> Arc<ReceiverStats> {
+        self.stats.clone()
+    }
+
+    /// The tonic service, with the StoreAPI's message bound and gzip both ways.
+    pub fn into_server(self) -> ForwardServer<ForwardReceiver> {
+        ForwardServer::new(self)
+            .accept_compressed(CompressionEncoding::Gzip)
+            .send_compressed(CompressionEncoding::Gzip)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+    }
+
+    /// Checks, stores and syncs one batch (blocking: the WAL write and its `fsync`).
+    fn store(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
+        if req.storage_id != self.id.0 {
+            return Err(Status::failed_precondition(format!(
+                "batch for storage {:?}, this regional's storage is {:?} (its data directory was replaced): \
+                 say Hello again and send from the oldest data",
+                req.storage_id, self.id.0
+            )));
+        }
+        if req.series.len() > MAX_BATCH_SERIES {
+            return Err(Status::invalid_argument(format!(
+                "{} series in one batch, at most {MAX_BATCH_SERIES}",
+                req.series.len()
+            )));
+        }
+        let total: usize = req.series.iter().map(|s| s.timestamps.len()).sum();
+        if total > MAX_BATCH_SAMPLES {
+            return Err(Status::invalid_argument(format!("{total} samples in one batch, at most {MAX_BATCH_SAMPLES}")));
+        }
+        let mut pool = StringPool::default();
+        let mut batch = Vec::with_capacity(total);
+        for (i, s) in req.series.into_iter().enumerate() {
+            let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
+            if s.timestamps.len() != s.values.len() {
+                return Err(bad(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len())));
+            }
+            if s.timestamps.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(bad("timestamps not increasing".into()));
+            }
+            let labels = labels_from_pb(s.labels, &mut pool).map_err(bad)?;
+            if labels.get(METRIC_NAME).is_none() {
+                return Err(bad(format!("no metric name in {labels}")));
+            }
+            let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            batch.extend(
+                s.timestamps.iter().zip(&s.values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
+            );
+        }
+        for m in req.metadata {
+            let (family, meta) = metadata_from_pb(m);
+            if !family.is_empty() {
+                self.db.set_metadata(&family, meta).map_err(|e| Status::unavailable(e.to_string()))?;
+            }
+        }
+        let out = self.db.commit(&batch).map_err(|e| Status::unavailable(format!("writing the WAL: {e}")))?;
+        // Acknowledged means durable: the batch is in the WAL and on disk.
+        self.db.sync_wal().map_err(|e| Status::unavailable(format!("syncing the WAL: {e}")))?;
+        let mut resp = pb::PushResponse {
+            appended: out.appended as u64,
+            duplicates: out.ignored_duplicates as u64,
+            ..Default::default()
+        };
+        let mut first_conflict = None;
+        for (r, s, e) in &out.rejected {
+            match e {
+                SampleError::DuplicateTimestamp => {
+                    resp.conflicts += 1;
+                    first_conflict.get_or_insert((*r, *s));
+                }
+                SampleError::OutOfOrder => resp.out_of_order += 1,
+                _ => resp.out_of_bounds += 1,
+            }
+        }
+        if let Some((r, s)) = first_conflict {
+            let series = self.db.head().series(r).map(|x| x.labels.to_string()).unwrap_or_default();
+            tracing::warn!(
+                conflicts = resp.conflicts,
+                first_series = %series,
+                timestamp = s.t,
+                sent = s.v,
+                "forward: samples whose timestamp is stored with another value; the stored values are kept"
+            );
+        }
+        if resp.out_of_order + resp.out_of_bounds > 0 {
+            tracing::warn!(
+                out_of_order = resp.out_of_order,
+                out_of_bounds = resp.out_of_bounds,
+                "forward: samples refused"
+            );
+        }
+        let st = &self.stats;
+        st.batches.fetch_add(1, Relaxed);
+        st.appended.fetch_add(resp.appended, Relaxed);
+        st.duplicates.fetch_add(resp.duplicates, Relaxed);
+        st.conflicts.fetch_add(resp.conflicts, Relaxed);
+        st.out_of_order.fetch_add(resp.out_of_order, Relaxed);
+        st.out_of_bounds.fetch_add(resp.out_of_bounds, Relaxed);
+        Ok(resp)
+    }
+}
+
+#[tonic::async_trait]
+impl Forward for ForwardReceiver {
+    async fn hello(&self, _req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloResponse>, Status> {
+        Ok(Response::new(pb::HelloResponse {
+            storage_id: self.id.0.clone(),
+            max_batch_samples: MAX_BATCH_SAMPLES as u64,
+        }))
+    }
+
+    async fn push(&self, req: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
+        let me = self.clone();
+        let req = req.into_inner();
+        let out = tokio::task::spawn_blocking(move || me.store(req))
+            .await
+            .map_err(|e| Status::internal(format!("storing the batch: {e}")))?;
+        if out.is_err() {
+            self.stats.batches_refused.fetch_add(1, Relaxed);
+        }
+        out.map(Response::new)
+    }
+}

@@ -1,0 +1,253 @@
+//! Forwarding between two databases over gRPC on loopback: exactness, restarts of either
+//! side, a regional that lost its data, conflicts, and hostile batches.
+
+use super::*;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_model::{Labels, Metadata, MetricType, Sample};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use tokio::sync::{oneshot, watch};
+
+struct Regional {
+    db: Arc<Tsdb>,
+    stats: Arc<ReceiverStats>,
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Regional {
+    async fn start(dir: &Path) -> Regional {
+        let db = Arc::new(Tsdb::open(dir, TsdbOptions::default()).unwrap());
+        let receiver = ForwardReceiver::new(db.clone(), StorageId::load_or_create(dir).unwrap());
+        let stats = receiver.stats();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (tx, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let _ = tonic::transport::Server::builder()
+                .add_service(receiver.into_server())
+                .serve_with_incoming_shutdown(incoming, async {
+                    let _ = rx.await;
+                })
+                .await;
+        });
+        Regional { db, stats, addr, stop: Some(tx), task }
+    }
+
+    async fn stop(mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        let _ = self.task.await;
+    }
+}
+
+fn all(db: &Tsdb) -> Vec<(String, Vec<(i64, u64)>)> {
+    let m = Matcher::new(MatchOp::Regex, "__name__", ".+").unwrap();
+    let mut v: Vec<_> = db
+        .head()
+        .select(&[m], i64::MIN, i64::MAX)
+        .into_iter()
+        .map(|(s, cs)| {
+            let samples = cs.iter().flat_map(|c| c.decode().unwrap()).map(|x| (x.t, x.v.to_bits())).collect();
+            (s.labels.to_string(), samples)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// The edge's data as the regional should hold it: with the edge's external label.
+fn expected(edge: &Tsdb) -> Vec<(String, Vec<(i64, u64)>)> {
+    let mut v: Vec<_> =
+        all(edge).into_iter().map(|(l, s)| (l.replacen('{', "{cluster=\"a\", ", 1).replace(", }", "}"), s)).collect();
+    v.sort();
+    v
+}
+
+/// `n` samples for each of `series` series from `t0` on, one commit per timestamp (as
+/// scrapes write them), the last one a staleness marker.
+fn write(edge: &Tsdb, series: usize, t0: i64, n: usize) {
+    let s: Vec<_> = (0..series)
+        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_util"), ("gpu", &i.to_string())])).unwrap())
+        .collect();
+    for k in 0..n {
+        let t = t0 + k as i64 * 1000;
+        let v = if k + 1 == n { strata_model::stale_nan() } else { (k * 7 % 100) as f64 };
+        let batch: Vec<_> = s.iter().map(|x| (x.clone(), Sample::new(t, v))).collect();
+        assert_eq!(edge.commit(&batch).unwrap().appended, series);
+    }
+}
+
+fn options(name: &str, addr: SocketAddr, batch: usize) -> ForwarderOptions {
+    let mut o = ForwarderOptions::new(name);
+    o.endpoint = format!("http://{addr}");
+    o.batch_samples = batch;
+    o.poll = Duration::from_millis(20);
+    o.min_backoff = Duration::from_millis(20);
+    o.max_backoff = Duration::from_millis(200);
+    o.external_labels = Labels::from_pairs([("cluster", "a")]);
+    o
+}
+
+/// Runs a forwarder until the regional holds what the edge holds (or 20 s pass).
+async fn forward_until_equal(
+    edge: &Arc<Tsdb>,
+    holds: &Arc<WalHolds>,
+    opts: ForwarderOptions,
+    regional: &Tsdb,
+) -> Arc<ForwarderStats> {
+    let f = Forwarder::new(edge.clone(), holds.clone(), opts);
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let want = expected(edge);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while all(regional) != want && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(all(regional), want, "the regional does not hold exactly what the edge holds");
+    stats
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_regional_holds_exactly_what_the_edge_stored_across_restarts_of_either_side() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), TsdbOptions::default()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    let now = strata_model::time::now_ms() - 600_000;
+    edge.set_metadata(
+        "gpu_util",
+        Metadata { metric_type: MetricType::Gauge, help: "GPU use".into(), unit: "percent".into() },
+    )
+    .unwrap();
+    write(&edge, 30, now, 40);
+    let regional = Regional::start(r.path()).await;
+    // Batches of 7 samples: every WAL record (30 samples) goes in parts.
+    let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 7), &regional.db).await;
+    assert_eq!(stats.samples_acked.load(Relaxed), 1200);
+    let meta = regional.db.head().all_metadata().into_iter().find(|(f, _)| f == "gpu_util").map(|(_, m)| m.unit);
+    assert_eq!(meta, Some("percent".into()));
+
+    // The edge restarts (a new forwarder from the persisted cursor) with more data: the
+    // regional is sent only what is new.
+    write(&edge, 30, now + 40_000, 10);
+    let before = regional.stats.duplicates.load(Relaxed);
+    let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
+    assert_eq!(stats.samples_acked.load(Relaxed), 300, "the restarted forwarder sent old data again");
+    assert_eq!(regional.stats.duplicates.load(Relaxed), before);
+
+    // The regional restarts on the same data: the cursor stays good.
+    let addr_dir = r.path().to_path_buf();
+    regional.stop().await;
+    let regional = Regional::start(&addr_dir).await;
+    write(&edge, 30, now + 50_000, 5);
+    let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
+    assert_eq!(stats.samples_acked.load(Relaxed), 150);
+    regional.stop().await;
+
+    // The regional comes back empty (a new data directory): it gets everything again.
+    let r2 = tempfile::tempdir().unwrap();
+    let regional = Regional::start(r2.path()).await;
+    let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
+    assert_eq!(stats.restarts_from_oldest.load(Relaxed), 1);
+    assert_eq!(stats.samples_acked.load(Relaxed), 30 * 55);
+    regional.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflicting_value_is_counted_and_the_stored_one_kept() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), TsdbOptions::default()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    let now = strata_model::time::now_ms() - 60_000;
+    write(&edge, 1, now, 3);
+    let regional = Regional::start(r.path()).await;
+    // The regional already holds another value at the first timestamp.
+    let s =
+        regional.db.series(&Labels::from_pairs([("__name__", "gpu_util"), ("cluster", "a"), ("gpu", "0")])).unwrap();
+    regional.db.commit(&[(s, Sample::new(now, 55.0))]).unwrap();
+    let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", regional.addr, 100));
+    let (stop, rx) = watch::channel(false);
+    let stats = f.stats();
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.samples_acked.load(Relaxed) < 3 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(regional.stats.conflicts.load(Relaxed), 1);
+    let got = all(&regional.db);
+    assert_eq!(got[0].1[0], (now, 55f64.to_bits()), "the stored value was replaced");
+    assert_eq!(got[0].1.len(), 3);
+    regional.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
+    use pb::forward_client::ForwardClient;
+    let r = tempfile::tempdir().unwrap();
+    let regional = Regional::start(r.path()).await;
+    let mut c = ForwardClient::connect(format!("http://{}", regional.addr)).await.unwrap();
+    let id = c.hello(pb::HelloRequest::default()).await.unwrap().into_inner().storage_id;
+    let label = |n: &str, v: &str| strata_grpc::pb::Label { name: n.into(), value: v.into() };
+    let series = |labels, ts: Vec<i64>, vs: Vec<u64>| pb::ForwardSeries { labels, timestamps: ts, values: vs };
+    let now = strata_model::time::now_ms();
+    let good = series(vec![label("__name__", "m")], vec![now], vec![1f64.to_bits()]);
+    let push = |storage_id: &str, s: Vec<pb::ForwardSeries>| pb::PushRequest {
+        storage_id: storage_id.into(),
+        series: s,
+        metadata: vec![],
+    };
+    assert_eq!(c.push(push(&id, vec![good.clone()])).await.unwrap().into_inner().appended, 1);
+    let before = all(&regional.db);
+    let cases = [
+        (push("another", vec![good.clone()]), tonic::Code::FailedPrecondition),
+        (
+            push(&id, vec![series(vec![label("z", "1"), label("__name__", "m")], vec![now + 1], vec![0])]),
+            tonic::Code::InvalidArgument,
+        ),
+        (
+            push(&id, vec![series(vec![label("__name__", "m"), label("0bad", "1")], vec![now + 1], vec![0])]),
+            tonic::Code::InvalidArgument,
+        ),
+        (push(&id, vec![series(vec![label("job", "x")], vec![now + 1], vec![0])]), tonic::Code::InvalidArgument),
+        (
+            push(&id, vec![series(vec![label("__name__", "m")], vec![now + 2, now + 1], vec![0, 0])]),
+            tonic::Code::InvalidArgument,
+        ),
+        (push(&id, vec![series(vec![label("__name__", "m")], vec![now + 1], vec![])]), tonic::Code::InvalidArgument),
+        (
+            push(
+                &id,
+                vec![series(
+                    vec![label("__name__", "m")],
+                    (1..=MAX_BATCH_SAMPLES as i64 + 1).collect(),
+                    vec![0; MAX_BATCH_SAMPLES + 1],
+                )],
+            ),
+            tonic::Code::InvalidArgument,
+        ),
+    ];
+    for (i, (req, code)) in cases.into_iter().enumerate() {
+        let got = c.push(req).await.expect_err(&format!("case {i} was accepted"));
+        assert_eq!(got.code(), code, "case {i}: {}", got.message());
+    }
+    // A frame over the message bound is refused by the transport, not decoded.
+    let huge = series(vec![label("__name__", "m"), label("x", &"v".repeat(17 << 20))], vec![now + 1], vec![0]);
+    assert!(c.push(push(&id, vec![huge])).await.is_err());
+    // The same batch again: a duplicate, nothing changes.
+    let again = c.push(push(&id, vec![good])).await.unwrap().into_inner();
+    assert_eq!((again.appended, again.duplicates), (0, 1));
+    assert_eq!(all(&regional.db), before, "a refused batch changed stored data");
+    regional.stop().await;
+}
