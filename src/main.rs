@@ -78,6 +78,30 @@ enum Command {
         #[arg(long = "query.pushdown", default_value_t = true, action = clap::ArgAction::Set)]
         query_pushdown: bool,
     },
+    /// The regional tier: receives what edges forward (acknowledged once durable), stores
+    /// it and serves the Prometheus HTTP API and the StoreAPI.
+    Regional {
+        /// The regional's configuration file (Strata's keys under `strata:`).
+        #[arg(long)]
+        config: PathBuf,
+        /// Address of the Prometheus HTTP API and `/metrics` [default: 127.0.0.1:9491].
+        #[arg(long)]
+        http_listen: Option<SocketAddr>,
+        /// Where edges forward to and globals read the StoreAPI (gRPC) [default: 127.0.0.1:9492].
+        #[arg(long)]
+        grpc_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        grpc_tls: GrpcServerTls,
+        /// Data directory [default: strata-data/regional, or `strata.data_dir` in the file].
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
+        #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
+        query_max_concurrency: usize,
+        /// Prometheus' web configuration file: TLS (`tls_server_config`) and basic auth.
+        #[arg(long = "web.config.file")]
+        web_config_file: Option<PathBuf>,
+    },
     /// The edge tier: scrape + remote-write receiver + WAL-backed head.
     Edge {
         /// A Prometheus configuration file (Strata's own keys under `strata:`).
@@ -267,6 +291,30 @@ async fn run() -> anyhow::Result<()> {
             shutdown_signal().await;
             tracing::info!("shutting down");
             global.stop().await;
+            Ok(())
+        }
+        Command::Regional {
+            config,
+            http_listen,
+            grpc_listen,
+            grpc_tls,
+            data,
+            query_max_concurrency,
+            web_config_file,
+        } => {
+            let mut opts = strata_regional::RegionalOptions::new(config);
+            opts.http_listen = http_listen;
+            opts.grpc_listen = grpc_listen;
+            opts.grpc_tls = grpc_tls.files();
+            opts.data_dir = data;
+            opts.api.max_concurrency = query_max_concurrency;
+            opts.web_config = web_config_file;
+            let regional = strata_regional::Regional::start(opts).await?;
+            println!("regional listening on {}://{}", regional.scheme, regional.http_addr);
+            println!("regional StoreAPI and forward receiver (gRPC) on {}", regional.grpc_addr);
+            shutdown_signal().await;
+            tracing::info!("shutting down");
+            tokio::time::timeout(Duration::from_secs(30), regional.stop()).await.context("shutdown took over 30 s")?;
             Ok(())
         }
         Command::Edge {

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use strata_ingest::relabel::{compile_all, RelabelConfig, RelabelRule};
-use strata_model::duration::{parse_duration, PromDuration};
+use strata_model::duration::PromDuration;
 use strata_model::is_valid_label_name;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,49 +34,7 @@ pub enum ConfigError {
 /// which in Prometheus means no limit: a target must not be able to exhaust the edge).
 pub const DEFAULT_BODY_SIZE_LIMIT: u64 = 64 << 20;
 
-/// A byte size as Prometheus writes it: `10MB`, `512KB`, `1GB`, `0` (base 1024).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ByteSize(pub u64);
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ByteSizeError {
-    #[error("invalid size {0:?}")]
-    Invalid(String),
-    #[error("invalid size unit {unit:?} in {size:?}")]
-    Unit { unit: String, size: String },
-    #[error("size {0:?} out of range")]
-    OutOfRange(String),
-}
-
-pub fn parse_bytes(s: &str) -> Result<u64, ByteSizeError> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let n: u64 = s[..split].parse().map_err(|_| ByteSizeError::Invalid(s.to_string()))?;
-    let mult: u64 = match s[split..].trim() {
-        "" | "B" => 1,
-        "KB" | "KiB" => 1 << 10,
-        "MB" | "MiB" => 1 << 20,
-        "GB" | "GiB" => 1 << 30,
-        "TB" | "TiB" => 1 << 40,
-        other => return Err(ByteSizeError::Unit { unit: other.to_string(), size: s.to_string() }),
-    };
-    n.checked_mul(mult).ok_or_else(|| ByteSizeError::OutOfRange(s.to_string()))
-}
-
-impl<'de> Deserialize<'de> for ByteSize {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        #[derive(Deserialize)]
-        #[serde(untagged)]
-        enum Raw {
-            N(u64),
-            S(String),
-        }
-        match Raw::deserialize(d)? {
-            Raw::N(n) => Ok(ByteSize(n)),
-            Raw::S(s) => parse_bytes(&s).map(ByteSize).map_err(serde::de::Error::custom),
-        }
-    }
-}
+pub use strata_model::size::{parse_bytes, ByteSize, ByteSizeError};
 
 #[derive(Debug, Clone, Deserialize, Default)]
 pub struct RawGlobal {
@@ -161,6 +119,31 @@ pub struct RawStrata {
     pub wal_fsync: Option<String>,
     pub remote_write_max_bytes: Option<ByteSize>,
     pub remote_write_max_samples: Option<usize>,
+    /// Upstream regionals that receive everything this edge stores, each from its own
+    /// cursor (read at start: changing the list takes a restart).
+    #[serde(default)]
+    pub forward: Vec<RawForward>,
+}
+
+/// One upstream of `strata.forward`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForward {
+    /// The regional's gRPC address, `host:port` (or an `http://`/`https://` URL).
+    pub address: String,
+    /// Samples per batch (default 20,000; the regional may ask for fewer).
+    pub batch_samples: Option<usize>,
+    /// TLS to the regional (`https`), with a client certificate when it asks for one.
+    pub tls_config: Option<RawForwardTls>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawForwardTls {
+    pub ca_file: PathBuf,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+    pub server_name: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -215,6 +198,20 @@ pub const DEFAULT_SCRAPE_INTERVAL: Duration = Duration::from_secs(5);
 pub const DEFAULT_SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
 
 impl EdgeConfig {
+    /// The storage keys of `strata:`, for the database's options.
+    pub fn storage_settings(&self) -> strata_tsdb::settings::StorageSettings {
+        let s = &self.strata;
+        strata_tsdb::settings::StorageSettings {
+            retention: s.retention.map(|d| d.0),
+            retention_size: s.retention_size.map(|b| b.0),
+            block_range: s.block_range.map(|d| d.0),
+            block_cache_bytes: s.block_cache_size.map(|b| b.0),
+            future_grace_period: s.future_grace_period.map(|d| d.0),
+            max_series: s.max_series,
+            wal_fsync: s.wal_fsync.clone(),
+        }
+    }
+
     pub fn load(path: &Path) -> Result<EdgeConfig, ConfigError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
@@ -321,20 +318,32 @@ impl EdgeConfig {
             });
         }
         if let Some(p) = &raw.strata.wal_fsync {
-            if p != "always" {
-                parse_duration(p).map_err(|m| ConfigError::Invalid {
-                    path: path.to_path_buf(),
-                    message: format!("strata.wal_fsync: {m}"),
-                })?;
+            strata_tsdb::wal::SyncPolicy::parse(p).map_err(|m| ConfigError::Invalid {
+                path: path.to_path_buf(),
+                message: format!("strata.wal_fsync: {m}"),
+            })?;
+        }
+        let mut upstreams = std::collections::HashSet::new();
+        let mut strata = raw.strata;
+        for f in &mut strata.forward {
+            let bad =
+                |m: String| ConfigError::Invalid { path: path.to_path_buf(), message: format!("strata.forward: {m}") };
+            if f.address.trim().is_empty() {
+                return Err(bad("an upstream without an address".into()));
+            }
+            if !upstreams.insert(f.address.clone()) {
+                return Err(bad(format!("{} is listed twice", f.address)));
+            }
+            if f.batch_samples.is_some_and(|n| n == 0 || n > strata_forward::MAX_BATCH_SAMPLES) {
+                return Err(bad(format!("batch_samples must be 1 to {}", strata_forward::MAX_BATCH_SAMPLES)));
+            }
+            if let Some(t) = &mut f.tls_config {
+                t.ca_file = base.join(&t.ca_file);
+                t.cert_file = t.cert_file.as_ref().map(|p| base.join(p));
+                t.key_file = t.key_file.as_ref().map(|p| base.join(p));
             }
         }
-        Ok(EdgeConfig {
-            path: path.to_path_buf(),
-            external_labels: raw.global.external_labels,
-            ignored,
-            jobs,
-            strata: raw.strata,
-        })
+        Ok(EdgeConfig { path: path.to_path_buf(), external_labels: raw.global.external_labels, ignored, jobs, strata })
     }
 }
 

@@ -40,6 +40,8 @@ pub struct EdgeMetrics {
     /// File-SD files that could not be read or parsed (Prometheus' `prometheus_sd_file_read_errors_total`).
     pub sd_file_read_errors: Counter,
     pub config_last_reload_success: Gauge,
+    /// Each `strata.forward` upstream's progress (`strata_forward_*{upstream}`).
+    pub forward: strata_forward::ForwardMetrics,
 }
 
 impl EdgeMetrics {
@@ -113,6 +115,8 @@ impl EdgeMetrics {
             "Whether the last configuration reload succeeded",
             config_last_reload_success.clone(),
         );
+        let forward = strata_forward::ForwardMetrics::default();
+        forward.register(&mut registry);
         EdgeMetrics {
             registry,
             scrapes,
@@ -128,6 +132,7 @@ impl EdgeMetrics {
             config_reloads,
             sd_file_read_errors,
             config_last_reload_success,
+            forward,
         }
     }
 

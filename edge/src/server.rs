@@ -17,12 +17,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use strata_api::ApiOptions;
 use strata_grpc::{ServeOptions, StoreInfo, StoreService};
-use strata_model::duration::parse_duration;
 use strata_model::Labels;
 use strata_server::{LiveWebConfig, ServerLimits, WebConfig, WebConfigError};
 use strata_store::SelectLimits;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
-use strata_tsdb::wal::SyncPolicy;
 use strata_tsdb::TsdbStore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -231,6 +229,12 @@ pub enum EdgeError {
     WebConfig(#[from] WebConfigError),
     #[error("StoreAPI: {0}")]
     Grpc(#[from] strata_grpc::GrpcError),
+    #[error("strata.forward upstream {upstream}: {source}")]
+    Forward {
+        upstream: String,
+        #[source]
+        source: strata_grpc::GrpcError,
+    },
 }
 
 /// A running edge.
@@ -247,35 +251,8 @@ pub struct Edge {
 }
 
 fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
-    let mut o = TsdbOptions::default();
-    if let Some(r) = cfg.strata.retention {
-        o.retention = r.0;
-    }
-    if let Some(size) = cfg.strata.retention_size {
-        o.retention_size = Some(size.0);
-    }
-    if let Some(size) = cfg.strata.block_cache_size {
-        o.block_cache_bytes = usize::try_from(size.0).unwrap_or(usize::MAX);
-    }
-    if let Some(r) = cfg.strata.block_range {
-        o.block_range = r.0.max(Duration::from_secs(10));
-    }
-    if let Some(g) = cfg.strata.future_grace_period {
-        o.future_grace_period = g.0;
-    }
-    if let Some(n) = cfg.strata.max_series {
-        o.max_series = n;
-    }
-    match cfg.strata.wal_fsync.as_deref() {
-        Some("always") => o.wal_sync = SyncPolicy::Always,
-        Some(d) => {
-            if let Ok(d) = parse_duration(d) {
-                o.wal_sync = SyncPolicy::Interval(d.max(Duration::from_millis(10)));
-            }
-        }
-        None => {}
-    }
-    o
+    // `wal_fsync` was checked when the configuration loaded.
+    cfg.storage_settings().apply(TsdbOptions::default()).unwrap_or_default()
 }
 
 /// Serves the StoreAPI over the database on `addr`, with the configuration's external
@@ -307,6 +284,47 @@ async fn spawn_store_api(
         }
     });
     Ok(bound)
+}
+
+/// One [`Forwarder`](strata_forward::Forwarder) per `strata.forward` upstream, each from
+/// its own cursor; together they hold the WAL the slowest still needs.
+fn spawn_forwarders(
+    db: &Arc<Tsdb>,
+    cfg: &EdgeConfig,
+    metrics: &EdgeMetrics,
+    shutdown: &watch::Receiver<bool>,
+) -> Result<Vec<JoinHandle<()>>, EdgeError> {
+    if cfg.strata.forward.is_empty() {
+        return Ok(Vec::new());
+    }
+    let holds = strata_forward::WalHolds::new(db.clone());
+    let external = Labels::from_pairs(cfg.external_labels.iter());
+    let mut tasks = Vec::new();
+    for f in &cfg.strata.forward {
+        let mut o = strata_forward::ForwarderOptions::new(&f.address);
+        o.external_labels = external.clone();
+        if let Some(n) = f.batch_samples {
+            o.batch_samples = n;
+        }
+        if let Some(t) = &f.tls_config {
+            let files = strata_grpc::ClientTlsFiles {
+                ca: t.ca_file.clone(),
+                cert: t.cert_file.clone(),
+                key: t.key_file.clone(),
+                server_name: t.server_name.clone(),
+            };
+            let tls = files.load().map_err(|source| EdgeError::Forward { upstream: f.address.clone(), source })?;
+            o.tls = Some(tls);
+            if !f.address.contains("://") {
+                o.endpoint = format!("https://{}", f.address);
+            }
+        }
+        let stats = metrics.forward.upstream(&f.address);
+        let forwarder = strata_forward::Forwarder::new(db.clone(), holds.clone(), o, stats);
+        tracing::info!(upstream = %f.address, "forwarding everything stored to the upstream");
+        tasks.push(tokio::spawn(forwarder.run(shutdown.clone())));
+    }
+    Ok(tasks)
 }
 
 /// The longest a StoreAPI call may run, whatever deadline the caller sent.
@@ -390,6 +408,7 @@ impl Edge {
             }));
         }
 
+        tasks.extend(spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx)?);
         let grpc_addr = match opts.grpc_listen {
             Some(addr) => {
                 let tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;

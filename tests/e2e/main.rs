@@ -6,6 +6,7 @@ mod common;
 mod differential;
 mod edge_crash;
 mod edge_scrape;
+mod forward;
 mod global;
 mod grpc_store;
 mod hostile_queries;

@@ -25,8 +25,8 @@ mod tests;
 
 pub use cursor::{Cursor, CursorFile};
 pub use holds::WalHolds;
-pub use receiver::{ForwardReceiver, ReceiverStats, StorageId};
-pub use sender::{Forwarder, ForwarderOptions, ForwarderStats};
+pub use receiver::{ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
+pub use sender::{ForwardMetrics, Forwarder, ForwarderOptions, ForwarderStats, UpstreamLabel};
 pub use strata_proto::forward as pb;
 
 /// The most samples one batch may carry; the receiver refuses more. About 17 bytes a

@@ -2,9 +2,12 @@
 
 use crate::{pb, ForwardError, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use pb::forward_server::{Forward, ForwardServer};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use strata_grpc::{labels_from_pb, metadata_from_pb, StringPool, MAX_MESSAGE_BYTES};
 use strata_model::{Sample, METRIC_NAME};
@@ -60,15 +63,36 @@ fn random_hex() -> Result<String, ForwardError> {
 }
 
 /// What the receiver did, for `/metrics`.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct ReceiverStats {
-    pub batches: AtomicU64,
-    pub batches_refused: AtomicU64,
-    pub appended: AtomicU64,
-    pub duplicates: AtomicU64,
-    pub conflicts: AtomicU64,
-    pub out_of_order: AtomicU64,
-    pub out_of_bounds: AtomicU64,
+    pub batches: Counter,
+    pub batches_refused: Counter,
+    /// Received samples by what became of them: `appended`, `duplicate`, `conflict`,
+    /// `out_of_order`, `out_of_bounds`.
+    pub samples: Family<ResultLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+impl ReceiverStats {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("forward_received");
+        r.register("batches", "Forwarded batches stored and acknowledged", self.batches.clone());
+        r.register("batches_refused", "Forwarded batches refused (not acknowledged)", self.batches_refused.clone());
+        r.register("samples", "Forwarded samples by what became of them", self.samples.clone());
+    }
+
+    fn count(&self, result: &str, n: u64) {
+        self.samples.get_or_create(&ResultLabel { result: result.to_string() }).inc_by(n);
+    }
+
+    /// Samples counted under `result`.
+    pub fn samples(&self, result: &str) -> u64 {
+        self.samples.get_or_create(&ResultLabel { result: result.to_string() }).get()
+    }
 }
 
 /// The `Forward` service over a database.
@@ -76,15 +100,15 @@ pub struct ReceiverStats {
 pub struct ForwardReceiver {
     db: Arc<Tsdb>,
     id: StorageId,
-    stats: Arc<ReceiverStats>,
+    stats: ReceiverStats,
 }
 
 impl ForwardReceiver {
     pub fn new(db: Arc<Tsdb>, id: StorageId) -> ForwardReceiver {
-        ForwardReceiver { db, id, stats: Arc::default() }
+        ForwardReceiver { db, id, stats: ReceiverStats::default() }
     }
 
-    pub fn stats(&self) -> Arc<ReceiverStats> {
+    pub fn stats(&self) -> ReceiverStats {
         self.stats.clone()
     }
 
@@ -177,12 +201,12 @@ impl ForwardReceiver {
             );
         }
         let st = &self.stats;
-        st.batches.fetch_add(1, Relaxed);
-        st.appended.fetch_add(resp.appended, Relaxed);
-        st.duplicates.fetch_add(resp.duplicates, Relaxed);
-        st.conflicts.fetch_add(resp.conflicts, Relaxed);
-        st.out_of_order.fetch_add(resp.out_of_order, Relaxed);
-        st.out_of_bounds.fetch_add(resp.out_of_bounds, Relaxed);
+        st.batches.inc();
+        st.count("appended", resp.appended);
+        st.count("duplicate", resp.duplicates);
+        st.count("conflict", resp.conflicts);
+        st.count("out_of_order", resp.out_of_order);
+        st.count("out_of_bounds", resp.out_of_bounds);
         Ok(resp)
     }
 }
@@ -203,7 +227,7 @@ impl Forward for ForwardReceiver {
             .await
             .map_err(|e| Status::internal(format!("storing the batch: {e}")))?;
         if out.is_err() {
-            self.stats.batches_refused.fetch_add(1, Relaxed);
+            self.stats.batches_refused.inc();
         }
         out.map(Response::new)
     }

@@ -3,8 +3,13 @@
 
 use crate::{pb, Cursor, CursorFile, ForwardError, WalHolds, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use pb::forward_client::ForwardClient;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_grpc::{labels_to_pb, metadata_to_pb, ClientTlsConfig, MAX_MESSAGE_BYTES};
@@ -52,24 +57,81 @@ impl ForwarderOptions {
     }
 }
 
-/// One upstream's progress, for `/metrics`.
-#[derive(Debug, Default)]
+/// Every upstream's progress, for `/metrics` (families keyed by `upstream`).
+#[derive(Debug, Default, Clone)]
+pub struct ForwardMetrics {
+    batches_sent: Family<UpstreamLabel, Counter>,
+    batches_acked: Family<UpstreamLabel, Counter>,
+    samples_acked: Family<UpstreamLabel, Counter>,
+    retries: Family<UpstreamLabel, Counter>,
+    restarts_from_oldest: Family<UpstreamLabel, Counter>,
+    unsendable_samples: Family<UpstreamLabel, Counter>,
+    pending_bytes: Family<UpstreamLabel, Gauge>,
+    lag_seconds: Family<UpstreamLabel, Gauge<f64, AtomicU64>>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamLabel {
+    pub upstream: String,
+}
+
+impl ForwardMetrics {
+    /// Registers the families (`<prefix>_forward_*`).
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("forward");
+        r.register("batches_sent", "Batches sent to the upstream", self.batches_sent.clone());
+        r.register("batches_acked", "Batches the upstream acknowledged as durable", self.batches_acked.clone());
+        r.register("samples_acked", "Samples the upstream acknowledged as durable", self.samples_acked.clone());
+        r.register("retries", "Failed sessions and batches, each retried after a backoff", self.retries.clone());
+        r.register(
+            "restarts_from_oldest",
+            "Times the upstream came back with new storage and was sent everything again",
+            self.restarts_from_oldest.clone(),
+        );
+        r.register(
+            "unsendable_samples",
+            "Samples of series neither the WAL nor the head names any more: not sent (logged)",
+            self.unsendable_samples.clone(),
+        );
+        r.register("pending_bytes", "WAL bytes after the upstream's cursor", self.pending_bytes.clone());
+        r.register(
+            "lag_seconds",
+            "How far the newest acknowledged sample is behind the wall clock while data is pending (0: caught up)",
+            self.lag_seconds.clone(),
+        );
+    }
+
+    /// The handles of one upstream.
+    pub fn upstream(&self, name: &str) -> ForwarderStats {
+        let l = UpstreamLabel { upstream: name.to_string() };
+        ForwarderStats {
+            batches_sent: self.batches_sent.get_or_create(&l).clone(),
+            batches_acked: self.batches_acked.get_or_create(&l).clone(),
+            samples_acked: self.samples_acked.get_or_create(&l).clone(),
+            retries: self.retries.get_or_create(&l).clone(),
+            restarts_from_oldest: self.restarts_from_oldest.get_or_create(&l).clone(),
+            unsendable_samples: self.unsendable_samples.get_or_create(&l).clone(),
+            pending_bytes: self.pending_bytes.get_or_create(&l).clone(),
+            lag_seconds: self.lag_seconds.get_or_create(&l).clone(),
+        }
+    }
+}
+
+/// One upstream's progress (handles into [`ForwardMetrics`]).
+#[derive(Debug, Clone, Default)]
 pub struct ForwarderStats {
-    pub batches_sent: AtomicU64,
-    pub batches_acked: AtomicU64,
-    pub samples_acked: AtomicU64,
+    pub batches_sent: Counter,
+    pub batches_acked: Counter,
+    pub samples_acked: Counter,
     /// Failed sessions and refused batches, each followed by a backoff.
-    pub retries: AtomicU64,
+    pub retries: Counter,
     /// Times the upstream came back with another storage identity.
-    pub restarts_from_oldest: AtomicU64,
+    pub restarts_from_oldest: Counter,
     /// Samples whose series the WAL and the head no longer name: not sendable (logged).
-    pub unknown_series_samples: AtomicU64,
+    pub unsendable_samples: Counter,
     /// WAL bytes after the cursor.
-    pub bytes_pending: AtomicU64,
-    /// The newest timestamp acknowledged (ms).
-    pub newest_acked_ms: AtomicI64,
-    /// Whether the last read reached the end of the WAL (nothing pending).
-    pub caught_up: AtomicU64,
+    pub pending_bytes: Gauge,
+    pub lag_seconds: Gauge<f64, AtomicU64>,
 }
 
 /// Forwards the edge's WAL to one upstream until stopped.
@@ -78,19 +140,21 @@ pub struct Forwarder {
     opts: ForwarderOptions,
     cursor_file: CursorFile,
     holds: Arc<WalHolds>,
-    stats: Arc<ForwarderStats>,
+    stats: ForwarderStats,
 }
 
 impl Forwarder {
-    pub fn new(db: Arc<Tsdb>, holds: Arc<WalHolds>, opts: ForwarderOptions) -> Forwarder {
+    /// A forwarder counting into `stats` (from [`ForwardMetrics::upstream`], or a default
+    /// of its own).
+    pub fn new(db: Arc<Tsdb>, holds: Arc<WalHolds>, opts: ForwarderOptions, stats: ForwarderStats) -> Forwarder {
         let cursor_file = CursorFile::new(db.dir(), &opts.upstream);
         // Until the upstream says where it stands, everything it may need is kept.
         let held = cursor_file.load().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
-        Forwarder { db, opts, cursor_file, holds, stats: Arc::default() }
+        Forwarder { db, opts, cursor_file, holds, stats }
     }
 
-    pub fn stats(&self) -> Arc<ForwarderStats> {
+    pub fn stats(&self) -> ForwarderStats {
         self.stats.clone()
     }
 
@@ -101,7 +165,7 @@ impl Forwarder {
             match self.session(&mut stop, &mut backoff).await {
                 Ok(()) => return,
                 Err(e) => {
-                    self.stats.retries.fetch_add(1, Relaxed);
+                    self.stats.retries.inc();
                     tracing::warn!(upstream = %self.opts.upstream, error = %e, retry_in = ?backoff, "forward: retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
@@ -149,7 +213,7 @@ impl Forwarder {
             previous => {
                 let from = oldest(&self.db);
                 if previous.is_some() {
-                    self.stats.restarts_from_oldest.fetch_add(1, Relaxed);
+                    self.stats.restarts_from_oldest.inc();
                     tracing::warn!(
                         upstream = %self.opts.upstream,
                         storage_id = %storage_id,
@@ -181,26 +245,25 @@ impl Forwarder {
             source = Some(src);
             let batch = read.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?;
             if batch.unknown > 0 {
-                self.stats.unknown_series_samples.fetch_add(batch.unknown, Relaxed);
+                self.stats.unsendable_samples.inc_by(batch.unknown);
                 tracing::warn!(upstream = %self.opts.upstream, samples = batch.unknown, "forward: samples of series the WAL does not name: not sent");
             }
-            self.stats.bytes_pending.store(pending_bytes(&self.db, batch.next.0), Relaxed);
+            self.stats.pending_bytes.set(i64::try_from(pending_bytes(&self.db, batch.next.0)).unwrap_or(i64::MAX));
             if batch.request.series.is_empty() && batch.request.metadata.is_empty() {
                 if batch.next != (cursor.wal, cursor.skip) {
                     // Only records that carry nothing to send (labels): move past them.
                     cursor = self.advance(cursor, batch.next).await?;
                 }
-                self.stats.caught_up.store(1, Relaxed);
+                self.stats.lag_seconds.set(0.0);
                 tokio::select! {
                     _ = tokio::time::sleep(self.opts.poll) => {}
                     _ = stop.changed() => {}
                 }
                 continue;
             }
-            self.stats.caught_up.store(0, Relaxed);
             let mut request = batch.request;
             request.storage_id = storage_id.clone();
-            self.stats.batches_sent.fetch_add(1, Relaxed);
+            self.stats.batches_sent.inc();
             let ack =
                 client.push(request).await.map_err(|s| self.fail(format!("push: {:?}: {}", s.code(), s.message())))?;
             let ack = ack.into_inner();
@@ -214,9 +277,12 @@ impl Forwarder {
                 );
             }
             cursor = self.advance(cursor, batch.next).await?;
-            self.stats.batches_acked.fetch_add(1, Relaxed);
-            self.stats.samples_acked.fetch_add(batch.samples, Relaxed);
-            self.stats.newest_acked_ms.fetch_max(batch.newest, Relaxed);
+            self.stats.batches_acked.inc();
+            self.stats.samples_acked.inc_by(batch.samples);
+            if batch.newest > i64::MIN {
+                let behind = strata_model::time::now_ms().saturating_sub(batch.newest).max(0);
+                self.stats.lag_seconds.set(behind as f64 / 1000.0);
+            }
             *backoff = self.opts.min_backoff;
         }
     }

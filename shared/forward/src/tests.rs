@@ -4,7 +4,6 @@
 use super::*;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::matcher::{MatchOp, Matcher};
@@ -14,7 +13,7 @@ use tokio::sync::{oneshot, watch};
 
 struct Regional {
     db: Arc<Tsdb>,
-    stats: Arc<ReceiverStats>,
+    stats: ReceiverStats,
     addr: SocketAddr,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<()>,
@@ -102,8 +101,8 @@ async fn forward_until_equal(
     holds: &Arc<WalHolds>,
     opts: ForwarderOptions,
     regional: &Tsdb,
-) -> Arc<ForwarderStats> {
-    let f = Forwarder::new(edge.clone(), holds.clone(), opts);
+) -> ForwarderStats {
+    let f = Forwarder::new(edge.clone(), holds.clone(), opts, ForwarderStats::default());
     let stats = f.stats();
     let (stop, rx) = watch::channel(false);
     let task = tokio::spawn(f.run(rx));
@@ -133,17 +132,17 @@ async fn the_regional_holds_exactly_what_the_edge_stored_across_restarts_of_eith
     let regional = Regional::start(r.path()).await;
     // Batches of 7 samples: every WAL record (30 samples) goes in parts.
     let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 7), &regional.db).await;
-    assert_eq!(stats.samples_acked.load(Relaxed), 1200);
+    assert_eq!(stats.samples_acked.get(), 1200);
     let meta = regional.db.head().all_metadata().into_iter().find(|(f, _)| f == "gpu_util").map(|(_, m)| m.unit);
     assert_eq!(meta, Some("percent".into()));
 
     // The edge restarts (a new forwarder from the persisted cursor) with more data: the
     // regional is sent only what is new.
     write(&edge, 30, now + 40_000, 10);
-    let before = regional.stats.duplicates.load(Relaxed);
+    let before = regional.stats.samples("duplicate");
     let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
-    assert_eq!(stats.samples_acked.load(Relaxed), 300, "the restarted forwarder sent old data again");
-    assert_eq!(regional.stats.duplicates.load(Relaxed), before);
+    assert_eq!(stats.samples_acked.get(), 300, "the restarted forwarder sent old data again");
+    assert_eq!(regional.stats.samples("duplicate"), before);
 
     // The regional restarts on the same data: the cursor stays good.
     let addr_dir = r.path().to_path_buf();
@@ -151,15 +150,15 @@ async fn the_regional_holds_exactly_what_the_edge_stored_across_restarts_of_eith
     let regional = Regional::start(&addr_dir).await;
     write(&edge, 30, now + 50_000, 5);
     let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
-    assert_eq!(stats.samples_acked.load(Relaxed), 150);
+    assert_eq!(stats.samples_acked.get(), 150);
     regional.stop().await;
 
     // The regional comes back empty (a new data directory): it gets everything again.
     let r2 = tempfile::tempdir().unwrap();
     let regional = Regional::start(r2.path()).await;
     let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
-    assert_eq!(stats.restarts_from_oldest.load(Relaxed), 1);
-    assert_eq!(stats.samples_acked.load(Relaxed), 30 * 55);
+    assert_eq!(stats.restarts_from_oldest.get(), 1);
+    assert_eq!(stats.samples_acked.get(), 30 * 55);
     regional.stop().await;
 }
 
@@ -175,17 +174,18 @@ async fn a_conflicting_value_is_counted_and_the_stored_one_kept() {
     let s =
         regional.db.series(&Labels::from_pairs([("__name__", "gpu_util"), ("cluster", "a"), ("gpu", "0")])).unwrap();
     regional.db.commit(&[(s, Sample::new(now, 55.0))]).unwrap();
-    let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", regional.addr, 100));
+    let f =
+        Forwarder::new(edge.clone(), holds.clone(), options("regional", regional.addr, 100), ForwarderStats::default());
     let (stop, rx) = watch::channel(false);
     let stats = f.stats();
     let task = tokio::spawn(f.run(rx));
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stats.samples_acked.load(Relaxed) < 3 && std::time::Instant::now() < deadline {
+    while stats.samples_acked.get() < 3 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let _ = stop.send(true);
     task.await.unwrap();
-    assert_eq!(regional.stats.conflicts.load(Relaxed), 1);
+    assert_eq!(regional.stats.samples("conflict"), 1);
     let got = all(&regional.db);
     assert_eq!(got[0].1[0], (now, 55f64.to_bits()), "the stored value was replaced");
     assert_eq!(got[0].1.len(), 3);

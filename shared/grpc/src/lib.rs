@@ -31,7 +31,7 @@ pub use convert::{
     StringPool,
 };
 pub use listener::{CallGuard, ConnectionLimits, Connections};
-pub use server::{selection_wire_bytes, serve, ServeOptions, StoreInfo, StoreService};
+pub use server::{selection_wire_bytes, serve, serve_with, ServeOptions, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
 pub use stream::StreamBounds;
 pub use tls::{ClientTlsFiles, ServerTlsFiles};

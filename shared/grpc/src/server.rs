@@ -455,6 +455,18 @@ pub async fn serve(
     opts: ServeOptions,
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) -> Result<(), GrpcError> {
+    serve_with(listener, service, tonic::service::Routes::default(), opts, shutdown).await
+}
+
+/// [`serve`] with more services on the same port and under the same limits (a regional's
+/// `Forward` receiver beside its StoreAPI).
+pub async fn serve_with(
+    listener: tokio::net::TcpListener,
+    service: StoreService,
+    others: tonic::service::Routes,
+    opts: ServeOptions,
+    shutdown: impl std::future::Future<Output = ()> + Send,
+) -> Result<(), GrpcError> {
     let addr = listener.local_addr().unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
     let mut service = service;
     let connections = service.connections.clone();
@@ -476,7 +488,7 @@ pub async fn serve(
         // and closed if it has not a minute later (a client reconnects for its next call).
         .max_connection_age(MAX_CONNECTION_AGE)
         .max_connection_age_grace(Duration::from_secs(60))
-        .add_service(service.into_server())
+        .add_routes(others.add_service(service.into_server()))
         // The listener sets TCP_NODELAY: without it a stream's last small frame waits out
         // the peer's delayed ACK (40 ms on Linux), longer than a whole query.
         .serve_with_incoming_shutdown(crate::listener::accept(listener, opts.connections, connections), shutdown)

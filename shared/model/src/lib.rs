@@ -11,6 +11,7 @@ pub mod labels;
 pub mod matcher;
 pub mod metadata;
 pub mod sample;
+pub mod size;
 pub mod time;
 pub mod value;
 

@@ -13,6 +13,7 @@ pub mod head;
 pub mod index;
 pub mod loops;
 pub mod metrics;
+pub mod settings;
 mod store;
 pub mod wal;
 

@@ -90,6 +90,17 @@ impl Default for SyncPolicy {
     }
 }
 
+impl SyncPolicy {
+    /// `always`, or the interval as a Prometheus duration (`1s`; at least 10 ms).
+    pub fn parse(s: &str) -> Result<SyncPolicy, String> {
+        if s == "always" {
+            return Ok(SyncPolicy::Always);
+        }
+        let d = strata_model::duration::parse_duration(s).map_err(|e| e.to_string())?;
+        Ok(SyncPolicy::Interval(d.max(Duration::from_millis(10))))
+    }
+}
+
 /// A position in the WAL: the record starting at `offset` in segment `segment`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct WalCursor {

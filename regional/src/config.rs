@@ -1,0 +1,122 @@
+//! The regional's configuration file: Strata's keys under `strata:`; the Prometheus
+//! sections the next issues implement (`rule_files`, `alerting`) and any others are
+//! accepted and logged as ignored, so one file can grow with the tier.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use strata_model::duration::PromDuration;
+use strata_model::size::ByteSize;
+use strata_tsdb::settings::StorageSettings;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    Invalid { path: PathBuf, message: String },
+}
+
+/// Strata's keys: where and how long the regional keeps what it receives.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawRegionalStrata {
+    pub data_dir: Option<PathBuf>,
+    /// How long received data is kept (default [`DEFAULT_RETENTION`], longer than an
+    /// edge's day).
+    pub retention: Option<PromDuration>,
+    pub retention_size: Option<ByteSize>,
+    pub block_range: Option<PromDuration>,
+    pub block_cache_size: Option<ByteSize>,
+    pub future_grace_period: Option<PromDuration>,
+    pub max_series: Option<usize>,
+    /// `always` or an interval such as `1s`. Forwarded batches are `fsync`ed before they
+    /// are acknowledged whatever this says; it governs remote-written data.
+    pub wal_fsync: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, Default)]
+struct RawConfig {
+    #[serde(default)]
+    strata: RawRegionalStrata,
+    #[serde(flatten)]
+    unknown: BTreeMap<String, IgnoredAny>,
+}
+
+/// The regional keeps what it receives this long unless told otherwise (Prometheus'
+/// default retention; an edge keeps a day).
+pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 24 * 3600);
+
+#[derive(Debug, Clone)]
+pub struct RegionalConfig {
+    pub path: PathBuf,
+    pub strata: RawRegionalStrata,
+    /// Top-level keys Strata does not implement (logged at load).
+    pub ignored: Vec<String>,
+}
+
+impl RegionalConfig {
+    pub fn load(path: &Path) -> Result<RegionalConfig, ConfigError> {
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let cfg = Self::parse(&text, path)?;
+        for key in &cfg.ignored {
+            tracing::warn!(path = %path.display(), key = %key, "configuration key not implemented by the regional: ignored");
+        }
+        Ok(cfg)
+    }
+
+    pub fn parse(text: &str, path: &Path) -> Result<RegionalConfig, ConfigError> {
+        let invalid = |message: String| ConfigError::Invalid { path: path.to_path_buf(), message };
+        let raw: RawConfig = if text.trim().is_empty() {
+            RawConfig::default()
+        } else {
+            serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?
+        };
+        let cfg =
+            RegionalConfig { path: path.to_path_buf(), strata: raw.strata, ignored: raw.unknown.into_keys().collect() };
+        cfg.storage_settings()
+            .apply(strata_tsdb::db::TsdbOptions::default())
+            .map_err(|m| invalid(format!("strata.{m}")))?;
+        Ok(cfg)
+    }
+
+    /// The storage keys, with the regional's default retention.
+    pub fn storage_settings(&self) -> StorageSettings {
+        let s = &self.strata;
+        StorageSettings {
+            retention: Some(s.retention.map_or(DEFAULT_RETENTION, |d| d.0)),
+            retention_size: s.retention_size.map(|b| b.0),
+            block_range: s.block_range.map(|d| d.0),
+            block_cache_bytes: s.block_cache_size.map(|b| b.0),
+            future_grace_period: s.future_grace_period.map(|d| d.0),
+            max_series: s.max_series,
+            wal_fsync: s.wal_fsync.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_defaults_and_errors() {
+        let p = Path::new("regional.yml");
+        let cfg =
+            RegionalConfig::parse("strata:\n  retention: 2d\n  block_range: 10m\nrule_files: [a.yml]\n", p).unwrap();
+        let o = cfg.storage_settings().apply(Default::default()).unwrap();
+        assert_eq!((o.retention, o.block_range), (Duration::from_secs(2 * 86400), Duration::from_secs(600)));
+        assert_eq!(cfg.ignored, vec!["rule_files".to_string()]);
+        let empty = RegionalConfig::parse("", p).unwrap();
+        assert_eq!(empty.storage_settings().apply(Default::default()).unwrap().retention, DEFAULT_RETENTION);
+        assert!(RegionalConfig::parse("strata:\n  unknown: 1\n", p).is_err());
+        assert!(RegionalConfig::parse("strata:\n  wal_fsync: sometimes\n", p).is_err());
+    }
+}

@@ -1,0 +1,150 @@
+//! Edge → regional forwarding with real processes: the regional killed (-9) under steady
+//! scraping and then restarted, the edge killed (-9) while forwarding and restarted, and
+//! at the end the regional holds exactly what the edge holds, sample for sample, with the
+//! edge's external labels.
+
+use crate::common::*;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::{Duration, Instant};
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+
+/// Every series' samples (timestamp, value bits), by label set, from the head and the
+/// blocks, read as a query reads them.
+fn stored(dir: &Path) -> BTreeMap<String, Vec<(i64, u64)>> {
+    use strata_store::Store;
+    let db = Tsdb::open(dir, TsdbOptions { retention: Duration::from_secs(86400 * 30), ..Default::default() })
+        .unwrap_or_else(|e| panic!("opening {}: {e}", dir.display()));
+    let store = strata_tsdb::TsdbStore(std::sync::Arc::new(db));
+    let all = Matcher::new(MatchOp::Regex, "__name__", ".+").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let req = strata_store::SelectRequest::new(vec![all], i64::MIN, i64::MAX);
+    let series = rt.block_on(store.select(&req)).unwrap();
+    let mut out = BTreeMap::new();
+    for s in series {
+        let v: Vec<_> = s.samples(i64::MIN, i64::MAX).unwrap().iter().map(|x| (x.t, x.v.to_bits())).collect();
+        out.insert(s.labels.to_string(), v);
+    }
+    out
+}
+
+/// A labelled sample of `/metrics` (`name{upstream="..."} value`).
+fn labelled_value(page: &str, name: &str) -> Option<f64> {
+    page.lines().find(|l| l.starts_with(&format!("{name}{{"))).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+fn edge_config(dir: &Path, sim: u16, regional: u16, scrape: bool) -> std::path::PathBuf {
+    let mut text = "global:\n  scrape_interval: 1s\n  external_labels:\n    cluster: c0\n    replica: a\n".to_string();
+    if scrape {
+        text.push_str("scrape_configs:\n  - job_name: dcgm\n    static_configs:\n");
+        for i in 0..2 {
+            text.push_str(&format!(
+                "      - targets: ['127.0.0.1:{sim}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"
+            ));
+        }
+    }
+    text.push_str(&format!("strata:\n  forward:\n    - address: 127.0.0.1:{regional}\n      batch_samples: 500\n"));
+    let p = dir.join(if scrape { "edge.yml" } else { "edge-idle.yml" });
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn kill_9_of_either_side_loses_nothing_and_duplicates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sim_port, rg_http, rg_grpc) = (free_port(), free_port(), free_port());
+    let mut sim =
+        Proc::strata(&["simulate", "--nodes", "2", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
+    wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
+    let rcfg = dir.path().join("regional.yml");
+    std::fs::write(&rcfg, "strata:\n  retention: 30d\n").unwrap();
+    let rdata = dir.path().join("regional");
+    let regional = |name: &str| {
+        let args = [
+            "regional",
+            "--config",
+            rcfg.to_str().unwrap(),
+            "--data",
+            rdata.to_str().unwrap(),
+            "--http-listen",
+            &format!("127.0.0.1:{rg_http}"),
+            "--grpc-listen",
+            &format!("127.0.0.1:{rg_grpc}"),
+        ];
+        let mut p = Proc::strata(&args, dir.path(), name);
+        wait_ready(&format!("http://127.0.0.1:{rg_http}/-/ready"), &mut p, Duration::from_secs(30));
+        p
+    };
+    let edata = dir.path().join("edge");
+    let edge = |cfg: &Path, name: &str| {
+        let port = free_port();
+        let args = [
+            "edge",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data",
+            edata.to_str().unwrap(),
+            "--http-listen",
+            &format!("127.0.0.1:{port}"),
+        ];
+        let mut p = Proc::strata(&args, dir.path(), name);
+        wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut p, Duration::from_secs(60));
+        (p, format!("http://127.0.0.1:{port}"))
+    };
+
+    let mut rg = regional("regional-1");
+    let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, true), "edge-1");
+    std::thread::sleep(Duration::from_secs(3));
+    // The regional dies in the middle of whatever it was doing; the edge scrapes on.
+    rg.kill9();
+    std::thread::sleep(Duration::from_secs(3));
+    let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    let pending = labelled_value(&page, "strata_forward_pending_bytes").expect("pending bytes metric");
+    assert!(pending > 0.0, "nothing pending while the regional was down:\n{page}");
+    let mut rg = regional("regional-2");
+    std::thread::sleep(Duration::from_secs(2));
+    // The edge dies while forwarding (its batches are 500 samples: several a second).
+    e.kill9();
+
+    // The edge again, without scraping, so that what it holds stops growing: it resumes
+    // from its cursor and sends the rest.
+    let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, false), "edge-2");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+        if labelled_value(&page, "strata_forward_pending_bytes") == Some(0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the edge did not catch up:\n{page}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    e.terminate();
+    rg.terminate();
+
+    let edge_data = stored(&edata);
+    let regional_data = stored(&rdata);
+    assert!(edge_data.len() > 100, "the edge holds {} series", edge_data.len());
+    let mut missing = Vec::new();
+    for (labels, samples) in &edge_data {
+        // The regional's series carry the edge's external labels.
+        let want = labels.replacen('{', "{cluster=\"c0\", ", 1).replace(", }", "}");
+        let want = want.replacen("\"}", "\", replica=\"a\"}", 1);
+        match regional_data.get(&want) {
+            Some(got) if got == samples => {}
+            Some(got) => {
+                missing.push(format!("{want}: {} samples at the edge, {} at the regional", samples.len(), got.len()))
+            }
+            None => missing.push(format!("{want}: absent at the regional")),
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "{} of {} series differ, e.g. {:?}; regional has e.g. {:?}",
+        missing.len(),
+        edge_data.len(),
+        &missing[..missing.len().min(3)],
+        regional_data.keys().take(3).collect::<Vec<_>>()
+    );
+    assert_eq!(regional_data.len(), edge_data.len(), "the regional holds series the edge does not");
+}
