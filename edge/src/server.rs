@@ -390,7 +390,9 @@ impl Edge {
         let http_addr = listener.local_addr().map_err(|source| EdgeError::Bind { addr, source })?;
         let (shutdown, shutdown_rx) = watch::channel(false);
 
-        let mut tasks = strata_tsdb::loops::spawn(&db);
+        // The forwarders hold the WAL they still need before maintenance may delete it.
+        let mut tasks = spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx)?;
+        tasks.extend(strata_tsdb::loops::spawn(&db));
         tasks.push(manager.spawn_file_sd_watcher(opts.file_sd_check));
         tasks.extend(web.spawn_watcher(opts.file_sd_check));
         #[cfg(unix)]
@@ -408,7 +410,6 @@ impl Edge {
             }));
         }
 
-        tasks.extend(spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx)?);
         let grpc_addr = match opts.grpc_listen {
             Some(addr) => {
                 let tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;

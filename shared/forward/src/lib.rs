@@ -36,6 +36,9 @@ pub const MAX_BATCH_SAMPLES: usize = 200_000;
 /// The most series one batch may carry.
 pub const MAX_BATCH_SERIES: usize = 50_000;
 
+/// The most metadata entries one batch may carry.
+pub const MAX_BATCH_METADATA: usize = 10_000;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError {
     #[error("forward cursor {file}: {source}")]

@@ -1,6 +1,6 @@
 //! The regional's side: batches appended to its database and acknowledged once durable.
 
-use crate::{pb, ForwardError, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
+use crate::{pb, ForwardError, MAX_BATCH_METADATA, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use pb::forward_server::{Forward, ForwardServer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -101,11 +101,13 @@ pub struct ForwardReceiver {
     db: Arc<Tsdb>,
     id: StorageId,
     stats: ReceiverStats,
+    /// Set for good once storing failed (see [`broken`](Self::broken)).
+    failed: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl ForwardReceiver {
     pub fn new(db: Arc<Tsdb>, id: StorageId) -> ForwardReceiver {
-        ForwardReceiver { db, id, stats: ReceiverStats::default() }
+        ForwardReceiver { db, id, stats: ReceiverStats::default(), failed: Arc::default() }
     }
 
     pub fn stats(&self) -> ReceiverStats {
@@ -121,7 +123,23 @@ impl ForwardReceiver {
     }
 
     /// Checks, stores and syncs one batch (blocking: the WAL write and its `fsync`).
+    /// Storage failed: nothing more is acknowledged until a restart. After a failed
+    /// `fsync` the kernel may have dropped pages a later `fsync` would not write again, and
+    /// a resent batch would read as duplicates of samples the head holds but the disk may
+    /// not, so no later success may vouch for it.
+    fn broken(&self, reason: String) -> Status {
+        if !self.failed.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            tracing::error!(error = %reason, "forward receiver: storage failed; refusing every batch until the regional restarts");
+        }
+        Status::unavailable(format!("the regional's storage failed ({reason}): it takes no batch until restarted"))
+    }
+
     fn store(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
+        if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(Status::unavailable(
+                "the regional's storage failed earlier: it takes no batch until restarted",
+            ));
+        }
         if req.storage_id != self.id.0 {
             return Err(Status::failed_precondition(format!(
                 "batch for storage {:?}, this regional's storage is {:?} (its data directory was replaced): \
@@ -139,12 +157,23 @@ impl ForwardReceiver {
         if total > MAX_BATCH_SAMPLES {
             return Err(Status::invalid_argument(format!("{total} samples in one batch, at most {MAX_BATCH_SAMPLES}")));
         }
+        if req.metadata.len() > MAX_BATCH_METADATA {
+            return Err(Status::invalid_argument(format!(
+                "{} metadata entries in one batch, at most {MAX_BATCH_METADATA}",
+                req.metadata.len()
+            )));
+        }
+        // Everything is checked before anything is created: a refused batch leaves no
+        // series behind.
         let mut pool = StringPool::default();
-        let mut batch = Vec::with_capacity(total);
+        let mut checked = Vec::with_capacity(req.series.len());
         for (i, s) in req.series.into_iter().enumerate() {
             let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
             if s.timestamps.len() != s.values.len() {
                 return Err(bad(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len())));
+            }
+            if s.timestamps.is_empty() {
+                return Err(bad("no samples".into()));
             }
             if s.timestamps.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(bad("timestamps not increasing".into()));
@@ -153,20 +182,26 @@ impl ForwardReceiver {
             if labels.get(METRIC_NAME).is_none() {
                 return Err(bad(format!("no metric name in {labels}")));
             }
+            checked.push((labels, s.timestamps, s.values));
+        }
+        let mut batch = Vec::with_capacity(total);
+        for (labels, timestamps, values) in checked {
             let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
             batch.extend(
-                s.timestamps.iter().zip(&s.values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
+                timestamps.iter().zip(&values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
             );
         }
         for m in req.metadata {
             let (family, meta) = metadata_from_pb(m);
             if !family.is_empty() {
-                self.db.set_metadata(&family, meta).map_err(|e| Status::unavailable(e.to_string()))?;
+                self.db
+                    .set_metadata(&family, meta)
+                    .map_err(|e| self.broken(format!("writing metadata to the WAL: {e}")))?;
             }
         }
-        let out = self.db.commit(&batch).map_err(|e| Status::unavailable(format!("writing the WAL: {e}")))?;
+        let out = self.db.commit(&batch).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
         // Acknowledged means durable: the batch is in the WAL and on disk.
-        self.db.sync_wal().map_err(|e| Status::unavailable(format!("syncing the WAL: {e}")))?;
+        self.db.sync_wal().map_err(|e| self.broken(format!("syncing the WAL: {e}")))?;
         let mut resp = pb::PushResponse {
             appended: out.appended as u64,
             duplicates: out.ignored_duplicates as u64,

@@ -66,6 +66,7 @@ pub struct ForwardMetrics {
     retries: Family<UpstreamLabel, Counter>,
     restarts_from_oldest: Family<UpstreamLabel, Counter>,
     unsendable_samples: Family<UpstreamLabel, Counter>,
+    dropped_samples: Family<UpstreamLabel, Counter>,
     pending_bytes: Family<UpstreamLabel, Gauge>,
     lag_seconds: Family<UpstreamLabel, Gauge<f64, AtomicU64>>,
 }
@@ -90,8 +91,13 @@ impl ForwardMetrics {
         );
         r.register(
             "unsendable_samples",
-            "Samples of series neither the WAL nor the head names any more: not sent (logged)",
+            "Samples of references their WAL segment does not name (damage): not sent (logged)",
             self.unsendable_samples.clone(),
+        );
+        r.register(
+            "dropped_samples",
+            "Samples of batches the upstream refused as invalid again and again: dropped for it (logged with their range)",
+            self.dropped_samples.clone(),
         );
         r.register("pending_bytes", "WAL bytes after the upstream's cursor", self.pending_bytes.clone());
         r.register(
@@ -111,6 +117,7 @@ impl ForwardMetrics {
             retries: self.retries.get_or_create(&l).clone(),
             restarts_from_oldest: self.restarts_from_oldest.get_or_create(&l).clone(),
             unsendable_samples: self.unsendable_samples.get_or_create(&l).clone(),
+            dropped_samples: self.dropped_samples.get_or_create(&l).clone(),
             pending_bytes: self.pending_bytes.get_or_create(&l).clone(),
             lag_seconds: self.lag_seconds.get_or_create(&l).clone(),
         }
@@ -127,8 +134,10 @@ pub struct ForwarderStats {
     pub retries: Counter,
     /// Times the upstream came back with another storage identity.
     pub restarts_from_oldest: Counter,
-    /// Samples whose series the WAL and the head no longer name: not sendable (logged).
+    /// Samples of references their WAL segment does not name (damage): not sendable (logged).
     pub unsendable_samples: Counter,
+    /// Samples of batches the upstream refused as invalid, dropped after retries (logged).
+    pub dropped_samples: Counter,
     /// WAL bytes after the cursor.
     pub pending_bytes: Gauge,
     pub lag_seconds: Gauge<f64, AtomicU64>,
@@ -141,6 +150,8 @@ pub struct Forwarder {
     cursor_file: CursorFile,
     holds: Arc<WalHolds>,
     stats: ForwarderStats,
+    /// The newest timestamp acknowledged (ms; `i64::MIN` before the first).
+    newest_acked: std::sync::atomic::AtomicI64,
 }
 
 impl Forwarder {
@@ -151,7 +162,7 @@ impl Forwarder {
         // Until the upstream says where it stands, everything it may need is kept.
         let held = cursor_file.load().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
-        Forwarder { db, opts, cursor_file, holds, stats }
+        Forwarder { db, opts, cursor_file, holds, stats, newest_acked: std::sync::atomic::AtomicI64::new(i64::MIN) }
     }
 
     pub fn stats(&self) -> ForwarderStats {
@@ -166,6 +177,7 @@ impl Forwarder {
                 Ok(()) => return,
                 Err(e) => {
                     self.stats.retries.inc();
+                    self.note_pending();
                     tracing::warn!(upstream = %self.opts.upstream, error = %e, retry_in = ?backoff, "forward: retrying");
                     tokio::select! {
                         _ = tokio::time::sleep(backoff) => {}
@@ -174,6 +186,19 @@ impl Forwarder {
                     backoff = (backoff * 2).min(self.opts.max_backoff);
                 }
             }
+        }
+    }
+
+    /// Pending bytes and lag while the upstream cannot be reached: from the persisted
+    /// cursor and the newest sample acknowledged.
+    fn note_pending(&self) {
+        let at = self.cursor_file.load().map_or_else(|| oldest(&self.db), |c| c.wal);
+        let pending = pending_bytes(&self.db, at);
+        self.stats.pending_bytes.set(i64::try_from(pending).unwrap_or(i64::MAX));
+        let newest = self.newest_acked.load(std::sync::atomic::Ordering::Relaxed);
+        if pending > 0 && newest > i64::MIN {
+            let behind = strata_model::time::now_ms().saturating_sub(newest).max(0);
+            self.stats.lag_seconds.set(behind as f64 / 1000.0);
         }
     }
 
@@ -229,15 +254,21 @@ impl Forwarder {
             .batch_samples
             .min(usize::try_from(hello.max_batch_samples).unwrap_or(usize::MAX))
             .clamp(1, MAX_BATCH_SAMPLES);
-        let mut source = Some(WalSource::new(&self.db, &cursor));
+        let (db, c) = (self.db.clone(), cursor.clone());
+        let opened = tokio::task::spawn_blocking(move || WalSource::new(&db, &c))
+            .await
+            .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
+        let mut source =
+            Some(opened.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?);
+        let mut refused_at: Option<((WalCursor, u64), u32)> = None;
         loop {
             if *stop.borrow() {
                 return Ok(());
             }
-            let (db, external) = (self.db.clone(), self.opts.external_labels.clone());
+            let external = self.opts.external_labels.clone();
             let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
             let (src, read) = tokio::task::spawn_blocking(move || {
-                let read = src.next_batch(&db, limit, &external);
+                let read = src.next_batch(limit, &external);
                 (src, read)
             })
             .await
@@ -264,9 +295,34 @@ impl Forwarder {
             let mut request = batch.request;
             request.storage_id = storage_id.clone();
             self.stats.batches_sent.inc();
-            let ack =
-                client.push(request).await.map_err(|s| self.fail(format!("push: {:?}: {}", s.code(), s.message())))?;
-            let ack = ack.into_inner();
+            let ack = match client.push(request).await {
+                Ok(a) => a.into_inner(),
+                Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                    // The upstream will never take this batch. Retried a few times (it may
+                    // be a peer mid-upgrade), then dropped, counted and logged, so that one
+                    // batch cannot hold all later data back (and the WAL with it) for ever.
+                    let tries = match refused_at {
+                        Some((at, n)) if at == (cursor.wal, cursor.skip) => n + 1,
+                        _ => 1,
+                    };
+                    refused_at = Some(((cursor.wal, cursor.skip), tries));
+                    if tries < REFUSALS_BEFORE_DROP {
+                        return Err(self.fail(format!("push refused: {}", s.message())));
+                    }
+                    self.stats.dropped_samples.inc_by(batch.samples);
+                    tracing::error!(
+                        upstream = %self.opts.upstream,
+                        samples = batch.samples,
+                        from_ms = batch.oldest,
+                        to_ms = batch.newest,
+                        reason = %s.message(),
+                        "forward: the upstream refuses a batch for good: its samples are dropped for this upstream"
+                    );
+                    cursor = self.advance(cursor, batch.next).await?;
+                    continue;
+                }
+                Err(s) => return Err(self.fail(format!("push: {:?}: {}", s.code(), s.message()))),
+            };
             if ack.conflicts + ack.out_of_order + ack.out_of_bounds > 0 {
                 tracing::warn!(
                     upstream = %self.opts.upstream,
@@ -280,7 +336,9 @@ impl Forwarder {
             self.stats.batches_acked.inc();
             self.stats.samples_acked.inc_by(batch.samples);
             if batch.newest > i64::MIN {
-                let behind = strata_model::time::now_ms().saturating_sub(batch.newest).max(0);
+                let newest =
+                    self.newest_acked.fetch_max(batch.newest, std::sync::atomic::Ordering::Relaxed).max(batch.newest);
+                let behind = strata_model::time::now_ms().saturating_sub(newest).max(0);
                 self.stats.lag_seconds.set(behind as f64 / 1000.0);
             }
             *backoff = self.opts.min_backoff;
@@ -299,6 +357,9 @@ impl Forwarder {
         Ok(cursor)
     }
 }
+
+/// Times the upstream refuses the same batch as invalid before it is dropped.
+const REFUSALS_BEFORE_DROP: u32 = 3;
 
 /// The oldest position the WAL holds.
 fn oldest(db: &Tsdb) -> WalCursor {
@@ -323,6 +384,7 @@ struct Batch {
     request: pb::PushRequest,
     next: (WalCursor, u64),
     samples: u64,
+    oldest: i64,
     newest: i64,
     unknown: u64,
 }
@@ -335,65 +397,91 @@ struct Partial {
     taken: usize,
 }
 
-/// Reads batches from the WAL, remembering series labels its records named.
+/// A batch's encoded size is kept under this (the gRPC limit is twice it), counting labels
+/// and metadata as well as samples.
+const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// Reads batches from the WAL. Every segment names each reference its samples use before
+/// them (see `Tsdb::commit`), so labels are resolved from the segment being read, never
+/// from the head, which may have dropped the series or, after a restart, given its
+/// reference to another.
 struct WalSource {
     reader: WalReader,
+    /// The labels the current segment named, and that segment.
     labels: HashMap<SeriesRef, Labels>,
+    segment: u32,
     partial: Option<Partial>,
-    /// Samples of the first record read to skip (sent before a restart).
+    /// Samples of the record at `resume` sent before (a record larger than a batch).
     skip: u64,
+    resume: WalCursor,
     at: (WalCursor, u64),
 }
 
-/// Series labels remembered at most; past it the head is asked again.
-const MAX_REMEMBERED_SERIES: usize = 1 << 20;
-
 impl WalSource {
-    fn new(db: &Tsdb, c: &Cursor) -> WalSource {
-        WalSource {
+    fn new(db: &Tsdb, c: &Cursor) -> Result<WalSource, wal::WalError> {
+        let mut labels = HashMap::new();
+        // Resuming mid-segment: the labels named before the cursor.
+        if c.wal.offset > 0 {
+            let path = wal::segment_path(&db.wal_dir(), c.wal.segment);
+            if path.exists() {
+                let mut r = wal::SegmentReader::open(&path, 0)?;
+                while r.offset() < c.wal.offset {
+                    match r.next_record() {
+                        wal::ReadOutcome::Record(WalRecord::Series { series_ref, labels: l }) => {
+                            labels.insert(series_ref, l);
+                        }
+                        wal::ReadOutcome::Record(_) => {}
+                        _ => break,
+                    }
+                }
+            }
+        }
+        Ok(WalSource {
             reader: WalReader::new(&db.wal_dir(), c.wal),
-            labels: HashMap::new(),
+            labels,
+            segment: c.wal.segment,
             partial: None,
             skip: c.skip,
+            resume: c.wal,
             at: (c.wal, c.skip),
-        }
+        })
     }
 
-    fn labels_of(&mut self, db: &Tsdb, r: SeriesRef) -> Option<Labels> {
-        if let Some(l) = self.labels.get(&r) {
-            return Some(l.clone());
-        }
-        let l = db.head().series(r)?.labels.clone();
-        if self.labels.len() >= MAX_REMEMBERED_SERIES {
-            self.labels.clear();
-        }
-        self.labels.insert(r, l.clone());
-        Some(l)
-    }
-
-    fn next_batch(&mut self, db: &Tsdb, limit: usize, external: &Labels) -> Result<Batch, wal::WalError> {
+    fn next_batch(&mut self, limit: usize, external: &Labels) -> Result<Batch, wal::WalError> {
         let mut req = pb::PushRequest::default();
+        // A reference's series in the batch; references with the same labels (a series
+        // restored under another reference after a restart) share one.
         let mut index: HashMap<SeriesRef, usize> = HashMap::new();
-        let (mut n, mut newest, mut unknown) = (0usize, i64::MIN, 0u64);
+        let mut by_labels: HashMap<Labels, usize> = HashMap::new();
+        let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
         loop {
             if let Some(mut p) = self.partial.take() {
-                while p.taken < p.samples.len() && n < limit {
+                while p.taken < p.samples.len() && n < limit && bytes < MAX_BATCH_BYTES {
                     let (r, s) = p.samples[p.taken];
                     let i = match index.get(&r) {
                         Some(&i) => i,
-                        None if index.len() >= MAX_BATCH_SERIES => break,
                         None => {
-                            let Some(labels) = self.labels_of(db, r) else {
+                            let Some(labels) = self.labels.get(&r).cloned() else {
                                 unknown += 1;
                                 p.taken += 1;
                                 continue;
                             };
-                            req.series.push(pb::ForwardSeries {
-                                labels: labels_to_pb(&with_external(labels, external)),
-                                ..Default::default()
-                            });
-                            index.insert(r, req.series.len() - 1);
-                            req.series.len() - 1
+                            let labels = with_external(labels, external);
+                            let i = match by_labels.get(&labels) {
+                                Some(&i) => i,
+                                None if req.series.len() >= MAX_BATCH_SERIES => break,
+                                None => {
+                                    bytes += labels.iter().map(|l| l.name.len() + l.value.len() + 8).sum::<usize>() + 8;
+                                    req.series.push(pb::ForwardSeries {
+                                        labels: labels_to_pb(&labels),
+                                        ..Default::default()
+                                    });
+                                    by_labels.insert(labels, req.series.len() - 1);
+                                    req.series.len() - 1
+                                }
+                            };
+                            index.insert(r, i);
+                            i
                         }
                     };
                     p.taken += 1;
@@ -406,6 +494,8 @@ impl WalSource {
                     fs.timestamps.push(s.t);
                     fs.values.push(s.v.to_bits());
                     n += 1;
+                    bytes += 17;
+                    oldest = oldest.min(s.t);
                     newest = newest.max(s.t);
                 }
                 if p.taken < p.samples.len() {
@@ -416,20 +506,24 @@ impl WalSource {
                 self.at = (p.end, 0);
                 continue;
             }
-            if n >= limit {
+            if n >= limit || bytes >= MAX_BATCH_BYTES {
                 break;
             }
             let before = self.reader.cursor();
             let Some((rec, after)) = self.reader.next_record()? else { break };
+            if after.segment != self.segment {
+                // A new segment names its references anew (after a restart they may mean
+                // other series).
+                self.labels.clear();
+                self.segment = after.segment;
+            }
             match rec {
                 WalRecord::Series { series_ref, labels } => {
-                    if self.labels.len() >= MAX_REMEMBERED_SERIES {
-                        self.labels.clear();
-                    }
                     self.labels.insert(series_ref, labels);
                     self.at = (after, 0);
                 }
                 WalRecord::Metadata { family, meta } => {
+                    bytes += family.len() + meta.help.len() + meta.unit.len() + 16;
                     req.metadata.push(metadata_to_pb(&family, &meta));
                     self.at = (after, 0);
                 }
@@ -439,13 +533,14 @@ impl WalSource {
                     } else {
                         WalCursor { segment: after.segment, offset: 0 }
                     };
-                    let taken =
-                        usize::try_from(std::mem::take(&mut self.skip)).unwrap_or(usize::MAX).min(samples.len());
+                    // Only the record the cursor names was partly sent before.
+                    let skip = if start == self.resume { std::mem::take(&mut self.skip) } else { 0 };
+                    let taken = usize::try_from(skip).unwrap_or(usize::MAX).min(samples.len());
                     self.partial = Some(Partial { start, end: after, samples, taken });
                 }
             }
         }
-        Ok(Batch { request: req, next: self.at, samples: n as u64, newest, unknown })
+        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown })
     }
 }
 

@@ -226,6 +226,17 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
             tonic::Code::InvalidArgument,
         ),
         (push(&id, vec![series(vec![label("__name__", "m")], vec![now + 1], vec![])]), tonic::Code::InvalidArgument),
+        // A good series beside one without samples: neither is created.
+        (
+            push(
+                &id,
+                vec![
+                    series(vec![label("__name__", "new")], vec![now + 1], vec![0]),
+                    series(vec![label("__name__", "m")], vec![], vec![]),
+                ],
+            ),
+            tonic::Code::InvalidArgument,
+        ),
         (
             push(
                 &id,
@@ -249,5 +260,6 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     let again = c.push(push(&id, vec![good])).await.unwrap().into_inner();
     assert_eq!((again.appended, again.duplicates), (0, 1));
     assert_eq!(all(&regional.db), before, "a refused batch changed stored data");
+    assert_eq!(regional.db.head().stats().series, 1, "a refused batch created series");
     regional.stop().await;
 }

@@ -605,8 +605,10 @@ impl Tsdb {
             };
             match check {
                 Ok(true) => {
-                    // Labels are logged once per series (checkpoints keep them past truncation).
-                    if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) == u32::MAX
+                    // Labels are logged once per series and segment: a reader of the WAL
+                    // (a forwarder resuming mid-segment) finds every reference's labels in
+                    // the segment itself, never from a head that may have reused it.
+                    if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) != segment
                         && (distinct || !pending.contains_key(&series.series_ref))
                     {
                         records
@@ -693,6 +695,10 @@ impl Tsdb {
         if let Some(meta) = self.head.set_metadata(family, meta) {
             let logged = self.wal.lock().wal.log(&[WalRecord::Metadata { family: family.to_string(), meta }]);
             self.wal_failed.store(logged.is_err(), Ordering::Relaxed);
+            if logged.is_err() {
+                // Not logged, so not stored: a retry logs it.
+                self.head.forget_metadata(family);
+            }
             logged?;
         }
         Ok(())

@@ -411,6 +411,12 @@ impl HeadBlock {
         Some(meta)
     }
 
+    /// Forgets a family's metadata (its WAL record could not be written: the next
+    /// [`set_metadata`](Self::set_metadata) must see a change and log it).
+    pub(crate) fn forget_metadata(&self, family: &str) {
+        self.metadata.write().remove(family);
+    }
+
     /// Forgets the metadata of families that no longer have a series (after retention).
     fn collect_unused_metadata(&self) {
         let names: HashSet<String> = self.label_values(METRIC_NAME).into_iter().collect();
