@@ -1,11 +1,13 @@
 //! `strata up`: a simulated GPU fleet in two clusters (`cluster="c0"`, `"c1"`), each scraped
-//! by an HA pair of edges (`replica="a"`/`"b"`), and a global querier over the four edges'
-//! StoreAPI, with data under `./strata-data`. Every configuration file is written next to
-//! its data, so what `up` runs can be rerun by hand with `strata edge --config` and
+//! by an HA pair of edges (`replica="a"`/`"b"`) that forward everything they store to one
+//! regional, and a global querier over the four edges' and the regional's StoreAPI, with
+//! data under `./strata-data`. Every configuration file is written next to its data, so
+//! what `up` runs can be rerun by hand with `strata edge`, `strata regional` and
 //! `strata global --config`.
 //!
 //! Ports from `--port-base` (9400): the simulator, the four edges' HTTP (9401–9404, c0-a,
-//! c0-b, c1-a, c1-b), their StoreAPI (9405–9408), the global's HTTP (9409).
+//! c0-b, c1-a, c1-b), their StoreAPI (9405–9408), the global's HTTP (9409), the regional's
+//! HTTP (9410) and its gRPC (9411: the forward receiver and the StoreAPI).
 
 use anyhow::Context;
 use std::net::SocketAddr;
@@ -17,7 +19,8 @@ pub struct UpArgs {
     /// Directory for all data and generated configuration.
     #[arg(long, default_value = "strata-data")]
     data: PathBuf,
-    /// First of the ten ports used: simulator, four edges, their StoreAPI, the global.
+    /// First of the twelve ports used: simulator, four edges, their StoreAPI, the global,
+    /// the regional's HTTP and gRPC.
     #[arg(long, default_value_t = 9400)]
     port_base: u16,
     /// Simulated nodes per cluster (two clusters, each scraped by an HA pair of edges).
@@ -32,7 +35,13 @@ pub struct UpArgs {
 const CLUSTERS: [&str; 2] = ["c0", "c1"];
 const REPLICAS: [&str; 2] = ["a", "b"];
 
-fn edge_config(cluster: &str, replica: &str, sim: SocketAddr, nodes: std::ops::Range<usize>) -> String {
+fn edge_config(
+    cluster: &str,
+    replica: &str,
+    sim: SocketAddr,
+    nodes: std::ops::Range<usize>,
+    regional: SocketAddr,
+) -> String {
     let mut targets = String::new();
     for i in nodes {
         targets.push_str(&format!(
@@ -43,14 +52,14 @@ fn edge_config(cluster: &str, replica: &str, sim: SocketAddr, nodes: std::ops::R
         "# Written by `strata up`. A Prometheus configuration file; Strata's keys are under `strata:`.\n\
          global:\n  scrape_interval: 5s\n  external_labels:\n    cluster: {cluster}\n    replica: {replica}\n\
          scrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}\
-         strata:\n  retention: 24h\n"
+         strata:\n  retention: 24h\n  forward:\n    - address: {regional}\n"
     )
 }
 
 fn global_config(stores: &[SocketAddr]) -> String {
     let list: Vec<String> = stores.iter().map(|s| format!("  - {s}\n")).collect();
     format!(
-        "# Written by `strata up`: the global querier's stores (the edges' StoreAPI).\n\
+        "# Written by `strata up`: the global querier's stores (the edges' and the regional's StoreAPI).\n\
          stores:\n{}store_timeout: 30s\ninfo_interval: 10s\nreplica_labels: [replica]\n",
         list.concat()
     )
@@ -76,13 +85,25 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     }));
 
     let port = |i: usize| -> SocketAddr { ([127, 0, 0, 1], a.port_base.saturating_add(i as u16)).into() };
+    let rdir = a.data.join("regional");
+    let rcfg = write_config(
+        &rdir,
+        "regional.yml",
+        "# Written by `strata up`: the regional that every edge forwards to.\nstrata:\n  retention: 15d\n",
+    )?;
+    let mut ropts = strata_regional::RegionalOptions::new(rcfg);
+    ropts.http_listen = Some(port(10));
+    ropts.grpc_listen = Some(port(11));
+    ropts.data_dir = Some(rdir.join("data"));
+    let regional = strata_regional::Regional::start(ropts).await?;
     let mut edges = Vec::new();
     for (c, cluster) in CLUSTERS.iter().enumerate() {
         for (r, replica) in REPLICAS.iter().enumerate() {
             let k = c * REPLICAS.len() + r;
             let dir = a.data.join(format!("edge-{cluster}-{replica}"));
             let nodes = c * a.nodes..(c + 1) * a.nodes;
-            let cfg = write_config(&dir, "edge.yml", &edge_config(cluster, replica, sim_addr, nodes))?;
+            let cfg =
+                write_config(&dir, "edge.yml", &edge_config(cluster, replica, sim_addr, nodes, regional.grpc_addr))?;
             let mut opts = strata_edge::EdgeOptions::new(cfg);
             opts.http_listen = Some(port(1 + k));
             opts.grpc_listen = Some(port(5 + k));
@@ -90,7 +111,8 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             edges.push((format!("cluster={cluster} replica={replica}"), strata_edge::Edge::start(opts).await?));
         }
     }
-    let stores: Vec<SocketAddr> = edges.iter().filter_map(|(_, e)| e.grpc_addr).collect();
+    let mut stores: Vec<SocketAddr> = edges.iter().filter_map(|(_, e)| e.grpc_addr).collect();
+    stores.push(regional.grpc_addr);
     let gdir = a.data.join("global");
     let mut gopts = strata_global::GlobalOptions::new(write_config(&gdir, "global.yml", &global_config(&stores))?);
     gopts.http_listen = port(9);
@@ -108,6 +130,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         let grpc = e.grpc_addr.map(|g| g.to_string()).unwrap_or_default();
         println!("  edge {name:<22} http://{}   StoreAPI {grpc}", e.http_addr);
     }
+    println!("  regional (every edge forwards) http://{}   gRPC {}", regional.http_addr, regional.grpc_addr);
     println!("  global (query here)            http://{}   (/api/v1/query, /api/v1/stores)", global.http_addr);
     println!(
         "Try: curl -s 'http://{}/api/v1/query?query=count%20by%20(cluster)%20(DCGM_FI_DEV_GPU_TEMP)'",
@@ -120,6 +143,9 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     for (_, e) in edges {
         tokio::time::timeout(Duration::from_secs(30), e.stop()).await.context("an edge took over 30 s to stop")?;
     }
+    tokio::time::timeout(Duration::from_secs(30), regional.stop())
+        .await
+        .context("the regional took over 30 s to stop")?;
     let _ = stop_tx.send(true);
     let _ = sim.await;
     println!("stopped; data kept in {}", a.data.display());

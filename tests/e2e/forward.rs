@@ -150,3 +150,114 @@ fn kill_9_of_either_side_loses_nothing_and_duplicates_nothing() {
     );
     assert_eq!(regional_data.len(), edge_data.len(), "the regional holds series the edge does not");
 }
+
+/// A global over the edges and the regional they forward to answers exactly as a global
+/// over the edges alone: the regional's copy of a series has the same labels, so it is
+/// merged, never counted twice (instant and range queries, pushed down or not, with and
+/// without HA dedup).
+#[test]
+fn a_global_over_edges_and_their_regional_answers_as_over_the_edges_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sim_port, rg_grpc) = (free_port(), free_port());
+    let mut sim =
+        Proc::strata(&["simulate", "--nodes", "2", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
+    wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
+    let rcfg = dir.path().join("regional.yml");
+    std::fs::write(&rcfg, "").unwrap();
+    let rg_http = free_port();
+    let (rdata, rcfg_s) = (dir.path().join("regional").display().to_string(), rcfg.display().to_string());
+    let mut rg = Proc::strata(
+        &[
+            "regional",
+            "--config",
+            &rcfg_s,
+            "--data",
+            &rdata,
+            "--http-listen",
+            &format!("127.0.0.1:{rg_http}"),
+            "--grpc-listen",
+            &format!("127.0.0.1:{rg_grpc}"),
+        ],
+        dir.path(),
+        "regional",
+    );
+    wait_ready(&format!("http://127.0.0.1:{rg_http}/-/ready"), &mut rg, Duration::from_secs(30));
+    let mut edges = Vec::new();
+    let mut edge_grpc = Vec::new();
+    for replica in ["a", "b"] {
+        let cfg = dir.path().join(format!("edge-{replica}.yml"));
+        let mut text = format!(
+            "global:\n  scrape_interval: 1s\n  external_labels:\n    cluster: c0\n    replica: {replica}\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n"
+        );
+        for i in 0..2 {
+            text.push_str(&format!(
+                "      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"
+            ));
+        }
+        text.push_str(&format!("strata:\n  forward:\n    - address: 127.0.0.1:{rg_grpc}\n"));
+        std::fs::write(&cfg, text).unwrap();
+        let (http, grpc) = (free_port(), free_port());
+        let data = dir.path().join(format!("edge-{replica}")).display().to_string();
+        let cfg = cfg.display().to_string();
+        let args = [
+            "edge",
+            "--config",
+            &cfg,
+            "--data",
+            &data,
+            "--http-listen",
+            &format!("127.0.0.1:{http}"),
+            "--grpc-listen",
+            &format!("127.0.0.1:{grpc}"),
+        ];
+        let mut p = Proc::strata(&args, dir.path(), &format!("edge-{replica}"));
+        wait_ready(&format!("http://127.0.0.1:{http}/-/ready"), &mut p, Duration::from_secs(30));
+        edges.push(p);
+        edge_grpc.push(format!("127.0.0.1:{grpc}"));
+    }
+    let stores = |list: &[String]| {
+        let l: Vec<String> = list.iter().map(|s| format!("  - {s}\n")).collect();
+        format!("stores:\n{}replica_labels: [replica]\n", l.concat())
+    };
+    let (_g1, edges_only) = crate::global::start_global(dir.path(), "global-edges", &stores(&edge_grpc), &[]);
+    let mut both = edge_grpc.clone();
+    both.push(format!("127.0.0.1:{rg_grpc}"));
+    let (_g2, with_regional) = crate::global::start_global(dir.path(), "global-both", &stores(&both), &[]);
+    // Some scraped history, forwarded.
+    std::thread::sleep(Duration::from_secs(8));
+    let t = (now_ms() - 3_000) / 1000;
+    let data = api_data(&format!("{with_regional}/api/v1/stores"));
+    assert_eq!(data.as_array().map(Vec::len), Some(3), "{data}");
+    let regional_series = series_count(&format!("http://127.0.0.1:{rg_http}"), "DCGM_FI_DEV_GPU_TEMP");
+    assert!(regional_series >= 32, "the regional holds {regional_series} GPU_TEMP series (both replicas)");
+    let queries = [
+        "count(DCGM_FI_DEV_GPU_TEMP)",
+        "sum by (gpu) (DCGM_FI_DEV_GPU_UTIL)",
+        "sum(rate(DCGM_FI_PROF_PIPE_TENSOR_ACTIVE[5s]))",
+        "max_over_time(DCGM_FI_DEV_GPU_TEMP[5s])",
+        "count_over_time(DCGM_FI_DEV_POWER_USAGE[6s])",
+        "avg(DCGM_FI_DEV_MEM_COPY_UTIL)",
+    ];
+    let enc =
+        |q: &str| q.replace(' ', "%20").replace('(', "%28").replace(')', "%29").replace('[', "%5B").replace(']', "%5D");
+    for q in queries {
+        for extra in ["", "&dedup=false"] {
+            let instant = format!("/api/v1/query?query={}&time={t}{extra}", enc(q));
+            let range = format!("/api/v1/query_range?query={}&start={}&end={t}&step=1{extra}", enc(q), t - 5);
+            for path in [instant, range] {
+                let a = api_data(&format!("{edges_only}{path}"));
+                let b = api_data(&format!("{with_regional}{path}"));
+                assert!(a["result"].as_array().is_some_and(|r| !r.is_empty()), "{path}: empty over the edges: {a}");
+                assert_eq!(sorted(&a), sorted(&b), "{path}: the regional changed the answer");
+            }
+        }
+    }
+}
+
+/// An answer's series sorted by their labels.
+fn sorted(data: &serde_json::Value) -> Vec<String> {
+    let mut v: Vec<String> =
+        data["result"].as_array().map(|r| r.iter().map(|s| s.to_string()).collect()).unwrap_or_default();
+    v.sort();
+    v
+}

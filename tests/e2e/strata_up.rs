@@ -9,18 +9,18 @@ use std::time::{Duration, Instant};
 #[test]
 fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
-    // ten consecutive free ports: retry a few bases until one is free as a block
+    // twelve consecutive free ports: retry a few bases until one is free as a block
     let base = (0..40)
         .map(|_| free_port())
-        .find(|&p| p < 65000 && (1..10).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
-        .expect("ten free ports");
+        .find(|&p| p < 65000 && (1..12).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
+        .expect("twelve free ports");
     let data = dir.path().join("strata-data");
     let mut up = Proc::strata(
         &["up", "--data", &data.display().to_string(), "--port-base", &base.to_string(), "--nodes", "2"],
         dir.path(),
         "up",
     );
-    for port in (base + 1..=base + 4).chain([base + 9]) {
+    for port in (base + 1..=base + 4).chain([base + 9, base + 10]) {
         wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut up, Duration::from_secs(60));
     }
     // each replica holds every GPU of its cluster's two simulated nodes
@@ -54,7 +54,9 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let all: usize = per_edge.iter().sum();
     assert_eq!(raw["result"][0]["value"][1], all.to_string().as_str(), "every replica with dedup=false: {raw}");
     let stores = api_data(&format!("{global}/api/v1/stores"));
-    assert_eq!(stores.as_array().unwrap().len(), 4, "{stores}");
+    // The four edges and the regional; the regional's copies of the edges' series are
+    // merged with them (the counts above, with and without dedup, are the edges' alone).
+    assert_eq!(stores.as_array().unwrap().len(), 5, "{stores}");
     assert!(stores.as_array().unwrap().iter().all(|s| s["health"] == "up"), "{stores}");
     // The README's quick-start commands, as a user pastes them (ports moved to this run's).
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
@@ -100,6 +102,7 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
         assert!(data.join(format!("edge-{e}/edge.yml")).is_file());
     }
     assert!(data.join("global/global.yml").is_file());
+    assert!(data.join("regional/regional.yml").is_file() && data.join("regional/data/wal").is_dir());
 }
 
 /// The lines of the README's `sh` code blocks that start with `prefix`.
