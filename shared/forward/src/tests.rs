@@ -47,14 +47,24 @@ impl Regional {
     }
 }
 
-fn all(db: &Tsdb) -> Vec<(String, Vec<(i64, u64)>)> {
+/// Every series' samples in the head and the blocks, as a query reads them.
+fn all(db: &Arc<Tsdb>) -> Vec<(String, Vec<(i64, u64)>)> {
+    use strata_store::Store;
     let m = Matcher::new(MatchOp::Regex, "__name__", ".+").unwrap();
-    let mut v: Vec<_> = db
-        .head()
-        .select(&[m], i64::MIN, i64::MAX)
+    let store = strata_tsdb::TsdbStore(db.clone());
+    let req = strata_store::SelectRequest::new(vec![m], i64::MIN, i64::MAX);
+    let series = std::thread::scope(|s| {
+        s.spawn(|| {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(store.select(&req)).unwrap()
+        })
+        .join()
+        .unwrap()
+    });
+    let mut v: Vec<_> = series
         .into_iter()
-        .map(|(s, cs)| {
-            let samples = cs.iter().flat_map(|c| c.decode().unwrap()).map(|x| (x.t, x.v.to_bits())).collect();
+        .map(|s| {
+            let samples = s.samples(i64::MIN, i64::MAX).unwrap().iter().map(|x| (x.t, x.v.to_bits())).collect();
             (s.labels.to_string(), samples)
         })
         .collect();
@@ -63,7 +73,7 @@ fn all(db: &Tsdb) -> Vec<(String, Vec<(i64, u64)>)> {
 }
 
 /// The edge's data as the regional should hold it: with the edge's external label.
-fn expected(edge: &Tsdb) -> Vec<(String, Vec<(i64, u64)>)> {
+fn expected(edge: &Arc<Tsdb>) -> Vec<(String, Vec<(i64, u64)>)> {
     let mut v: Vec<_> =
         all(edge).into_iter().map(|(l, s)| (l.replacen('{', "{cluster=\"a\", ", 1).replace(", }", "}"), s)).collect();
     v.sort();
@@ -100,7 +110,7 @@ async fn forward_until_equal(
     edge: &Arc<Tsdb>,
     holds: &Arc<WalHolds>,
     opts: ForwarderOptions,
-    regional: &Tsdb,
+    regional: &Arc<Tsdb>,
 ) -> ForwarderStats {
     let f = Forwarder::new(edge.clone(), holds.clone(), opts, ForwarderStats::default());
     let stats = f.stats();
@@ -261,5 +271,55 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     assert_eq!((again.appended, again.duplicates), (0, 1));
     assert_eq!(all(&regional.db), before, "a refused batch changed stored data");
     assert_eq!(regional.db.head().stats().series, 1, "a refused batch created series");
+    regional.stop().await;
+}
+
+/// An upstream that is behind keeps the WAL it needs: block cuts and head checkpoints run
+/// at the edge meanwhile and delete no segment the upstream has not acknowledged; once it
+/// has, they go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wal_an_upstream_needs_outlives_block_cuts_and_checkpoints() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let opts = TsdbOptions {
+        block_range: Duration::from_secs(1200),
+        wal_segment_bytes: 8 << 10,
+        retention: Duration::from_secs(100 * 86400),
+        ..Default::default()
+    };
+    let edge = Arc::new(Tsdb::open(e.path(), opts).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    let s: Vec<_> = (0..50)
+        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
+        .collect();
+    let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
+    let write_from = |k0: i64, n: i64| {
+        for k in k0..k0 + n {
+            let batch: Vec<_> = s.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
+            edge.commit(&batch).unwrap();
+        }
+    };
+    // The upstream is unreachable from the start: its forwarder holds everything.
+    let regional = Regional::start(r.path()).await;
+    let addr = regional.addr;
+    regional.stop().await;
+    let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", addr, 5000), ForwarderStats::default());
+    drop(f);
+    write_from(0, 320);
+    let segments = strata_tsdb::wal::list_segments(&edge.wal_dir()).unwrap();
+    let out = edge.maintain().unwrap();
+    assert!(out.blocks_cut > 0 && out.checkpointed, "{out:?}");
+    assert_eq!(out.wal_segments_deleted, 0, "a segment the upstream needs was deleted: {out:?}");
+    let after = strata_tsdb::wal::list_segments(&edge.wal_dir()).unwrap();
+    assert!(segments.iter().all(|n| after.contains(n)), "{segments:?} then {after:?}");
+
+    // The regional comes back (a new one on the same data): everything arrives, from the
+    // held WAL, though the edge's head no longer holds the older part.
+    let regional = Regional::start(r.path()).await;
+    let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 5000), &regional.db).await;
+    assert_eq!(stats.samples_acked.get(), 50 * 320);
+    // Acknowledged, the WAL may go.
+    write_from(320, 100);
+    let out = edge.maintain().unwrap();
+    assert!(out.wal_segments_deleted > 0, "the acknowledged WAL was kept: {out:?}");
     regional.stop().await;
 }
