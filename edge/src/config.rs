@@ -99,6 +99,32 @@ pub struct RawScrapeConfig {
     pub unknown: BTreeMap<String, IgnoredAny>,
 }
 
+/// A forward upstream's address as a URL: `host:port` gets `https://` with TLS and
+/// `http://` without; a URL's scheme must agree with whether TLS is configured (tonic
+/// speaks TLS only to `https://`: an `http://` address with `tls_config` would send in
+/// the clear).
+fn forward_endpoint(address: &str, tls: bool) -> Result<String, String> {
+    let address = address.trim();
+    if address.is_empty() {
+        return Err("an upstream without an address".into());
+    }
+    let url = match address.split_once("://") {
+        None => format!("{}://{address}", if tls { "https" } else { "http" }),
+        Some(("https", _)) if !tls => return Err("https:// needs tls_config (at least ca_file)".into()),
+        Some(("http", _)) if tls => return Err("tls_config with an http:// address would send in the clear".into()),
+        Some(("http" | "https", _)) => address.to_string(),
+        Some((scheme, _)) => return Err(format!("scheme {scheme:?}: use host:port, http:// or https://")),
+    };
+    let uri: axum::http::Uri = url.parse().map_err(|e| format!("not an address: {e}"))?;
+    if uri.host().is_none_or(str::is_empty) || uri.port_u16().is_none() {
+        return Err("needs a host and a port".into());
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return Err("a gRPC address has no path".into());
+    }
+    Ok(url.trim_end_matches('/').to_string())
+}
+
 /// Strata's own keys, under `strata:`.
 #[derive(Debug, Clone, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -131,6 +157,9 @@ pub struct RawStrata {
 pub struct RawForward {
     /// The regional's gRPC address, `host:port` (or an `http://`/`https://` URL).
     pub address: String,
+    /// `address` as a URL: `https://` with `tls_config`, else `http://` (set at load).
+    #[serde(skip)]
+    pub endpoint: String,
     /// Samples per batch (default 20,000; the regional may ask for fewer).
     pub batch_samples: Option<usize>,
     /// TLS to the regional (`https`), with a client certificate when it asks for one.
@@ -328,10 +357,9 @@ impl EdgeConfig {
         for f in &mut strata.forward {
             let bad =
                 |m: String| ConfigError::Invalid { path: path.to_path_buf(), message: format!("strata.forward: {m}") };
-            if f.address.trim().is_empty() {
-                return Err(bad("an upstream without an address".into()));
-            }
-            if !upstreams.insert(f.address.clone()) {
+            f.endpoint =
+                forward_endpoint(&f.address, f.tls_config.is_some()).map_err(|m| bad(format!("{}: {m}", f.address)))?;
+            if !upstreams.insert(f.endpoint.clone()) {
                 return Err(bad(format!("{} is listed twice", f.address)));
             }
             if f.batch_samples.is_some_and(|n| n == 0 || n > strata_forward::MAX_BATCH_SAMPLES) {
@@ -479,5 +507,39 @@ strata:
             }
         }
         assert!(ok > 50 && err > 50, "the mutations must exercise both outcomes: {ok} loaded, {err} refused");
+    }
+}
+
+#[cfg(test)]
+mod forward_tests {
+    use super::*;
+
+    fn load(forward: &str) -> Result<EdgeConfig, ConfigError> {
+        EdgeConfig::parse(&format!("strata:\n  forward:\n{forward}"), Path::new("/etc/strata/edge.yml"))
+    }
+
+    /// Forward upstreams: addresses become URLs whose scheme agrees with TLS; duplicates
+    /// (however written), schemes that would send in the clear and addresses without a
+    /// port are refused at load, not found out at the first send.
+    #[test]
+    fn forward_addresses_are_checked_and_normalised_at_load() {
+        let c = load("    - address: r:9492\n    - address: https://s:9492\n      tls_config: {ca_file: ca.pem}\n")
+            .unwrap();
+        let eps: Vec<&str> = c.strata.forward.iter().map(|f| f.endpoint.as_str()).collect();
+        assert_eq!(eps, ["http://r:9492", "https://s:9492"]);
+        assert_eq!(c.strata.forward[1].tls_config.as_ref().unwrap().ca_file, Path::new("/etc/strata/ca.pem"));
+        let plain_tls = load("    - address: s:9492\n      tls_config: {ca_file: ca.pem}\n").unwrap();
+        assert_eq!(plain_tls.strata.forward[0].endpoint, "https://s:9492");
+        for bad in [
+            "    - address: r:9492\n    - address: http://r:9492\n",
+            "    - address: http://r:9492\n      tls_config: {ca_file: ca.pem}\n",
+            "    - address: https://r:9492\n",
+            "    - address: r\n",
+            "    - address: ftp://r:1\n",
+            "    - address: ''\n",
+            "    - address: r:9492\n      batch_samples: 0\n",
+        ] {
+            assert!(load(bad).is_err(), "accepted: {bad}");
+        }
     }
 }

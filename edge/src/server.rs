@@ -252,7 +252,10 @@ pub struct Edge {
 
 fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     // `wal_fsync` was checked when the configuration loaded.
-    cfg.storage_settings().apply(TsdbOptions::default()).unwrap_or_default()
+    let mut o = cfg.storage_settings().apply(TsdbOptions::default()).unwrap_or_default();
+    // Forwarders read the WAL from any segment: each names its series' labels.
+    o.wal_labels_per_segment = !cfg.strata.forward.is_empty();
+    o
 }
 
 /// Serves the StoreAPI over the database on `addr`, with the configuration's external
@@ -297,11 +300,12 @@ fn spawn_forwarders(
     if cfg.strata.forward.is_empty() {
         return Ok(Vec::new());
     }
-    let holds = strata_forward::WalHolds::new(db.clone());
     let external = Labels::from_pairs(cfg.external_labels.iter());
-    let mut tasks = Vec::new();
+    // Every upstream's options first (TLS files read), so a bad one starts none.
+    let mut all = Vec::new();
     for f in &cfg.strata.forward {
         let mut o = strata_forward::ForwarderOptions::new(&f.address);
+        o.endpoint = f.endpoint.clone();
         o.external_labels = external.clone();
         if let Some(n) = f.batch_samples {
             o.batch_samples = n;
@@ -315,10 +319,12 @@ fn spawn_forwarders(
             };
             let tls = files.load().map_err(|source| EdgeError::Forward { upstream: f.address.clone(), source })?;
             o.tls = Some(tls);
-            if !f.address.contains("://") {
-                o.endpoint = format!("https://{}", f.address);
-            }
         }
+        all.push((f, o));
+    }
+    let holds = strata_forward::WalHolds::new(db.clone());
+    let mut tasks = Vec::new();
+    for (f, o) in all {
         let stats = metrics.forward.upstream(&f.address);
         let forwarder = strata_forward::Forwarder::new(db.clone(), holds.clone(), o, stats);
         tracing::info!(upstream = %f.address, "forwarding everything stored to the upstream");

@@ -37,7 +37,7 @@ pub struct RawRegionalStrata {
     pub future_grace_period: Option<PromDuration>,
     pub max_series: Option<usize>,
     /// `always` or an interval such as `1s`. Forwarded batches are `fsync`ed before they
-    /// are acknowledged whatever this says; it governs remote-written data.
+    /// are acknowledged whatever this says.
     pub wal_fsync: Option<String>,
 }
 

@@ -160,7 +160,7 @@ impl Regional {
         let store =
             StoreService::new(Arc::new(TsdbStore(db.clone())), Labels::default(), SelectLimits::default(), info);
         let tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;
-        let others = tonic::service::Routes::new(receiver.into_server());
+        let others = tonic::service::Routes::new(receiver.with_connections(store.connections()).into_server());
         let mut rx = shutdown_rx.clone();
         servers.push(tokio::spawn(async move {
             let stop = async move {

@@ -6,13 +6,16 @@ use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use strata_grpc::{labels_from_pb, metadata_from_pb, StringPool, MAX_MESSAGE_BYTES};
+use strata_model::Labels;
 use strata_model::{Sample, METRIC_NAME};
-use strata_tsdb::db::Tsdb;
-use strata_tsdb::head::SampleError;
+use strata_tsdb::db::{LateOutcome, Tsdb};
+use strata_tsdb::head::{MemSeries, SampleError};
+use strata_tsdb::index::SeriesRef;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
 
@@ -103,11 +106,20 @@ pub struct ForwardReceiver {
     stats: ReceiverStats,
     /// Set for good once storing failed (see [`broken`](Self::broken)).
     failed: Arc<std::sync::atomic::AtomicBool>,
+    /// The gRPC server's connections, when served beside a StoreAPI: each call holds its
+    /// connection open (see `strata_grpc::Connections`).
+    connections: Option<Arc<strata_grpc::Connections>>,
 }
 
 impl ForwardReceiver {
     pub fn new(db: Arc<Tsdb>, id: StorageId) -> ForwardReceiver {
-        ForwardReceiver { db, id, stats: ReceiverStats::default(), failed: Arc::default() }
+        ForwardReceiver { db, id, stats: ReceiverStats::default(), failed: Arc::default(), connections: None }
+    }
+
+    /// Counts this service's calls as activity on the connections `serve_with` tracks.
+    pub fn with_connections(mut self, c: Arc<strata_grpc::Connections>) -> Self {
+        self.connections = Some(c);
+        self
     }
 
     pub fn stats(&self) -> ReceiverStats {
@@ -132,6 +144,53 @@ impl ForwardReceiver {
             tracing::error!(error = %reason, "forward receiver: storage failed; refusing every batch until the regional restarts");
         }
         Status::unavailable(format!("the regional's storage failed ({reason}): it takes no batch until restarted"))
+    }
+
+    /// Writes the samples the head refused as too old into blocks (those retention still
+    /// keeps). When the head would take some after all (its floor moved back after a
+    /// failed cut), the batch is not acknowledged: the sender's retry appends them.
+    fn late(
+        &self,
+        batch: &[(Arc<MemSeries>, Sample)],
+        rejected: &[(SeriesRef, Sample, SampleError)],
+    ) -> Result<LateOutcome, Status> {
+        if !rejected.iter().any(|x| x.2 == SampleError::OutOfBounds) {
+            return Ok(LateOutcome::default());
+        }
+        let labels: HashMap<SeriesRef, &Labels> = batch.iter().map(|(m, _)| (m.series_ref, &m.labels)).collect();
+        let mut by_series: HashMap<SeriesRef, (Labels, Vec<Sample>)> = HashMap::new();
+        let mut unnamed = 0;
+        for (r, s, _) in rejected.iter().filter(|x| x.2 == SampleError::OutOfBounds) {
+            match by_series.get_mut(r) {
+                Some(e) => e.1.push(*s),
+                None => {
+                    // A series retention removed meanwhile is committed under a live
+                    // replacement that the batch does not name: its labels are the same.
+                    let l = match labels.get(r) {
+                        Some(l) => (*l).clone(),
+                        None => match self.db.head().series(*r) {
+                            Some(m) => m.labels.clone(),
+                            None => {
+                                unnamed += 1;
+                                continue;
+                            }
+                        },
+                    };
+                    by_series.insert(*r, (l, vec![*s]));
+                }
+            }
+        }
+        let series: Vec<(Labels, Vec<Sample>)> = by_series.into_values().collect();
+        let mut late = self.db.commit_late(&series).map_err(|e| self.broken(format!("writing late samples: {e}")))?;
+        // Refused and counted with the out-of-bounds samples.
+        late.too_old += unnamed;
+        if late.not_late > 0 {
+            return Err(Status::unavailable(format!(
+                "{} samples of the batch became admissible while it was stored: send it again",
+                late.not_late
+            )));
+        }
+        Ok(late)
     }
 
     fn store(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
@@ -184,6 +243,23 @@ impl ForwardReceiver {
             }
             checked.push((labels, s.timestamps, s.values));
         }
+        // A batch that would pass the series limit creates none of its series: the sender
+        // retries it (its lag shows) until the limit is raised or series go.
+        let head = self.db.head();
+        let missing = checked
+            .iter()
+            .filter(|(l, _, _)| {
+                let pairs: Vec<(&[u8], &[u8])> = l.iter().map(|x| (x.name.as_bytes(), x.value.as_bytes())).collect();
+                head.find_pairs(&pairs).is_none()
+            })
+            .count();
+        let max = self.db.options().max_series;
+        if head.num_series().saturating_add(missing) > max {
+            return Err(Status::resource_exhausted(format!(
+                "the batch has {missing} new series and the regional holds {} of at most {max}",
+                head.num_series()
+            )));
+        }
         let mut batch = Vec::with_capacity(total);
         for (labels, timestamps, values) in checked {
             let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
@@ -200,11 +276,15 @@ impl ForwardReceiver {
             }
         }
         let out = self.db.commit(&batch).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
+        // Samples older than the head admits (a backlog that arrived after other edges
+        // moved the head on) go into blocks of their own rather than being refused.
+        let late = self.late(&batch, &out.rejected)?;
         // Acknowledged means durable: the batch is in the WAL and on disk.
         self.db.sync_wal().map_err(|e| self.broken(format!("syncing the WAL: {e}")))?;
         let mut resp = pb::PushResponse {
-            appended: out.appended as u64,
+            appended: (out.appended + late.written) as u64,
             duplicates: out.ignored_duplicates as u64,
+            out_of_bounds: late.too_old as u64,
             ..Default::default()
         };
         let mut first_conflict = None;
@@ -215,6 +295,7 @@ impl ForwardReceiver {
                     first_conflict.get_or_insert((*r, *s));
                 }
                 SampleError::OutOfOrder => resp.out_of_order += 1,
+                SampleError::OutOfBounds => {}
                 _ => resp.out_of_bounds += 1,
             }
         }
@@ -248,7 +329,8 @@ impl ForwardReceiver {
 
 #[tonic::async_trait]
 impl Forward for ForwardReceiver {
-    async fn hello(&self, _req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloResponse>, Status> {
+    async fn hello(&self, req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloResponse>, Status> {
+        let _call = self.connections.as_ref().and_then(|c| c.call(req.remote_addr()));
         Ok(Response::new(pb::HelloResponse {
             storage_id: self.id.0.clone(),
             max_batch_samples: MAX_BATCH_SAMPLES as u64,
@@ -256,6 +338,7 @@ impl Forward for ForwardReceiver {
     }
 
     async fn push(&self, req: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
+        let _call = self.connections.as_ref().and_then(|c| c.call(req.remote_addr()));
         let me = self.clone();
         let req = req.into_inner();
         let out = tokio::task::spawn_blocking(move || me.store(req))

@@ -1,7 +1,7 @@
 //! The edge's side: one [`Forwarder`] per upstream reads the WAL from its cursor and sends
 //! it in batches, persisting the cursor after each acknowledgement.
 
-use crate::{pb, Cursor, CursorFile, ForwardError, WalHolds, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
+use crate::{pb, Cursor, CursorFile, ForwardError, WalHolds, MAX_BATCH_METADATA, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use pb::forward_client::ForwardClient;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -12,7 +12,9 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_grpc::{labels_to_pb, metadata_to_pb, ClientTlsConfig, MAX_MESSAGE_BYTES};
+use strata_grpc::{
+    attach_external, labels_to_pb, metadata_to_pb, ClientTlsConfig, MAX_LABELS, MAX_LABEL_BYTES, MAX_MESSAGE_BYTES,
+};
 use strata_model::{Labels, Sample};
 use strata_tsdb::db::Tsdb;
 use strata_tsdb::index::SeriesRef;
@@ -152,6 +154,9 @@ pub struct Forwarder {
     stats: ForwarderStats,
     /// The newest timestamp acknowledged (ms; `i64::MIN` before the first).
     newest_acked: std::sync::atomic::AtomicI64,
+    /// Where the upstream last refused a batch as invalid, and how many times in a row
+    /// (kept across sessions: each refusal ends one).
+    refused: parking_lot::Mutex<Option<((WalCursor, u64), u32)>>,
 }
 
 impl Forwarder {
@@ -162,7 +167,15 @@ impl Forwarder {
         // Until the upstream says where it stands, everything it may need is kept.
         let held = cursor_file.load().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
-        Forwarder { db, opts, cursor_file, holds, stats, newest_acked: std::sync::atomic::AtomicI64::new(i64::MIN) }
+        Forwarder {
+            db,
+            opts,
+            cursor_file,
+            holds,
+            stats,
+            newest_acked: std::sync::atomic::AtomicI64::new(i64::MIN),
+            refused: parking_lot::Mutex::new(None),
+        }
     }
 
     pub fn stats(&self) -> ForwarderStats {
@@ -260,7 +273,6 @@ impl Forwarder {
             .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
         let mut source =
             Some(opened.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?);
-        let mut refused_at: Option<((WalCursor, u64), u32)> = None;
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -301,11 +313,16 @@ impl Forwarder {
                     // The upstream will never take this batch. Retried a few times (it may
                     // be a peer mid-upgrade), then dropped, counted and logged, so that one
                     // batch cannot hold all later data back (and the WAL with it) for ever.
-                    let tries = match refused_at {
-                        Some((at, n)) if at == (cursor.wal, cursor.skip) => n + 1,
-                        _ => 1,
+                    let here = (cursor.wal, cursor.skip);
+                    let tries = {
+                        let mut r = self.refused.lock();
+                        let tries = match *r {
+                            Some((at, n)) if at == here => n + 1,
+                            _ => 1,
+                        };
+                        *r = Some((here, tries));
+                        tries
                     };
-                    refused_at = Some(((cursor.wal, cursor.skip), tries));
                     if tries < REFUSALS_BEFORE_DROP {
                         return Err(self.fail(format!("push refused: {}", s.message())));
                     }
@@ -451,7 +468,8 @@ impl WalSource {
         let mut req = pb::PushRequest::default();
         // A reference's series in the batch; references with the same labels (a series
         // restored under another reference after a restart) share one.
-        let mut index: HashMap<SeriesRef, usize> = HashMap::new();
+        // `None`: a series the upstream would refuse (too many labels, or too long).
+        let mut index: HashMap<SeriesRef, Option<usize>> = HashMap::new();
         let mut by_labels: HashMap<Labels, usize> = HashMap::new();
         let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
         loop {
@@ -459,14 +477,30 @@ impl WalSource {
                 while p.taken < p.samples.len() && n < limit && bytes < MAX_BATCH_BYTES {
                     let (r, s) = p.samples[p.taken];
                     let i = match index.get(&r) {
-                        Some(&i) => i,
+                        Some(&Some(i)) => i,
+                        Some(None) => {
+                            unknown += 1;
+                            p.taken += 1;
+                            continue;
+                        }
                         None => {
                             let Some(labels) = self.labels.get(&r).cloned() else {
                                 unknown += 1;
                                 p.taken += 1;
                                 continue;
                             };
-                            let labels = with_external(labels, external);
+                            // Labelled as the edge's StoreAPI serves the series, so the global
+                            // merges the edge's copy and the regional's as one.
+                            let labels = attach_external(&labels, external);
+                            let label_bytes: usize = labels.iter().map(|l| l.name.len() + l.value.len()).sum();
+                            if labels.len() > MAX_LABELS || label_bytes > MAX_LABEL_BYTES {
+                                tracing::warn!(
+                                    series = %labels,
+                                    "forward: a series with more labels or label bytes than the upstream takes: its samples are not sent"
+                                );
+                                index.insert(r, None);
+                                continue;
+                            }
                             let i = match by_labels.get(&labels) {
                                 Some(&i) => i,
                                 None if req.series.len() >= MAX_BATCH_SERIES => break,
@@ -480,7 +514,7 @@ impl WalSource {
                                     req.series.len() - 1
                                 }
                             };
-                            index.insert(r, i);
+                            index.insert(r, Some(i));
                             i
                         }
                     };
@@ -506,7 +540,7 @@ impl WalSource {
                 self.at = (p.end, 0);
                 continue;
             }
-            if n >= limit || bytes >= MAX_BATCH_BYTES {
+            if n >= limit || bytes >= MAX_BATCH_BYTES || req.metadata.len() >= MAX_BATCH_METADATA {
                 break;
             }
             let before = self.reader.cursor();
@@ -542,18 +576,4 @@ impl WalSource {
         }
         Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown })
     }
-}
-
-/// `labels` with each external label it does not carry itself.
-fn with_external(labels: Labels, external: &Labels) -> Labels {
-    if external.is_empty() {
-        return labels;
-    }
-    let mut b = labels.to_builder();
-    for l in external.iter() {
-        if labels.get(&l.name).is_none() {
-            b.set(&l.name, &l.value);
-        }
-    }
-    b.build()
 }

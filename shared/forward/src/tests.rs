@@ -21,7 +21,11 @@ struct Regional {
 
 impl Regional {
     async fn start(dir: &Path) -> Regional {
-        let db = Arc::new(Tsdb::open(dir, TsdbOptions::default()).unwrap());
+        Self::start_with(dir, TsdbOptions::default()).await
+    }
+
+    async fn start_with(dir: &Path, opts: TsdbOptions) -> Regional {
+        let db = Arc::new(Tsdb::open(dir, opts).unwrap());
         let receiver = ForwardReceiver::new(db.clone(), StorageId::load_or_create(dir).unwrap());
         let stats = receiver.stats();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -94,6 +98,11 @@ fn write(edge: &Tsdb, series: usize, t0: i64, n: usize) {
     }
 }
 
+/// A forwarding edge's database: labels in every WAL segment.
+fn edge_options() -> TsdbOptions {
+    TsdbOptions { wal_labels_per_segment: true, ..Default::default() }
+}
+
 fn options(name: &str, addr: SocketAddr, batch: usize) -> ForwarderOptions {
     let mut o = ForwarderOptions::new(name);
     o.endpoint = format!("http://{addr}");
@@ -130,7 +139,7 @@ async fn forward_until_equal(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_regional_holds_exactly_what_the_edge_stored_across_restarts_of_either_side() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let edge = Arc::new(Tsdb::open(e.path(), TsdbOptions::default()).unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
     let holds = WalHolds::new(edge.clone());
     let now = strata_model::time::now_ms() - 600_000;
     edge.set_metadata(
@@ -175,7 +184,7 @@ async fn the_regional_holds_exactly_what_the_edge_stored_across_restarts_of_eith
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflicting_value_is_counted_and_the_stored_one_kept() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let edge = Arc::new(Tsdb::open(e.path(), TsdbOptions::default()).unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
     let holds = WalHolds::new(edge.clone());
     let now = strata_model::time::now_ms() - 60_000;
     write(&edge, 1, now, 3);
@@ -284,7 +293,7 @@ async fn the_wal_an_upstream_needs_outlives_block_cuts_and_checkpoints() {
         block_range: Duration::from_secs(1200),
         wal_segment_bytes: 8 << 10,
         retention: Duration::from_secs(100 * 86400),
-        ..Default::default()
+        ..edge_options()
     };
     let edge = Arc::new(Tsdb::open(e.path(), opts).unwrap());
     let holds = WalHolds::new(edge.clone());
@@ -322,4 +331,99 @@ async fn the_wal_an_upstream_needs_outlives_block_cuts_and_checkpoints() {
     let out = edge.maintain().unwrap();
     assert!(out.wal_segments_deleted > 0, "the acknowledged WAL was kept: {out:?}");
     regional.stop().await;
+}
+
+/// One edge's backlog arrives after another edge moved the regional's head on and blocks
+/// were cut past it: the regional stores it (as blocks of their own), refuses nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_older_than_the_regionals_head_is_stored_not_refused() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let ropts = TsdbOptions { block_range: Duration::from_secs(600), ..Default::default() };
+    let regional = Regional::start_with(r.path(), ropts).await;
+    let now = strata_model::time::now_ms();
+    let t0 = now - 3 * 3600 * 1000;
+    // Another edge's series, current, kept the regional's head moving: blocks are cut.
+    let other = regional.db.series(&Labels::from_pairs([("__name__", "up"), ("cluster", "b")])).unwrap();
+    for k in 0..=720 {
+        regional.db.commit(&[(other.clone(), Sample::new(t0 + k * 15_000, 1.0))]).unwrap();
+    }
+    assert!(regional.db.maintain().unwrap().blocks_cut > 0);
+    // This edge was cut off: its first hour arrives now.
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    write(&edge, 20, t0, 240);
+    let f = Forwarder::new(
+        edge.clone(),
+        holds.clone(),
+        options("regional", regional.addr, 1000),
+        ForwarderStats::default(),
+    );
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.samples_acked.get() < 20 * 240 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(regional.stats.samples("out_of_bounds"), 0, "the backlog was refused");
+    let want = expected(&edge);
+    let got: Vec<_> = all(&regional.db).into_iter().filter(|(l, _)| l.starts_with("gpu_util")).collect();
+    assert_eq!(got, want, "the regional does not hold the backlog exactly");
+    regional.stop().await;
+}
+
+/// An upstream that refuses every batch as invalid (a broken or incompatible peer): each
+/// batch is tried three times, across sessions, then dropped, counted and logged, so
+/// forwarding moves on and the WAL is let go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
+    struct Refusing;
+    #[tonic::async_trait]
+    impl pb::forward_server::Forward for Refusing {
+        async fn hello(
+            &self,
+            _: tonic::Request<pb::HelloRequest>,
+        ) -> Result<tonic::Response<pb::HelloResponse>, tonic::Status> {
+            Ok(tonic::Response::new(pb::HelloResponse { storage_id: "refusing".into(), max_batch_samples: 100 }))
+        }
+        async fn push(
+            &self,
+            _: tonic::Request<pb::PushRequest>,
+        ) -> Result<tonic::Response<pb::PushResponse>, tonic::Status> {
+            Err(tonic::Status::invalid_argument("never"))
+        }
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(
+                pb::forward_server::ForwardServer::new(Refusing)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    let e = tempfile::tempdir().unwrap();
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    write(&edge, 10, strata_model::time::now_ms() - 60_000, 30);
+    let f = Forwarder::new(edge.clone(), holds, options("refusing", addr, 100), ForwarderStats::default());
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.dropped_samples.get() < 300 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    server.abort();
+    assert_eq!(stats.dropped_samples.get(), 300, "every sample dropped once, none twice");
+    assert_eq!(stats.samples_acked.get(), 0);
+    // Three tries per batch of 100: two failed sessions before each drop.
+    assert!(stats.retries.get() >= 6, "{} retries", stats.retries.get());
 }

@@ -11,8 +11,8 @@ use tonic::{Code, Status};
 
 /// Labels per series and bytes per label set accepted from a peer (Prometheus' own
 /// defaults are unlimited; these are far above any real series).
-const MAX_LABELS: usize = 256;
-const MAX_LABEL_BYTES: usize = 64 << 10;
+pub const MAX_LABELS: usize = 256;
+pub const MAX_LABEL_BYTES: usize = 64 << 10;
 /// A chunk larger than this is damage (960 samples of 16 bytes, doubled, as blocks check).
 const MAX_CHUNK_BYTES: usize = 64 << 10;
 

@@ -28,10 +28,10 @@ mod tls;
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{
     labels_from_pb, labels_to_pb, metadata_from_pb, metadata_to_pb, status_from_store_error, store_error_from_status,
-    StringPool,
+    StringPool, MAX_LABELS, MAX_LABEL_BYTES,
 };
 pub use listener::{CallGuard, ConnectionLimits, Connections};
-pub use server::{selection_wire_bytes, serve, serve_with, ServeOptions, StoreInfo, StoreService};
+pub use server::{attach_external, selection_wire_bytes, serve, serve_with, ServeOptions, StoreInfo, StoreService};
 pub use strata_proto::store as pb;
 pub use stream::StreamBounds;
 pub use tls::{ClientTlsFiles, ServerTlsFiles};

@@ -65,6 +65,13 @@ impl StoreService {
         }
     }
 
+    /// The open connections' calls: another service served beside this one
+    /// ([`serve_with`]) takes a [`CallGuard`](crate::CallGuard) per call from it, so its
+    /// connections do not count as idle.
+    pub fn connections(&self) -> Arc<Connections> {
+        self.connections.clone()
+    }
+
     /// The tonic service: gzip both ways, messages capped at [`MAX_MESSAGE_BYTES`].
     pub fn into_server(self) -> StoreServer<StoreService> {
         StoreServer::new(self)
@@ -106,8 +113,9 @@ impl StoreService {
 }
 
 /// A series' labels with the external labels set (they win over the series' own, as a
-/// Thanos sidecar's do).
-fn attach_external(labels: &Labels, external: &Labels) -> Labels {
+/// Thanos sidecar's do). Whatever sends a tier's series elsewhere (the forwarder) labels
+/// them with this too, so each series has one label set whichever tier serves it.
+pub fn attach_external(labels: &Labels, external: &Labels) -> Labels {
     if external.is_empty() {
         return labels.clone();
     }

@@ -59,6 +59,10 @@ pub struct TsdbOptions {
     pub retention_size: Option<u64>,
     /// Bytes of block chunks kept in memory for queries (see `strata_block::cache`).
     pub block_cache_bytes: usize,
+    /// Log each series' labels once per WAL segment (not only once): a reader of the WAL
+    /// that starts in any segment (a forwarder) then resolves every reference from the
+    /// segment itself. Costs the active series' labels once per segment.
+    pub wal_labels_per_segment: bool,
 }
 
 impl Default for TsdbOptions {
@@ -72,6 +76,7 @@ impl Default for TsdbOptions {
             block_range: DEFAULT_BLOCK_RANGE,
             retention_size: None,
             block_cache_bytes: strata_block::cache::DEFAULT_CACHE_BYTES,
+            wal_labels_per_segment: false,
         }
     }
 }
@@ -605,12 +610,13 @@ impl Tsdb {
             };
             match check {
                 Ok(true) => {
-                    // Labels are logged once per series and segment: a reader of the WAL
-                    // (a forwarder resuming mid-segment) finds every reference's labels in
-                    // the segment itself, never from a head that may have reused it.
-                    if series.logged_segment.load(std::sync::atomic::Ordering::Relaxed) != segment
-                        && (distinct || !pending.contains_key(&series.series_ref))
-                    {
+                    // Labels are logged once per series (the head checkpoint keeps them past
+                    // truncation), or with `wal_labels_per_segment` once per series and
+                    // segment, for a reader of the WAL that starts in any segment.
+                    let logged = series.logged_segment.load(std::sync::atomic::Ordering::Relaxed);
+                    let log_labels =
+                        if self.opts.wal_labels_per_segment { logged != segment } else { logged == u32::MAX };
+                    if log_labels && (distinct || !pending.contains_key(&series.series_ref)) {
                         records
                             .push(WalRecord::Series { series_ref: series.series_ref, labels: series.labels.clone() });
                     }
@@ -775,7 +781,9 @@ fn duration_ms(d: Duration) -> i64 {
 mod checkpoint;
 mod compact;
 mod floor;
+mod late;
 pub use checkpoint::{CheckpointStats, CHECKPOINT_FILE};
 pub use compact::{release_free_memory, MaintenanceOutcome};
+pub use late::LateOutcome;
 #[cfg(test)]
 mod tests;

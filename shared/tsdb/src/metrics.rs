@@ -20,6 +20,8 @@ pub struct TsdbMetrics {
     /// WAL segments replay found damaged, copied to `wal/quarantine/` and cut.
     pub wal_quarantined_segments: Counter,
     pub blocks_written: Counter,
+    /// Samples older than the head admits, written as blocks of their own.
+    pub late_samples: Counter,
     pub blocks_compacted: Counter,
     /// Blocks found damaged (at open or by a read), kept out of queries and compaction.
     pub blocks_damaged: Gauge,
@@ -46,6 +48,7 @@ impl Default for TsdbMetrics {
             wal_fsync_seconds: Histogram::new([0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
             wal_quarantined_segments: Counter::default(),
             blocks_written: Counter::default(),
+            late_samples: Counter::default(),
             blocks_compacted: Counter::default(),
             blocks_damaged: Gauge::default(),
             maintenance_failures: Counter::default(),
@@ -82,6 +85,11 @@ impl TsdbMetrics {
             self.wal_quarantined_segments.clone(),
         );
         registry.register("blocks_written", "Blocks cut from the head", self.blocks_written.clone());
+        registry.register(
+            "late_samples",
+            "Samples older than the head admits (its newest cut block's end), written as blocks of their own",
+            self.late_samples.clone(),
+        );
         registry.register("blocks_compacted", "Blocks written by compaction", self.blocks_compacted.clone());
         registry.register(
             "blocks_damaged",

@@ -623,6 +623,7 @@ async fn labels_are_logged_once_and_a_checkpoint_keeps_them_past_truncation() {
         block_range: Duration::from_secs(1200),
         wal_segment_bytes: 8 << 10,
         retention: Duration::from_secs(100 * 86400),
+        wal_labels_per_segment: true,
         ..Default::default()
     };
     {
@@ -826,3 +827,57 @@ mod review;
 
 /// Findings of the edge review (issue 20) that live in storage.
 mod edge_review;
+
+/// Samples older than the head admits (its newest cut block's end) but within retention
+/// go into blocks of their own with `commit_late`: read back as a query reads, a repeat
+/// adds nothing, samples past retention are counted and left out, and compaction folds
+/// the late blocks into their window.
+#[tokio::test]
+async fn late_samples_become_blocks_that_queries_and_compaction_merge() {
+    use strata_store::Store;
+    let d = tempfile::tempdir().unwrap();
+    let opts = TsdbOptions {
+        block_range: Duration::from_secs(600),
+        retention: Duration::from_secs(86400),
+        ..Default::default()
+    };
+    let db = Arc::new(Tsdb::open(d.path(), opts).unwrap());
+    let now = strata_model::time::now_ms();
+    let t0 = now - 3 * 3600 * 1000;
+    let a = db.series(&labels("a")).unwrap();
+    // Series a spans three hours: blocks are cut, the floor moves up.
+    for k in 0..=720 {
+        db.commit(&[(a.clone(), Sample::new(t0 + k * 15_000, k as f64))]).unwrap();
+    }
+    assert!(db.maintain().unwrap().blocks_cut > 0);
+    // Series b's backlog from the first hour comes now: the head refuses it.
+    let b = db.series(&labels("b")).unwrap();
+    let backlog: Vec<Sample> = (0..240).map(|k| Sample::new(t0 + k * 15_000 + 7, 0.5 + k as f64)).collect();
+    let out = db.commit(&backlog.iter().map(|s| (b.clone(), *s)).collect::<Vec<_>>()).unwrap();
+    assert_eq!(out.rejected.len(), 240, "the head took samples below its floor");
+    let too_old = Sample::new(now - 2 * 86400 * 1000, 1.0);
+    let mut late_input = vec![(labels("b"), backlog.clone())];
+    late_input.push((labels("c"), vec![too_old]));
+    let late = db.commit_late(&late_input).unwrap();
+    assert_eq!((late.written, late.too_old, late.not_late), (240, 1, 0), "{late:?}");
+    assert!(late.blocks >= 6, "one block per 10-minute window: {late:?}");
+    // Sent again (an acknowledgement lost): nothing changes for a reader.
+    db.commit_late(&late_input[..1]).unwrap();
+    let read = |db: &Arc<Tsdb>| {
+        let store = TsdbStore(db.clone());
+        let req = strata_store::SelectRequest::new(vec![Matcher::eq("gpu", "b")], i64::MIN, i64::MAX);
+        async move { store.select(&req).await.unwrap() }
+    };
+    let got = read(&db).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].samples(i64::MIN, i64::MAX).unwrap(), backlog);
+    // Compaction folds the small blocks; the data reads the same.
+    let before = db.blocks().len();
+    db.compact().unwrap();
+    assert!(db.blocks().len() < before, "{} blocks before, {} after", before, db.blocks().len());
+    assert_eq!(read(&db).await[0].samples(i64::MIN, i64::MAX).unwrap(), backlog);
+    // And after a restart.
+    drop(db);
+    let db = Arc::new(open(d.path()));
+    assert_eq!(read(&db).await[0].samples(i64::MIN, i64::MAX).unwrap(), backlog);
+}
