@@ -261,3 +261,74 @@ fn sorted(data: &serde_json::Value) -> Vec<String> {
     v.sort();
     v
 }
+
+/// The regional's data directory is lost while it is down (a replaced disk): it comes back
+/// with a new storage identity, and the edge sends it everything it still holds.
+#[test]
+fn a_regional_that_lost_its_data_gets_everything_the_edge_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let (sim_port, rg_http, rg_grpc) = (free_port(), free_port(), free_port());
+    let mut sim =
+        Proc::strata(&["simulate", "--nodes", "1", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
+    wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
+    let rcfg = dir.path().join("regional.yml");
+    std::fs::write(&rcfg, "").unwrap();
+    let rdata = dir.path().join("regional");
+    let regional = |name: &str| {
+        let args = [
+            "regional",
+            "--config",
+            rcfg.to_str().unwrap(),
+            "--data",
+            rdata.to_str().unwrap(),
+            "--http-listen",
+            &format!("127.0.0.1:{rg_http}"),
+            "--grpc-listen",
+            &format!("127.0.0.1:{rg_grpc}"),
+        ];
+        let mut p = Proc::strata(&args, dir.path(), name);
+        wait_ready(&format!("http://127.0.0.1:{rg_http}/-/ready"), &mut p, Duration::from_secs(30));
+        p
+    };
+    let edata = dir.path().join("edge");
+    let edge = |cfg: &Path, name: &str| {
+        let port = free_port();
+        let args = [
+            "edge",
+            "--config",
+            cfg.to_str().unwrap(),
+            "--data",
+            edata.to_str().unwrap(),
+            "--http-listen",
+            &format!("127.0.0.1:{port}"),
+        ];
+        let mut p = Proc::strata(&args, dir.path(), name);
+        wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut p, Duration::from_secs(60));
+        (p, format!("http://127.0.0.1:{port}"))
+    };
+    let mut rg = regional("regional-1");
+    let (mut e, _) = edge(&edge_config(dir.path(), sim_port, rg_grpc, true), "edge-1");
+    std::thread::sleep(Duration::from_secs(3));
+    rg.terminate();
+    std::fs::remove_dir_all(&rdata).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    e.terminate();
+    let mut rg = regional("regional-2");
+    let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, false), "edge-2");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+        if labelled_value(&page, "strata_forward_pending_bytes") == Some(0.0) {
+            assert_eq!(labelled_value(&page, "strata_forward_restarts_from_oldest_total"), Some(1.0), "{page}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the edge did not catch up:\n{page}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    e.terminate();
+    rg.terminate();
+    let edge_data = stored(&edata, &[("cluster", "c0"), ("replica", "a")]);
+    let regional_data = stored(&rdata, &[]);
+    assert!(edge_data.len() > 50, "the edge holds {} series", edge_data.len());
+    assert_eq!(regional_data, edge_data, "the new regional does not hold what the edge holds");
+}
