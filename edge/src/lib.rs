@@ -7,7 +7,6 @@ pub mod config;
 pub mod http_client;
 pub mod manager;
 pub mod metrics;
-pub mod remote_write;
 pub mod scrape;
 pub mod security;
 pub mod server;

@@ -6,6 +6,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::Arc;
 use strata_tsdb::metrics::TsdbMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -18,11 +19,6 @@ pub struct ReasonLabel {
     pub reason: String,
 }
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct CodeLabel {
-    pub code: String,
-}
-
 pub struct EdgeMetrics {
     pub registry: Registry,
     pub scrapes: Family<JobLabel, Counter>,
@@ -32,10 +28,8 @@ pub struct EdgeMetrics {
     pub scrape_out_of_order: Counter,
     pub scrape_duplicate_timestamp: Counter,
     pub scrape_out_of_bounds: Counter,
-    pub remote_write_requests: Family<CodeLabel, Counter>,
-    pub remote_write_samples: Counter,
-    pub remote_write_rejected: Family<ReasonLabel, Counter>,
-    pub remote_write_rejected_metadata: Counter,
+    /// The remote-write receiver's (`strata_remote_write_*`).
+    pub receive: Arc<strata_receive::ReceiveMetrics>,
     pub config_reloads: Family<ReasonLabel, Counter>,
     /// File-SD files that could not be read or parsed (Prometheus' `prometheus_sd_file_read_errors_total`).
     pub sd_file_read_errors: Counter,
@@ -77,30 +71,8 @@ impl EdgeMetrics {
             "Scraped samples refused as older than retention or too far in the future",
             scrape_out_of_bounds.clone(),
         );
-        let remote_write_requests = Family::default();
-        registry.register(
-            "remote_write_requests",
-            "Remote-write requests by HTTP status code",
-            remote_write_requests.clone(),
-        );
-        let remote_write_samples = Counter::default();
-        registry.register(
-            "remote_write_samples",
-            "Samples received by remote write and stored",
-            remote_write_samples.clone(),
-        );
-        let remote_write_rejected = Family::default();
-        registry.register(
-            "remote_write_rejected_samples",
-            "Remote-write samples refused, by reason",
-            remote_write_rejected.clone(),
-        );
-        let remote_write_rejected_metadata = Counter::default();
-        registry.register(
-            "remote_write_rejected_metadata",
-            "Remote-write metadata entries skipped (a name, help or unit that is not UTF-8)",
-            remote_write_rejected_metadata.clone(),
-        );
+        let receive = Arc::new(strata_receive::ReceiveMetrics::default());
+        receive.register(&mut registry);
         let sd_file_read_errors = Counter::default();
         registry.register(
             "sd_file_read_errors",
@@ -125,10 +97,7 @@ impl EdgeMetrics {
             scrape_out_of_order,
             scrape_duplicate_timestamp,
             scrape_out_of_bounds,
-            remote_write_requests,
-            remote_write_samples,
-            remote_write_rejected,
-            remote_write_rejected_metadata,
+            receive,
             config_reloads,
             sd_file_read_errors,
             config_last_reload_success,

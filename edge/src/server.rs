@@ -4,9 +4,8 @@
 
 use crate::config::{ConfigError, EdgeConfig};
 use crate::manager::ScrapeManager;
-use crate::metrics::{CodeLabel, EdgeMetrics, ReasonLabel};
-use crate::remote_write::{self, RemoteWrite, WriteLimits};
-use axum::extract::{DefaultBodyLimit, State};
+use crate::metrics::{EdgeMetrics, ReasonLabel};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -18,6 +17,7 @@ use std::time::Duration;
 use strata_api::ApiOptions;
 use strata_grpc::{ServeOptions, StoreInfo, StoreService};
 use strata_model::Labels;
+use strata_receive::{RemoteWrite, WriteLimits};
 use strata_server::{LiveWebConfig, ServerLimits, WebConfig, WebConfigError};
 use strata_store::SelectLimits;
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
@@ -102,14 +102,13 @@ impl EdgeState {
 }
 
 pub fn router(state: Arc<EdgeState>) -> Router {
-    let limit = state.remote_write.limits.max_body_bytes;
     Router::new()
         .route("/metrics", get(self_metrics))
         .route("/-/healthy", get(|| async { "Strata edge is Healthy.\n" }))
         .route("/-/ready", get(ready))
         .route("/-/reload", post(reload).put(reload))
-        .route("/api/v1/write", post(write).layer(DefaultBodyLimit::max(limit)))
         .with_state(state.clone())
+        .merge(strata_receive::router(state.remote_write.clone()))
         .merge(strata_api::router_with(Arc::new(TsdbStore(state.db.clone())), state.api.clone()))
 }
 
@@ -142,67 +141,6 @@ async fn reload(State(s): State<Arc<EdgeState>>) -> Response {
     match s.reload().await {
         Ok(()) => (StatusCode::OK, "configuration reloaded\n").into_response(),
         Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("failed to reload config: {e}\n")).into_response(),
-    }
-}
-
-/// How long a write waits for its turn, and then for its body, before it is refused.
-const WRITE_WAIT: Duration = Duration::from_secs(30);
-
-async fn write(State(s): State<Arc<EdgeState>>, req: axum::extract::Request) -> Response {
-    let rw = s.remote_write.clone();
-    let answer = |code: StatusCode, msg: String| {
-        rw.metrics.remote_write_requests.get_or_create(&CodeLabel { code: code.as_u16().to_string() }).inc();
-        (code, msg).into_response()
-    };
-    if let Err(why) = remote_write::protocol(req.headers()) {
-        return answer(StatusCode::UNSUPPORTED_MEDIA_TYPE, why + "\n");
-    }
-    // The body's bytes are reserved before it is read (its declared length, or the limit
-    // when it declares none), from a budget shared by every upload: slow uploads hold only
-    // their bytes, never the processing slots, and all of them together stay bounded.
-    let declared = req
-        .headers()
-        .get(axum::http::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<usize>().ok())
-        .unwrap_or(rw.limits.max_body_bytes);
-    if declared > rw.limits.max_body_bytes {
-        return answer(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!("body of {declared} bytes is over the limit of {} bytes\n", rw.limits.max_body_bytes),
-        );
-    }
-    let reserve = u32::try_from(declared.div_ceil(1024).max(1)).unwrap_or(u32::MAX);
-    let Ok(_bytes) = rw.upload_kib.clone().try_acquire_many_owned(reserve) else {
-        let msg = format!(
-            "too many remote-write bytes in flight (limit {} MiB): retry later\n",
-            rw.limits.max_buffered_bytes >> 20
-        );
-        return answer(StatusCode::SERVICE_UNAVAILABLE, msg);
-    };
-    let body =
-        match tokio::time::timeout(WRITE_WAIT, axum::body::to_bytes(req.into_body(), rw.limits.max_body_bytes)).await {
-            Ok(Ok(b)) => b,
-            Ok(Err(e)) => {
-                let msg = format!("reading the body (limit {} bytes): {e}\n", rw.limits.max_body_bytes);
-                return answer(StatusCode::PAYLOAD_TOO_LARGE, msg);
-            }
-            Err(_) => return answer(StatusCode::REQUEST_TIMEOUT, "the body did not arrive in time\n".into()),
-        };
-    let Ok(Ok(_slot)) = tokio::time::timeout(WRITE_WAIT, rw.slots.clone().acquire_owned()).await else {
-        let msg = format!("too many remote writes at once (limit {}): retry later\n", rw.limits.max_concurrent);
-        return answer(StatusCode::SERVICE_UNAVAILABLE, msg);
-    };
-    let out = tokio::task::spawn_blocking(move || remote_write::handle(&rw.db, &rw.metrics, &body, &rw.limits)).await;
-    match out {
-        Ok(o) => {
-            let code = StatusCode::from_u16(o.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            if o.message.is_empty() {
-                code.into_response()
-            } else {
-                (code, o.message + "\n").into_response()
-            }
-        }
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, format!("remote write failed: {e}\n")).into_response(),
     }
 }
 
@@ -373,7 +311,6 @@ impl Edge {
             let _ = metrics.scrapes.get_or_create(&label);
             let _ = metrics.scrape_failures.get_or_create(&label);
         }
-        let _ = metrics.remote_write_requests.get_or_create(&crate::metrics::CodeLabel { code: "204".into() });
         let manager = ScrapeManager::new(db.clone(), metrics.clone());
         let mut limits = WriteLimits::default();
         if let Some(b) = cfg.strata.remote_write_max_bytes {
@@ -387,7 +324,7 @@ impl Edge {
             metrics: metrics.clone(),
             manager: manager.clone(),
             config_path: opts.config_path.clone(),
-            remote_write: Arc::new(RemoteWrite::new(db.clone(), metrics.clone(), limits)),
+            remote_write: Arc::new(RemoteWrite::new(db.clone(), metrics.receive.clone(), limits)),
             api: opts.api.clone(),
             enable_lifecycle: opts.enable_lifecycle,
         });

@@ -5,7 +5,8 @@
 //! seen acknowledged. Series keep their edge's external labels exactly (the regional adds
 //! none), so a series reaches the global with the same labels from either tier. The
 //! regional serves the Prometheus HTTP API over that database and the StoreAPI (kind
-//! `REGIONAL`) on the same gRPC port as the receiver.
+//! `REGIONAL`) on the same gRPC port as the receiver, and takes Prometheus remote write
+//! on `/api/v1/write` (`strata_receive`) from senders that are not edges.
 //!
 //! Downsampling and rules build on this in their own crates; only the wiring and loops of
 //! the tier belong here.
@@ -142,6 +143,10 @@ impl Regional {
         let mut registry = Registry::with_prefix("strata");
         db.metrics().register(&mut registry);
         received.register(&mut registry);
+        // Prometheus (or anything that speaks remote write 1.0) can write here too.
+        let receive = Arc::new(strata_receive::ReceiveMetrics::default());
+        receive.register(&mut registry);
+        let remote_write = Arc::new(strata_receive::RemoteWrite::new(db.clone(), receive, Default::default()));
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let tasks = strata_tsdb::loops::spawn(&db);
@@ -182,6 +187,7 @@ impl Regional {
             .route("/-/healthy", get(|| async { "Strata regional is Healthy.\n" }))
             .route("/-/ready", get(ready))
             .with_state(state)
+            .merge(strata_receive::router(remote_write))
             .merge(strata_api::router_with(Arc::new(TsdbStore(db.clone())), opts.api.clone()));
         let mut rx = shutdown_rx.clone();
         let limits = opts.server;

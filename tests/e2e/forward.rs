@@ -332,3 +332,64 @@ fn a_regional_that_lost_its_data_gets_everything_the_edge_holds() {
     assert!(edge_data.len() > 50, "the edge holds {} series", edge_data.len());
     assert_eq!(regional_data, edge_data, "the new regional does not hold what the edge holds");
 }
+
+/// The regional takes Prometheus remote write too (the same receiver as the edge's): a
+/// request is stored and served, and a request in remote write 2.0 is answered 415.
+#[test]
+fn the_regional_takes_remote_write() {
+    use prost::Message;
+    use strata_proto::prometheus::{Label, Sample as PbSample, TimeSeries, WriteRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let cfg = dir.path().join("regional.yml");
+    std::fs::write(&cfg, "").unwrap();
+    let data = dir.path().join("data").display().to_string();
+    let cfg = cfg.display().to_string();
+    let mut rg = Proc::strata(
+        &[
+            "regional",
+            "--config",
+            &cfg,
+            "--data",
+            &data,
+            "--http-listen",
+            &format!("127.0.0.1:{http}"),
+            "--grpc-listen",
+            &format!("127.0.0.1:{grpc}"),
+        ],
+        dir.path(),
+        "regional",
+    );
+    let base = format!("http://127.0.0.1:{http}");
+    wait_ready(&format!("{base}/-/ready"), &mut rg, Duration::from_secs(30));
+    let now = now_ms();
+    let req = WriteRequest {
+        timeseries: vec![TimeSeries {
+            labels: vec![
+                Label { name: "__name__".into(), value: "written".into() },
+                Label { name: "cluster".into(), value: "legacy".into() },
+            ],
+            samples: (0..5).map(|k| PbSample { value: k as f64, timestamp: now - 5000 + k * 1000 }).collect(),
+            exemplars: vec![],
+        }],
+        metadata: vec![],
+    };
+    let body = snap::raw::Encoder::new().compress_vec(&req.encode_to_vec()).unwrap();
+    let post = |content_type: &str| {
+        client()
+            .post(format!("{base}/api/v1/write"))
+            .header("Content-Encoding", "snappy")
+            .header("Content-Type", content_type)
+            .body(body.clone())
+            .send()
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    assert_eq!(post("application/x-protobuf"), 204);
+    assert_eq!(post("application/x-protobuf;proto=io.prometheus.write.v2.Request"), 415);
+    let data = api_data(&format!("{base}/api/v1/query?query=count_over_time(written%5B1m%5D)&time={}", now / 1000));
+    assert_eq!(data["result"][0]["value"][1], "5", "{data}");
+    let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    assert!(page.contains("strata_remote_write_samples_total 5"), "{page}");
+}

@@ -54,7 +54,7 @@ pub enum ShapeError {
 /// Walks a `WriteRequest`, checks every message in it as [`super::wire`] reads them (so a
 /// body that passes stores nothing it then fails on), and counts what it holds.
 pub fn scan(buf: &[u8]) -> Result<Shape, ShapeError> {
-    use super::wire::{bytes, label, metadata, sample, skipped};
+    use crate::wire::{bytes, label, metadata, sample, skipped};
     let mut shape = Shape::default();
     fields(buf, 0, &mut |field, body, at| {
         match field {

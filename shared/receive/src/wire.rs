@@ -10,7 +10,7 @@
 //! types 3 and 4, deprecated since proto2 and sent by no remote-write client) are refused
 //! anywhere, where prost skips them as unknown fields inside a label or a sample.
 
-use super::shape::{fields, ShapeError, Wire};
+use crate::shape::{fields, ShapeError, Wire};
 use strata_model::Sample;
 
 /// One `TimeSeries`, borrowed from the body.
@@ -196,7 +196,7 @@ mod tests {
             }
             let theirs = ReceivedWriteRequest::decode(b.as_slice());
             // The check before anything is stored refuses exactly what prost refuses.
-            assert_eq!(super::super::shape::scan(&b).is_ok(), theirs.is_ok(), "round {round}: scan and prost differ");
+            assert_eq!(crate::shape::scan(&b).is_ok(), theirs.is_ok(), "round {round}: scan and prost differ");
             let mut ours = Vec::new();
             let mut scratch = WireSeries::default();
             let series = each_series(&b, &mut scratch, &mut |s| {

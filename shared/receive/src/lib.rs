@@ -21,11 +21,17 @@
 //!   takes a processing slot only once its body has arrived.
 //!
 //! A series is created only for a time series that carries samples.
+//!
+//! Every tier that takes remote write (the edge, the regional) mounts [`router`] over its
+//! own database and registers [`ReceiveMetrics`] in its `/metrics`.
 
+mod http;
+mod metrics;
 mod shape;
 mod wire;
 
-use crate::metrics::{CodeLabel, EdgeMetrics, ReasonLabel};
+pub use http::router;
+pub use metrics::{CodeLabel, ReasonLabel, ReceiveMetrics};
 use shape::ShapeError;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -127,7 +133,7 @@ fn to_labels(pairs: &[(&str, &str)]) -> Labels {
 }
 
 /// Decodes and stores one request body. Runs on a blocking thread: it writes the WAL.
-pub fn handle(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) -> WriteOutcome {
+pub fn handle(db: &Tsdb, metrics: &ReceiveMetrics, body: &[u8], limits: &WriteLimits) -> WriteOutcome {
     let out = process(db, metrics, body, limits);
     metrics.remote_write_requests.get_or_create(&CodeLabel { code: out.status.to_string() }).inc();
     metrics.remote_write_samples.inc_by(out.stored as u64);
@@ -135,7 +141,7 @@ pub fn handle(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimit
 }
 
 fn reject(
-    metrics: &EdgeMetrics,
+    metrics: &ReceiveMetrics,
     reasons: &mut BTreeMap<&'static str, (usize, String)>,
     reason: &'static str,
     n: usize,
@@ -146,7 +152,7 @@ fn reject(
     e.0 += n;
 }
 
-fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) -> WriteOutcome {
+fn process(db: &Tsdb, metrics: &ReceiveMetrics, body: &[u8], limits: &WriteLimits) -> WriteOutcome {
     let fail = |status: u16, message: String| WriteOutcome { status, message, stored: 0 };
     if body.len() > limits.max_body_bytes {
         return fail(413, format!("body of {} bytes is over the limit of {} bytes", body.len(), limits.max_body_bytes));
@@ -304,7 +310,7 @@ fn process(db: &Tsdb, metrics: &EdgeMetrics, body: &[u8], limits: &WriteLimits) 
 /// Shared state the HTTP handler needs.
 pub struct RemoteWrite {
     pub db: Arc<Tsdb>,
-    pub metrics: Arc<EdgeMetrics>,
+    pub metrics: Arc<ReceiveMetrics>,
     pub limits: WriteLimits,
     /// One permit per write processed at once, taken once its body is read.
     pub slots: Arc<tokio::sync::Semaphore>,
@@ -313,7 +319,7 @@ pub struct RemoteWrite {
 }
 
 impl RemoteWrite {
-    pub fn new(db: Arc<Tsdb>, metrics: Arc<EdgeMetrics>, limits: WriteLimits) -> Self {
+    pub fn new(db: Arc<Tsdb>, metrics: Arc<ReceiveMetrics>, limits: WriteLimits) -> Self {
         let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_concurrent.max(1)));
         // Room for at least one body of the largest size.
         let kib = (limits.max_buffered_bytes / 1024).max(limits.max_body_bytes.div_ceil(1024)).min(u32::MAX as usize);
@@ -385,10 +391,10 @@ mod tests {
         snap::raw::Encoder::new().compress_vec(&req.encode_to_vec()).unwrap()
     }
 
-    fn setup() -> (tempfile::TempDir, Tsdb, EdgeMetrics) {
+    fn setup() -> (tempfile::TempDir, Tsdb, ReceiveMetrics) {
         let d = tempfile::tempdir().unwrap();
         let db = Tsdb::open(d.path(), TsdbOptions::default()).unwrap();
-        let metrics = EdgeMetrics::new(db.metrics());
+        let metrics = ReceiveMetrics::default();
         (d, db, metrics)
     }
 
