@@ -149,7 +149,14 @@ pub struct RawStrata {
     /// cursor (read at start: changing the list takes a restart).
     #[serde(default)]
     pub forward: Vec<RawForward>,
+    /// The most WAL each upstream may keep on disk beyond what the edge keeps anyway
+    /// (default [`DEFAULT_FORWARD_MAX_DISK`]); past it its oldest part is dropped for that
+    /// upstream, counted and logged with its time range.
+    pub forward_max_disk: Option<ByteSize>,
 }
+
+/// `strata.forward_max_disk` when the file does not say.
+pub const DEFAULT_FORWARD_MAX_DISK: u64 = 10 << 30;
 
 /// One upstream of `strata.forward`.
 #[derive(Debug, Clone, Deserialize)]

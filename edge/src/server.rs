@@ -245,6 +245,7 @@ fn spawn_forwarders(
         let mut o = strata_forward::ForwarderOptions::new(&f.address);
         o.endpoint = f.endpoint.clone();
         o.external_labels = external.clone();
+        o.max_disk = Some(cfg.strata.forward_max_disk.map_or(crate::config::DEFAULT_FORWARD_MAX_DISK, |b| b.0));
         if let Some(n) = f.batch_samples {
             o.batch_samples = n;
         }

@@ -37,6 +37,10 @@ pub struct ForwarderOptions {
     pub external_labels: Labels,
     /// How long to wait at the end of the WAL before reading again.
     pub poll: Duration,
+    /// The most WAL this upstream may keep on disk beyond what the edge keeps anyway
+    /// (segments its head checkpoint covers); past it the oldest is dropped for it,
+    /// counted and logged with its time range. `None`: no bound.
+    pub max_disk: Option<u64>,
     pub timeout: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
@@ -52,6 +56,7 @@ impl ForwarderOptions {
             batch_samples: 20_000,
             external_labels: Labels::default(),
             poll: Duration::from_millis(200),
+            max_disk: None,
             timeout: Duration::from_secs(30),
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
@@ -69,6 +74,7 @@ pub struct ForwardMetrics {
     restarts_from_oldest: Family<UpstreamLabel, Counter>,
     unsendable_samples: Family<UpstreamLabel, Counter>,
     dropped_samples: Family<UpstreamLabel, Counter>,
+    budget_dropped_samples: Family<UpstreamLabel, Counter>,
     pending_bytes: Family<UpstreamLabel, Gauge>,
     lag_seconds: Family<UpstreamLabel, Gauge<f64, AtomicU64>>,
 }
@@ -101,6 +107,11 @@ impl ForwardMetrics {
             "Samples of batches the upstream refused as invalid again and again: dropped for it (logged with their range)",
             self.dropped_samples.clone(),
         );
+        r.register(
+            "budget_dropped_samples",
+            "Samples dropped for the upstream, oldest first, because the WAL held for it passed forward_max_disk (logged with their range)",
+            self.budget_dropped_samples.clone(),
+        );
         r.register("pending_bytes", "WAL bytes after the upstream's cursor", self.pending_bytes.clone());
         r.register(
             "lag_seconds",
@@ -120,6 +131,7 @@ impl ForwardMetrics {
             restarts_from_oldest: self.restarts_from_oldest.get_or_create(&l).clone(),
             unsendable_samples: self.unsendable_samples.get_or_create(&l).clone(),
             dropped_samples: self.dropped_samples.get_or_create(&l).clone(),
+            budget_dropped_samples: self.budget_dropped_samples.get_or_create(&l).clone(),
             pending_bytes: self.pending_bytes.get_or_create(&l).clone(),
             lag_seconds: self.lag_seconds.get_or_create(&l).clone(),
         }
@@ -140,6 +152,8 @@ pub struct ForwarderStats {
     pub unsendable_samples: Counter,
     /// Samples of batches the upstream refused as invalid, dropped after retries (logged).
     pub dropped_samples: Counter,
+    /// Samples dropped oldest first past `max_disk` (logged with their range).
+    pub budget_dropped_samples: Counter,
     /// WAL bytes after the cursor.
     pub pending_bytes: Gauge,
     pub lag_seconds: Gauge<f64, AtomicU64>,
@@ -190,6 +204,9 @@ impl Forwarder {
                 Ok(()) => return,
                 Err(e) => {
                     self.stats.retries.inc();
+                    if let Err(e) = self.enforce_budget().await {
+                        tracing::error!(upstream = %self.opts.upstream, error = %e, "forward: applying the disk budget failed");
+                    }
                     self.note_pending();
                     tracing::warn!(upstream = %self.opts.upstream, error = %e, retry_in = ?backoff, "forward: retrying");
                     tokio::select! {
@@ -200,6 +217,31 @@ impl Forwarder {
                 }
             }
         }
+    }
+
+    /// Past `max_disk`, drops the oldest WAL segments this upstream alone still holds:
+    /// its persisted cursor moves past them, and their samples are counted and logged
+    /// with their time range. Returns whether anything was dropped.
+    async fn enforce_budget(&self) -> Result<bool, ForwardError> {
+        let Some(max) = self.opts.max_disk else { return Ok(false) };
+        let (db, file, upstream) =
+            (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
+        let dropped = tokio::task::spawn_blocking(move || drop_over_budget(&db, &file, max, &upstream))
+            .await
+            .map_err(|e| self.fail(format!("applying the disk budget: {e}")))??;
+        let Some(d) = dropped else { return Ok(false) };
+        self.stats.budget_dropped_samples.inc_by(d.samples);
+        self.holds.set(&self.opts.upstream, d.cursor);
+        tracing::error!(
+            upstream = %self.opts.upstream,
+            samples = d.samples,
+            segments = d.segments,
+            from_ms = d.oldest,
+            to_ms = d.newest,
+            max_disk = max,
+            "forward: the WAL held for the upstream passed forward_max_disk: its oldest part is dropped for it"
+        );
+        Ok(true)
     }
 
     /// Pending bytes and lag while the upstream cannot be reached: from the persisted
@@ -248,6 +290,8 @@ impl Forwarder {
         let storage_id = hello.storage_id;
         let mut cursor = match self.cursor_file.load() {
             Some(c) if c.storage_id == storage_id => c,
+            // Placed by the disk budget before the upstream was ever reached.
+            Some(c) if c.storage_id.is_empty() => Cursor { storage_id: storage_id.clone(), ..c },
             previous => {
                 let from = oldest(&self.db);
                 if previous.is_some() {
@@ -276,6 +320,12 @@ impl Forwarder {
         loop {
             if *stop.borrow() {
                 return Ok(());
+            }
+            // The budget moves the persisted cursor: a new session starts from it.
+            if self.enforce_budget().await? {
+                return Err(
+                    self.fail("the WAL held for this upstream passed its disk budget; resuming after the dropped part")
+                );
             }
             let external = self.opts.external_labels.clone();
             let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
@@ -373,6 +423,60 @@ impl Forwarder {
         self.holds.set(&self.opts.upstream, cursor.wal);
         Ok(cursor)
     }
+}
+
+/// What [`drop_over_budget`] dropped.
+struct Dropped {
+    cursor: WalCursor,
+    samples: u64,
+    segments: usize,
+    oldest: i64,
+    newest: i64,
+}
+
+/// Moves the persisted cursor past the oldest segments held only for this upstream (before
+/// the head's own need) while they exceed `max` bytes, counting what they hold after the
+/// cursor.
+fn drop_over_budget(db: &Tsdb, file: &CursorFile, max: u64, upstream: &str) -> Result<Option<Dropped>, ForwardError> {
+    let wal_error = |source| ForwardError::Wal { upstream: upstream.to_string(), source };
+    // An upstream never reached has no cursor yet: it holds from the oldest data on, and
+    // a cursor placed here (with no identity) applies to whichever storage answers first.
+    let mut cursor = file.load().unwrap_or(Cursor { storage_id: String::new(), wal: oldest(db), skip: 0 });
+    let Some(needed) = db.wal_needed_from() else { return Ok(None) };
+    let dir = db.wal_dir();
+    let size = |n: u32| std::fs::metadata(wal::segment_path(&dir, n)).map_or(0, |m| m.len());
+    let held = |c: &Cursor| -> u64 {
+        (c.wal.segment..needed)
+            .map(|n| if n == c.wal.segment { size(n).saturating_sub(c.wal.offset) } else { size(n) })
+            .sum()
+    };
+    let mut d = Dropped { cursor: cursor.wal, samples: 0, segments: 0, oldest: i64::MAX, newest: i64::MIN };
+    while cursor.wal.segment < needed && held(&cursor) > max {
+        let path = wal::segment_path(&dir, cursor.wal.segment);
+        if path.exists() {
+            let mut r = wal::SegmentReader::open(&path, cursor.wal.offset).map_err(wal_error)?;
+            let mut skip = cursor.skip;
+            while let wal::ReadOutcome::Record(rec) = r.next_record() {
+                if let WalRecord::Samples(v) = rec {
+                    for (_, s) in v.iter().skip(usize::try_from(skip).unwrap_or(usize::MAX)) {
+                        d.samples += 1;
+                        d.oldest = d.oldest.min(s.t);
+                        d.newest = d.newest.max(s.t);
+                    }
+                    skip = 0;
+                }
+            }
+        }
+        cursor.wal = WalCursor { segment: cursor.wal.segment + 1, offset: 0 };
+        cursor.skip = 0;
+        d.segments += 1;
+    }
+    if d.segments == 0 {
+        return Ok(None);
+    }
+    file.store(&cursor)?;
+    d.cursor = cursor.wal;
+    Ok(Some(d))
 }
 
 /// Times the upstream refuses the same batch as invalid before it is dropped.

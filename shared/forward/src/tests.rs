@@ -427,3 +427,76 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
     // Three tries per batch of 100: two failed sessions before each drop.
     assert!(stats.retries.get() >= 6, "{} retries", stats.retries.get());
 }
+
+/// An outage longer than `forward_max_disk` allows: the oldest WAL held for the upstream
+/// is dropped for it (counted, logged with its range), nothing newer is lost, and the
+/// edge's own data is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_the_disk_budget_the_oldest_is_dropped_counted_and_the_rest_sent() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let opts = TsdbOptions {
+        block_range: Duration::from_secs(1200),
+        wal_segment_bytes: 8 << 10,
+        retention: Duration::from_secs(100 * 86400),
+        ..edge_options()
+    };
+    let edge = Arc::new(Tsdb::open(e.path(), opts).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    let s: Vec<_> = (0..50)
+        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
+        .collect();
+    let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
+    for k in 0..320 {
+        let batch: Vec<_> = s.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
+        edge.commit(&batch).unwrap();
+    }
+    // The upstream is down; the edge cuts blocks and checkpoints its head meanwhile.
+    let down = Regional::start(r.path()).await;
+    let addr = down.addr;
+    down.stop().await;
+    let mut o = options("regional", addr, 5000);
+    o.max_disk = Some(32 << 10);
+    let f = Forwarder::new(edge.clone(), holds.clone(), o, ForwarderStats::default());
+    assert!(edge.maintain().unwrap().checkpointed);
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.budget_dropped_samples.get() == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    let dropped = stats.budget_dropped_samples.get();
+    assert!(dropped > 0, "nothing dropped past the budget");
+    assert!(edge.maintain().unwrap().wal_segments_deleted > 0, "the dropped WAL was kept");
+    // The upstream comes back: it gets everything after the dropped part, which is the oldest.
+    let regional = Regional::start(r.path()).await;
+    let f = Forwarder::new(
+        edge.clone(),
+        holds.clone(),
+        options("regional", regional.addr, 5000),
+        ForwarderStats::default(),
+    );
+    let stats2 = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while dropped + stats2.samples_acked.get() < 50 * 320 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(dropped + stats2.samples_acked.get(), 50 * 320, "samples lost beyond those counted as dropped");
+    let got = all(&regional.db);
+    let oldest_received = got.iter().filter_map(|(_, v)| v.first().map(|x| x.0)).min().unwrap();
+    assert!(oldest_received > t0, "the oldest data was kept, not dropped");
+    // Everything newer than the dropped part arrived: each series' newest samples match.
+    let want = expected(&edge);
+    for ((l, g), (wl, w)) in got.iter().zip(&want) {
+        assert_eq!(l, wl);
+        assert_eq!(g.last(), w.last(), "{l}: the newest samples are missing");
+        assert!(w.ends_with(g), "{l}: the regional holds samples the edge does not, or out of place");
+    }
+    regional.stop().await;
+}

@@ -731,6 +731,13 @@ impl Tsdb {
         self.wal.lock().wal.hold_from(cursor.map(|c| c.segment));
     }
 
+    /// The first WAL segment the head still needs: the last head checkpoint covers the
+    /// ones before it, which only a hold ([`hold_wal`](Self::hold_wal)) keeps. `None`
+    /// before the first checkpoint (the head needs every segment).
+    pub fn wal_needed_from(&self) -> Option<u32> {
+        self.checkpoint_at.lock().map(|c| c.segment)
+    }
+
     /// Where the next WAL record will be written.
     pub fn wal_cursor(&self) -> wal::WalCursor {
         self.wal.lock().wal.cursor()
