@@ -167,7 +167,7 @@ pub struct RawForward {
     /// `address` as a URL: `https://` with `tls_config`, else `http://` (set at load).
     #[serde(skip)]
     pub endpoint: String,
-    /// Samples per batch (default 20,000; the regional may ask for fewer).
+    /// Samples per batch (default 200,000, and at most about 8 MiB; the regional may ask for fewer).
     pub batch_samples: Option<usize>,
     /// TLS to the regional (`https`), with a client certificate when it asks for one.
     pub tls_config: Option<RawForwardTls>,

@@ -3,6 +3,7 @@
 
 mod attack;
 mod fleet_day;
+mod forward;
 mod global_pair;
 mod ingest;
 mod scale;
@@ -117,6 +118,22 @@ pub enum BenchCommand {
         #[arg(long)]
         ingest_only: bool,
     },
+    /// An edge's backlog after an outage forwarded to a regional process: catch-up time
+    /// against the outage, samples per second, CPU per million samples on each side.
+    Forward {
+        /// Series of the simulated fleet (470 k samples/s is 2.35 M series at 5 s).
+        #[arg(long, default_value_t = 100_000)]
+        series: usize,
+        /// Length of the outage, in seconds of data.
+        #[arg(long, default_value_t = 600)]
+        seconds: u64,
+        /// Seconds between samples of a series.
+        #[arg(long, default_value_t = 5)]
+        interval: u64,
+        /// Samples per forwarded batch (the edge's default).
+        #[arg(long, default_value_t = 200_000)]
+        batch: usize,
+    },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
     VsPrometheus {
@@ -180,6 +197,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
+        BenchCommand::Forward { series, seconds, interval, batch } => forward::run(series, seconds, interval, batch).await,
         BenchCommand::VsPrometheus { nodes, seconds, interval, prometheus, remote_write } => match remote_write {
             Some(instants) => vs_prometheus_write::run(nodes, interval, instants, &prometheus).await,
             None => vs_prometheus::run(nodes, interval, seconds, &prometheus).await,

@@ -53,7 +53,7 @@ impl ForwarderOptions {
             upstream: upstream.to_string(),
             endpoint,
             tls: None,
-            batch_samples: 20_000,
+            batch_samples: 200_000,
             external_labels: Labels::default(),
             poll: Duration::from_millis(200),
             max_disk: None,
@@ -75,6 +75,7 @@ pub struct ForwardMetrics {
     unsendable_samples: Family<UpstreamLabel, Counter>,
     dropped_samples: Family<UpstreamLabel, Counter>,
     budget_dropped_samples: Family<UpstreamLabel, Counter>,
+    sent_bytes: Family<UpstreamLabel, Counter>,
     pending_bytes: Family<UpstreamLabel, Gauge>,
     lag_seconds: Family<UpstreamLabel, Gauge<f64, AtomicU64>>,
 }
@@ -112,6 +113,7 @@ impl ForwardMetrics {
             "Samples dropped for the upstream, oldest first, because the WAL held for it passed forward_max_disk (logged with their range)",
             self.budget_dropped_samples.clone(),
         );
+        r.register("sent_bytes", "Bytes of batches sent, as protobuf before gzip", self.sent_bytes.clone());
         r.register("pending_bytes", "WAL bytes after the upstream's cursor", self.pending_bytes.clone());
         r.register(
             "lag_seconds",
@@ -132,6 +134,7 @@ impl ForwardMetrics {
             unsendable_samples: self.unsendable_samples.get_or_create(&l).clone(),
             dropped_samples: self.dropped_samples.get_or_create(&l).clone(),
             budget_dropped_samples: self.budget_dropped_samples.get_or_create(&l).clone(),
+            sent_bytes: self.sent_bytes.get_or_create(&l).clone(),
             pending_bytes: self.pending_bytes.get_or_create(&l).clone(),
             lag_seconds: self.lag_seconds.get_or_create(&l).clone(),
         }
@@ -154,6 +157,8 @@ pub struct ForwarderStats {
     pub dropped_samples: Counter,
     /// Samples dropped oldest first past `max_disk` (logged with their range).
     pub budget_dropped_samples: Counter,
+    /// Bytes of batches sent, as protobuf before gzip.
+    pub sent_bytes: Counter,
     /// WAL bytes after the cursor.
     pub pending_bytes: Gauge,
     pub lag_seconds: Gauge<f64, AtomicU64>,
@@ -357,6 +362,7 @@ impl Forwarder {
             let mut request = batch.request;
             request.storage_id = storage_id.clone();
             self.stats.batches_sent.inc();
+            self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
             let ack = match client.push(request).await {
                 Ok(a) => a.into_inner(),
                 Err(s) if s.code() == tonic::Code::InvalidArgument => {

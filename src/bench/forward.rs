@@ -1,0 +1,119 @@
+//! `strata bench forward`: an edge's backlog (a simulated outage: `series` DCGM-like
+//! series, one sample every `interval` seconds for `seconds`) forwarded to a regional
+//! process on loopback. Prints the catch-up time against the outage (the goal is at least
+//! 20× real time), samples per second, the CPU each side spent per million samples (the
+//! edge's forwarder in this process, the regional from `/proc`), and the bytes per sample
+//! of the batches (protobuf, before gzip).
+
+use super::vs_prometheus::{free_port, proc_stats, wait_ready};
+use anyhow::Context;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_forward::{Forwarder, ForwarderOptions, ForwarderStats, WalHolds};
+use strata_model::{Labels, Sample};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+
+/// The edge's backlog, written as scrapes write it: one commit per instant.
+fn fill(db: &Tsdb, series: usize, seconds: u64, interval: u64) -> anyhow::Result<u64> {
+    let s: Vec<_> = (0..series)
+        .map(|i| {
+            let l = Labels::from_pairs([
+                ("__name__", format!("DCGM_FI_DEV_{}", ["GPU_UTIL", "GPU_TEMP", "POWER_USAGE", "SM_CLOCK"][i % 4])),
+                ("Hostname", format!("gpu-node-{:03}", i / 32)),
+                ("UUID", format!("GPU-{:08x}-2ae6-d264-8628-e90fdc725b93", i / 4)),
+                ("device", format!("nvidia{}", (i / 4) % 8)),
+                ("gpu", ((i / 4) % 8).to_string()),
+                ("instance", format!("10.0.{}.{}:9400", i / 8192, (i / 32) % 256)),
+                ("job", "dcgm".to_string()),
+                ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
+                ("pci_bus_id", format!("00000000:{:02X}:00.0", (i / 4) % 8 * 16 + 13)),
+            ]);
+            db.series(&l)
+        })
+        .collect::<Result<_, _>>()?;
+    let t0 = strata_model::time::now_ms() - seconds as i64 * 1000;
+    let steps = seconds / interval.max(1);
+    let mut n = 0u64;
+    for k in 0..steps {
+        let t = t0 + (k * interval * 1000) as i64;
+        let batch: Vec<_> = s
+            .iter()
+            .enumerate()
+            .map(|(i, x)| {
+                // Scrape jitter, and values as a GPU's: integers and a few decimals.
+                let v = ((k as usize * 7 + i * 13) % 100) as f64 + if i % 4 == 2 { 0.25 } else { 0.0 };
+                (x.clone(), Sample::new(t + (i % 40) as i64, v))
+            })
+            .collect();
+        n += db.commit(&batch)?.appended as u64;
+    }
+    Ok(n)
+}
+
+pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let opts = TsdbOptions {
+        wal_labels_per_segment: true,
+        retention: Duration::from_secs(seconds + 86400),
+        ..Default::default()
+    };
+    let edge = Arc::new(Tsdb::open(&dir.path().join("edge"), opts)?);
+    let db = edge.clone();
+    let total = tokio::task::spawn_blocking(move || fill(&db, series, seconds, interval)).await??;
+    println!(
+        "bench forward: a {seconds} s outage of {series} series at {interval} s ({total} samples, {:.0} samples/s) forwarded to a regional",
+        total as f64 / seconds as f64
+    );
+
+    let (http, grpc) = (free_port()?, free_port()?);
+    let cfg = dir.path().join("regional.yml");
+    std::fs::write(&cfg, "strata:\n  retention: 30d\n")?;
+    let exe = std::env::current_exe()?;
+    let mut regional = super::vs_prometheus::Guard(
+        std::process::Command::new(exe)
+            .args(["regional", "--config"])
+            .arg(&cfg)
+            .arg("--data")
+            .arg(dir.path().join("regional"))
+            .args(["--http-listen", &format!("127.0.0.1:{http}"), "--grpc-listen", &format!("127.0.0.1:{grpc}")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("starting the regional")?,
+    );
+    wait_ready(&format!("http://127.0.0.1:{http}/-/ready")).await?;
+    let rpid = regional.0.id();
+
+    let holds = WalHolds::new(edge.clone());
+    let mut o = ForwarderOptions::new(&format!("127.0.0.1:{grpc}"));
+    o.batch_samples = batch;
+    let f = Forwarder::new(edge.clone(), holds, o, ForwarderStats::default());
+    let stats = f.stats();
+    let (me0, r0) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
+    let started = Instant::now();
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    while stats.samples_acked.get() < total {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(3600), "not caught up within an hour");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let took = started.elapsed().as_secs_f64();
+    let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
+    let _ = stop.send(true);
+    let _ = task.await;
+    let _ = regional.0.kill();
+    let m = total as f64 / 1e6;
+    println!(
+        "  caught up in {took:.2} s: {:.0}x real time (goal >= 20x), {:.2} M samples/s",
+        seconds as f64 / took,
+        m / took
+    );
+    println!(
+        "  CPU per million samples: edge (forwarder) {:.3} s, regional {:.3} s; {} batches",
+        (me1.cpu_secs - me0.cpu_secs) / m,
+        (r1.cpu_secs - r0.cpu_secs) / m,
+        stats.batches_acked.get()
+    );
+    println!("  batch bytes per sample (protobuf, before gzip): {:.2}", stats.sent_bytes.get() as f64 / total as f64);
+    Ok(())
+}
