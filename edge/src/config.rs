@@ -171,6 +171,8 @@ pub struct RawForward {
     pub batch_samples: Option<usize>,
     /// TLS to the regional (`https`), with a client certificate when it asks for one.
     pub tls_config: Option<RawForwardTls>,
+    /// Gzip the batches (default true; off saves CPU on a fast link).
+    pub gzip: Option<bool>,
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -50,7 +50,7 @@ fn fill(db: &Tsdb, series: usize, seconds: u64, interval: u64) -> anyhow::Result
     Ok(n)
 }
 
-pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize) -> anyhow::Result<()> {
+pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip: bool) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let opts = TsdbOptions {
         wal_labels_per_segment: true,
@@ -87,6 +87,7 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize) -> an
     let holds = WalHolds::new(edge.clone());
     let mut o = ForwarderOptions::new(&format!("127.0.0.1:{grpc}"));
     o.batch_samples = batch;
+    o.gzip = gzip;
     let f = Forwarder::new(edge.clone(), holds, o, ForwarderStats::default());
     let stats = f.stats();
     let (me0, r0) = (proc_stats(std::process::id())?, proc_stats(rpid)?);

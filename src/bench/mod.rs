@@ -133,6 +133,9 @@ pub enum BenchCommand {
         /// Samples per forwarded batch (the edge's default).
         #[arg(long, default_value_t = 200_000)]
         batch: usize,
+        /// Send batches uncompressed (the edge's `gzip: false`).
+        #[arg(long)]
+        no_gzip: bool,
     },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
@@ -197,7 +200,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
-        BenchCommand::Forward { series, seconds, interval, batch } => forward::run(series, seconds, interval, batch).await,
+        BenchCommand::Forward { series, seconds, interval, batch, no_gzip } => {
+            forward::run(series, seconds, interval, batch, !no_gzip).await
+        }
         BenchCommand::VsPrometheus { nodes, seconds, interval, prometheus, remote_write } => match remote_write {
             Some(instants) => vs_prometheus_write::run(nodes, interval, instants, &prometheus).await,
             None => vs_prometheus::run(nodes, interval, seconds, &prometheus).await,

@@ -109,11 +109,65 @@ pub struct ForwardReceiver {
     /// The gRPC server's connections, when served beside a StoreAPI: each call holds its
     /// connection open (see `strata_grpc::Connections`).
     connections: Option<Arc<strata_grpc::Connections>>,
+    /// The series each sender session has numbered.
+    sessions: Arc<Sessions>,
+}
+
+/// Senders' sessions: the series each numbered, so later batches send a number instead of
+/// the labels. Bounded: [`MAX_SESSIONS`] sessions, and references over all of them at
+/// twice the series the database may hold; the least recently used session goes first
+/// (its sender is refused a number it no longer knows and starts a new session).
+#[derive(Default)]
+struct Sessions(parking_lot::Mutex<HashMap<String, Session>>);
+
+struct Session {
+    refs: HashMap<u64, Arc<MemSeries>>,
+    used: std::time::Instant,
+}
+
+const MAX_SESSIONS: usize = 256;
+
+impl Sessions {
+    fn remember(&self, session: &str, named: Vec<(u64, Arc<MemSeries>)>, max_refs: usize) -> Result<(), Status> {
+        let mut all = self.0.lock();
+        if !all.contains_key(session) && all.len() >= MAX_SESSIONS {
+            evict_oldest(&mut all);
+        }
+        let mut total: usize = all.values().map(|s| s.refs.len()).sum();
+        while total.saturating_add(named.len()) > max_refs && all.len() > 1 {
+            evict_oldest(&mut all);
+            total = all.values().map(|s| s.refs.len()).sum();
+        }
+        let s = all
+            .entry(session.to_string())
+            .or_insert_with(|| Session { refs: HashMap::new(), used: std::time::Instant::now() });
+        if s.refs.len().saturating_add(named.len()) > max_refs {
+            return Err(Status::invalid_argument(format!(
+                "session {session:?} numbers more series than the regional may hold ({max_refs})"
+            )));
+        }
+        s.used = std::time::Instant::now();
+        s.refs.extend(named);
+        Ok(())
+    }
+}
+
+fn evict_oldest(all: &mut HashMap<String, Session>) {
+    if let Some(oldest) = all.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| k.clone()) {
+        all.remove(&oldest);
+    }
 }
 
 impl ForwardReceiver {
     pub fn new(db: Arc<Tsdb>, id: StorageId) -> ForwardReceiver {
-        ForwardReceiver { db, id, stats: ReceiverStats::default(), failed: Arc::default(), connections: None }
+        ForwardReceiver {
+            db,
+            id,
+            stats: ReceiverStats::default(),
+            failed: Arc::default(),
+            connections: None,
+            sessions: Arc::default(),
+        }
     }
 
     /// Counts this service's calls as activity on the connections `serve_with` tracks.
@@ -226,6 +280,13 @@ impl ForwardReceiver {
         // series behind.
         let mut pool = StringPool::default();
         let mut checked = Vec::with_capacity(req.series.len());
+        let mut known = Vec::new();
+        // One lock for the batch's lookups of numbered series.
+        let mut sessions = self.sessions.0.lock();
+        let mut session = sessions.get_mut(&req.session);
+        if let Some(s) = session.as_mut() {
+            s.used = std::time::Instant::now();
+        }
         for (i, s) in req.series.into_iter().enumerate() {
             let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
             if s.timestamps.len() != s.values.len() {
@@ -237,18 +298,33 @@ impl ForwardReceiver {
             if s.timestamps.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(bad("timestamps not increasing".into()));
             }
+            if s.labels.is_empty() {
+                // A series the session named before, by its number.
+                if s.r#ref == 0 || req.session.is_empty() {
+                    return Err(bad("no labels, and no session reference".into()));
+                }
+                let Some(series) = session.as_ref().and_then(|x| x.refs.get(&s.r#ref)).cloned() else {
+                    return Err(Status::failed_precondition(format!(
+                        "series reference {} of session {:?} is not known here (a restart forgets sessions): start a new session",
+                        s.r#ref, req.session
+                    )));
+                };
+                known.push((series, s.timestamps, s.values));
+                continue;
+            }
             let labels = labels_from_pb(s.labels, &mut pool).map_err(bad)?;
             if labels.get(METRIC_NAME).is_none() {
                 return Err(bad(format!("no metric name in {labels}")));
             }
-            checked.push((labels, s.timestamps, s.values));
+            checked.push((labels, s.r#ref, s.timestamps, s.values));
         }
+        drop(sessions);
         // A batch that would pass the series limit creates none of its series: the sender
         // retries it (its lag shows) until the limit is raised or series go.
         let head = self.db.head();
         let missing = checked
             .iter()
-            .filter(|(l, _, _)| {
+            .filter(|(l, _, _, _)| {
                 let pairs: Vec<(&[u8], &[u8])> = l.iter().map(|x| (x.name.as_bytes(), x.value.as_bytes())).collect();
                 head.find_pairs(&pairs).is_none()
             })
@@ -261,11 +337,23 @@ impl ForwardReceiver {
             )));
         }
         let mut batch = Vec::with_capacity(total);
-        for (labels, timestamps, values) in checked {
+        let mut named = Vec::new();
+        for (labels, r, timestamps, values) in checked {
             let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
+            if r != 0 && !req.session.is_empty() {
+                named.push((r, series.clone()));
+            }
             batch.extend(
                 timestamps.iter().zip(&values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
             );
+        }
+        for (series, timestamps, values) in known {
+            batch.extend(
+                timestamps.iter().zip(&values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
+            );
+        }
+        if !named.is_empty() {
+            self.sessions.remember(&req.session, named, 2 * self.db.options().max_series)?;
         }
         for m in req.metadata {
             let (family, meta) = metadata_from_pb(m);

@@ -30,6 +30,8 @@ pub struct ForwarderOptions {
     /// `http://host:port`, or `https://` with `tls`.
     pub endpoint: String,
     pub tls: Option<ClientTlsConfig>,
+    /// Gzip batches (the receiver takes both): on for links slower than the CPU.
+    pub gzip: bool,
     /// Samples per batch (the upstream may ask for fewer).
     pub batch_samples: usize,
     /// Added to every series that does not carry the label itself, as Prometheus' remote
@@ -53,6 +55,7 @@ impl ForwarderOptions {
             upstream: upstream.to_string(),
             endpoint,
             tls: None,
+            gzip: true,
             batch_samples: 200_000,
             external_labels: Labels::default(),
             poll: Duration::from_millis(200),
@@ -276,11 +279,9 @@ impl Forwarder {
             ep = ep.tls_config(tls.clone()).map_err(|e| self.fail(format!("TLS: {e}")))?;
         }
         let ch = ep.connect().await.map_err(|e| self.fail(format!("connecting: {e}")))?;
-        Ok(ForwardClient::new(ch)
-            .send_compressed(CompressionEncoding::Gzip)
-            .accept_compressed(CompressionEncoding::Gzip)
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        let client = ForwardClient::new(ch).accept_compressed(CompressionEncoding::Gzip);
+        let client = if self.opts.gzip { client.send_compressed(CompressionEncoding::Gzip) } else { client };
+        Ok(client.max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 
     /// One connection: `Hello`, then batches until stopped (`Ok`) or a failure (`Err`).
@@ -322,6 +323,9 @@ impl Forwarder {
             .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
         let mut source =
             Some(opened.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?);
+        // Series numbers are the session's: a new session (this one) names every series
+        // again with its labels.
+        let session = session_id();
         loop {
             if *stop.borrow() {
                 return Ok(());
@@ -361,6 +365,7 @@ impl Forwarder {
             }
             let mut request = batch.request;
             request.storage_id = storage_id.clone();
+            request.session = session.clone();
             self.stats.batches_sent.inc();
             self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
             let ack = match client.push(request).await {
@@ -485,6 +490,17 @@ fn drop_over_budget(db: &Tsdb, file: &CursorFile, max: u64, upstream: &str) -> R
     Ok(Some(d))
 }
 
+/// A session's name: unique enough that two sessions of one edge never share one.
+fn session_id() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+    h.write_u32(std::process::id());
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{:016x}-{n}", h.finish())
+}
+
 /// Times the upstream refuses the same batch as invalid before it is dropped.
 const REFUSALS_BEFORE_DROP: u32 = 3;
 
@@ -536,6 +552,13 @@ struct WalSource {
     reader: WalReader,
     /// The labels the current segment named, and that segment.
     labels: HashMap<SeriesRef, Labels>,
+    /// The session number of each of the segment's references (`None`: the upstream
+    /// would refuse the series), so a reference is resolved once per segment.
+    resolved: HashMap<SeriesRef, Option<u64>>,
+    /// The session's series: their numbers by labels (as sent), and whether each was sent
+    /// with its labels yet (by number - 1).
+    session: HashMap<Labels, u64>,
+    named: Vec<(Labels, bool)>,
     segment: u32,
     partial: Option<Partial>,
     /// Samples of the record at `resume` sent before (a record larger than a batch).
@@ -566,6 +589,9 @@ impl WalSource {
         Ok(WalSource {
             reader: WalReader::new(&db.wal_dir(), c.wal),
             labels,
+            resolved: HashMap::new(),
+            session: HashMap::new(),
+            named: Vec::new(),
             segment: c.wal.segment,
             partial: None,
             skip: c.skip,
@@ -574,58 +600,73 @@ impl WalSource {
         })
     }
 
+    /// The session number of the segment's reference `r` (assigned the first time its
+    /// labels are met in the session); `None` when the segment does not name it, or the
+    /// upstream would refuse its labels (logged).
+    fn resolve(&mut self, r: SeriesRef, external: &Labels) -> Option<u64> {
+        let labels = self.labels.get(&r)?;
+        // Labelled as the edge's StoreAPI serves the series, so the global merges the
+        // edge's copy and the regional's as one.
+        let labels = attach_external(labels, external);
+        if let Some(&id) = self.session.get(&labels) {
+            return Some(id);
+        }
+        let label_bytes: usize = labels.iter().map(|l| l.name.len() + l.value.len()).sum();
+        if labels.len() > MAX_LABELS || label_bytes > MAX_LABEL_BYTES {
+            tracing::warn!(
+                series = %labels,
+                "forward: a series with more labels or label bytes than the upstream takes: its samples are not sent"
+            );
+            return None;
+        }
+        let id = self.named.len() as u64 + 1;
+        self.named.push((labels.clone(), false));
+        self.session.insert(labels, id);
+        Some(id)
+    }
+
     fn next_batch(&mut self, limit: usize, external: &Labels) -> Result<Batch, wal::WalError> {
         let mut req = pb::PushRequest::default();
-        // A reference's series in the batch; references with the same labels (a series
-        // restored under another reference after a restart) share one.
-        // `None`: a series the upstream would refuse (too many labels, or too long).
-        let mut index: HashMap<SeriesRef, Option<usize>> = HashMap::new();
-        let mut by_labels: HashMap<Labels, usize> = HashMap::new();
+        // A session number's series in the batch: references with the same labels (a
+        // series restored under another reference after a restart) share one.
+        let mut index: HashMap<u64, usize> = HashMap::new();
         let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
         loop {
             if let Some(mut p) = self.partial.take() {
                 while p.taken < p.samples.len() && n < limit && bytes < MAX_BATCH_BYTES {
                     let (r, s) = p.samples[p.taken];
-                    let i = match index.get(&r) {
-                        Some(&Some(i)) => i,
-                        Some(None) => {
-                            unknown += 1;
-                            p.taken += 1;
-                            continue;
-                        }
+                    let id = match self.resolved.get(&r) {
+                        Some(&id) => id,
                         None => {
-                            let Some(labels) = self.labels.get(&r).cloned() else {
-                                unknown += 1;
-                                p.taken += 1;
-                                continue;
-                            };
-                            // Labelled as the edge's StoreAPI serves the series, so the global
-                            // merges the edge's copy and the regional's as one.
-                            let labels = attach_external(&labels, external);
-                            let label_bytes: usize = labels.iter().map(|l| l.name.len() + l.value.len()).sum();
-                            if labels.len() > MAX_LABELS || label_bytes > MAX_LABEL_BYTES {
-                                tracing::warn!(
-                                    series = %labels,
-                                    "forward: a series with more labels or label bytes than the upstream takes: its samples are not sent"
-                                );
-                                index.insert(r, None);
-                                continue;
-                            }
-                            let i = match by_labels.get(&labels) {
-                                Some(&i) => i,
-                                None if req.series.len() >= MAX_BATCH_SERIES => break,
-                                None => {
-                                    bytes += labels.iter().map(|l| l.name.len() + l.value.len() + 8).sum::<usize>() + 8;
-                                    req.series.push(pb::ForwardSeries {
-                                        labels: labels_to_pb(&labels),
-                                        ..Default::default()
-                                    });
-                                    by_labels.insert(labels, req.series.len() - 1);
-                                    req.series.len() - 1
+                            let id = self.resolve(r, external);
+                            self.resolved.insert(r, id);
+                            id
+                        }
+                    };
+                    let Some(id) = id else {
+                        unknown += 1;
+                        p.taken += 1;
+                        continue;
+                    };
+                    let i = match index.get(&id) {
+                        Some(&i) => i,
+                        None if req.series.len() >= MAX_BATCH_SERIES => break,
+                        None => {
+                            // Labels the first time the session sends the series, then its
+                            // number alone.
+                            let slot = usize::try_from(id - 1).unwrap_or(usize::MAX);
+                            let labels = match self.named.get_mut(slot) {
+                                Some((l, sent)) if !*sent => {
+                                    *sent = true;
+                                    bytes += l.iter().map(|x| x.name.len() + x.value.len() + 8).sum::<usize>();
+                                    labels_to_pb(l)
                                 }
+                                _ => Vec::new(),
                             };
-                            index.insert(r, Some(i));
-                            i
+                            bytes += 12;
+                            req.series.push(pb::ForwardSeries { labels, r#ref: id, ..Default::default() });
+                            index.insert(id, req.series.len() - 1);
+                            req.series.len() - 1
                         }
                     };
                     p.taken += 1;
@@ -659,6 +700,7 @@ impl WalSource {
                 // A new segment names its references anew (after a restart they may mean
                 // other series).
                 self.labels.clear();
+                self.resolved.clear();
                 self.segment = after.segment;
             }
             match rec {

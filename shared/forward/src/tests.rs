@@ -25,10 +25,14 @@ impl Regional {
     }
 
     async fn start_with(dir: &Path, opts: TsdbOptions) -> Regional {
+        Self::start_on(dir, opts, "127.0.0.1:0".parse().unwrap()).await
+    }
+
+    async fn start_on(dir: &Path, opts: TsdbOptions, addr: SocketAddr) -> Regional {
         let db = Arc::new(Tsdb::open(dir, opts).unwrap());
         let receiver = ForwardReceiver::new(db.clone(), StorageId::load_or_create(dir).unwrap());
         let stats = receiver.stats();
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap();
         let (tx, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
@@ -219,13 +223,21 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     let mut c = ForwardClient::connect(format!("http://{}", regional.addr)).await.unwrap();
     let id = c.hello(pb::HelloRequest::default()).await.unwrap().into_inner().storage_id;
     let label = |n: &str, v: &str| strata_grpc::pb::Label { name: n.into(), value: v.into() };
-    let series = |labels, ts: Vec<i64>, vs: Vec<u64>| pb::ForwardSeries { labels, timestamps: ts, values: vs };
+    let series =
+        |labels, ts: Vec<i64>, vs: Vec<u64>| pb::ForwardSeries { labels, timestamps: ts, values: vs, r#ref: 0 };
     let now = strata_model::time::now_ms();
     let good = series(vec![label("__name__", "m")], vec![now], vec![1f64.to_bits()]);
     let push = |storage_id: &str, s: Vec<pb::ForwardSeries>| pb::PushRequest {
         storage_id: storage_id.into(),
         series: s,
         metadata: vec![],
+        session: String::new(),
+    };
+    let by_ref = |session: &str, r: u64| pb::PushRequest {
+        storage_id: id.clone(),
+        series: vec![pb::ForwardSeries { labels: vec![], timestamps: vec![now + 5], values: vec![0], r#ref: r }],
+        metadata: vec![],
+        session: session.into(),
     };
     assert_eq!(c.push(push(&id, vec![good.clone()])).await.unwrap().into_inner().appended, 1);
     let before = all(&regional.db);
@@ -268,6 +280,15 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
             tonic::Code::InvalidArgument,
         ),
     ];
+    // A series by number: without a session, or one this regional does not know.
+    let cases: Vec<_> = cases
+        .into_iter()
+        .chain([
+            (by_ref("", 1), tonic::Code::InvalidArgument),
+            (by_ref("s", 0), tonic::Code::InvalidArgument),
+            (by_ref("never-seen", 7), tonic::Code::FailedPrecondition),
+        ])
+        .collect();
     for (i, (req, code)) in cases.into_iter().enumerate() {
         let got = c.push(req).await.expect_err(&format!("case {i} was accepted"));
         assert_eq!(got.code(), code, "case {i}: {}", got.message());
@@ -498,5 +519,44 @@ async fn past_the_disk_budget_the_oldest_is_dropped_counted_and_the_rest_sent() 
         assert_eq!(g.last(), w.last(), "{l}: the newest samples are missing");
         assert!(w.ends_with(g), "{l}: the regional holds samples the edge does not, or out of place");
     }
+    regional.stop().await;
+}
+
+/// Series go by number after a session named them once; a regional that restarts under a
+/// running session does not know the numbers, refuses them, and the forwarder starts a
+/// new session that names every series again: nothing lost, nothing mislabelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regional_restart_under_a_session_starts_a_new_one_and_loses_nothing() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    let now = strata_model::time::now_ms() - 600_000;
+    write(&edge, 30, now, 20);
+    let regional = Regional::start(r.path()).await;
+    let addr = regional.addr;
+    let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", addr, 100), ForwarderStats::default());
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let wait_for = |n: u64| {
+        let stats = stats.clone();
+        async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while stats.samples_acked.get() < n && std::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    wait_for(600).await;
+    // Numbers, not labels, after the first batches: far fewer bytes than labels would take.
+    assert!(stats.sent_bytes.get() < 600 * 60, "{} bytes for 600 samples", stats.sent_bytes.get());
+    regional.stop().await;
+    let regional = Regional::start_on(r.path(), TsdbOptions::default(), addr).await;
+    write(&edge, 30, now + 20_000, 20);
+    wait_for(1200).await;
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(all(&regional.db), expected(&edge), "the regional does not hold exactly what the edge holds");
+    assert!(stats.retries.get() >= 1, "the restart went unnoticed");
     regional.stop().await;
 }
