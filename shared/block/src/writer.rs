@@ -60,10 +60,9 @@ pub fn new_block_id(min_time: i64) -> String {
     format!("{:016x}-{:013}", nanos as u64, min_time.max(0))
 }
 
-fn fsync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
+/// `fsync`s a directory, so the names in it (a renamed block) survive a power loss.
+fn fsync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
 }
 
 impl BlockWriter {
@@ -225,12 +224,14 @@ impl BlockWriter {
         let mut f = File::create(tmp.join(META_FILE)).map_err(io)?;
         f.write_all(&json).map_err(io)?;
         f.sync_all().map_err(io)?;
-        fsync_dir(&tmp);
+        fsync_dir(&tmp).map_err(io)?;
         crate::fault::point("block-before-rename");
         fs::rename(&tmp, &self.dir).map_err(|e| BlockError::io(&self.dir, e))?;
         self.finished = true;
+        // A block may be the only copy of its samples (late samples a regional acknowledges
+        // once this returns): its name must be on disk too.
         if let Some(parent) = self.dir.parent() {
-            fsync_dir(parent);
+            fsync_dir(parent).map_err(|e| BlockError::io(parent, e))?;
         }
         Ok(meta)
     }

@@ -127,33 +127,38 @@ struct Session {
 
 const MAX_SESSIONS: usize = 256;
 
+/// The longest session name taken (a sender's are about 20 bytes).
+const MAX_SESSION_NAME: usize = 64;
+
 impl Sessions {
-    fn remember(&self, session: &str, named: Vec<(u64, Arc<MemSeries>)>, max_refs: usize) -> Result<(), Status> {
+    /// Remembers the numbers a batch named. Never refuses (the batch is stored by then):
+    /// past the bounds, other sessions are forgotten first, and numbers that still do not
+    /// fit are not kept, so their sender is refused them later and starts a new session.
+    fn remember(&self, session: &str, named: Vec<(u64, Arc<MemSeries>)>, max_refs: usize) {
         let mut all = self.0.lock();
         if !all.contains_key(session) && all.len() >= MAX_SESSIONS {
-            evict_oldest(&mut all);
+            evict_oldest(&mut all, session);
         }
         let mut total: usize = all.values().map(|s| s.refs.len()).sum();
-        while total.saturating_add(named.len()) > max_refs && all.len() > 1 {
-            evict_oldest(&mut all);
+        while total.saturating_add(named.len()) > max_refs && all.keys().any(|k| k != session) {
+            evict_oldest(&mut all, session);
             total = all.values().map(|s| s.refs.len()).sum();
         }
         let s = all
             .entry(session.to_string())
             .or_insert_with(|| Session { refs: HashMap::new(), used: std::time::Instant::now() });
-        if s.refs.len().saturating_add(named.len()) > max_refs {
-            return Err(Status::invalid_argument(format!(
-                "session {session:?} numbers more series than the regional may hold ({max_refs})"
-            )));
-        }
         s.used = std::time::Instant::now();
-        s.refs.extend(named);
-        Ok(())
+        let room = max_refs.saturating_sub(s.refs.len());
+        if named.len() > room {
+            tracing::warn!(session, numbers = named.len(), room, "forward: a session numbers more series than kept");
+        }
+        s.refs.extend(named.into_iter().take(room));
     }
 }
 
-fn evict_oldest(all: &mut HashMap<String, Session>) {
-    if let Some(oldest) = all.iter().min_by_key(|(_, s)| s.used).map(|(k, _)| k.clone()) {
+/// Forgets the least recently used session other than `keep` (the caller's).
+fn evict_oldest(all: &mut HashMap<String, Session>, keep: &str) {
+    if let Some(oldest) = all.iter().filter(|(k, _)| *k != keep).min_by_key(|(_, s)| s.used).map(|(k, _)| k.clone()) {
         all.remove(&oldest);
     }
 }
@@ -270,6 +275,12 @@ impl ForwardReceiver {
         if total > MAX_BATCH_SAMPLES {
             return Err(Status::invalid_argument(format!("{total} samples in one batch, at most {MAX_BATCH_SAMPLES}")));
         }
+        if req.session.len() > MAX_SESSION_NAME {
+            return Err(Status::invalid_argument(format!(
+                "a session name of {} bytes, at most {MAX_SESSION_NAME}",
+                req.session.len()
+            )));
+        }
         if req.metadata.len() > MAX_BATCH_METADATA {
             return Err(Status::invalid_argument(format!(
                 "{} metadata entries in one batch, at most {MAX_BATCH_METADATA}",
@@ -353,7 +364,7 @@ impl ForwardReceiver {
             );
         }
         if !named.is_empty() {
-            self.sessions.remember(&req.session, named, 2 * self.db.options().max_series)?;
+            self.sessions.remember(&req.session, named, 2 * self.db.options().max_series);
         }
         for m in req.metadata {
             let (family, meta) = metadata_from_pb(m);

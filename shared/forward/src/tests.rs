@@ -287,6 +287,7 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
             (by_ref("", 1), tonic::Code::InvalidArgument),
             (by_ref("s", 0), tonic::Code::InvalidArgument),
             (by_ref("never-seen", 7), tonic::Code::FailedPrecondition),
+            (by_ref(&"s".repeat(65), 1), tonic::Code::InvalidArgument),
         ])
         .collect();
     for (i, (req, code)) in cases.into_iter().enumerate() {
@@ -558,5 +559,40 @@ async fn a_regional_restart_under_a_session_starts_a_new_one_and_loses_nothing()
     task.await.unwrap();
     assert_eq!(all(&regional.db), expected(&edge), "the regional does not hold exactly what the edge holds");
     assert!(stats.retries.get() >= 1, "the restart went unnoticed");
+    regional.stop().await;
+}
+
+/// A regional with no blocks yet (its floor unset) given a sample older than its retention
+/// refuses that one, counted, and stores the rest: the batch is acknowledged, not refused
+/// again and again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sample_past_retention_is_counted_not_a_stall() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let regional =
+        Regional::start_with(r.path(), TsdbOptions { retention: Duration::from_secs(3600), ..Default::default() })
+            .await;
+    let edge = Arc::new(
+        Tsdb::open(e.path(), TsdbOptions { retention: Duration::from_secs(86400), ..edge_options() }).unwrap(),
+    );
+    let holds = WalHolds::new(edge.clone());
+    let now = strata_model::time::now_ms();
+    // Recent samples first (one batch), then another series' sample from past the
+    // regional's retention (the next batch): the regional's head is current by then.
+    write(&edge, 1, now - 60_000, 10);
+    let old = edge.series(&Labels::from_pairs([("__name__", "ancient")])).unwrap();
+    edge.commit(&[(old, Sample::new(now - 3 * 3600 * 1000, 1.0))]).unwrap();
+    let f = Forwarder::new(edge.clone(), holds, options("regional", regional.addr, 10), ForwarderStats::default());
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while stats.batches_acked.get() < 2 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    assert_eq!(stats.batches_acked.get(), 2, "a batch was never acknowledged");
+    assert_eq!(regional.stats.samples("out_of_bounds"), 1);
+    assert_eq!(regional.stats.samples("appended"), 10);
     regional.stop().await;
 }

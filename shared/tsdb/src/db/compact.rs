@@ -300,7 +300,9 @@ impl Tsdb {
                 for b in self.blocks.healthy() {
                     let (lo, hi) = (b.meta().min_time, b.meta().max_time);
                     let w0 = lo.div_euclid(r).saturating_mul(r);
-                    if hi - lo < r && hi <= w0.saturating_add(r) && w0.saturating_add(r) <= floor {
+                    // A block that fills the window joins too, so late blocks written for an
+                    // already compacted window are folded into it.
+                    if hi - lo <= r && hi <= w0.saturating_add(r) && w0.saturating_add(r) <= floor {
                         windows.entry(w0).or_default().push(b);
                     }
                 }

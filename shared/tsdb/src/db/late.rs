@@ -4,7 +4,9 @@
 //! for exactly this. They are written as blocks instead, one per block-range window they
 //! fall in, whole and `fsync`ed before the call returns. Queries merge overlapping blocks
 //! sample by sample (each timestamp once; where values differ the older block's are used,
-//! and the answer says so), and compaction folds the small blocks into their window's.
+//! and the answer says so), and compaction folds them into their window's block, a full
+//! one included. A resent late batch is written again (the blocks are not searched for it
+//! first); reads and compaction keep each sample once.
 
 use super::{duration_ms, now_ms, Tsdb, TsdbError};
 use std::collections::BTreeMap;
@@ -39,10 +41,11 @@ impl Tsdb {
         let mut windows: BTreeMap<i64, BTreeMap<&Labels, Vec<Sample>>> = BTreeMap::new();
         for (labels, samples) in series {
             for s in samples {
-                if s.t >= floor {
-                    out.not_late += 1;
-                } else if s.t < cutoff {
+                // Past retention first: the head refuses those whatever its floor.
+                if s.t < cutoff {
                     out.too_old += 1;
+                } else if s.t >= floor {
+                    out.not_late += 1;
                 } else {
                     let w = s.t.div_euclid(range).saturating_mul(range);
                     windows.entry(w).or_default().entry(labels).or_default().push(*s);

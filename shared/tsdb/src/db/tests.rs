@@ -876,6 +876,17 @@ async fn late_samples_become_blocks_that_queries_and_compaction_merge() {
     db.compact().unwrap();
     assert!(db.blocks().len() < before, "{} blocks before, {} after", before, db.blocks().len());
     assert_eq!(read(&db).await[0].samples(i64::MIN, i64::MAX).unwrap(), backlog);
+    // A late block for a window compaction already filled is folded into it too.
+    let compacted = db.blocks().len();
+    let more = vec![(labels("b"), vec![Sample::new(t0 + 3, 9.0)])];
+    assert_eq!(db.commit_late(&more).unwrap().written, 1);
+    assert_eq!(db.blocks().len(), compacted + 1);
+    db.compact().unwrap();
+    assert_eq!(db.blocks().len(), compacted, "the late block stayed apart from its compacted window");
+    let mut with_more = backlog.clone();
+    with_more.insert(0, Sample::new(t0 + 3, 9.0));
+    assert_eq!(read(&db).await[0].samples(i64::MIN, i64::MAX).unwrap(), with_more);
+    let backlog = with_more;
     // And after a restart.
     drop(db);
     let db = Arc::new(open(d.path()));
