@@ -5,7 +5,7 @@
 
 use crate::common::*;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use strata_model::matcher::{MatchOp, Matcher};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
@@ -54,48 +54,79 @@ fn edge_config(dir: &Path, sim: u16, regional: u16, scrape: bool) -> std::path::
     p
 }
 
+/// The simulator with `nodes` nodes on a free port, ready; its port.
+fn start_sim(dir: &Path, nodes: usize) -> (Proc, u16) {
+    let port = free_port();
+    let mut sim = Proc::strata(
+        &["simulate", "--nodes", &nodes.to_string(), "--listen", &format!("127.0.0.1:{port}")],
+        dir,
+        "sim",
+    );
+    wait_ready(&format!("http://127.0.0.1:{port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
+    (sim, port)
+}
+
+/// A regional's configuration, data directory and ports, kept across its restarts.
+struct RegionalSetup {
+    cfg: PathBuf,
+    data: PathBuf,
+    http: u16,
+    grpc: u16,
+}
+
+impl RegionalSetup {
+    fn new(dir: &Path, config: &str) -> RegionalSetup {
+        let cfg = dir.join("regional.yml");
+        std::fs::write(&cfg, config).unwrap();
+        RegionalSetup { cfg, data: dir.join("regional"), http: free_port(), grpc: free_port() }
+    }
+
+    fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http)
+    }
+
+    /// `strata regional` on the setup's ports and data, ready.
+    fn start(&self, dir: &Path, name: &str) -> Proc {
+        let (http, grpc) = (format!("127.0.0.1:{}", self.http), format!("127.0.0.1:{}", self.grpc));
+        let (cfg, data) = (self.cfg.display().to_string(), self.data.display().to_string());
+        let args = ["regional", "--config", &cfg, "--data", &data, "--http-listen", &http, "--grpc-listen", &grpc];
+        let mut p = Proc::strata(&args, dir, name);
+        wait_ready(&format!("{}/-/ready", self.base()), &mut p, Duration::from_secs(30));
+        p
+    }
+}
+
+/// `strata edge` with this configuration and data on a free port, ready; its base URL.
+fn start_edge(dir: &Path, cfg: &Path, data: &Path, name: &str) -> (Proc, String) {
+    let port = free_port();
+    let (cfg, data, http) = (cfg.display().to_string(), data.display().to_string(), format!("127.0.0.1:{port}"));
+    let mut p = Proc::strata(&["edge", "--config", &cfg, "--data", &data, "--http-listen", &http], dir, name);
+    wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(60));
+    (p, format!("http://{http}"))
+}
+
+/// Waits until the edge at `base` has nothing pending for its upstream; its last metrics page.
+fn wait_caught_up(base: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+        if labelled_value(&page, "strata_forward_pending_bytes") == Some(0.0) {
+            return page;
+        }
+        assert!(Instant::now() < deadline, "the edge did not catch up:\n{page}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 #[test]
 fn kill_9_of_either_side_loses_nothing_and_duplicates_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let (sim_port, rg_http, rg_grpc) = (free_port(), free_port(), free_port());
-    let mut sim =
-        Proc::strata(&["simulate", "--nodes", "2", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
-    wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
-    let rcfg = dir.path().join("regional.yml");
-    std::fs::write(&rcfg, "strata:\n  retention: 30d\n").unwrap();
-    let rdata = dir.path().join("regional");
-    let regional = |name: &str| {
-        let args = [
-            "regional",
-            "--config",
-            rcfg.to_str().unwrap(),
-            "--data",
-            rdata.to_str().unwrap(),
-            "--http-listen",
-            &format!("127.0.0.1:{rg_http}"),
-            "--grpc-listen",
-            &format!("127.0.0.1:{rg_grpc}"),
-        ];
-        let mut p = Proc::strata(&args, dir.path(), name);
-        wait_ready(&format!("http://127.0.0.1:{rg_http}/-/ready"), &mut p, Duration::from_secs(30));
-        p
-    };
-    let edata = dir.path().join("edge");
-    let edge = |cfg: &Path, name: &str| {
-        let port = free_port();
-        let args = [
-            "edge",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--data",
-            edata.to_str().unwrap(),
-            "--http-listen",
-            &format!("127.0.0.1:{port}"),
-        ];
-        let mut p = Proc::strata(&args, dir.path(), name);
-        wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut p, Duration::from_secs(60));
-        (p, format!("http://127.0.0.1:{port}"))
-    };
+    let (_sim, sim_port) = start_sim(dir.path(), 2);
+    let rs = RegionalSetup::new(dir.path(), "strata:\n  retention: 30d\n");
+    let (rdata, edata) = (rs.data.clone(), dir.path().join("edge"));
+    let regional = |name: &str| rs.start(dir.path(), name);
+    let rg_grpc = rs.grpc;
+    let edge = |cfg: &Path, name: &str| start_edge(dir.path(), cfg, &edata, name);
 
     let mut rg = regional("regional-1");
     let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, true), "edge-1");
@@ -114,15 +145,7 @@ fn kill_9_of_either_side_loses_nothing_and_duplicates_nothing() {
     // The edge again, without scraping, so that what it holds stops growing: it resumes
     // from its cursor and sends the rest.
     let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, false), "edge-2");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
-        if labelled_value(&page, "strata_forward_pending_bytes") == Some(0.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the edge did not catch up:\n{page}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_caught_up(&base);
     e.terminate();
     rg.terminate();
 
@@ -158,30 +181,10 @@ fn kill_9_of_either_side_loses_nothing_and_duplicates_nothing() {
 #[test]
 fn a_global_over_edges_and_their_regional_answers_as_over_the_edges_alone() {
     let dir = tempfile::tempdir().unwrap();
-    let (sim_port, rg_grpc) = (free_port(), free_port());
-    let mut sim =
-        Proc::strata(&["simulate", "--nodes", "2", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
-    wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
-    let rcfg = dir.path().join("regional.yml");
-    std::fs::write(&rcfg, "").unwrap();
-    let rg_http = free_port();
-    let (rdata, rcfg_s) = (dir.path().join("regional").display().to_string(), rcfg.display().to_string());
-    let mut rg = Proc::strata(
-        &[
-            "regional",
-            "--config",
-            &rcfg_s,
-            "--data",
-            &rdata,
-            "--http-listen",
-            &format!("127.0.0.1:{rg_http}"),
-            "--grpc-listen",
-            &format!("127.0.0.1:{rg_grpc}"),
-        ],
-        dir.path(),
-        "regional",
-    );
-    wait_ready(&format!("http://127.0.0.1:{rg_http}/-/ready"), &mut rg, Duration::from_secs(30));
+    let (_sim, sim_port) = start_sim(dir.path(), 2);
+    let rs = RegionalSetup::new(dir.path(), "");
+    let _rg = rs.start(dir.path(), "regional");
+    let rg_grpc = rs.grpc;
     let mut edges = Vec::new();
     let mut edge_grpc = Vec::new();
     for replica in ["a", "b"] {
@@ -228,7 +231,7 @@ fn a_global_over_edges_and_their_regional_answers_as_over_the_edges_alone() {
     let t = (now_ms() - 3_000) / 1000;
     let data = api_data(&format!("{with_regional}/api/v1/stores"));
     assert_eq!(data.as_array().map(Vec::len), Some(3), "{data}");
-    let regional_series = series_count(&format!("http://127.0.0.1:{rg_http}"), "DCGM_FI_DEV_GPU_TEMP");
+    let regional_series = series_count(&rs.base(), "DCGM_FI_DEV_GPU_TEMP");
     assert!(regional_series >= 32, "the regional holds {regional_series} GPU_TEMP series (both replicas)");
     let queries = [
         "count(DCGM_FI_DEV_GPU_TEMP)",
@@ -267,45 +270,12 @@ fn sorted(data: &serde_json::Value) -> Vec<String> {
 #[test]
 fn a_regional_that_lost_its_data_gets_everything_the_edge_holds() {
     let dir = tempfile::tempdir().unwrap();
-    let (sim_port, rg_http, rg_grpc) = (free_port(), free_port(), free_port());
-    let mut sim =
-        Proc::strata(&["simulate", "--nodes", "1", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
-    wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
-    let rcfg = dir.path().join("regional.yml");
-    std::fs::write(&rcfg, "").unwrap();
-    let rdata = dir.path().join("regional");
-    let regional = |name: &str| {
-        let args = [
-            "regional",
-            "--config",
-            rcfg.to_str().unwrap(),
-            "--data",
-            rdata.to_str().unwrap(),
-            "--http-listen",
-            &format!("127.0.0.1:{rg_http}"),
-            "--grpc-listen",
-            &format!("127.0.0.1:{rg_grpc}"),
-        ];
-        let mut p = Proc::strata(&args, dir.path(), name);
-        wait_ready(&format!("http://127.0.0.1:{rg_http}/-/ready"), &mut p, Duration::from_secs(30));
-        p
-    };
-    let edata = dir.path().join("edge");
-    let edge = |cfg: &Path, name: &str| {
-        let port = free_port();
-        let args = [
-            "edge",
-            "--config",
-            cfg.to_str().unwrap(),
-            "--data",
-            edata.to_str().unwrap(),
-            "--http-listen",
-            &format!("127.0.0.1:{port}"),
-        ];
-        let mut p = Proc::strata(&args, dir.path(), name);
-        wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut p, Duration::from_secs(60));
-        (p, format!("http://127.0.0.1:{port}"))
-    };
+    let (_sim, sim_port) = start_sim(dir.path(), 1);
+    let rs = RegionalSetup::new(dir.path(), "");
+    let (rdata, edata) = (rs.data.clone(), dir.path().join("edge"));
+    let regional = |name: &str| rs.start(dir.path(), name);
+    let rg_grpc = rs.grpc;
+    let edge = |cfg: &Path, name: &str| start_edge(dir.path(), cfg, &edata, name);
     let mut rg = regional("regional-1");
     let (mut e, _) = edge(&edge_config(dir.path(), sim_port, rg_grpc, true), "edge-1");
     std::thread::sleep(Duration::from_secs(3));
@@ -315,16 +285,8 @@ fn a_regional_that_lost_its_data_gets_everything_the_edge_holds() {
     e.terminate();
     let mut rg = regional("regional-2");
     let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, false), "edge-2");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
-        if labelled_value(&page, "strata_forward_pending_bytes") == Some(0.0) {
-            assert_eq!(labelled_value(&page, "strata_forward_restarts_from_oldest_total"), Some(1.0), "{page}");
-            break;
-        }
-        assert!(Instant::now() < deadline, "the edge did not catch up:\n{page}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let page = wait_caught_up(&base);
+    assert_eq!(labelled_value(&page, "strata_forward_restarts_from_oldest_total"), Some(1.0), "{page}");
     e.terminate();
     rg.terminate();
     let edge_data = stored(&edata, &[("cluster", "c0"), ("replica", "a")]);
@@ -340,28 +302,9 @@ fn the_regional_takes_remote_write() {
     use prost::Message;
     use strata_proto::prometheus::{Label, Sample as PbSample, TimeSeries, WriteRequest};
     let dir = tempfile::tempdir().unwrap();
-    let (http, grpc) = (free_port(), free_port());
-    let cfg = dir.path().join("regional.yml");
-    std::fs::write(&cfg, "").unwrap();
-    let data = dir.path().join("data").display().to_string();
-    let cfg = cfg.display().to_string();
-    let mut rg = Proc::strata(
-        &[
-            "regional",
-            "--config",
-            &cfg,
-            "--data",
-            &data,
-            "--http-listen",
-            &format!("127.0.0.1:{http}"),
-            "--grpc-listen",
-            &format!("127.0.0.1:{grpc}"),
-        ],
-        dir.path(),
-        "regional",
-    );
-    let base = format!("http://127.0.0.1:{http}");
-    wait_ready(&format!("{base}/-/ready"), &mut rg, Duration::from_secs(30));
+    let rs = RegionalSetup::new(dir.path(), "");
+    let _rg = rs.start(dir.path(), "regional");
+    let base = rs.base();
     let now = now_ms();
     let req = WriteRequest {
         timeseries: vec![TimeSeries {

@@ -118,6 +118,20 @@ fn options(name: &str, addr: SocketAddr, batch: usize) -> ForwarderOptions {
     o
 }
 
+/// Runs `f` until `done` holds of its stats (or 20 s pass), then stops it; its stats.
+async fn run_until(f: Forwarder, done: impl Fn(&ForwarderStats) -> bool) -> ForwarderStats {
+    let stats = f.stats();
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !done(&stats) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = stop.send(true);
+    task.await.unwrap();
+    stats
+}
+
 /// Runs a forwarder until the regional holds what the edge holds (or 20 s pass).
 async fn forward_until_equal(
     edge: &Arc<Tsdb>,
@@ -199,15 +213,7 @@ async fn a_conflicting_value_is_counted_and_the_stored_one_kept() {
     regional.db.commit(&[(s, Sample::new(now, 55.0))]).unwrap();
     let f =
         Forwarder::new(edge.clone(), holds.clone(), options("regional", regional.addr, 100), ForwarderStats::default());
-    let (stop, rx) = watch::channel(false);
-    let stats = f.stats();
-    let task = tokio::spawn(f.run(rx));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stats.samples_acked.get() < 3 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    task.await.unwrap();
+    run_until(f, |stats| stats.samples_acked.get() >= 3).await;
     assert_eq!(regional.stats.samples("conflict"), 1);
     let got = all(&regional.db);
     assert_eq!(got[0].1[0], (now, 55f64.to_bits()), "the stored value was replaced");
@@ -380,15 +386,7 @@ async fn a_backlog_older_than_the_regionals_head_is_stored_not_refused() {
         options("regional", regional.addr, 1000),
         ForwarderStats::default(),
     );
-    let stats = f.stats();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(f.run(rx));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stats.samples_acked.get() < 20 * 240 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    task.await.unwrap();
+    run_until(f, |stats| stats.samples_acked.get() >= 20 * 240).await;
     assert_eq!(regional.stats.samples("out_of_bounds"), 0, "the backlog was refused");
     let want = expected(&edge);
     let got: Vec<_> = all(&regional.db).into_iter().filter(|(l, _)| l.starts_with("gpu_util")).collect();
@@ -434,15 +432,7 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
     let holds = WalHolds::new(edge.clone());
     write(&edge, 10, strata_model::time::now_ms() - 60_000, 30);
     let f = Forwarder::new(edge.clone(), holds, options("refusing", addr, 100), ForwarderStats::default());
-    let stats = f.stats();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(f.run(rx));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stats.dropped_samples.get() < 300 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    task.await.unwrap();
+    let stats = run_until(f, |stats| stats.dropped_samples.get() >= 300).await;
     server.abort();
     assert_eq!(stats.dropped_samples.get(), 300, "every sample dropped once, none twice");
     assert_eq!(stats.samples_acked.get(), 0);
@@ -480,15 +470,7 @@ async fn past_the_disk_budget_the_oldest_is_dropped_counted_and_the_rest_sent() 
     o.max_disk = Some(32 << 10);
     let f = Forwarder::new(edge.clone(), holds.clone(), o, ForwarderStats::default());
     assert!(edge.maintain().unwrap().checkpointed);
-    let stats = f.stats();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(f.run(rx));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stats.budget_dropped_samples.get() == 0 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    task.await.unwrap();
+    let stats = run_until(f, |stats| stats.budget_dropped_samples.get() > 0).await;
     let dropped = stats.budget_dropped_samples.get();
     assert!(dropped > 0, "nothing dropped past the budget");
     assert!(edge.maintain().unwrap().wal_segments_deleted > 0, "the dropped WAL was kept");
@@ -500,15 +482,7 @@ async fn past_the_disk_budget_the_oldest_is_dropped_counted_and_the_rest_sent() 
         options("regional", regional.addr, 5000),
         ForwarderStats::default(),
     );
-    let stats2 = f.stats();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(f.run(rx));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while dropped + stats2.samples_acked.get() < 50 * 320 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    task.await.unwrap();
+    let stats2 = run_until(f, |stats2| dropped + stats2.samples_acked.get() >= 50 * 320).await;
     assert_eq!(dropped + stats2.samples_acked.get(), 50 * 320, "samples lost beyond those counted as dropped");
     let got = all(&regional.db);
     let oldest_received = got.iter().filter_map(|(_, v)| v.first().map(|x| x.0)).min().unwrap();
@@ -582,15 +556,7 @@ async fn a_sample_past_retention_is_counted_not_a_stall() {
     let old = edge.series(&Labels::from_pairs([("__name__", "ancient")])).unwrap();
     edge.commit(&[(old, Sample::new(now - 3 * 3600 * 1000, 1.0))]).unwrap();
     let f = Forwarder::new(edge.clone(), holds, options("regional", regional.addr, 10), ForwarderStats::default());
-    let stats = f.stats();
-    let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(f.run(rx));
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while stats.batches_acked.get() < 2 && std::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let _ = stop.send(true);
-    task.await.unwrap();
+    let stats = run_until(f, |stats| stats.batches_acked.get() >= 2).await;
     assert_eq!(stats.batches_acked.get(), 2, "a batch was never acknowledged");
     assert_eq!(regional.stats.samples("out_of_bounds"), 1);
     assert_eq!(regional.stats.samples("appended"), 10);
