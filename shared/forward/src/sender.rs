@@ -1,8 +1,8 @@
 //! The edge's side: one [`Forwarder`] per upstream reads the WAL from its cursor and sends
 //! it in batches, persisting the cursor after each acknowledgement.
 
+use crate::upstream::{GrpcUpstream, PushError, Upstream, UpstreamSession};
 use crate::{pb, Cursor, CursorFile, ForwardError, WalHolds, MAX_BATCH_METADATA, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
-use pb::forward_client::ForwardClient;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -12,25 +12,21 @@ use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_grpc::{
-    attach_external, labels_to_pb, metadata_to_pb, ClientTlsConfig, MAX_LABELS, MAX_LABEL_BYTES, MAX_MESSAGE_BYTES,
-};
+use strata_grpc::{attach_external, labels_to_pb, metadata_to_pb, ClientTlsConfig, MAX_LABELS, MAX_LABEL_BYTES};
 use strata_model::{Labels, Sample};
 use strata_tsdb::db::Tsdb;
 use strata_tsdb::index::SeriesRef;
 use strata_tsdb::wal::{self, WalCursor, WalReader, WalRecord};
 use tokio::sync::watch;
-use tonic::codec::CompressionEncoding;
-use tonic::transport::{Channel, Endpoint};
 
 #[derive(Debug, Clone)]
 pub struct ForwarderOptions {
     /// The upstream's name in logs, metrics and the cursor's file name (its address).
     pub upstream: String,
-    /// `http://host:port`, or `https://` with `tls`.
+    /// For [`Forwarder::new`]'s gRPC upstream: `http://host:port`, or `https://` with `tls`.
     pub endpoint: String,
     pub tls: Option<ClientTlsConfig>,
-    /// Gzip batches (the receiver takes both): on for links slower than the CPU.
+    /// For the gRPC upstream: gzip batches (the receiver takes both).
     pub gzip: bool,
     /// Samples per batch (the upstream may ask for fewer).
     pub batch_samples: usize,
@@ -46,6 +42,9 @@ pub struct ForwarderOptions {
     pub timeout: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// Times the upstream refuses the same batch as invalid before it is dropped (a peer
+    /// mid-upgrade may refuse what it will take a minute later).
+    pub refusals_before_drop: u32,
 }
 
 impl ForwarderOptions {
@@ -63,6 +62,7 @@ impl ForwarderOptions {
             timeout: Duration::from_secs(30),
             min_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(10),
+            refusals_before_drop: 3,
         }
     }
 }
@@ -168,7 +168,8 @@ pub struct ForwarderStats {
 }
 
 /// Forwards the edge's WAL to one upstream until stopped.
-pub struct Forwarder {
+pub struct Forwarder<U: Upstream = GrpcUpstream> {
+    upstream: U,
     db: Arc<Tsdb>,
     opts: ForwarderOptions,
     cursor_file: CursorFile,
@@ -181,15 +182,37 @@ pub struct Forwarder {
     refused: parking_lot::Mutex<Option<((WalCursor, u64), u32)>>,
 }
 
-impl Forwarder {
-    /// A forwarder counting into `stats` (from [`ForwardMetrics::upstream`], or a default
-    /// of its own).
+impl Forwarder<GrpcUpstream> {
+    /// A forwarder to the regional at `opts.endpoint`, counting into `stats` (from
+    /// [`ForwardMetrics::upstream`], or a default of its own).
     pub fn new(db: Arc<Tsdb>, holds: Arc<WalHolds>, opts: ForwarderOptions, stats: ForwarderStats) -> Forwarder {
+        let upstream = GrpcUpstream {
+            endpoint: opts.endpoint.clone(),
+            tls: opts.tls.clone(),
+            gzip: opts.gzip,
+            timeout: opts.timeout,
+            external_labels: opts.external_labels.clone(),
+        };
+        Forwarder::with_upstream(db, holds, opts, stats, upstream)
+    }
+}
+
+impl<U: Upstream> Forwarder<U> {
+    /// A forwarder to any [`Upstream`]; `opts.upstream` names it in logs, metrics and its
+    /// cursor file.
+    pub fn with_upstream(
+        db: Arc<Tsdb>,
+        holds: Arc<WalHolds>,
+        opts: ForwarderOptions,
+        stats: ForwarderStats,
+        upstream: U,
+    ) -> Forwarder<U> {
         let cursor_file = CursorFile::new(db.dir(), &opts.upstream);
         // Until the upstream says where it stands, everything it may need is kept.
         let held = cursor_file.load().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
         Forwarder {
+            upstream,
             db,
             opts,
             cursor_file,
@@ -269,30 +292,9 @@ impl Forwarder {
         ForwardError::Upstream { upstream: self.opts.upstream.clone(), reason: reason.to_string() }
     }
 
-    async fn connect(&self) -> Result<ForwardClient<Channel>, ForwardError> {
-        let mut ep = Endpoint::from_shared(self.opts.endpoint.clone())
-            .map_err(|e| self.fail(format!("invalid address: {e}")))?
-            .connect_timeout(Duration::from_secs(5))
-            .timeout(self.opts.timeout)
-            .tcp_nodelay(true);
-        if let Some(tls) = &self.opts.tls {
-            ep = ep.tls_config(tls.clone()).map_err(|e| self.fail(format!("TLS: {e}")))?;
-        }
-        let ch = ep.connect().await.map_err(|e| self.fail(format!("connecting: {e}")))?;
-        let client = ForwardClient::new(ch).accept_compressed(CompressionEncoding::Gzip);
-        let client = if self.opts.gzip { client.send_compressed(CompressionEncoding::Gzip) } else { client };
-        Ok(client.max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
-    }
-
     /// One connection: `Hello`, then batches until stopped (`Ok`) or a failure (`Err`).
     async fn session(&self, stop: &mut watch::Receiver<bool>, backoff: &mut Duration) -> Result<(), ForwardError> {
-        let mut client = self.connect().await?;
-        let labels = labels_to_pb(&self.opts.external_labels);
-        let hello = client
-            .hello(pb::HelloRequest { external_labels: labels })
-            .await
-            .map_err(|s| self.fail(format!("hello: {}", s.message())))?
-            .into_inner();
+        let (mut client, hello) = self.upstream.open().await.map_err(|e| self.fail(e))?;
         let storage_id = hello.storage_id;
         let mut cursor = match self.cursor_file.load() {
             Some(c) if c.storage_id == storage_id => c,
@@ -369,8 +371,8 @@ impl Forwarder {
             self.stats.batches_sent.inc();
             self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
             let ack = match client.push(request).await {
-                Ok(a) => a.into_inner(),
-                Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                Ok(a) => a,
+                Err(PushError::Refused(reason)) => {
                     // The upstream will never take this batch. Retried a few times (it may
                     // be a peer mid-upgrade), then dropped, counted and logged, so that one
                     // batch cannot hold all later data back (and the WAL with it) for ever.
@@ -384,8 +386,8 @@ impl Forwarder {
                         *r = Some((here, tries));
                         tries
                     };
-                    if tries < REFUSALS_BEFORE_DROP {
-                        return Err(self.fail(format!("push refused: {}", s.message())));
+                    if tries < self.opts.refusals_before_drop {
+                        return Err(self.fail(format!("push refused: {reason}")));
                     }
                     self.stats.dropped_samples.inc_by(batch.samples);
                     tracing::error!(
@@ -393,13 +395,13 @@ impl Forwarder {
                         samples = batch.samples,
                         from_ms = batch.oldest,
                         to_ms = batch.newest,
-                        reason = %s.message(),
+                        reason = %reason,
                         "forward: the upstream refuses a batch for good: its samples are dropped for this upstream"
                     );
                     cursor = self.advance(cursor, batch.next).await?;
                     continue;
                 }
-                Err(s) => return Err(self.fail(format!("push: {:?}: {}", s.code(), s.message()))),
+                Err(PushError::Failed(reason)) => return Err(self.fail(reason)),
             };
             if ack.conflicts + ack.out_of_order + ack.out_of_bounds > 0 {
                 tracing::warn!(
@@ -500,9 +502,6 @@ fn session_id() -> String {
     let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!("{:016x}-{n}", h.finish())
 }
-
-/// Times the upstream refuses the same batch as invalid before it is dropped.
-const REFUSALS_BEFORE_DROP: u32 = 3;
 
 /// The oldest position the WAL holds.
 fn oldest(db: &Tsdb) -> WalCursor {

@@ -1,0 +1,120 @@
+//! Where a [`Forwarder`](crate::Forwarder)'s batches go. The forwarder owns the cursor,
+//! the WAL holds, the disk budget and the retries; an [`Upstream`] only opens sessions and
+//! delivers batches, so the regional's gRPC service ([`GrpcUpstream`]) and Prometheus
+//! remote write (crate `strata-remote-write`) share one store-and-forward mechanism.
+
+use crate::pb;
+use pb::forward_client::ForwardClient;
+use std::future::Future;
+use std::time::Duration;
+use strata_grpc::{labels_to_pb, ClientTlsConfig, MAX_MESSAGE_BYTES};
+use strata_model::Labels;
+use tonic::codec::CompressionEncoding;
+use tonic::transport::{Channel, Endpoint};
+
+/// What an upstream says when a session opens.
+#[derive(Debug, Clone)]
+pub struct Greeting {
+    /// The upstream's storage identity: a different one than the cursor's means it lost
+    /// what it had, and everything is sent again. Empty: the upstream has none (a remote
+    /// write endpoint), and the cursor is kept whatever it says.
+    pub storage_id: String,
+    /// The most samples it takes in one batch.
+    pub max_batch_samples: u64,
+}
+
+/// How a batch failed.
+#[derive(Debug)]
+pub enum PushError {
+    /// The upstream will never take this batch as it is (invalid): after
+    /// `ForwarderOptions::refusals_before_drop` tries it is dropped, counted and logged.
+    Refused(String),
+    /// Anything else (connection, overload, the upstream's own failure): the session ends
+    /// and the batch is sent again after a backoff.
+    Failed(String),
+}
+
+/// What the upstream did with a batch it acknowledged.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PushAck {
+    /// Samples it held with another value at the same timestamp (kept its own).
+    pub conflicts: u64,
+    pub out_of_order: u64,
+    pub out_of_bounds: u64,
+}
+
+/// A destination of batches.
+pub trait Upstream: Send + Sync + 'static {
+    type Session: UpstreamSession;
+
+    /// Opens a session; the forwarder names every series again with its labels in each.
+    fn open(&self) -> impl Future<Output = Result<(Self::Session, Greeting), String>> + Send;
+}
+
+/// One session with an upstream. A batch names a series with its labels the first time
+/// the session sends it (`ForwardSeries.labels`), and by its number (`ref`) alone after.
+pub trait UpstreamSession: Send {
+    /// Delivers the batch; `Ok` only once the upstream holds it durably.
+    fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send;
+}
+
+/// A regional's `Forward` gRPC service.
+pub struct GrpcUpstream {
+    /// `http://host:port`, or `https://` with `tls`.
+    pub endpoint: String,
+    pub tls: Option<ClientTlsConfig>,
+    /// Gzip batches (the receiver takes both): on for links slower than the CPU.
+    pub gzip: bool,
+    pub timeout: Duration,
+    /// Sent in `Hello`.
+    pub external_labels: Labels,
+}
+
+impl GrpcUpstream {
+    async fn connect(&self) -> Result<ForwardClient<Channel>, String> {
+        let mut ep = Endpoint::from_shared(self.endpoint.clone())
+            .map_err(|e| format!("invalid address: {e}"))?
+            .connect_timeout(Duration::from_secs(5))
+            .timeout(self.timeout)
+            .tcp_nodelay(true);
+        if let Some(tls) = &self.tls {
+            ep = ep.tls_config(tls.clone()).map_err(|e| format!("TLS: {e}"))?;
+        }
+        let ch = ep.connect().await.map_err(|e| format!("connecting: {e}"))?;
+        let client = ForwardClient::new(ch).accept_compressed(CompressionEncoding::Gzip);
+        let client = if self.gzip { client.send_compressed(CompressionEncoding::Gzip) } else { client };
+        Ok(client.max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
+    }
+}
+
+impl Upstream for GrpcUpstream {
+    type Session = GrpcSession;
+
+    async fn open(&self) -> Result<(GrpcSession, Greeting), String> {
+        let mut client = self.connect().await?;
+        let hello = client
+            .hello(pb::HelloRequest { external_labels: labels_to_pb(&self.external_labels) })
+            .await
+            .map_err(|s| format!("hello: {}", s.message()))?
+            .into_inner();
+        let greeting = Greeting { storage_id: hello.storage_id, max_batch_samples: hello.max_batch_samples };
+        Ok((GrpcSession { client }, greeting))
+    }
+}
+
+pub struct GrpcSession {
+    client: ForwardClient<Channel>,
+}
+
+impl UpstreamSession for GrpcSession {
+    async fn push(&mut self, batch: pb::PushRequest) -> Result<PushAck, PushError> {
+        match self.client.push(batch).await {
+            Ok(a) => {
+                let a = a.into_inner();
+                Ok(PushAck { conflicts: a.conflicts, out_of_order: a.out_of_order, out_of_bounds: a.out_of_bounds })
+            }
+            Err(s) if s.code() == tonic::Code::InvalidArgument => Err(PushError::Refused(s.message().to_string())),
+            Err(s) => Err(PushError::Failed(format!("push: {:?}: {}", s.code(), s.message()))),
+        }
+    }
+}

@@ -1,0 +1,146 @@
+//! Prometheus remote write (1.0) from the edge's WAL, to any receiver that takes it:
+//! Prometheus, Mimir, Thanos Receive, Amazon Managed Service for Prometheus (SigV4).
+//!
+//! There is no queue of its own to lose: a [`RemoteWriteUpstream`] is an
+//! [`Upstream`](strata_forward::Upstream) of the forward mechanism, so a remote write reads
+//! the WAL at a persisted cursor, holds the WAL it still needs, obeys `forward_max_disk`,
+//! and resumes after a restart or an outage from the last acknowledged sample, as a
+//! forward to a regional does. What it adds is Prometheus' wire and behaviour: each round
+//! read from the WAL is split by series over up to `max_shards` shards that send in
+//! parallel (one series always in one shard, so its samples arrive in order), in requests
+//! of `max_samples_per_send`; 5xx, 429 and connection errors are retried with backoff
+//! until they succeed (the cursor moves only once every shard's part is acknowledged),
+//! and any other 4xx drops that request's samples, counted and logged with their range.
+
+mod config;
+mod metrics;
+mod send;
+mod sigv4;
+#[cfg(test)]
+mod tests;
+
+pub use config::{MetadataConfig, MetadataSend, Queue, QueueConfig, SigV4Config, MAX_SHARDS};
+pub use metrics::{QueueLabels, QueueStats, RemoteWriteMetrics};
+pub use send::RemoteWriteSession;
+pub use sigv4::Signer;
+
+use std::sync::Arc;
+use std::time::Duration;
+use strata_forward::{ForwarderOptions, Greeting, Upstream};
+use strata_ingest::relabel::RelabelRule;
+use tokio::sync::watch;
+
+/// Headers a configuration may not set: the protocol's own, and what the HTTP client or
+/// the authorization settings own (Prometheus refuses the same).
+pub const RESERVED_HEADERS: &[&str] = &[
+    "authorization",
+    "host",
+    "content-encoding",
+    "content-length",
+    "content-type",
+    "user-agent",
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "www-authenticate",
+    "x-prometheus-remote-write-version",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum RemoteWriteError {
+    #[error("remote_write {name}: {reason}")]
+    Config { name: String, reason: String },
+}
+
+/// One `remote_write` entry, resolved.
+#[derive(Clone)]
+pub struct RemoteWriteOptions {
+    /// `remote_name` in metrics and logs: the entry's `name`, or a digest of its URL.
+    pub name: String,
+    pub url: String,
+    pub timeout: Duration,
+    /// The entry's `headers` and the `Authorization` its `basic_auth` or `authorization`
+    /// makes, sent (and signed, with SigV4) with every request.
+    pub headers: Vec<(String, String)>,
+    /// TLS for `https://` URLs (CAs, client certificate, server name).
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+    pub sigv4: Option<SigV4Config>,
+    pub queue: Queue,
+    pub metadata: MetadataSend,
+    pub relabel: Vec<RelabelRule>,
+}
+
+impl std::fmt::Debug for RemoteWriteOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Header values may be credentials: names only.
+        let headers: Vec<&str> = self.headers.iter().map(|(k, _)| k.as_str()).collect();
+        f.debug_struct("RemoteWriteOptions")
+            .field("name", &self.name)
+            .field("url", &self.url)
+            .field("timeout", &self.timeout)
+            .field("headers", &headers)
+            .field("tls", &self.tls.is_some())
+            .field("sigv4", &self.sigv4)
+            .field("queue", &self.queue)
+            .field("metadata", &self.metadata)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The name Prometheus gives an unnamed queue: a digest of its URL, six hex digits.
+pub fn default_name(url: &str) -> String {
+    use std::hash::Hasher;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    h.write(url.as_bytes());
+    format!("{:06x}", h.finish() & 0xff_ffff)
+}
+
+/// A remote-write endpoint as an upstream of the forward mechanism.
+pub struct RemoteWriteUpstream {
+    shared: Arc<send::Shared>,
+}
+
+impl RemoteWriteUpstream {
+    /// Builds the HTTP client and the signer; `stop` ends retries when the edge shuts down.
+    pub async fn new(
+        opts: RemoteWriteOptions,
+        stats: QueueStats,
+        stop: watch::Receiver<bool>,
+    ) -> Result<RemoteWriteUpstream, RemoteWriteError> {
+        let fail = |reason: String| RemoteWriteError::Config { name: opts.name.clone(), reason };
+        let signer = match &opts.sigv4 {
+            Some(cfg) => Some(Signer::new(cfg).await.map_err(fail)?),
+            None => None,
+        };
+        let client = send::http_client(&opts).map_err(fail)?;
+        stats.shards_max.set(i64::try_from(opts.queue.max_shards).unwrap_or(i64::MAX));
+        stats.shards_min.set(1);
+        Ok(RemoteWriteUpstream { shared: Arc::new(send::Shared { opts, client, signer, stats, stop }) })
+    }
+
+    /// The forwarder options that read the WAL for this queue: its own cursor
+    /// (`remote-write-<name>`), rounds of every shard's capacity, and the queue's backoff.
+    pub fn forwarder_options(&self) -> ForwarderOptions {
+        let q = &self.shared.opts.queue;
+        let mut o = ForwarderOptions::new(&format!("remote-write-{}", self.shared.opts.name));
+        o.batch_samples = QueueConfig::round_samples(q);
+        // Fresh data waits at most this long for a round (the batch send deadline).
+        o.poll = q.batch_send_deadline.min(Duration::from_millis(200));
+        o.min_backoff = q.min_backoff;
+        o.max_backoff = q.max_backoff;
+        o.timeout = self.shared.opts.timeout;
+        o
+    }
+}
+
+impl Upstream for RemoteWriteUpstream {
+    type Session = RemoteWriteSession;
+
+    async fn open(&self) -> Result<(RemoteWriteSession, Greeting), String> {
+        // Remote write has no handshake and no storage identity: the cursor is kept.
+        let greeting =
+            Greeting { storage_id: String::new(), max_batch_samples: strata_forward::MAX_BATCH_SAMPLES as u64 };
+        Ok((RemoteWriteSession::new(self.shared.clone()), greeting))
+    }
+}

@@ -1,0 +1,384 @@
+//! A session: forward batches turned into remote-write requests, sharded by series, sent
+//! in parallel and retried until acknowledged.
+
+use crate::metrics::QueueStats;
+use crate::{RemoteWriteOptions, Signer};
+use prost::Message;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use strata_forward::{pb, PushAck, PushError, UpstreamSession};
+use strata_model::{Labels, MetricType};
+use strata_proto::prometheus as prompb;
+use tokio::sync::watch;
+
+pub(crate) struct Shared {
+    pub(crate) opts: RemoteWriteOptions,
+    pub(crate) client: reqwest::Client,
+    pub(crate) signer: Option<Signer>,
+    pub(crate) stats: QueueStats,
+    pub(crate) stop: watch::Receiver<bool>,
+}
+
+pub(crate) fn http_client(opts: &RemoteWriteOptions) -> Result<reqwest::Client, String> {
+    let tls = match &opts.tls {
+        Some(t) => (**t).clone(),
+        // Plain http: a TLS setup that trusts nothing, never used.
+        None => rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS: {e}"))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_no_client_auth(),
+    };
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .timeout(opts.timeout)
+        .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
+        .pool_max_idle_per_host(opts.queue.max_shards)
+        .user_agent(concat!("Strata/", env!("CARGO_PKG_VERSION")))
+        .build()
+        .map_err(|e| format!("HTTP client: {e}"))
+}
+
+/// A series as the session sends it: its labels after `write_relabel_configs` (`None`:
+/// dropped by them).
+type SessionSeries = Option<Arc<Vec<prompb::Label>>>;
+
+pub struct RemoteWriteSession {
+    shared: Arc<Shared>,
+    /// By the batch's series number (a session names each series once).
+    series: HashMap<u64, SessionSeries>,
+    /// Every family's metadata seen in the session, sent again every `send_interval`.
+    metadata: BTreeMap<String, prompb::MetricMetadata>,
+    metadata_sent: Option<Instant>,
+}
+
+/// One request's content, before encoding.
+#[derive(Default)]
+struct Part {
+    timeseries: Vec<prompb::TimeSeries>,
+    metadata: Vec<prompb::MetricMetadata>,
+    samples: u64,
+    oldest: i64,
+    newest: i64,
+}
+
+impl Part {
+    fn new() -> Part {
+        Part { oldest: i64::MAX, newest: i64::MIN, ..Default::default() }
+    }
+}
+
+impl RemoteWriteSession {
+    pub(crate) fn new(shared: Arc<Shared>) -> RemoteWriteSession {
+        RemoteWriteSession { shared, series: HashMap::new(), metadata: BTreeMap::new(), metadata_sent: None }
+    }
+
+    /// The labels of a series named in this batch, relabelled.
+    fn learn(&mut self, s: &pb::ForwardSeries) {
+        if s.labels.is_empty() {
+            return;
+        }
+        let labels = Labels::from_pairs(s.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())));
+        let kept = strata_ingest::relabel::process(&self.shared.opts.relabel, labels.to_builder()).map(|l| {
+            Arc::new(
+                l.iter()
+                    .map(|x| prompb::Label { name: x.name.to_string(), value: x.value.to_string() })
+                    .collect::<Vec<_>>(),
+            )
+        });
+        self.series.insert(s.r#ref, kept);
+    }
+
+    /// The metadata to send with this batch: the new families', or every family's once
+    /// `send_interval` has passed.
+    fn metadata_for(&mut self, batch: &[strata_proto::store::FamilyMetadata]) -> Vec<prompb::MetricMetadata> {
+        let m = &self.shared.opts.metadata;
+        if !m.send {
+            return Vec::new();
+        }
+        let mut fresh = Vec::new();
+        for f in batch {
+            let (family, meta) = strata_grpc::metadata_from_pb(f.clone());
+            let entry = prompb::MetricMetadata {
+                r#type: metric_type(meta.metric_type) as i32,
+                metric_family_name: family.clone(),
+                help: meta.help,
+                unit: meta.unit,
+            };
+            if self.metadata.get(&family) != Some(&entry) {
+                fresh.push(entry.clone());
+                self.metadata.insert(family, entry);
+            }
+        }
+        let due = self.metadata_sent.is_none_or(|t| t.elapsed() >= m.send_interval);
+        if due && !self.metadata.is_empty() {
+            self.metadata_sent = Some(Instant::now());
+            return self.metadata.values().cloned().collect();
+        }
+        fresh
+    }
+
+    /// The batch split into shards, each a list of requests in order.
+    fn shard(&mut self, batch: pb::PushRequest) -> (Vec<Vec<Part>>, u64) {
+        let q = &self.shared.opts.queue;
+        let per_send = q.max_samples_per_send;
+        let total: usize = batch.series.iter().map(|s| s.timestamps.len()).sum();
+        let n = total.div_ceil(per_send).clamp(1, q.max_shards);
+        let mut shards: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
+        let floor = q.sample_age_limit.map(|age| {
+            strata_model::time::now_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
+        });
+        let mut dropped = 0u64;
+        for s in &batch.series {
+            self.learn(s);
+        }
+        for s in batch.series {
+            let labels = match self.series.get(&s.r#ref) {
+                Some(Some(l)) => l.clone(),
+                Some(None) => {
+                    dropped += s.timestamps.len() as u64;
+                    continue;
+                }
+                None => {
+                    tracing::warn!(
+                        remote_name = %self.shared.opts.name,
+                        samples = s.timestamps.len(),
+                        "remote write: samples of a series the session never named: dropped"
+                    );
+                    dropped += s.timestamps.len() as u64;
+                    continue;
+                }
+            };
+            let shard = &mut shards[usize::try_from(s.r#ref % n as u64).unwrap_or(0)];
+            let mut samples = Vec::with_capacity(s.timestamps.len());
+            for (&t, &v) in s.timestamps.iter().zip(&s.values) {
+                if floor.is_some_and(|f| t < f) {
+                    dropped += 1;
+                    continue;
+                }
+                samples.push(prompb::Sample { value: f64::from_bits(v), timestamp: t });
+            }
+            // A series longer than a request's room goes on in the next request.
+            let mut rest = &samples[..];
+            while !rest.is_empty() {
+                if shard.last().is_none_or(|p| p.samples as usize >= per_send) {
+                    shard.push(Part::new());
+                }
+                let Some(part) = shard.last_mut() else { break };
+                let room = per_send - part.samples as usize;
+                let (now, later) = rest.split_at(room.min(rest.len()));
+                for x in now {
+                    part.oldest = part.oldest.min(x.timestamp);
+                    part.newest = part.newest.max(x.timestamp);
+                }
+                part.samples += now.len() as u64;
+                part.timeseries.push(prompb::TimeSeries {
+                    labels: labels.as_ref().clone(),
+                    samples: now.to_vec(),
+                    exemplars: Vec::new(),
+                });
+                rest = later;
+            }
+        }
+        let metadata = self.metadata_for(&batch.metadata);
+        if !metadata.is_empty() {
+            // Metadata goes in requests of its own, as Prometheus sends it.
+            for chunk in metadata.chunks(self.shared.opts.metadata.max_per_send) {
+                let mut p = Part::new();
+                p.metadata = chunk.to_vec();
+                shards[0].insert(0, p);
+            }
+        }
+        (shards, dropped)
+    }
+}
+
+fn metric_type(t: MetricType) -> prompb::metric_metadata::MetricType {
+    use prompb::metric_metadata::MetricType as P;
+    match t {
+        MetricType::Counter => P::Counter,
+        MetricType::Gauge => P::Gauge,
+        MetricType::Histogram => P::Histogram,
+        MetricType::GaugeHistogram => P::Gaugehistogram,
+        MetricType::Summary => P::Summary,
+        MetricType::Info => P::Info,
+        MetricType::StateSet => P::Stateset,
+        MetricType::Unknown => P::Unknown,
+    }
+}
+
+impl UpstreamSession for RemoteWriteSession {
+    async fn push(&mut self, batch: pb::PushRequest) -> Result<PushAck, PushError> {
+        let stats = self.shared.stats.clone();
+        let (shards, dropped) = self.shard(batch);
+        if dropped > 0 {
+            stats.samples_dropped.inc_by(dropped);
+        }
+        let pending: u64 = shards.iter().flatten().map(|p| p.samples).sum();
+        stats.samples_pending.set(i64::try_from(pending).unwrap_or(i64::MAX));
+        stats.shards.set(shards.len() as i64);
+        stats.shards_desired.set(shards.len() as f64);
+        let mut tasks = tokio::task::JoinSet::new();
+        for shard in shards.into_iter().filter(|s| !s.is_empty()) {
+            let shared = self.shared.clone();
+            tasks.spawn(async move {
+                for part in shard {
+                    send(&shared, part).await?;
+                }
+                Ok::<(), String>(())
+            });
+        }
+        let mut failure = None;
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => failure = Some(e),
+                Err(e) => failure = Some(format!("a shard's task failed: {e}")),
+            }
+        }
+        stats.samples_pending.set(0);
+        match failure {
+            // The whole batch goes again (what was acknowledged is resent: receivers
+            // ignore an identical sample).
+            Some(e) => Err(PushError::Failed(e)),
+            None => Ok(PushAck::default()),
+        }
+    }
+}
+
+/// What one attempt came to.
+enum Attempt {
+    Sent,
+    /// Retry after at least this long (a 429's `Retry-After`), or the backoff.
+    Retry { reason: String, after: Option<Duration> },
+    /// Never take it: the status and the start of the answer.
+    Refused { status: u16, body: String },
+}
+
+/// Sends one request until it is acknowledged or refused for good; `Err` only when the
+/// edge stops meanwhile.
+async fn send(shared: &Shared, part: Part) -> Result<(), String> {
+    let stats = &shared.stats;
+    let (samples, metadata, oldest, newest) = (part.samples, part.metadata.len() as u64, part.oldest, part.newest);
+    let req = prompb::WriteRequest { timeseries: part.timeseries, metadata: part.metadata };
+    let body = match snap::raw::Encoder::new().compress_vec(&req.encode_to_vec()) {
+        Ok(b) => b,
+        Err(e) => {
+            // Snappy only fails on input past 4 GiB, which a bounded batch never is.
+            stats.samples_failed.inc_by(samples);
+            tracing::error!(remote_name = %shared.opts.name, samples, error = %e, "remote write: a request could not be compressed: dropped");
+            return Ok(());
+        }
+    };
+    let mut backoff = shared.opts.queue.min_backoff;
+    let mut stop = shared.stop.clone();
+    loop {
+        let started = Instant::now();
+        let attempt = attempt(shared, &body).await;
+        stats.batch_duration.observe(started.elapsed().as_secs_f64());
+        let (reason, after) = match attempt {
+            Attempt::Sent => {
+                stats.samples.inc_by(samples);
+                stats.metadata.inc_by(metadata);
+                let bytes = body.len() as u64;
+                if samples > 0 { stats.bytes.inc_by(bytes) } else { stats.metadata_bytes.inc_by(bytes) };
+                if newest > i64::MIN {
+                    let prev = stats.highest_sent.get();
+                    stats.highest_sent.set(prev.max(newest as f64 / 1000.0));
+                }
+                return Ok(());
+            }
+            Attempt::Refused { status, body } => {
+                stats.samples_failed.inc_by(samples);
+                stats.metadata_failed.inc_by(metadata);
+                tracing::error!(
+                    remote_name = %shared.opts.name,
+                    url = %shared.opts.url,
+                    status,
+                    samples,
+                    metadata,
+                    from_ms = oldest,
+                    to_ms = newest,
+                    answer = %body,
+                    "remote write: the receiver refused a request for good: its samples are dropped"
+                );
+                return Ok(());
+            }
+            Attempt::Retry { reason, after } => (reason, after),
+        };
+        stats.samples_retried.inc_by(samples);
+        stats.metadata_retried.inc_by(metadata);
+        let wait = after.map_or(backoff, |a| a.max(backoff)).min(shared.opts.queue.max_backoff.max(backoff));
+        tracing::warn!(remote_name = %shared.opts.name, url = %shared.opts.url, error = %reason, retry_in = ?wait, "remote write: retrying a request");
+        if *stop.borrow() {
+            return Err(format!("stopping ({reason})"));
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = stop.changed() => return Err(format!("stopping ({reason})")),
+        }
+        backoff = (backoff * 2).min(shared.opts.queue.max_backoff);
+    }
+}
+
+/// The most of a refusal's answer kept for the log.
+const ANSWER_BYTES: usize = 512;
+
+async fn attempt(shared: &Shared, body: &[u8]) -> Attempt {
+    let mut headers: Vec<(String, String)> = vec![
+        ("content-encoding".into(), "snappy".into()),
+        ("content-type".into(), "application/x-protobuf".into()),
+        ("x-prometheus-remote-write-version".into(), "0.1.0".into()),
+    ];
+    headers.extend(shared.opts.headers.iter().cloned());
+    if let Some(signer) = &shared.signer {
+        match signer.sign(&shared.opts.url, &headers, body).await {
+            Ok(h) => headers.extend(h),
+            Err(e) => return Attempt::Retry { reason: e, after: None },
+        }
+    }
+    let mut req = shared.client.post(&shared.opts.url).body(body.to_vec());
+    for (k, v) in &headers {
+        req = req.header(k.as_str(), v.as_str());
+    }
+    let mut resp = match req.send().await {
+        Ok(r) => r,
+        Err(e) => return Attempt::Retry { reason: error_chain(&e), after: None },
+    };
+    let status = resp.status().as_u16();
+    let retry_after = resp
+        .headers()
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_secs);
+    // Only the start of an answer is read: a hostile receiver cannot make it large.
+    let mut answer = Vec::new();
+    while answer.len() < ANSWER_BYTES {
+        match resp.chunk().await {
+            Ok(Some(c)) => answer.extend_from_slice(&c[..c.len().min(ANSWER_BYTES - answer.len())]),
+            _ => break,
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer).trim().to_string();
+    match status {
+        200..=299 => Attempt::Sent,
+        429 if shared.opts.queue.retry_on_http_429 => {
+            Attempt::Retry { reason: format!("HTTP 429: {answer}"), after: retry_after }
+        }
+        500..=599 => Attempt::Retry { reason: format!("HTTP {status}: {answer}"), after: None },
+        _ => Attempt::Refused { status, body: answer },
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut src = e.source();
+    while let Some(x) = src {
+        s.push_str(": ");
+        s.push_str(&x.to_string());
+        src = x.source();
+    }
+    s
+}
