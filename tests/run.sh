@@ -15,6 +15,11 @@ if ! command -v prometheus >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
 fi
 
+if ! python3 -c "import botocore" >/dev/null 2>&1; then
+  echo "== installing botocore (PyPI: the AWS SDK's signer, to verify the edge's SigV4 remote writes)"
+  python3 -m pip install -q botocore
+fi
+
 if [ -z "${PROMQL_TESTDATA:-}" ] && [ ! -d ../shared/promql-testdata ]; then
   echo "== NOTE: the PromQL conformance files are absent (../shared/promql-testdata, or set PROMQL_TESTDATA): that suite will not run (and fails under CI=true)"
 fi

@@ -1,7 +1,8 @@
 //! The edge's configuration file: a Prometheus configuration file whose `global` and
 //! `scrape_configs` sections work unchanged, plus Strata's own keys under `strata:`.
-//! Sections Prometheus has and the edge does not use (`rule_files`, `alerting`,
-//! `remote_write`...) are accepted and ignored, so an existing file loads as it is.
+//! `remote_write` is Prometheus' section, sent from the WAL (crate `strata-remote-write`).
+//! Sections Prometheus has and the edge does not use (`rule_files`, `alerting`...) are
+//! accepted and ignored, so an existing file loads as it is.
 
 use crate::http_client::ClientSecurity;
 use crate::security::{AuthorizationConfig, BasicAuthConfig, TlsConfig};
@@ -175,6 +176,40 @@ pub struct RawForward {
     pub gzip: Option<bool>,
 }
 
+/// One `remote_write` entry, with Prometheus' keys.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRemoteWrite {
+    pub url: String,
+    pub name: Option<String>,
+    pub remote_timeout: Option<PromDuration>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub write_relabel_configs: Vec<RelabelConfig>,
+    pub basic_auth: Option<BasicAuthConfig>,
+    pub authorization: Option<AuthorizationConfig>,
+    pub sigv4: Option<strata_remote_write::SigV4Config>,
+    pub tls_config: Option<TlsConfig>,
+    #[serde(default)]
+    pub queue_config: strata_remote_write::QueueConfig,
+    #[serde(default)]
+    pub metadata_config: strata_remote_write::MetadataConfig,
+    /// Accepted: the edge stores no exemplars or native histograms to send.
+    pub send_exemplars: Option<bool>,
+    pub send_native_histograms: Option<bool>,
+    /// Accepted: redirects are followed (up to 10), and requests use HTTP/1.1.
+    pub follow_redirects: Option<bool>,
+    pub enable_http2: Option<bool>,
+    /// Prometheus 3's choice of message: only `prometheus.WriteRequest` (remote write 1.0).
+    pub protobuf_message: Option<String>,
+    /// Not supported: refused by name, so a configuration that needs them fails loudly.
+    pub proxy_url: Option<IgnoredAny>,
+    pub oauth2: Option<IgnoredAny>,
+    pub azuread: Option<IgnoredAny>,
+    pub google_iam: Option<IgnoredAny>,
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawForwardTls {
@@ -192,7 +227,9 @@ pub struct RawConfig {
     pub scrape_configs: Vec<RawScrapeConfig>,
     #[serde(default)]
     pub strata: RawStrata,
-    /// Sections the edge does not use (`rule_files`, `alerting`, `remote_write`...).
+    #[serde(default)]
+    pub remote_write: Vec<RawRemoteWrite>,
+    /// Sections the edge does not use (`rule_files`, `alerting`...).
     #[serde(flatten)]
     pub unknown: BTreeMap<String, IgnoredAny>,
 }
@@ -228,6 +265,8 @@ pub struct EdgeConfig {
     pub external_labels: BTreeMap<String, String>,
     pub jobs: Vec<ScrapeJob>,
     pub strata: RawStrata,
+    /// `remote_write`, resolved (files read, defaults applied).
+    pub remote_write: Vec<strata_remote_write::RemoteWriteOptions>,
     /// Keys of the file that Strata does not implement: each is logged when the file loads.
     pub ignored: Vec<String>,
 }
@@ -380,8 +419,93 @@ impl EdgeConfig {
                 t.key_file = t.key_file.as_ref().map(|p| base.join(p));
             }
         }
-        Ok(EdgeConfig { path: path.to_path_buf(), external_labels: raw.global.external_labels, ignored, jobs, strata })
+        let remote_write = remote_writes(&raw.remote_write, base)
+            .map_err(|message| ConfigError::Invalid { path: path.to_path_buf(), message })?;
+        Ok(EdgeConfig {
+            path: path.to_path_buf(),
+            external_labels: raw.global.external_labels,
+            ignored,
+            jobs,
+            strata,
+            remote_write,
+        })
     }
+}
+
+/// `remote_write` checked as Prometheus checks it, with its files read.
+fn remote_writes(raw: &[RawRemoteWrite], base: &Path) -> Result<Vec<strata_remote_write::RemoteWriteOptions>, String> {
+    let mut out: Vec<strata_remote_write::RemoteWriteOptions> = Vec::new();
+    for r in raw {
+        let name = r.name.clone().unwrap_or_else(|| strata_remote_write::default_name(&r.url));
+        let bad = |m: String| format!("remote_write {name:?} ({}): {m}", r.url);
+        let https = match (r.url.strip_prefix("http://"), r.url.strip_prefix("https://")) {
+            (Some(rest), _) | (_, Some(rest)) if !rest.is_empty() && !rest.starts_with('/') => {
+                r.url.starts_with("https")
+            }
+            _ => return Err(bad("url must be an http:// or https:// URL".into())),
+        };
+        if out.iter().any(|o| o.name == name) {
+            return Err(bad("found multiple remote write configs with this name".into()));
+        }
+        for (key, set) in [
+            ("proxy_url", r.proxy_url.is_some()),
+            ("oauth2", r.oauth2.is_some()),
+            ("azuread", r.azuread.is_some()),
+            ("google_iam", r.google_iam.is_some()),
+        ] {
+            if set {
+                return Err(bad(format!("{key} is not supported by Strata")));
+            }
+        }
+        if r.protobuf_message.as_deref().is_some_and(|m| m != "prometheus.WriteRequest") {
+            return Err(bad("only protobuf_message: prometheus.WriteRequest (remote write 1.0) is supported".into()));
+        }
+        let auths = [r.basic_auth.is_some(), r.authorization.is_some(), r.sigv4.is_some()];
+        if auths.iter().filter(|&&a| a).count() > 1 {
+            return Err(bad("at most one of basic_auth, authorization and sigv4 may be configured".into()));
+        }
+        let mut headers = Vec::new();
+        for (k, v) in &r.headers {
+            let lower = k.to_ascii_lowercase();
+            if strata_remote_write::RESERVED_HEADERS.contains(&lower.as_str()) {
+                return Err(bad(format!("{k} is a reserved header: it cannot be set in headers")));
+            }
+            let token =
+                !k.is_empty() && k.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b));
+            if !token || v.bytes().any(|b| b < 0x20 && b != b'\t' || b == 0x7f) {
+                return Err(bad(format!("header {k:?} is not a valid HTTP header")));
+            }
+            headers.push((lower, v.clone()));
+        }
+        if r.tls_config.as_ref().is_some_and(|t| t.server_name.is_some()) {
+            return Err(bad("tls_config.server_name is not supported for remote_write: use the name in url".into()));
+        }
+        let security =
+            crate::security::build(base, https, r.tls_config.as_ref(), r.basic_auth.as_ref(), r.authorization.as_ref())
+                .map_err(&bad)?;
+        if let Some(a) = security.authorization {
+            headers.push(("authorization".into(), a));
+        }
+        if let Some(s) = &r.sigv4 {
+            s.check().map_err(&bad)?;
+        }
+        let timeout = r.remote_timeout.map_or(Duration::from_secs(30), |d| d.0);
+        if timeout.is_zero() {
+            return Err(bad("remote_timeout must be positive".into()));
+        }
+        out.push(strata_remote_write::RemoteWriteOptions {
+            name: name.clone(),
+            url: r.url.clone(),
+            timeout,
+            headers,
+            tls: security.tls,
+            sigv4: r.sigv4.clone(),
+            queue: r.queue_config.resolve().map_err(&bad)?,
+            metadata: r.metadata_config.resolve().map_err(&bad)?,
+            relabel: compile_all(&r.write_relabel_configs).map_err(|e| bad(format!("write_relabel_configs: {e}")))?,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -549,6 +673,64 @@ mod forward_tests {
             "    - address: r:9492\n      batch_samples: 0\n",
         ] {
             assert!(load(bad).is_err(), "accepted: {bad}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod remote_write_tests {
+    use super::*;
+
+    fn load(section: &str) -> Result<EdgeConfig, ConfigError> {
+        EdgeConfig::parse(&format!("remote_write:\n{section}"), Path::new("/etc/strata/edge.yml"))
+    }
+
+    /// Prometheus' own section loads with its keys and defaults.
+    #[test]
+    fn prometheus_remote_write_sections_load() {
+        let c = load(
+            "  - url: https://aps-workspaces.us-east-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write\n    \
+             name: amp\n    remote_timeout: 10s\n    sigv4:\n      region: us-east-1\n    \
+             queue_config:\n      max_samples_per_send: 1000\n      max_shards: 8\n      capacity: 2500\n      \
+             batch_send_deadline: 2s\n      min_backoff: 50ms\n      max_backoff: 10s\n      retry_on_http_429: false\n    \
+             metadata_config:\n      send_interval: 30s\n    write_relabel_configs:\n      - source_labels: [__name__]\n        \
+             regex: DCGM_.*\n        action: keep\n    send_exemplars: false\n  \
+             - url: http://mimir:9009/api/v1/push\n    headers:\n      X-Scope-OrgID: fleet\n    \
+             basic_auth:\n      username: u\n      password: p\n",
+        )
+        .unwrap();
+        let (amp, mimir) = (&c.remote_write[0], &c.remote_write[1]);
+        assert_eq!((amp.name.as_str(), amp.timeout), ("amp", Duration::from_secs(10)));
+        assert_eq!((amp.queue.max_samples_per_send, amp.queue.max_shards, amp.queue.capacity), (1000, 8, 2500));
+        assert!(!amp.queue.retry_on_http_429);
+        assert_eq!(amp.metadata.send_interval, Duration::from_secs(30));
+        assert_eq!(amp.relabel.len(), 1);
+        assert_eq!(amp.sigv4.as_ref().unwrap().region.as_deref(), Some("us-east-1"));
+        assert!(amp.tls.is_some(), "an https URL gets TLS with the system's CAs");
+        assert_eq!(mimir.name, strata_remote_write::default_name("http://mimir:9009/api/v1/push"));
+        assert!(mimir.queue.retry_on_http_429, "Strata retries 429 unless told not to");
+        assert!(mimir.headers.contains(&("x-scope-orgid".into(), "fleet".into())));
+        assert!(mimir.headers.iter().any(|(k, v)| k == "authorization" && v.starts_with("Basic ")));
+        assert!(c.ignored.is_empty(), "remote_write is no longer an ignored section: {:?}", c.ignored);
+    }
+
+    #[test]
+    fn what_prometheus_refuses_or_strata_cannot_do_fails_the_load_by_name() {
+        for (section, says) in [
+            ("  - url: ftp://x/\n", "http:// or https://"),
+            ("  - url: http://x/\n    headers:\n      Authorization: Bearer x\n", "reserved header"),
+            ("  - url: http://x/\n    headers:\n      'X-A': \"a\\r\\nb\"\n", "not a valid HTTP header"),
+            ("  - url: http://x/\n    sigv4: {region: r}\n    basic_auth: {username: u, password: p}\n", "at most one"),
+            ("  - url: http://x/\n    oauth2: {client_id: a}\n", "oauth2 is not supported"),
+            ("  - url: http://x/\n    proxy_url: http://p/\n", "proxy_url is not supported"),
+            ("  - url: http://x/\n    protobuf_message: io.prometheus.write.v2.Request\n", "remote write 1.0"),
+            ("  - url: http://x/\n    queue_config: {max_shards: 0}\n", "max_shards"),
+            ("  - url: http://x/\n    name: a\n  - url: http://y/\n    name: a\n", "multiple remote write"),
+            ("  - url: http://x/\n    sigv4: {access_key: a}\n", "secret_key"),
+            ("  - url: http://x/\n    queue_config: {no_such_key: 1}\n", "no_such_key"),
+        ] {
+            let e = load(section).map(|_| ()).unwrap_err().to_string();
+            assert!(e.contains(says), "{section:?}: {e}");
         }
     }
 }

@@ -36,13 +36,22 @@ pub struct EdgeMetrics {
     pub config_last_reload_success: Gauge,
     /// Each `strata.forward` upstream's progress (`strata_forward_*{upstream}`).
     pub forward: strata_forward::ForwardMetrics,
+    /// Prometheus' `prometheus_remote_storage_*` families, by queue.
+    pub remote_write: strata_remote_write::RemoteWriteMetrics,
+    /// Each remote write's cursor, lag and backlog, as `strata_remote_write_queue_*` (the
+    /// forward mechanism's families, keyed by `upstream="remote-write-<name>"`).
+    pub remote_write_queues: strata_forward::ForwardMetrics,
 }
 
 impl EdgeMetrics {
     /// The edge's metrics, with the database's registered beside them.
     pub fn new(db: &TsdbMetrics) -> Self {
-        let mut registry = Registry::with_prefix("strata");
-        db.register(&mut registry);
+        // Strata's own families under `strata_`; Prometheus' remote-write names at the root.
+        let mut root = Registry::default();
+        let remote_write = strata_remote_write::RemoteWriteMetrics::default();
+        remote_write.register(&mut root);
+        let registry = root.sub_registry_with_prefix("strata");
+        db.register(registry);
         let scrapes = Family::default();
         registry.register("scrapes", "Scrapes attempted, by job", scrapes.clone());
         let scrape_failures = Family::default();
@@ -72,7 +81,7 @@ impl EdgeMetrics {
             scrape_out_of_bounds.clone(),
         );
         let receive = Arc::new(strata_receive::ReceiveMetrics::default());
-        receive.register(&mut registry);
+        receive.register(registry);
         let sd_file_read_errors = Counter::default();
         registry.register(
             "sd_file_read_errors",
@@ -88,9 +97,13 @@ impl EdgeMetrics {
             config_last_reload_success.clone(),
         );
         let forward = strata_forward::ForwardMetrics::default();
-        forward.register(&mut registry);
+        forward.register(registry);
+        let remote_write_queues = strata_forward::ForwardMetrics::default();
+        remote_write_queues.register_as(registry, "remote_write_queue");
         EdgeMetrics {
-            registry,
+            registry: root,
+            remote_write,
+            remote_write_queues,
             scrapes,
             scrape_failures,
             scrape_series_limit_dropped,

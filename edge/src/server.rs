@@ -129,6 +129,10 @@ async fn ready(State(s): State<Arc<EdgeState>>) -> Response {
 
 async fn self_metrics(State(s): State<Arc<EdgeState>>) -> Response {
     s.db.metrics().refresh(&s.db);
+    let newest = s.db.max_time();
+    if newest > i64::MIN {
+        s.metrics.remote_write.highest_timestamp.set(newest as f64 / 1000.0);
+    }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode())
         .into_response()
 }
@@ -167,6 +171,8 @@ pub enum EdgeError {
     WebConfig(#[from] WebConfigError),
     #[error("StoreAPI: {0}")]
     Grpc(#[from] strata_grpc::GrpcError),
+    #[error(transparent)]
+    RemoteWrite(strata_remote_write::RemoteWriteError),
     #[error("strata.forward upstream {upstream}: {source}")]
     Forward {
         upstream: String,
@@ -192,7 +198,7 @@ fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     // `wal_fsync` was checked when the configuration loaded.
     let mut o = cfg.storage_settings().apply(TsdbOptions::default()).unwrap_or_default();
     // Forwarders read the WAL from any segment: each names its series' labels.
-    o.wal_labels_per_segment = !cfg.strata.forward.is_empty();
+    o.wal_labels_per_segment = !cfg.strata.forward.is_empty() || !cfg.remote_write.is_empty();
     o
 }
 
@@ -229,13 +235,13 @@ async fn spawn_store_api(
 
 /// One [`Forwarder`](strata_forward::Forwarder) per `strata.forward` upstream, each from
 /// its own cursor; together they hold the WAL the slowest still needs.
-fn spawn_forwarders(
+async fn spawn_forwarders(
     db: &Arc<Tsdb>,
     cfg: &EdgeConfig,
     metrics: &EdgeMetrics,
     shutdown: &watch::Receiver<bool>,
 ) -> Result<Vec<JoinHandle<()>>, EdgeError> {
-    if cfg.strata.forward.is_empty() {
+    if cfg.strata.forward.is_empty() && cfg.remote_write.is_empty() {
         return Ok(Vec::new());
     }
     let external = Labels::from_pairs(cfg.external_labels.iter());
@@ -268,6 +274,21 @@ fn spawn_forwarders(
         let stats = metrics.forward.upstream(&f.address);
         let forwarder = strata_forward::Forwarder::new(db.clone(), holds.clone(), o, stats);
         tracing::info!(upstream = %f.address, "forwarding everything stored to the upstream");
+        tasks.push(tokio::spawn(forwarder.run(shutdown.clone())));
+    }
+    // Remote writes read the WAL the same way, each from its own cursor.
+    let max_disk = cfg.strata.forward_max_disk.map_or(crate::config::DEFAULT_FORWARD_MAX_DISK, |b| b.0);
+    for rw in &cfg.remote_write {
+        let stats = metrics.remote_write.queue(&rw.name, &rw.url);
+        let upstream = strata_remote_write::RemoteWriteUpstream::new(rw.clone(), stats, shutdown.clone())
+            .await
+            .map_err(EdgeError::RemoteWrite)?;
+        let mut o = upstream.forwarder_options();
+        o.external_labels = external.clone();
+        o.max_disk = Some(max_disk);
+        let fstats = metrics.remote_write_queues.upstream(&o.upstream);
+        let forwarder = strata_forward::Forwarder::with_upstream(db.clone(), holds.clone(), o, fstats, upstream);
+        tracing::info!(remote_name = %rw.name, url = %rw.url, "remote-writing everything stored");
         tasks.push(tokio::spawn(forwarder.run(shutdown.clone())));
     }
     Ok(tasks)
@@ -336,7 +357,7 @@ impl Edge {
         let (shutdown, shutdown_rx) = watch::channel(false);
 
         // The forwarders hold the WAL they still need before maintenance may delete it.
-        let mut tasks = spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx)?;
+        let mut tasks = spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx).await?;
         tasks.extend(strata_tsdb::loops::spawn(&db));
         tasks.push(manager.spawn_file_sd_watcher(opts.file_sd_check));
         tasks.extend(web.spawn_watcher(opts.file_sd_check));

@@ -188,3 +188,29 @@ pub fn require_prometheus() -> bool {
     }
     panic!("the `prometheus` binary is needed (apt-get install -y prometheus); the README's test command installs it");
 }
+
+/// A labelled sample of `/metrics` (`name{upstream="..."} value`).
+pub fn labelled_value(page: &str, name: &str) -> Option<f64> {
+    page.lines().find(|l| l.starts_with(&format!("{name}{{"))).and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+/// The simulator with `nodes` nodes on a free port, ready; its port.
+pub fn start_sim(dir: &Path, nodes: usize) -> (Proc, u16) {
+    let port = free_port();
+    let mut sim = Proc::strata(
+        &["simulate", "--nodes", &nodes.to_string(), "--listen", &format!("127.0.0.1:{port}")],
+        dir,
+        "sim",
+    );
+    wait_ready(&format!("http://127.0.0.1:{port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
+    (sim, port)
+}
+
+/// `strata edge` with this configuration and data on a free port, ready; its base URL.
+pub fn start_edge(dir: &Path, cfg: &Path, data: &Path, name: &str) -> (Proc, String) {
+    let port = free_port();
+    let (cfg, data, http) = (cfg.display().to_string(), data.display().to_string(), format!("127.0.0.1:{port}"));
+    let mut p = Proc::strata(&["edge", "--config", &cfg, "--data", &data, "--http-listen", &http], dir, name);
+    wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(60));
+    (p, format!("http://{http}"))
+}

@@ -33,11 +33,6 @@ fn stored(dir: &Path, add: &[(&str, &str)]) -> BTreeMap<String, Vec<(i64, u64)>>
     out
 }
 
-/// A labelled sample of `/metrics` (`name{upstream="..."} value`).
-fn labelled_value(page: &str, name: &str) -> Option<f64> {
-    page.lines().find(|l| l.starts_with(&format!("{name}{{"))).and_then(|l| l.rsplit(' ').next()?.parse().ok())
-}
-
 fn edge_config(dir: &Path, sim: u16, regional: u16, scrape: bool) -> std::path::PathBuf {
     let mut text = "global:\n  scrape_interval: 1s\n  external_labels:\n    cluster: c0\n    replica: a\n".to_string();
     if scrape {
@@ -52,18 +47,6 @@ fn edge_config(dir: &Path, sim: u16, regional: u16, scrape: bool) -> std::path::
     let p = dir.join(if scrape { "edge.yml" } else { "edge-idle.yml" });
     std::fs::write(&p, text).unwrap();
     p
-}
-
-/// The simulator with `nodes` nodes on a free port, ready; its port.
-fn start_sim(dir: &Path, nodes: usize) -> (Proc, u16) {
-    let port = free_port();
-    let mut sim = Proc::strata(
-        &["simulate", "--nodes", &nodes.to_string(), "--listen", &format!("127.0.0.1:{port}")],
-        dir,
-        "sim",
-    );
-    wait_ready(&format!("http://127.0.0.1:{port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
-    (sim, port)
 }
 
 /// A regional's configuration, data directory and ports, kept across its restarts.
@@ -94,15 +77,6 @@ impl RegionalSetup {
         wait_ready(&format!("{}/-/ready", self.base()), &mut p, Duration::from_secs(30));
         p
     }
-}
-
-/// `strata edge` with this configuration and data on a free port, ready; its base URL.
-fn start_edge(dir: &Path, cfg: &Path, data: &Path, name: &str) -> (Proc, String) {
-    let port = free_port();
-    let (cfg, data, http) = (cfg.display().to_string(), data.display().to_string(), format!("127.0.0.1:{port}"));
-    let mut p = Proc::strata(&["edge", "--config", &cfg, "--data", &data, "--http-listen", &http], dir, name);
-    wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(60));
-    (p, format!("http://{http}"))
 }
 
 /// Waits until the edge at `base` has nothing pending for its upstream; its last metrics page.

@@ -12,6 +12,7 @@ mod grpc_store;
 mod hostile_queries;
 mod prometheus;
 mod promql_conformance;
+mod remote_write;
 mod security;
 mod storage_crash;
 mod strata_up;

@@ -20,16 +20,16 @@ mod cursor;
 mod holds;
 mod receiver;
 mod sender;
-mod upstream;
 #[cfg(test)]
 mod tests;
+mod upstream;
 
 pub use cursor::{Cursor, CursorFile};
 pub use holds::WalHolds;
 pub use receiver::{ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
 pub use sender::{ForwardMetrics, Forwarder, ForwarderOptions, ForwarderStats, UpstreamLabel};
 pub use strata_proto::forward as pb;
-pub use upstream::{GrpcSession, GrpcUpstream, Greeting, PushAck, PushError, Upstream, UpstreamSession};
+pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};
 
 /// The most samples one batch may carry; the receiver refuses more. About 17 bytes a
 /// sample on the wire keeps a batch well under the gRPC message limit.

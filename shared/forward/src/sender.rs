@@ -91,7 +91,12 @@ pub struct UpstreamLabel {
 impl ForwardMetrics {
     /// Registers the families (`<prefix>_forward_*`).
     pub fn register(&self, registry: &mut Registry) {
-        let r = registry.sub_registry_with_prefix("forward");
+        self.register_as(registry, "forward");
+    }
+
+    /// Registers the families as `<prefix>_<name>_*`.
+    pub fn register_as(&self, registry: &mut Registry, name: &str) {
+        let r = registry.sub_registry_with_prefix(name);
         r.register("batches_sent", "Batches sent to the upstream", self.batches_sent.clone());
         r.register("batches_acked", "Batches the upstream acknowledged as durable", self.batches_acked.clone());
         r.register("samples_acked", "Samples the upstream acknowledged as durable", self.samples_acked.clone());
@@ -288,6 +293,19 @@ impl<U: Upstream> Forwarder<U> {
         }
     }
 
+    /// Lag and pending while a batch waits for its acknowledgement: from the newest sample
+    /// acknowledged, or (none yet) from just before the batch's oldest.
+    fn note_in_flight(&self, acked: WalCursor, batch_oldest: i64) {
+        let pending = pending_bytes(&self.db, acked);
+        self.stats.pending_bytes.set(i64::try_from(pending).unwrap_or(i64::MAX));
+        let newest = self.newest_acked.load(std::sync::atomic::Ordering::Relaxed);
+        let since = if newest > i64::MIN { newest } else { batch_oldest };
+        if since < i64::MAX {
+            let behind = strata_model::time::now_ms().saturating_sub(since).max(0);
+            self.stats.lag_seconds.set(behind as f64 / 1000.0);
+        }
+    }
+
     fn fail(&self, reason: impl std::fmt::Display) -> ForwardError {
         ForwardError::Upstream { upstream: self.opts.upstream.clone(), reason: reason.to_string() }
     }
@@ -352,7 +370,8 @@ impl<U: Upstream> Forwarder<U> {
                 self.stats.unsendable_samples.inc_by(batch.unknown);
                 tracing::warn!(upstream = %self.opts.upstream, samples = batch.unknown, "forward: samples of series the WAL does not name: not sent");
             }
-            self.stats.pending_bytes.set(i64::try_from(pending_bytes(&self.db, batch.next.0)).unwrap_or(i64::MAX));
+            // Pending is what the upstream has not acknowledged: from the cursor, not the read.
+            self.stats.pending_bytes.set(i64::try_from(pending_bytes(&self.db, cursor.wal)).unwrap_or(i64::MAX));
             if batch.request.series.is_empty() && batch.request.metadata.is_empty() {
                 if batch.next != (cursor.wal, cursor.skip) {
                     // Only records that carry nothing to send (labels): move past them.
@@ -370,7 +389,19 @@ impl<U: Upstream> Forwarder<U> {
             request.session = session.clone();
             self.stats.batches_sent.inc();
             self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
-            let ack = match client.push(request).await {
+            // A push may take long (a remote write retries inside it through an outage):
+            // meanwhile lag and pending go on growing in /metrics.
+            let push = client.push(request);
+            tokio::pin!(push);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.tick().await;
+            let result = loop {
+                tokio::select! {
+                    r = &mut push => break r,
+                    _ = tick.tick() => self.note_in_flight(cursor.wal, batch.oldest),
+                }
+            };
+            let ack = match result {
                 Ok(a) => a,
                 Err(PushError::Refused(reason)) => {
                     // The upstream will never take this batch. Retried a few times (it may

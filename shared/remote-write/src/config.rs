@@ -58,7 +58,10 @@ impl QueueConfig {
             return Err("queue_config.min_shards must be 1 to max_shards".into());
         }
         if q.max_samples_per_send == 0 || q.max_samples_per_send > strata_forward::MAX_BATCH_SAMPLES {
-            return Err(format!("queue_config.max_samples_per_send must be 1 to {}", strata_forward::MAX_BATCH_SAMPLES));
+            return Err(format!(
+                "queue_config.max_samples_per_send must be 1 to {}",
+                strata_forward::MAX_BATCH_SAMPLES
+            ));
         }
         if q.capacity < q.max_samples_per_send {
             return Err("queue_config.capacity must be at least max_samples_per_send".into());
@@ -157,7 +160,10 @@ impl SigV4Config {
             }
             _ => {}
         }
-        if self.region.as_deref().is_some_and(|r| r.is_empty() || !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+        if self
+            .region
+            .as_deref()
+            .is_some_and(|r| r.is_empty() || !r.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
         {
             return Err(format!("sigv4: invalid region {:?}", self.region.as_deref().unwrap_or_default()));
         }

@@ -84,11 +84,19 @@ impl RemoteWriteMetrics {
             "Samples read from the WAL and not sent: dropped by write_relabel_configs or past sample_age_limit",
             self.samples_dropped.clone(),
         );
-        r.register("samples_pending", "Samples read from the WAL and not yet acknowledged", self.samples_pending.clone());
+        r.register(
+            "samples_pending",
+            "Samples read from the WAL and not yet acknowledged",
+            self.samples_pending.clone(),
+        );
         r.register("bytes", "Bytes of samples sent, after compression", self.bytes.clone());
         r.register("metadata", "Metadata entries sent to remote storage", self.metadata.clone());
         r.register("metadata_failed", "Metadata entries that failed on send for good", self.metadata_failed.clone());
-        r.register("metadata_retried", "Metadata entries sent again after a recoverable error", self.metadata_retried.clone());
+        r.register(
+            "metadata_retried",
+            "Metadata entries sent again after a recoverable error",
+            self.metadata_retried.clone(),
+        );
         r.register("metadata_bytes", "Bytes of metadata sent, after compression", self.metadata_bytes.clone());
         r.register("shards", "Shards sending in parallel in the last round", self.shards.clone());
         r.register("shards_max", "The most shards the queue may use", self.shards_max.clone());
@@ -99,7 +107,11 @@ impl RemoteWriteMetrics {
             "The newest timestamp acknowledged by the remote storage, in seconds",
             self.highest_sent.clone(),
         );
-        r.register("sent_batch_duration_seconds", "Duration of send calls to the remote storage", self.batch_duration.clone());
+        r.register(
+            "sent_batch_duration_seconds",
+            "Duration of send calls to the remote storage",
+            self.batch_duration.clone(),
+        );
         r.register(
             "highest_timestamp_in_seconds",
             "The newest timestamp stored in the WAL, in seconds",

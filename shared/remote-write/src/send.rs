@@ -3,6 +3,8 @@
 
 use crate::metrics::QueueStats;
 use crate::{RemoteWriteOptions, Signer};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -14,13 +16,19 @@ use tokio::sync::watch;
 
 pub(crate) struct Shared {
     pub(crate) opts: RemoteWriteOptions,
-    pub(crate) client: reqwest::Client,
+    pub(crate) client: HttpClient,
     pub(crate) signer: Option<Signer>,
     pub(crate) stats: QueueStats,
     pub(crate) stop: watch::Receiver<bool>,
 }
 
-pub(crate) fn http_client(opts: &RemoteWriteOptions) -> Result<reqwest::Client, String> {
+/// The HTTP/1.1 client: kept-alive connections, up to one per shard; TLS for `https://`
+/// URLs with the entry's settings. (reqwest would do, but its rustls feature is unified
+/// into every reqwest client of the workspace and wants a process-wide crypto provider.)
+pub(crate) type HttpClient =
+    hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, http_body_util::Full<bytes::Bytes>>;
+
+pub(crate) fn http_client(opts: &RemoteWriteOptions) -> Result<HttpClient, String> {
     let tls = match &opts.tls {
         Some(t) => (**t).clone(),
         // Plain http: a TLS setup that trusts nothing, never used.
@@ -30,14 +38,18 @@ pub(crate) fn http_client(opts: &RemoteWriteOptions) -> Result<reqwest::Client, 
             .with_root_certificates(rustls::RootCertStore::empty())
             .with_no_client_auth(),
     };
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .timeout(opts.timeout)
-        .connect_timeout(opts.timeout.min(Duration::from_secs(10)))
+    let mut http = HttpConnector::new();
+    http.set_connect_timeout(Some(opts.timeout.min(Duration::from_secs(10))));
+    http.set_nodelay(true);
+    http.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http);
+    Ok(hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .pool_max_idle_per_host(opts.queue.max_shards)
-        .user_agent(concat!("Strata/", env!("CARGO_PKG_VERSION")))
-        .build()
-        .map_err(|e| format!("HTTP client: {e}"))
+        .build(connector))
 }
 
 /// A series as the session sends it: its labels after `write_relabel_configs` (`None`:
@@ -126,9 +138,9 @@ impl RemoteWriteSession {
         let total: usize = batch.series.iter().map(|s| s.timestamps.len()).sum();
         let n = total.div_ceil(per_send).clamp(1, q.max_shards);
         let mut shards: Vec<Vec<Part>> = (0..n).map(|_| Vec::new()).collect();
-        let floor = q.sample_age_limit.map(|age| {
-            strata_model::time::now_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
-        });
+        let floor = q
+            .sample_age_limit
+            .map(|age| strata_model::time::now_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX)));
         let mut dropped = 0u64;
         for s in &batch.series {
             self.learn(s);
@@ -251,9 +263,15 @@ impl UpstreamSession for RemoteWriteSession {
 enum Attempt {
     Sent,
     /// Retry after at least this long (a 429's `Retry-After`), or the backoff.
-    Retry { reason: String, after: Option<Duration> },
+    Retry {
+        reason: String,
+        after: Option<Duration>,
+    },
     /// Never take it: the status and the start of the answer.
-    Refused { status: u16, body: String },
+    Refused {
+        status: u16,
+        body: String,
+    },
 }
 
 /// Sends one request until it is acknowledged or refused for good; `Err` only when the
@@ -282,7 +300,11 @@ async fn send(shared: &Shared, part: Part) -> Result<(), String> {
                 stats.samples.inc_by(samples);
                 stats.metadata.inc_by(metadata);
                 let bytes = body.len() as u64;
-                if samples > 0 { stats.bytes.inc_by(bytes) } else { stats.metadata_bytes.inc_by(bytes) };
+                if samples > 0 {
+                    stats.bytes.inc_by(bytes)
+                } else {
+                    stats.metadata_bytes.inc_by(bytes)
+                };
                 if newest > i64::MIN {
                     let prev = stats.highest_sent.get();
                     stats.highest_sent.set(prev.max(newest as f64 / 1000.0));
@@ -338,13 +360,23 @@ async fn attempt(shared: &Shared, body: &[u8]) -> Attempt {
             Err(e) => return Attempt::Retry { reason: e, after: None },
         }
     }
-    let mut req = shared.client.post(&shared.opts.url).body(body.to_vec());
+    let mut req = hyper::Request::post(shared.opts.url.as_str())
+        .header("user-agent", concat!("Strata/", env!("CARGO_PKG_VERSION")));
     for (k, v) in &headers {
         req = req.header(k.as_str(), v.as_str());
     }
-    let mut resp = match req.send().await {
+    let req = match req.body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(body))) {
         Ok(r) => r,
-        Err(e) => return Attempt::Retry { reason: error_chain(&e), after: None },
+        // The URL and headers were checked at load; a failure here is a bug, not data.
+        Err(e) => return Attempt::Retry { reason: format!("building the request: {e}"), after: None },
+    };
+    let timeout = shared.opts.timeout;
+    let resp = match tokio::time::timeout(timeout, shared.client.request(req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return Attempt::Retry { reason: error_chain(&e), after: None },
+        Err(_) => {
+            return Attempt::Retry { reason: format!("no answer within remote_timeout {timeout:?}"), after: None }
+        }
     };
     let status = resp.status().as_u16();
     let retry_after = resp
@@ -353,14 +385,24 @@ async fn attempt(shared: &Shared, body: &[u8]) -> Attempt {
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs);
-    // Only the start of an answer is read: a hostile receiver cannot make it large.
+    // Only the start of an answer is read (within the timeout): a hostile receiver cannot
+    // make it large or slow.
     let mut answer = Vec::new();
-    while answer.len() < ANSWER_BYTES {
-        match resp.chunk().await {
-            Ok(Some(c)) => answer.extend_from_slice(&c[..c.len().min(ANSWER_BYTES - answer.len())]),
-            _ => break,
+    let mut body = resp.into_body();
+    let read = async {
+        use http_body_util::BodyExt;
+        while answer.len() < ANSWER_BYTES {
+            match body.frame().await {
+                Some(Ok(f)) => {
+                    if let Some(c) = f.data_ref() {
+                        answer.extend_from_slice(&c[..c.len().min(ANSWER_BYTES - answer.len())]);
+                    }
+                }
+                _ => break,
+            }
         }
-    }
+    };
+    let _ = tokio::time::timeout(timeout, read).await;
     let answer = String::from_utf8_lossy(&answer).trim().to_string();
     match status {
         200..=299 => Attempt::Sent,

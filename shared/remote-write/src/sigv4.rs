@@ -135,7 +135,8 @@ mod tests {
         };
         let s = Signer::new(&cfg).await.unwrap();
         let h = vec![("content-type".to_string(), "application/x-protobuf".to_string())];
-        let out = s.sign("https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write", &h, b"x")
+        let out = s
+            .sign("https://aps-workspaces.eu-west-1.amazonaws.com/workspaces/ws-1/api/v1/remote_write", &h, b"x")
             .await
             .unwrap();
         let auth = out.iter().find(|(k, _)| k.eq_ignore_ascii_case("authorization")).map(|(_, v)| v.as_str()).unwrap();

@@ -98,8 +98,11 @@ fn fill(db: &Tsdb, series: usize, n: usize) {
     let refs: Vec<_> = (0..series)
         .map(|i| db.series(&Labels::from_pairs([("__name__", "gpu_util"), ("gpu", &i.to_string())])).unwrap())
         .collect();
-    db.set_metadata("gpu_util", Metadata { metric_type: MetricType::Gauge, help: "GPU use".into(), unit: String::new() })
-        .unwrap();
+    db.set_metadata(
+        "gpu_util",
+        Metadata { metric_type: MetricType::Gauge, help: "GPU use".into(), unit: String::new() },
+    )
+    .unwrap();
     for k in 0..n {
         let t = 1_000_000 + k as i64 * 1000;
         let v = if k + 1 == n { strata_model::stale_nan() } else { (k * 3 % 100) as f64 };
@@ -228,10 +231,7 @@ async fn write_relabel_configs_drop_series_and_rename_labels() {
     o.relabel = strata_ingest::relabel::compile_all(&rules).unwrap();
     let (stats, _) = run(&db, o, &rx, |r| r.series.values().map(Vec::len).sum::<usize>() >= 10).await;
     let keys: Vec<String> = rx.lock().series.keys().cloned().collect();
-    assert_eq!(keys, vec![
-        r#"gpu_util{gpu="2", site="a"}"#.to_string(),
-        r#"gpu_util{gpu="3", site="a"}"#.to_string(),
-    ]);
+    assert_eq!(keys, vec![r#"gpu_util{gpu="2", site="a"}"#.to_string(), r#"gpu_util{gpu="3", site="a"}"#.to_string(),]);
     assert_eq!(stats.samples_dropped.get(), 10);
 }
 
