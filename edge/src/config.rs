@@ -198,7 +198,8 @@ pub struct RawRemoteWrite {
     /// Accepted: the edge stores no exemplars or native histograms to send.
     pub send_exemplars: Option<bool>,
     pub send_native_histograms: Option<bool>,
-    /// Accepted: redirects are followed (up to 10), and requests use HTTP/1.1.
+    /// Accepted: requests use HTTP/1.1 and do not follow redirects (a 3xx is retried and
+    /// logged, the data kept).
     pub follow_redirects: Option<bool>,
     pub enable_http2: Option<bool>,
     /// Prometheus 3's choice of message: only `prometheus.WriteRequest` (remote write 1.0).
@@ -438,12 +439,7 @@ fn remote_writes(raw: &[RawRemoteWrite], base: &Path) -> Result<Vec<strata_remot
     for r in raw {
         let name = r.name.clone().unwrap_or_else(|| strata_remote_write::default_name(&r.url));
         let bad = |m: String| format!("remote_write {name:?} ({}): {m}", r.url);
-        let https = match (r.url.strip_prefix("http://"), r.url.strip_prefix("https://")) {
-            (Some(rest), _) | (_, Some(rest)) if !rest.is_empty() && !rest.starts_with('/') => {
-                r.url.starts_with("https")
-            }
-            _ => return Err(bad("url must be an http:// or https:// URL".into())),
-        };
+        let https = strata_remote_write::check_url(&r.url).map_err(&bad)?;
         if out.iter().any(|o| o.name == name) {
             return Err(bad("found multiple remote write configs with this name".into()));
         }
@@ -718,6 +714,8 @@ mod remote_write_tests {
     fn what_prometheus_refuses_or_strata_cannot_do_fails_the_load_by_name() {
         for (section, says) in [
             ("  - url: ftp://x/\n", "http:// or https://"),
+            ("  - url: http://u:p@x/\n", "basic_auth"),
+            ("  - url: 'http://x:99999/'\n", "invalid url"),
             ("  - url: http://x/\n    headers:\n      Authorization: Bearer x\n", "reserved header"),
             ("  - url: http://x/\n    headers:\n      'X-A': \"a\\r\\nb\"\n", "not a valid HTTP header"),
             ("  - url: http://x/\n    sigv4: {region: r}\n    basic_auth: {username: u, password: p}\n", "at most one"),
@@ -729,7 +727,7 @@ mod remote_write_tests {
             ("  - url: http://x/\n    sigv4: {access_key: a}\n", "secret_key"),
             ("  - url: http://x/\n    queue_config: {no_such_key: 1}\n", "no_such_key"),
         ] {
-            let e = load(section).map(|_| ()).unwrap_err().to_string();
+            let e = load(section).map(|_| ()).expect_err(section).to_string();
             assert!(e.contains(says), "{section:?}: {e}");
         }
     }

@@ -191,6 +191,8 @@ pub struct Edge {
     pub state: Arc<EdgeState>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Forwarders and remote writes: given [`SHUTDOWN_GRACE`] to finish a round at stop.
+    forwarders: Vec<JoinHandle<()>>,
     server: JoinHandle<()>,
 }
 
@@ -294,6 +296,9 @@ async fn spawn_forwarders(
     Ok(tasks)
 }
 
+/// How long background tasks get to finish what is in flight at shutdown.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
 /// The longest a StoreAPI call may run, whatever deadline the caller sent.
 const GRPC_MAX_REQUEST: Duration = Duration::from_secs(120);
 
@@ -357,8 +362,8 @@ impl Edge {
         let (shutdown, shutdown_rx) = watch::channel(false);
 
         // The forwarders hold the WAL they still need before maintenance may delete it.
-        let mut tasks = spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx).await?;
-        tasks.extend(strata_tsdb::loops::spawn(&db));
+        let forwarders = spawn_forwarders(&db, &cfg, &metrics, &shutdown_rx).await?;
+        let mut tasks = strata_tsdb::loops::spawn(&db);
         tasks.push(manager.spawn_file_sd_watcher(opts.file_sd_check));
         tasks.extend(web.spawn_watcher(opts.file_sd_check));
         #[cfg(unix)]
@@ -397,16 +402,26 @@ impl Edge {
             }
         });
         tracing::info!(http = %http_addr, grpc = ?grpc_addr, data = %data_dir.display(), "edge started");
-        Ok(Edge { http_addr, grpc_addr, scheme, state, shutdown, tasks, server })
+        Ok(Edge { http_addr, grpc_addr, scheme, state, shutdown, tasks, forwarders, server })
     }
 
     /// Stops scraping (marking series stale), the server and the loops, then the database:
     /// a block cut that is writing gives up (its window stays in the head and the WAL),
     /// and a head checkpoint is written, so that the next start replays only what follows.
-    pub async fn stop(self) {
+    pub async fn stop(mut self) {
         self.state.manager.stop_all().await;
         let _ = self.shutdown.send(true);
         let _ = self.server.await;
+        // Forwarders and remote writes finish the round in flight when their upstream
+        // answers (a round cut short is sent again after the restart, and a Prometheus
+        // receiver refuses a request that mixes stored samples with new ones); the rest
+        // is cut after a grace period.
+        let grace = tokio::time::Instant::now() + SHUTDOWN_GRACE;
+        for t in &mut self.forwarders {
+            if tokio::time::timeout_at(grace, &mut *t).await.is_err() {
+                t.abort();
+            }
+        }
         for t in &self.tasks {
             t.abort();
         }

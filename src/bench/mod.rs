@@ -4,6 +4,7 @@
 mod attack;
 mod fleet_day;
 mod forward;
+mod forward_wire;
 mod global_pair;
 mod ingest;
 mod scale;
@@ -137,6 +138,23 @@ pub enum BenchCommand {
         #[arg(long)]
         no_gzip: bool,
     },
+    /// Forwarding at steady state against Prometheus' remote write in one run: an edge
+    /// forwarding the scraped fleet to a regional, Prometheus remote-writing the same fleet
+    /// to a second Prometheus; samples per second, bytes per sample on the wire (through
+    /// counting proxies), CPU per million samples of each sender and receiver.
+    ForwardVsPrometheus {
+        #[arg(long, default_value_t = 64)]
+        nodes: usize,
+        #[arg(long, default_value_t = 1)]
+        interval: u64,
+        #[arg(long, default_value_t = 60)]
+        seconds: u64,
+        #[arg(long, default_value = "prometheus")]
+        prometheus: String,
+        /// The edge remote-writes to a second receiving Prometheus instead of forwarding.
+        #[arg(long)]
+        edge_remote_write: bool,
+    },
     /// The edge and Prometheus scraping the same simulated fleet: CPU seconds and peak
     /// resident memory per million samples ingested.
     VsPrometheus {
@@ -202,6 +220,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Forward { series, seconds, interval, batch, no_gzip } => {
             forward::run(series, seconds, interval, batch, !no_gzip).await
+        }
+        BenchCommand::ForwardVsPrometheus { nodes, interval, seconds, prometheus, edge_remote_write } => {
+            forward_wire::run(nodes, interval, seconds, &prometheus, edge_remote_write).await
         }
         BenchCommand::VsPrometheus { nodes, seconds, interval, prometheus, remote_write } => match remote_write {
             Some(instants) => vs_prometheus_write::run(nodes, interval, instants, &prometheus).await,

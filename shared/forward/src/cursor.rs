@@ -24,11 +24,28 @@ pub struct CursorFile {
 const HEADER: &str = "strata forward cursor v1";
 
 impl CursorFile {
-    /// The cursor file of `upstream` (any text: it is encoded into a file name).
+    /// The cursor file of `upstream` (any text: it is encoded into a file name, one name
+    /// per upstream: every byte but letters, digits, `-` and `.` as `_` and two hex digits).
     pub fn new(data_dir: &Path, upstream: &str) -> CursorFile {
-        let name: String =
+        let mut name = String::with_capacity(upstream.len());
+        for b in upstream.bytes() {
+            if b.is_ascii_alphanumeric() || b == b'-' || b == b'.' {
+                name.push(char::from(b));
+            } else {
+                name.push_str(&format!("_{b:02x}"));
+            }
+        }
+        let dir = data_dir.join("forward");
+        let path = dir.join(format!("{name}.cursor"));
+        // A cursor written under the earlier encoding (every other byte as `_`) is taken
+        // over once.
+        let legacy: String =
             upstream.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '.' { c } else { '_' }).collect();
-        CursorFile { path: data_dir.join("forward").join(format!("{name}.cursor")) }
+        let legacy = dir.join(format!("{legacy}.cursor"));
+        if legacy != path && !path.exists() && legacy.exists() {
+            let _ = std::fs::rename(&legacy, &path);
+        }
+        CursorFile { path }
     }
 
     pub fn path(&self) -> &Path {
@@ -92,6 +109,9 @@ mod tests {
     fn a_cursor_survives_a_round_trip_and_damage_reads_as_none() {
         let d = tempfile::tempdir().unwrap();
         let f = CursorFile::new(d.path(), "regional-a:19091");
+        assert_eq!(f.path().file_name().unwrap(), "regional-a_3a19091.cursor");
+        // Names that used to share a file no longer do.
+        assert_ne!(CursorFile::new(d.path(), "a b").path(), CursorFile::new(d.path(), "a_b").path());
         assert_eq!(f.load(), None);
         let c = Cursor { storage_id: "abc".into(), wal: WalCursor { segment: 3, offset: 4096 }, skip: 7 };
         f.store(&c).unwrap();

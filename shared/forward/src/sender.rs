@@ -30,9 +30,11 @@ pub struct ForwarderOptions {
     pub gzip: bool,
     /// Samples per batch (the upstream may ask for fewer).
     pub batch_samples: usize,
-    /// Added to every series that does not carry the label itself, as Prometheus' remote
-    /// write adds external labels.
+    /// Added to every series: replacing a label of the same name the series has (the
+    /// StoreAPI's rule, so a series has one label set whichever tier serves it), or, with
+    /// `series_labels_win`, only where the series lacks it (Prometheus' remote write rule).
     pub external_labels: Labels,
+    pub series_labels_win: bool,
     /// How long to wait at the end of the WAL before reading again.
     pub poll: Duration,
     /// The most WAL this upstream may keep on disk beyond what the edge keeps anyway
@@ -57,6 +59,7 @@ impl ForwarderOptions {
             gzip: true,
             batch_samples: 200_000,
             external_labels: Labels::default(),
+            series_labels_win: false,
             poll: Duration::from_millis(200),
             max_disk: None,
             timeout: Duration::from_secs(30),
@@ -237,7 +240,8 @@ impl<U: Upstream> Forwarder<U> {
         let mut backoff = self.opts.min_backoff;
         while !*stop.borrow() {
             match self.session(&mut stop, &mut backoff).await {
-                Ok(()) => return,
+                Ok(SessionEnd::Stopped) => return,
+                Ok(SessionEnd::Rotate) => continue,
                 Err(e) => {
                     self.stats.retries.inc();
                     if let Err(e) = self.enforce_budget().await {
@@ -311,7 +315,11 @@ impl<U: Upstream> Forwarder<U> {
     }
 
     /// One connection: `Hello`, then batches until stopped (`Ok`) or a failure (`Err`).
-    async fn session(&self, stop: &mut watch::Receiver<bool>, backoff: &mut Duration) -> Result<(), ForwardError> {
+    async fn session(
+        &self,
+        stop: &mut watch::Receiver<bool>,
+        backoff: &mut Duration,
+    ) -> Result<SessionEnd, ForwardError> {
         let (mut client, hello) = self.upstream.open().await.map_err(|e| self.fail(e))?;
         let storage_id = hello.storage_id;
         let mut cursor = match self.cursor_file.load() {
@@ -348,7 +356,7 @@ impl<U: Upstream> Forwarder<U> {
         let session = session_id();
         loop {
             if *stop.borrow() {
-                return Ok(());
+                return Ok(SessionEnd::Stopped);
             }
             // The budget moves the persisted cursor: a new session starts from it.
             if self.enforce_budget().await? {
@@ -356,8 +364,12 @@ impl<U: Upstream> Forwarder<U> {
                     self.fail("the WAL held for this upstream passed its disk budget; resuming after the dropped part")
                 );
             }
-            let external = self.opts.external_labels.clone();
+            let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
             let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
+            if src.outgrown() {
+                // Series that left long ago still hold numbers: a new session forgets them.
+                return Ok(SessionEnd::Rotate);
+            }
             let (src, read) = tokio::task::spawn_blocking(move || {
                 let read = src.next_batch(limit, &external);
                 (src, read)
@@ -398,7 +410,16 @@ impl<U: Upstream> Forwarder<U> {
             let result = loop {
                 tokio::select! {
                     r = &mut push => break r,
-                    _ = tick.tick() => self.note_in_flight(cursor.wal, batch.oldest),
+                    _ = tick.tick() => {
+                        self.note_in_flight(cursor.wal, batch.oldest);
+                        // An upstream may be out for long inside one push: the budget
+                        // still holds, and the push gives way to what it leaves.
+                        if self.enforce_budget().await? {
+                            return Err(self.fail(
+                                "the WAL held for this upstream passed its disk budget; resuming after the dropped part",
+                            ));
+                        }
+                    }
                 }
             };
             let ack = match result {
@@ -469,6 +490,16 @@ impl<U: Upstream> Forwarder<U> {
     }
 }
 
+/// How a session ended without failing.
+enum SessionEnd {
+    Stopped,
+    /// Start a new one at once (the session's series table outgrew the live series).
+    Rotate,
+}
+
+/// A session's series table may hold this many more than the current segment names.
+const SESSION_SLACK: usize = 10_000;
+
 /// What [`drop_over_budget`] dropped.
 struct Dropped {
     cursor: WalCursor,
@@ -521,6 +552,21 @@ fn drop_over_budget(db: &Tsdb, file: &CursorFile, max: u64, upstream: &str) -> R
     file.store(&cursor)?;
     d.cursor = cursor.wal;
     Ok(Some(d))
+}
+
+/// `labels` with each external label it lacks (Prometheus' remote write: the series' own
+/// value wins).
+fn add_missing(labels: &Labels, external: &Labels) -> Labels {
+    if external.iter().all(|l| labels.get(&l.name).is_some()) {
+        return labels.clone();
+    }
+    let mut b = labels.to_builder();
+    for l in external.iter() {
+        if labels.get(&l.name).is_none() {
+            b.set(&l.name, &l.value);
+        }
+    }
+    b.build()
 }
 
 /// A session's name: unique enough that two sessions of one edge never share one.
@@ -633,11 +679,15 @@ impl WalSource {
     /// The session number of the segment's reference `r` (assigned the first time its
     /// labels are met in the session); `None` when the segment does not name it, or the
     /// upstream would refuse its labels (logged).
-    fn resolve(&mut self, r: SeriesRef, external: &Labels) -> Option<u64> {
+    fn resolve(&mut self, r: SeriesRef, external: &(Labels, bool)) -> Option<u64> {
         let labels = self.labels.get(&r)?;
-        // Labelled as the edge's StoreAPI serves the series, so the global merges the
-        // edge's copy and the regional's as one.
-        let labels = attach_external(labels, external);
+        let labels = if external.1 {
+            add_missing(labels, &external.0)
+        } else {
+            // Labelled as the edge's StoreAPI serves the series, so the global merges the
+            // edge's copy and the regional's as one.
+            attach_external(labels, &external.0)
+        };
         if let Some(&id) = self.session.get(&labels) {
             return Some(id);
         }
@@ -655,7 +705,13 @@ impl WalSource {
         Some(id)
     }
 
-    fn next_batch(&mut self, limit: usize, external: &Labels) -> Result<Batch, wal::WalError> {
+    /// Whether the session's series outnumber twice what the current segment names (plus
+    /// slack): series that churned away still hold their numbers and labels.
+    fn outgrown(&self) -> bool {
+        self.named.len() > self.labels.len().saturating_mul(2).saturating_add(SESSION_SLACK)
+    }
+
+    fn next_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, wal::WalError> {
         let mut req = pb::PushRequest::default();
         // A session number's series in the batch: references with the same labels (a
         // series restored under another reference after a restart) share one.
@@ -757,5 +813,35 @@ impl WalSource {
             }
         }
         Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown })
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+
+    /// A session whose series table holds many more series than the segment being read
+    /// names (series that churned away) is due for a new session, which forgets them.
+    #[test]
+    fn a_session_outgrown_by_churned_series_is_due_for_rotation() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Tsdb::open(d.path(), Default::default()).unwrap();
+        let c = Cursor { storage_id: String::new(), wal: WalCursor { segment: 0, offset: 0 }, skip: 0 };
+        let mut src = WalSource::new(&db, &c).unwrap();
+        let external = Labels::default();
+        for i in 0..6_000u64 {
+            let l = Labels::from_pairs([("__name__", "x"), ("i", &i.to_string())]);
+            src.labels.insert(i, l);
+            assert!(src.resolve(i, &(external.clone(), false)).is_some());
+        }
+        assert!(!src.outgrown(), "live series alone never rotate a session");
+        // The segment moves on and names only 100 of them; the rest churned away.
+        src.labels.retain(|r, _| *r < 100);
+        for i in 6_000..20_000u64 {
+            src.labels.insert(i, Labels::from_pairs([("__name__", "y"), ("i", &i.to_string())]));
+            src.resolve(i, &(external.clone(), false));
+            src.labels.remove(&i);
+        }
+        assert!(src.outgrown());
     }
 }

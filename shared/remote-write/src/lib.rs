@@ -10,7 +10,8 @@
 //! parallel (one series always in one shard, so its samples arrive in order), in requests
 //! of `max_samples_per_send`; 5xx, 429 and connection errors are retried with backoff
 //! until they succeed (the cursor moves only once every shard's part is acknowledged),
-//! and any other 4xx drops that request's samples, counted and logged with their range.
+//! as are redirects (not followed: the URL needs fixing, the data is kept); any other 4xx
+//! drops that request's samples, counted and logged with their range.
 
 mod config;
 mod metrics;
@@ -45,12 +46,40 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "proxy-authorization",
     "www-authenticate",
     "x-prometheus-remote-write-version",
+    "x-amz-date",
+    "x-amz-security-token",
+    "x-amz-content-sha256",
 ];
 
 #[derive(Debug, thiserror::Error)]
 pub enum RemoteWriteError {
     #[error("remote_write {name}: {reason}")]
     Config { name: String, reason: String },
+}
+
+/// Checks a remote-write URL as the HTTP client will use it: `http://` or `https://`, a
+/// host, no credentials (they go in `basic_auth`, never in logs and metric labels).
+pub fn check_url(url: &str) -> Result<bool, String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!("invalid url: {e}"))?;
+    let https = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err("url must be an http:// or https:// URL".into()),
+    };
+    let Some(authority) = uri.authority() else { return Err("url has no host".into()) };
+    if authority.as_str().contains('@') {
+        return Err("url carries credentials: put them in basic_auth".into());
+    }
+    if authority.host().is_empty() {
+        return Err("url has no host".into());
+    }
+    // `http` leaves a port past 65535 out of `port()` rather than refusing it.
+    if let Some((_, port)) = authority.as_str().rsplit_once(':').filter(|_| !authority.as_str().ends_with(']')) {
+        if port.parse::<u16>().is_err() {
+            return Err(format!("invalid url: port {port:?}"));
+        }
+    }
+    Ok(https)
 }
 
 /// One `remote_write` entry, resolved.
@@ -88,12 +117,10 @@ impl std::fmt::Debug for RemoteWriteOptions {
     }
 }
 
-/// The name Prometheus gives an unnamed queue: a digest of its URL, six hex digits.
+/// The name of an unnamed queue, as Prometheus names one: six hex digits of a digest of
+/// its URL (CRC-32, stable across builds: the name also names the queue's cursor).
 pub fn default_name(url: &str) -> String {
-    use std::hash::Hasher;
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    h.write(url.as_bytes());
-    format!("{:06x}", h.finish() & 0xff_ffff)
+    format!("{:06x}", crc32fast::hash(url.as_bytes()) & 0xff_ffff)
 }
 
 /// A remote-write endpoint as an upstream of the forward mechanism.
@@ -116,14 +143,18 @@ impl RemoteWriteUpstream {
         let client = send::http_client(&opts).map_err(fail)?;
         stats.shards_max.set(i64::try_from(opts.queue.max_shards).unwrap_or(i64::MAX));
         stats.shards_min.set(1);
-        Ok(RemoteWriteUpstream { shared: Arc::new(send::Shared { opts, client, signer, stats, stop }) })
+        let highest_sent = std::sync::atomic::AtomicI64::new(i64::MIN);
+        Ok(RemoteWriteUpstream { shared: Arc::new(send::Shared { opts, client, signer, stats, stop, highest_sent }) })
     }
 
     /// The forwarder options that read the WAL for this queue: its own cursor
-    /// (`remote-write-<name>`), rounds of every shard's capacity, and the queue's backoff.
+    /// (`remote_write/<name>`), rounds of every shard's capacity, and the queue's backoff.
     pub fn forwarder_options(&self) -> ForwarderOptions {
         let q = &self.shared.opts.queue;
-        let mut o = ForwarderOptions::new(&format!("remote-write-{}", self.shared.opts.name));
+        // `/` keeps the name apart from every forward upstream's (an address has none).
+        let mut o = ForwarderOptions::new(&format!("remote_write/{}", self.shared.opts.name));
+        // Prometheus' rule: a series' own label wins over an external label of its name.
+        o.series_labels_win = true;
         o.batch_samples = QueueConfig::round_samples(q);
         // Fresh data waits at most this long for a round (the batch send deadline).
         o.poll = q.batch_send_deadline.min(Duration::from_millis(200));

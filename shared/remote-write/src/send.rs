@@ -20,6 +20,8 @@ pub(crate) struct Shared {
     pub(crate) signer: Option<Signer>,
     pub(crate) stats: QueueStats,
     pub(crate) stop: watch::Receiver<bool>,
+    /// The newest timestamp acknowledged, shared by the shards (ms).
+    pub(crate) highest_sent: std::sync::atomic::AtomicI64,
 }
 
 /// The HTTP/1.1 client: kept-alive connections, up to one per shard; TLS for `https://`
@@ -92,7 +94,9 @@ impl RemoteWriteSession {
             return;
         }
         let labels = Labels::from_pairs(s.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())));
-        let kept = strata_ingest::relabel::process(&self.shared.opts.relabel, labels.to_builder()).map(|l| {
+        let relabelled = strata_ingest::relabel::process(&self.shared.opts.relabel, labels.to_builder());
+        // A series relabelled to nothing is dropped, as Prometheus drops it.
+        let kept = relabelled.filter(|l| !l.is_empty()).map(|l| {
             Arc::new(
                 l.iter()
                     .map(|x| prompb::Label { name: x.name.to_string(), value: x.value.to_string() })
@@ -306,8 +310,8 @@ async fn send(shared: &Shared, part: Part) -> Result<(), String> {
                     stats.metadata_bytes.inc_by(bytes)
                 };
                 if newest > i64::MIN {
-                    let prev = stats.highest_sent.get();
-                    stats.highest_sent.set(prev.max(newest as f64 / 1000.0));
+                    let max = shared.highest_sent.fetch_max(newest, std::sync::atomic::Ordering::Relaxed).max(newest);
+                    stats.highest_sent.set(max as f64 / 1000.0);
                 }
                 return Ok(());
             }
@@ -355,9 +359,13 @@ async fn attempt(shared: &Shared, body: &[u8]) -> Attempt {
     ];
     headers.extend(shared.opts.headers.iter().cloned());
     if let Some(signer) = &shared.signer {
-        match signer.sign(&shared.opts.url, &headers, body).await {
-            Ok(h) => headers.extend(h),
-            Err(e) => return Attempt::Retry { reason: e, after: None },
+        // Fetching credentials may call out (STS, a credential process): bounded too.
+        match tokio::time::timeout(shared.opts.timeout, signer.sign(&shared.opts.url, &headers, body)).await {
+            Ok(Ok(h)) => headers.extend(h),
+            Ok(Err(e)) => return Attempt::Retry { reason: e, after: None },
+            Err(_) => {
+                return Attempt::Retry { reason: "sigv4: no credentials within remote_timeout".into(), after: None }
+            }
         }
     }
     let mut req = hyper::Request::post(shared.opts.url.as_str())
@@ -367,7 +375,7 @@ async fn attempt(shared: &Shared, body: &[u8]) -> Attempt {
     }
     let req = match req.body(http_body_util::Full::new(bytes::Bytes::copy_from_slice(body))) {
         Ok(r) => r,
-        // The URL and headers were checked at load; a failure here is a bug, not data.
+        // The URL and headers were checked at load (`check_url`, header syntax).
         Err(e) => return Attempt::Retry { reason: format!("building the request: {e}"), after: None },
     };
     let timeout = shared.opts.timeout;
@@ -409,7 +417,13 @@ async fn attempt(shared: &Shared, body: &[u8]) -> Attempt {
         429 if shared.opts.queue.retry_on_http_429 => {
             Attempt::Retry { reason: format!("HTTP 429: {answer}"), after: retry_after }
         }
-        500..=599 => Attempt::Retry { reason: format!("HTTP {status}: {answer}"), after: None },
+        500..=599 => Attempt::Retry { reason: format!("HTTP {status}: {answer}"), after: retry_after },
+        // Redirects are not followed (a signed request would need signing again for the
+        // new place): the data is kept, and the log says to fix the URL.
+        300..=399 => Attempt::Retry {
+            reason: format!("HTTP {status}: redirects are not followed: set url to where it redirects"),
+            after: None,
+        },
         _ => Attempt::Refused { status, body: answer },
     }
 }

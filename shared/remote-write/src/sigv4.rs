@@ -85,9 +85,20 @@ impl Signer {
                 return Ok(c.clone());
             }
         }
-        let c = self.provider.provide_credentials().await.map_err(|e| format!("sigv4: credentials: {e}"))?;
-        *cached = Some(c.clone());
-        Ok(c)
+        match self.provider.provide_credentials().await {
+            Ok(c) => {
+                *cached = Some(c.clone());
+                Ok(c)
+            }
+            // A failed refresh keeps using credentials that have not expired yet.
+            Err(e) => match cached.as_ref().filter(|c| c.expiry().is_none_or(|x| x > SystemTime::now())) {
+                Some(c) => {
+                    tracing::warn!(error = %e, "sigv4: refreshing credentials failed: using the current ones until they expire");
+                    Ok(c.clone())
+                }
+                None => Err(format!("sigv4: credentials: {e}")),
+            },
+        }
     }
 
     /// The headers to add to a `POST` of `body` to `url` that already carries `headers`
