@@ -19,6 +19,7 @@ mod send;
 mod sigv4;
 #[cfg(test)]
 mod tests;
+mod wire;
 
 pub use config::{MetadataConfig, MetadataSend, Queue, QueueConfig, SigV4Config, MAX_SHARDS};
 pub use metrics::{QueueLabels, QueueStats, RemoteWriteMetrics};

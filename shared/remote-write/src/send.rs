@@ -54,9 +54,9 @@ pub(crate) fn http_client(opts: &RemoteWriteOptions) -> Result<HttpClient, Strin
         .build(connector))
 }
 
-/// A series as the session sends it: its labels after `write_relabel_configs` (`None`:
-/// dropped by them).
-type SessionSeries = Option<Arc<Vec<prompb::Label>>>;
+/// A series as the session sends it: its labels after `write_relabel_configs`, encoded
+/// (`None`: dropped by them).
+type SessionSeries = Option<Arc<[u8]>>;
 
 pub struct RemoteWriteSession {
     shared: Arc<Shared>,
@@ -70,7 +70,8 @@ pub struct RemoteWriteSession {
 /// One request's content, before encoding.
 #[derive(Default)]
 struct Part {
-    timeseries: Vec<prompb::TimeSeries>,
+    /// `WriteRequest.timeseries`, encoded.
+    timeseries: Vec<u8>,
     metadata: Vec<prompb::MetricMetadata>,
     samples: u64,
     oldest: i64,
@@ -96,13 +97,9 @@ impl RemoteWriteSession {
         let labels = Labels::from_pairs(s.labels.iter().map(|l| (l.name.as_str(), l.value.as_str())));
         let relabelled = strata_ingest::relabel::process(&self.shared.opts.relabel, labels.to_builder());
         // A series relabelled to nothing is dropped, as Prometheus drops it.
-        let kept = relabelled.filter(|l| !l.is_empty()).map(|l| {
-            Arc::new(
-                l.iter()
-                    .map(|x| prompb::Label { name: x.name.to_string(), value: x.value.to_string() })
-                    .collect::<Vec<_>>(),
-            )
-        });
+        let kept = relabelled
+            .filter(|l| !l.is_empty())
+            .map(|l| Arc::from(crate::wire::encode_labels(l.iter().map(|x| (x.name.as_ref(), x.value.as_ref())))));
         self.series.insert(s.r#ref, kept);
     }
 
@@ -173,7 +170,7 @@ impl RemoteWriteSession {
                     dropped += 1;
                     continue;
                 }
-                samples.push(prompb::Sample { value: f64::from_bits(v), timestamp: t });
+                samples.push((t, v));
             }
             // A series longer than a request's room goes on in the next request.
             let mut rest = &samples[..];
@@ -184,16 +181,13 @@ impl RemoteWriteSession {
                 let Some(part) = shard.last_mut() else { break };
                 let room = per_send - part.samples as usize;
                 let (now, later) = rest.split_at(room.min(rest.len()));
-                for x in now {
-                    part.oldest = part.oldest.min(x.timestamp);
-                    part.newest = part.newest.max(x.timestamp);
+                // Each series' samples are in time order.
+                if let (Some(first), Some(last)) = (now.first(), now.last()) {
+                    part.oldest = part.oldest.min(first.0);
+                    part.newest = part.newest.max(last.0);
                 }
                 part.samples += now.len() as u64;
-                part.timeseries.push(prompb::TimeSeries {
-                    labels: labels.as_ref().clone(),
-                    samples: now.to_vec(),
-                    exemplars: Vec::new(),
-                });
+                crate::wire::append_series(&mut part.timeseries, &labels, now);
                 rest = later;
             }
         }
@@ -283,8 +277,12 @@ enum Attempt {
 async fn send(shared: &Shared, part: Part) -> Result<(), String> {
     let stats = &shared.stats;
     let (samples, metadata, oldest, newest) = (part.samples, part.metadata.len() as u64, part.oldest, part.newest);
-    let req = prompb::WriteRequest { timeseries: part.timeseries, metadata: part.metadata };
-    let body = match snap::raw::Encoder::new().compress_vec(&req.encode_to_vec()) {
+    let mut raw = part.timeseries;
+    if !part.metadata.is_empty() {
+        let m = prompb::WriteRequest { timeseries: Vec::new(), metadata: part.metadata };
+        m.encode(&mut raw).map_err(|e| format!("encoding metadata: {e}"))?;
+    }
+    let body = match snap::raw::Encoder::new().compress_vec(&raw) {
         Ok(b) => b,
         Err(e) => {
             // Snappy only fails on input past 4 GiB, which a bounded batch never is.
