@@ -310,3 +310,91 @@ fn the_regional_takes_remote_write() {
     let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
     assert!(page.contains("strata_remote_write_samples_total 5"), "{page}");
 }
+
+/// The regional down under steady scraping and remote-write load while the edge cuts
+/// blocks and checkpoints its head (a 10 s block range): after the regional's restart it
+/// holds exactly what the edge holds, sample for sample.
+#[test]
+fn the_regional_down_across_edge_block_cuts_gets_every_sample() {
+    use prost::Message;
+    use strata_proto::prometheus::{Label, Sample as PbSample, TimeSeries, WriteRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let (_sim, sim_port) = start_sim(dir.path(), 2);
+    let rs = RegionalSetup::new(dir.path(), "strata:\n  retention: 30d\n");
+    let (rdata, edata) = (rs.data.clone(), dir.path().join("edge"));
+    let mut rg = rs.start(dir.path(), "regional-1");
+    let mut cfg_text = std::fs::read_to_string(edge_config(dir.path(), sim_port, rs.grpc, true)).unwrap();
+    cfg_text.push_str("  block_range: 10s\n");
+    let cfg = dir.path().join("edge-blocks.yml");
+    std::fs::write(&cfg, cfg_text).unwrap();
+    let (mut e, base) = start_edge(dir.path(), &cfg, &edata, "edge-1");
+
+    // Remote-write load into the edge from another thread for the whole outage.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = {
+        let (stop, base) = (stop.clone(), base.clone());
+        std::thread::spawn(move || {
+            let mut k = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = now_ms();
+                let timeseries = (0..20)
+                    .map(|i| TimeSeries {
+                        labels: vec![
+                            Label { name: "__name__".into(), value: "written_load".into() },
+                            Label { name: "i".into(), value: i.to_string() },
+                        ],
+                        samples: vec![PbSample { value: (k * 20 + i) as f64, timestamp: t }],
+                        exemplars: vec![],
+                    })
+                    .collect();
+                let body = snap::raw::Encoder::new()
+                    .compress_vec(&WriteRequest { timeseries, metadata: vec![] }.encode_to_vec());
+                let status = client()
+                    .post(format!("{base}/api/v1/write"))
+                    .header("Content-Encoding", "snappy")
+                    .header("Content-Type", "application/x-protobuf")
+                    .body(body.unwrap())
+                    .send()
+                    .map(|r| r.status().as_u16());
+                assert_eq!(status.ok(), Some(204), "remote write into the edge failed");
+                k += 1;
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    rg.kill9();
+    // Down until the edge has cut blocks twice (the head checkpointed behind them).
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+        if metric_value(&page, "strata_blocks_written_total").unwrap_or(0.0) >= 2.0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the edge cut no blocks:\n{page}");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mut rg = rs.start(dir.path(), "regional-2");
+    std::thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    writer.join().unwrap();
+    e.terminate();
+    // The edge again without scraping, so what it holds stops growing while it catches up.
+    let (mut e, base) = start_edge(dir.path(), &edge_config(dir.path(), sim_port, rs.grpc, false), &edata, "edge-2");
+    wait_caught_up(&base);
+    e.terminate();
+    rg.terminate();
+    let edge_data = stored(&edata, &[("cluster", "c0"), ("replica", "a")]);
+    let regional_data = stored(&rdata, &[]);
+    assert!(edge_data.keys().any(|k| k.contains("written_load")), "the remote-write load is not at the edge");
+    let differ: Vec<&String> =
+        edge_data.iter().filter(|(k, v)| regional_data.get(*k) != Some(v)).map(|(k, _)| k).collect();
+    assert!(
+        differ.is_empty(),
+        "{} of {} series differ, e.g. {:?}",
+        differ.len(),
+        edge_data.len(),
+        &differ[..differ.len().min(3)]
+    );
+    assert_eq!(regional_data.len(), edge_data.len(), "the regional holds series the edge does not");
+}
