@@ -101,6 +101,9 @@ enum Command {
         /// Prometheus' web configuration file: TLS (`tls_server_config`) and basic auth.
         #[arg(long = "web.config.file")]
         web_config_file: Option<PathBuf>,
+        /// Prometheus' `--web.enable-lifecycle`: `POST /-/quit` stops the regional.
+        #[arg(long = "web.enable-lifecycle")]
+        web_enable_lifecycle: bool,
     },
     /// The edge tier: scrape + remote-write receiver + WAL-backed head.
     Edge {
@@ -301,8 +304,10 @@ async fn run() -> anyhow::Result<()> {
             data,
             query_max_concurrency,
             web_config_file,
+            web_enable_lifecycle,
         } => {
             let mut opts = strata_regional::RegionalOptions::new(config);
+            opts.enable_lifecycle = web_enable_lifecycle;
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;
             opts.grpc_tls = grpc_tls.files();
@@ -312,7 +317,10 @@ async fn run() -> anyhow::Result<()> {
             let regional = strata_regional::Regional::start(opts).await?;
             println!("regional listening on {}://{}", regional.scheme, regional.http_addr);
             println!("regional StoreAPI and forward receiver (gRPC) on {}", regional.grpc_addr);
-            shutdown_signal().await;
+            tokio::select! {
+                _ = shutdown_signal() => {}
+                _ = regional.quit_requested() => tracing::info!("POST /-/quit"),
+            }
             tracing::info!("shutting down");
             tokio::time::timeout(Duration::from_secs(30), regional.stop()).await.context("shutdown took over 30 s")?;
             Ok(())

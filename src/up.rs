@@ -95,7 +95,9 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     ropts.http_listen = Some(port(10));
     ropts.grpc_listen = Some(port(11));
     ropts.data_dir = Some(rdir.join("data"));
+    ropts.enable_lifecycle = true;
     let regional = strata_regional::Regional::start(ropts).await?;
+    let (rhttp, rgrpc) = (regional.http_addr, regional.grpc_addr);
     let mut edges = Vec::new();
     for (c, cluster) in CLUSTERS.iter().enumerate() {
         for (r, replica) in REPLICAS.iter().enumerate() {
@@ -137,15 +139,40 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         global.http_addr
     );
     println!("Ctrl-C stops everything.");
-    crate::shutdown_signal().await;
+    // The regional alone can be stopped (POST /-/quit) to watch the edges hold their data
+    // and catch up when it is started again by hand.
+    let mut regional = Some(regional);
+    loop {
+        let quit = async {
+            match &regional {
+                Some(r) => r.quit_requested().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = crate::shutdown_signal() => break,
+            _ = quit => {
+                if let Some(r) = regional.take() {
+                    tokio::time::timeout(Duration::from_secs(30), r.stop()).await.context("the regional took over 30 s to stop")?;
+                    println!(
+                        "regional stopped; the edges keep what it has not acknowledged. Start it again with:\n  strata regional --config {} --data {} --http-listen {rhttp} --grpc-listen {rgrpc} --web.enable-lifecycle",
+                        rdir.join("regional.yml").display(),
+                        rdir.join("data").display(),
+                    );
+                }
+            }
+        }
+    }
     println!("stopping ...");
     global.stop().await;
     for (_, e) in edges {
         tokio::time::timeout(Duration::from_secs(30), e.stop()).await.context("an edge took over 30 s to stop")?;
     }
-    tokio::time::timeout(Duration::from_secs(30), regional.stop())
-        .await
-        .context("the regional took over 30 s to stop")?;
+    if let Some(regional) = regional {
+        tokio::time::timeout(Duration::from_secs(30), regional.stop())
+            .await
+            .context("the regional took over 30 s to stop")?;
+    }
     let _ = stop_tx.send(true);
     let _ = sim.await;
     println!("stopped; data kept in {}", a.data.display());

@@ -54,6 +54,8 @@ pub struct RegionalOptions {
     pub server: ServerLimits,
     /// Prometheus' `--web.config.file`: TLS and basic auth of the HTTP API.
     pub web_config: Option<PathBuf>,
+    /// Prometheus' `--web.enable-lifecycle`: `POST /-/quit` stops the regional.
+    pub enable_lifecycle: bool,
 }
 
 impl RegionalOptions {
@@ -67,6 +69,7 @@ impl RegionalOptions {
             api: ApiOptions::default(),
             server: ServerLimits::default(),
             web_config: None,
+            enable_lifecycle: false,
         }
     }
 }
@@ -100,6 +103,8 @@ pub enum RegionalError {
 struct RegionalState {
     db: Arc<Tsdb>,
     registry: Registry,
+    enable_lifecycle: bool,
+    quit: watch::Sender<bool>,
 }
 
 /// A running regional.
@@ -110,6 +115,7 @@ pub struct Regional {
     pub db: Arc<Tsdb>,
     pub received: strata_forward::ReceiverStats,
     shutdown: watch::Sender<bool>,
+    quit: watch::Receiver<bool>,
     tasks: Vec<JoinHandle<()>>,
     servers: Vec<JoinHandle<()>>,
 }
@@ -181,9 +187,11 @@ impl Regional {
         let listener =
             tokio::net::TcpListener::bind(http).await.map_err(|source| RegionalError::Bind { addr: http, source })?;
         let http_addr = listener.local_addr().map_err(|source| RegionalError::Bind { addr: http, source })?;
-        let state = Arc::new(RegionalState { db: db.clone(), registry });
+        let (quit, quit_rx) = watch::channel(false);
+        let state = Arc::new(RegionalState { db: db.clone(), registry, enable_lifecycle: opts.enable_lifecycle, quit });
         let app = Router::new()
             .route("/metrics", get(self_metrics))
+            .route("/-/quit", axum::routing::post(quit_handler).put(quit_handler))
             .route("/-/healthy", get(|| async { "Strata regional is Healthy.\n" }))
             .route("/-/ready", get(ready))
             .with_state(state)
@@ -200,7 +208,13 @@ impl Regional {
             }
         }));
         tracing::info!(http = %http_addr, grpc = %grpc_addr, storage_id = %id.0, data = %data_dir.display(), "regional started");
-        Ok(Regional { http_addr, grpc_addr, scheme, db, received, shutdown, tasks, servers })
+        Ok(Regional { http_addr, grpc_addr, scheme, db, received, shutdown, quit: quit_rx, tasks, servers })
+    }
+
+    /// Resolves once `POST /-/quit` asked the regional to stop (with the lifecycle API on).
+    pub async fn quit_requested(&self) {
+        let mut rx = self.quit.clone();
+        let _ = rx.wait_for(|q| *q).await;
     }
 
     /// Stops the servers (a batch being stored finishes or is not acknowledged), then the
@@ -222,6 +236,15 @@ impl Regional {
             Err(e) => tracing::error!(error = %e, "database shutdown task failed"),
         }
     }
+}
+
+/// Prometheus' `/-/quit`: opt-in, as there.
+async fn quit_handler(State(s): State<Arc<RegionalState>>) -> Response {
+    if !s.enable_lifecycle {
+        return (axum::http::StatusCode::FORBIDDEN, "Lifecycle API is not enabled.\n").into_response();
+    }
+    let _ = s.quit.send(true);
+    (axum::http::StatusCode::OK, "Requesting termination... Goodbye!\n").into_response()
 }
 
 /// Ready while the WAL can be written and storage maintenance succeeds: a regional that

@@ -90,6 +90,20 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     o.gzip = gzip;
     let f = Forwarder::new(edge.clone(), holds, o, ForwarderStats::default());
     let stats = f.stats();
+    // The edge's maintenance during the outage (block cuts, head checkpoints): the WAL the
+    // upstream still needs is what the outage costs on disk beyond the edge's own data.
+    let db = edge.clone();
+    let (wal_held, block_bytes) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u64)> {
+        db.maintain()?;
+        Ok((db.wal_disk_bytes(), db.blocks().disk_bytes()))
+    })
+    .await??;
+    println!(
+        "  disk at the edge after its maintenance: WAL {:.1} MB (held for the upstream: {:.2} bytes per sample of the outage), blocks {:.1} MB",
+        wal_held as f64 / 1e6,
+        wal_held as f64 / total as f64,
+        block_bytes as f64 / 1e6
+    );
     let (me0, r0) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     let started = Instant::now();
     let (stop, rx) = tokio::sync::watch::channel(false);
@@ -100,6 +114,18 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     }
     let took = started.elapsed().as_secs_f64();
     let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
+    // Nothing lost: the regional's own count of what it stored.
+    let page = reqwest::get(format!("http://127.0.0.1:{http}/metrics")).await?.text().await?;
+    let stored: f64 = ["appended", "duplicate"]
+        .iter()
+        .map(|r| {
+            super::vs_prometheus::counter_sum(
+                &page,
+                &format!("strata_forward_received_samples_total{{result=\"{r}\"}}"),
+            )
+        })
+        .sum();
+    println!("  the regional stored {stored:.0} of {total} samples ({} lost)", total as f64 - stored);
     let _ = stop.send(true);
     let _ = task.await;
     let _ = regional.0.kill();

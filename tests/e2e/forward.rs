@@ -309,6 +309,8 @@ fn the_regional_takes_remote_write() {
     assert_eq!(data["result"][0]["value"][1], "5", "{data}");
     let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
     assert!(page.contains("strata_remote_write_samples_total 5"), "{page}");
+    // Stopping over HTTP is off unless asked for (`--web.enable-lifecycle`), as in Prometheus.
+    assert_eq!(client().post(format!("{base}/-/quit")).send().unwrap().status().as_u16(), 403);
 }
 
 /// The regional down under steady scraping and remote-write load while the edge cuts
