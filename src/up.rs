@@ -153,7 +153,9 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             _ = crate::shutdown_signal() => break,
             _ = quit => {
                 if let Some(r) = regional.take() {
-                    tokio::time::timeout(Duration::from_secs(30), r.stop()).await.context("the regional took over 30 s to stop")?;
+                    if tokio::time::timeout(Duration::from_secs(30), r.stop()).await.is_err() {
+                        tracing::error!("the regional took over 30 s to stop");
+                    }
                     println!(
                         "regional stopped; the edges keep what it has not acknowledged. Start it again with:\n  strata regional --config {} --data {} --http-listen {rhttp} --grpc-listen {rgrpc} --web.enable-lifecycle",
                         rdir.join("regional.yml").display(),

@@ -39,7 +39,7 @@ pub struct EdgeMetrics {
     /// Prometheus' `prometheus_remote_storage_*` families, by queue.
     pub remote_write: strata_remote_write::RemoteWriteMetrics,
     /// Each remote write's cursor, lag and backlog, as `strata_remote_write_queue_*` (the
-    /// forward mechanism's families, keyed by `upstream="remote-write-<name>"`).
+    /// forward mechanism's families, keyed by `upstream="remote-write/<name>"`).
     pub remote_write_queues: strata_forward::ForwardMetrics,
 }
 

@@ -266,21 +266,29 @@ impl<U: Upstream> Forwarder<U> {
         let Some(max) = self.opts.max_disk else { return Ok(false) };
         let (db, file, upstream) =
             (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
-        let dropped = tokio::task::spawn_blocking(move || drop_over_budget(&db, &file, max, &upstream))
-            .await
-            .map_err(|e| self.fail(format!("applying the disk budget: {e}")))??;
+        let counter = self.stats.budget_dropped_samples.clone();
+        // Counted and logged with the cursor's move, on the blocking thread: a forwarder
+        // aborted meanwhile (at shutdown) cannot leave a drop unrecorded.
+        let dropped = tokio::task::spawn_blocking(move || {
+            let d = drop_over_budget(&db, &file, max, &upstream)?;
+            if let Some(d) = &d {
+                counter.inc_by(d.samples);
+                tracing::error!(
+                    upstream = %upstream,
+                    samples = d.samples,
+                    segments = d.segments,
+                    from_ms = d.oldest,
+                    to_ms = d.newest,
+                    max_disk = max,
+                    "forward: the WAL held for the upstream passed forward_max_disk: its oldest part is dropped for it"
+                );
+            }
+            Ok::<_, ForwardError>(d)
+        })
+        .await
+        .map_err(|e| self.fail(format!("applying the disk budget: {e}")))??;
         let Some(d) = dropped else { return Ok(false) };
-        self.stats.budget_dropped_samples.inc_by(d.samples);
         self.holds.set(&self.opts.upstream, d.cursor);
-        tracing::error!(
-            upstream = %self.opts.upstream,
-            samples = d.samples,
-            segments = d.segments,
-            from_ms = d.oldest,
-            to_ms = d.newest,
-            max_disk = max,
-            "forward: the WAL held for the upstream passed forward_max_disk: its oldest part is dropped for it"
-        );
         Ok(true)
     }
 
@@ -405,6 +413,7 @@ impl<U: Upstream> Forwarder<U> {
             // meanwhile lag and pending go on growing in /metrics.
             let push = client.push(request);
             tokio::pin!(push);
+            let pushed_at = std::time::Instant::now();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             let result = loop {
@@ -413,8 +422,9 @@ impl<U: Upstream> Forwarder<U> {
                     _ = tick.tick() => {
                         self.note_in_flight(cursor.wal, batch.oldest);
                         // An upstream may be out for long inside one push: the budget
-                        // still holds, and the push gives way to what it leaves.
-                        if self.enforce_budget().await? {
+                        // still holds, and a push stuck that long gives way to what it
+                        // leaves (a push that is merely slow is left to finish).
+                        if pushed_at.elapsed() >= STUCK_PUSH && self.enforce_budget().await? {
                             return Err(self.fail(
                                 "the WAL held for this upstream passed its disk budget; resuming after the dropped part",
                             ));
@@ -497,8 +507,11 @@ enum SessionEnd {
     Rotate,
 }
 
-/// A session's series table may hold this many more than the current segment names.
+/// A session's series table may hold this many more than the segments being read name.
 const SESSION_SLACK: usize = 10_000;
+
+/// A push in flight this long is retrying through an outage: the disk budget applies.
+const STUCK_PUSH: Duration = Duration::from_secs(10);
 
 /// What [`drop_over_budget`] dropped.
 struct Dropped {
@@ -628,6 +641,8 @@ struct WalSource {
     reader: WalReader,
     /// The labels the current segment named, and that segment.
     labels: HashMap<SeriesRef, Labels>,
+    /// How many series the previous segment named (the current one is still being read).
+    previous_segment_series: usize,
     /// The session number of each of the segment's references (`None`: the upstream
     /// would refuse the series), so a reference is resolved once per segment.
     resolved: HashMap<SeriesRef, Option<u64>>,
@@ -665,6 +680,7 @@ impl WalSource {
         Ok(WalSource {
             reader: WalReader::new(&db.wal_dir(), c.wal),
             labels,
+            previous_segment_series: 0,
             resolved: HashMap::new(),
             session: HashMap::new(),
             named: Vec::new(),
@@ -705,10 +721,12 @@ impl WalSource {
         Some(id)
     }
 
-    /// Whether the session's series outnumber twice what the current segment names (plus
-    /// slack): series that churned away still hold their numbers and labels.
+    /// Whether the session's series outnumber twice what the segment being read or the one
+    /// before named (plus slack): series that churned away still hold their numbers and
+    /// labels. (The segment being read may have named only a few so far.)
     fn outgrown(&self) -> bool {
-        self.named.len() > self.labels.len().saturating_mul(2).saturating_add(SESSION_SLACK)
+        let live = self.labels.len().max(self.previous_segment_series);
+        self.named.len() > live.saturating_mul(2).saturating_add(SESSION_SLACK)
     }
 
     fn next_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, wal::WalError> {
@@ -785,6 +803,7 @@ impl WalSource {
             if after.segment != self.segment {
                 // A new segment names its references anew (after a restart they may mean
                 // other series).
+                self.previous_segment_series = self.labels.len();
                 self.labels.clear();
                 self.resolved.clear();
                 self.segment = after.segment;
@@ -835,7 +854,12 @@ mod session_tests {
             assert!(src.resolve(i, &(external.clone(), false)).is_some());
         }
         assert!(!src.outgrown(), "live series alone never rotate a session");
+        // A new segment has named only a few so far: the previous one's count stands.
+        src.previous_segment_series = src.labels.len();
+        src.labels.retain(|r, _| *r < 10);
+        assert!(!src.outgrown(), "a segment switch alone rotates the session");
         // The segment moves on and names only 100 of them; the rest churned away.
+        src.previous_segment_series = 100;
         src.labels.retain(|r, _| *r < 100);
         for i in 6_000..20_000u64 {
             src.labels.insert(i, Labels::from_pairs([("__name__", "y"), ("i", &i.to_string())]));

@@ -118,8 +118,9 @@ impl std::fmt::Debug for RemoteWriteOptions {
     }
 }
 
-/// The name of an unnamed queue, as Prometheus names one: six hex digits of a digest of
-/// its URL (CRC-32, stable across builds: the name also names the queue's cursor).
+/// The name of an unnamed queue: six hex digits of a digest of its URL, like Prometheus'
+/// (which digests the whole entry with MD5). CRC-32 is stable across builds: the name
+/// also names the queue's cursor.
 pub fn default_name(url: &str) -> String {
     format!("{:06x}", crc32fast::hash(url.as_bytes()) & 0xff_ffff)
 }
@@ -149,11 +150,11 @@ impl RemoteWriteUpstream {
     }
 
     /// The forwarder options that read the WAL for this queue: its own cursor
-    /// (`remote_write/<name>`), rounds of every shard's capacity, and the queue's backoff.
+    /// (`remote-write/<name>`), rounds of every shard's capacity, and the queue's backoff.
     pub fn forwarder_options(&self) -> ForwarderOptions {
         let q = &self.shared.opts.queue;
-        // `/` keeps the name apart from every forward upstream's (an address has none).
-        let mut o = ForwarderOptions::new(&format!("remote_write/{}", self.shared.opts.name));
+        // `/` keeps the name apart from every forward upstream's (an address has no path).
+        let mut o = ForwarderOptions::new(&format!("remote-write/{}", self.shared.opts.name));
         // Prometheus' rule: a series' own label wins over an external label of its name.
         o.series_labels_win = true;
         o.batch_samples = QueueConfig::round_samples(q);

@@ -3,6 +3,7 @@
 //! keys, profiles, assumed roles and EKS web identity behave as in every AWS tool.
 
 use crate::config::SigV4Config;
+use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 use aws_credential_types::Credentials;
 use aws_sigv4::http_request::{sign, SignableBody, SignableRequest, SigningSettings};
@@ -11,6 +12,9 @@ use std::time::{Duration, SystemTime};
 
 /// The signing service name Amazon Managed Service for Prometheus expects.
 const SERVICE: &str = "aps";
+
+/// The longest a credential fetch (STS, instance metadata, a credential process) may take.
+const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Credentials are refreshed this long before they expire.
 const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(300);
@@ -85,12 +89,15 @@ impl Signer {
                 return Ok(c.clone());
             }
         }
-        match self.provider.provide_credentials().await {
+        let fetched = tokio::time::timeout(FETCH_TIMEOUT, self.provider.provide_credentials())
+            .await
+            .unwrap_or_else(|_| Err(CredentialsError::provider_timed_out(FETCH_TIMEOUT)));
+        match fetched {
             Ok(c) => {
                 *cached = Some(c.clone());
                 Ok(c)
             }
-            // A failed refresh keeps using credentials that have not expired yet.
+            // A failed (or hung) refresh keeps using credentials that have not expired yet.
             Err(e) => match cached.as_ref().filter(|c| c.expiry().is_none_or(|x| x > SystemTime::now())) {
                 Some(c) => {
                     tracing::warn!(error = %e, "sigv4: refreshing credentials failed: using the current ones until they expire");

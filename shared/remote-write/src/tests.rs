@@ -287,7 +287,7 @@ async fn a_series_relabelled_to_no_labels_is_dropped_and_counted() {
 /// request keeps failing inside one push (the oldest WAL is dropped for the queue, counted),
 /// and once the receiver is back the rest arrives.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_disk_budget_holds_while_the_receiver_is_down() {
+async fn the_disk_budget_holds_while_a_push_is_stuck_in_an_outage() {
     let d = tempfile::tempdir().unwrap();
     let opts = TsdbOptions {
         wal_labels_per_segment: true,
@@ -301,10 +301,13 @@ async fn the_disk_budget_holds_while_the_receiver_is_down() {
         .map(|i| db.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
         .collect();
     let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
-    for k in 0..320 {
-        let batch: Vec<_> = s.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
-        db.commit(&batch).unwrap();
-    }
+    let write = |from: i64, to: i64| {
+        for k in from..to {
+            let batch: Vec<_> = s.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
+            db.commit(&batch).unwrap();
+        }
+    };
+    write(0, 2);
     let (rx, addr) = receiver().await;
     rx.lock().answers = std::iter::repeat_n(503, 100_000).collect();
     let (stop, stop_rx) = watch::channel(false);
@@ -312,16 +315,22 @@ async fn the_disk_budget_holds_while_the_receiver_is_down() {
     let mut fo = up.forwarder_options();
     fo.max_disk = Some(32 << 10);
     let f = Forwarder::with_upstream(db.clone(), WalHolds::new(db.clone()), fo, ForwarderStats::default(), up);
-    // The queue holds the WAL from here on; the head is checkpointed meanwhile.
-    assert!(db.maintain().unwrap().checkpointed);
     let fstats = f.stats();
     let task = tokio::spawn(f.run(stop_rx));
+    // The first push is under way (and refused) before the backlog grows past the budget.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while rx.lock().requests == 0 && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(rx.lock().requests > 0);
+    write(2, 320);
+    assert!(db.maintain().unwrap().checkpointed);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
     while fstats.budget_dropped_samples.get() == 0 && std::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let dropped = fstats.budget_dropped_samples.get();
-    assert!(dropped > 0, "the budget was not applied while the receiver was down");
+    assert!(dropped > 0, "the budget was not applied while the push was stuck");
     rx.lock().answers.clear();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let got = || rx.lock().series.values().map(Vec::len).sum::<usize>() as u64;
