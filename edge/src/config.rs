@@ -499,6 +499,8 @@ fn remote_writes(raw: &[RawRemoteWrite], base: &Path) -> Result<Vec<strata_remot
             queue: r.queue_config.resolve().map_err(&bad)?,
             metadata: r.metadata_config.resolve().map_err(&bad)?,
             relabel: compile_all(&r.write_relabel_configs).map_err(|e| bad(format!("write_relabel_configs: {e}")))?,
+            // Set where the database is opened (the edge's head).
+            metadata_source: None,
         });
     }
     Ok(out)

@@ -282,6 +282,9 @@ async fn spawn_forwarders(
     let max_disk = cfg.strata.forward_max_disk.map_or(crate::config::DEFAULT_FORWARD_MAX_DISK, |b| b.0);
     for rw in &cfg.remote_write {
         let stats = metrics.remote_write.queue(&rw.name, &rw.url);
+        let mut rw = rw.clone();
+        let head = db.clone();
+        rw.metadata_source = Some(Arc::new(move || head.head().all_metadata()));
         let upstream = strata_remote_write::RemoteWriteUpstream::new(rw.clone(), stats, shutdown.clone())
             .await
             .map_err(EdgeError::RemoteWrite)?;

@@ -143,12 +143,16 @@ pub enum BenchCommand {
     /// to a second Prometheus; samples per second, bytes per sample on the wire (through
     /// counting proxies), CPU per million samples of each sender and receiver.
     ForwardVsPrometheus {
+        /// Simulated nodes both scrape.
         #[arg(long, default_value_t = 64)]
         nodes: usize,
+        /// Seconds between scrapes.
         #[arg(long, default_value_t = 1)]
         interval: u64,
+        /// Seconds measured, after 15 s of warm-up.
         #[arg(long, default_value_t = 60)]
         seconds: u64,
+        /// The Prometheus binary (the sender and the receivers).
         #[arg(long, default_value = "prometheus")]
         prometheus: String,
         /// The edge remote-writes to a second receiving Prometheus instead of forwarding.

@@ -99,7 +99,13 @@ pub struct RemoteWriteOptions {
     pub queue: Queue,
     pub metadata: MetadataSend,
     pub relabel: Vec<RelabelRule>,
+    /// Every family's metadata as the edge knows it now, sent every `send_interval` (as
+    /// Prometheus sends its scrape caches'); without it, the families the session met.
+    pub metadata_source: Option<MetadataSource>,
 }
+
+/// Where a queue reads every family's metadata (the edge: its head).
+pub type MetadataSource = Arc<dyn Fn() -> Vec<(String, strata_model::Metadata)> + Send + Sync>;
 
 impl std::fmt::Debug for RemoteWriteOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -113,23 +113,25 @@ impl RemoteWriteSession {
         let mut fresh = Vec::new();
         for f in batch {
             let (family, meta) = strata_grpc::metadata_from_pb(f.clone());
-            let entry = prompb::MetricMetadata {
-                r#type: metric_type(meta.metric_type) as i32,
-                metric_family_name: family.clone(),
-                help: meta.help,
-                unit: meta.unit,
-            };
+            let entry = metadata_entry(family.clone(), meta);
             if self.metadata.get(&family) != Some(&entry) {
                 fresh.push(entry.clone());
                 self.metadata.insert(family, entry);
             }
         }
         let due = self.metadata_sent.is_none_or(|t| t.elapsed() >= m.send_interval);
-        if due && !self.metadata.is_empty() {
-            self.metadata_sent = Some(Instant::now());
-            return self.metadata.values().cloned().collect();
+        if !due {
+            return fresh;
         }
-        fresh
+        self.metadata_sent = Some(Instant::now());
+        if let Some(source) = &self.shared.opts.metadata_source {
+            // Every family the edge knows, also those named before this session began.
+            for (family, meta) in source() {
+                let entry = metadata_entry(family.clone(), meta);
+                self.metadata.insert(family, entry);
+            }
+        }
+        self.metadata.values().cloned().collect()
     }
 
     /// The batch split into shards, each a list of requests in order.
@@ -201,6 +203,15 @@ impl RemoteWriteSession {
             }
         }
         (shards, dropped)
+    }
+}
+
+fn metadata_entry(family: String, meta: strata_model::Metadata) -> prompb::MetricMetadata {
+    prompb::MetricMetadata {
+        r#type: metric_type(meta.metric_type) as i32,
+        metric_family_name: family,
+        help: meta.help,
+        unit: meta.unit,
     }
 }
 

@@ -92,6 +92,7 @@ fn options(addr: SocketAddr) -> RemoteWriteOptions {
         .unwrap(),
         metadata: MetadataConfig::default().resolve().unwrap(),
         relabel: Vec::new(),
+        metadata_source: None,
     }
 }
 
@@ -252,6 +253,24 @@ async fn a_restart_resumes_from_the_cursor_without_resending_what_was_acknowledg
     let (stats, _) = run(&db, options(addr), &rx, move |_| t0.elapsed() > Duration::from_secs(1)).await;
     assert_eq!(stats.samples.get(), 0, "acknowledged samples were sent again");
     assert_eq!(rx.lock().requests, first);
+}
+
+/// Every `send_interval` the queue sends every family the edge knows, also families whose
+/// metadata the session never read (named before its cursor).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_family_the_edge_knows_is_sent_every_interval() {
+    let d = tempfile::tempdir().unwrap();
+    let db = open_db(d.path());
+    fill(&db, 2, 3);
+    let (rx, addr) = receiver().await;
+    let mut o = options(addr);
+    let known = Metadata { metric_type: MetricType::Counter, help: "known before".into(), unit: "joules".into() };
+    o.metadata_source = Some(std::sync::Arc::new(move || vec![("energy_total".to_string(), known.clone())]));
+    run(&db, o, &rx, |r| r.metadata.contains_key("energy_total") && r.metadata.contains_key("gpu_util")).await;
+    let r = rx.lock();
+    let m = r.metadata.get("energy_total").expect("the known family's metadata was sent");
+    assert_eq!((m.help.as_str(), m.unit.as_str()), ("known before", "joules"));
+    assert!(r.metadata.contains_key("gpu_util"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
