@@ -362,6 +362,7 @@ impl<U: Upstream> Forwarder<U> {
         // Series numbers are the session's: a new session (this one) names every series
         // again with its labels.
         let session = session_id();
+        let mut prefetched: Option<tokio::task::JoinHandle<(WalSource, Result<Batch, wal::WalError>)>> = None;
         loop {
             if *stop.borrow() {
                 return Ok(SessionEnd::Stopped);
@@ -372,20 +373,38 @@ impl<U: Upstream> Forwarder<U> {
                     self.fail("the WAL held for this upstream passed its disk budget; resuming after the dropped part")
                 );
             }
-            let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
-            let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
-            if src.outgrown() {
-                // Series that left long ago still hold numbers: a new session forgets them.
-                return Ok(SessionEnd::Rotate);
-            }
-            let (src, read) = tokio::task::spawn_blocking(move || {
-                let read = src.next_batch(limit, &external);
-                (src, read)
-            })
-            .await
-            .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
-            source = Some(src);
+            // The batch read while the previous one was in flight, or one read now.
+            let (mut src, read) = match prefetched.take() {
+                Some(h) => h.await.map_err(|e| self.fail(format!("reading the WAL: {e}")))?,
+                None => {
+                    let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
+                    if src.outgrown() {
+                        // Series that left long ago still hold numbers: a new session forgets them.
+                        return Ok(SessionEnd::Rotate);
+                    }
+                    let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
+                    tokio::task::spawn_blocking(move || {
+                        let read = src.next_batch(limit, &external);
+                        (src, read)
+                    })
+                    .await
+                    .map_err(|e| self.fail(format!("reading the WAL: {e}")))?
+                }
+            };
             let batch = read.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?;
+            // The next batch is read while this one is in flight (the WAL reader and the
+            // upstream work at once); a session that ends discards it unsent, and the next
+            // one reads again from the persisted cursor.
+            let more = !batch.request.series.is_empty() || !batch.request.metadata.is_empty();
+            if more && !src.outgrown() {
+                let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
+                prefetched = Some(tokio::task::spawn_blocking(move || {
+                    let read = src.next_batch(limit, &external);
+                    (src, read)
+                }));
+            } else {
+                source = Some(src);
+            }
             if batch.unknown > 0 {
                 self.stats.unsendable_samples.inc_by(batch.unknown);
                 tracing::warn!(upstream = %self.opts.upstream, samples = batch.unknown, "forward: samples of series the WAL does not name: not sent");
