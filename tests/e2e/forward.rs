@@ -259,6 +259,17 @@ fn a_regional_that_lost_its_data_gets_everything_the_edge_holds() {
     e.terminate();
     let mut rg = regional("regional-2");
     let (mut e, base) = edge(&edge_config(dir.path(), sim_port, rg_grpc, false), "edge-2");
+    // The edge learns of the new storage in its first session: only then is "nothing
+    // pending" about the new regional.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+        if labelled_value(&page, "strata_forward_restarts_from_oldest_total") == Some(1.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the edge never met the new regional:\n{page}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let page = wait_caught_up(&base);
     assert_eq!(labelled_value(&page, "strata_forward_restarts_from_oldest_total"), Some(1.0), "{page}");
     e.terminate();

@@ -219,6 +219,9 @@ impl<U: Upstream> Forwarder<U> {
         // Until the upstream says where it stands, everything it may need is kept.
         let held = cursor_file.load().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
+        // What is pending shows from the start: a 0 before the first session would read
+        // as "caught up".
+        stats.pending_bytes.set(i64::try_from(pending_bytes(&db, held)).unwrap_or(i64::MAX));
         Forwarder {
             upstream,
             db,
