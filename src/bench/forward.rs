@@ -6,7 +6,6 @@
 //! of the batches (protobuf, before gzip).
 
 use super::vs_prometheus::{free_port, proc_stats, wait_ready};
-use anyhow::Context;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_forward::{Forwarder, ForwarderOptions, ForwarderStats, WalHolds};
@@ -66,21 +65,7 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     );
 
     let (http, grpc) = (free_port()?, free_port()?);
-    let cfg = dir.path().join("regional.yml");
-    std::fs::write(&cfg, "strata:\n  retention: 30d\n")?;
-    let exe = std::env::current_exe()?;
-    let mut regional = super::vs_prometheus::Guard(
-        std::process::Command::new(exe)
-            .args(["regional", "--config"])
-            .arg(&cfg)
-            .arg("--data")
-            .arg(dir.path().join("regional"))
-            .args(["--http-listen", &format!("127.0.0.1:{http}"), "--grpc-listen", &format!("127.0.0.1:{grpc}")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .context("starting the regional")?,
-    );
+    let mut regional = super::vs_prometheus::spawn_regional(dir.path(), http, grpc)?;
     wait_ready(&format!("http://127.0.0.1:{http}/-/ready")).await?;
     let rpid = regional.0.id();
 
@@ -115,7 +100,7 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     let took = started.elapsed().as_secs_f64();
     let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     // Nothing lost: the regional's own count of what it stored.
-    let page = reqwest::get(format!("http://127.0.0.1:{http}/metrics")).await?.text().await?;
+    let page = super::vs_prometheus::get(&format!("http://127.0.0.1:{http}/metrics")).await?;
     let stored: f64 = ["appended", "duplicate"]
         .iter()
         .map(|r| {

@@ -5,9 +5,11 @@
 //! this process, so bytes on the wire are measured the same way for both (framing, headers
 //! and compression included); CPU comes from `/proc/<pid>` of each process.
 
-use super::vs_prometheus::{counter_sum, free_port, proc_stats, spawn_edge, spawn_prometheus, wait_ready, Guard};
-use anyhow::Context;
-use std::process::{Command, Stdio};
+use super::vs_prometheus::{
+    counter_sum, fleet_targets, free_port, get, proc_stats, serve_fleet, spawn_edge, spawn_prometheus, spawn_regional,
+    wait_ready,
+};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -52,25 +54,6 @@ async fn pump(
     let _ = to.shutdown().await;
 }
 
-fn spawn_regional(dir: &std::path::Path, http: u16, grpc: u16) -> anyhow::Result<Guard> {
-    let cfg = dir.join("regional.yml");
-    std::fs::write(&cfg, "strata:\n  retention: 1d\n")?;
-    let child = Command::new(std::env::current_exe()?)
-        .args(["regional", "--config", &cfg.display().to_string()])
-        .args(["--data", &dir.join("regional").display().to_string()])
-        .args(["--http-listen", &format!("127.0.0.1:{http}"), "--grpc-listen", &format!("127.0.0.1:{grpc}")])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("starting the regional")?;
-    Ok(Guard(child))
-}
-
-async fn get(url: &str) -> anyhow::Result<String> {
-    Ok(reqwest::get(url).await?.text().await?)
-}
-
 pub async fn run(
     nodes: usize,
     interval: u64,
@@ -79,22 +62,8 @@ pub async fn run(
     edge_remote_write: bool,
 ) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let sim_port = free_port()?;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", sim_port)).await?;
-    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
-    tokio::spawn(strata_simulator::serve(
-        listener,
-        strata_simulator::Fleet::new(1, nodes, 8),
-        0,
-        Default::default(),
-        async move {
-            let _ = stop_rx.changed().await;
-        },
-    ));
-    let mut targets = String::new();
-    for i in 0..nodes {
-        targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));
-    }
+    let (sim_port, stop_tx) = serve_fleet(nodes).await?;
+    let targets = fleet_targets(sim_port, nodes);
     let scrape = format!("global:\n  scrape_interval: {interval}s\n  scrape_timeout: {interval}s\n  external_labels: {{cluster: c0}}\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}");
 
     // Receivers first, each behind its counting proxy.

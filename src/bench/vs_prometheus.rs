@@ -48,8 +48,52 @@ impl Drop for Guard {
     }
 }
 
-async fn get(url: &str) -> anyhow::Result<String> {
+pub(super) async fn get(url: &str) -> anyhow::Result<String> {
     Ok(reqwest::get(url).await?.text().await?)
+}
+
+/// The simulated fleet (`nodes` nodes of 8 GPUs) served in this process on a free port
+/// until the returned sender says stop; its port.
+pub(super) async fn serve_fleet(nodes: usize) -> anyhow::Result<(u16, tokio::sync::watch::Sender<bool>)> {
+    let port = free_port()?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let (stop_tx, mut stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(strata_simulator::serve(
+        listener,
+        strata_simulator::Fleet::new(1, nodes, 8),
+        0,
+        Default::default(),
+        async move {
+            let _ = stop_rx.changed().await;
+        },
+    ));
+    Ok((port, stop_tx))
+}
+
+/// `static_configs` entries for every node of the fleet on `port` (one target per node).
+pub(super) fn fleet_targets(port: u16, nodes: usize) -> String {
+    (0..nodes)
+        .map(|i| {
+            format!("      - targets: ['127.0.0.1:{port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n")
+        })
+        .collect()
+}
+
+/// This binary as a regional with data under `dir`, on `127.0.0.1` ports `http` and
+/// `grpc`; killed on drop.
+pub(super) fn spawn_regional(dir: &std::path::Path, http: u16, grpc: u16) -> anyhow::Result<Guard> {
+    let cfg = dir.join("regional.yml");
+    std::fs::write(&cfg, "strata:\n  retention: 30d\n")?;
+    let child = Command::new(std::env::current_exe()?)
+        .args(["regional", "--config", &cfg.display().to_string()])
+        .args(["--data", &dir.join("regional").display().to_string()])
+        .args(["--http-listen", &format!("127.0.0.1:{http}"), "--grpc-listen", &format!("127.0.0.1:{grpc}")])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting the regional")?;
+    Ok(Guard(child))
 }
 
 /// This binary as an edge on `127.0.0.1:port` (warnings only in its log), killed on drop.
@@ -105,23 +149,8 @@ pub(super) async fn wait_ready(url: &str) -> anyhow::Result<()> {
 
 pub async fn run(nodes: usize, interval: u64, seconds: u64, prometheus: &str) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let sim_port = free_port()?;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", sim_port)).await?;
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let mut rx = stop_rx.clone();
-    tokio::spawn(strata_simulator::serve(
-        listener,
-        strata_simulator::Fleet::new(1, nodes, 8),
-        0,
-        Default::default(),
-        async move {
-            let _ = rx.changed().await;
-        },
-    ));
-    let mut targets = String::new();
-    for i in 0..nodes {
-        targets.push_str(&format!("      - targets: ['127.0.0.1:{sim_port}']\n        labels: {{__metrics_path__: /node/{i}/metrics, node: '{i}'}}\n"));
-    }
+    let (sim_port, stop_tx) = serve_fleet(nodes).await?;
+    let targets = fleet_targets(sim_port, nodes);
     let cfg = format!("global:\n  scrape_interval: {interval}s\n  scrape_timeout: {interval}s\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n{targets}");
     let cfg_path = dir.path().join("scrape.yml");
     std::fs::write(&cfg_path, &cfg)?;
