@@ -150,9 +150,10 @@ pub struct RawStrata {
     /// cursor (read at start: changing the list takes a restart).
     #[serde(default)]
     pub forward: Vec<RawForward>,
-    /// The most WAL each upstream may keep on disk beyond what the edge keeps anyway
-    /// (default [`DEFAULT_FORWARD_MAX_DISK`]); past it its oldest part is dropped for that
-    /// upstream, counted and logged with its time range.
+    /// The most blocks past `retention` kept for each upstream that is still behind
+    /// (default [`DEFAULT_FORWARD_MAX_DISK`]); what retention deletes past it is dropped
+    /// for that upstream, oldest first, counted and logged with its time range. (Within
+    /// retention an outage costs no extra disk: the backlog is read from blocks.)
     pub forward_max_disk: Option<ByteSize>,
 }
 

@@ -325,7 +325,8 @@ fn the_regional_takes_remote_write() {
 }
 
 /// The regional down under steady scraping and remote-write load while the edge cuts
-/// blocks and checkpoints its head (a 10 s block range): after the regional's restart it
+/// blocks, checkpoints its head and deletes the WAL segments the regional still needed (a
+/// 10 s block range): the backlog is sent from blocks, and after the regional's restart it
 /// holds exactly what the edge holds, sample for sample.
 #[test]
 fn the_regional_down_across_edge_block_cuts_gets_every_sample() {
@@ -376,15 +377,31 @@ fn the_regional_down_across_edge_block_cuts_gets_every_sample() {
         })
     };
     std::thread::sleep(Duration::from_secs(3));
+    let first_segment = || {
+        std::fs::read_dir(edata.join("wal"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+            .min()
+            .unwrap_or(0)
+    };
+    let oldest_before = first_segment();
     rg.kill9();
-    // Down until the edge has cut blocks twice (the head checkpointed behind them).
+    // Down until the edge has cut blocks twice, the forwarder has moved the backlog to
+    // storage, and the WAL segments it covered are deleted.
+    let backlog = edata.join("forward").join(format!("127.0.0.1_3a{}.backlog", rs.grpc));
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {
         let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
-        if metric_value(&page, "strata_blocks_written_total").unwrap_or(0.0) >= 2.0 {
+        let cut = metric_value(&page, "strata_blocks_written_total").unwrap_or(0.0) >= 2.0;
+        if cut && backlog.exists() && first_segment() > oldest_before {
             break;
         }
-        assert!(Instant::now() < deadline, "the edge cut no blocks:\n{page}");
+        assert!(
+            Instant::now() < deadline,
+            "blocks cut: {cut}, backlog: {}, first WAL segment {} (was {oldest_before})",
+            backlog.exists(),
+            first_segment()
+        );
         std::thread::sleep(Duration::from_millis(500));
     }
     let mut rg = rs.start(dir.path(), "regional-2");

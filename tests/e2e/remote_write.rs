@@ -81,12 +81,16 @@ fn prometheus_stopped_and_the_edge_restarted_mid_backlog_lose_nothing() {
         "remote_write:\n  - url: http://127.0.0.1:{prom_port}/api/v1/write\n    name: prom\n    \
          queue_config: {{max_samples_per_send: 500, batch_send_deadline: 1s, min_backoff: 50ms, max_backoff: 1s}}\n"
     );
+    // A 10 s block range: the edge cuts blocks and checkpoints its head during the outage,
+    // so the backlog goes to Prometheus from blocks, per series in order.
+    let rw = format!("{rw}strata:\n  block_range: 10s\n");
     let edata = dir.path().join("edge");
     let scraping = edge_config(dir.path(), "edge.yml", Some(sim), &rw);
     let (mut edge, base) = start_edge(dir.path(), &scraping, &edata, "edge-1");
     std::thread::sleep(Duration::from_secs(4));
+    // Prometheus is down for a minute; the edge restarts in the middle of it.
     prom.terminate();
-    std::thread::sleep(Duration::from_secs(10));
+    std::thread::sleep(Duration::from_secs(25));
     let page = metrics(&base);
     assert!(
         labelled_value(&page, "prometheus_remote_storage_samples_retried_total").unwrap_or(0.0) > 0.0,
@@ -95,8 +99,13 @@ fn prometheus_stopped_and_the_edge_restarted_mid_backlog_lose_nothing() {
     assert!(labelled_value(&page, "strata_remote_write_queue_pending_bytes").unwrap_or(0.0) > 0.0);
     // The edge restarts with the backlog unsent; it scrapes on meanwhile.
     edge.terminate();
-    let (mut edge, _) = start_edge(dir.path(), &scraping, &edata, "edge-2");
-    std::thread::sleep(Duration::from_secs(10));
+    let (mut edge, base) = start_edge(dir.path(), &scraping, &edata, "edge-2");
+    std::thread::sleep(Duration::from_secs(30));
+    let page = metrics(&base);
+    assert!(
+        metric_value(&page, "strata_blocks_written_total").unwrap_or(0.0) > 0.0,
+        "the edge cut no block during the outage:\n{page}"
+    );
     let _prom = start_prometheus(dir.path(), prom_port);
     std::thread::sleep(Duration::from_secs(3));
     // Scraping stops (an edge without jobs on the same data) so both sides can settle.

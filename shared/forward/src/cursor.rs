@@ -7,12 +7,27 @@ use strata_tsdb::wal::WalCursor;
 
 /// A position in the WAL that every sample before was acknowledged by the upstream whose
 /// storage identity it carries: the record at `wal`, of whose samples the first `skip`
-/// were acknowledged already (a record larger than a batch goes in parts).
+/// were acknowledged already (a record larger than a batch goes in parts). With `replay`,
+/// a backlog read from storage comes first ([`Backlog`](crate::Backlog), in the file
+/// beside the cursor), acknowledged up to that point; the WAL follows from `wal`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cursor {
     pub storage_id: String,
     pub wal: WalCursor,
     pub skip: u64,
+    pub replay: Option<ReplayAt>,
+}
+
+/// How far a backlog has been acknowledged: its entries before `entry` whole, and of that
+/// entry the samples up to `after` (ms; `i64::MIN`: none).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplayAt {
+    pub entry: u64,
+    pub after: i64,
+}
+
+impl ReplayAt {
+    pub const START: ReplayAt = ReplayAt { entry: 0, after: i64::MIN };
 }
 
 /// One upstream's cursor file (`<data>/forward/<upstream>.cursor`), replaced whole (write,
@@ -52,6 +67,11 @@ impl CursorFile {
         &self.path
     }
 
+    /// The file of the upstream's backlog read from storage, beside its cursor.
+    pub fn backlog_path(&self) -> PathBuf {
+        self.path.with_extension("backlog")
+    }
+
     /// The persisted cursor; `None` when there is none or it cannot be read (logged: the
     /// upstream then gets everything again, which it ignores where it holds it).
     pub fn load(&self) -> Option<Cursor> {
@@ -75,10 +95,13 @@ impl CursorFile {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(err)?;
         let tmp = self.path.with_extension("cursor.tmp");
-        let text = format!(
+        let mut text = format!(
             "{HEADER}\nstorage_id {}\nsegment {}\noffset {}\nskip {}\n",
             c.storage_id, c.wal.segment, c.wal.offset, c.skip
         );
+        if let Some(r) = c.replay {
+            text.push_str(&format!("replay {} {}\n", r.entry, r.after));
+        }
         let mut f = std::fs::File::create(&tmp).map_err(err)?;
         f.write_all(text.as_bytes()).map_err(err)?;
         f.sync_data().map_err(err)?;
@@ -98,7 +121,21 @@ fn parse(text: &str) -> Option<Cursor> {
     let segment = field("segment")?.parse().ok()?;
     let offset = field("offset")?.parse().ok()?;
     let skip = field("skip")?.parse().ok()?;
-    Some(Cursor { storage_id, wal: WalCursor { segment, offset }, skip })
+    let replay = match lines.next() {
+        None => None,
+        Some(line) => {
+            let mut f = line.strip_prefix("replay ")?.split(' ');
+            let at = ReplayAt { entry: f.next()?.parse().ok()?, after: f.next()?.parse().ok()? };
+            if f.next().is_some() {
+                return None;
+            }
+            Some(at)
+        }
+    };
+    if lines.next().is_some() {
+        return None;
+    }
+    Some(Cursor { storage_id, wal: WalCursor { segment, offset }, skip, replay })
 }
 
 #[cfg(test)]
@@ -113,9 +150,15 @@ mod tests {
         // Names that used to share a file no longer do.
         assert_ne!(CursorFile::new(d.path(), "a b").path(), CursorFile::new(d.path(), "a_b").path());
         assert_eq!(f.load(), None);
-        let c = Cursor { storage_id: "abc".into(), wal: WalCursor { segment: 3, offset: 4096 }, skip: 7 };
+        let c = Cursor { storage_id: "abc".into(), wal: WalCursor { segment: 3, offset: 4096 }, skip: 7, replay: None };
+        f.store(&c).unwrap();
+        assert_eq!(f.load(), Some(c.clone()));
+        let c = Cursor { replay: Some(ReplayAt { entry: 12, after: -5 }), ..c };
         f.store(&c).unwrap();
         assert_eq!(f.load(), Some(c));
+        std::fs::write(f.path(), "strata forward cursor v1\nstorage_id abc\nsegment 1\noffset 0\nskip 0\nreplay 1\n")
+            .unwrap();
+        assert_eq!(f.load(), None);
         std::fs::write(f.path(), "strata forward cursor v1\nstorage_id abc\nsegment x\n").unwrap();
         assert_eq!(f.load(), None);
     }

@@ -1,4 +1,5 @@
-//! The WAL segments every upstream still needs, held against deletion.
+//! What every upstream still needs, held against deletion: WAL segments from its cursor,
+//! and while it has a backlog to read from storage, blocks past retention within a budget.
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -6,16 +7,19 @@ use std::sync::Arc;
 use strata_tsdb::db::Tsdb;
 use strata_tsdb::wal::WalCursor;
 
-/// Each upstream's cursor; the database holds the WAL from the oldest of them on. An
-/// upstream that has not said where it stands yet holds everything (`None` is not "done").
+/// Each upstream's cursor and backlog; the database holds the WAL from the oldest cursor
+/// on, and blocks from the oldest backlog on. An upstream that has not said where it
+/// stands yet holds everything (`None` is not "done").
 pub struct WalHolds {
     db: Arc<Tsdb>,
     cursors: Mutex<HashMap<String, WalCursor>>,
+    /// Upstream → (the oldest time its backlog needs, the bytes past retention it may keep).
+    backlogs: Mutex<HashMap<String, (i64, u64)>>,
 }
 
 impl WalHolds {
     pub fn new(db: Arc<Tsdb>) -> Arc<WalHolds> {
-        Arc::new(WalHolds { db, cursors: Mutex::new(HashMap::new()) })
+        Arc::new(WalHolds { db, cursors: Mutex::new(HashMap::new()), backlogs: Mutex::new(HashMap::new()) })
     }
 
     /// `upstream` needs the WAL from `at` on.
@@ -25,10 +29,25 @@ impl WalHolds {
         self.db.hold_wal(c.values().min().copied());
     }
 
+    /// `upstream` reads a backlog from storage from `oldest` (ms) on, and may keep up to
+    /// `max_bytes` of blocks past retention for it; `None`: it has none.
+    pub fn set_backlog(&self, upstream: &str, backlog: Option<(i64, u64)>) {
+        let mut b = self.backlogs.lock();
+        match backlog {
+            Some(v) => b.insert(upstream.to_string(), v),
+            None => b.remove(upstream),
+        };
+        let oldest = b.values().map(|v| v.0).min();
+        let budget = b.values().map(|v| v.1).max();
+        self.db.hold_blocks(oldest.zip(budget));
+    }
+
     /// `upstream` needs nothing any more (it was removed from the configuration).
     pub fn release(&self, upstream: &str) {
         let mut c = self.cursors.lock();
         c.remove(upstream);
         self.db.hold_wal(c.values().min().copied());
+        drop(c);
+        self.set_backlog(upstream, None);
     }
 }

@@ -9,13 +9,16 @@
 //! batches not yet acknowledged. Resending is harmless: an identical sample is ignored,
 //! and a different value at a stored timestamp is a conflict the receiver counts and logs,
 //! keeping the stored one. While an upstream is behind, the WAL segments it still needs
-//! are held ([`WalHolds`]) whatever checkpoints would delete.
+//! are held ([`WalHolds`]) until the head checkpoint covers them; then what they hold for
+//! it becomes a [`Backlog`] read from blocks (three times smaller than the WAL), and the
+//! segments go as they would without forwarding.
 //!
 //! A regional's storage identity ([`StorageId`]) is created with its data directory. The
 //! edge learns it in `Hello`, keeps it with the cursor and sends it with every batch: a
 //! regional that comes back with another (its disk replaced) refuses batches meant for the
 //! old one, and the edge starts again from the oldest data its WAL holds.
 
+mod backlog;
 mod cursor;
 mod holds;
 mod receiver;
@@ -24,7 +27,8 @@ mod sender;
 mod tests;
 mod upstream;
 
-pub use cursor::{Cursor, CursorFile};
+pub use backlog::{Backlog, BacklogEntry};
+pub use cursor::{Cursor, CursorFile, ReplayAt};
 pub use holds::WalHolds;
 pub use receiver::{ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
 pub use sender::{ForwardMetrics, Forwarder, ForwarderOptions, ForwarderStats, UpstreamLabel};
@@ -49,6 +53,8 @@ pub enum ForwardError {
     StorageId { file: std::path::PathBuf, reason: String },
     #[error("upstream {upstream}: {reason}")]
     Upstream { upstream: String, reason: String },
+    #[error("reading the backlog for upstream {upstream} from storage: {reason}")]
+    Backlog { upstream: String, reason: String },
     #[error("reading the WAL for upstream {upstream}: {source}")]
     Wal { upstream: String, source: strata_tsdb::wal::WalError },
 }

@@ -1,6 +1,8 @@
 //! The edge's side: one [`Forwarder`] per upstream reads the WAL from its cursor and sends
 //! it in batches, persisting the cursor after each acknowledgement.
 
+use crate::backlog::{labels_before, Backlog, BacklogReader};
+use crate::cursor::ReplayAt;
 use crate::upstream::{GrpcUpstream, PushError, Upstream, UpstreamSession};
 use crate::{pb, Cursor, CursorFile, ForwardError, WalHolds, MAX_BATCH_METADATA, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -37,9 +39,9 @@ pub struct ForwarderOptions {
     pub series_labels_win: bool,
     /// How long to wait at the end of the WAL before reading again.
     pub poll: Duration,
-    /// The most WAL this upstream may keep on disk beyond what the edge keeps anyway
-    /// (segments its head checkpoint covers); past it the oldest is dropped for it,
-    /// counted and logged with its time range. `None`: no bound.
+    /// The most blocks past the edge's retention kept for this upstream while it has a
+    /// backlog to read from them; what retention deletes past it is dropped for the
+    /// upstream, oldest first, counted and logged with its time range. `None`: none kept.
     pub max_disk: Option<u64>,
     pub timeout: Duration,
     pub min_backoff: Duration,
@@ -121,7 +123,7 @@ impl ForwardMetrics {
         );
         r.register(
             "budget_dropped_samples",
-            "Samples dropped for the upstream, oldest first, because the WAL held for it passed forward_max_disk (logged with their range)",
+            "Samples the upstream still needed that the edge no longer held when they were due (deleted past retention and forward_max_disk, or in a damaged block): dropped for it, oldest first, logged with their range",
             self.budget_dropped_samples.clone(),
         );
         r.register("sent_bytes", "Bytes of batches sent, as protobuf before gzip", self.sent_bytes.clone());
@@ -166,7 +168,7 @@ pub struct ForwarderStats {
     pub unsendable_samples: Counter,
     /// Samples of batches the upstream refused as invalid, dropped after retries (logged).
     pub dropped_samples: Counter,
-    /// Samples dropped oldest first past `max_disk` (logged with their range).
+    /// Samples of a backlog storage no longer held when due (logged with their range).
     pub budget_dropped_samples: Counter,
     /// Bytes of batches sent, as protobuf before gzip.
     pub sent_bytes: Counter,
@@ -187,7 +189,7 @@ pub struct Forwarder<U: Upstream = GrpcUpstream> {
     newest_acked: std::sync::atomic::AtomicI64,
     /// Where the upstream last refused a batch as invalid, and how many times in a row
     /// (kept across sessions: each refusal ends one).
-    refused: parking_lot::Mutex<Option<((WalCursor, u64), u32)>>,
+    refused: parking_lot::Mutex<Option<(At, u32)>>,
 }
 
 impl Forwarder<GrpcUpstream> {
@@ -217,8 +219,13 @@ impl<U: Upstream> Forwarder<U> {
     ) -> Forwarder<U> {
         let cursor_file = CursorFile::new(db.dir(), &opts.upstream);
         // Until the upstream says where it stands, everything it may need is kept.
-        let held = cursor_file.load().map_or_else(|| oldest(&db), |c| c.wal);
+        let loaded = cursor_file.load();
+        let held = loaded.as_ref().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
+        if loaded.is_some_and(|c| c.replay.is_some()) {
+            let oldest = Backlog::load(&cursor_file.backlog_path()).map_or(i64::MIN, |b| b.summary().1);
+            holds.set_backlog(&opts.upstream, Some((oldest, opts.max_disk.unwrap_or(0))));
+        }
         // What is pending shows from the start: a 0 before the first session would read
         // as "caught up".
         stats.pending_bytes.set(i64::try_from(pending_bytes(&db, held)).unwrap_or(i64::MAX));
@@ -247,8 +254,8 @@ impl<U: Upstream> Forwarder<U> {
                 Ok(SessionEnd::Rotate) => continue,
                 Err(e) => {
                     self.stats.retries.inc();
-                    if let Err(e) = self.enforce_budget().await {
-                        tracing::error!(upstream = %self.opts.upstream, error = %e, "forward: applying the disk budget failed");
+                    if let Err(e) = self.take_backlog_from_storage().await {
+                        tracing::error!(upstream = %self.opts.upstream, error = %e, "forward: moving the backlog to storage failed (the WAL stays held)");
                     }
                     self.note_pending();
                     tracing::warn!(upstream = %self.opts.upstream, error = %e, retry_in = ?backoff, "forward: retrying");
@@ -262,36 +269,20 @@ impl<U: Upstream> Forwarder<U> {
         }
     }
 
-    /// Past `max_disk`, drops the oldest WAL segments this upstream alone still holds:
-    /// its persisted cursor moves past them, and their samples are counted and logged
-    /// with their time range. Returns whether anything was dropped.
-    async fn enforce_budget(&self) -> Result<bool, ForwardError> {
-        let Some(max) = self.opts.max_disk else { return Ok(false) };
+    /// Once the head checkpoint covers WAL segments this upstream still needs, what they
+    /// hold for it becomes a backlog read from storage ([`Backlog`]), and the hold on
+    /// them goes. Returns whether the persisted cursor moved (a running session then
+    /// starts again from it).
+    async fn take_backlog_from_storage(&self) -> Result<bool, ForwardError> {
         let (db, file, upstream) =
             (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
-        let counter = self.stats.budget_dropped_samples.clone();
-        // Counted and logged with the cursor's move, on the blocking thread: a forwarder
-        // aborted meanwhile (at shutdown) cannot leave a drop unrecorded.
-        let dropped = tokio::task::spawn_blocking(move || {
-            let d = drop_over_budget(&db, &file, max, &upstream)?;
-            if let Some(d) = &d {
-                counter.inc_by(d.samples);
-                tracing::error!(
-                    upstream = %upstream,
-                    samples = d.samples,
-                    segments = d.segments,
-                    from_ms = d.oldest,
-                    to_ms = d.newest,
-                    max_disk = max,
-                    "forward: the WAL held for the upstream passed forward_max_disk: its oldest part is dropped for it"
-                );
-            }
-            Ok::<_, ForwardError>(d)
-        })
-        .await
-        .map_err(|e| self.fail(format!("applying the disk budget: {e}")))??;
-        let Some(d) = dropped else { return Ok(false) };
-        self.holds.set(&self.opts.upstream, d.cursor);
+        let unsendable = self.stats.unsendable_samples.clone();
+        let moved = tokio::task::spawn_blocking(move || backlog_from_storage(&db, &file, &upstream, &unsendable))
+            .await
+            .map_err(|e| self.fail(format!("moving the backlog to storage: {e}")))??;
+        let Some((cursor, oldest)) = moved else { return Ok(false) };
+        self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
+        self.holds.set(&self.opts.upstream, cursor.wal);
         Ok(true)
     }
 
@@ -347,7 +338,13 @@ impl<U: Upstream> Forwarder<U> {
                         "forward: the upstream has new storage (its data directory was replaced): sending everything from the oldest data held"
                     );
                 }
-                Cursor { storage_id: storage_id.clone(), wal: from, skip: 0 }
+                let fresh = Cursor { storage_id: storage_id.clone(), wal: from, skip: 0, replay: None };
+                if storage_id.is_empty() {
+                    // No storage identity (a remote write endpoint): from the WAL's start.
+                    fresh
+                } else {
+                    self.everything_from_storage(fresh).await?
+                }
             }
         };
         self.holds.set(&self.opts.upstream, cursor.wal);
@@ -356,8 +353,8 @@ impl<U: Upstream> Forwarder<U> {
             .batch_samples
             .min(usize::try_from(hello.max_batch_samples).unwrap_or(usize::MAX))
             .clamp(1, MAX_BATCH_SAMPLES);
-        let (db, c) = (self.db.clone(), cursor.clone());
-        let opened = tokio::task::spawn_blocking(move || WalSource::new(&db, &c))
+        let (db, c, backlog) = (self.db.clone(), cursor.clone(), self.cursor_file.backlog_path());
+        let opened = tokio::task::spawn_blocking(move || WalSource::new(db, &c, &backlog))
             .await
             .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
         let mut source =
@@ -365,16 +362,16 @@ impl<U: Upstream> Forwarder<U> {
         // Series numbers are the session's: a new session (this one) names every series
         // again with its labels.
         let session = session_id();
-        let mut prefetched: Option<tokio::task::JoinHandle<(WalSource, Result<Batch, wal::WalError>)>> = None;
+        let mut prefetched: Option<tokio::task::JoinHandle<(WalSource, Result<Batch, ReadError>)>> = None;
         loop {
             if *stop.borrow() {
                 return Ok(SessionEnd::Stopped);
             }
-            // The budget moves the persisted cursor: a new session starts from it.
-            if self.enforce_budget().await? {
-                return Err(
-                    self.fail("the WAL held for this upstream passed its disk budget; resuming after the dropped part")
-                );
+            // Moving the backlog to storage moves the persisted cursor: a new session
+            // starts from it.
+            let checkpointed = self.db.wal_needed_from().is_some_and(|n| n > cursor.wal.segment);
+            if checkpointed && self.take_backlog_from_storage().await? {
+                return Ok(SessionEnd::Rotate);
             }
             // The batch read while the previous one was in flight, or one read now.
             let (mut src, read) = match prefetched.take() {
@@ -394,7 +391,7 @@ impl<U: Upstream> Forwarder<U> {
                     .map_err(|e| self.fail(format!("reading the WAL: {e}")))?
                 }
             };
-            let batch = read.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?;
+            let mut batch = read.map_err(|e| e.into_forward(&self.opts.upstream))?;
             // The next batch is read while this one is in flight (the WAL reader and the
             // upstream work at once); a session that ends discards it unsent, and the next
             // one reads again from the persisted cursor.
@@ -415,9 +412,10 @@ impl<U: Upstream> Forwarder<U> {
             // Pending is what the upstream has not acknowledged: from the cursor, not the read.
             self.stats.pending_bytes.set(i64::try_from(pending_bytes(&self.db, cursor.wal)).unwrap_or(i64::MAX));
             if batch.request.series.is_empty() && batch.request.metadata.is_empty() {
-                if batch.next != (cursor.wal, cursor.skip) {
-                    // Only records that carry nothing to send (labels): move past them.
-                    cursor = self.advance(cursor, batch.next).await?;
+                if batch.next != At::of(&cursor) {
+                    // Only records that carry nothing to send (labels), or backlog storage
+                    // no longer holds: move past them.
+                    cursor = self.advance(cursor, &batch).await?;
                 }
                 self.stats.lag_seconds.set(0.0);
                 tokio::select! {
@@ -426,7 +424,7 @@ impl<U: Upstream> Forwarder<U> {
                 }
                 continue;
             }
-            let mut request = batch.request;
+            let mut request = std::mem::take(&mut batch.request);
             request.storage_id = storage_id.clone();
             request.session = session.clone();
             self.stats.batches_sent.inc();
@@ -446,9 +444,9 @@ impl<U: Upstream> Forwarder<U> {
                         // An upstream may be out for long inside one push: the budget
                         // still holds, and a push stuck that long gives way to what it
                         // leaves (a push that is merely slow is left to finish).
-                        if pushed_at.elapsed() >= STUCK_PUSH && self.enforce_budget().await? {
+                        if pushed_at.elapsed() >= STUCK_PUSH && self.take_backlog_from_storage().await? {
                             return Err(self.fail(
-                                "the WAL held for this upstream passed its disk budget; resuming after the dropped part",
+                                "the WAL this upstream still needs was checkpointed during a push; resuming from storage",
                             ));
                         }
                     }
@@ -460,7 +458,7 @@ impl<U: Upstream> Forwarder<U> {
                     // The upstream will never take this batch. Retried a few times (it may
                     // be a peer mid-upgrade), then dropped, counted and logged, so that one
                     // batch cannot hold all later data back (and the WAL with it) for ever.
-                    let here = (cursor.wal, cursor.skip);
+                    let here = At::of(&cursor);
                     let tries = {
                         let mut r = self.refused.lock();
                         let tries = match *r {
@@ -482,7 +480,7 @@ impl<U: Upstream> Forwarder<U> {
                         reason = %reason,
                         "forward: the upstream refuses a batch for good: its samples are dropped for this upstream"
                     );
-                    cursor = self.advance(cursor, batch.next).await?;
+                    cursor = self.advance(cursor, &batch).await?;
                     continue;
                 }
                 Err(PushError::Failed(reason)) => return Err(self.fail(reason)),
@@ -496,7 +494,7 @@ impl<U: Upstream> Forwarder<U> {
                     "forward: the upstream kept other values or refused samples of a batch"
                 );
             }
-            cursor = self.advance(cursor, batch.next).await?;
+            cursor = self.advance(cursor, &batch).await?;
             self.stats.batches_acked.inc();
             self.stats.samples_acked.inc_by(batch.samples);
             if batch.newest > i64::MIN {
@@ -509,16 +507,66 @@ impl<U: Upstream> Forwarder<U> {
         }
     }
 
-    /// Persists the cursor after an acknowledged batch and lets the WAL before it go.
-    async fn advance(&self, mut cursor: Cursor, next: (WalCursor, u64)) -> Result<Cursor, ForwardError> {
-        (cursor.wal, cursor.skip) = next;
+    /// Persists the cursor after an acknowledged batch and lets the WAL before it go;
+    /// counts and logs what of a backlog storage no longer held.
+    async fn advance(&self, mut cursor: Cursor, batch: &Batch) -> Result<Cursor, ForwardError> {
+        let finished_backlog = cursor.replay.is_some() && batch.next.replay.is_none();
+        (cursor.wal, cursor.skip, cursor.replay) = (batch.next.wal, batch.next.skip, batch.next.replay);
         let file = CursorFile::new(self.db.dir(), &self.opts.upstream);
         let c = cursor.clone();
-        tokio::task::spawn_blocking(move || file.store(&c))
-            .await
-            .map_err(|e| self.fail(format!("storing the cursor: {e}")))??;
+        tokio::task::spawn_blocking(move || {
+            file.store(&c)?;
+            if finished_backlog {
+                let _ = std::fs::remove_file(file.backlog_path());
+            }
+            Ok::<_, ForwardError>(())
+        })
+        .await
+        .map_err(|e| self.fail(format!("storing the cursor: {e}")))??;
+        if batch.lost > 0 {
+            self.stats.budget_dropped_samples.inc_by(batch.lost);
+            tracing::error!(
+                upstream = %self.opts.upstream,
+                samples = batch.lost,
+                from_ms = batch.lost_range.0,
+                to_ms = batch.lost_range.1,
+                "forward: samples the upstream still needed were no longer held (deleted past retention and forward_max_disk, or in a damaged block): dropped for it"
+            );
+        }
         self.holds.set(&self.opts.upstream, cursor.wal);
+        if finished_backlog {
+            self.holds.set_backlog(&self.opts.upstream, None);
+        }
         Ok(cursor)
+    }
+
+    /// `fresh`, with a backlog of everything storage holds before the WAL: an upstream met
+    /// for the first time, or back with new storage, gets all the edge still holds.
+    async fn everything_from_storage(&self, fresh: Cursor) -> Result<Cursor, ForwardError> {
+        let (db, file, upstream) =
+            (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
+        let c = fresh.clone();
+        let oldest = tokio::task::spawn_blocking(move || {
+            let backlog = Backlog::everything(&db, c.wal)
+                .map_err(|reason| ForwardError::Backlog { upstream: upstream.clone(), reason })?;
+            backlog
+                .save(&file.backlog_path())
+                .map_err(|source| ForwardError::Cursor { file: file.backlog_path(), source })?;
+            file.store(&Cursor { replay: Some(ReplayAt::START), ..c })?;
+            let (_, oldest, newest) = backlog.summary();
+            tracing::info!(
+                upstream = %upstream,
+                series = backlog.entries.len(),
+                from_ms = oldest,
+                to_ms = newest,
+                "forward: sending the upstream everything the edge holds, from storage, then the WAL"
+            );
+            Ok::<_, ForwardError>(oldest)
+        })
+        .await
+        .map_err(|e| self.fail(format!("listing what storage holds: {e}")))??;
+        self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
+        Ok(Cursor { replay: Some(ReplayAt::START), ..fresh })
     }
 }
 
@@ -535,58 +583,61 @@ const SESSION_SLACK: usize = 10_000;
 /// A push in flight this long is retrying through an outage: the disk budget applies.
 const STUCK_PUSH: Duration = Duration::from_secs(10);
 
-/// What [`drop_over_budget`] dropped.
-struct Dropped {
-    cursor: WalCursor,
-    samples: u64,
-    segments: usize,
-    oldest: i64,
-    newest: i64,
-}
-
-/// Moves the persisted cursor past the oldest segments held only for this upstream (before
-/// the head's own need) while they exceed `max` bytes, counting what they hold after the
-/// cursor.
-fn drop_over_budget(db: &Tsdb, file: &CursorFile, max: u64, upstream: &str) -> Result<Option<Dropped>, ForwardError> {
-    let wal_error = |source| ForwardError::Wal { upstream: upstream.to_string(), source };
-    // An upstream never reached has no cursor yet: it holds from the oldest data on, and
-    // a cursor placed here (with no identity) applies to whichever storage answers first.
-    let mut cursor = file.load().unwrap_or(Cursor { storage_id: String::new(), wal: oldest(db), skip: 0 });
+/// Where the head checkpoint covers WAL segments the upstream behind `file` still needs:
+/// notes what they hold after its cursor as a backlog read from storage (merged with the
+/// rest of any backlog it had), and moves the persisted cursor past them. Returns the new
+/// cursor and the oldest time its backlog needs; `None` when nothing needed moving.
+fn backlog_from_storage(
+    db: &Tsdb,
+    file: &CursorFile,
+    upstream: &str,
+    unsendable: &Counter,
+) -> Result<Option<(Cursor, i64)>, ForwardError> {
     let Some(needed) = db.wal_needed_from() else { return Ok(None) };
-    let dir = db.wal_dir();
-    let size = |n: u32| std::fs::metadata(wal::segment_path(&dir, n)).map_or(0, |m| m.len());
-    let held = |c: &Cursor| -> u64 {
-        (c.wal.segment..needed)
-            .map(|n| if n == c.wal.segment { size(n).saturating_sub(c.wal.offset) } else { size(n) })
-            .sum()
-    };
-    let mut d = Dropped { cursor: cursor.wal, samples: 0, segments: 0, oldest: i64::MAX, newest: i64::MIN };
-    while cursor.wal.segment < needed && held(&cursor) > max {
-        let path = wal::segment_path(&dir, cursor.wal.segment);
-        if path.exists() {
-            let mut r = wal::SegmentReader::open(&path, cursor.wal.offset).map_err(wal_error)?;
-            let mut skip = cursor.skip;
-            while let wal::ReadOutcome::Record(rec) = r.next_record() {
-                if let WalRecord::Samples(v) = rec {
-                    for (_, s) in v.iter().skip(usize::try_from(skip).unwrap_or(usize::MAX)) {
-                        d.samples += 1;
-                        d.oldest = d.oldest.min(s.t);
-                        d.newest = d.newest.max(s.t);
-                    }
-                    skip = 0;
-                }
-            }
-        }
-        cursor.wal = WalCursor { segment: cursor.wal.segment + 1, offset: 0 };
-        cursor.skip = 0;
-        d.segments += 1;
-    }
-    if d.segments == 0 {
+    // An upstream never reached has no cursor yet: it needs everything from the oldest on.
+    let cursor = file.load().unwrap_or(Cursor { storage_id: String::new(), wal: oldest(db), skip: 0, replay: None });
+    if cursor.wal.segment >= needed {
         return Ok(None);
     }
-    file.store(&cursor)?;
-    d.cursor = cursor.wal;
-    Ok(Some(d))
+    let (newer, scanned) = Backlog::scan_wal(db, cursor.wal, cursor.skip, needed)
+        .map_err(|source| ForwardError::Wal { upstream: upstream.to_string(), source })?;
+    if scanned.unnamed > 0 {
+        unsendable.inc_by(scanned.unnamed);
+        tracing::warn!(
+            upstream,
+            samples = scanned.unnamed,
+            "forward: samples of series the WAL does not name: not sent"
+        );
+    }
+    let path = file.backlog_path();
+    let backlog = match cursor.replay {
+        None => newer,
+        Some(at) => match Backlog::load(&path) {
+            Ok(older) => older.rest_then(at, newer),
+            Err(e) => {
+                tracing::error!(upstream, error = %e, "forward: the upstream's backlog file is damaged: what it listed is not sent");
+                newer
+            }
+        },
+    };
+    backlog.save(&path).map_err(|source| ForwardError::Cursor { file: path.clone(), source })?;
+    let next = Cursor {
+        storage_id: cursor.storage_id,
+        wal: WalCursor { segment: needed, offset: 0 },
+        skip: 0,
+        replay: Some(ReplayAt::START),
+    };
+    file.store(&next)?;
+    let (samples, oldest, newest) = backlog.summary();
+    tracing::info!(
+        upstream,
+        series = backlog.entries.len(),
+        samples,
+        from_ms = oldest,
+        to_ms = newest,
+        "forward: the WAL the upstream still needs was checkpointed: its backlog is sent from storage instead"
+    );
+    Ok(Some((next, oldest)))
 }
 
 /// `labels` with each external label it lacks (Prometheus' remote write: the series' own
@@ -633,14 +684,52 @@ fn pending_bytes(db: &Tsdb, from: WalCursor) -> u64 {
         .sum()
 }
 
-/// A batch read from the WAL and the cursor after it.
+/// A position a batch ends at: [`Cursor`] without the storage identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct At {
+    wal: WalCursor,
+    skip: u64,
+    replay: Option<ReplayAt>,
+}
+
+impl At {
+    fn of(c: &Cursor) -> At {
+        At { wal: c.wal, skip: c.skip, replay: c.replay }
+    }
+}
+
+/// A batch read from the WAL or a backlog, and the position after it.
 struct Batch {
     request: pb::PushRequest,
-    next: (WalCursor, u64),
+    next: At,
     samples: u64,
     oldest: i64,
     newest: i64,
     unknown: u64,
+    /// Samples of a backlog storage no longer held, and their entries' range.
+    lost: u64,
+    lost_range: (i64, i64),
+}
+
+/// Why a batch could not be read.
+enum ReadError {
+    Wal(wal::WalError),
+    Storage(strata_store::StoreError),
+}
+
+impl From<wal::WalError> for ReadError {
+    fn from(e: wal::WalError) -> Self {
+        ReadError::Wal(e)
+    }
+}
+
+impl ReadError {
+    fn into_forward(self, upstream: &str) -> ForwardError {
+        match self {
+            ReadError::Wal(source) => ForwardError::Wal { upstream: upstream.to_string(), source },
+            ReadError::Storage(e) => ForwardError::Backlog { upstream: upstream.to_string(), reason: e.to_string() },
+        }
+    }
 }
 
 /// A samples record partly sent: it starts at `start`, ends at `end`.
@@ -655,7 +744,7 @@ struct Partial {
 /// and metadata as well as samples.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
-/// Reads batches from the WAL. Every segment names each reference its samples use before
+/// Reads batches from a backlog in storage, if there is one, then from the WAL. Every segment names each reference its samples use before
 /// them (see `Tsdb::commit`), so labels are resolved from the segment being read, never
 /// from the head, which may have dropped the series or, after a restart, given its
 /// reference to another.
@@ -677,28 +766,27 @@ struct WalSource {
     /// Samples of the record at `resume` sent before (a record larger than a batch).
     skip: u64,
     resume: WalCursor,
-    at: (WalCursor, u64),
+    at: At,
+    /// The backlog sent before the WAL.
+    replay: Option<BacklogReader>,
 }
 
 impl WalSource {
-    fn new(db: &Tsdb, c: &Cursor) -> Result<WalSource, wal::WalError> {
-        let mut labels = HashMap::new();
+    fn new(db: Arc<Tsdb>, c: &Cursor, backlog: &std::path::Path) -> Result<WalSource, wal::WalError> {
         // Resuming mid-segment: the labels named before the cursor.
-        if c.wal.offset > 0 {
-            let path = wal::segment_path(&db.wal_dir(), c.wal.segment);
-            if path.exists() {
-                let mut r = wal::SegmentReader::open(&path, 0)?;
-                while r.offset() < c.wal.offset {
-                    match r.next_record() {
-                        wal::ReadOutcome::Record(WalRecord::Series { series_ref, labels: l }) => {
-                            labels.insert(series_ref, l);
-                        }
-                        wal::ReadOutcome::Record(_) => {}
-                        _ => break,
-                    }
+        let labels = labels_before(&db, c.wal)?;
+        let mut at = At::of(c);
+        let replay = match c.replay {
+            None => None,
+            Some(r) => match Backlog::load(backlog) {
+                Ok(b) => Some(BacklogReader::new(db.clone(), b, r)),
+                Err(e) => {
+                    tracing::error!(error = %e, "forward: a backlog file is damaged: what it listed is not sent");
+                    at.replay = None;
+                    None
                 }
-            }
-        }
+            },
+        };
         Ok(WalSource {
             reader: WalReader::new(&db.wal_dir(), c.wal),
             labels,
@@ -710,7 +798,8 @@ impl WalSource {
             partial: None,
             skip: c.skip,
             resume: c.wal,
-            at: (c.wal, c.skip),
+            at,
+            replay,
         })
     }
 
@@ -718,7 +807,12 @@ impl WalSource {
     /// labels are met in the session); `None` when the segment does not name it, or the
     /// upstream would refuse its labels (logged).
     fn resolve(&mut self, r: SeriesRef, external: &(Labels, bool)) -> Option<u64> {
-        let labels = self.labels.get(&r)?;
+        let labels = self.labels.get(&r)?.clone();
+        self.resolve_labels(&labels, external)
+    }
+
+    /// The session number of a series with these labels (as stored, before external labels).
+    fn resolve_labels(&mut self, labels: &Labels, external: &(Labels, bool)) -> Option<u64> {
         let labels = if external.1 {
             add_missing(labels, &external.0)
         } else {
@@ -751,7 +845,64 @@ impl WalSource {
         self.named.len() > live.saturating_mul(2).saturating_add(SESSION_SLACK)
     }
 
-    fn next_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, wal::WalError> {
+    /// Labels the first time the session sends series `id`, then its number alone; adds
+    /// their size to `bytes`.
+    fn series_entry(&mut self, id: u64, bytes: &mut usize) -> pb::ForwardSeries {
+        let slot = usize::try_from(id - 1).unwrap_or(usize::MAX);
+        let labels = match self.named.get_mut(slot) {
+            Some((l, sent)) if !*sent => {
+                *sent = true;
+                *bytes += l.iter().map(|x| x.name.len() + x.value.len() + 8).sum::<usize>();
+                labels_to_pb(l)
+            }
+            _ => Vec::new(),
+        };
+        *bytes += 12;
+        pb::ForwardSeries { labels, r#ref: id, ..Default::default() }
+    }
+
+    /// A batch of the backlog; once it is read, the position moves on to the WAL.
+    fn backlog_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
+        let mut req = pb::PushRequest::default();
+        let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
+        let (mut lost, mut lost_range) = (0u64, (i64::MAX, i64::MIN));
+        while n < limit && bytes < MAX_BATCH_BYTES && req.series.len() < MAX_BATCH_SERIES {
+            let Some(reader) = self.replay.as_mut() else { break };
+            let Some(piece) = reader.next_piece(limit - n).map_err(ReadError::Storage)? else { break };
+            if piece.lost > 0 {
+                lost += piece.lost;
+                lost_range = (lost_range.0.min(piece.range.0), lost_range.1.max(piece.range.1));
+            }
+            if piece.samples.is_empty() {
+                continue;
+            }
+            let Some(id) = self.resolve_labels(&piece.labels, external) else {
+                unknown += piece.samples.len() as u64;
+                continue;
+            };
+            let mut fs = self.series_entry(id, &mut bytes);
+            fs.timestamps = piece.samples.iter().map(|s| s.t).collect();
+            fs.values = piece.samples.iter().map(|s| s.v.to_bits()).collect();
+            n += piece.samples.len();
+            bytes += 17 * piece.samples.len();
+            oldest = oldest.min(fs.timestamps[0]);
+            newest = newest.max(fs.timestamps[fs.timestamps.len() - 1]);
+            req.series.push(fs);
+        }
+        match &self.replay {
+            Some(r) if !r.is_done() => self.at.replay = Some(r.at()),
+            _ => {
+                self.replay = None;
+                self.at.replay = None;
+            }
+        }
+        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown, lost, lost_range })
+    }
+
+    fn next_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
+        if self.replay.is_some() {
+            return self.backlog_batch(limit, external);
+        }
         let mut req = pb::PushRequest::default();
         // A session number's series in the batch: references with the same labels (a
         // series restored under another reference after a restart) share one.
@@ -778,19 +929,8 @@ impl WalSource {
                         Some(&i) => i,
                         None if req.series.len() >= MAX_BATCH_SERIES => break,
                         None => {
-                            // Labels the first time the session sends the series, then its
-                            // number alone.
-                            let slot = usize::try_from(id - 1).unwrap_or(usize::MAX);
-                            let labels = match self.named.get_mut(slot) {
-                                Some((l, sent)) if !*sent => {
-                                    *sent = true;
-                                    bytes += l.iter().map(|x| x.name.len() + x.value.len() + 8).sum::<usize>();
-                                    labels_to_pb(l)
-                                }
-                                _ => Vec::new(),
-                            };
-                            bytes += 12;
-                            req.series.push(pb::ForwardSeries { labels, r#ref: id, ..Default::default() });
+                            let fs = self.series_entry(id, &mut bytes);
+                            req.series.push(fs);
                             index.insert(id, req.series.len() - 1);
                             req.series.len() - 1
                         }
@@ -810,11 +950,11 @@ impl WalSource {
                     newest = newest.max(s.t);
                 }
                 if p.taken < p.samples.len() {
-                    self.at = (p.start, p.taken as u64);
+                    self.at = At { wal: p.start, skip: p.taken as u64, replay: None };
                     self.partial = Some(p);
                     break;
                 }
-                self.at = (p.end, 0);
+                self.at = At { wal: p.end, skip: 0, replay: None };
                 continue;
             }
             if n >= limit || bytes >= MAX_BATCH_BYTES || req.metadata.len() >= MAX_BATCH_METADATA {
@@ -833,12 +973,12 @@ impl WalSource {
             match rec {
                 WalRecord::Series { series_ref, labels } => {
                     self.labels.insert(series_ref, labels);
-                    self.at = (after, 0);
+                    self.at = At { wal: after, skip: 0, replay: None };
                 }
                 WalRecord::Metadata { family, meta } => {
                     bytes += family.len() + meta.help.len() + meta.unit.len() + 16;
                     req.metadata.push(metadata_to_pb(&family, &meta));
-                    self.at = (after, 0);
+                    self.at = At { wal: after, skip: 0, replay: None };
                 }
                 WalRecord::Samples(samples) => {
                     let start = if before.segment == after.segment {
@@ -853,7 +993,16 @@ impl WalSource {
                 }
             }
         }
-        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown })
+        Ok(Batch {
+            request: req,
+            next: self.at,
+            samples: n as u64,
+            oldest,
+            newest,
+            unknown,
+            lost: 0,
+            lost_range: (i64::MAX, i64::MIN),
+        })
     }
 }
 
@@ -867,8 +1016,8 @@ mod session_tests {
     fn a_session_outgrown_by_churned_series_is_due_for_rotation() {
         let d = tempfile::tempdir().unwrap();
         let db = Tsdb::open(d.path(), Default::default()).unwrap();
-        let c = Cursor { storage_id: String::new(), wal: WalCursor { segment: 0, offset: 0 }, skip: 0 };
-        let mut src = WalSource::new(&db, &c).unwrap();
+        let c = Cursor { storage_id: String::new(), wal: WalCursor { segment: 0, offset: 0 }, skip: 0, replay: None };
+        let mut src = WalSource::new(Arc::new(db), &c, d.path()).unwrap();
         let external = Labels::default();
         for i in 0..6_000u64 {
             let l = Labels::from_pairs([("__name__", "x"), ("i", &i.to_string())]);

@@ -133,6 +133,9 @@ pub struct Tsdb {
     stopping: AtomicBool,
     /// The WAL cursor of the newest head checkpoint.
     pub(crate) checkpoint_at: Mutex<Option<wal::WalCursor>>,
+    /// Blocks past retention kept for a forward upstream still behind: those ending after
+    /// the time, newest first, up to the bytes ([`hold_blocks`](Tsdb::hold_blocks)).
+    pub(crate) block_hold: Mutex<Option<(i64, u64)>>,
     /// The durable floor the newest checkpoint recorded: a higher floor now means a block
     /// was cut since (`i64::MIN`: no checkpoint).
     pub(crate) checkpoint_floor: AtomicI64,
@@ -274,6 +277,7 @@ impl Tsdb {
             maintenance: Mutex::new(()),
             stopping: AtomicBool::new(false),
             checkpoint_at: Mutex::new(from),
+            block_hold: Mutex::new(None),
             checkpoint_floor: AtomicI64::new(checkpoint_floor),
             maintenance_failed: AtomicBool::new(false),
             from_checkpoint: from.is_some(),
@@ -729,6 +733,13 @@ impl Tsdb {
     /// with [`WalReader`](crate::wal::WalReader).
     pub fn hold_wal(&self, cursor: Option<wal::WalCursor>) {
         self.wal.lock().wal.hold_from(cursor.map(|c| c.segment));
+    }
+
+    /// Keeps blocks that time retention would delete while they hold data after `from`
+    /// (ms), newest first, up to `max_bytes` of them; `None` releases them. Forwarding holds
+    /// what an upstream that is behind still needs this way.
+    pub fn hold_blocks(&self, hold: Option<(i64, u64)>) {
+        *self.block_hold.lock() = hold;
     }
 
     /// The first WAL segment the head still needs: the last head checkpoint covers the

@@ -75,13 +75,10 @@ fn join(labels: &Labels, mut sources: Vec<Vec<Chunk>>) -> Result<Vec<Chunk>, Sto
     Ok(merged.chunks)
 }
 
-#[async_trait]
-impl Store for TsdbStore {
-    async fn select_within(
-        &self,
-        req: &SelectRequest,
-        budget: &mut SelectBudget,
-    ) -> Result<Vec<SeriesChunks>, StoreError> {
+impl TsdbStore {
+    /// [`Store::select_within`] without a runtime: nothing in it waits (a forwarder reads
+    /// its backlog this way on a blocking thread).
+    pub fn select_now(&self, req: &SelectRequest, budget: &mut SelectBudget) -> Result<Vec<SeriesChunks>, StoreError> {
         let db = &self.0;
         // Labels → each place's chunks: blocks oldest first, then the head. Samples are
         // charged as read; each series is charged once, when joined.
@@ -116,7 +113,8 @@ impl Store for TsdbStore {
         Ok(out)
     }
 
-    async fn series_within(
+    /// [`Store::series_within`] without a runtime.
+    pub fn series_now(
         &self,
         matchers: &[Matcher],
         start: i64,
@@ -137,6 +135,27 @@ impl Store for TsdbStore {
         found.dedup();
         budget.check_series_count(found.len())?;
         Ok(found)
+    }
+}
+
+#[async_trait]
+impl Store for TsdbStore {
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError> {
+        self.select_now(req, budget)
+    }
+
+    async fn series_within(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        self.series_now(matchers, start, end, budget)
     }
 
     async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {

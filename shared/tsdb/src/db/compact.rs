@@ -360,8 +360,35 @@ impl Tsdb {
         if cutoff == i64::MIN {
             return Ok((0, 0));
         }
-        let doomed: Vec<String> =
-            self.blocks.healthy().iter().filter(|b| b.meta().max_time <= cutoff).map(|b| b.id().to_string()).collect();
+        let mut past: Vec<_> = self.blocks.healthy().into_iter().filter(|b| b.meta().max_time <= cutoff).collect();
+        // Blocks a forward upstream still needs stay, newest first, within their budget.
+        if let Some((from, max_bytes)) = *self.block_hold.lock() {
+            past.sort_by_key(|b| std::cmp::Reverse(b.meta().max_time));
+            let (mut kept, mut full) = (0u64, false);
+            past.retain(|b| {
+                let m = b.meta();
+                // Dropped oldest first: once one does not fit, no older one is kept.
+                full = full || m.max_time <= from || kept.saturating_add(m.bytes()) > max_bytes;
+                if !full {
+                    kept = kept.saturating_add(m.bytes());
+                }
+                full
+            });
+            if kept > 0 {
+                tracing::info!(
+                    bytes = kept,
+                    from,
+                    "retention keeps blocks past the retention window for a forward upstream that is behind"
+                );
+            }
+            if past.iter().any(|b| b.meta().max_time > from) {
+                tracing::warn!(
+                    max_bytes,
+                    "retention deletes blocks a forward upstream still needs (past forward_max_disk): the upstream's forwarder counts and logs what it misses"
+                );
+            }
+        }
+        let doomed: Vec<String> = past.iter().map(|b| b.id().to_string()).collect();
         if !doomed.is_empty() {
             let _layout = self.layout.write();
             self.blocks.delete(&doomed)?;

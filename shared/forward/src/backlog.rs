@@ -1,0 +1,465 @@
+//! An upstream's backlog read from storage instead of the WAL.
+//!
+//! The edge's WAL is the forward queue, but it takes about three times the disk its blocks
+//! do: holding it through a long outage would cost disk the edge does not otherwise use. So
+//! once the head checkpoint covers WAL segments an upstream still needs (everything in them
+//! is then in blocks or in the checkpointed head), the forwarder notes what those segments
+//! hold that the upstream has not acknowledged, one [`BacklogEntry`] per series: its labels,
+//! the first and last timestamps of those samples, and how many there were. The WAL holds
+//! each series' samples in time order, so that is exactly the series' samples within
+//! `[first, last]` in storage: they are sent from there (blocks and head, oldest data first
+//! per series), and then the WAL the edge still keeps, and the segments are let go. Nothing
+//! is sent twice or skipped; where storage no longer holds all an entry counted (past
+//! retention, a damaged block) the shortfall is counted and logged with its range.
+//!
+//! A regional met for the first time, or back with a new storage identity, gets everything
+//! the edge holds the same way ([`Backlog::everything`]): every stored series up to just
+//! before its first sample in the WAL, which is sent after.
+//!
+//! The backlog is written beside the upstream's cursor (`<upstream>.backlog`), whole and
+//! `fsync`ed before the cursor that refers to it, and read back whole; a damaged one is
+//! refused, never half used.
+
+use crate::cursor::ReplayAt;
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use strata_chunk::Chunk;
+use strata_model::matcher::{MatchOp, Matcher};
+use strata_model::{Labels, Sample};
+use strata_store::{SelectBudget, SelectLimits, SelectRequest, StoreError};
+use strata_tsdb::db::Tsdb;
+use strata_tsdb::index::SeriesRef;
+use strata_tsdb::wal::{self, WalCursor, WalError, WalReader, WalRecord};
+use strata_tsdb::TsdbStore;
+
+/// One series' samples an upstream still needs: those within `[first, last]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BacklogEntry {
+    pub labels: Labels,
+    pub first: i64,
+    pub last: i64,
+    /// How many the WAL held (`None`: not counted, for [`Backlog::everything`]).
+    pub samples: Option<u64>,
+}
+
+/// Entries sorted by labels, one per series.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Backlog {
+    pub entries: Vec<BacklogEntry>,
+}
+
+/// What a WAL scan found besides the backlog.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Scanned {
+    /// Samples of references their segment does not name (damage): not in the backlog.
+    pub unnamed: u64,
+}
+
+const HEADER: &[u8] = b"strata forward backlog v1\n";
+
+impl Backlog {
+    /// The samples of the WAL from `from` (of whose record the first `skip` are
+    /// acknowledged) up to segment `until`, per series.
+    pub fn scan_wal(db: &Tsdb, from: WalCursor, skip: u64, until: u32) -> Result<(Backlog, Scanned), WalError> {
+        let mut names = labels_before(db, from)?;
+        let mut reader = WalReader::new(&db.wal_dir(), from);
+        let mut segment = from.segment;
+        // Per segment: reference → entry; entries found by labels across segments.
+        let mut by_ref: HashMap<SeriesRef, usize> = HashMap::new();
+        let mut by_labels: HashMap<Labels, usize> = HashMap::new();
+        let mut entries: Vec<BacklogEntry> = Vec::new();
+        let mut scanned = Scanned::default();
+        let mut skip = usize::try_from(skip).unwrap_or(usize::MAX);
+        while let Some((rec, after)) = reader.next_record()? {
+            if after.segment >= until {
+                break;
+            }
+            if after.segment != segment {
+                names.clear();
+                by_ref.clear();
+                segment = after.segment;
+            }
+            let skip_here = std::mem::take(&mut skip);
+            match rec {
+                WalRecord::Series { series_ref, labels } => {
+                    by_ref.remove(&series_ref);
+                    names.insert(series_ref, labels);
+                }
+                WalRecord::Metadata { .. } => {}
+                WalRecord::Samples(samples) => {
+                    for (r, s) in samples.into_iter().skip(skip_here) {
+                        let i = match by_ref.get(&r) {
+                            Some(&i) => i,
+                            None => {
+                                let Some(labels) = names.get(&r) else {
+                                    scanned.unnamed += 1;
+                                    continue;
+                                };
+                                let i = *by_labels.entry(labels.clone()).or_insert_with(|| {
+                                    entries.push(BacklogEntry {
+                                        labels: labels.clone(),
+                                        first: s.t,
+                                        last: i64::MIN,
+                                        samples: Some(0),
+                                    });
+                                    entries.len() - 1
+                                });
+                                by_ref.insert(r, i);
+                                i
+                            }
+                        };
+                        let e = &mut entries[i];
+                        // A repeat (a segment rewritten after a crash) is stored once.
+                        if s.t > e.last {
+                            e.last = s.t;
+                            e.samples = e.samples.map(|n| n + 1);
+                        }
+                    }
+                }
+            }
+        }
+        entries.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
+        Ok((Backlog { entries }, scanned))
+    }
+
+    /// Everything `db` holds that the WAL from `wal_from` on does not: every stored series
+    /// up to just before its first sample there (the whole series when it has none).
+    pub fn everything(db: &std::sync::Arc<Tsdb>, wal_from: WalCursor) -> Result<Backlog, String> {
+        let (in_wal, _) = Backlog::scan_wal(db, wal_from, 0, u32::MAX).map_err(|e| e.to_string())?;
+        let first_in_wal: HashMap<&Labels, i64> = in_wal.entries.iter().map(|e| (&e.labels, e.first)).collect();
+        // Samples appended after the scan reach the WAL after it too: the newest stored
+        // now bounds what storage sends.
+        let newest =
+            db.head().max_time().max(db.blocks().healthy().iter().map(|b| b.meta().max_time).max().unwrap_or(i64::MIN));
+        let all = Matcher::new(MatchOp::Regex, "__name__", ".+").map_err(|e| e.to_string())?;
+        let mut budget = unlimited(i64::MIN, i64::MAX);
+        let series =
+            TsdbStore(db.clone()).series_now(&[all], i64::MIN, i64::MAX, &mut budget).map_err(|e| e.to_string())?;
+        let entries = series
+            .into_iter()
+            .filter_map(|labels| {
+                let last = match first_in_wal.get(&labels) {
+                    Some(&t) => t.checked_sub(1)?,
+                    None => newest,
+                };
+                Some(BacklogEntry { labels, first: i64::MIN, last, samples: None })
+            })
+            .collect();
+        Ok(Backlog { entries })
+    }
+
+    /// What is left of this backlog after `at`, then `newer` (samples the WAL held after
+    /// all of these): one entry per series, its range from the older start to the newer end.
+    pub fn rest_then(self, at: ReplayAt, newer: Backlog) -> Backlog {
+        let start = usize::try_from(at.entry).unwrap_or(usize::MAX);
+        let mut rest: Vec<BacklogEntry> = self.entries.into_iter().skip(start).collect();
+        if let Some(e) = rest.first_mut() {
+            if at.after > i64::MIN {
+                // Part of this entry was acknowledged: its count is no longer known.
+                e.first = e.first.max(at.after.saturating_add(1));
+                e.samples = None;
+            }
+        }
+        rest.retain(|e| e.first <= e.last);
+        let mut index: HashMap<Labels, usize> = rest.iter().enumerate().map(|(i, e)| (e.labels.clone(), i)).collect();
+        for n in newer.entries {
+            match index.get(&n.labels) {
+                Some(&i) => {
+                    let e = &mut rest[i];
+                    e.last = e.last.max(n.last);
+                    e.samples = e.samples.zip(n.samples).map(|(a, b)| a + b);
+                }
+                None => {
+                    index.insert(n.labels.clone(), rest.len());
+                    rest.push(n);
+                }
+            }
+        }
+        rest.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
+        Backlog { entries: rest }
+    }
+
+    /// Samples counted, and the oldest first timestamp.
+    pub fn summary(&self) -> (u64, i64, i64) {
+        let samples = self.entries.iter().filter_map(|e| e.samples).sum();
+        let oldest = self.entries.iter().map(|e| e.first).min().unwrap_or(i64::MAX);
+        let newest = self.entries.iter().map(|e| e.last).max().unwrap_or(i64::MIN);
+        (samples, oldest, newest)
+    }
+
+    /// Writes the backlog to `path` whole (temporary file, `fsync`, rename, directory `fsync`).
+    pub fn save(&self, path: &Path) -> std::io::Result<()> {
+        let mut b = Vec::with_capacity(64 + self.entries.len() * 96);
+        b.extend_from_slice(HEADER);
+        b.extend_from_slice(&(self.entries.len() as u64).to_le_bytes());
+        for e in &self.entries {
+            b.extend_from_slice(&(e.labels.len() as u32).to_le_bytes());
+            for l in e.labels.iter() {
+                for s in [l.name.as_bytes(), l.value.as_bytes()] {
+                    b.extend_from_slice(&(s.len() as u32).to_le_bytes());
+                    b.extend_from_slice(s);
+                }
+            }
+            b.extend_from_slice(&e.first.to_le_bytes());
+            b.extend_from_slice(&e.last.to_le_bytes());
+            b.extend_from_slice(&e.samples.map_or(u64::MAX, |n| n.min(u64::MAX - 1)).to_le_bytes());
+        }
+        let crc = crc32fast::hash(&b);
+        b.extend_from_slice(&crc.to_le_bytes());
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let tmp = path.with_extension("backlog.tmp");
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(&b)?;
+        f.sync_data()?;
+        std::fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            std::fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Reads a backlog [`save`](Self::save) wrote; any damage is an error.
+    pub fn load(path: &Path) -> Result<Backlog, String> {
+        let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let damaged = |why: &str| format!("{}: damaged backlog ({why})", path.display());
+        let body_len = b.len().checked_sub(4).ok_or_else(|| damaged("too short"))?;
+        let (body, crc) = b.split_at(body_len);
+        if crc32fast::hash(body).to_le_bytes() != crc {
+            return Err(damaged("checksum"));
+        }
+        let mut r = Bytes(body.strip_prefix(HEADER).ok_or_else(|| damaged("header"))?);
+        let n = r.u64().ok_or_else(|| damaged("count"))?;
+        // Each entry takes at least 28 bytes: a count larger than the file can hold is damage.
+        if n > (r.0.len() / 28) as u64 {
+            return Err(damaged("count"));
+        }
+        let mut entries = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let pairs = r.u32().ok_or_else(|| damaged("labels"))?;
+            let mut builder = strata_model::LabelsBuilder::default();
+            for _ in 0..pairs {
+                let name = r.str().ok_or_else(|| damaged("label name"))?;
+                let value = r.str().ok_or_else(|| damaged("label value"))?;
+                builder.set(name, value);
+            }
+            let first = r.i64().ok_or_else(|| damaged("first"))?;
+            let last = r.i64().ok_or_else(|| damaged("last"))?;
+            let samples = r.u64().ok_or_else(|| damaged("samples"))?;
+            entries.push(BacklogEntry {
+                labels: builder.build(),
+                first,
+                last,
+                samples: (samples != u64::MAX).then_some(samples),
+            });
+        }
+        if !r.0.is_empty() {
+            return Err(damaged("trailing bytes"));
+        }
+        if entries.windows(2).any(|w| w[0].labels >= w[1].labels) {
+            return Err(damaged("entries out of order"));
+        }
+        Ok(Backlog { entries })
+    }
+}
+
+struct Bytes<'a>(&'a [u8]);
+
+impl<'a> Bytes<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        if self.0.len() < n {
+            return None;
+        }
+        let (a, b) = self.0.split_at(n);
+        self.0 = b;
+        Some(a)
+    }
+    fn u32(&mut self) -> Option<u32> {
+        self.take(4).and_then(|b| b.try_into().ok()).map(u32::from_le_bytes)
+    }
+    fn u64(&mut self) -> Option<u64> {
+        self.take(8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes)
+    }
+    fn i64(&mut self) -> Option<i64> {
+        self.take(8).and_then(|b| b.try_into().ok()).map(i64::from_le_bytes)
+    }
+    fn str(&mut self) -> Option<&'a str> {
+        let n = usize::try_from(self.u32()?).ok()?;
+        std::str::from_utf8(self.take(n)?).ok()
+    }
+}
+
+/// The labels a WAL segment named before `at` (a reader starting mid-segment needs them).
+pub(crate) fn labels_before(db: &Tsdb, at: WalCursor) -> Result<HashMap<SeriesRef, Labels>, WalError> {
+    let mut labels = HashMap::new();
+    if at.offset == 0 {
+        return Ok(labels);
+    }
+    let path = wal::segment_path(&db.wal_dir(), at.segment);
+    if path.exists() {
+        let mut r = wal::SegmentReader::open(&path, 0)?;
+        while r.offset() < at.offset {
+            match r.next_record() {
+                wal::ReadOutcome::Record(WalRecord::Series { series_ref, labels: l }) => {
+                    labels.insert(series_ref, l);
+                }
+                wal::ReadOutcome::Record(_) => {}
+                _ => break,
+            }
+        }
+    }
+    Ok(labels)
+}
+
+fn unlimited(start: i64, end: i64) -> SelectBudget {
+    SelectBudget::new(SelectLimits { max_series: usize::MAX, max_samples: u64::MAX }, start, end)
+}
+
+/// Samples of one entry, read from storage.
+pub(crate) struct Piece {
+    pub labels: Labels,
+    pub samples: Vec<Sample>,
+    /// Of what the entry counted, how many storage no longer holds (counted once, with
+    /// the piece that starts the entry), and the entry's range.
+    pub lost: u64,
+    pub range: (i64, i64),
+}
+
+/// Reads a backlog's samples from storage in its order, one select per group of entries
+/// that share their first label (a metric family), holding that group's chunks (compressed)
+/// and one entry's samples at a time.
+pub(crate) struct BacklogReader {
+    store: TsdbStore,
+    backlog: Backlog,
+    at: ReplayAt,
+    /// The group loaded: entries before `group_end`, each entry's chunks by index.
+    group_end: usize,
+    chunks: HashMap<usize, Vec<Chunk>>,
+    /// The entry being sent: its samples after `at.after`, and how far they were taken.
+    current: Option<(usize, Vec<Sample>, usize)>,
+}
+
+impl BacklogReader {
+    pub fn new(db: std::sync::Arc<Tsdb>, backlog: Backlog, at: ReplayAt) -> BacklogReader {
+        BacklogReader { store: TsdbStore(db), backlog, at, group_end: 0, chunks: HashMap::new(), current: None }
+    }
+
+    /// Where the reader stands: what is acknowledged once everything read so far is.
+    pub fn at(&self) -> ReplayAt {
+        self.at
+    }
+
+    pub fn is_done(&self) -> bool {
+        usize::try_from(self.at.entry).map_or(true, |i| i >= self.backlog.entries.len())
+    }
+
+    /// Up to `room` samples of the entry at the reader's position (fewer at its end);
+    /// `None` once the backlog is read.
+    pub fn next_piece(&mut self, room: usize) -> Result<Option<Piece>, StoreError> {
+        loop {
+            let i = usize::try_from(self.at.entry).unwrap_or(usize::MAX);
+            let Some(entry) = self.backlog.entries.get(i) else { return Ok(None) };
+            let (labels, first, last, counted) = (entry.labels.clone(), entry.first, entry.last, entry.samples);
+            let mut lost = 0;
+            if self.current.as_ref().is_none_or(|c| c.0 != i) {
+                if i >= self.group_end {
+                    self.load_group(i)?;
+                }
+                let chunks = self.chunks.remove(&i).unwrap_or_default();
+                let mut all = Vec::new();
+                Chunk::decode_range(&chunks, first, last, &mut all)
+                    .map_err(|e| StoreError::Corrupt { series: labels.to_string(), reason: e.to_string() })?;
+                if self.at.after == i64::MIN {
+                    lost = counted.map_or(0, |n| n.saturating_sub(all.len() as u64));
+                }
+                let from = all.partition_point(|s| s.t <= self.at.after);
+                self.current = Some((i, all, from));
+            }
+            let Some((_, samples, taken)) = self.current.as_mut() else { continue };
+            let end = samples.len().min(taken.saturating_add(room.max(1)));
+            let piece: Vec<Sample> = samples[*taken..end].to_vec();
+            *taken = end;
+            if *taken >= samples.len() {
+                self.current = None;
+                self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN };
+            } else if let Some(s) = piece.last() {
+                self.at = ReplayAt { entry: self.at.entry, after: s.t };
+            }
+            if piece.is_empty() && lost == 0 {
+                continue;
+            }
+            return Ok(Some(Piece { labels, samples: piece, lost, range: (first, last) }));
+        }
+    }
+
+    /// Selects the group of entries from `start` that share its first label.
+    fn load_group(&mut self, start: usize) -> Result<(), StoreError> {
+        let entries = &self.backlog.entries;
+        let Some(head) = entries.get(start) else { return Ok(()) };
+        let key = head.labels.iter().next().map(|l| (l.name.to_string(), l.value.to_string()));
+        let end = start
+            + entries[start..]
+                .iter()
+                .take_while(|e| e.labels.iter().next().map(|l| (l.name.to_string(), l.value.to_string())) == key)
+                .count();
+        self.chunks.clear();
+        self.group_end = end.max(start + 1);
+        let Some((name, value)) = key else { return Ok(()) };
+        let group = &entries[start..self.group_end];
+        let lo = group.iter().map(|e| e.first).min().unwrap_or(i64::MIN);
+        let hi = group.iter().map(|e| e.last).max().unwrap_or(i64::MAX);
+        let m = Matcher::new(MatchOp::Equal, &name, &value).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
+        let req = SelectRequest::new(vec![m], lo, hi);
+        let found = self.store.select_now(&req, &mut unlimited(lo, hi))?;
+        for s in found {
+            if let Ok(k) = group.binary_search_by(|e| e.labels.cmp(&s.labels)) {
+                self.chunks.insert(start + k, s.chunks);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(gpu: &str, first: i64, last: i64, samples: Option<u64>) -> BacklogEntry {
+        BacklogEntry { labels: Labels::from_pairs([("__name__", "up"), ("gpu", gpu)]), first, last, samples }
+    }
+
+    #[test]
+    fn a_backlog_survives_a_round_trip_and_any_damage_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let path = d.path().join("forward").join("x.backlog");
+        let b = Backlog { entries: vec![entry("0", 10, 20, Some(3)), entry("1", i64::MIN, 5, None)] };
+        b.save(&path).unwrap();
+        assert_eq!(Backlog::load(&path).unwrap(), b);
+        let bytes = std::fs::read(&path).unwrap();
+        for cut in [0, 10, bytes.len() - 1] {
+            std::fs::write(&path, &bytes[..cut]).unwrap();
+            assert!(Backlog::load(&path).is_err(), "cut at {cut}");
+        }
+        let mut flipped = bytes.clone();
+        flipped[40] ^= 1;
+        std::fs::write(&path, &flipped).unwrap();
+        assert!(Backlog::load(&path).is_err());
+    }
+
+    /// What is left after a partly acknowledged entry, merged with newer WAL samples: one
+    /// entry per series, spanning from the unacknowledged start to the newer end.
+    #[test]
+    fn the_rest_of_a_backlog_merges_with_newer_samples() {
+        let older = Backlog {
+            entries: vec![entry("0", 10, 20, Some(3)), entry("1", 10, 20, Some(3)), entry("2", 10, 20, Some(3))],
+        };
+        let newer = Backlog { entries: vec![entry("1", 30, 40, Some(2)), entry("3", 30, 40, Some(2))] };
+        let merged = older.rest_then(ReplayAt { entry: 1, after: 15 }, newer);
+        assert_eq!(
+            merged.entries,
+            vec![entry("1", 16, 40, None), entry("2", 10, 20, Some(3)), entry("3", 30, 40, Some(2))]
+        );
+    }
+}
