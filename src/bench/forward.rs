@@ -75,8 +75,8 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     o.gzip = gzip;
     let f = Forwarder::new(edge.clone(), holds, o, ForwarderStats::default());
     let stats = f.stats();
-    // The edge's maintenance during the outage (block cuts, head checkpoints): the WAL the
-    // upstream still needs is what the outage costs on disk beyond the edge's own data.
+    // The edge's maintenance during the outage (block cuts, head checkpoints): the WAL
+    // stays held for the upstream until its forwarder has moved the backlog to storage.
     let db = edge.clone();
     let (wal_held, block_bytes) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u64)> {
         db.maintain()?;
@@ -84,20 +84,40 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     })
     .await??;
     println!(
-        "  disk at the edge after its maintenance: WAL {:.1} MB (held for the upstream: {:.2} bytes per sample of the outage), blocks {:.1} MB",
+        "  disk at the edge after its maintenance, before the forwarder runs: WAL {:.1} MB ({:.2} bytes per sample of the outage), blocks {:.1} MB",
         wal_held as f64 / 1e6,
         wal_held as f64 / total as f64,
         block_bytes as f64 / 1e6
     );
+    let cursor_file = strata_forward::CursorFile::new(edge.dir(), &format!("127.0.0.1:{grpc}"));
+    let mut moved: Option<(u64, u64)> = None;
     let (me0, r0) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     let started = Instant::now();
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(f.run(rx));
     while stats.samples_acked.get() < total {
         anyhow::ensure!(started.elapsed() < Duration::from_secs(3600), "not caught up within an hour");
+        if moved.is_none() {
+            let replay = cursor_file.load().and_then(|c| c.replay);
+            if let Some(m) = replay.and_then(|r| std::fs::metadata(cursor_file.backlog_path(r.generation)).ok()) {
+                // The backlog is in storage now: the next maintenance lets the WAL go.
+                let db = edge.clone();
+                let wal = tokio::task::spawn_blocking(move || db.maintain().map(|_| db.wal_disk_bytes())).await??;
+                moved = Some((m.len(), wal));
+            }
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let took = started.elapsed().as_secs_f64();
+    match moved {
+        Some((backlog, wal)) => println!(
+            "  once the forwarder moved its backlog to blocks: WAL {:.1} MB, backlog file {:.2} MB ({:.3} bytes per sample of the outage beyond the edge's own data)",
+            wal as f64 / 1e6,
+            backlog as f64 / 1e6,
+            (wal + backlog) as f64 / total as f64
+        ),
+        None => println!("  the backlog was sent from the WAL (the head checkpoint did not cover it)"),
+    }
     let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     // Nothing lost: the regional's own count of what it stored.
     let page = super::vs_prometheus::get(&format!("http://127.0.0.1:{http}/metrics")).await?;

@@ -49,6 +49,17 @@ pub struct Backlog {
     pub entries: Vec<BacklogEntry>,
 }
 
+/// Why a backlog file could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum BacklogError {
+    /// It may read next time.
+    #[error("{0}")]
+    Io(String),
+    /// It never will: what it listed is lost.
+    #[error("{0}")]
+    Damaged(String),
+}
+
 /// What a WAL scan found besides the backlog.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Scanned {
@@ -152,13 +163,22 @@ impl Backlog {
     /// What is left of this backlog after `at`, then `newer` (samples the WAL held after
     /// all of these): one entry per series, its range from the older start to the newer end.
     pub fn rest_then(self, at: ReplayAt, newer: Backlog) -> Backlog {
-        let start = usize::try_from(at.entry).unwrap_or(usize::MAX);
-        let mut rest: Vec<BacklogEntry> = self.entries.into_iter().skip(start).collect();
-        if let Some(e) = rest.first_mut() {
-            if at.after > i64::MIN {
-                // Part of this entry was acknowledged: its count is no longer known.
-                e.first = e.first.max(at.after.saturating_add(1));
-                e.samples = None;
+        let mut rest = self.entries;
+        if at.slice > i64::MIN {
+            // Acknowledged: every entry before the slice, the entries before `entry`
+            // through the slice, and that entry up to `after`.
+            let through = at.slice.saturating_add(SLICE_MS);
+            for (j, e) in rest.iter_mut().enumerate() {
+                let acked_before = match (j as u64).cmp(&at.entry) {
+                    std::cmp::Ordering::Less => through,
+                    std::cmp::Ordering::Equal => at.slice.max(at.after.saturating_add(1)),
+                    std::cmp::Ordering::Greater => at.slice,
+                };
+                if acked_before > e.first {
+                    // Part of the entry was acknowledged: its count is no longer known.
+                    e.first = acked_before;
+                    e.samples = None;
+                }
             }
         }
         rest.retain(|e| e.first <= e.last);
@@ -222,9 +242,9 @@ impl Backlog {
     }
 
     /// Reads a backlog [`save`](Self::save) wrote; any damage is an error.
-    pub fn load(path: &Path) -> Result<Backlog, String> {
-        let b = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let damaged = |why: &str| format!("{}: damaged backlog ({why})", path.display());
+    pub fn load(path: &Path) -> Result<Backlog, BacklogError> {
+        let b = std::fs::read(path).map_err(|e| BacklogError::Io(format!("{}: {e}", path.display())))?;
+        let damaged = |why: &str| BacklogError::Damaged(format!("{}: damaged backlog ({why})", path.display()));
         let body_len = b.len().checked_sub(4).ok_or_else(|| damaged("too short"))?;
         let (body, crc) = b.split_at(body_len);
         if crc32fast::hash(body).to_le_bytes() != crc {
@@ -317,33 +337,84 @@ fn unlimited(start: i64, end: i64) -> SelectBudget {
     SelectBudget::new(SelectLimits { max_series: usize::MAX, max_samples: u64::MAX }, start, end)
 }
 
-/// Samples of one entry, read from storage.
+/// The time slice a backlog is read in: every series' samples of one slice before the next
+/// slice's, so a receiver's newest time never runs far ahead of what it is sent next (a
+/// Prometheus receiver refuses samples older than an hour before its newest), and one
+/// select never spans more than this.
+pub const SLICE_MS: i64 = 30 * 60 * 1000;
+
+/// Samples of one entry within one slice, read from storage.
 pub(crate) struct Piece {
     pub labels: Labels,
     pub samples: Vec<Sample>,
-    /// Of what the entry counted, how many storage no longer holds (counted once, with
-    /// the piece that starts the entry), and the entry's range.
+    /// Of what the entry counted, how many storage no longer holds (known at the entry's
+    /// last slice, when its earlier slices were read by this reader), and the entry's range.
     pub lost: u64,
     pub range: (i64, i64),
 }
 
-/// Reads a backlog's samples from storage in its order, one select per group of entries
-/// that share their first label (a metric family), holding that group's chunks (compressed)
-/// and one entry's samples at a time.
+/// Reads a backlog's samples from storage in its order: slice by slice, and in a slice one
+/// select per group of entries that share their first label (a metric family), holding
+/// that group's chunks (compressed) and one entry's samples at a time.
 pub(crate) struct BacklogReader {
     store: TsdbStore,
     backlog: Backlog,
     at: ReplayAt,
-    /// The group loaded: entries before `group_end`, each entry's chunks by index.
+    /// The slice after the newest sample any entry needs.
+    end: i64,
+    /// The group loaded for the current slice: entries before `group_end`, chunks by index.
     group_end: usize,
     chunks: HashMap<usize, Vec<Chunk>>,
-    /// The entry being sent: its samples after `at.after`, and how far they were taken.
+    /// The entry being sent in the current slice: its samples after `at.after`, and how
+    /// far they were taken.
     current: Option<(usize, Vec<Sample>, usize)>,
+    /// Samples found per entry, for entries this reader read from their first slice on.
+    found: HashMap<usize, u64>,
+    /// Where this reader started: entries begun before are not counted for losses.
+    started: ReplayAt,
+    /// The slice of the oldest data storage held when the reader started: nothing before
+    /// it is there to read.
+    origin: i64,
+}
+
+fn slice_of(t: i64) -> i64 {
+    t.div_euclid(SLICE_MS).saturating_mul(SLICE_MS)
 }
 
 impl BacklogReader {
-    pub fn new(db: std::sync::Arc<Tsdb>, backlog: Backlog, at: ReplayAt) -> BacklogReader {
-        BacklogReader { store: TsdbStore(db), backlog, at, group_end: 0, chunks: HashMap::new(), current: None }
+    pub fn new(db: std::sync::Arc<Tsdb>, backlog: Backlog, mut at: ReplayAt) -> BacklogReader {
+        // Entries from "the beginning" start at the oldest data storage holds.
+        let stored_from = db
+            .blocks()
+            .healthy()
+            .iter()
+            .map(|b| b.meta().min_time)
+            .chain(std::iter::once(db.head().min_time()))
+            .min()
+            .unwrap_or(i64::MAX);
+        let from = backlog.entries.iter().map(|e| e.first.max(stored_from)).min().unwrap_or(i64::MAX);
+        let last = backlog.entries.iter().map(|e| e.last).max().unwrap_or(i64::MIN);
+        let end = if from > last { i64::MIN } else { slice_of(last).saturating_add(SLICE_MS) };
+        if at.slice == i64::MIN {
+            at = ReplayAt {
+                slice: if from > last { i64::MAX } else { slice_of(from) },
+                entry: 0,
+                after: i64::MIN,
+                ..at
+            };
+        }
+        BacklogReader {
+            store: TsdbStore(db),
+            backlog,
+            at,
+            end,
+            group_end: 0,
+            chunks: HashMap::new(),
+            current: None,
+            found: HashMap::new(),
+            started: at,
+            origin: slice_of(stored_from),
+        }
     }
 
     /// Where the reader stands: what is acknowledged once everything read so far is.
@@ -352,27 +423,49 @@ impl BacklogReader {
     }
 
     pub fn is_done(&self) -> bool {
-        usize::try_from(self.at.entry).map_or(true, |i| i >= self.backlog.entries.len())
+        self.at.slice >= self.end
     }
 
-    /// Up to `room` samples of the entry at the reader's position (fewer at its end);
-    /// `None` once the backlog is read.
+    /// Whether this reader read entry `i` from its first slice (so its losses are known).
+    fn counts(&self, i: usize, first_slice: i64) -> bool {
+        let s = self.started;
+        first_slice > s.slice
+            || (first_slice == s.slice && (i as u64 > s.entry || (i as u64 == s.entry && s.after == i64::MIN)))
+    }
+
+    /// Up to `room` samples of the entry at the reader's position (fewer at its end in the
+    /// slice); `None` once the backlog is read.
     pub fn next_piece(&mut self, room: usize) -> Result<Option<Piece>, StoreError> {
         loop {
+            if self.is_done() {
+                return Ok(None);
+            }
+            let (slice, slice_end) = (self.at.slice, self.at.slice.saturating_add(SLICE_MS));
             let i = usize::try_from(self.at.entry).unwrap_or(usize::MAX);
-            let Some(entry) = self.backlog.entries.get(i) else { return Ok(None) };
-            let (labels, first, last, counted) = (entry.labels.clone(), entry.first, entry.last, entry.samples);
-            let mut lost = 0;
+            let Some(entry) = self.backlog.entries.get(i) else {
+                // The slice is done: the next one, from the first entry.
+                self.at = ReplayAt { slice: slice_end, entry: 0, after: i64::MIN, ..self.at };
+                self.group_end = 0;
+                self.chunks.clear();
+                continue;
+            };
+            let (first, last, counted) = (entry.first, entry.last, entry.samples);
+            if last < slice || first >= slice_end {
+                self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN, ..self.at };
+                continue;
+            }
+            let labels = entry.labels.clone();
+            let first_slice = slice_of(first.max(i64::MIN + SLICE_MS)).max(self.origin);
             if self.current.as_ref().is_none_or(|c| c.0 != i) {
                 if i >= self.group_end {
-                    self.load_group(i)?;
+                    self.load_group(i, slice, slice_end - 1)?;
                 }
                 let chunks = self.chunks.remove(&i).unwrap_or_default();
                 let mut all = Vec::new();
-                Chunk::decode_range(&chunks, first, last, &mut all)
+                Chunk::decode_range(&chunks, first.max(slice), last.min(slice_end - 1), &mut all)
                     .map_err(|e| StoreError::Corrupt { series: labels.to_string(), reason: e.to_string() })?;
-                if self.at.after == i64::MIN {
-                    lost = counted.map_or(0, |n| n.saturating_sub(all.len() as u64));
+                if self.counts(i, first_slice) {
+                    *self.found.entry(i).or_default() += all.len() as u64;
                 }
                 let from = all.partition_point(|s| s.t <= self.at.after);
                 self.current = Some((i, all, from));
@@ -381,11 +474,18 @@ impl BacklogReader {
             let end = samples.len().min(taken.saturating_add(room.max(1)));
             let piece: Vec<Sample> = samples[*taken..end].to_vec();
             *taken = end;
+            let mut lost = 0;
             if *taken >= samples.len() {
                 self.current = None;
-                self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN };
+                self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN, ..self.at };
+                // The entry's last slice: what storage no longer holds is known.
+                if last < slice_end {
+                    if let (Some(n), Some(found)) = (counted, self.found.remove(&i)) {
+                        lost = n.saturating_sub(found);
+                    }
+                }
             } else if let Some(s) = piece.last() {
-                self.at = ReplayAt { entry: self.at.entry, after: s.t };
+                self.at = ReplayAt { after: s.t, ..self.at };
             }
             if piece.is_empty() && lost == 0 {
                 continue;
@@ -394,8 +494,9 @@ impl BacklogReader {
         }
     }
 
-    /// Selects the group of entries from `start` that share its first label.
-    fn load_group(&mut self, start: usize) -> Result<(), StoreError> {
+    /// Selects, over `[lo, hi]`, the group of entries from `start` that share its first
+    /// label.
+    fn load_group(&mut self, start: usize, lo: i64, hi: i64) -> Result<(), StoreError> {
         let entries = &self.backlog.entries;
         let Some(head) = entries.get(start) else { return Ok(()) };
         let key = head.labels.iter().next().map(|l| (l.name.to_string(), l.value.to_string()));
@@ -408,8 +509,6 @@ impl BacklogReader {
         self.group_end = end.max(start + 1);
         let Some((name, value)) = key else { return Ok(()) };
         let group = &entries[start..self.group_end];
-        let lo = group.iter().map(|e| e.first).min().unwrap_or(i64::MIN);
-        let hi = group.iter().map(|e| e.last).max().unwrap_or(i64::MAX);
         let m = Matcher::new(MatchOp::Equal, &name, &value).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
         let req = SelectRequest::new(vec![m], lo, hi);
         let found = self.store.select_now(&req, &mut unlimited(lo, hi))?;
@@ -436,7 +535,7 @@ mod tests {
         let path = d.path().join("forward").join("x.backlog");
         let b = Backlog { entries: vec![entry("0", 10, 20, Some(3)), entry("1", i64::MIN, 5, None)] };
         b.save(&path).unwrap();
-        assert_eq!(Backlog::load(&path).unwrap(), b);
+        assert_eq!(Backlog::load(&path).ok(), Some(b));
         let bytes = std::fs::read(&path).unwrap();
         for cut in [0, 10, bytes.len() - 1] {
             std::fs::write(&path, &bytes[..cut]).unwrap();
@@ -456,10 +555,52 @@ mod tests {
             entries: vec![entry("0", 10, 20, Some(3)), entry("1", 10, 20, Some(3)), entry("2", 10, 20, Some(3))],
         };
         let newer = Backlog { entries: vec![entry("1", 30, 40, Some(2)), entry("3", 30, 40, Some(2))] };
-        let merged = older.rest_then(ReplayAt { entry: 1, after: 15 }, newer);
+        // Nothing acknowledged yet: all of it, then the newer samples.
+        let merged = older.clone().rest_then(ReplayAt::start(0), newer.clone());
+        assert_eq!(
+            merged.entries,
+            vec![
+                entry("0", 10, 20, Some(3)),
+                entry("1", 10, 40, Some(5)),
+                entry("2", 10, 20, Some(3)),
+                entry("3", 30, 40, Some(2))
+            ]
+        );
+        // In the first slice, entry 0 whole and entry 1 up to 15 acknowledged.
+        let merged = older.rest_then(ReplayAt { generation: 0, slice: 0, entry: 1, after: 15 }, newer);
         assert_eq!(
             merged.entries,
             vec![entry("1", 16, 40, None), entry("2", 10, 20, Some(3)), entry("3", 30, 40, Some(2))]
         );
+    }
+
+    /// Every series' samples of one slice come before any of the next slice's: a receiver's
+    /// newest time is never more than a slice ahead of what it is sent next.
+    #[test]
+    fn a_backlog_is_read_slice_by_slice_in_order_and_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let db = std::sync::Arc::new(Tsdb::open(d.path(), Default::default()).unwrap());
+        let series: Vec<_> = (0..3)
+            .map(|i| db.series(&Labels::from_pairs([("__name__", "up"), ("gpu", &i.to_string())])).unwrap())
+            .collect();
+        let t0 = strata_model::time::now_ms() - 4 * 3600 * 1000;
+        for k in 0..960 {
+            let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(t0 + k * 15_000, k as f64))).collect();
+            db.commit(&batch).unwrap();
+        }
+        let (backlog, _) = Backlog::scan_wal(&db, WalCursor { segment: 0, offset: 0 }, 0, u32::MAX).unwrap();
+        assert_eq!(backlog.summary().0, 3 * 960);
+        let mut r = BacklogReader::new(db.clone(), backlog, ReplayAt::start(1));
+        let (mut newest, mut n, mut lost) = (i64::MIN, 0, 0);
+        while let Some(p) = r.next_piece(100).unwrap() {
+            lost += p.lost;
+            for s in &p.samples {
+                assert!(s.t > newest.saturating_sub(SLICE_MS), "a sample {} ms behind one sent before", newest - s.t);
+                newest = newest.max(s.t);
+                n += 1;
+            }
+        }
+        assert_eq!((n, lost), (3 * 960, 0));
+        assert!(r.is_done());
     }
 }

@@ -18,16 +18,24 @@ pub struct Cursor {
     pub replay: Option<ReplayAt>,
 }
 
-/// How far a backlog has been acknowledged: its entries before `entry` whole, and of that
-/// entry the samples up to `after` (ms; `i64::MIN`: none).
+/// How far a backlog has been acknowledged. The backlog is its file of `generation`
+/// ([`CursorFile::backlog_path`]); it is read in time slices (`slice`: the start of the
+/// current one, `i64::MIN` before the first), each slice over every entry in order: of the
+/// current slice, the entries before `entry` whole, and of that entry the samples up to
+/// `after` (ms; `i64::MIN`: none).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplayAt {
+    pub generation: u64,
+    pub slice: i64,
     pub entry: u64,
     pub after: i64,
 }
 
 impl ReplayAt {
-    pub const START: ReplayAt = ReplayAt { entry: 0, after: i64::MIN };
+    /// The start of the backlog of `generation`.
+    pub fn start(generation: u64) -> ReplayAt {
+        ReplayAt { generation, slice: i64::MIN, entry: 0, after: i64::MIN }
+    }
 }
 
 /// One upstream's cursor file (`<data>/forward/<upstream>.cursor`), replaced whole (write,
@@ -67,9 +75,10 @@ impl CursorFile {
         &self.path
     }
 
-    /// The file of the upstream's backlog read from storage, beside its cursor.
-    pub fn backlog_path(&self) -> PathBuf {
-        self.path.with_extension("backlog")
+    /// The file of the upstream's backlog of `generation`, beside its cursor. A new
+    /// backlog takes the next generation, so the cursor names the file its position is in.
+    pub fn backlog_path(&self, generation: u64) -> PathBuf {
+        self.path.with_extension(format!("backlog.{generation}"))
     }
 
     /// The persisted cursor; `None` when there is none or it cannot be read (logged: the
@@ -100,7 +109,7 @@ impl CursorFile {
             c.storage_id, c.wal.segment, c.wal.offset, c.skip
         );
         if let Some(r) = c.replay {
-            text.push_str(&format!("replay {} {}\n", r.entry, r.after));
+            text.push_str(&format!("replay {} {} {} {}\n", r.generation, r.slice, r.entry, r.after));
         }
         let mut f = std::fs::File::create(&tmp).map_err(err)?;
         f.write_all(text.as_bytes()).map_err(err)?;
@@ -125,7 +134,12 @@ fn parse(text: &str) -> Option<Cursor> {
         None => None,
         Some(line) => {
             let mut f = line.strip_prefix("replay ")?.split(' ');
-            let at = ReplayAt { entry: f.next()?.parse().ok()?, after: f.next()?.parse().ok()? };
+            let at = ReplayAt {
+                generation: f.next()?.parse().ok()?,
+                slice: f.next()?.parse().ok()?,
+                entry: f.next()?.parse().ok()?,
+                after: f.next()?.parse().ok()?,
+            };
             if f.next().is_some() {
                 return None;
             }
@@ -153,7 +167,7 @@ mod tests {
         let c = Cursor { storage_id: "abc".into(), wal: WalCursor { segment: 3, offset: 4096 }, skip: 7, replay: None };
         f.store(&c).unwrap();
         assert_eq!(f.load(), Some(c.clone()));
-        let c = Cursor { replay: Some(ReplayAt { entry: 12, after: -5 }), ..c };
+        let c = Cursor { replay: Some(ReplayAt { generation: 3, slice: -7, entry: 12, after: -5 }), ..c };
         f.store(&c).unwrap();
         assert_eq!(f.load(), Some(c));
         std::fs::write(f.path(), "strata forward cursor v1\nstorage_id abc\nsegment 1\noffset 0\nskip 0\nreplay 1\n")

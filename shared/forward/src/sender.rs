@@ -1,7 +1,7 @@
 //! The edge's side: one [`Forwarder`] per upstream reads the WAL from its cursor and sends
 //! it in batches, persisting the cursor after each acknowledgement.
 
-use crate::backlog::{labels_before, Backlog, BacklogReader};
+use crate::backlog::{labels_before, Backlog, BacklogError, BacklogReader};
 use crate::cursor::ReplayAt;
 use crate::upstream::{GrpcUpstream, PushError, Upstream, UpstreamSession};
 use crate::{pb, Cursor, CursorFile, ForwardError, WalHolds, MAX_BATCH_METADATA, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
@@ -222,8 +222,12 @@ impl<U: Upstream> Forwarder<U> {
         let loaded = cursor_file.load();
         let held = loaded.as_ref().map_or_else(|| oldest(&db), |c| c.wal);
         holds.set(&opts.upstream, held);
-        if loaded.is_some_and(|c| c.replay.is_some()) {
-            let oldest = Backlog::load(&cursor_file.backlog_path()).map_or(i64::MIN, |b| b.summary().1);
+        if loaded.as_ref().is_some_and(|c| c.replay.is_some()) {
+            let oldest = loaded
+                .as_ref()
+                .and_then(|c| c.replay)
+                .and_then(|r| Backlog::load(&cursor_file.backlog_path(r.generation)).ok())
+                .map_or(i64::MIN, |b| b.summary().1);
             holds.set_backlog(&opts.upstream, Some((oldest, opts.max_disk.unwrap_or(0))));
         }
         // What is pending shows from the start: a 0 before the first session would read
@@ -339,6 +343,8 @@ impl<U: Upstream> Forwarder<U> {
                     );
                 }
                 let fresh = Cursor { storage_id: storage_id.clone(), wal: from, skip: 0, replay: None };
+                // Nothing from `from` on goes while storage is listed.
+                self.holds.set(&self.opts.upstream, from);
                 if storage_id.is_empty() {
                     // No storage identity (a remote write endpoint): from the WAL's start.
                     fresh
@@ -353,12 +359,12 @@ impl<U: Upstream> Forwarder<U> {
             .batch_samples
             .min(usize::try_from(hello.max_batch_samples).unwrap_or(usize::MAX))
             .clamp(1, MAX_BATCH_SAMPLES);
-        let (db, c, backlog) = (self.db.clone(), cursor.clone(), self.cursor_file.backlog_path());
-        let opened = tokio::task::spawn_blocking(move || WalSource::new(db, &c, &backlog))
+        let backlog = cursor.replay.map(|r| self.cursor_file.backlog_path(r.generation));
+        let (db, c) = (self.db.clone(), cursor.clone());
+        let opened = tokio::task::spawn_blocking(move || WalSource::new(db, &c, backlog.as_deref()))
             .await
             .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
-        let mut source =
-            Some(opened.map_err(|source| ForwardError::Wal { upstream: self.opts.upstream.clone(), source })?);
+        let mut source = Some(opened.map_err(|e| e.into_forward(&self.opts.upstream))?);
         // Series numbers are the session's: a new session (this one) names every series
         // again with its labels.
         let session = session_id();
@@ -517,7 +523,7 @@ impl<U: Upstream> Forwarder<U> {
         tokio::task::spawn_blocking(move || {
             file.store(&c)?;
             if finished_backlog {
-                let _ = std::fs::remove_file(file.backlog_path());
+                remove_backlogs_but(&file, None);
             }
             Ok::<_, ForwardError>(())
         })
@@ -546,13 +552,14 @@ impl<U: Upstream> Forwarder<U> {
         let (db, file, upstream) =
             (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
         let c = fresh.clone();
+        let at = ReplayAt::start(new_generation(None));
         let oldest = tokio::task::spawn_blocking(move || {
             let backlog = Backlog::everything(&db, c.wal)
                 .map_err(|reason| ForwardError::Backlog { upstream: upstream.clone(), reason })?;
-            backlog
-                .save(&file.backlog_path())
-                .map_err(|source| ForwardError::Cursor { file: file.backlog_path(), source })?;
-            file.store(&Cursor { replay: Some(ReplayAt::START), ..c })?;
+            let path = file.backlog_path(at.generation);
+            backlog.save(&path).map_err(|source| ForwardError::Cursor { file: path, source })?;
+            file.store(&Cursor { replay: Some(at), ..c })?;
+            remove_backlogs_but(&file, Some(at.generation));
             let (_, oldest, newest) = backlog.summary();
             tracing::info!(
                 upstream = %upstream,
@@ -566,7 +573,7 @@ impl<U: Upstream> Forwarder<U> {
         .await
         .map_err(|e| self.fail(format!("listing what storage holds: {e}")))??;
         self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
-        Ok(Cursor { replay: Some(ReplayAt::START), ..fresh })
+        Ok(Cursor { replay: Some(at), ..fresh })
     }
 }
 
@@ -609,25 +616,36 @@ fn backlog_from_storage(
             "forward: samples of series the WAL does not name: not sent"
         );
     }
-    let path = file.backlog_path();
+    if newer.entries.is_empty() && cursor.replay.is_none() {
+        // Nothing to send in those segments (labels only): the next batch moves past them.
+        return Ok(None);
+    }
     let backlog = match cursor.replay {
         None => newer,
-        Some(at) => match Backlog::load(&path) {
+        Some(at) => match Backlog::load(&file.backlog_path(at.generation)) {
             Ok(older) => older.rest_then(at, newer),
-            Err(e) => {
+            Err(BacklogError::Io(e)) => {
+                return Err(ForwardError::Backlog { upstream: upstream.to_string(), reason: e });
+            }
+            Err(BacklogError::Damaged(e)) => {
                 tracing::error!(upstream, error = %e, "forward: the upstream's backlog file is damaged: what it listed is not sent");
                 newer
             }
         },
     };
+    // A new file for the merged backlog: the cursor names the file its position is in,
+    // so a crash before the cursor is stored leaves the old pair whole.
+    let at = ReplayAt::start(new_generation(cursor.replay));
+    let path = file.backlog_path(at.generation);
     backlog.save(&path).map_err(|source| ForwardError::Cursor { file: path.clone(), source })?;
     let next = Cursor {
         storage_id: cursor.storage_id,
         wal: WalCursor { segment: needed, offset: 0 },
         skip: 0,
-        replay: Some(ReplayAt::START),
+        replay: Some(at),
     };
     file.store(&next)?;
+    remove_backlogs_but(file, Some(at.generation));
     let (samples, oldest, newest) = backlog.summary();
     tracing::info!(
         upstream,
@@ -638,6 +656,30 @@ fn backlog_from_storage(
         "forward: the WAL the upstream still needs was checkpointed: its backlog is sent from storage instead"
     );
     Ok(Some((next, oldest)))
+}
+
+/// A backlog generation after `previous`'s (the clock, so one never meets an old file).
+fn new_generation(previous: Option<ReplayAt>) -> u64 {
+    let now = u64::try_from(strata_model::time::now_ms()).unwrap_or(0);
+    now.max(previous.map_or(0, |p| p.generation.saturating_add(1)))
+}
+
+/// Removes the upstream's backlog files but the one of `keep`.
+fn remove_backlogs_but(file: &CursorFile, keep: Option<u64>) {
+    let Some(dir) = file.path().parent() else { return };
+    let Some(stem) = file.path().file_name().and_then(|n| n.to_str()) else { return };
+    let prefix = format!("{}.backlog.", stem.trim_end_matches(".cursor"));
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        if keep.is_some_and(|k| rest == k.to_string()) {
+            continue;
+        }
+        if let Err(err) = std::fs::remove_file(e.path()) {
+            tracing::warn!(file = %e.path().display(), error = %err, "forward: removing an old backlog file failed");
+        }
+    }
 }
 
 /// `labels` with each external label it lacks (Prometheus' remote write: the series' own
@@ -772,20 +814,24 @@ struct WalSource {
 }
 
 impl WalSource {
-    fn new(db: Arc<Tsdb>, c: &Cursor, backlog: &std::path::Path) -> Result<WalSource, wal::WalError> {
+    fn new(db: Arc<Tsdb>, c: &Cursor, backlog: Option<&std::path::Path>) -> Result<WalSource, ReadError> {
         // Resuming mid-segment: the labels named before the cursor.
         let labels = labels_before(&db, c.wal)?;
         let mut at = At::of(c);
-        let replay = match c.replay {
-            None => None,
-            Some(r) => match Backlog::load(backlog) {
+        let replay = match (c.replay, backlog) {
+            (Some(r), Some(path)) => match Backlog::load(path) {
                 Ok(b) => Some(BacklogReader::new(db.clone(), b, r)),
-                Err(e) => {
+                Err(BacklogError::Io(e)) => return Err(ReadError::Storage(strata_store::StoreError::Unavailable(e))),
+                Err(BacklogError::Damaged(e)) => {
                     tracing::error!(error = %e, "forward: a backlog file is damaged: what it listed is not sent");
                     at.replay = None;
                     None
                 }
             },
+            _ => {
+                at.replay = None;
+                None
+            }
         };
         Ok(WalSource {
             reader: WalReader::new(&db.wal_dir(), c.wal),
@@ -841,6 +887,10 @@ impl WalSource {
     /// before named (plus slack): series that churned away still hold their numbers and
     /// labels. (The segment being read may have named only a few so far.)
     fn outgrown(&self) -> bool {
+        if self.replay.is_some() {
+            // A backlog names the series it sends, none of which the WAL names yet.
+            return false;
+        }
         let live = self.labels.len().max(self.previous_segment_series);
         self.named.len() > live.saturating_mul(2).saturating_add(SESSION_SLACK)
     }
@@ -864,6 +914,7 @@ impl WalSource {
     /// A batch of the backlog; once it is read, the position moves on to the WAL.
     fn backlog_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
         let mut req = pb::PushRequest::default();
+        let mut index: HashMap<u64, usize> = HashMap::new();
         let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
         let (mut lost, mut lost_range) = (0u64, (i64::MAX, i64::MIN));
         while n < limit && bytes < MAX_BATCH_BYTES && req.series.len() < MAX_BATCH_SERIES {
@@ -880,14 +931,24 @@ impl WalSource {
                 unknown += piece.samples.len() as u64;
                 continue;
             };
-            let mut fs = self.series_entry(id, &mut bytes);
-            fs.timestamps = piece.samples.iter().map(|s| s.t).collect();
-            fs.values = piece.samples.iter().map(|s| s.v.to_bits()).collect();
+            // A series once per batch (a receiver resolves its number once): its pieces of
+            // later slices join the earlier ones, in time order.
+            let i = match index.get(&id) {
+                Some(&i) => i,
+                None => {
+                    let fs = self.series_entry(id, &mut bytes);
+                    req.series.push(fs);
+                    index.insert(id, req.series.len() - 1);
+                    req.series.len() - 1
+                }
+            };
+            let fs = &mut req.series[i];
+            fs.timestamps.extend(piece.samples.iter().map(|s| s.t));
+            fs.values.extend(piece.samples.iter().map(|s| s.v.to_bits()));
             n += piece.samples.len();
             bytes += 17 * piece.samples.len();
-            oldest = oldest.min(fs.timestamps[0]);
-            newest = newest.max(fs.timestamps[fs.timestamps.len() - 1]);
-            req.series.push(fs);
+            oldest = oldest.min(piece.samples[0].t);
+            newest = newest.max(piece.samples[piece.samples.len() - 1].t);
         }
         match &self.replay {
             Some(r) if !r.is_done() => self.at.replay = Some(r.at()),
@@ -1017,7 +1078,7 @@ mod session_tests {
         let d = tempfile::tempdir().unwrap();
         let db = Tsdb::open(d.path(), Default::default()).unwrap();
         let c = Cursor { storage_id: String::new(), wal: WalCursor { segment: 0, offset: 0 }, skip: 0, replay: None };
-        let mut src = WalSource::new(Arc::new(db), &c, d.path()).unwrap();
+        let Ok(mut src) = WalSource::new(Arc::new(db), &c, None) else { panic!("opening the WAL") };
         let external = Labels::default();
         for i in 0..6_000u64 {
             let l = Labels::from_pairs([("__name__", "x"), ("i", &i.to_string())]);
