@@ -311,30 +311,42 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     regional.stop().await;
 }
 
+/// Commits `steps` samples 15 s apart from `t0 + k0 * 15 s` for each series.
+fn write_steps(edge: &Tsdb, series: &[Arc<strata_tsdb::head::MemSeries>], t0: i64, k0: i64, steps: i64) {
+    for k in k0..k0 + steps {
+        let batch: Vec<_> = series.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
+        edge.commit(&batch).unwrap();
+    }
+}
+
+fn gpu_series(edge: &Tsdb, n: usize) -> Vec<Arc<strata_tsdb::head::MemSeries>> {
+    (0..n)
+        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
+        .collect()
+}
+
+/// An edge that cuts `block_range_s` blocks from small WAL segments and keeps
+/// `retention_s` of data.
+fn cutting_options(block_range_s: u64, retention_s: u64) -> TsdbOptions {
+    TsdbOptions {
+        block_range: Duration::from_secs(block_range_s),
+        wal_segment_bytes: 8 << 10,
+        retention: Duration::from_secs(retention_s),
+        ..edge_options()
+    }
+}
+
 /// An upstream that is behind keeps the WAL it needs: block cuts and head checkpoints run
 /// at the edge meanwhile and delete no segment the upstream has not acknowledged; once it
 /// has, they go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wal_an_upstream_needs_outlives_block_cuts_and_checkpoints() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let opts = TsdbOptions {
-        block_range: Duration::from_secs(1200),
-        wal_segment_bytes: 8 << 10,
-        retention: Duration::from_secs(100 * 86400),
-        ..edge_options()
-    };
-    let edge = Arc::new(Tsdb::open(e.path(), opts).unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), cutting_options(1200, 100 * 86400)).unwrap());
     let holds = WalHolds::new(edge.clone());
-    let s: Vec<_> = (0..50)
-        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
-        .collect();
+    let s = gpu_series(&edge, 50);
     let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
-    let write_from = |k0: i64, n: i64| {
-        for k in k0..k0 + n {
-            let batch: Vec<_> = s.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
-            edge.commit(&batch).unwrap();
-        }
-    };
+    let write_from = |k0: i64, n: i64| write_steps(&edge, &s, t0, k0, n);
     // The upstream is unreachable from the start: its forwarder holds everything.
     let regional = Regional::start(r.path()).await;
     let addr = regional.addr;
@@ -440,20 +452,6 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
     assert!(stats.retries.get() >= 6, "{} retries", stats.retries.get());
 }
 
-/// Commits `steps` samples 15 s apart from `t0 + k0 * 15 s` for each series.
-fn write_steps(edge: &Tsdb, series: &[Arc<strata_tsdb::head::MemSeries>], t0: i64, k0: i64, steps: i64) {
-    for k in k0..k0 + steps {
-        let batch: Vec<_> = series.iter().map(|x| (x.clone(), Sample::new(t0 + k * 15_000, (k % 90) as f64))).collect();
-        edge.commit(&batch).unwrap();
-    }
-}
-
-fn gpu_series(edge: &Tsdb, n: usize) -> Vec<Arc<strata_tsdb::head::MemSeries>> {
-    (0..n)
-        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
-        .collect()
-}
-
 /// Waits until the upstream's persisted cursor is past the WAL the edge's head needs (its
 /// forwarder moved the backlog to storage).
 async fn wait_backlog_moved(edge: &Tsdb, upstream: &str) -> Cursor {
@@ -477,13 +475,7 @@ async fn wait_backlog_moved(edge: &Tsdb, upstream: &str) -> Cursor {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backlog_the_wal_no_longer_holds_is_sent_from_blocks_exactly() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let opts = TsdbOptions {
-        block_range: Duration::from_secs(1200),
-        wal_segment_bytes: 8 << 10,
-        retention: Duration::from_secs(100 * 86400),
-        ..edge_options()
-    };
-    let edge = Arc::new(Tsdb::open(e.path(), opts).unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), cutting_options(1200, 100 * 86400)).unwrap());
     let holds = WalHolds::new(edge.clone());
     let s = gpu_series(&edge, 50);
     let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
@@ -547,13 +539,7 @@ async fn a_backlog_the_wal_no_longer_holds_is_sent_from_blocks_exactly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_retention_and_the_disk_budget_the_oldest_is_dropped_counted_and_the_rest_sent() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let opts = TsdbOptions {
-        block_range: Duration::from_secs(600),
-        wal_segment_bytes: 8 << 10,
-        retention: Duration::from_secs(1800),
-        ..edge_options()
-    };
-    let edge = Arc::new(Tsdb::open(e.path(), opts).unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), cutting_options(600, 1800)).unwrap());
     let holds = WalHolds::new(edge.clone());
     let s = gpu_series(&edge, 20);
     let t0 = strata_model::time::now_ms() - 7 * 3600 * 1000;
