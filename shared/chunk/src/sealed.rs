@@ -45,6 +45,30 @@ impl Chunk {
         out
     }
 
+    /// Samples (time-ordered) as sealed chunks of at most
+    /// [`CHUNK_MAX_SAMPLES`](crate::CHUNK_MAX_SAMPLES), each in the block encoding when its
+    /// samples qualify, else in the streaming one: what a head would hold once they were
+    /// sealed, without replaying the streaming coder first (a backlog sent between tiers).
+    pub fn encode_sealed(samples: &[Sample]) -> Vec<Chunk> {
+        samples
+            .chunks(crate::CHUNK_MAX_SAMPLES as usize)
+            .filter(|piece| !piece.is_empty())
+            .map(|piece| {
+                let (min_t, max_t) = (piece[0].t, piece[piece.len() - 1].t);
+                match block::encode(piece) {
+                    Some(bytes) => Chunk { data: Arc::from(bytes), n: piece.len() as u16, min_t, max_t },
+                    None => {
+                        let mut app = crate::ChunkAppender::with_capacity(piece.len() * 2);
+                        for s in piece {
+                            app.append(s.t, s.v);
+                        }
+                        app.seal()
+                    }
+                }
+            })
+            .collect()
+    }
+
     /// For a block-encoded chunk, its grid step and an upper bound of the step between any
     /// two consecutive samples, from the header without decoding (HA dedup tells a gap-free
     /// replica by it). `None` for the streaming encoding.

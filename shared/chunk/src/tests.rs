@@ -251,3 +251,27 @@ fn values_near_the_exact_limit_with_a_growing_scale_roundtrip() {
         );
     }
 }
+
+#[test]
+fn samples_encoded_as_sealed_chunks_decode_bit_for_bit_in_either_encoding() {
+    // A jittered decimal gauge long enough for three chunks, then a stretch with a
+    // staleness marker and a long mantissa (the streaming encoding).
+    let mut samples: Vec<Sample> =
+        (0..2000).map(|i| Sample::new(1_000_000 + i * 5000 + (i * 7) % 40, ((i * 13) % 100) as f64 + 0.25)).collect();
+    samples.push(Sample::new(20_000_000, stale_nan()));
+    samples.push(Sample::new(20_005_000, std::f64::consts::PI));
+    let chunks = Chunk::encode_sealed(&samples);
+    assert_eq!(chunks.len(), 3);
+    assert!(chunks[0].is_block() && chunks[1].is_block(), "scraped decimals take the block encoding");
+    assert!(!chunks[2].is_block(), "a staleness marker keeps the streaming encoding");
+    let mut back = Vec::new();
+    for c in &chunks {
+        assert!(c.n as usize <= crate::CHUNK_MAX_SAMPLES as usize);
+        let d = c.decode().unwrap();
+        assert_eq!((c.min_t, c.max_t, c.n as usize), (d[0].t, d[d.len() - 1].t, d.len()));
+        back.extend(d);
+    }
+    let bits = |s: &[Sample]| s.iter().map(|x| (x.t, x.v.to_bits())).collect::<Vec<_>>();
+    assert_eq!(bits(&back), bits(&samples));
+    assert!(Chunk::encode_sealed(&[]).is_empty());
+}

@@ -21,7 +21,7 @@
 //! refused, never half used.
 
 use crate::cursor::ReplayAt;
-use std::collections::HashMap;
+use crate::FastMap as HashMap;
 use std::io::Write;
 use std::path::Path;
 use strata_chunk::Chunk;
@@ -61,31 +61,35 @@ pub enum BacklogError {
 }
 
 /// What a WAL scan found besides the backlog.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct Scanned {
     /// Samples of references their segment does not name (damage): not in the backlog.
     pub unnamed: u64,
+    /// The position after the last record read.
+    pub reached: WalCursor,
 }
 
 const HEADER: &[u8] = b"strata forward backlog v1\n";
 
 impl Backlog {
     /// The samples of the WAL from `from` (of whose record the first `skip` are
-    /// acknowledged) up to segment `until`, per series.
-    pub fn scan_wal(db: &Tsdb, from: WalCursor, skip: u64, until: u32) -> Result<(Backlog, Scanned), WalError> {
+    /// acknowledged) up to the record boundary `until`, per series; `Scanned::reached` is
+    /// where reading stopped (before `until` when the WAL ends earlier).
+    pub fn scan_wal(db: &Tsdb, from: WalCursor, skip: u64, until: WalCursor) -> Result<(Backlog, Scanned), WalError> {
         let mut names = labels_before(db, from)?;
         let mut reader = WalReader::new(&db.wal_dir(), from);
         let mut segment = from.segment;
         // Per segment: reference → entry; entries found by labels across segments.
-        let mut by_ref: HashMap<SeriesRef, usize> = HashMap::new();
-        let mut by_labels: HashMap<Labels, usize> = HashMap::new();
+        let mut by_ref: HashMap<SeriesRef, usize> = HashMap::default();
+        let mut by_labels: HashMap<Labels, usize> = HashMap::default();
         let mut entries: Vec<BacklogEntry> = Vec::new();
-        let mut scanned = Scanned::default();
+        let mut scanned = Scanned { unnamed: 0, reached: from };
         let mut skip = usize::try_from(skip).unwrap_or(usize::MAX);
         while let Some((rec, after)) = reader.next_record()? {
-            if after.segment >= until {
+            if after > until {
                 break;
             }
+            scanned.reached = after;
             if after.segment != segment {
                 names.clear();
                 by_ref.clear();
@@ -121,8 +125,12 @@ impl Backlog {
                             }
                         };
                         let e = &mut entries[i];
-                        // A repeat (a segment rewritten after a crash) is stored once.
-                        if s.t > e.last {
+                        // A repeat (a segment rewritten after a crash) is stored once; an
+                        // older sample (appended out of order) widens the range.
+                        if s.t < e.first {
+                            e.first = s.t;
+                            e.samples = e.samples.map(|n| n + 1);
+                        } else if s.t > e.last {
                             e.last = s.t;
                             e.samples = e.samples.map(|n| n + 1);
                         }
@@ -134,13 +142,15 @@ impl Backlog {
         Ok((Backlog { entries }, scanned))
     }
 
-    /// Everything `db` holds that the WAL from `wal_from` on does not: every stored series
-    /// up to just before its first sample there (the whole series when it has none).
-    pub fn everything(db: &std::sync::Arc<Tsdb>, wal_from: WalCursor) -> Result<Backlog, String> {
-        let (in_wal, _) = Backlog::scan_wal(db, wal_from, 0, u32::MAX).map_err(|e| e.to_string())?;
-        let first_in_wal: HashMap<&Labels, i64> = in_wal.entries.iter().map(|e| (&e.labels, e.first)).collect();
-        // Samples appended after the scan reach the WAL after it too: the newest stored
-        // now bounds what storage sends.
+    /// Everything `db` holds, read from storage up to the returned WAL position and from
+    /// the WAL after it: every stored series up to its last sample in the WAL so far (from
+    /// `wal_from` on), or up to the newest stored when the WAL has none of it.
+    pub fn everything(db: &std::sync::Arc<Tsdb>, wal_from: WalCursor) -> Result<(Backlog, WalCursor), String> {
+        let (in_wal, scanned) = Backlog::scan_wal(db, wal_from, 0, db.wal_cursor()).map_err(|e| e.to_string())?;
+        let last_in_wal: HashMap<&Labels, i64> = in_wal.entries.iter().map(|e| (&e.labels, e.last)).collect();
+        // A series with nothing in the WAL so far and samples appended after the scan: its
+        // newest samples may go twice (from storage, then the WAL), which the upstream
+        // ignores as identical; none goes missing.
         let newest =
             db.head().max_time().max(db.blocks().healthy().iter().map(|b| b.meta().max_time).max().unwrap_or(i64::MIN));
         let all = Matcher::new(MatchOp::Regex, "__name__", ".+").map_err(|e| e.to_string())?;
@@ -149,15 +159,12 @@ impl Backlog {
             TsdbStore(db.clone()).series_now(&[all], i64::MIN, i64::MAX, &mut budget).map_err(|e| e.to_string())?;
         let entries = series
             .into_iter()
-            .filter_map(|labels| {
-                let last = match first_in_wal.get(&labels) {
-                    Some(&t) => t.checked_sub(1)?,
-                    None => newest,
-                };
-                Some(BacklogEntry { labels, first: i64::MIN, last, samples: None })
+            .map(|labels| {
+                let last = last_in_wal.get(&labels).copied().unwrap_or(newest);
+                BacklogEntry { labels, first: i64::MIN, last, samples: None }
             })
             .collect();
-        Ok(Backlog { entries })
+        Ok((Backlog { entries }, scanned.reached))
     }
 
     /// What is left of this backlog after `at`, then `newer` (samples the WAL held after
@@ -313,7 +320,7 @@ impl<'a> Bytes<'a> {
 
 /// The labels a WAL segment named before `at` (a reader starting mid-segment needs them).
 pub(crate) fn labels_before(db: &Tsdb, at: WalCursor) -> Result<HashMap<SeriesRef, Labels>, WalError> {
-    let mut labels = HashMap::new();
+    let mut labels = HashMap::default();
     if at.offset == 0 {
         return Ok(labels);
     }
@@ -409,9 +416,9 @@ impl BacklogReader {
             at,
             end,
             group_end: 0,
-            chunks: HashMap::new(),
+            chunks: HashMap::default(),
             current: None,
-            found: HashMap::new(),
+            found: HashMap::default(),
             started: at,
             origin: slice_of(stored_from),
         }
@@ -472,7 +479,11 @@ impl BacklogReader {
             }
             let Some((_, samples, taken)) = self.current.as_mut() else { continue };
             let end = samples.len().min(taken.saturating_add(room.max(1)));
-            let piece: Vec<Sample> = samples[*taken..end].to_vec();
+            let piece: Vec<Sample> = if *taken == 0 && end == samples.len() {
+                std::mem::take(samples)
+            } else {
+                samples[*taken..end].to_vec()
+            };
             *taken = end;
             let mut lost = 0;
             if *taken >= samples.len() {
@@ -588,7 +599,9 @@ mod tests {
             let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(t0 + k * 15_000, k as f64))).collect();
             db.commit(&batch).unwrap();
         }
-        let (backlog, _) = Backlog::scan_wal(&db, WalCursor { segment: 0, offset: 0 }, 0, u32::MAX).unwrap();
+        let (backlog, _) =
+            Backlog::scan_wal(&db, WalCursor { segment: 0, offset: 0 }, 0, WalCursor { segment: u32::MAX, offset: 0 })
+                .unwrap();
         assert_eq!(backlog.summary().0, 3 * 960);
         let mut r = BacklogReader::new(db.clone(), backlog, ReplayAt::start(1));
         let (mut newest, mut n, mut lost) = (i64::MIN, 0, 0);

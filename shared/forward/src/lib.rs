@@ -35,6 +35,10 @@ pub use sender::{ForwardMetrics, Forwarder, ForwarderOptions, ForwarderStats, Up
 pub use strata_proto::forward as pb;
 pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};
 
+/// The maps on the forwarding paths, keyed by labels and references from the edge's own
+/// storage: hashed without SipHash's cost.
+pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::RandomState>;
+
 /// The most samples one batch may carry; the receiver refuses more. About 17 bytes a
 /// sample on the wire keeps a batch well under the gRPC message limit.
 pub const MAX_BATCH_SAMPLES: usize = 200_000;

@@ -271,8 +271,15 @@ impl ForwardReceiver {
                 req.series.len()
             )));
         }
-        let total: usize = req.series.iter().map(|s| s.timestamps.len()).sum();
-        if total > MAX_BATCH_SAMPLES {
+        // Chunks count by what they declare, before anything is decoded.
+        let total = req
+            .series
+            .iter()
+            .flat_map(|s| {
+                std::iter::once(s.timestamps.len() as u64).chain(s.chunks.iter().map(|c| u64::from(c.samples)))
+            })
+            .fold(0u64, u64::saturating_add);
+        if total > MAX_BATCH_SAMPLES as u64 {
             return Err(Status::invalid_argument(format!("{total} samples in one batch, at most {MAX_BATCH_SAMPLES}")));
         }
         if req.session.len() > MAX_SESSION_NAME {
@@ -298,17 +305,9 @@ impl ForwardReceiver {
         if let Some(s) = session.as_mut() {
             s.used = std::time::Instant::now();
         }
-        for (i, s) in req.series.into_iter().enumerate() {
+        for (i, mut s) in req.series.into_iter().enumerate() {
             let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
-            if s.timestamps.len() != s.values.len() {
-                return Err(bad(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len())));
-            }
-            if s.timestamps.is_empty() {
-                return Err(bad("no samples".into()));
-            }
-            if s.timestamps.windows(2).any(|w| w[0] >= w[1]) {
-                return Err(bad("timestamps not increasing".into()));
-            }
+            let samples = samples_of(&mut s).map_err(bad)?;
             if s.labels.is_empty() {
                 // A series the session named before, by its number.
                 if s.r#ref == 0 || req.session.is_empty() {
@@ -320,14 +319,14 @@ impl ForwardReceiver {
                         s.r#ref, req.session
                     )));
                 };
-                known.push((series, s.timestamps, s.values));
+                known.push((series, samples));
                 continue;
             }
             let labels = labels_from_pb(s.labels, &mut pool).map_err(bad)?;
             if labels.get(METRIC_NAME).is_none() {
                 return Err(bad(format!("no metric name in {labels}")));
             }
-            checked.push((labels, s.r#ref, s.timestamps, s.values));
+            checked.push((labels, s.r#ref, samples));
         }
         drop(sessions);
         // A batch that would pass the series limit creates none of its series: the sender
@@ -335,7 +334,7 @@ impl ForwardReceiver {
         let head = self.db.head();
         let missing = checked
             .iter()
-            .filter(|(l, _, _, _)| {
+            .filter(|(l, _, _)| {
                 let pairs: Vec<(&[u8], &[u8])> = l.iter().map(|x| (x.name.as_bytes(), x.value.as_bytes())).collect();
                 head.find_pairs(&pairs).is_none()
             })
@@ -347,21 +346,17 @@ impl ForwardReceiver {
                 head.num_series()
             )));
         }
-        let mut batch = Vec::with_capacity(total);
+        let mut batch = Vec::with_capacity(total as usize);
         let mut named = Vec::new();
-        for (labels, r, timestamps, values) in checked {
+        for (labels, r, samples) in checked {
             let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
             if r != 0 && !req.session.is_empty() {
                 named.push((r, series.clone()));
             }
-            batch.extend(
-                timestamps.iter().zip(&values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
-            );
+            batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
         }
-        for (series, timestamps, values) in known {
-            batch.extend(
-                timestamps.iter().zip(&values).map(|(&t, &v)| (series.clone(), Sample::new(t, f64::from_bits(v)))),
-            );
+        for (series, samples) in known {
+            batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
         }
         if !named.is_empty() {
             self.sessions.remember(&req.session, named, 2 * self.db.options().max_series);
@@ -426,6 +421,39 @@ impl ForwardReceiver {
     }
 }
 
+/// A series' samples as sent, checked: timestamps and values paired, then the chunks
+/// decoded (each must hold the samples and range it declares), every timestamp after the
+/// one before. The batch's total was bounded by what the chunks declare before this runs.
+fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
+    if s.timestamps.len() != s.values.len() {
+        return Err(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len()));
+    }
+    let mut out: Vec<Sample> =
+        s.timestamps.iter().zip(&s.values).map(|(&t, &v)| Sample::new(t, f64::from_bits(v))).collect();
+    for (k, c) in std::mem::take(&mut s.chunks).into_iter().enumerate() {
+        let c = strata_grpc::chunk_from_pb(c).map_err(|e| format!("chunk {k}: {e}"))?;
+        let from = out.len();
+        c.decode_into(i64::MIN, i64::MAX, &mut out).map_err(|e| format!("chunk {k}: {e}"))?;
+        let got = &out[from..];
+        if got.len() != c.n as usize
+            || got.first().map(|x| x.t) != Some(c.min_t)
+            || got.last().map(|x| x.t) != Some(c.max_t)
+        {
+            return Err(format!(
+                "chunk {k} does not hold the {} samples over [{}, {}] it declares",
+                c.n, c.min_t, c.max_t
+            ));
+        }
+    }
+    if out.is_empty() {
+        return Err("no samples".into());
+    }
+    if out.windows(2).any(|w| w[0].t >= w[1].t) {
+        return Err("timestamps not increasing".into());
+    }
+    Ok(out)
+}
+
 #[tonic::async_trait]
 impl Forward for ForwardReceiver {
     async fn hello(&self, req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloResponse>, Status> {
@@ -433,6 +461,7 @@ impl Forward for ForwardReceiver {
         Ok(Response::new(pb::HelloResponse {
             storage_id: self.id.0.clone(),
             max_batch_samples: MAX_BATCH_SAMPLES as u64,
+            takes_chunks: true,
         }))
     }
 

@@ -229,8 +229,12 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     let mut c = ForwardClient::connect(format!("http://{}", regional.addr)).await.unwrap();
     let id = c.hello(pb::HelloRequest::default()).await.unwrap().into_inner().storage_id;
     let label = |n: &str, v: &str| strata_grpc::pb::Label { name: n.into(), value: v.into() };
-    let series =
-        |labels, ts: Vec<i64>, vs: Vec<u64>| pb::ForwardSeries { labels, timestamps: ts, values: vs, r#ref: 0 };
+    let series = |labels, ts: Vec<i64>, vs: Vec<u64>| pb::ForwardSeries {
+        labels,
+        timestamps: ts,
+        values: vs,
+        ..Default::default()
+    };
     let now = strata_model::time::now_ms();
     let good = series(vec![label("__name__", "m")], vec![now], vec![1f64.to_bits()]);
     let push = |storage_id: &str, s: Vec<pb::ForwardSeries>| pb::PushRequest {
@@ -241,7 +245,13 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     };
     let by_ref = |session: &str, r: u64| pb::PushRequest {
         storage_id: id.clone(),
-        series: vec![pb::ForwardSeries { labels: vec![], timestamps: vec![now + 5], values: vec![0], r#ref: r }],
+        series: vec![pb::ForwardSeries {
+            labels: vec![],
+            timestamps: vec![now + 5],
+            values: vec![0],
+            r#ref: r,
+            ..Default::default()
+        }],
         metadata: vec![],
         session: session.into(),
     };
@@ -286,9 +296,41 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
             tonic::Code::InvalidArgument,
         ),
     ];
+    // Chunks: each must hold what it declares, in order after the series' samples, and
+    // what they declare counts against the batch before anything is decoded.
+    let samples: Vec<Sample> = (1..=40).map(|k| Sample::new(now + k * 1000, k as f64)).collect();
+    let chunk = strata_grpc::chunk_to_pb(&strata_chunk::Chunk::encode_sealed(&samples)[0]);
+    let with_chunks = |ts: Vec<i64>, chunks: Vec<strata_grpc::pb::Chunk>| {
+        let mut s = series(vec![label("__name__", "m")], ts.clone(), vec![0; ts.len()]);
+        s.chunks = chunks;
+        push(&id, vec![s])
+    };
+    let lying = |f: &dyn Fn(&mut strata_grpc::pb::Chunk)| {
+        let mut c = chunk.clone();
+        f(&mut c);
+        with_chunks(vec![], vec![c])
+    };
+    let chunk_cases = [
+        lying(&|c| c.samples = 41),
+        lying(&|c| c.samples = 39),
+        lying(&|c| c.samples = 0),
+        lying(&|c| c.max_time += 1),
+        lying(&|c| c.data = c.data.slice(..c.data.len() / 2)),
+        lying(&|c| c.data = vec![0xff; 64].into()),
+        // The samples field after the chunk's: not increasing.
+        with_chunks(vec![now + 30_000], vec![chunk.clone()]),
+        // Two copies of one chunk.
+        with_chunks(vec![], vec![chunk.clone(), chunk.clone()]),
+        // Declared far past the batch limit, with hardly any bytes.
+        with_chunks(
+            vec![],
+            vec![strata_grpc::pb::Chunk { samples: 960, data: vec![0xe0].into(), ..chunk.clone() }; 210],
+        ),
+    ];
     // A series by number: without a session, or one this regional does not know.
     let cases: Vec<_> = cases
         .into_iter()
+        .chain(chunk_cases.into_iter().map(|r| (r, tonic::Code::InvalidArgument)))
         .chain([
             (by_ref("", 1), tonic::Code::InvalidArgument),
             (by_ref("s", 0), tonic::Code::InvalidArgument),
@@ -308,6 +350,22 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     assert_eq!((again.appended, again.duplicates), (0, 1));
     assert_eq!(all(&regional.db), before, "a refused batch changed stored data");
     assert_eq!(regional.db.head().stats().series, 1, "a refused batch created series");
+    // A series' samples and then chunks, one ending in a staleness marker: stored bit for bit.
+    let t0 = now - 3_600_000;
+    let samples: Vec<Sample> = (1..=1100).map(|k| Sample::new(t0 + k * 1000, (k % 13) as f64 * 0.5)).collect();
+    let tail = [Sample::new(t0 + 1_101_000, strata_model::stale_nan())];
+    let mut s = series(vec![label("__name__", "c")], vec![t0 + 1000], vec![2.5f64.to_bits()]);
+    let chunks = strata_chunk::Chunk::encode_sealed(&samples[1..].iter().chain(&tail).copied().collect::<Vec<_>>());
+    assert_eq!(chunks.len(), 2);
+    s.chunks = chunks.iter().map(strata_grpc::chunk_to_pb).collect();
+    let ok = c.push(push(&id, vec![s])).await.unwrap().into_inner();
+    assert_eq!(ok.appended, 1101);
+    let names: Vec<String> = all(&regional.db).into_iter().map(|(l, _)| l).collect();
+    let stored = all(&regional.db).into_iter().find(|(l, _)| l.starts_with("c")).map(|(_, s)| s);
+    let want: Vec<(i64, u64)> = std::iter::once((t0 + 1000, 2.5f64.to_bits()))
+        .chain(samples[1..].iter().chain(&tail).map(|x| (x.t, x.v.to_bits())))
+        .collect();
+    assert!(stored.as_ref() == Some(&want), "series {names:?}: {:?} samples stored", stored.map(|s| s.len()));
     regional.stop().await;
 }
 
@@ -418,7 +476,11 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
             &self,
             _: tonic::Request<pb::HelloRequest>,
         ) -> Result<tonic::Response<pb::HelloResponse>, tonic::Status> {
-            Ok(tonic::Response::new(pb::HelloResponse { storage_id: "refusing".into(), max_batch_samples: 100 }))
+            Ok(tonic::Response::new(pb::HelloResponse {
+                storage_id: "refusing".into(),
+                max_batch_samples: 100,
+                takes_chunks: true,
+            }))
         }
         async fn push(
             &self,
@@ -646,12 +708,52 @@ async fn a_sample_past_retention_is_counted_not_a_stall() {
     // Recent samples first (one batch), then another series' sample from past the
     // regional's retention (the next batch): the regional's head is current by then.
     write(&edge, 1, now - 60_000, 10);
+    let f =
+        Forwarder::new(edge.clone(), holds.clone(), options("regional", regional.addr, 10), ForwarderStats::default());
+    let stats = run_until(f, |stats| stats.batches_acked.get() >= 1).await;
+    assert_eq!(stats.samples_acked.get(), 10);
     let old = edge.series(&Labels::from_pairs([("__name__", "ancient")])).unwrap();
     edge.commit(&[(old, Sample::new(now - 3 * 3600 * 1000, 1.0))]).unwrap();
     let f = Forwarder::new(edge.clone(), holds, options("regional", regional.addr, 10), ForwarderStats::default());
-    let stats = run_until(f, |stats| stats.batches_acked.get() >= 2).await;
-    assert_eq!(stats.batches_acked.get(), 2, "a batch was never acknowledged");
+    let stats = run_until(f, |stats| stats.batches_acked.get() >= 1).await;
+    assert_eq!(stats.batches_acked.get(), 1, "a batch was never acknowledged");
     assert_eq!(regional.stats.samples("out_of_bounds"), 1);
     assert_eq!(regional.stats.samples("appended"), 10);
+    regional.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_far_behind_gets_its_backlog_from_storage_as_chunks_exactly() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    let regional = Regional::start(r.path()).await;
+    let t0 = strata_model::time::now_ms() - 7_200_000;
+    write(&edge, 50, t0, 10);
+    forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
+
+    // An outage: 200 series, 300 samples each, the WAL well past the threshold.
+    let outage: Vec<_> = (0..200)
+        .map(|i| edge.series(&Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", &i.to_string())])).unwrap())
+        .collect();
+    write_steps(&edge, &outage, t0, 0, 300);
+    write(&edge, 50, t0 + 10_000, 5);
+    let mut o = options("regional", regional.addr, 20_000);
+    o.storage_backlog_bytes = 1;
+    let sent = 200 * 300 + 50 * 5;
+    let f = Forwarder::new(edge.clone(), holds.clone(), o, ForwarderStats::default());
+    let stats = run_until(f, |s| s.samples_acked.get() >= sent).await;
+    assert_eq!(all(&regional.db), expected(&edge), "the regional does not hold exactly what the edge holds");
+    assert_eq!(stats.samples_acked.get(), sent, "the backlog from storage is not exactly what the WAL held");
+    let bytes_per_sample = stats.sent_bytes.get() as f64 / sent as f64;
+    assert!(bytes_per_sample < 6.0, "{bytes_per_sample:.1} bytes a sample: the backlog was not sent as chunks");
+    let cursor = CursorFile::new(edge.dir(), "regional").load().unwrap();
+    assert!(cursor.replay.is_none(), "the backlog is done: {cursor:?}");
+
+    // Just behind (under the threshold): the WAL, record by record, nothing twice.
+    write(&edge, 50, t0 + 15_000, 3);
+    let stats = forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
+    assert_eq!(stats.samples_acked.get(), 150);
+    assert_eq!(regional.stats.samples("conflict"), 0);
     regional.stop().await;
 }

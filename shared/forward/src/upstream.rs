@@ -21,6 +21,8 @@ pub struct Greeting {
     pub storage_id: String,
     /// The most samples it takes in one batch.
     pub max_batch_samples: u64,
+    /// It decodes `ForwardSeries.chunks` (a backlog from storage is sent as chunks).
+    pub takes_chunks: bool,
 }
 
 /// How a batch failed.
@@ -97,7 +99,11 @@ impl Upstream for GrpcUpstream {
             .await
             .map_err(|s| format!("hello: {}", s.message()))?
             .into_inner();
-        let greeting = Greeting { storage_id: hello.storage_id, max_batch_samples: hello.max_batch_samples };
+        let greeting = Greeting {
+            storage_id: hello.storage_id,
+            max_batch_samples: hello.max_batch_samples,
+            takes_chunks: hello.takes_chunks,
+        };
         Ok((GrpcSession { client }, greeting))
     }
 }

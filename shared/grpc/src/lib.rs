@@ -27,8 +27,8 @@ mod tls;
 
 pub use client::{RemoteStore, RemoteStoreOptions};
 pub use convert::{
-    labels_from_pb, labels_to_pb, metadata_from_pb, metadata_to_pb, status_from_store_error, store_error_from_status,
-    StringPool, MAX_LABELS, MAX_LABEL_BYTES,
+    chunk_from_pb, chunk_to_pb, labels_from_pb, labels_to_pb, metadata_from_pb, metadata_to_pb,
+    status_from_store_error, store_error_from_status, StringPool, MAX_LABELS, MAX_LABEL_BYTES,
 };
 pub use listener::{CallGuard, ConnectionLimits, Connections};
 pub use server::{attach_external, selection_wire_bytes, serve, serve_with, ServeOptions, StoreInfo, StoreService};

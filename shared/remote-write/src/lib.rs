@@ -178,8 +178,11 @@ impl Upstream for RemoteWriteUpstream {
 
     async fn open(&self) -> Result<(RemoteWriteSession, Greeting), String> {
         // Remote write has no handshake and no storage identity: the cursor is kept.
-        let greeting =
-            Greeting { storage_id: String::new(), max_batch_samples: strata_forward::MAX_BATCH_SAMPLES as u64 };
+        let greeting = Greeting {
+            storage_id: String::new(),
+            max_batch_samples: strata_forward::MAX_BATCH_SAMPLES as u64,
+            takes_chunks: false,
+        };
         Ok((RemoteWriteSession::new(self.shared.clone()), greeting))
     }
 }
