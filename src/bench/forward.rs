@@ -57,13 +57,6 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
         ..Default::default()
     };
     let edge = Arc::new(Tsdb::open(&dir.path().join("edge"), opts)?);
-    let db = edge.clone();
-    let total = tokio::task::spawn_blocking(move || fill(&db, series, seconds, interval)).await??;
-    println!(
-        "bench forward: a {seconds} s outage of {series} series at {interval} s ({total} samples, {:.0} samples/s) forwarded to a regional",
-        total as f64 / seconds as f64
-    );
-
     let (http, grpc) = (free_port()?, free_port()?);
     let mut regional = super::vs_prometheus::spawn_regional(dir.path(), http, grpc)?;
     wait_ready(&format!("http://127.0.0.1:{http}/-/ready")).await?;
@@ -73,6 +66,27 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     let mut o = ForwarderOptions::new(&format!("127.0.0.1:{grpc}"));
     o.batch_samples = batch;
     o.gzip = gzip;
+    // The edge met the regional before the outage: the backlog is sent as after any
+    // outage, from the cursor (not as to a regional met for the first time).
+    let cursor_file = strata_forward::CursorFile::new(edge.dir(), &format!("127.0.0.1:{grpc}"));
+    {
+        let f = Forwarder::new(edge.clone(), holds.clone(), o.clone(), ForwarderStats::default());
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(f.run(rx));
+        let met = Instant::now();
+        while cursor_file.load().is_none_or(|c| c.replay.is_some()) {
+            anyhow::ensure!(met.elapsed() < Duration::from_secs(30), "the forwarder never reached the regional");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let _ = stop.send(true);
+        let _ = task.await;
+    }
+    let db = edge.clone();
+    let total = tokio::task::spawn_blocking(move || fill(&db, series, seconds, interval)).await??;
+    println!(
+        "bench forward: a {seconds} s outage of {series} series at {interval} s ({total} samples, {:.0} samples/s) forwarded to a regional",
+        total as f64 / seconds as f64
+    );
     let f = Forwarder::new(edge.clone(), holds, o, ForwarderStats::default());
     let stats = f.stats();
     // The edge's maintenance during the outage (block cuts, head checkpoints): the WAL
@@ -89,7 +103,6 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
         wal_held as f64 / total as f64,
         block_bytes as f64 / 1e6
     );
-    let cursor_file = strata_forward::CursorFile::new(edge.dir(), &format!("127.0.0.1:{grpc}"));
     let mut moved: Option<(u64, u64)> = None;
     let (me0, r0) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     let started = Instant::now();
@@ -100,7 +113,7 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
         if moved.is_none() {
             let replay = cursor_file.load().and_then(|c| c.replay);
             if let Some(m) = replay.and_then(|r| std::fs::metadata(cursor_file.backlog_path(r.generation)).ok()) {
-                moved = Some((m.len(), 0));
+                moved = Some((m.len(), started.elapsed().as_millis() as u64));
             }
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -109,8 +122,9 @@ pub async fn run(series: usize, seconds: u64, interval: u64, batch: usize, gzip:
     let db = edge.clone();
     let wal_after = tokio::task::spawn_blocking(move || db.maintain().map(|_| db.wal_disk_bytes())).await??;
     match moved {
-        Some((backlog, _)) => println!(
-            "  the backlog moved to blocks: backlog file {:.2} MB ({:.3} bytes per sample of the outage); WAL after the next maintenance {:.1} MB",
+        Some((backlog, listed_ms)) => println!(
+            "  the backlog read from storage (listed in {:.2} s): backlog file {:.2} MB ({:.3} bytes per sample of the outage); WAL after the next maintenance {:.1} MB",
+            listed_ms as f64 / 1e3,
             backlog as f64 / 1e6,
             backlog as f64 / total as f64,
             wal_after as f64 / 1e6

@@ -147,7 +147,7 @@ impl Backlog {
     /// `wal_from` on), or up to the newest stored when the WAL has none of it.
     pub fn everything(db: &std::sync::Arc<Tsdb>, wal_from: WalCursor) -> Result<(Backlog, WalCursor), String> {
         let (in_wal, scanned) = Backlog::scan_wal(db, wal_from, 0, db.wal_cursor()).map_err(|e| e.to_string())?;
-        let last_in_wal: HashMap<&Labels, i64> = in_wal.entries.iter().map(|e| (&e.labels, e.last)).collect();
+        let in_wal: HashMap<&Labels, &BacklogEntry> = in_wal.entries.iter().map(|e| (&e.labels, e)).collect();
         // A series with nothing in the WAL so far and samples appended after the scan: its
         // newest samples may go twice (from storage, then the WAL), which the upstream
         // ignores as identical; none goes missing.
@@ -157,13 +157,37 @@ impl Backlog {
         let mut budget = unlimited(i64::MIN, i64::MAX);
         let series =
             TsdbStore(db.clone()).series_now(&[all], i64::MIN, i64::MAX, &mut budget).map_err(|e| e.to_string())?;
-        let entries = series
+        let mut entries: Vec<BacklogEntry> = series
             .into_iter()
             .map(|labels| {
-                let last = last_in_wal.get(&labels).copied().unwrap_or(newest);
+                let last = in_wal.get(&labels).map_or(newest, |w| w.last);
                 BacklogEntry { labels, first: i64::MIN, last, samples: None }
             })
             .collect();
+        // Series the WAL names that storage no longer holds (retention took them): listed
+        // with the WAL's count, so that they count as lost rather than vanish.
+        let stored: std::collections::HashSet<&Labels> = entries.iter().map(|e| &e.labels).collect();
+        let gone: Vec<BacklogEntry> =
+            in_wal.values().filter(|w| !stored.contains(&w.labels)).map(|w| (*w).clone()).collect();
+        entries.extend(gone);
+        entries.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
+        // What each entry holds now, so that what retention takes before it is read is
+        // counted exactly.
+        let store = TsdbStore(db.clone());
+        let mut start = 0;
+        while start < entries.len() {
+            let (end, chunks) = select_group(&store, &entries, start, i64::MIN, newest).map_err(|e| e.to_string())?;
+            for (i, c) in chunks {
+                let e = &mut entries[i];
+                e.samples = match in_wal.get(&e.labels) {
+                    // Stored before the WAL's first, and the WAL's own count: what storage
+                    // lost of the WAL's samples (retention) counts as lost too.
+                    Some(w) => count_until(&c, w.first.saturating_sub(1)).zip(w.samples).map(|(a, b)| a + b),
+                    None => count_until(&c, e.last),
+                };
+            }
+            start = end;
+        }
         Ok((Backlog { entries }, scanned.reached))
     }
 
@@ -319,6 +343,53 @@ impl<'a> Bytes<'a> {
 }
 
 /// The labels a WAL segment named before `at` (a reader starting mid-segment needs them).
+/// The entries from `start` whose labels begin with the same label (a host's series, say:
+/// one postings lookup), and their chunks within `[lo, hi]` by entry index. `entries` are
+/// sorted by labels.
+fn select_group(
+    store: &TsdbStore,
+    entries: &[BacklogEntry],
+    start: usize,
+    lo: i64,
+    hi: i64,
+) -> Result<(usize, HashMap<usize, Vec<Chunk>>), StoreError> {
+    let mut chunks = HashMap::default();
+    let Some(head) = entries.get(start) else { return Ok((start + 1, chunks)) };
+    let key = head.labels.iter().next().map(|l| (l.name.clone(), l.value.clone()));
+    let end = start
+        + entries[start..]
+            .iter()
+            .take_while(|e| e.labels.iter().next().map(|l| (l.name.clone(), l.value.clone())) == key)
+            .count();
+    let end = end.max(start + 1);
+    let Some((name, value)) = key else { return Ok((end, chunks)) };
+    let group = &entries[start..end];
+    let m = Matcher::new(MatchOp::Equal, &name, &value).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
+    let req = SelectRequest::new(vec![m], lo, hi);
+    for s in store.select_now(&req, &mut unlimited(lo, hi))? {
+        if let Ok(k) = group.binary_search_by(|e| e.labels.cmp(&s.labels)) {
+            chunks.insert(start + k, s.chunks);
+        }
+    }
+    Ok((end, chunks))
+}
+
+/// How many of a series' chunks' samples are at or before `last`; `None` when a chunk that
+/// must be decoded to tell is damaged.
+fn count_until(chunks: &[Chunk], last: i64) -> Option<u64> {
+    let mut n = 0u64;
+    for c in chunks.iter().filter(|c| c.min_t <= last) {
+        if c.max_t <= last {
+            n += u64::from(c.n);
+        } else {
+            let mut part = Vec::new();
+            c.decode_into(i64::MIN, last, &mut part).ok()?;
+            n += part.len() as u64;
+        }
+    }
+    Some(n)
+}
+
 pub(crate) fn labels_before(db: &Tsdb, at: WalCursor) -> Result<HashMap<SeriesRef, Labels>, WalError> {
     let mut labels = HashMap::default();
     if at.offset == 0 {
@@ -508,26 +579,9 @@ impl BacklogReader {
     /// Selects, over `[lo, hi]`, the group of entries from `start` that share its first
     /// label.
     fn load_group(&mut self, start: usize, lo: i64, hi: i64) -> Result<(), StoreError> {
-        let entries = &self.backlog.entries;
-        let Some(head) = entries.get(start) else { return Ok(()) };
-        let key = head.labels.iter().next().map(|l| (l.name.to_string(), l.value.to_string()));
-        let end = start
-            + entries[start..]
-                .iter()
-                .take_while(|e| e.labels.iter().next().map(|l| (l.name.to_string(), l.value.to_string())) == key)
-                .count();
-        self.chunks.clear();
-        self.group_end = end.max(start + 1);
-        let Some((name, value)) = key else { return Ok(()) };
-        let group = &entries[start..self.group_end];
-        let m = Matcher::new(MatchOp::Equal, &name, &value).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
-        let req = SelectRequest::new(vec![m], lo, hi);
-        let found = self.store.select_now(&req, &mut unlimited(lo, hi))?;
-        for s in found {
-            if let Ok(k) = group.binary_search_by(|e| e.labels.cmp(&s.labels)) {
-                self.chunks.insert(start + k, s.chunks);
-            }
-        }
+        let (end, chunks) = select_group(&self.store, &self.backlog.entries, start, lo, hi)?;
+        self.group_end = end;
+        self.chunks = chunks;
         Ok(())
     }
 }

@@ -56,6 +56,9 @@ pub struct ForwarderOptions {
     /// from storage, series by series, instead of replaying the WAL record by record:
     /// several times faster once it is more than a few seconds of data.
     pub storage_backlog_bytes: u64,
+    /// An upstream met for the first time gets everything the edge holds (a regional);
+    /// without, what the WAL holds from its start on (remote write, as Prometheus').
+    pub history_on_first_contact: bool,
 }
 
 impl ForwarderOptions {
@@ -76,6 +79,7 @@ impl ForwarderOptions {
             max_backoff: Duration::from_secs(10),
             refusals_before_drop: 3,
             storage_backlog_bytes: 8 << 20,
+            history_on_first_contact: true,
         }
     }
 }
@@ -289,10 +293,12 @@ impl<U: Upstream> Forwarder<U> {
         let (db, file, upstream) =
             (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
         let unsendable = self.stats.unsendable_samples.clone();
-        let moved =
-            tokio::task::spawn_blocking(move || backlog_from_storage(&db, &file, &upstream, &unsendable, until))
-                .await
-                .map_err(|e| self.fail(format!("moving the backlog to storage: {e}")))??;
+        let history = self.opts.history_on_first_contact;
+        let moved = tokio::task::spawn_blocking(move || {
+            backlog_from_storage(&db, &file, &upstream, &unsendable, until, history)
+        })
+        .await
+        .map_err(|e| self.fail(format!("moving the backlog to storage: {e}")))??;
         let Some((cursor, oldest)) = moved else { return Ok(false) };
         self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
         self.holds.set(&self.opts.upstream, cursor.wal);
@@ -572,28 +578,16 @@ impl<U: Upstream> Forwarder<U> {
         let (db, file, upstream) =
             (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
         let c = fresh.clone();
-        let at = ReplayAt::start(new_generation(None));
-        let (oldest, wal) = tokio::task::spawn_blocking(move || {
+        let stored = tokio::task::spawn_blocking(move || {
             let (backlog, wal) = Backlog::everything(&db, c.wal)
                 .map_err(|reason| ForwardError::Backlog { upstream: upstream.clone(), reason })?;
-            let path = file.backlog_path(at.generation);
-            backlog.save(&path).map_err(|source| ForwardError::Cursor { file: path, source })?;
-            file.store(&Cursor { replay: Some(at), wal, ..c })?;
-            remove_backlogs_but(&file, Some(at.generation));
-            let (_, oldest, newest) = backlog.summary();
-            tracing::info!(
-                upstream = %upstream,
-                series = backlog.entries.len(),
-                from_ms = oldest,
-                to_ms = newest,
-                "forward: sending the upstream everything the edge holds, from storage, then the WAL"
-            );
-            Ok::<_, ForwardError>((oldest, wal))
+            store_backlog(&file, &upstream, backlog, Cursor { wal, ..c }, EVERYTHING)
         })
         .await
         .map_err(|e| self.fail(format!("listing what storage holds: {e}")))??;
+        let Some((cursor, oldest)) = stored else { return Err(self.fail("the backlog of everything was not stored")) };
         self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
-        Ok(Cursor { replay: Some(at), wal, ..fresh })
+        Ok(cursor)
     }
 }
 
@@ -624,14 +618,40 @@ enum Until {
 }
 
 fn backlog_from_storage(
+    db: &Arc<Tsdb>,
+    file: &CursorFile,
+    upstream: &str,
+    unsendable: &Counter,
+    until: Until,
+    history: bool,
+) -> Result<Option<(Cursor, i64)>, ForwardError> {
+    let Some(cursor) = file.load() else {
+        // An upstream never reached has no cursor yet: it needs everything from the oldest
+        // WAL segment on, or (with `history`) everything stored, blocks older than the WAL too.
+        let start = Cursor { storage_id: String::new(), wal: oldest(db), skip: 0, replay: None };
+        if !history {
+            return backlog_from_wal(db, file, upstream, unsendable, until, start);
+        }
+        if until == Until::Checkpoint && db.wal_needed_from().is_none_or(|n| start.wal.segment >= n) {
+            return Ok(None);
+        }
+        let (backlog, wal) = Backlog::everything(db, start.wal)
+            .map_err(|reason| ForwardError::Backlog { upstream: upstream.to_string(), reason })?;
+        return store_backlog(file, upstream, backlog, Cursor { wal, ..start }, EVERYTHING);
+    };
+    backlog_from_wal(db, file, upstream, unsendable, until, cursor)
+}
+
+/// The WAL from `cursor` on (to the checkpoint, or as far as it is written) as a backlog
+/// read from storage, merged with the one the cursor is replaying.
+fn backlog_from_wal(
     db: &Tsdb,
     file: &CursorFile,
     upstream: &str,
     unsendable: &Counter,
     until: Until,
+    cursor: Cursor,
 ) -> Result<Option<(Cursor, i64)>, ForwardError> {
-    // An upstream never reached has no cursor yet: it needs everything from the oldest on.
-    let cursor = file.load().unwrap_or(Cursor { storage_id: String::new(), wal: oldest(db), skip: 0, replay: None });
     let end = match until {
         Until::Checkpoint => {
             let Some(needed) = db.wal_needed_from() else { return Ok(None) };
@@ -673,28 +693,35 @@ fn backlog_from_storage(
             }
         },
     };
+    let why = match until {
+        Until::Checkpoint => {
+            "forward: the WAL the upstream still needs was checkpointed: its backlog is sent from storage instead"
+        }
+        Until::Now => "forward: the upstream is far behind: its backlog is sent from storage, series by series",
+    };
+    store_backlog(file, upstream, backlog, Cursor { wal: next_wal, skip: 0, ..cursor }, why)
+}
+
+const EVERYTHING: &str = "forward: sending the upstream everything the edge holds, from storage, then the WAL";
+
+/// Saves `backlog` and the cursor that replays it, then the WAL from `at.wal`.
+fn store_backlog(
+    file: &CursorFile,
+    upstream: &str,
+    backlog: Backlog,
+    at: Cursor,
+    why: &str,
+) -> Result<Option<(Cursor, i64)>, ForwardError> {
     // A new file for the merged backlog: the cursor names the file its position is in,
     // so a crash before the cursor is stored leaves the old pair whole.
-    let at = ReplayAt::start(new_generation(cursor.replay));
-    let path = file.backlog_path(at.generation);
+    let replay = ReplayAt::start(new_generation(at.replay));
+    let path = file.backlog_path(replay.generation);
     backlog.save(&path).map_err(|source| ForwardError::Cursor { file: path.clone(), source })?;
-    let next = Cursor { storage_id: cursor.storage_id, wal: next_wal, skip: 0, replay: Some(at) };
+    let next = Cursor { replay: Some(replay), ..at };
     file.store(&next)?;
-    remove_backlogs_but(file, Some(at.generation));
+    remove_backlogs_but(file, Some(replay.generation));
     let (samples, oldest, newest) = backlog.summary();
-    tracing::info!(
-        upstream,
-        series = backlog.entries.len(),
-        samples,
-        from_ms = oldest,
-        to_ms = newest,
-        "{}",
-        match until {
-            Until::Checkpoint =>
-                "forward: the WAL the upstream still needs was checkpointed: its backlog is sent from storage instead",
-            Until::Now => "forward: the upstream is far behind: its backlog is sent from storage, series by series",
-        }
-    );
+    tracing::info!(upstream, series = backlog.entries.len(), samples, from_ms = oldest, to_ms = newest, "{why}");
     Ok(Some((next, oldest)))
 }
 

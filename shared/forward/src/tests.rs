@@ -757,3 +757,38 @@ async fn an_upstream_far_behind_gets_its_backlog_from_storage_as_chunks_exactly(
     assert_eq!(regional.stats.samples("conflict"), 0);
     regional.stop().await;
 }
+
+/// An edge with history in blocks older than its WAL, forwarding for the first time to a
+/// regional that is down: when the head checkpoint lets the WAL go, the backlog it keeps
+/// is everything stored, so the regional, once up, holds what the edge holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regional_never_reached_before_the_wal_goes_still_gets_the_history_in_blocks() {
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), cutting_options(1200, 100 * 86400)).unwrap());
+    let s = gpu_series(&edge, 20);
+    let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
+    // History from before forwarding was configured: cut into blocks, its WAL gone.
+    write_steps(&edge, &s, t0, 0, 200);
+    let out = edge.maintain().unwrap();
+    assert!(out.blocks_cut > 0 && out.wal_segments_deleted > 0, "{out:?}");
+    // Forwarding configured, the regional down (its address taken, then freed).
+    let regional = Regional::start(r.path()).await;
+    let addr = regional.addr;
+    regional.stop().await;
+    let holds = WalHolds::new(edge.clone());
+    let (stop, rx) = watch::channel(false);
+    let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", addr, 5000), ForwarderStats::default());
+    let task = tokio::spawn(f.run(rx));
+    write_steps(&edge, &s, t0, 200, 280);
+    let out = edge.maintain().unwrap();
+    assert!(out.checkpointed, "{out:?}");
+    wait_backlog_moved(&edge, "regional").await;
+    let _ = stop.send(true);
+    task.await.unwrap();
+
+    let regional = Regional::start_on(r.path(), TsdbOptions::default(), addr).await;
+    let stats = forward_until_equal(&edge, &holds, options("regional", addr, 5000), &regional.db).await;
+    assert_eq!(regional.stats.samples("appended"), 20 * 480);
+    assert_eq!(stats.restarts_from_oldest.get(), 0);
+    regional.stop().await;
+}

@@ -163,6 +163,8 @@ impl RemoteWriteUpstream {
         let mut o = ForwarderOptions::new(&format!("remote-write/{}", self.shared.opts.name));
         // Prometheus' rule: a series' own label wins over an external label of its name.
         o.series_labels_win = true;
+        // As Prometheus: from the WAL's start, not the history in blocks.
+        o.history_on_first_contact = false;
         o.batch_samples = QueueConfig::round_samples(q);
         // Fresh data waits at most this long for a round (the batch send deadline).
         o.poll = q.batch_send_deadline.min(Duration::from_millis(200));
