@@ -42,6 +42,14 @@ impl WalHolds {
         self.db.hold_blocks(oldest.zip(budget));
     }
 
+    /// `upstream`'s backlog no longer needs storage before `from` (ms): its hold moves on.
+    pub fn advance_backlog(&self, upstream: &str, from: i64) {
+        let current = self.backlogs.lock().get(upstream).copied();
+        if let Some((_, budget)) = current.filter(|(oldest, _)| from > *oldest) {
+            self.set_backlog(upstream, Some((from, budget)));
+        }
+    }
+
     /// `upstream` needs nothing any more (it was removed from the configuration).
     pub fn release(&self, upstream: &str) {
         let mut c = self.cursors.lock();

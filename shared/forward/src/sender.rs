@@ -566,8 +566,12 @@ impl<U: Upstream> Forwarder<U> {
             );
         }
         self.holds.set(&self.opts.upstream, cursor.wal);
-        if finished_backlog {
-            self.holds.set_backlog(&self.opts.upstream, None);
+        match cursor.replay {
+            // Slices are read in time order, every entry's before the next: what is older
+            // than the current slice is no longer needed from storage.
+            Some(r) => self.holds.advance_backlog(&self.opts.upstream, r.slice),
+            None if finished_backlog => self.holds.set_backlog(&self.opts.upstream, None),
+            None => {}
         }
         Ok(cursor)
     }

@@ -578,8 +578,14 @@ async fn a_backlog_the_wal_no_longer_holds_is_sent_from_blocks_exactly() {
     // of the backlog, then another from the persisted cursor: everything, exactly once.
     let regional = Regional::start_on(r.path(), TsdbOptions::default(), addr).await;
     let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", addr, 700), ForwarderStats::default());
-    let first = run_until(f, |stats| stats.samples_acked.get() >= 1400).await;
-    assert!(CursorFile::new(edge.dir(), "regional").load().unwrap().replay.is_some(), "stopped after the backlog");
+    let held = edge.blocks_held().map(|h| h.0);
+    assert_eq!(held, Some(t0 + 100 * 15_000), "blocks are held from the backlog's oldest sample");
+    let first = run_until(f, |stats| stats.samples_acked.get() >= 10_000).await;
+    let replay = CursorFile::new(edge.dir(), "regional").load().unwrap().replay;
+    let Some(at) = replay else { panic!("stopped after the backlog") };
+    // Blocks are held only from the slice being read on.
+    assert!(at.slice > t0 + 100 * 15_000, "{at:?}");
+    assert_eq!(edge.blocks_held().map(|h| h.0), Some(at.slice), "{at:?}");
     let rest = forward_until_equal(&edge, &holds, options("regional", addr, 700), &regional.db).await;
     assert_eq!(first.samples_acked.get() + rest.samples_acked.get(), 50 * 400, "samples sent twice or missing");
     assert_eq!(regional.stats.samples("duplicate"), 0, "samples sent twice");

@@ -742,6 +742,11 @@ impl Tsdb {
         *self.block_hold.lock() = hold;
     }
 
+    /// The hold [`hold_blocks`](Self::hold_blocks) set.
+    pub fn blocks_held(&self) -> Option<(i64, u64)> {
+        *self.block_hold.lock()
+    }
+
     /// The first WAL segment the head still needs: the last head checkpoint covers the
     /// ones before it, which only a hold ([`hold_wal`](Self::hold_wal)) keeps. `None`
     /// before the first checkpoint (the head needs every segment).
