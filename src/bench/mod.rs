@@ -137,6 +137,10 @@ pub enum BenchCommand {
         /// Send batches uncompressed (the edge's `gzip: false`).
         #[arg(long)]
         no_gzip: bool,
+        /// Read the backlog from the WAL, record by record, as for an upstream only a
+        /// little behind (the anchor for the backlog from storage).
+        #[arg(long)]
+        from_wal: bool,
     },
     /// Forwarding at steady state against Prometheus' remote write in one run: an edge
     /// forwarding the scraped fleet to a regional, Prometheus remote-writing the same fleet
@@ -222,8 +226,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
-        BenchCommand::Forward { series, seconds, interval, batch, no_gzip } => {
-            forward::run(series, seconds, interval, batch, !no_gzip).await
+        BenchCommand::Forward { series, seconds, interval, batch, no_gzip, from_wal } => {
+            forward::run(series, seconds, interval, batch, !no_gzip, from_wal).await
         }
         BenchCommand::ForwardVsPrometheus { nodes, interval, seconds, prometheus, edge_remote_write } => {
             forward_wire::run(nodes, interval, seconds, &prometheus, edge_remote_write).await

@@ -107,6 +107,9 @@ impl Chunk {
 
     /// Appends the samples within `[mint, maxt]` to `out`; stops decoding past `maxt`.
     pub fn decode_into(&self, mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        if mint > maxt {
+            return Ok(());
+        }
         if self.is_block() {
             let base = out.len();
             block::decode(&self.data, self.n as usize, out)?;

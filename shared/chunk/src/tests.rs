@@ -275,3 +275,13 @@ fn samples_encoded_as_sealed_chunks_decode_bit_for_bit_in_either_encoding() {
     assert_eq!(bits(&back), bits(&samples));
     assert!(Chunk::encode_sealed(&[]).is_empty());
 }
+
+#[test]
+fn an_empty_or_inverted_range_decodes_nothing_in_either_encoding() {
+    let samples: Vec<Sample> = (0..100).map(|i| Sample::new(i * 1000, (i % 7) as f64)).collect();
+    for c in Chunk::encode_sealed(&samples).into_iter().chain(Chunk::encode_samples(samples.iter().copied())) {
+        let mut out = vec![Sample::new(-1, 0.0)];
+        c.decode_into(50_000, 20_000, &mut out).unwrap();
+        assert_eq!(out.len(), 1, "block form: {}", c.is_block());
+    }
+}

@@ -12,9 +12,11 @@
 //! is sent twice or skipped; where storage no longer holds all an entry counted (past
 //! retention, a damaged block) the shortfall is counted and logged with its range.
 //!
-//! A regional met for the first time, or back with a new storage identity, gets everything
-//! the edge holds the same way ([`Backlog::everything`]): every stored series up to just
-//! before its first sample in the WAL, which is sent after.
+//! An upstream met again far behind (after an outage) gets the WAL written so far the same
+//! way, since reading storage series by series is several times faster than replaying the
+//! WAL record by record. A regional met for the first time, or back with a new storage
+//! identity, gets everything the edge holds ([`Backlog::everything`]): every stored series
+//! up to its last sample in the WAL as far as it was scanned, and the WAL from there.
 //!
 //! The backlog is written beside the upstream's cursor (`<upstream>.backlog`), whole and
 //! `fsync`ed before the cursor that refers to it, and read back whole; a damaged one is
@@ -145,7 +147,7 @@ impl Backlog {
     /// Everything `db` holds, read from storage up to the returned WAL position and from
     /// the WAL after it: every stored series up to its last sample in the WAL so far (from
     /// `wal_from` on), or up to the newest stored when the WAL has none of it.
-    pub fn everything(db: &std::sync::Arc<Tsdb>, wal_from: WalCursor) -> Result<(Backlog, WalCursor), String> {
+    pub fn everything(db: &std::sync::Arc<Tsdb>, wal_from: WalCursor) -> Result<(Backlog, Scanned), String> {
         let (in_wal, scanned) = Backlog::scan_wal(db, wal_from, 0, db.wal_cursor()).map_err(|e| e.to_string())?;
         let in_wal: HashMap<&Labels, &BacklogEntry> = in_wal.entries.iter().map(|e| (&e.labels, e)).collect();
         // A series with nothing in the WAL so far and samples appended after the scan: its
@@ -172,23 +174,22 @@ impl Backlog {
         entries.extend(gone);
         entries.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
         // What each entry holds now, so that what retention takes before it is read is
-        // counted exactly.
-        let store = TsdbStore(db.clone());
-        let mut start = 0;
-        while start < entries.len() {
-            let (end, chunks) = select_group(&store, &entries, start, i64::MIN, newest).map_err(|e| e.to_string())?;
-            for (i, c) in chunks {
-                let e = &mut entries[i];
-                e.samples = match in_wal.get(&e.labels) {
-                    // Stored before the WAL's first, and the WAL's own count: what storage
-                    // lost of the WAL's samples (retention) counts as lost too.
-                    Some(w) => count_until(&c, w.first.saturating_sub(1)).zip(w.samples).map(|(a, b)| a + b),
-                    None => count_until(&c, e.last),
-                };
+        // counted exactly: what storage holds before the series' first sample in the WAL,
+        // and the WAL's own count (what storage lost of the WAL's samples counts as lost).
+        let stored_until = |e: &BacklogEntry| in_wal.get(&e.labels).map_or(e.last, |w| w.first.saturating_sub(1));
+        match count_stored(db, &entries, newest, stored_until).map_err(|e| e.to_string())? {
+            Some(counts) => {
+                for (e, stored) in entries.iter_mut().zip(counts) {
+                    let wal = in_wal.get(&e.labels).map_or(Some(0), |w| w.samples);
+                    e.samples = stored.zip(wal).map(|(a, b)| a + b);
+                }
             }
-            start = end;
+            None => tracing::warn!(
+                "forward: storage spans too many block ranges to count what a backlog of everything holds: \
+                 what retention takes before it is read will not be counted"
+            ),
         }
-        Ok((Backlog { entries }, scanned.reached))
+        Ok((Backlog { entries }, scanned))
     }
 
     /// What is left of this backlog after `at`, then `newer` (samples the WAL held after
@@ -218,8 +219,10 @@ impl Backlog {
             match index.get(&n.labels) {
                 Some(&i) => {
                     let e = &mut rest[i];
+                    // Ranges that overlap may have counted a sample twice (one the older
+                    // listing found in storage and the newer scan in the WAL).
+                    e.samples = if n.first <= e.last { None } else { e.samples.zip(n.samples).map(|(a, b)| a + b) };
                     e.last = e.last.max(n.last);
-                    e.samples = e.samples.zip(n.samples).map(|(a, b)| a + b);
                 }
                 None => {
                     index.insert(n.labels.clone(), rest.len());
@@ -374,16 +377,70 @@ fn select_group(
     Ok((end, chunks))
 }
 
-/// How many of a series' chunks' samples are at or before `last`; `None` when a chunk that
+/// Block ranges storage is counted over at most; beyond, a backlog of everything goes
+/// uncounted (storage with data scattered over years, say).
+const MAX_COUNT_WINDOWS: usize = 20_000;
+
+/// Each entry's stored samples up to `until(entry)`, read one block range at a time (so a
+/// group's chunks in memory are at most a block range's), or `None` when storage spans
+/// more than [`MAX_COUNT_WINDOWS`] ranges.
+fn count_stored(
+    db: &std::sync::Arc<Tsdb>,
+    entries: &[BacklogEntry],
+    newest: i64,
+    until: impl Fn(&BacklogEntry) -> i64,
+) -> Result<Option<Vec<Option<u64>>>, StoreError> {
+    let range = i64::try_from(db.options().block_range.as_millis()).unwrap_or(i64::MAX).max(1);
+    let head = db.head();
+    let spans = db
+        .blocks()
+        .healthy()
+        .iter()
+        .map(|b| (b.meta().min_time, b.meta().max_time))
+        .chain((head.min_time() <= head.max_time()).then(|| (head.min_time(), head.max_time())))
+        .collect::<Vec<_>>();
+    let mut windows = std::collections::BTreeSet::new();
+    for (lo, hi) in spans {
+        let mut w = lo.div_euclid(range);
+        while w <= hi.min(newest).div_euclid(range) {
+            if windows.len() >= MAX_COUNT_WINDOWS {
+                return Ok(None);
+            }
+            windows.insert(w);
+            w += 1;
+        }
+    }
+    let store = TsdbStore(db.clone());
+    let mut counts = vec![Some(0u64); entries.len()];
+    for w in windows {
+        let lo = w.saturating_mul(range);
+        let hi = lo.saturating_add(range - 1).min(newest);
+        let mut start = 0;
+        while start < entries.len() {
+            let (end, chunks) = select_group(&store, entries, start, lo, hi)?;
+            for (i, c) in chunks {
+                let n = count_within(&c, lo, hi.min(until(&entries[i])));
+                counts[i] = counts[i].zip(n).map(|(a, b)| a + b);
+            }
+            start = end;
+        }
+    }
+    Ok(Some(counts))
+}
+
+/// How many of a series' chunks' samples are within `[lo, hi]`; `None` when a chunk that
 /// must be decoded to tell is damaged.
-fn count_until(chunks: &[Chunk], last: i64) -> Option<u64> {
+fn count_within(chunks: &[Chunk], lo: i64, hi: i64) -> Option<u64> {
     let mut n = 0u64;
-    for c in chunks.iter().filter(|c| c.min_t <= last) {
-        if c.max_t <= last {
+    if hi < lo {
+        return Some(0);
+    }
+    for c in chunks.iter().filter(|c| c.overlaps(lo, hi)) {
+        if c.min_t >= lo && c.max_t <= hi {
             n += u64::from(c.n);
         } else {
             let mut part = Vec::new();
-            c.decode_into(i64::MIN, last, &mut part).ok()?;
+            c.decode_into(lo, hi, &mut part).ok()?;
             n += part.len() as u64;
         }
     }

@@ -299,15 +299,22 @@ impl ForwardReceiver {
         let mut pool = StringPool::default();
         let mut checked = Vec::with_capacity(req.series.len());
         let mut known = Vec::new();
+        // Chunks are decoded before the sessions' lock is taken: other edges' batches wait
+        // for it.
+        let mut decoded = Vec::with_capacity(req.series.len());
+        for (i, mut s) in req.series.into_iter().enumerate() {
+            let samples =
+                samples_of(&mut s).map_err(|r| Status::invalid_argument(format!("series {i} of the batch: {r}")))?;
+            decoded.push((s, samples));
+        }
         // One lock for the batch's lookups of numbered series.
         let mut sessions = self.sessions.0.lock();
         let mut session = sessions.get_mut(&req.session);
         if let Some(s) = session.as_mut() {
             s.used = std::time::Instant::now();
         }
-        for (i, mut s) in req.series.into_iter().enumerate() {
+        for (i, (s, samples)) in decoded.into_iter().enumerate() {
             let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
-            let samples = samples_of(&mut s).map_err(bad)?;
             if s.labels.is_empty() {
                 // A series the session named before, by its number.
                 if s.r#ref == 0 || req.session.is_empty() {

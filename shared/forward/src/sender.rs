@@ -202,6 +202,9 @@ pub struct Forwarder<U: Upstream = GrpcUpstream> {
     /// Where the upstream last refused a batch as invalid, and how many times in a row
     /// (kept across sessions: each refusal ends one).
     refused: parking_lot::Mutex<Option<(At, u32)>>,
+    /// The upstream refused a batch of chunks (a regional of an older version answered
+    /// for one that takes them, in a rolling upgrade): samples from then on.
+    chunks_refused: std::sync::atomic::AtomicBool,
 }
 
 impl Forwarder<GrpcUpstream> {
@@ -254,6 +257,7 @@ impl<U: Upstream> Forwarder<U> {
             stats,
             newest_acked: std::sync::atomic::AtomicI64::new(i64::MIN),
             refused: parking_lot::Mutex::new(None),
+            chunks_refused: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -347,10 +351,18 @@ impl<U: Upstream> Forwarder<U> {
             Some(c) if c.storage_id == storage_id => {
                 // Back after an outage: far behind, the backlog is read from storage.
                 let behind = pending_bytes(&self.db, c.wal);
-                if behind >= self.opts.storage_backlog_bytes && self.take_backlog_from_storage(Until::Now).await? {
-                    self.cursor_file.load().ok_or_else(|| self.fail("the cursor stored with the backlog is gone"))?
+                let moved = if behind >= self.opts.storage_backlog_bytes {
+                    // Failing that (a full disk, say), the WAL is read as it is.
+                    self.take_backlog_from_storage(Until::Now).await.unwrap_or_else(|e| {
+                        tracing::error!(upstream = %self.opts.upstream, error = %e, "forward: reading the backlog from storage failed: it is read from the WAL");
+                        false
+                    })
                 } else {
-                    c
+                    false
+                };
+                match self.cursor_file.load() {
+                    Some(moved_to) if moved => moved_to,
+                    _ => c,
                 }
             }
             // Placed by the disk budget before the upstream was ever reached.
@@ -368,7 +380,7 @@ impl<U: Upstream> Forwarder<U> {
                 let fresh = Cursor { storage_id: storage_id.clone(), wal: from, skip: 0, replay: None };
                 // Nothing from `from` on goes while storage is listed.
                 self.holds.set(&self.opts.upstream, from);
-                if storage_id.is_empty() {
+                if storage_id.is_empty() || !self.opts.history_on_first_contact {
                     // No storage identity (a remote write endpoint): from the WAL's start.
                     fresh
                 } else {
@@ -389,7 +401,7 @@ impl<U: Upstream> Forwarder<U> {
             .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
         let mut source = Some(opened.map_err(|e| e.into_forward(&self.opts.upstream))?);
         if let Some(s) = source.as_mut() {
-            s.chunks = hello.takes_chunks;
+            s.chunks = hello.takes_chunks && !self.chunks_refused.load(std::sync::atomic::Ordering::Relaxed);
         }
         // Series numbers are the session's: a new session (this one) names every series
         // again with its labels.
@@ -486,6 +498,11 @@ impl<U: Upstream> Forwarder<U> {
             };
             let ack = match result {
                 Ok(a) => a,
+                Err(PushError::Refused(reason))
+                    if batch.chunks && !self.chunks_refused.swap(true, std::sync::atomic::Ordering::Relaxed) =>
+                {
+                    return Err(self.fail(format!("a batch of chunks refused ({reason}): sending samples from now on")));
+                }
                 Err(PushError::Refused(reason)) => {
                     // The upstream will never take this batch. Retried a few times (it may
                     // be a peer mid-upgrade), then dropped, counted and logged, so that one
@@ -581,14 +598,10 @@ impl<U: Upstream> Forwarder<U> {
     async fn everything_from_storage(&self, fresh: Cursor) -> Result<Cursor, ForwardError> {
         let (db, file, upstream) =
             (self.db.clone(), CursorFile::new(self.db.dir(), &self.opts.upstream), self.opts.upstream.clone());
-        let c = fresh.clone();
-        let stored = tokio::task::spawn_blocking(move || {
-            let (backlog, wal) = Backlog::everything(&db, c.wal)
-                .map_err(|reason| ForwardError::Backlog { upstream: upstream.clone(), reason })?;
-            store_backlog(&file, &upstream, backlog, Cursor { wal, ..c }, EVERYTHING)
-        })
-        .await
-        .map_err(|e| self.fail(format!("listing what storage holds: {e}")))??;
+        let (c, unsendable) = (fresh.clone(), self.stats.unsendable_samples.clone());
+        let stored = tokio::task::spawn_blocking(move || everything_backlog(&db, &file, &upstream, &unsendable, c))
+            .await
+            .map_err(|e| self.fail(format!("listing what storage holds: {e}")))??;
         let Some((cursor, oldest)) = stored else { return Err(self.fail("the backlog of everything was not stored")) };
         self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
         Ok(cursor)
@@ -639,11 +652,31 @@ fn backlog_from_storage(
         if until == Until::Checkpoint && db.wal_needed_from().is_none_or(|n| start.wal.segment >= n) {
             return Ok(None);
         }
-        let (backlog, wal) = Backlog::everything(db, start.wal)
-            .map_err(|reason| ForwardError::Backlog { upstream: upstream.to_string(), reason })?;
-        return store_backlog(file, upstream, backlog, Cursor { wal, ..start }, EVERYTHING);
+        return everything_backlog(db, file, upstream, unsendable, start);
     };
     backlog_from_wal(db, file, upstream, unsendable, until, cursor)
+}
+
+/// Everything stored as the backlog of `start`'s upstream, then the WAL from where the
+/// listing scanned it to.
+fn everything_backlog(
+    db: &Arc<Tsdb>,
+    file: &CursorFile,
+    upstream: &str,
+    unsendable: &Counter,
+    start: Cursor,
+) -> Result<Option<(Cursor, i64)>, ForwardError> {
+    let (backlog, scanned) = Backlog::everything(db, start.wal)
+        .map_err(|reason| ForwardError::Backlog { upstream: upstream.to_string(), reason })?;
+    note_unnamed(upstream, unsendable, scanned.unnamed);
+    store_backlog(file, upstream, backlog, Cursor { wal: scanned.reached, ..start }, EVERYTHING)
+}
+
+fn note_unnamed(upstream: &str, unsendable: &Counter, unnamed: u64) {
+    if unnamed > 0 {
+        unsendable.inc_by(unnamed);
+        tracing::warn!(upstream, samples = unnamed, "forward: samples of series the WAL does not name: not sent");
+    }
 }
 
 /// The WAL from `cursor` on (to the checkpoint, or as far as it is written) as a backlog
@@ -672,14 +705,7 @@ fn backlog_from_wal(
     // Checkpointed segments are complete; the WAL being written is read as far as it is
     // on disk, and the cursor goes no further.
     let next_wal = if until == Until::Checkpoint { end } else { scanned.reached };
-    if scanned.unnamed > 0 {
-        unsendable.inc_by(scanned.unnamed);
-        tracing::warn!(
-            upstream,
-            samples = scanned.unnamed,
-            "forward: samples of series the WAL does not name: not sent"
-        );
-    }
+    note_unnamed(upstream, unsendable, scanned.unnamed);
     if newer.entries.is_empty() && cursor.replay.is_none() {
         // Nothing to send in those segments (labels only): the next batch moves past them.
         return Ok(None);
@@ -822,6 +848,8 @@ struct Batch {
     /// Samples of a backlog storage no longer held, and their entries' range.
     lost: u64,
     lost_range: (i64, i64),
+    /// The samples went as chunks.
+    chunks: bool,
 }
 
 /// Why a batch could not be read.
@@ -999,11 +1027,7 @@ impl WalSource {
         let per_sample = if self.chunks { 4 } else { 17 };
         let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
         let (mut lost, mut lost_range) = (0u64, (i64::MAX, i64::MIN));
-        let take = self.backlog_metadata.len().min(MAX_BATCH_METADATA);
-        for (family, meta) in self.backlog_metadata.drain(..take) {
-            bytes += family.len() + meta.help.len() + meta.unit.len() + 8;
-            req.metadata.push(metadata_to_pb(&family, &meta));
-        }
+        self.take_backlog_metadata(&mut req, &mut bytes);
         while n < limit && bytes < MAX_BATCH_BYTES && req.series.len() < MAX_BATCH_SERIES {
             let Some(reader) = self.replay.as_mut() else { break };
             let Some(piece) = reader.next_piece(limit - n).map_err(ReadError::Storage)? else { break };
@@ -1055,7 +1079,22 @@ impl WalSource {
                 self.at.replay = None;
             }
         }
-        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown, lost, lost_range })
+        let chunks = self.chunks && n > 0;
+        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown, lost, lost_range, chunks })
+    }
+
+    /// The backlog's metadata not sent yet, as much as a batch takes.
+    fn take_backlog_metadata(&mut self, req: &mut pb::PushRequest, bytes: &mut usize) {
+        let mut take = 0;
+        for (family, meta) in &self.backlog_metadata {
+            if take >= MAX_BATCH_METADATA || *bytes >= MAX_BATCH_BYTES / 2 {
+                break;
+            }
+            *bytes += family.len() + meta.help.len() + meta.unit.len() + 8;
+            req.metadata.push(metadata_to_pb(family, meta));
+            take += 1;
+        }
+        self.backlog_metadata.drain(..take);
     }
 
     fn next_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
@@ -1067,6 +1106,7 @@ impl WalSource {
         // series restored under another reference after a restart) share one.
         let mut index: HashMap<u64, usize> = HashMap::default();
         let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
+        self.take_backlog_metadata(&mut req, &mut bytes);
         loop {
             if let Some(mut p) = self.partial.take() {
                 while p.taken < p.samples.len() && n < limit && bytes < MAX_BATCH_BYTES {
@@ -1161,6 +1201,7 @@ impl WalSource {
             unknown,
             lost: 0,
             lost_range: (i64::MAX, i64::MIN),
+            chunks: false,
         })
     }
 }

@@ -798,3 +798,56 @@ async fn a_regional_never_reached_before_the_wal_goes_still_gets_the_history_in_
     assert_eq!(stats.restarts_from_oldest.get(), 0);
     regional.stop().await;
 }
+
+/// A regional of an older version answering behind one that takes chunks (a rolling
+/// upgrade): it refuses a batch of chunks as a series without samples. The edge goes back
+/// to samples, and nothing is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_regional_that_refuses_chunks_gets_samples_and_nothing_is_dropped() {
+    use pb::forward_server::Forward;
+    struct Older(ForwardReceiver);
+    #[tonic::async_trait]
+    impl Forward for Older {
+        async fn hello(
+            &self,
+            r: tonic::Request<pb::HelloRequest>,
+        ) -> Result<tonic::Response<pb::HelloResponse>, tonic::Status> {
+            self.0.hello(r).await
+        }
+        async fn push(
+            &self,
+            r: tonic::Request<pb::PushRequest>,
+        ) -> Result<tonic::Response<pb::PushResponse>, tonic::Status> {
+            if r.get_ref().series.iter().any(|s| !s.chunks.is_empty()) {
+                return Err(tonic::Status::invalid_argument("series 0 of the batch: no samples"));
+            }
+            self.0.push(r).await
+        }
+    }
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let regional_db = Arc::new(Tsdb::open(r.path(), TsdbOptions::default()).unwrap());
+    let receiver = ForwardReceiver::new(regional_db.clone(), StorageId::load_or_create(r.path()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(
+                pb::forward_server::ForwardServer::new(Older(receiver))
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
+    let holds = WalHolds::new(edge.clone());
+    // First contact: everything goes as a backlog from storage, as chunks at first.
+    write(&edge, 20, strata_model::time::now_ms() - 600_000, 200);
+    let f = Forwarder::new(edge.clone(), holds, options("older", addr, 10_000), ForwarderStats::default());
+    let stats = run_until(f, |stats| stats.samples_acked.get() >= 4000).await;
+    server.abort();
+    assert_eq!(stats.dropped_samples.get(), 0, "a batch of chunks was dropped instead of sent as samples");
+    assert_eq!(stats.samples_acked.get(), 4000);
+    assert!(stats.retries.get() >= 1);
+    assert_eq!(all(&regional_db), expected(&edge));
+}
