@@ -456,7 +456,9 @@ pub(crate) fn labels_before(db: &Tsdb, at: WalCursor) -> Result<HashMap<SeriesRe
     if path.exists() {
         let mut r = wal::SegmentReader::open(&path, 0)?;
         while r.offset() < at.offset {
-            match r.next_record() {
+            match r.next_series_record() {
+                // A record at or past the cursor is not "before" it.
+                wal::ReadOutcome::Record(_) if r.offset() > at.offset => break,
                 wal::ReadOutcome::Record(WalRecord::Series { series_ref, labels: l }) => {
                     labels.insert(series_ref, l);
                 }

@@ -205,6 +205,8 @@ pub struct Forwarder<U: Upstream = GrpcUpstream> {
     /// The upstream refused a batch of chunks (a regional of an older version answered
     /// for one that takes them, in a rolling upgrade): samples from then on.
     chunks_refused: std::sync::atomic::AtomicBool,
+    /// The backlog last stored, for the session that replays it next.
+    stored: parking_lot::Mutex<Option<Stored>>,
 }
 
 impl Forwarder<GrpcUpstream> {
@@ -258,6 +260,7 @@ impl<U: Upstream> Forwarder<U> {
             newest_acked: std::sync::atomic::AtomicI64::new(i64::MIN),
             refused: parking_lot::Mutex::new(None),
             chunks_refused: std::sync::atomic::AtomicBool::new(false),
+            stored: parking_lot::Mutex::new(None),
         }
     }
 
@@ -303,9 +306,10 @@ impl<U: Upstream> Forwarder<U> {
         })
         .await
         .map_err(|e| self.fail(format!("moving the backlog to storage: {e}")))??;
-        let Some((cursor, oldest)) = moved else { return Ok(false) };
-        self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
-        self.holds.set(&self.opts.upstream, cursor.wal);
+        let Some(stored) = moved else { return Ok(false) };
+        self.holds.set_backlog(&self.opts.upstream, Some((stored.oldest, self.opts.max_disk.unwrap_or(0))));
+        self.holds.set(&self.opts.upstream, stored.cursor.wal);
+        *self.stored.lock() = Some(stored);
         Ok(true)
     }
 
@@ -394,9 +398,16 @@ impl<U: Upstream> Forwarder<U> {
             .batch_samples
             .min(usize::try_from(hello.max_batch_samples).unwrap_or(usize::MAX))
             .clamp(1, MAX_BATCH_SAMPLES);
-        let backlog = cursor.replay.map(|r| self.cursor_file.backlog_path(r.generation));
+        let backlog = cursor.replay.map(|r| {
+            let kept =
+                self.stored.lock().take().filter(|s| s.cursor.replay.map(|x| x.generation) == Some(r.generation));
+            match kept {
+                Some(s) => BacklogAt::Here(s.backlog),
+                None => BacklogAt::File(self.cursor_file.backlog_path(r.generation)),
+            }
+        });
         let (db, c) = (self.db.clone(), cursor.clone());
-        let opened = tokio::task::spawn_blocking(move || WalSource::new(db, &c, backlog.as_deref()))
+        let opened = tokio::task::spawn_blocking(move || WalSource::new(db, &c, backlog))
             .await
             .map_err(|e| self.fail(format!("reading the WAL: {e}")))?;
         let mut source = Some(opened.map_err(|e| e.into_forward(&self.opts.upstream))?);
@@ -602,8 +613,10 @@ impl<U: Upstream> Forwarder<U> {
         let stored = tokio::task::spawn_blocking(move || everything_backlog(&db, &file, &upstream, &unsendable, c))
             .await
             .map_err(|e| self.fail(format!("listing what storage holds: {e}")))??;
-        let Some((cursor, oldest)) = stored else { return Err(self.fail("the backlog of everything was not stored")) };
-        self.holds.set_backlog(&self.opts.upstream, Some((oldest, self.opts.max_disk.unwrap_or(0))));
+        let Some(stored) = stored else { return Err(self.fail("the backlog of everything was not stored")) };
+        self.holds.set_backlog(&self.opts.upstream, Some((stored.oldest, self.opts.max_disk.unwrap_or(0))));
+        let cursor = stored.cursor.clone();
+        *self.stored.lock() = Some(stored);
         Ok(cursor)
     }
 }
@@ -641,7 +654,7 @@ fn backlog_from_storage(
     unsendable: &Counter,
     until: Until,
     history: bool,
-) -> Result<Option<(Cursor, i64)>, ForwardError> {
+) -> Result<Option<Stored>, ForwardError> {
     let Some(cursor) = file.load() else {
         // An upstream never reached has no cursor yet: it needs everything from the oldest
         // WAL segment on, or (with `history`) everything stored, blocks older than the WAL too.
@@ -665,7 +678,7 @@ fn everything_backlog(
     upstream: &str,
     unsendable: &Counter,
     start: Cursor,
-) -> Result<Option<(Cursor, i64)>, ForwardError> {
+) -> Result<Option<Stored>, ForwardError> {
     let (backlog, scanned) = Backlog::everything(db, start.wal)
         .map_err(|reason| ForwardError::Backlog { upstream: upstream.to_string(), reason })?;
     note_unnamed(upstream, unsendable, scanned.unnamed);
@@ -688,7 +701,7 @@ fn backlog_from_wal(
     unsendable: &Counter,
     until: Until,
     cursor: Cursor,
-) -> Result<Option<(Cursor, i64)>, ForwardError> {
+) -> Result<Option<Stored>, ForwardError> {
     let end = match until {
         Until::Checkpoint => {
             let Some(needed) = db.wal_needed_from() else { return Ok(None) };
@@ -741,7 +754,7 @@ fn store_backlog(
     backlog: Backlog,
     at: Cursor,
     why: &str,
-) -> Result<Option<(Cursor, i64)>, ForwardError> {
+) -> Result<Option<Stored>, ForwardError> {
     // A new file for the merged backlog: the cursor names the file its position is in,
     // so a crash before the cursor is stored leaves the old pair whole.
     let replay = ReplayAt::start(new_generation(at.replay));
@@ -752,7 +765,15 @@ fn store_backlog(
     remove_backlogs_but(file, Some(replay.generation));
     let (samples, oldest, newest) = backlog.summary();
     tracing::info!(upstream, series = backlog.entries.len(), samples, from_ms = oldest, to_ms = newest, "{why}");
-    Ok(Some((next, oldest)))
+    Ok(Some(Stored { cursor: next, oldest, backlog }))
+}
+
+/// A backlog just stored, and the cursor that replays it: the session that reads it next
+/// takes it as it is rather than reading the file back.
+struct Stored {
+    cursor: Cursor,
+    oldest: i64,
+    backlog: Backlog,
 }
 
 /// A backlog generation after `previous`'s (the clock, so one never meets an old file).
@@ -885,6 +906,12 @@ struct Partial {
 /// and metadata as well as samples.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
+/// The backlog a session replays: just stored, or in its file.
+enum BacklogAt {
+    Here(Backlog),
+    File(std::path::PathBuf),
+}
+
 /// Reads batches from a backlog in storage, if there is one, then from the WAL. Every segment names each reference its samples use before
 /// them (see `Tsdb::commit`), so labels are resolved from the segment being read, never
 /// from the head, which may have dropped the series or, after a restart, given its
@@ -918,12 +945,16 @@ struct WalSource {
 }
 
 impl WalSource {
-    fn new(db: Arc<Tsdb>, c: &Cursor, backlog: Option<&std::path::Path>) -> Result<WalSource, ReadError> {
+    fn new(db: Arc<Tsdb>, c: &Cursor, backlog: Option<BacklogAt>) -> Result<WalSource, ReadError> {
         // Resuming mid-segment: the labels named before the cursor.
         let labels = labels_before(&db, c.wal)?;
         let mut at = At::of(c);
-        let replay = match (c.replay, backlog) {
-            (Some(r), Some(path)) => match Backlog::load(path) {
+        let loaded = backlog.map(|b| match b {
+            BacklogAt::Here(b) => Ok(b),
+            BacklogAt::File(path) => Backlog::load(&path),
+        });
+        let replay = match (c.replay, loaded) {
+            (Some(r), Some(loaded)) => match loaded {
                 Ok(b) => Some(BacklogReader::new(db.clone(), b, r)),
                 Err(BacklogError::Io(e)) => return Err(ReadError::Storage(strata_store::StoreError::Unavailable(e))),
                 Err(BacklogError::Damaged(e)) => {

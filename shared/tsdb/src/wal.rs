@@ -359,17 +359,34 @@ impl SegmentReader {
     }
 
     pub fn next_record(&mut self) -> ReadOutcome {
+        self.next_record_of(|_| true).unwrap_or(ReadOutcome::End)
+    }
+
+    /// The next Series record, checking every record before it but decoding none of them
+    /// (labels resolved mid-segment need only these).
+    pub fn next_series_record(&mut self) -> ReadOutcome {
+        loop {
+            match self.next_record_of(|ty| ty == REC_SERIES) {
+                Some(out) => return out,
+                None => continue,
+            }
+        }
+    }
+
+    /// The next record if `wanted` its type (`None`, and the reader past it, if not).
+    fn next_record_of(&mut self, wanted: impl Fn(u8) -> bool) -> Option<ReadOutcome> {
         match self.magic {
-            None => return ReadOutcome::End,
-            Some(false) => return ReadOutcome::Damaged { offset: 0, reason: "bad segment magic".into() },
+            None => return Some(ReadOutcome::End),
+            Some(false) => return Some(ReadOutcome::Damaged { offset: 0, reason: "bad segment magic".into() }),
             Some(true) => {}
         }
         let start = self.pos;
         if start == self.data.len() {
-            return ReadOutcome::End;
+            return Some(ReadOutcome::End);
         }
-        let damaged =
-            |reason: &str| ReadOutcome::Damaged { offset: (self.base + start) as u64, reason: reason.to_string() };
+        let damaged = |reason: &str| {
+            Some(ReadOutcome::Damaged { offset: (self.base + start) as u64, reason: reason.to_string() })
+        };
         let Some(head) = self.data.get(start..start + 8) else {
             return damaged("torn record header");
         };
@@ -384,10 +401,14 @@ impl SegmentReader {
         if crc32fast::hash(body) != crc {
             return damaged("checksum mismatch");
         }
+        if !wanted(body[0]) {
+            self.pos = start + 8 + len as usize;
+            return None;
+        }
         match WalRecord::decode(body[0], &body[1..]) {
             Some(r) => {
                 self.pos = start + 8 + len as usize;
-                ReadOutcome::Record(r)
+                Some(ReadOutcome::Record(r))
             }
             None => damaged("undecodable record"),
         }
