@@ -30,7 +30,7 @@ mod upstream;
 pub use backlog::{Backlog, BacklogEntry};
 pub use cursor::{Cursor, CursorFile, ReplayAt};
 pub use holds::WalHolds;
-pub use receiver::{ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
+pub use receiver::{samples_of, ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
 pub use sender::{ForwardMetrics, Forwarder, ForwarderOptions, ForwarderStats, UpstreamLabel};
 pub use strata_proto::forward as pb;
 pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};

@@ -431,7 +431,7 @@ impl ForwardReceiver {
 /// A series' samples as sent, checked: timestamps and values paired, then the chunks
 /// decoded (each must hold the samples and range it declares), every timestamp after the
 /// one before. The batch's total was bounded by what the chunks declare before this runs.
-fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
+pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
     if s.timestamps.len() != s.values.len() {
         return Err(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len()));
     }

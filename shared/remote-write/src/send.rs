@@ -72,7 +72,18 @@ pub struct RemoteWriteSession {
 struct Part {
     /// `WriteRequest.timeseries`, encoded.
     timeseries: Vec<u8>,
+    /// Where each series' bytes end in `timeseries`, its samples and their range: a request
+    /// refused as a whole is split along them.
+    series: Vec<SeriesSpan>,
     metadata: Vec<prompb::MetricMetadata>,
+    samples: u64,
+    oldest: i64,
+    newest: i64,
+}
+
+#[derive(Clone, Copy)]
+struct SeriesSpan {
+    end: usize,
     samples: u64,
     oldest: i64,
     newest: i64,
@@ -82,6 +93,37 @@ impl Part {
     fn new() -> Part {
         Part { oldest: i64::MAX, newest: i64::MIN, ..Default::default() }
     }
+
+    /// The series from `from` to `to` (indexes into `series`) as a request of their own.
+    fn span(&self, from: usize, to: usize) -> Part {
+        let start = if from == 0 { 0 } else { self.series[from - 1].end };
+        let spans = &self.series[from..to];
+        let end = spans.last().map_or(start, |s| s.end);
+        let mut part = Part::new();
+        part.timeseries = self.timeseries[start..end].to_vec();
+        for s in spans {
+            part.series.push(SeriesSpan { end: s.end - start, ..*s });
+            part.samples += s.samples;
+            part.oldest = part.oldest.min(s.oldest);
+            part.newest = part.newest.max(s.newest);
+        }
+        part
+    }
+
+    /// Two halves by series, for a request the receiver refused as a whole because of some
+    /// of them; `None` for a single series or metadata.
+    fn halves(&self) -> Option<(Part, Part)> {
+        let n = self.series.len();
+        (n >= 2 && self.metadata.is_empty()).then(|| (self.span(0, n / 2), self.span(n / 2, n)))
+    }
+}
+
+/// Whether a refusal is Prometheus' answer to some samples it will not append (already
+/// newer data, or past its head's window): it rolls back the whole request for them, so
+/// the others are sent again apart.
+fn refused_for_some_samples(status: u16, answer: &str) -> bool {
+    let a = answer.to_ascii_lowercase();
+    status == 400 && (a.contains("out of order") || a.contains("out of bounds") || a.contains("duplicate sample"))
 }
 
 impl RemoteWriteSession {
@@ -148,7 +190,20 @@ impl RemoteWriteSession {
         for s in &batch.series {
             self.learn(s);
         }
-        for s in batch.series {
+        for mut s in batch.series {
+            if !s.chunks.is_empty() {
+                // Not asked for (remote write says it takes no chunks), but never dropped
+                // unseen: as samples.
+                let declared = s.timestamps.len() as u64 + s.chunks.iter().map(|c| u64::from(c.samples)).sum::<u64>();
+                match strata_forward::samples_of(&mut s) {
+                    Ok(all) => (s.timestamps, s.values) = all.iter().map(|x| (x.t, x.v.to_bits())).unzip(),
+                    Err(e) => {
+                        dropped += declared;
+                        tracing::error!(remote_name = %self.shared.opts.name, error = %e, samples = declared, "remote write: a series' chunks do not decode: dropped");
+                        continue;
+                    }
+                }
+            }
             let labels = match self.series.get(&s.r#ref) {
                 Some(Some(l)) => l.clone(),
                 Some(None) => {
@@ -190,6 +245,14 @@ impl RemoteWriteSession {
                 }
                 part.samples += now.len() as u64;
                 crate::wire::append_series(&mut part.timeseries, &labels, now);
+                if let (Some(first), Some(last)) = (now.first(), now.last()) {
+                    part.series.push(SeriesSpan {
+                        end: part.timeseries.len(),
+                        samples: now.len() as u64,
+                        oldest: first.0,
+                        newest: last.0,
+                    });
+                }
                 rest = later;
             }
         }
@@ -284,13 +347,27 @@ enum Attempt {
 }
 
 /// Sends one request until it is acknowledged or refused for good; `Err` only when the
-/// edge stops meanwhile.
+/// edge stops meanwhile. A request refused as a whole for some of its samples goes again
+/// in halves, down to single series, so only those are dropped.
 async fn send(shared: &Shared, part: Part) -> Result<(), String> {
+    let mut todo = vec![part];
+    while let Some(part) = todo.pop() {
+        if let Some(halves) = send_one(shared, part).await? {
+            todo.push(halves.1);
+            todo.push(halves.0);
+        }
+    }
+    Ok(())
+}
+
+/// One request until it is acknowledged or refused; the halves to send instead when it
+/// was refused for some of its samples.
+async fn send_one(shared: &Shared, part: Part) -> Result<Option<(Part, Part)>, String> {
     let stats = &shared.stats;
     let (samples, metadata, oldest, newest) = (part.samples, part.metadata.len() as u64, part.oldest, part.newest);
-    let mut raw = part.timeseries;
+    let mut raw = part.timeseries.clone();
     if !part.metadata.is_empty() {
-        let m = prompb::WriteRequest { timeseries: Vec::new(), metadata: part.metadata };
+        let m = prompb::WriteRequest { timeseries: Vec::new(), metadata: part.metadata.clone() };
         m.encode(&mut raw).map_err(|e| format!("encoding metadata: {e}"))?;
     }
     let body = match snap::raw::Encoder::new().compress_vec(&raw) {
@@ -299,7 +376,7 @@ async fn send(shared: &Shared, part: Part) -> Result<(), String> {
             // Snappy only fails on input past 4 GiB, which a bounded batch never is.
             stats.samples_failed.inc_by(samples);
             tracing::error!(remote_name = %shared.opts.name, samples, error = %e, "remote write: a request could not be compressed: dropped");
-            return Ok(());
+            return Ok(None);
         }
     };
     let mut backoff = shared.opts.queue.min_backoff;
@@ -322,7 +399,17 @@ async fn send(shared: &Shared, part: Part) -> Result<(), String> {
                     let max = shared.highest_sent.fetch_max(newest, std::sync::atomic::Ordering::Relaxed).max(newest);
                     stats.highest_sent.set(max as f64 / 1000.0);
                 }
-                return Ok(());
+                return Ok(None);
+            }
+            Attempt::Refused { status, body } if refused_for_some_samples(status, &body) && part.halves().is_some() => {
+                tracing::warn!(
+                    remote_name = %shared.opts.name,
+                    status,
+                    series = part.series.len(),
+                    answer = %body,
+                    "remote write: a request refused for some of its samples: sending it again in halves"
+                );
+                return Ok(part.halves());
             }
             Attempt::Refused { status, body } => {
                 stats.samples_failed.inc_by(samples);
@@ -338,7 +425,7 @@ async fn send(shared: &Shared, part: Part) -> Result<(), String> {
                     answer = %body,
                     "remote write: the receiver refused a request for good: its samples are dropped"
                 );
-                return Ok(());
+                return Ok(None);
             }
             Attempt::Retry { reason, after } => (reason, after),
         };

@@ -23,11 +23,14 @@ struct Received {
     requests: usize,
     largest_request: usize,
     headers: Option<HeaderMap>,
+    /// As Prometheus 2.42: a request with any sample older than its series' newest is
+    /// refused whole (400, "out of order sample") and none of it stored.
+    rollback_out_of_order: bool,
 }
 
 type Shared = std::sync::Arc<Mutex<Received>>;
 
-async fn write(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> StatusCode {
+async fn write(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> (StatusCode, String) {
     let mut r = s.lock();
     r.requests += 1;
     r.headers = Some(headers);
@@ -36,7 +39,16 @@ async fn write(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Stat
     // The answers a test sets are for requests that carry samples.
     if !req.timeseries.is_empty() {
         if let Some(code) = r.answers.pop_front() {
-            return StatusCode::from_u16(code).unwrap();
+            return (StatusCode::from_u16(code).unwrap(), String::new());
+        }
+    }
+    if r.rollback_out_of_order {
+        for ts in &req.timeseries {
+            let key = Labels::from_pairs(ts.labels.iter().map(|l| (l.name.as_str(), l.value.as_str()))).to_string();
+            let newest = r.series.get(&key).and_then(|v| v.last()).map(|x| x.0);
+            if ts.samples.iter().any(|x| newest.is_some_and(|t| x.timestamp < t)) {
+                return (StatusCode::BAD_REQUEST, "out of order sample".into());
+            }
         }
     }
     let n: usize = req.timeseries.iter().map(|t| t.samples.len()).sum();
@@ -60,7 +72,7 @@ async fn write(State(s): State<Shared>, headers: HeaderMap, body: Bytes) -> Stat
     for m in req.metadata {
         r.metadata.insert(m.metric_family_name.clone(), m);
     }
-    StatusCode::NO_CONTENT
+    (StatusCode::NO_CONTENT, String::new())
 }
 
 async fn receiver() -> (Shared, SocketAddr) {
@@ -365,4 +377,33 @@ async fn the_backlog_moves_to_blocks_while_a_push_is_stuck_in_an_outage() {
     task.await.unwrap();
     assert_eq!(fstats.budget_dropped_samples.get(), 0);
     assert_eq!(got(), 50 * 320, "samples lost or sent twice");
+}
+
+/// A batch sent again after some of its requests were acknowledged (the edge crashed
+/// mid-round): Prometheus refuses a request whole for the series it already holds newer
+/// samples of. Such a request goes again in halves down to single series, so only what the
+/// receiver already has is refused, and everything else arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_refused_for_some_series_goes_again_in_halves_and_the_rest_arrives() {
+    let d = tempfile::tempdir().unwrap();
+    let db = open_db(d.path());
+    fill(&db, 20, 50);
+    let (rx, addr) = receiver().await;
+    let want = expected(20, 50);
+    {
+        let mut r = rx.lock();
+        r.rollback_out_of_order = true;
+        // What the acknowledged requests of the round delivered: every third series (by
+        // label order, which mixes them with the others in every shard).
+        for (i, (k, v)) in want.iter().enumerate() {
+            if i % 3 == 0 {
+                r.series.insert(k.clone(), v.clone());
+            }
+        }
+    }
+    let (stats, _) = run(&db, options(addr), &rx, |r| r.series == want).await;
+    let held = rx.lock().series.clone();
+    assert!(held == want, "samples the receiver did not have were dropped: {} of {} series", held.len(), want.len());
+    // Refused: exactly the series it held already (7 of 50 samples each).
+    assert_eq!(stats.samples_failed.get(), 350);
 }
