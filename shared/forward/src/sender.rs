@@ -398,6 +398,10 @@ impl<U: Upstream> Forwarder<U> {
             .batch_samples
             .min(usize::try_from(hello.max_batch_samples).unwrap_or(usize::MAX))
             .clamp(1, MAX_BATCH_SAMPLES);
+        if cursor.replay.is_none() {
+            // Nothing to replay: a backlog kept for it (say, before a new identity) goes.
+            self.stored.lock().take();
+        }
         let backlog = cursor.replay.map(|r| {
             let kept =
                 self.stored.lock().take().filter(|s| s.cursor.replay.map(|x| x.generation) == Some(r.generation));

@@ -110,20 +110,48 @@ impl Part {
         part
     }
 
-    /// Two halves by series, for a request the receiver refused as a whole because of some
-    /// of them; `None` for a single series or metadata.
+    /// Two halves, for a request the receiver refused as a whole because of some of its
+    /// samples: by series, and a single series by its samples (the refused ones are its
+    /// oldest); `None` for one sample or metadata.
     fn halves(&self) -> Option<(Part, Part)> {
         let n = self.series.len();
-        (n >= 2 && self.metadata.is_empty()).then(|| (self.span(0, n / 2), self.span(n / 2, n)))
+        if !self.metadata.is_empty() || self.samples < 2 {
+            return None;
+        }
+        if n >= 2 {
+            return Some((self.span(0, n / 2), self.span(n / 2, n)));
+        }
+        // One series: decoded again (rare: a refusal), its samples halved.
+        let req = prompb::WriteRequest::decode(&self.timeseries[..]).ok()?;
+        let ts = req.timeseries.into_iter().next()?;
+        let mid = ts.samples.len() / 2;
+        let (older, newer) = ts.samples.split_at(mid);
+        let half = |samples: &[prompb::Sample]| {
+            let mut part = Part::new();
+            let one = prompb::TimeSeries { labels: ts.labels.clone(), samples: samples.to_vec(), ..Default::default() };
+            part.timeseries = prompb::WriteRequest { timeseries: vec![one], metadata: Vec::new() }.encode_to_vec();
+            let (oldest, newest) = (samples.first()?.timestamp, samples.last()?.timestamp);
+            let samples = samples.len() as u64;
+            part.series.push(SeriesSpan { end: part.timeseries.len(), samples, oldest, newest });
+            (part.samples, part.oldest, part.newest) = (samples, oldest, newest);
+            Some(part)
+        };
+        Some((half(older)?, half(newer)?))
     }
 }
+
+/// Requests one refused request may be sent again as, in halves: enough to isolate the
+/// refused series of a request and the refused samples of some, not so many that a
+/// receiver refusing everything makes a request into thousands.
+const MAX_SPLIT_REQUESTS: usize = 256;
 
 /// Whether a refusal is Prometheus' answer to some samples it will not append (already
 /// newer data, or past its head's window): it rolls back the whole request for them, so
 /// the others are sent again apart.
 fn refused_for_some_samples(status: u16, answer: &str) -> bool {
     let a = answer.to_ascii_lowercase();
-    status == 400 && (a.contains("out of order") || a.contains("out of bounds") || a.contains("duplicate sample"))
+    status == 400
+        && ["out of order", "out of bounds", "too old sample", "duplicate sample"].iter().any(|m| a.contains(m))
 }
 
 impl RemoteWriteSession {
@@ -351,8 +379,11 @@ enum Attempt {
 /// in halves, down to single series, so only those are dropped.
 async fn send(shared: &Shared, part: Part) -> Result<(), String> {
     let mut todo = vec![part];
+    let mut sent = 0usize;
     while let Some(part) = todo.pop() {
-        if let Some(halves) = send_one(shared, part).await? {
+        sent += 1;
+        let may_split = sent + todo.len() + 2 <= MAX_SPLIT_REQUESTS;
+        if let Some(halves) = send_one(shared, part, may_split).await? {
             todo.push(halves.1);
             todo.push(halves.0);
         }
@@ -362,15 +393,20 @@ async fn send(shared: &Shared, part: Part) -> Result<(), String> {
 
 /// One request until it is acknowledged or refused; the halves to send instead when it
 /// was refused for some of its samples.
-async fn send_one(shared: &Shared, part: Part) -> Result<Option<(Part, Part)>, String> {
+async fn send_one(shared: &Shared, part: Part, may_split: bool) -> Result<Option<(Part, Part)>, String> {
     let stats = &shared.stats;
     let (samples, metadata, oldest, newest) = (part.samples, part.metadata.len() as u64, part.oldest, part.newest);
-    let mut raw = part.timeseries.clone();
-    if !part.metadata.is_empty() {
+    let with_metadata;
+    let raw = if part.metadata.is_empty() {
+        &part.timeseries
+    } else {
+        let mut raw = part.timeseries.clone();
         let m = prompb::WriteRequest { timeseries: Vec::new(), metadata: part.metadata.clone() };
         m.encode(&mut raw).map_err(|e| format!("encoding metadata: {e}"))?;
-    }
-    let body = match snap::raw::Encoder::new().compress_vec(&raw) {
+        with_metadata = raw;
+        &with_metadata
+    };
+    let body = match snap::raw::Encoder::new().compress_vec(raw) {
         Ok(b) => b,
         Err(e) => {
             // Snappy only fails on input past 4 GiB, which a bounded batch never is.
@@ -401,30 +437,23 @@ async fn send_one(shared: &Shared, part: Part) -> Result<Option<(Part, Part)>, S
                 }
                 return Ok(None);
             }
-            Attempt::Refused { status, body } if refused_for_some_samples(status, &body) && part.halves().is_some() => {
-                tracing::warn!(
-                    remote_name = %shared.opts.name,
-                    status,
-                    series = part.series.len(),
-                    answer = %body,
-                    "remote write: a request refused for some of its samples: sending it again in halves"
-                );
-                return Ok(part.halves());
+            Attempt::Refused { status, body } if may_split && refused_for_some_samples(status, &body) => {
+                if let Some(halves) = part.halves() {
+                    tracing::warn!(
+                        remote_name = %shared.opts.name,
+                        status,
+                        series = part.series.len(),
+                        samples,
+                        answer = %body,
+                        "remote write: a request refused for some of its samples: sending it again in halves"
+                    );
+                    return Ok(Some(halves));
+                }
+                refused(shared, samples, metadata, oldest, newest, status, &body);
+                return Ok(None);
             }
             Attempt::Refused { status, body } => {
-                stats.samples_failed.inc_by(samples);
-                stats.metadata_failed.inc_by(metadata);
-                tracing::error!(
-                    remote_name = %shared.opts.name,
-                    url = %shared.opts.url,
-                    status,
-                    samples,
-                    metadata,
-                    from_ms = oldest,
-                    to_ms = newest,
-                    answer = %body,
-                    "remote write: the receiver refused a request for good: its samples are dropped"
-                );
+                refused(shared, samples, metadata, oldest, newest, status, &body);
                 return Ok(None);
             }
             Attempt::Retry { reason, after } => (reason, after),
@@ -442,6 +471,23 @@ async fn send_one(shared: &Shared, part: Part) -> Result<Option<(Part, Part)>, S
         }
         backoff = (backoff * 2).min(shared.opts.queue.max_backoff);
     }
+}
+
+/// A request refused for good: counted and logged with its range.
+fn refused(shared: &Shared, samples: u64, metadata: u64, oldest: i64, newest: i64, status: u16, body: &str) {
+    shared.stats.samples_failed.inc_by(samples);
+    shared.stats.metadata_failed.inc_by(metadata);
+    tracing::error!(
+        remote_name = %shared.opts.name,
+        url = %shared.opts.url,
+        status,
+        samples,
+        metadata,
+        from_ms = oldest,
+        to_ms = newest,
+        answer = %body,
+        "remote write: the receiver refused a request for good: its samples are dropped"
+    );
 }
 
 /// The most of a refusal's answer kept for the log.
