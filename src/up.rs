@@ -153,8 +153,14 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             _ = crate::shutdown_signal() => break,
             _ = quit => {
                 if let Some(r) = regional.take() {
-                    if tokio::time::timeout(Duration::from_secs(30), r.stop()).await.is_err() {
-                        tracing::error!("the regional took over 30 s to stop");
+                    // Ctrl-C meanwhile still stops everything at once.
+                    tokio::select! {
+                        stopped = tokio::time::timeout(Duration::from_secs(30), r.stop()) => {
+                            if stopped.is_err() {
+                                tracing::error!("the regional took over 30 s to stop");
+                            }
+                        }
+                        _ = crate::shutdown_signal() => break,
                     }
                     println!(
                         "regional stopped; the edges keep what it has not acknowledged. Start it again with:\n  strata regional --config {} --data {} --http-listen {rhttp} --grpc-listen {rgrpc} --web.enable-lifecycle",
