@@ -19,10 +19,13 @@
 //! old one, and the edge starts again from the oldest data its WAL holds.
 
 mod backlog;
+mod conversion;
 mod cursor;
 mod holds;
+mod metrics;
 mod receiver;
 mod sender;
+mod source;
 #[cfg(test)]
 mod tests;
 mod upstream;
@@ -30,8 +33,9 @@ mod upstream;
 pub use backlog::{Backlog, BacklogEntry};
 pub use cursor::{Cursor, CursorFile, ReplayAt};
 pub use holds::WalHolds;
+pub use metrics::{ForwardMetrics, ForwarderStats, UpstreamLabel};
 pub use receiver::{samples_of, ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
-pub use sender::{ForwardMetrics, Forwarder, ForwarderOptions, ForwarderStats, UpstreamLabel};
+pub use sender::{Forwarder, ForwarderOptions};
 pub use strata_proto::forward as pb;
 pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};
 

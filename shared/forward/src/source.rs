@@ -1,0 +1,462 @@
+//! Where a forwarder's batches come from: a [`Backlog`] in storage first, if the cursor
+//! replays one, then the WAL from the cursor, record by record. Each series is named with
+//! its labels once per session and by number after; a batch stays under the sample, series
+//! and byte bounds the receiver enforces.
+
+use crate::backlog::{labels_before, Backlog, BacklogError, BacklogReader};
+use crate::cursor::ReplayAt;
+use crate::FastMap as HashMap;
+use crate::{pb, Cursor, ForwardError, MAX_BATCH_METADATA, MAX_BATCH_SERIES};
+use std::sync::Arc;
+use strata_chunk::Chunk;
+use strata_grpc::{attach_external, chunk_to_pb, labels_to_pb, metadata_to_pb, MAX_LABELS, MAX_LABEL_BYTES};
+use strata_model::{Labels, Sample};
+use strata_tsdb::db::Tsdb;
+use strata_tsdb::index::SeriesRef;
+use strata_tsdb::wal::{self, WalCursor, WalReader, WalRecord};
+
+/// A session's series table may hold this many more than the segments being read name.
+const SESSION_SLACK: usize = 10_000;
+
+/// `labels` with each external label it lacks (Prometheus' remote write: the series' own
+/// value wins).
+fn add_missing(labels: &Labels, external: &Labels) -> Labels {
+    if external.iter().all(|l| labels.get(&l.name).is_some()) {
+        return labels.clone();
+    }
+    let mut b = labels.to_builder();
+    for l in external.iter() {
+        if labels.get(&l.name).is_none() {
+            b.set(&l.name, &l.value);
+        }
+    }
+    b.build()
+}
+
+/// A position a batch ends at: [`Cursor`] without the storage identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct At {
+    pub(crate) wal: WalCursor,
+    pub(crate) skip: u64,
+    pub(crate) replay: Option<ReplayAt>,
+}
+
+impl At {
+    pub(crate) fn of(c: &Cursor) -> At {
+        At { wal: c.wal, skip: c.skip, replay: c.replay }
+    }
+}
+
+/// A batch read from the WAL or a backlog, and the position after it.
+pub(crate) struct Batch {
+    pub(crate) request: pb::PushRequest,
+    pub(crate) next: At,
+    pub(crate) samples: u64,
+    pub(crate) oldest: i64,
+    pub(crate) newest: i64,
+    pub(crate) unknown: u64,
+    /// Samples of a backlog storage no longer held, and their entries' range.
+    pub(crate) lost: u64,
+    pub(crate) lost_range: (i64, i64),
+    /// The samples went as chunks.
+    pub(crate) chunks: bool,
+}
+
+/// Why a batch could not be read.
+pub(crate) enum ReadError {
+    Wal(wal::WalError),
+    Storage(strata_store::StoreError),
+}
+
+impl From<wal::WalError> for ReadError {
+    fn from(e: wal::WalError) -> Self {
+        ReadError::Wal(e)
+    }
+}
+
+impl ReadError {
+    pub(crate) fn into_forward(self, upstream: &str) -> ForwardError {
+        match self {
+            ReadError::Wal(source) => ForwardError::Wal { upstream: upstream.to_string(), source },
+            ReadError::Storage(e) => ForwardError::Backlog { upstream: upstream.to_string(), reason: e.to_string() },
+        }
+    }
+}
+
+/// A samples record partly sent: it starts at `start`, ends at `end`.
+struct Partial {
+    start: WalCursor,
+    end: WalCursor,
+    samples: Vec<(SeriesRef, Sample)>,
+    taken: usize,
+}
+
+/// A batch's encoded size is kept under this (the gRPC limit is twice it), counting labels
+/// and metadata as well as samples.
+const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// The backlog a session replays: just stored, or in its file.
+pub(crate) enum BacklogAt {
+    Here(Backlog),
+    File(std::path::PathBuf),
+}
+
+/// Reads batches from a backlog in storage, if there is one, then from the WAL. Every segment names each reference its samples use before
+/// them (see `Tsdb::commit`), so labels are resolved from the segment being read, never
+/// from the head, which may have dropped the series or, after a restart, given its
+/// reference to another.
+pub(crate) struct WalSource {
+    reader: WalReader,
+    /// The labels the current segment named, and that segment.
+    labels: HashMap<SeriesRef, Labels>,
+    /// How many series the previous segment named (the current one is still being read).
+    previous_segment_series: usize,
+    /// The session number of each of the segment's references (`None`: the upstream
+    /// would refuse the series), so a reference is resolved once per segment.
+    resolved: HashMap<SeriesRef, Option<u64>>,
+    /// The session's series: their numbers by labels (as sent), and whether each was sent
+    /// with its labels yet (by number - 1).
+    session: HashMap<Labels, u64>,
+    named: Vec<(Labels, bool)>,
+    segment: u32,
+    partial: Option<Partial>,
+    /// Samples of the record at `resume` sent before (a record larger than a batch).
+    skip: u64,
+    resume: WalCursor,
+    at: At,
+    /// The backlog sent before the WAL.
+    replay: Option<BacklogReader>,
+    /// The upstream takes chunks: the backlog goes as chunks.
+    pub(crate) chunks: bool,
+    /// The metric families' metadata, sent with the backlog's first batches: the WAL
+    /// records that carried it are not read again.
+    backlog_metadata: Vec<(String, strata_model::Metadata)>,
+}
+
+impl WalSource {
+    pub(crate) fn new(db: Arc<Tsdb>, c: &Cursor, backlog: Option<BacklogAt>) -> Result<WalSource, ReadError> {
+        // Resuming mid-segment: the labels named before the cursor.
+        let labels = labels_before(&db, c.wal)?;
+        let mut at = At::of(c);
+        let loaded = backlog.map(|b| match b {
+            BacklogAt::Here(b) => Ok(b),
+            BacklogAt::File(path) => Backlog::load(&path),
+        });
+        let replay = match (c.replay, loaded) {
+            (Some(r), Some(loaded)) => match loaded {
+                Ok(b) => Some(BacklogReader::new(db.clone(), b, r)),
+                Err(BacklogError::Io(e)) => return Err(ReadError::Storage(strata_store::StoreError::Unavailable(e))),
+                Err(BacklogError::Damaged(e)) => {
+                    tracing::error!(error = %e, "forward: a backlog file is damaged: what it listed is not sent");
+                    at.replay = None;
+                    None
+                }
+            },
+            _ => {
+                at.replay = None;
+                None
+            }
+        };
+        Ok(WalSource {
+            reader: WalReader::new(&db.wal_dir(), c.wal),
+            labels,
+            previous_segment_series: 0,
+            resolved: HashMap::default(),
+            session: HashMap::default(),
+            named: Vec::new(),
+            segment: c.wal.segment,
+            partial: None,
+            skip: c.skip,
+            resume: c.wal,
+            backlog_metadata: if replay.is_some() { db.head().all_metadata() } else { Vec::new() },
+            at,
+            replay,
+            chunks: false,
+        })
+    }
+
+    /// The session number of the segment's reference `r` (assigned the first time its
+    /// labels are met in the session); `None` when the segment does not name it, or the
+    /// upstream would refuse its labels (logged).
+    fn resolve(&mut self, r: SeriesRef, external: &(Labels, bool)) -> Option<u64> {
+        let labels = self.labels.get(&r)?.clone();
+        self.resolve_labels(&labels, external)
+    }
+
+    /// The session number of a series with these labels (as stored, before external labels).
+    fn resolve_labels(&mut self, labels: &Labels, external: &(Labels, bool)) -> Option<u64> {
+        let labels = if external.1 {
+            add_missing(labels, &external.0)
+        } else {
+            // Labelled as the edge's StoreAPI serves the series, so the global merges the
+            // edge's copy and the regional's as one.
+            attach_external(labels, &external.0)
+        };
+        if let Some(&id) = self.session.get(&labels) {
+            return Some(id);
+        }
+        let label_bytes: usize = labels.iter().map(|l| l.name.len() + l.value.len()).sum();
+        if labels.len() > MAX_LABELS || label_bytes > MAX_LABEL_BYTES {
+            tracing::warn!(
+                series = %labels,
+                "forward: a series with more labels or label bytes than the upstream takes: its samples are not sent"
+            );
+            return None;
+        }
+        let id = self.named.len() as u64 + 1;
+        self.named.push((labels.clone(), false));
+        self.session.insert(labels, id);
+        Some(id)
+    }
+
+    /// Whether the session's series outnumber twice what the segment being read or the one
+    /// before named (plus slack): series that churned away still hold their numbers and
+    /// labels. (The segment being read may have named only a few so far.)
+    pub(crate) fn outgrown(&self) -> bool {
+        if self.replay.is_some() {
+            // A backlog names the series it sends, none of which the WAL names yet.
+            return false;
+        }
+        let live = self.labels.len().max(self.previous_segment_series);
+        self.named.len() > live.saturating_mul(2).saturating_add(SESSION_SLACK)
+    }
+
+    /// Labels the first time the session sends series `id`, then its number alone; adds
+    /// their size to `bytes`.
+    fn series_entry(&mut self, id: u64, bytes: &mut usize) -> pb::ForwardSeries {
+        let slot = usize::try_from(id - 1).unwrap_or(usize::MAX);
+        let labels = match self.named.get_mut(slot) {
+            Some((l, sent)) if !*sent => {
+                *sent = true;
+                *bytes += l.iter().map(|x| x.name.len() + x.value.len() + 8).sum::<usize>();
+                labels_to_pb(l)
+            }
+            _ => Vec::new(),
+        };
+        *bytes += 12;
+        pb::ForwardSeries { labels, r#ref: id, ..Default::default() }
+    }
+
+    /// A batch of the backlog; once it is read, the position moves on to the WAL.
+    fn backlog_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
+        let mut req = pb::PushRequest::default();
+        let mut index: HashMap<u64, usize> = HashMap::default();
+        // Each series' samples, encoded as chunks once the batch is complete.
+        let mut samples: Vec<Vec<Sample>> = Vec::new();
+        // Chunks take about 2 bytes a sample on scraped data, samples 17.
+        let per_sample = if self.chunks { 4 } else { 17 };
+        let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
+        let (mut lost, mut lost_range) = (0u64, (i64::MAX, i64::MIN));
+        self.take_backlog_metadata(&mut req, &mut bytes);
+        while n < limit && bytes < MAX_BATCH_BYTES && req.series.len() < MAX_BATCH_SERIES {
+            let Some(reader) = self.replay.as_mut() else { break };
+            let Some(piece) = reader.next_piece(limit - n).map_err(ReadError::Storage)? else { break };
+            if piece.lost > 0 {
+                lost += piece.lost;
+                lost_range = (lost_range.0.min(piece.range.0), lost_range.1.max(piece.range.1));
+            }
+            if piece.samples.is_empty() {
+                continue;
+            }
+            let Some(id) = self.resolve_labels(&piece.labels, external) else {
+                unknown += piece.samples.len() as u64;
+                continue;
+            };
+            // A series once per batch (a receiver resolves its number once): its pieces of
+            // later slices join the earlier ones, in time order.
+            let i = match index.get(&id) {
+                Some(&i) => i,
+                None => {
+                    let fs = self.series_entry(id, &mut bytes);
+                    req.series.push(fs);
+                    samples.push(Vec::new());
+                    index.insert(id, req.series.len() - 1);
+                    req.series.len() - 1
+                }
+            };
+            n += piece.samples.len();
+            bytes += per_sample * piece.samples.len();
+            oldest = oldest.min(piece.samples[0].t);
+            newest = newest.max(piece.samples[piece.samples.len() - 1].t);
+            if samples[i].is_empty() {
+                samples[i] = piece.samples;
+            } else {
+                samples[i].extend(piece.samples);
+            }
+        }
+        for (fs, s) in req.series.iter_mut().zip(samples) {
+            if self.chunks {
+                fs.chunks = Chunk::encode_sealed(&s).iter().map(chunk_to_pb).collect();
+            } else {
+                fs.timestamps = s.iter().map(|x| x.t).collect();
+                fs.values = s.iter().map(|x| x.v.to_bits()).collect();
+            }
+        }
+        match &self.replay {
+            Some(r) if !r.is_done() => self.at.replay = Some(r.at()),
+            _ => {
+                self.replay = None;
+                self.at.replay = None;
+            }
+        }
+        let chunks = self.chunks && n > 0;
+        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown, lost, lost_range, chunks })
+    }
+
+    /// The backlog's metadata not sent yet, as much as a batch takes.
+    fn take_backlog_metadata(&mut self, req: &mut pb::PushRequest, bytes: &mut usize) {
+        let mut take = 0;
+        for (family, meta) in &self.backlog_metadata {
+            if take >= MAX_BATCH_METADATA || *bytes >= MAX_BATCH_BYTES / 2 {
+                break;
+            }
+            *bytes += family.len() + meta.help.len() + meta.unit.len() + 8;
+            req.metadata.push(metadata_to_pb(family, meta));
+            take += 1;
+        }
+        self.backlog_metadata.drain(..take);
+    }
+
+    pub(crate) fn next_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
+        if self.replay.is_some() {
+            return self.backlog_batch(limit, external);
+        }
+        let mut req = pb::PushRequest::default();
+        // A session number's series in the batch: references with the same labels (a
+        // series restored under another reference after a restart) share one.
+        let mut index: HashMap<u64, usize> = HashMap::default();
+        let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
+        self.take_backlog_metadata(&mut req, &mut bytes);
+        loop {
+            if let Some(mut p) = self.partial.take() {
+                while p.taken < p.samples.len() && n < limit && bytes < MAX_BATCH_BYTES {
+                    let (r, s) = p.samples[p.taken];
+                    let id = match self.resolved.get(&r) {
+                        Some(&id) => id,
+                        None => {
+                            let id = self.resolve(r, external);
+                            self.resolved.insert(r, id);
+                            id
+                        }
+                    };
+                    let Some(id) = id else {
+                        unknown += 1;
+                        p.taken += 1;
+                        continue;
+                    };
+                    let i = match index.get(&id) {
+                        Some(&i) => i,
+                        None if req.series.len() >= MAX_BATCH_SERIES => break,
+                        None => {
+                            let fs = self.series_entry(id, &mut bytes);
+                            req.series.push(fs);
+                            index.insert(id, req.series.len() - 1);
+                            req.series.len() - 1
+                        }
+                    };
+                    p.taken += 1;
+                    let fs = &mut req.series[i];
+                    // The WAL holds each series' samples in time order; a repeat (a segment
+                    // rewritten after a crash) is not sent twice in one batch.
+                    if fs.timestamps.last().is_some_and(|&t| t >= s.t) {
+                        continue;
+                    }
+                    fs.timestamps.push(s.t);
+                    fs.values.push(s.v.to_bits());
+                    n += 1;
+                    bytes += 17;
+                    oldest = oldest.min(s.t);
+                    newest = newest.max(s.t);
+                }
+                if p.taken < p.samples.len() {
+                    self.at = At { wal: p.start, skip: p.taken as u64, replay: None };
+                    self.partial = Some(p);
+                    break;
+                }
+                self.at = At { wal: p.end, skip: 0, replay: None };
+                continue;
+            }
+            if n >= limit || bytes >= MAX_BATCH_BYTES || req.metadata.len() >= MAX_BATCH_METADATA {
+                break;
+            }
+            let before = self.reader.cursor();
+            let Some((rec, after)) = self.reader.next_record()? else { break };
+            if after.segment != self.segment {
+                // A new segment names its references anew (after a restart they may mean
+                // other series).
+                self.previous_segment_series = self.labels.len();
+                self.labels.clear();
+                self.resolved.clear();
+                self.segment = after.segment;
+            }
+            match rec {
+                WalRecord::Series { series_ref, labels } => {
+                    self.labels.insert(series_ref, labels);
+                    self.at = At { wal: after, skip: 0, replay: None };
+                }
+                WalRecord::Metadata { family, meta } => {
+                    bytes += family.len() + meta.help.len() + meta.unit.len() + 16;
+                    req.metadata.push(metadata_to_pb(&family, &meta));
+                    self.at = At { wal: after, skip: 0, replay: None };
+                }
+                WalRecord::Samples(samples) => {
+                    let start = if before.segment == after.segment {
+                        before
+                    } else {
+                        WalCursor { segment: after.segment, offset: 0 }
+                    };
+                    // Only the record the cursor names was partly sent before.
+                    let skip = if start == self.resume { std::mem::take(&mut self.skip) } else { 0 };
+                    let taken = usize::try_from(skip).unwrap_or(usize::MAX).min(samples.len());
+                    self.partial = Some(Partial { start, end: after, samples, taken });
+                }
+            }
+        }
+        Ok(Batch {
+            request: req,
+            next: self.at,
+            samples: n as u64,
+            oldest,
+            newest,
+            unknown,
+            lost: 0,
+            lost_range: (i64::MAX, i64::MIN),
+            chunks: false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod session_tests {
+    use super::*;
+
+    /// A session whose series table holds many more series than the segment being read
+    /// names (series that churned away) is due for a new session, which forgets them.
+    #[test]
+    fn a_session_outgrown_by_churned_series_is_due_for_rotation() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Tsdb::open(d.path(), Default::default()).unwrap();
+        let c = Cursor { storage_id: String::new(), wal: WalCursor { segment: 0, offset: 0 }, skip: 0, replay: None };
+        let Ok(mut src) = WalSource::new(Arc::new(db), &c, None) else { panic!("opening the WAL") };
+        let external = Labels::default();
+        for i in 0..6_000u64 {
+            let l = Labels::from_pairs([("__name__", "x"), ("i", &i.to_string())]);
+            src.labels.insert(i, l);
+            assert!(src.resolve(i, &(external.clone(), false)).is_some());
+        }
+        assert!(!src.outgrown(), "live series alone never rotate a session");
+        // A new segment has named only a few so far: the previous one's count stands.
+        src.previous_segment_series = src.labels.len();
+        src.labels.retain(|r, _| *r < 10);
+        assert!(!src.outgrown(), "a segment switch alone rotates the session");
+        // The segment moves on and names only 100 of them; the rest churned away.
+        src.previous_segment_series = 100;
+        src.labels.retain(|r, _| *r < 100);
+        for i in 6_000..20_000u64 {
+            src.labels.insert(i, Labels::from_pairs([("__name__", "y"), ("i", &i.to_string())]));
+            src.resolve(i, &(external.clone(), false));
+            src.labels.remove(&i);
+        }
+        assert!(src.outgrown());
+    }
+}
