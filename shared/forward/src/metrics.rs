@@ -63,7 +63,11 @@ impl ForwardMetrics {
             self.budget_dropped_samples.clone(),
         );
         r.register("sent_bytes", "Bytes of batches sent, as protobuf before gzip", self.sent_bytes.clone());
-        r.register("pending_bytes", "WAL bytes after the upstream's cursor", self.pending_bytes.clone());
+        r.register(
+            "pending_bytes",
+            "WAL bytes after the upstream's cursor, and about 2 bytes for each sample of a backlog from storage not yet acknowledged",
+            self.pending_bytes.clone(),
+        );
         r.register(
             "lag_seconds",
             "How far the newest acknowledged sample is behind the wall clock while data is pending (0: caught up)",
@@ -108,7 +112,7 @@ pub struct ForwarderStats {
     pub budget_dropped_samples: Counter,
     /// Bytes of batches sent, as protobuf before gzip.
     pub sent_bytes: Counter,
-    /// WAL bytes after the cursor.
+    /// WAL bytes after the cursor, and what is left of a backlog from storage.
     pub pending_bytes: Gauge,
     pub lag_seconds: Gauge<f64, AtomicU64>,
 }

@@ -104,7 +104,7 @@ const BACKLOG_BYTES_PER_SAMPLE: u64 = 2;
 
 impl Forwarder<GrpcUpstream> {
     /// A forwarder to the regional at `opts.endpoint`, counting into `stats` (from
-    /// [`ForwardMetrics::upstream`], or a default of its own).
+    /// [`crate::ForwardMetrics::upstream`], or a default of its own).
     pub fn new(db: Arc<Tsdb>, holds: Arc<WalHolds>, opts: ForwarderOptions, stats: ForwarderStats) -> Forwarder {
         let upstream = GrpcUpstream {
             endpoint: opts.endpoint.clone(),
@@ -137,8 +137,9 @@ impl<U: Upstream> Forwarder<U> {
             let summary = loaded
                 .as_ref()
                 .and_then(|c| c.replay)
-                .and_then(|r| Backlog::load(&cursor_file.backlog_path(r.generation)).ok())
-                .map(|b| b.summary());
+                .and_then(|r| Backlog::load(&cursor_file.backlog_path(r.generation)).ok().map(|b| (r, b)))
+                // What is left of it from the position, and its oldest.
+                .map(|(r, b)| (b.clone().rest_then(r, Backlog::default()).summary().0, b.summary().1));
             backlog_left = summary.map_or(0, |s| s.0).max(1);
             holds.set_backlog(&opts.upstream, Some((summary.map_or(i64::MIN, |s| s.1), opts.max_disk.unwrap_or(0))));
         }
@@ -305,6 +306,7 @@ impl<U: Upstream> Forwarder<U> {
         if cursor.replay.is_none() {
             // Nothing to replay: a backlog kept for it (say, before a new identity) goes.
             self.stored.lock().take();
+            self.backlog_left.store(0, Ordering::Relaxed);
         }
         let backlog = cursor.replay.map(|r| {
             let kept =
@@ -508,6 +510,7 @@ impl<U: Upstream> Forwarder<U> {
         } else {
             self.backlog_left.store(0, Ordering::Relaxed);
         }
+        self.stats.pending_bytes.set(i64::try_from(self.pending(cursor.wal)).unwrap_or(i64::MAX));
         match cursor.replay {
             // Slices are read in time order, every entry's before the next: what is older
             // than the current slice is no longer needed from storage.

@@ -750,7 +750,7 @@ async fn an_upstream_far_behind_gets_its_backlog_from_storage_as_chunks_exactly(
     // Stopped after its first batches: the backlog's rest still counts as pending (the WAL
     // after the cursor is empty by then).
     let mut small = o.clone();
-    small.batch_samples = 2000;
+    small.batch_samples = 200;
     let f = Forwarder::new(edge.clone(), holds.clone(), small, ForwarderStats::default());
     let part = run_until(f, |s| s.samples_acked.get() >= 1).await;
     assert!(CursorFile::new(edge.dir(), "regional").load().unwrap().replay.is_some(), "stopped after the backlog");
