@@ -464,6 +464,23 @@ async fn a_backlog_older_than_the_regionals_head_is_stored_not_refused() {
     regional.stop().await;
 }
 
+/// Serves `service` as the `Forward` gRPC service on a free loopback port until aborted.
+async fn serve_forward(service: impl pb::forward_server::Forward) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(
+                pb::forward_server::ForwardServer::new(service)
+                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
+            )
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    (addr, server)
+}
+
 /// An upstream that refuses every batch as invalid (a broken or incompatible peer): each
 /// batch is tried three times, across sessions, then dropped, counted and logged, so
 /// forwarding moves on and the WAL is let go.
@@ -489,18 +506,7 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
             Err(tonic::Status::invalid_argument("never"))
         }
     }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let _ = tonic::transport::Server::builder()
-            .add_service(
-                pb::forward_server::ForwardServer::new(Refusing)
-                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-            )
-            .serve_with_incoming(incoming)
-            .await;
-    });
+    let (addr, server) = serve_forward(Refusing).await;
     let e = tempfile::tempdir().unwrap();
     let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
     let holds = WalHolds::new(edge.clone());
@@ -837,18 +843,7 @@ async fn a_regional_that_refuses_chunks_gets_samples_and_nothing_is_dropped() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let regional_db = Arc::new(Tsdb::open(r.path(), TsdbOptions::default()).unwrap());
     let receiver = ForwardReceiver::new(regional_db.clone(), StorageId::load_or_create(r.path()).unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let server = tokio::spawn(async move {
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let _ = tonic::transport::Server::builder()
-            .add_service(
-                pb::forward_server::ForwardServer::new(Older(receiver))
-                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-            )
-            .serve_with_incoming(incoming)
-            .await;
-    });
+    let (addr, server) = serve_forward(Older(receiver)).await;
     let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
     let holds = WalHolds::new(edge.clone());
     // First contact: everything goes as a backlog from storage, as chunks at first.
