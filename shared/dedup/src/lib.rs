@@ -96,8 +96,9 @@ fn group_type(labels: &Labels, group: &[SeriesChunks]) -> MetricType {
 }
 
 /// One series from the replicas of a group (`labels`: theirs without the replica labels):
-/// the replica [`whole_replica`] names, as stored, or the samples merged.
-fn merge_group(labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks, StoreError> {
+/// the replica [`whole_replica`] names, as stored, or the samples merged. Both weigh only
+/// what lies in the request's range `[start, end]`, as pushdown's summaries do.
+fn merge_group(labels: Labels, group: Vec<SeriesChunks>, (start, end): (i64, i64)) -> Result<SeriesChunks, StoreError> {
     let metric_type = group_type(&labels, &group);
     let mut group = group;
     if group.len() == 1 {
@@ -112,7 +113,7 @@ fn merge_group(labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks,
     let mut summaries = Vec::with_capacity(group.len());
     let mut decoded = Vec::with_capacity(group.len());
     for s in &group {
-        let (summary, samples) = SeriesSummary::of_decoding(&s.chunks, true).map_err(|e| corrupt(s, e))?;
+        let (summary, samples) = SeriesSummary::of_range(&s.chunks, start, end, true).map_err(|e| corrupt(s, e))?;
         summaries.push(summary);
         decoded.push(samples);
     }
@@ -127,7 +128,7 @@ fn merge_group(labels: Labels, group: Vec<SeriesChunks>) -> Result<SeriesChunks,
             Some(v) => Ok(v),
             None => {
                 let mut v = Vec::new();
-                Chunk::decode_range(&s.chunks, i64::MIN, i64::MAX, &mut v).map_err(|e| corrupt(s, e))?;
+                Chunk::decode_range(&s.chunks, start, end, &mut v).map_err(|e| corrupt(s, e))?;
                 Ok(v)
             }
         })
@@ -144,6 +145,8 @@ struct DedupBatches {
     replica_labels: Vec<String>,
     group: Vec<SeriesChunks>,
     key: Option<Labels>,
+    /// The request's range: what the merge weighs.
+    range: (i64, i64),
     done: bool,
 }
 
@@ -155,7 +158,7 @@ impl SeriesBatches for DedupBatches {
             let Some(batch) = self.inner.next_batch().await? else {
                 self.done = true;
                 if let Some(key) = self.key.take() {
-                    out.push(merge_group(key, std::mem::take(&mut self.group))?);
+                    out.push(merge_group(key, std::mem::take(&mut self.group), self.range)?);
                 }
                 break;
             };
@@ -164,7 +167,7 @@ impl SeriesBatches for DedupBatches {
                 let kept = s.labels.iter().filter(|l| !is_replica_label(l, &self.replica_labels));
                 if !self.key.as_ref().is_some_and(|k| k.iter().eq(kept)) {
                     if let Some(k) = self.key.take() {
-                        out.push(merge_group(k, std::mem::take(&mut self.group))?);
+                        out.push(merge_group(k, std::mem::take(&mut self.group), self.range)?);
                     }
                     self.key = Some(strip(&s.labels, &self.replica_labels));
                 }
@@ -200,7 +203,8 @@ impl Store for ReplicaDedup {
         inner_req.order_without = self.replica_labels.clone();
         let inner = self.inner.select_batches(&inner_req).await?;
         let replica_labels = self.replica_labels.clone();
-        Ok(Box::new(DedupBatches { inner, replica_labels, group: Vec::new(), key: None, done: false }))
+        let range = (req.start, req.end);
+        Ok(Box::new(DedupBatches { inner, replica_labels, group: Vec::new(), key: None, range, done: false }))
     }
 
     async fn series_within(

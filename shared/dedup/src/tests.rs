@@ -434,7 +434,7 @@ mod review {
             let summaries: Vec<SeriesSummary> =
                 group.iter().map(|g| SeriesSummary::of(&g.chunks, true).unwrap()).collect();
             let decision = whole_replica(&summaries.iter().collect::<Vec<_>>());
-            let merged = merge_group(Labels::from_pairs([("__name__", "x")]), group.clone()).unwrap();
+            let merged = merge_group(Labels::from_pairs([("__name__", "x")]), group.clone(), ALL).unwrap();
             match decision {
                 Some(k) => assert_eq!(
                     merged.chunks, group[k].chunks,
@@ -451,5 +451,46 @@ mod review {
                 }
             }
         }
+    }
+
+    const ALL: (i64, i64) = (i64::MIN, i64::MAX);
+
+    /// Where a store cut a series' chunks changes no decision: a regional's copy of an
+    /// edge's series, cut elsewhere, must answer as the edge's own. Only the samples in the
+    /// request's range are weighed, by the merge and by pushdown's summaries alike.
+    #[test]
+    fn where_chunks_are_cut_changes_neither_the_merge_nor_pushdown() {
+        let reps = [scrape(0, 30, 3600, &[], |_| true), scrape(15, 30, 3600, &[], |_| true)];
+        let range = (615_000, 1_785_000);
+        // Each replica whole in one chunk, or the first one cut at its 20th and 60th sample.
+        let cut = |s: &[Sample]| {
+            [&s[..20], &s[20..60], &s[60..]].iter().flat_map(|p| Chunk::encode_samples(p.to_vec())).collect()
+        };
+        let layouts: [[Vec<Chunk>; 2]; 2] = [
+            [Chunk::encode_samples(reps[0].clone()), Chunk::encode_samples(reps[1].clone())],
+            [cut(&reps[0]), Chunk::encode_samples(reps[1].clone())],
+        ];
+        let mut answers = Vec::new();
+        for chunks in layouts {
+            // A store hands on the chunks that overlap the range, whole.
+            let group: Vec<SeriesChunks> = chunks
+                .into_iter()
+                .enumerate()
+                .map(|(k, c)| SeriesChunks {
+                    labels: Labels::from_pairs([("__name__", "x".to_string()), ("replica", k.to_string())]),
+                    metric_type: MetricType::Gauge,
+                    chunks: c.into_iter().filter(|c| c.overlaps(range.0, range.1)).collect(),
+                })
+                .collect();
+            let summaries: Vec<SeriesSummary> =
+                group.iter().map(|g| SeriesSummary::of_range(&g.chunks, range.0, range.1, true).unwrap().0).collect();
+            let decision = whole_replica(&summaries.iter().collect::<Vec<_>>());
+            let merged = merge_group(Labels::from_pairs([("__name__", "x")]), group, range).unwrap();
+            let mut got = Vec::new();
+            Chunk::decode_range(&merged.chunks, range.0, range.1, &mut got).unwrap();
+            answers.push((decision, got));
+        }
+        assert_eq!(answers[0].0, Some(1), "replica 1 has one sample more in the range");
+        assert_eq!(answers[0], answers[1], "the cut changed the answer");
     }
 }

@@ -280,6 +280,19 @@ impl Coverage {
         Some(Coverage { step, max_step, stale: false, first: chunks.first()?.min_t, last: chunks.last()?.max_t })
     }
 
+    /// This coverage followed by `next`'s (which starts after it ends, or the step between
+    /// them is unknown).
+    fn then(self, next: Coverage) -> Coverage {
+        let between = if next.first > self.last { next.first - self.last } else { i64::MAX };
+        Coverage {
+            step: self.step.min(next.step),
+            max_step: self.max_step.max(next.max_step).max(between),
+            stale: self.stale || next.stale,
+            first: self.first,
+            last: next.last,
+        }
+    }
+
     /// Whether these samples reach from `first` to `last` with no step over `gap` and no
     /// staleness marker.
     pub fn covers(&self, first: i64, last: i64, gap: i64) -> bool {
@@ -321,27 +334,65 @@ impl SeriesSummary {
     /// A series' summary from its chunks; `decode`: decode them when the headers cannot
     /// show the series runs without a gap of its own.
     pub fn of(chunks: &[Chunk], decode: bool) -> Result<SeriesSummary, ChunkError> {
-        Ok(Self::of_decoding(chunks, decode)?.0)
+        Ok(Self::of_range(chunks, i64::MIN, i64::MAX, decode)?.0)
     }
 
-    /// [`of`](Self::of), handing back the samples when it decoded them.
-    pub fn of_decoding(chunks: &[Chunk], decode: bool) -> Result<(SeriesSummary, Option<Vec<Sample>>), ChunkError> {
-        let by_headers = Coverage::of_headers(chunks);
+    /// The summary of what a series holds in `[start, end]`, with those samples when it
+    /// decoded them (`decode`: when the headers cannot show the series runs without a gap
+    /// of its own). Only the range counts, so that where a store happened to cut its chunks
+    /// changes no decision: a regional's copy of an edge's series, cut elsewhere, must
+    /// choose the same replica as the edge's own. A chunk inside the range is known by its
+    /// header; one reaching out of it is decoded and cut.
+    pub fn of_range(
+        chunks: &[Chunk],
+        start: i64,
+        end: i64,
+        decode: bool,
+    ) -> Result<(SeriesSummary, Option<Vec<Sample>>), ChunkError> {
+        let mut samples = 0u64;
+        let mut span: Option<(i64, i64)> = None;
+        // The parts' coverages joined in order; `None` once a part has no step bounds.
+        let mut joined: Option<Option<Coverage>> = Some(None);
+        for c in chunks.iter().filter(|c| c.overlaps(start, end)) {
+            let part = if c.min_t >= start && c.max_t <= end {
+                samples += c.n as u64;
+                span = Some(span.map_or((c.min_t, c.max_t), |(a, _)| (a, c.max_t)));
+                c.step_bounds().map(|(step, max_step)| Coverage {
+                    step,
+                    max_step,
+                    stale: false,
+                    first: c.min_t,
+                    last: c.max_t,
+                })
+            } else {
+                let mut cut = Vec::new();
+                c.decode_into(start, end, &mut cut)?;
+                let Some(part) = Coverage::of_samples(&cut) else { continue };
+                samples += cut.len() as u64;
+                span = Some(span.map_or((part.first, part.last), |(a, _)| (a, part.last)));
+                Some(part)
+            };
+            joined = match (joined, part) {
+                (Some(None), Some(p)) => Some(Some(p)),
+                (Some(Some(a)), Some(b)) => Some(Some(a.then(b))),
+                _ => None,
+            };
+        }
+        let by_headers = joined.flatten();
         let proven = by_headers.is_some_and(|c| !c.stale && c.max_step <= c.own_gap());
         let decoded = if decode && !proven {
             let mut v = Vec::new();
-            Chunk::decode_range(chunks, i64::MIN, i64::MAX, &mut v)?;
+            Chunk::decode_range(chunks, start, end, &mut v)?;
             Some(v)
         } else {
             None
         };
-        let summary = SeriesSummary {
-            samples: chunks.iter().map(|c| c.n as u64).sum(),
-            span: chunks.first().zip(chunks.last()).map(|(a, z)| (a.min_t, z.max_t)),
-            by_headers,
-            by_samples: decoded.as_deref().and_then(Coverage::of_samples),
-        };
-        Ok((summary, decoded))
+        if let Some(v) = &decoded {
+            samples = v.len() as u64;
+            span = v.first().zip(v.last()).map(|(a, z)| (a.t, z.t));
+        }
+        let by_samples = decoded.as_deref().and_then(Coverage::of_samples);
+        Ok((SeriesSummary { samples, span, by_headers, by_samples }, decoded))
     }
 
     /// A summary of decoded samples (no chunk headers).
@@ -445,5 +496,33 @@ mod tests {
         let s = SeriesSummary::of(&compacted(&full), false).expect("decodes");
         assert!(s.covers(0, 199 * 15_000, gap));
         assert!(!s.covers(-60_000, 199 * 15_000, gap), "another replica starts a minute earlier");
+    }
+
+    #[test]
+    fn a_summary_over_a_range_weighs_only_the_samples_inside_it() {
+        let at = |i: i64| i * 15_000 + (i * 7) % 23;
+        let full: Vec<Sample> =
+            (0..3000).map(|i| Sample::new(at(i), (300_000 + i * 104_729 % 9_973) as f64 / 1000.0)).collect();
+        let chunks = compacted(&full);
+        assert!(chunks.len() >= 3 && chunks.iter().all(Chunk::is_block), "the test needs several block chunks");
+        // From inside the first chunk to inside the last: both reach out and are cut.
+        let (start, end) = (full[500].t, full[2500].t);
+        let gap = 22_500;
+        let (s, decoded) = SeriesSummary::of_range(&chunks, start, end, true).unwrap();
+        assert_eq!((s.samples, s.span), (2001, Some((start, end))));
+        assert!(decoded.is_none(), "the chunks inside are known by their headers, not decoded");
+        assert!(s.covers(start, end, gap));
+        // A hole outside the range changes nothing; one inside is seen.
+        let mut outside = full.clone();
+        outside.drain(100..110);
+        let (o, _) = SeriesSummary::of_range(&compacted(&outside), start, end, true).unwrap();
+        assert_eq!((o.samples, o.span), (s.samples, s.span));
+        assert!(o.covers(start, end, gap), "a hole before the range");
+        let mut inside = full.clone();
+        inside.drain(1000..1010);
+        let (i, decoded) = SeriesSummary::of_range(&compacted(&inside), start, end, true).unwrap();
+        assert_eq!(i.samples, 1991);
+        assert_eq!(decoded.map(|d| d.len()), Some(1991), "a hole the headers cannot rule out is decoded");
+        assert!(!i.covers(start, end, gap));
     }
 }

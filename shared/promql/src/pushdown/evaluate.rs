@@ -114,7 +114,7 @@ pub async fn evaluate(
     if !req.values {
         let series = found
             .into_iter()
-            .map(|(labels, s)| Ok(summary_only(labels, s.metric_type, summary(&s)?)))
+            .map(|(labels, s)| Ok(summary_only(labels, s.metric_type, summary(&s, &sel)?)))
             .collect::<Result<_, QueryError>>()?;
         return Ok(Steps { series, ..Steps::default() });
     }
@@ -131,7 +131,7 @@ pub async fn evaluate(
         let mut caller_labels = Vec::with_capacity(found.len());
         let mut inputs = Vec::with_capacity(found.len());
         for (labels, s) in found {
-            let summary = summary(&s)?;
+            let summary = summary(&s, &sel)?;
             // Evaluated under the caller's labels: an aggregation groups by external labels too.
             inputs.push(FetchedSeries::new(labels.clone(), s.metric_type, s.chunks, sel.start, sel.end));
             caller_labels.push((labels, s.metric_type, summary));
@@ -180,9 +180,12 @@ pub async fn evaluate(
     .map_err(|e| QueryError::Internal(e.to_string()))?
 }
 
-/// A series' summary (decoding it only when its chunk headers cannot show it gap free).
-fn summary(s: &strata_store::SeriesChunks) -> Result<SeriesSummary, QueryError> {
-    SeriesSummary::of(&s.chunks, true).map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))
+/// A series' summary over the selection's range, as the dedup's merge weighs it (decoding
+/// it only when its chunk headers cannot show it gap free).
+fn summary(s: &strata_store::SeriesChunks, sel: &strata_store::SelectRequest) -> Result<SeriesSummary, QueryError> {
+    SeriesSummary::of_range(&s.chunks, sel.start, sel.end, true)
+        .map(|(summary, _)| summary)
+        .map_err(|e| QueryError::Execution(format!("decoding {}: {e}", s.labels)))
 }
 
 /// A series that carries its summary and no values.
