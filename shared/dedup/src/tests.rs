@@ -422,15 +422,7 @@ mod review {
             ("late start", vec![full(0, 30, 600, 3600), full(15, 30, 0, 3600)]),
         ];
         for (what, reps) in scenarios {
-            let group: Vec<SeriesChunks> = reps
-                .iter()
-                .enumerate()
-                .map(|(k, s)| SeriesChunks {
-                    labels: Labels::from_pairs([("__name__", "x".to_string()), ("replica", k.to_string())]),
-                    metric_type: MetricType::Counter,
-                    chunks: Chunk::encode_samples(s.clone()),
-                })
-                .collect();
+            let group = replicas_of_x(MetricType::Counter, reps.iter().map(|s| Chunk::encode_samples(s.clone())));
             let summaries: Vec<SeriesSummary> =
                 group.iter().map(|g| SeriesSummary::of(&g.chunks, true).unwrap()).collect();
             let decision = whole_replica(&summaries.iter().collect::<Vec<_>>());
@@ -455,6 +447,19 @@ mod review {
 
     const ALL: (i64, i64) = (i64::MIN, i64::MAX);
 
+    /// Series `x` in replicas `0`, `1`, ... holding these chunks.
+    fn replicas_of_x(metric_type: MetricType, chunks: impl IntoIterator<Item = Vec<Chunk>>) -> Vec<SeriesChunks> {
+        chunks
+            .into_iter()
+            .enumerate()
+            .map(|(k, chunks)| SeriesChunks {
+                labels: Labels::from_pairs([("__name__", "x".to_string()), ("replica", k.to_string())]),
+                metric_type,
+                chunks,
+            })
+            .collect()
+    }
+
     /// Where a store cut a series' chunks changes no decision: a regional's copy of an
     /// edge's series, cut elsewhere, must answer as the edge's own. Only the samples in the
     /// request's range are weighed, by the merge and by pushdown's summaries alike.
@@ -473,15 +478,8 @@ mod review {
         let mut answers = Vec::new();
         for chunks in layouts {
             // A store hands on the chunks that overlap the range, whole.
-            let group: Vec<SeriesChunks> = chunks
-                .into_iter()
-                .enumerate()
-                .map(|(k, c)| SeriesChunks {
-                    labels: Labels::from_pairs([("__name__", "x".to_string()), ("replica", k.to_string())]),
-                    metric_type: MetricType::Gauge,
-                    chunks: c.into_iter().filter(|c| c.overlaps(range.0, range.1)).collect(),
-                })
-                .collect();
+            let overlapping = chunks.map(|c| c.into_iter().filter(|c| c.overlaps(range.0, range.1)).collect());
+            let group = replicas_of_x(MetricType::Gauge, overlapping);
             let summaries: Vec<SeriesSummary> =
                 group.iter().map(|g| SeriesSummary::of_range(&g.chunks, range.0, range.1, true).unwrap().0).collect();
             let decision = whole_replica(&summaries.iter().collect::<Vec<_>>());
