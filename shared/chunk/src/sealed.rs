@@ -105,6 +105,29 @@ impl Chunk {
         }
     }
 
+    /// Appends every sample to `out` and checks that they are what the header declares:
+    /// `n` samples from `min_t` to `max_t`, each later than the one before. A chunk from a
+    /// peer or a file is taken whole (stored as it came) only after this passed, so a
+    /// header that lies never orders or counts a series' chunks wrongly.
+    pub fn decode_checked(&self, out: &mut Vec<Sample>) -> Result<(), String> {
+        let from = out.len();
+        self.decode_into(i64::MIN, i64::MAX, out).map_err(|e| e.to_string())?;
+        let got = &out[from..];
+        if got.len() != self.n as usize
+            || got.first().map(|x| x.t) != Some(self.min_t)
+            || got.last().map(|x| x.t) != Some(self.max_t)
+        {
+            return Err(format!(
+                "the chunk does not hold the {} samples over [{}, {}] it declares",
+                self.n, self.min_t, self.max_t
+            ));
+        }
+        if got.windows(2).any(|w| w[0].t >= w[1].t) {
+            return Err("the chunk's timestamps do not increase".into());
+        }
+        Ok(())
+    }
+
     /// Appends the samples within `[mint, maxt]` to `out`; stops decoding past `maxt`.
     pub fn decode_into(&self, mint: i64, maxt: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
         if mint > maxt {

@@ -98,12 +98,13 @@ impl Backlog {
                 segment = after.segment;
             }
             let skip_here = std::mem::take(&mut skip);
-            match rec {
+            match rec.chunk_as_samples() {
                 WalRecord::Series { series_ref, labels } => {
                     by_ref.remove(&series_ref);
                     names.insert(series_ref, labels);
                 }
-                WalRecord::Metadata { .. } => {}
+                // Chunks were made samples above.
+                WalRecord::Metadata { .. } | WalRecord::Chunk { .. } => {}
                 WalRecord::Samples(samples) => {
                     for (r, s) in samples.into_iter().skip(skip_here) {
                         let i = match by_ref.get(&r) {

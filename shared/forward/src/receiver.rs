@@ -10,10 +10,11 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use strata_chunk::Chunk;
 use strata_grpc::{labels_from_pb, metadata_from_pb, StringPool, MAX_MESSAGE_BYTES};
 use strata_model::Labels;
 use strata_model::{Sample, METRIC_NAME};
-use strata_tsdb::db::{LateOutcome, Tsdb};
+use strata_tsdb::db::{LateOutcome, Tsdb, WholeChunks};
 use strata_tsdb::head::{MemSeries, SampleError};
 use strata_tsdb::index::SeriesRef;
 use tonic::codec::CompressionEncoding;
@@ -303,9 +304,12 @@ impl ForwardReceiver {
         // for it.
         let mut decoded = Vec::with_capacity(req.series.len());
         for (i, mut s) in req.series.into_iter().enumerate() {
-            let samples =
-                samples_of(&mut s).map_err(|r| Status::invalid_argument(format!("series {i} of the batch: {r}")))?;
-            decoded.push((s, samples));
+            let whole = s.timestamps.is_empty();
+            let (samples, chunks) = samples_and_chunks_of(&mut s)
+                .map_err(|r| Status::invalid_argument(format!("series {i} of the batch: {r}")))?;
+            // Chunks alone may be stored as they came (see `Tsdb::commit_chunks`).
+            let chunks = if whole { chunks } else { Vec::new() };
+            decoded.push((s, (samples, chunks)));
         }
         // One lock for the batch's lookups of numbered series.
         let mut sessions = self.sessions.0.lock();
@@ -353,17 +357,30 @@ impl ForwardReceiver {
                 head.num_series()
             )));
         }
-        let mut batch = Vec::with_capacity(total as usize);
         let mut named = Vec::new();
+        let mut resolved = Vec::with_capacity(checked.len() + known.len());
         for (labels, r, samples) in checked {
             let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
             if r != 0 && !req.session.is_empty() {
                 named.push((r, series.clone()));
             }
-            batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
+            resolved.push((series, samples));
         }
-        for (series, samples) in known {
-            batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
+        resolved.extend(known);
+        // A series named twice in one batch (the protocol sends each once) goes in as
+        // samples, in the batch's order.
+        let mut seen: HashMap<SeriesRef, usize> = HashMap::with_capacity(resolved.len());
+        for (series, _) in &resolved {
+            *seen.entry(series.series_ref).or_default() += 1;
+        }
+        let mut batch = Vec::with_capacity(total as usize);
+        let mut whole = Vec::new();
+        for (series, (samples, chunks)) in resolved {
+            if !chunks.is_empty() && seen.get(&series.series_ref) == Some(&1) {
+                whole.push(WholeChunks { series, chunks, samples });
+            } else {
+                batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
+            }
         }
         if !named.is_empty() {
             self.sessions.remember(&req.session, named, 2 * self.db.options().max_series);
@@ -376,7 +393,10 @@ impl ForwardReceiver {
                     .map_err(|e| self.broken(format!("writing metadata to the WAL: {e}")))?;
             }
         }
-        let out = self.db.commit(&batch).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
+        let adopted = self.db.commit_chunks(whole).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
+        batch.extend(adopted.rest);
+        let mut out = self.db.commit(&batch).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
+        out.appended += adopted.adopted;
         // Samples older than the head admits (a backlog that arrived after other edges
         // moved the head on) go into blocks of their own rather than being refused.
         let late = self.late(&batch, &out.rejected)?;
@@ -432,25 +452,22 @@ impl ForwardReceiver {
 /// decoded (each must hold the samples and range it declares), every timestamp after the
 /// one before. The batch's total was bounded by what the chunks declare before this runs.
 pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
+    samples_and_chunks_of(s).map(|(samples, _)| samples)
+}
+
+/// [`samples_of`], and the chunks they came in (checked): all of the samples when the
+/// series came as chunks alone.
+fn samples_and_chunks_of(s: &mut pb::ForwardSeries) -> Result<(Vec<Sample>, Vec<Chunk>), String> {
     if s.timestamps.len() != s.values.len() {
         return Err(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len()));
     }
     let mut out: Vec<Sample> =
         s.timestamps.iter().zip(&s.values).map(|(&t, &v)| Sample::new(t, f64::from_bits(v))).collect();
+    let mut chunks = Vec::with_capacity(s.chunks.len());
     for (k, c) in std::mem::take(&mut s.chunks).into_iter().enumerate() {
         let c = strata_grpc::chunk_from_pb(c).map_err(|e| format!("chunk {k}: {e}"))?;
-        let from = out.len();
-        c.decode_into(i64::MIN, i64::MAX, &mut out).map_err(|e| format!("chunk {k}: {e}"))?;
-        let got = &out[from..];
-        if got.len() != c.n as usize
-            || got.first().map(|x| x.t) != Some(c.min_t)
-            || got.last().map(|x| x.t) != Some(c.max_t)
-        {
-            return Err(format!(
-                "chunk {k} does not hold the {} samples over [{}, {}] it declares",
-                c.n, c.min_t, c.max_t
-            ));
-        }
+        c.decode_checked(&mut out).map_err(|e| format!("chunk {k}: {e}"))?;
+        chunks.push(c);
     }
     if out.is_empty() {
         return Err("no samples".into());
@@ -458,7 +475,7 @@ pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
     if out.windows(2).any(|w| w[0].t >= w[1].t) {
         return Err("timestamps not increasing".into());
     }
-    Ok(out)
+    Ok((out, chunks))
 }
 
 #[tonic::async_trait]

@@ -389,7 +389,7 @@ impl WalSource {
                 self.resolved.clear();
                 self.segment = after.segment;
             }
-            match rec {
+            match rec.chunk_as_samples() {
                 WalRecord::Series { series_ref, labels } => {
                     self.labels.insert(series_ref, labels);
                     self.at = At { wal: after, skip: 0, replay: None };
@@ -410,6 +410,8 @@ impl WalSource {
                     let taken = usize::try_from(skip).unwrap_or(usize::MAX).min(samples.len());
                     self.partial = Some(Partial { start, end: after, samples, taken });
                 }
+                // Made samples above.
+                WalRecord::Chunk { .. } => {}
             }
         }
         Ok(Batch {

@@ -204,42 +204,46 @@ impl Tsdb {
         let mut future = 0u64;
         let mut aliases: HashMap<SeriesRef, SeriesRef> = HashMap::new();
         let max_valid = now_ms().saturating_add(duration_ms(opts.future_grace_period));
-        let stats = wal::replay_from(&wal_dir, from, |rec| match rec {
-            WalRecord::Series { series_ref, labels } => {
-                let s = head.restore(series_ref, &labels);
-                if s.series_ref != series_ref {
-                    aliases.insert(series_ref, s.series_ref);
-                } else {
-                    aliases.remove(&series_ref);
-                }
-            }
-            WalRecord::Samples(samples) => {
-                for (r, s) in samples {
-                    let r = aliases.get(&r).copied().unwrap_or(r);
-                    let Some(series) = head.series(r) else {
-                        unknown_refs += 1;
-                        continue;
-                    };
-                    if s.t > max_valid {
-                        future += 1;
-                        continue;
-                    }
-                    if s.t < floor {
-                        in_blocks += 1;
-                        continue;
-                    }
-                    let mut g = series.samples.lock();
-                    // A series appends in time order, so what is not newer than its last
-                    // sample it holds already: a record the checkpoint covered, or a
-                    // segment repeated after a crash.
-                    if g.last().is_none_or(|l| s.t > l.t) {
-                        g.append(s, range);
-                        head.note_time(s.t);
+        let stats = wal::replay_from(&wal_dir, from, |rec| {
+            match adopt_replayed(&head, &aliases, rec, floor, max_valid, range) {
+                None => {}
+                Some(WalRecord::Chunk { .. }) => {}
+                Some(WalRecord::Series { series_ref, labels }) => {
+                    let s = head.restore(series_ref, &labels);
+                    if s.series_ref != series_ref {
+                        aliases.insert(series_ref, s.series_ref);
+                    } else {
+                        aliases.remove(&series_ref);
                     }
                 }
-            }
-            WalRecord::Metadata { family, meta } => {
-                head.set_metadata(&family, meta);
+                Some(WalRecord::Samples(samples)) => {
+                    for (r, s) in samples {
+                        let r = aliases.get(&r).copied().unwrap_or(r);
+                        let Some(series) = head.series(r) else {
+                            unknown_refs += 1;
+                            continue;
+                        };
+                        if s.t > max_valid {
+                            future += 1;
+                            continue;
+                        }
+                        if s.t < floor {
+                            in_blocks += 1;
+                            continue;
+                        }
+                        let mut g = series.samples.lock();
+                        // A series appends in time order, so what is not newer than its last
+                        // sample it holds already: a record the checkpoint covered, or a
+                        // segment repeated after a crash.
+                        if g.last().is_none_or(|l| s.t > l.t) {
+                            g.append(s, range);
+                            head.note_time(s.t);
+                        }
+                    }
+                }
+                Some(WalRecord::Metadata { family, meta }) => {
+                    head.set_metadata(&family, meta);
+                }
             }
         })?;
         if unknown_refs > 0 {
@@ -771,6 +775,31 @@ impl Tsdb {
 /// Locks `<dir>/lock` for this process (released when the file closes, a crash included):
 /// a second process on one data directory would delete the other's block writes as
 /// leftovers and interleave WALs.
+/// Replays a chunk record the way it was stored, taking the chunk whole when the series
+/// can (`None`: done); anything else, and a chunk it cannot take (a segment replayed twice,
+/// data in blocks since), comes back to be replayed as samples.
+fn adopt_replayed(
+    head: &HeadBlock,
+    aliases: &HashMap<SeriesRef, SeriesRef>,
+    rec: WalRecord,
+    floor: i64,
+    max_valid: i64,
+    range: i64,
+) -> Option<WalRecord> {
+    let WalRecord::Chunk { series_ref, chunk, last } = rec else { return Some(rec) };
+    let r = aliases.get(&series_ref).copied().unwrap_or(series_ref);
+    if let Some(series) = head.series(r) {
+        let mut g = series.samples.lock();
+        if chunk.min_t >= floor && chunk.max_t <= max_valid && g.can_adopt(&chunk, range) {
+            head.note_time(chunk.min_t);
+            head.note_time(chunk.max_t);
+            g.adopt(chunk, last);
+            return None;
+        }
+    }
+    Some(WalRecord::Chunk { series_ref, chunk, last }.chunk_as_samples())
+}
+
 fn lock_dir(dir: &Path) -> Result<std::fs::File, TsdbError> {
     std::fs::create_dir_all(dir).map_err(|e| TsdbError::Internal(format!("{}: {e}", dir.display())))?;
     let path = dir.join("lock");
@@ -801,10 +830,12 @@ fn duration_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
+mod adopt;
 mod checkpoint;
 mod compact;
 mod floor;
 mod late;
+pub use adopt::{AdoptOutcome, WholeChunks};
 pub use checkpoint::{CheckpointStats, CHECKPOINT_FILE};
 pub use compact::{release_free_memory, MaintenanceOutcome};
 pub use late::LateOutcome;

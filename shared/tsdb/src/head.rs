@@ -130,6 +130,28 @@ impl SeriesSamples {
         }
     }
 
+    /// Whether [`adopt`](Self::adopt) may take `chunk`: it starts after this series' newest
+    /// sample and lies within one block-range window (as every chunk of the head does).
+    pub fn can_adopt(&self, chunk: &Chunk, block_range: i64) -> bool {
+        self.last.is_none_or(|l| chunk.min_t > l.t)
+            && chunk.min_t <= chunk.max_t
+            && chunk.max_t < block_end(chunk.min_t, block_range)
+    }
+
+    /// Takes a sealed chunk that passed [`can_adopt`](Self::can_adopt) as it is, `last`
+    /// being its newest sample: a backlog forwarded from another tier is stored without
+    /// appending its samples one by one. The open chunk is sealed first, so chunks stay
+    /// in time order and apart.
+    pub fn adopt(&mut self, chunk: Chunk, last: Sample) {
+        if !self.open.is_empty() {
+            let sealed = self.open.seal();
+            self.open = ChunkAppender::new();
+            self.sealed.push(sealed.compact());
+        }
+        self.sealed.push(chunk);
+        self.last = Some(last);
+    }
+
     pub fn last(&self) -> Option<Sample> {
         self.last
     }

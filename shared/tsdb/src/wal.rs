@@ -37,6 +37,7 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use strata_chunk::Chunk;
 use strata_model::{Label, Labels, Metadata, MetricType, Sample};
 
 pub const SEGMENT_MAGIC: &[u8; 8] = b"STRWAL01";
@@ -59,6 +60,10 @@ const REC_SAMPLES_COMPACT: u8 = 4;
 const REC_SAMPLES_SNAPPY: u8 = 5;
 /// Samples, compact with exact decimals (what the writer writes now): see [`encode_samples`].
 const REC_SAMPLES_DECIMAL: u8 = 6;
+/// One series' samples as a sealed chunk, stored as it came (a forwarded backlog).
+const REC_CHUNK: u8 = 7;
+/// A chunk record's data at most (a chunk of 960 samples takes a few KiB).
+const MAX_CHUNK_RECORD_BYTES: usize = 1 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WalError {
@@ -110,9 +115,23 @@ pub struct WalCursor {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum WalRecord {
-    Series { series_ref: SeriesRef, labels: Labels },
+    Series {
+        series_ref: SeriesRef,
+        labels: Labels,
+    },
     Samples(Vec<(SeriesRef, Sample)>),
-    Metadata { family: String, meta: Metadata },
+    Metadata {
+        family: String,
+        meta: Metadata,
+    },
+    /// A series' samples as one sealed chunk, and its newest sample. Decoding the record
+    /// checks the chunk against its header ([`Chunk::decode_checked`]), so a chunk read
+    /// back is whole and in order.
+    Chunk {
+        series_ref: SeriesRef,
+        chunk: Chunk,
+        last: Sample,
+    },
 }
 
 // ---- encoding ----
@@ -121,6 +140,20 @@ pub enum WalRecord {
 use strata_block::encoding::{put_str, put_uvarint, put_varint, Decoder as Dec};
 
 impl WalRecord {
+    /// A chunk record as the samples it holds (checked when the record was read), any
+    /// other record as it is: for readers of the WAL that take samples, not chunks.
+    pub fn chunk_as_samples(self) -> WalRecord {
+        match self {
+            WalRecord::Chunk { series_ref, chunk, .. } => {
+                let mut samples = Vec::with_capacity(usize::from(chunk.n));
+                // Checked when read: a chunk that fails now yields what it decoded.
+                let _ = chunk.decode_into(i64::MIN, i64::MAX, &mut samples);
+                WalRecord::Samples(samples.into_iter().map(|s| (series_ref, s)).collect())
+            }
+            other => other,
+        }
+    }
+
     /// Appends the framed record to `out`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         let mut payload = Vec::new();
@@ -137,6 +170,15 @@ impl WalRecord {
             WalRecord::Samples(samples) => {
                 encode_samples(samples, &mut payload);
                 REC_SAMPLES_DECIMAL
+            }
+            WalRecord::Chunk { series_ref, chunk, .. } => {
+                put_uvarint(&mut payload, *series_ref);
+                put_uvarint(&mut payload, u64::from(chunk.n));
+                put_varint(&mut payload, chunk.min_t);
+                put_varint(&mut payload, chunk.max_t);
+                put_uvarint(&mut payload, chunk.data.len() as u64);
+                payload.extend_from_slice(&chunk.data);
+                REC_CHUNK
             }
             WalRecord::Metadata { family, meta } => {
                 put_str(&mut payload, family);
@@ -195,6 +237,17 @@ impl WalRecord {
                 let mut inner = Dec::new(&raw);
                 let v = decode_samples(&mut inner, false)?;
                 return (inner.i == raw.len()).then_some(WalRecord::Samples(v));
+            }
+            REC_CHUNK => {
+                let series_ref = d.uvarint()?;
+                let n = u16::try_from(d.uvarint()?).ok().filter(|&n| n > 0)?;
+                let (min_t, max_t) = (d.varint()?, d.varint()?);
+                let len = d.len(MAX_CHUNK_RECORD_BYTES)?;
+                let chunk = Chunk { data: Arc::from(d.bytes(len)?), n, min_t, max_t };
+                let mut samples = Vec::with_capacity(usize::from(n));
+                chunk.decode_checked(&mut samples).ok()?;
+                let last = *samples.last()?;
+                WalRecord::Chunk { series_ref, chunk, last }
             }
             REC_METADATA => {
                 let family = d.str()?.to_string();
@@ -473,8 +526,10 @@ pub fn replay_from(dir: &Path, from: Option<WalCursor>, mut f: impl FnMut(WalRec
             match r.next_record() {
                 ReadOutcome::Record(rec) => {
                     stats.records += 1;
-                    if let WalRecord::Samples(s) = &rec {
-                        stats.samples += s.len() as u64;
+                    match &rec {
+                        WalRecord::Samples(s) => stats.samples += s.len() as u64,
+                        WalRecord::Chunk { chunk, .. } => stats.samples += u64::from(chunk.n),
+                        _ => {}
                     }
                     f(rec);
                 }

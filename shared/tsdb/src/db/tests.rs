@@ -662,6 +662,9 @@ async fn labels_are_logged_once_and_a_checkpoint_keeps_them_past_truncation() {
                             "segment {n} uses a reference it does not name"
                         )
                     }
+                    WalRecord::Chunk { series_ref, .. } => {
+                        assert!(named.contains(&series_ref), "segment {n} uses a reference it does not name")
+                    }
                     WalRecord::Metadata { .. } => {}
                 }
             }

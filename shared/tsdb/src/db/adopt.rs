@@ -1,0 +1,209 @@
+//! Whole chunks: a backlog forwarded from another tier arrives as sealed chunks, and
+//! appending their samples one by one (a WAL entry and a chunk append per sample) would
+//! cost the receiver most of what catching up costs. A chunk that starts after its
+//! series' newest sample, inside the admissible time range and one block-range window, is
+//! logged as one WAL record and taken by the head as it came. Everything else (a chunk
+//! that overlaps what is stored, one older than the head admits) goes through
+//! [`Tsdb::commit`] sample by sample, so duplicates, conflicts and late samples are
+//! judged exactly as for samples.
+
+use super::{Tsdb, TsdbError};
+use crate::head::MemSeries;
+use crate::wal::WalRecord;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use strata_chunk::Chunk;
+use strata_model::time::now_ms;
+use strata_model::Sample;
+
+/// One series' chunks, in time order and apart, with their samples decoded and checked
+/// against each chunk's header ([`Chunk::decode_checked`]), in the same order.
+pub struct WholeChunks {
+    pub series: Arc<MemSeries>,
+    pub chunks: Vec<Chunk>,
+    pub samples: Vec<Sample>,
+}
+
+/// What [`Tsdb::commit_chunks`] did.
+#[derive(Default)]
+pub struct AdoptOutcome {
+    /// Samples stored within the chunks taken whole.
+    pub adopted: usize,
+    /// The samples of the chunks not taken, for [`Tsdb::commit`].
+    pub rest: Vec<(Arc<MemSeries>, Sample)>,
+}
+
+impl Tsdb {
+    /// Stores each chunk it can take whole (see the module) and hands back the samples of
+    /// the others. A series' chunks are taken in order up to the first that cannot be;
+    /// that one and the ones after it go back as samples, so their order is kept.
+    pub fn commit_chunks(&self, batch: Vec<WholeChunks>) -> Result<AdoptOutcome, TsdbError> {
+        let mut out = AdoptOutcome::default();
+        let mut writer = self.wal.lock();
+        let wal = &mut writer.wal;
+        let rotated = wal.rotate_if_full()?;
+        let segment = wal.current_segment();
+        let now = now_ms();
+        let (min_valid, max_valid) = (self.min_valid_time(now), self.max_valid_time(now));
+        let range = self.block_range_ms();
+        let mut records = Vec::new();
+        if rotated {
+            for (family, meta) in self.head.all_metadata() {
+                records.push(WalRecord::Metadata { family, meta });
+            }
+        }
+        // Per series: how many of its chunks are taken, and their newest samples.
+        let mut taken: Vec<Vec<Sample>> = Vec::with_capacity(batch.len());
+        for w in &batch {
+            let mut lasts = Vec::new();
+            if !w.series.is_removed() {
+                let g = w.series.samples.lock();
+                // The WAL lock is held: nothing appends to the series until this is done,
+                // so each chunk is judged against the newest sample before it.
+                let mut newest = g.last();
+                let mut end = 0;
+                for c in &w.chunks {
+                    end += usize::from(c.n);
+                    let Some(&last) = w.samples.get(end.wrapping_sub(1)) else { break };
+                    let fits = newest.is_none_or(|l| c.min_t > l.t)
+                        && c.min_t >= min_valid
+                        && c.max_t <= max_valid
+                        && g.can_adopt(c, range);
+                    if !fits {
+                        break;
+                    }
+                    newest = Some(last);
+                    lasts.push(last);
+                }
+                if !lasts.is_empty() {
+                    let logged = w.series.logged_segment.load(Ordering::Relaxed);
+                    let log_labels =
+                        if self.opts.wal_labels_per_segment { logged != segment } else { logged == u32::MAX };
+                    if log_labels {
+                        records.push(WalRecord::Series {
+                            series_ref: w.series.series_ref,
+                            labels: w.series.labels.clone(),
+                        });
+                    }
+                    for (c, &last) in w.chunks.iter().zip(&lasts) {
+                        records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk: c.clone(), last });
+                    }
+                }
+            }
+            taken.push(lasts);
+        }
+        if !records.is_empty() {
+            if let Err(e) = wal.log(&records) {
+                self.wal_failed.store(true, Ordering::Relaxed);
+                return Err(e.into());
+            }
+            self.wal_failed.store(false, Ordering::Relaxed);
+        }
+        for (w, lasts) in batch.into_iter().zip(taken) {
+            let mut stored = 0;
+            if !lasts.is_empty() {
+                w.series.logged_segment.store(segment, Ordering::Relaxed);
+                let mut g = w.series.samples.lock();
+                for (c, last) in w.chunks.into_iter().zip(lasts) {
+                    stored += usize::from(c.n);
+                    self.head.note_time(c.min_t);
+                    self.head.note_time(c.max_t);
+                    g.adopt(c, last);
+                }
+            }
+            out.adopted += stored;
+            out.rest.extend(w.samples.into_iter().skip(stored).map(|s| (w.series.clone(), s)));
+        }
+        drop(writer);
+        self.metrics.samples_appended.inc_by(out.adopted as u64);
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::db::TsdbOptions;
+    use strata_model::matcher::Matcher;
+    use strata_model::Labels;
+
+    fn whole(series: &Arc<MemSeries>, samples: &[Sample]) -> WholeChunks {
+        let chunks = Chunk::encode_sealed(samples);
+        let mut decoded = Vec::new();
+        for c in &chunks {
+            c.decode_checked(&mut decoded).unwrap();
+        }
+        WholeChunks { series: series.clone(), chunks, samples: decoded }
+    }
+
+    fn stored(db: &Tsdb) -> (Vec<Sample>, usize) {
+        let found = db.head().select(&[Matcher::eq("gpu", "0")], i64::MIN, i64::MAX);
+        let chunks: Vec<_> = found.iter().flat_map(|(_, cs)| cs.iter().cloned()).collect();
+        (chunks.iter().flat_map(|c| c.decode().unwrap()).collect(), chunks.len())
+    }
+
+    fn at(from: i64, to: i64, v: impl Fn(i64) -> f64) -> Vec<Sample> {
+        (from..to).map(|i| Sample::new(1_000_000 + i * 5000, v(i))).collect()
+    }
+
+    /// A chunk after the series' newest sample is stored as it came and replays so after a
+    /// crash; one that overlaps what is stored comes back as samples, and what it repeats
+    /// or contradicts is judged as any sample is.
+    #[test]
+    fn a_chunk_after_the_newest_sample_is_taken_whole_and_an_overlapping_one_as_samples() {
+        let d = tempfile::tempdir().unwrap();
+        let opts = || TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() };
+        let labels = Labels::from_pairs([("__name__", "m"), ("gpu", "0")]);
+        let value = |i: i64| (i % 7) as f64;
+        {
+            let db = Tsdb::open(d.path(), opts()).unwrap();
+            let s = db.series(&labels).unwrap();
+            let first: Vec<_> = at(0, 100, value).into_iter().map(|x| (s.clone(), x)).collect();
+            assert_eq!(db.commit(&first).unwrap().appended, 100);
+            let out = db.commit_chunks(vec![whole(&s, &at(100, 200, value))]).unwrap();
+            assert_eq!((out.adopted, out.rest.len()), (100, 0));
+            // Taken whole: the open chunk was sealed before it, and it follows as it came.
+            assert_eq!(stored(&db), (at(0, 200, value), 2));
+            // Overlapping: 50 already stored (one with another value), 50 new.
+            let mut again = at(150, 250, value);
+            again[10].v += 1.0;
+            let out = db.commit_chunks(vec![whole(&s, &again)]).unwrap();
+            assert_eq!((out.adopted, out.rest.len()), (0, 100));
+            let c = db.commit(&out.rest).unwrap();
+            assert_eq!((c.appended, c.ignored_duplicates, c.rejected.len()), (50, 49, 1));
+            // Older than the newest stored sample and not stored as it is: refused, as
+            // `commit` refuses any such sample.
+            assert_eq!(c.rejected[0].2, crate::head::SampleError::OutOfOrder);
+            assert_eq!(stored(&db).0, at(0, 250, value));
+            // Dropped without a sync, as after SIGKILL.
+        }
+        let db = Tsdb::open(d.path(), opts()).unwrap();
+        assert_eq!(stored(&db).0, at(0, 250, value));
+        let s = db.series(&labels).unwrap();
+        // The chunk record replayed whole: appends and chunks continue after it.
+        assert_eq!(db.commit_chunks(vec![whole(&s, &at(250, 300, value))]).unwrap().adopted, 50);
+        assert_eq!(db.commit(&[(s.clone(), Sample::new(1_000_000 + 300 * 5000, 1.0))]).unwrap().appended, 1);
+        let mut want = at(0, 300, value);
+        want.push(Sample::new(1_000_000 + 300 * 5000, 1.0));
+        assert_eq!(stored(&db).0, want);
+    }
+
+    /// A chunk across a block-range boundary, or older than the head admits, is not taken
+    /// whole: the head's chunks each belong to one block.
+    #[test]
+    fn a_chunk_across_a_block_boundary_comes_back_as_samples() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Tsdb::open(
+            d.path(),
+            TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() },
+        )
+        .unwrap();
+        let s = db.series(&Labels::from_pairs([("__name__", "m"), ("gpu", "0")])).unwrap();
+        let range = db.block_range_ms();
+        let across: Vec<_> = (-5..5).map(|i| Sample::new(range + i * 1000, 1.0)).collect();
+        let out = db.commit_chunks(vec![whole(&s, &across)]).unwrap();
+        assert_eq!((out.adopted, out.rest.len()), (0, 10));
+        assert_eq!(db.commit(&out.rest).unwrap().appended, 10);
+        assert_eq!(stored(&db).0, across);
+    }
+}
