@@ -11,10 +11,11 @@ use std::time::{Duration, Instant};
 use strata_forward::{Forwarder, ForwarderOptions, ForwarderStats, WalHolds};
 use strata_model::{Labels, Sample};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_tsdb::head::MemSeries;
 
-/// The edge's backlog, written as scrapes write it: one commit per instant.
-fn fill(db: &Tsdb, series: usize, seconds: u64, interval: u64) -> anyhow::Result<u64> {
-    let s: Vec<_> = (0..series)
+/// The simulated fleet's series at the edge.
+fn fleet(db: &Tsdb, series: usize) -> anyhow::Result<Vec<Arc<MemSeries>>> {
+    (0..series)
         .map(|i| {
             let l = Labels::from_pairs([
                 ("__name__", format!("DCGM_FI_DEV_{}", ["GPU_UTIL", "GPU_TEMP", "POWER_USAGE", "SM_CLOCK"][i % 4])),
@@ -27,31 +28,47 @@ fn fill(db: &Tsdb, series: usize, seconds: u64, interval: u64) -> anyhow::Result
                 ("modelName", "NVIDIA H100 80GB HBM3".to_string()),
                 ("pci_bus_id", format!("00000000:{:02X}:00.0", (i / 4) % 8 * 16 + 13)),
             ]);
-            db.series(&l)
+            Ok(db.series(&l)?)
         })
-        .collect::<Result<_, _>>()?;
-    let t0 = strata_model::time::now_ms() - seconds as i64 * 1000;
-    let steps = seconds / interval.max(1);
-    let mut n = 0u64;
-    for k in 0..steps {
-        let t = t0 + (k * interval * 1000) as i64;
-        let batch: Vec<_> = s
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                // Scrape jitter, and values as a GPU's: integers and a few decimals.
-                let v = ((k as usize * 7 + i * 13) % 100) as f64 + if i % 4 == 2 { 0.25 } else { 0.0 };
-                (x.clone(), Sample::new(t + (i % 40) as i64, v))
-            })
-            .collect();
-        n += db.commit(&batch)?.appended as u64;
-    }
-    Ok(n)
+        .collect()
 }
 
+/// Scrape `k` of the fleet (at `t0 + k · interval`), written as a scrape writes it: one
+/// commit for the instant.
+fn scrape(db: &Tsdb, series: &[Arc<MemSeries>], t0: i64, k: u64, interval: u64) -> anyhow::Result<u64> {
+    let t = t0 + (k * interval * 1000) as i64;
+    let batch: Vec<_> = series
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            // Scrape jitter, and values as a GPU's: integers and a few decimals.
+            let v = ((k as usize * 7 + i * 13) % 100) as f64 + if i % 4 == 2 { 0.25 } else { 0.0 };
+            (x.clone(), Sample::new(t + (i % 40) as i64, v))
+        })
+        .collect();
+    Ok(db.commit(&batch)?.appended as u64)
+}
+
+/// Runs a forwarder until it acknowledged `until` samples; what it acknowledged.
+async fn forward_until(f: Forwarder, until: impl Fn(u64) -> bool) -> anyhow::Result<()> {
+    let stats = f.stats();
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(f.run(rx));
+    let started = Instant::now();
+    while !until(stats.samples_acked.get()) {
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(600), "the forwarder did not get there in 10 minutes");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _ = stop.send(true);
+    let _ = task.await;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     series: usize,
     seconds: u64,
+    before: u64,
     interval: u64,
     batch: usize,
     gzip: bool,
@@ -60,7 +77,7 @@ pub async fn run(
     let dir = tempfile::tempdir()?;
     let opts = TsdbOptions {
         wal_labels_per_segment: true,
-        retention: Duration::from_secs(seconds + 86400),
+        retention: Duration::from_secs(before + seconds + 86400),
         ..Default::default()
     };
     let edge = Arc::new(Tsdb::open(&dir.path().join("edge"), opts)?);
@@ -76,29 +93,29 @@ pub async fn run(
     if from_wal {
         o.storage_backlog_bytes = u64::MAX;
     }
-    // The edge met the regional before the outage: the backlog is sent as after any
-    // outage, from the cursor (not as to a regional met for the first time).
+    let forwarder = || Forwarder::new(edge.clone(), holds.clone(), o.clone(), ForwarderStats::default());
     let cursor_file = strata_forward::CursorFile::new(edge.dir(), &format!("127.0.0.1:{grpc}"));
-    {
-        let f = Forwarder::new(edge.clone(), holds.clone(), o.clone(), ForwarderStats::default());
-        let (stop, rx) = tokio::sync::watch::channel(false);
-        let task = tokio::spawn(f.run(rx));
-        let met = Instant::now();
-        while cursor_file.load().is_none_or(|c| c.replay.is_some()) {
-            anyhow::ensure!(met.elapsed() < Duration::from_secs(30), "the forwarder never reached the regional");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        let _ = stop.send(true);
-        let _ = task.await;
-    }
-    let db = edge.clone();
-    let total = tokio::task::spawn_blocking(move || fill(&db, series, seconds, interval)).await??;
+    let fleet = Arc::new(fleet(&edge, series)?);
+    let step = interval.max(1);
+    let t0 = strata_model::time::now_ms() - (before + seconds) as i64 * 1000;
+    let (k_before, k_outage) = (before / step, (before + seconds) / step);
+    let write = |from: u64, to: u64| {
+        let (db, fleet) = (edge.clone(), fleet.clone());
+        tokio::task::spawn_blocking(move || {
+            (from..to).map(|k| scrape(&db, &fleet, t0, k, step)).sum::<anyhow::Result<u64>>()
+        })
+    };
+    // Before the outage the edge forwarded as usual: the outage starts inside the head's
+    // open chunks, as a real one does. The edge met the regional then, so the outage's
+    // backlog is sent as after any outage, from the cursor.
+    let sent_before = write(0, k_before).await??;
+    forward_until(forwarder(), |acked| acked >= sent_before && cursor_file.load().is_some_and(|c| c.replay.is_none()))
+        .await?;
+    let total = write(k_before, k_outage).await??;
     println!(
-        "bench forward: a {seconds} s outage of {series} series at {interval} s ({total} samples, {:.0} samples/s) forwarded to a regional",
+        "bench forward: a {seconds} s outage of {series} series at {interval} s ({total} samples, {:.0} samples/s) forwarded to a regional, after {before} s forwarded before it",
         total as f64 / seconds as f64
     );
-    let f = Forwarder::new(edge.clone(), holds, o, ForwarderStats::default());
-    let stats = f.stats();
     // The edge's maintenance during the outage (block cuts, head checkpoints): the WAL
     // stays held for the upstream until its forwarder has moved the backlog to storage.
     let db = edge.clone();
@@ -113,12 +130,37 @@ pub async fn run(
         wal_held as f64 / total as f64,
         block_bytes as f64 / 1e6
     );
+    let f = forwarder();
+    let stats = f.stats();
     let mut moved: Option<(u64, u64)> = None;
     let (me0, r0) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     let started = Instant::now();
     let (stop, rx) = tokio::sync::watch::channel(false);
     let task = tokio::spawn(f.run(rx));
-    while stats.samples_acked.get() < total {
+    // Scraping goes on meanwhile, in real time: catching up means reaching the newest of it.
+    let fresh = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let scraping = {
+        let (db, fleet, fresh) = (edge.clone(), fleet.clone(), fresh.clone());
+        tokio::spawn(async move {
+            for k in k_outage.. {
+                let (db, fleet) = (db.clone(), fleet.clone());
+                let n = tokio::task::spawn_blocking(move || scrape(&db, &fleet, t0, k, step)).await??;
+                fresh.fetch_add(n, std::sync::atomic::Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_secs(step)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut first_fresh_lag = None;
+    loop {
+        let written = fresh.load(std::sync::atomic::Ordering::SeqCst);
+        let acked = stats.samples_acked.get();
+        if first_fresh_lag.is_none() && written > 0 && acked >= total + series as u64 {
+            first_fresh_lag = Some(started.elapsed().as_secs_f64());
+        }
+        if written > 0 && acked >= total + written {
+            break;
+        }
         anyhow::ensure!(started.elapsed() < Duration::from_secs(3600), "not caught up within an hour");
         if moved.is_none() {
             let replay = cursor_file.load().and_then(|c| c.replay);
@@ -126,9 +168,12 @@ pub async fn run(
                 moved = Some((m.len(), started.elapsed().as_millis() as u64));
             }
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = started.elapsed().as_secs_f64();
+    scraping.abort();
+    let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
+    let fresh_written = fresh.load(std::sync::atomic::Ordering::SeqCst);
     let db = edge.clone();
     let wal_after = tokio::task::spawn_blocking(move || db.maintain().map(|_| db.wal_disk_bytes())).await??;
     match moved {
@@ -141,7 +186,6 @@ pub async fn run(
         ),
         None => println!("  the backlog was sent from the WAL, record by record"),
     }
-    let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
     // Nothing lost: the regional's own count of what it stored.
     let page = super::vs_prometheus::get(&format!("http://127.0.0.1:{http}/metrics")).await?;
     let stored: f64 = ["appended", "duplicate"]
@@ -153,22 +197,32 @@ pub async fn run(
             )
         })
         .sum();
-    println!("  the regional stored {stored:.0} of {total} samples ({} lost)", total as f64 - stored);
+    let everything = sent_before + total + fresh_written;
+    println!(
+        "  the regional stored {stored:.0} of the {everything} samples written ({} lost)",
+        everything as f64 - stored
+    );
     let _ = stop.send(true);
     let _ = task.await;
     let _ = regional.0.kill();
-    let m = total as f64 / 1e6;
+    let m = (total + fresh_written) as f64 / 1e6;
     println!(
-        "  caught up in {took:.2} s: {:.0}x real time (goal >= 20x), {:.2} M samples/s",
+        "  caught up in {took:.2} s (zero lag, the scrapes written meanwhile included): {:.0}x real time (goal >= 20x), {:.2} M samples/s",
         seconds as f64 / took,
         m / took
     );
+    if let Some(lag) = first_fresh_lag {
+        println!("  fresh data waited behind the backlog: the first scrape after the outage was acknowledged {lag:.2} s after it was written");
+    }
     println!(
-        "  CPU per million samples: edge (forwarder) {:.3} s, regional {:.3} s; {} batches",
+        "  CPU per million samples: edge (forwarder and scrapes) {:.3} s, regional {:.3} s; {} batches",
         (me1.cpu_secs - me0.cpu_secs) / m,
         (r1.cpu_secs - r0.cpu_secs) / m,
         stats.batches_acked.get()
     );
-    println!("  batch bytes per sample (protobuf, before gzip): {:.2}", stats.sent_bytes.get() as f64 / total as f64);
+    println!(
+        "  batch bytes per sample (protobuf, before gzip): {:.2}",
+        stats.sent_bytes.get() as f64 / (total + fresh_written) as f64
+    );
     Ok(())
 }

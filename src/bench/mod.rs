@@ -128,6 +128,10 @@ pub enum BenchCommand {
         /// Length of the outage, in seconds of data.
         #[arg(long, default_value_t = 600)]
         seconds: u64,
+        /// Seconds of data forwarded and acknowledged before the outage, so that it starts
+        /// inside the head's open chunks as a real outage does.
+        #[arg(long, default_value_t = 900)]
+        before: u64,
         /// Seconds between samples of a series.
         #[arg(long, default_value_t = 5)]
         interval: u64,
@@ -226,8 +230,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
-        BenchCommand::Forward { series, seconds, interval, batch, no_gzip, from_wal } => {
-            forward::run(series, seconds, interval, batch, !no_gzip, from_wal).await
+        BenchCommand::Forward { series, seconds, before, interval, batch, no_gzip, from_wal } => {
+            forward::run(series, seconds, before, interval, batch, !no_gzip, from_wal).await
         }
         BenchCommand::ForwardVsPrometheus { nodes, interval, seconds, prometheus, edge_remote_write } => {
             forward_wire::run(nodes, interval, seconds, &prometheus, edge_remote_write).await

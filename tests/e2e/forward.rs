@@ -422,6 +422,10 @@ fn the_regional_down_across_edge_block_cuts_gets_every_sample() {
     // The edge again without scraping, so what it holds stops growing while it catches up.
     let (mut e, base) = start_edge(dir.path(), &edge_config(dir.path(), sim_port, rs.grpc, false), &edata, "edge-2");
     wait_caught_up(&base);
+    // The backlog from storage came as chunks, and the regional stored them as they came.
+    let page = client().get(format!("{}/metrics", rs.base())).send().unwrap().text().unwrap();
+    let adopted = metric_value(&page, "strata_head_chunks_adopted_total").unwrap_or(0.0);
+    assert!(adopted > 0.0, "the regional took no chunk whole:\n{page}");
     e.terminate();
     rg.terminate();
     let edge_data = stored(&edata, &[("cluster", "c0"), ("replica", "a")]);

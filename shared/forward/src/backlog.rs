@@ -78,13 +78,17 @@ impl Backlog {
     /// acknowledged) up to the record boundary `until`, per series; `Scanned::reached` is
     /// where reading stopped (before `until` when the WAL ends earlier).
     pub fn scan_wal(db: &Tsdb, from: WalCursor, skip: u64, until: WalCursor) -> Result<(Backlog, Scanned), WalError> {
-        let mut names = labels_before(db, from)?;
         let mut reader = WalReader::new(&db.wal_dir(), from);
         let mut segment = from.segment;
-        // Per segment: reference → entry; entries found by labels across segments.
-        let mut by_ref: HashMap<SeriesRef, usize> = HashMap::default();
-        let mut by_labels: HashMap<Labels, usize> = HashMap::default();
-        let mut entries: Vec<BacklogEntry> = Vec::new();
+        // Per segment: reference → entry; entries found by labels across segments. A
+        // segment names each series once: its labels become an entry (or find the one
+        // an earlier segment made) as they are read, so they are neither kept per
+        // reference nor cloned.
+        let mut by_ref = RefSlots::default();
+        let mut entries = EntryIndex::default();
+        for (r, labels) in labels_before(db, from)? {
+            by_ref.insert(r, entries.find_or_add(labels));
+        }
         let mut scanned = Scanned { unnamed: 0, reached: from };
         let mut skip = usize::try_from(skip).unwrap_or(usize::MAX);
         while let Some((rec, after)) = reader.next_record()? {
@@ -93,44 +97,27 @@ impl Backlog {
             }
             scanned.reached = after;
             if after.segment != segment {
-                names.clear();
                 by_ref.clear();
                 segment = after.segment;
             }
             let skip_here = std::mem::take(&mut skip);
             match rec.chunk_as_samples() {
                 WalRecord::Series { series_ref, labels } => {
-                    by_ref.remove(&series_ref);
-                    names.insert(series_ref, labels);
+                    by_ref.insert(series_ref, entries.find_or_add(labels));
                 }
                 // Chunks were made samples above.
                 WalRecord::Metadata { .. } | WalRecord::Chunk { .. } => {}
                 WalRecord::Samples(samples) => {
                     for (r, s) in samples.into_iter().skip(skip_here) {
-                        let i = match by_ref.get(&r) {
-                            Some(&i) => i,
-                            None => {
-                                let Some(labels) = names.get(&r) else {
-                                    scanned.unnamed += 1;
-                                    continue;
-                                };
-                                let i = *by_labels.entry(labels.clone()).or_insert_with(|| {
-                                    entries.push(BacklogEntry {
-                                        labels: labels.clone(),
-                                        first: s.t,
-                                        last: i64::MIN,
-                                        samples: Some(0),
-                                    });
-                                    entries.len() - 1
-                                });
-                                by_ref.insert(r, i);
-                                i
-                            }
+                        let Some(e) = by_ref.get(r).and_then(|i| entries.entries.get_mut(i)) else {
+                            scanned.unnamed += 1;
+                            continue;
                         };
-                        let e = &mut entries[i];
                         // A repeat (a segment rewritten after a crash) is stored once; an
                         // older sample (appended out of order) widens the range.
-                        if s.t < e.first {
+                        if e.last == i64::MIN {
+                            (e.first, e.last, e.samples) = (s.t, s.t, Some(1));
+                        } else if s.t < e.first {
                             e.first = s.t;
                             e.samples = e.samples.map(|n| n + 1);
                         } else if s.t > e.last {
@@ -141,6 +128,9 @@ impl Backlog {
                 }
             }
         }
+        // Series named but without a sample after `from`.
+        let mut entries = entries.entries;
+        entries.retain(|e| e.last != i64::MIN);
         entries.sort_unstable_by(|a, b| a.labels.cmp(&b.labels));
         Ok((Backlog { entries }, scanned))
     }
@@ -346,6 +336,81 @@ impl<'a> Bytes<'a> {
     }
 }
 
+/// A scan's entries, found by their labels' hash (the labels are not cloned for a key).
+#[derive(Default)]
+struct EntryIndex {
+    entries: Vec<BacklogEntry>,
+    by_hash: HashMap<u64, usize>,
+    /// Entries whose hash an earlier entry with other labels has.
+    collided: std::collections::HashMap<Labels, usize>,
+    hasher: foldhash::fast::RandomState,
+}
+
+impl EntryIndex {
+    /// The entry of `labels` (new ones have no samples yet: `last` is `i64::MIN`).
+    fn find_or_add(&mut self, labels: Labels) -> usize {
+        use std::hash::BuildHasher;
+        let h = self.hasher.hash_one(&labels);
+        match self.by_hash.get(&h) {
+            Some(&i) if self.entries[i].labels == labels => return i,
+            Some(_) => {
+                if let Some(&i) = self.collided.get(&labels) {
+                    return i;
+                }
+                self.collided.insert(labels.clone(), self.entries.len());
+            }
+            None => {
+                self.by_hash.insert(h, self.entries.len());
+            }
+        }
+        self.entries.push(BacklogEntry { labels, first: i64::MAX, last: i64::MIN, samples: Some(0) });
+        self.entries.len() - 1
+    }
+}
+
+/// Which backlog entry each of a segment's series references stands for: a lookup per
+/// sample of the WAL scanned, so references (dense numbers from the head) index a vector
+/// while they are small, and a map holds the rest.
+#[derive(Default)]
+struct RefSlots {
+    dense: Vec<u32>,
+    sparse: HashMap<SeriesRef, usize>,
+}
+
+impl RefSlots {
+    /// References below this index the vector (4 bytes each).
+    const DENSE: u64 = 1 << 24;
+    const NONE: u32 = u32::MAX;
+
+    fn get(&self, r: SeriesRef) -> Option<usize> {
+        if r < Self::DENSE {
+            self.dense.get(r as usize).filter(|&&i| i != Self::NONE).map(|&i| i as usize)
+        } else {
+            self.sparse.get(&r).copied()
+        }
+    }
+
+    fn insert(&mut self, r: SeriesRef, i: usize) {
+        match u32::try_from(i) {
+            Ok(i) if r < Self::DENSE && i != Self::NONE => {
+                let at = r as usize;
+                if self.dense.len() <= at {
+                    self.dense.resize(at + 1, Self::NONE);
+                }
+                self.dense[at] = i;
+            }
+            _ => {
+                self.sparse.insert(r, i);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.dense.clear();
+        self.sparse.clear();
+    }
+}
+
 /// The labels a WAL segment named before `at` (a reader starting mid-segment needs them).
 /// The entries from `start` whose labels begin with the same label (a host's series, say:
 /// one postings lookup), and their chunks within `[lo, hi]` by entry index. `entries` are
@@ -483,7 +548,8 @@ pub const SLICE_MS: i64 = 30 * 60 * 1000;
 
 /// Samples of one entry within one slice, read from storage.
 pub(crate) struct Piece {
-    pub labels: Labels,
+    /// The entry's index in the backlog (see [`BacklogReader::labels`]).
+    pub entry: usize,
     pub samples: Vec<Sample>,
     /// Of what the entry counted, how many storage no longer holds (known at the entry's
     /// last slice, when its earlier slices were read by this reader), and the entry's range.
@@ -564,6 +630,16 @@ impl BacklogReader {
         self.at.slice >= self.end
     }
 
+    /// The labels of entry `i` (of a [`Piece`]).
+    pub fn labels(&self, i: usize) -> Option<&Labels> {
+        self.backlog.entries.get(i).map(|e| &e.labels)
+    }
+
+    /// How many entries the backlog has.
+    pub fn len(&self) -> usize {
+        self.backlog.entries.len()
+    }
+
     /// Whether this reader read entry `i` from its first slice (so its losses are known).
     fn counts(&self, i: usize, first_slice: i64) -> bool {
         let s = self.started;
@@ -592,7 +668,6 @@ impl BacklogReader {
                 self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN, ..self.at };
                 continue;
             }
-            let labels = entry.labels.clone();
             let first_slice = slice_of(first.max(i64::MIN + SLICE_MS)).max(self.origin);
             if self.current.as_ref().is_none_or(|c| c.0 != i) {
                 if i >= self.group_end {
@@ -600,8 +675,12 @@ impl BacklogReader {
                 }
                 let chunks = self.chunks.remove(&i).unwrap_or_default();
                 let mut all = Vec::new();
-                Chunk::decode_range(&chunks, first.max(slice), last.min(slice_end - 1), &mut all)
-                    .map_err(|e| StoreError::Corrupt { series: labels.to_string(), reason: e.to_string() })?;
+                Chunk::decode_range(&chunks, first.max(slice), last.min(slice_end - 1), &mut all).map_err(|e| {
+                    StoreError::Corrupt {
+                        series: self.labels(i).map(|l| l.to_string()).unwrap_or_default(),
+                        reason: e.to_string(),
+                    }
+                })?;
                 if self.counts(i, first_slice) {
                     *self.found.entry(i).or_default() += all.len() as u64;
                 }
@@ -632,7 +711,7 @@ impl BacklogReader {
             if piece.is_empty() && lost == 0 {
                 continue;
             }
-            return Ok(Some(Piece { labels, samples: piece, lost, range: (first, last) }));
+            return Ok(Some(Piece { entry: i, samples: piece, lost, range: (first, last) }));
         }
     }
 

@@ -95,6 +95,48 @@ struct Partial {
 /// and metadata as well as samples.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
+/// Below this many samples a batch's chunks are encoded on the reading thread alone.
+const PARALLEL_ENCODE_SAMPLES: usize = 20_000;
+
+/// Each series' samples as chunks: the most CPU a backlog batch costs the edge, spread over
+/// the cores (at most four) when the batch is large. The reading thread waits for them, so
+/// a batch is ready no later than it would be on one core.
+fn encode_chunks(series: &mut [pb::ForwardSeries], samples: Vec<Vec<Sample>>) {
+    let total: usize = samples.iter().map(Vec::len).sum();
+    let encode = |fs: &mut [pb::ForwardSeries], s: &[Vec<Sample>]| {
+        for (fs, s) in fs.iter_mut().zip(s) {
+            fs.chunks = Chunk::encode_sealed(s).iter().map(chunk_to_pb).collect();
+        }
+    };
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
+    if threads < 2 || total < PARALLEL_ENCODE_SAMPLES || series.len() < threads {
+        encode(series, &samples);
+        return;
+    }
+    // Parts of about equal samples, in order.
+    let per_part = total.div_ceil(threads);
+    let mut parts = Vec::with_capacity(threads);
+    let (mut start, mut acc) = (0, 0);
+    for (i, s) in samples.iter().enumerate() {
+        acc += s.len();
+        if acc >= per_part && parts.len() + 1 < threads {
+            parts.push(start..i + 1);
+            (start, acc) = (i + 1, 0);
+        }
+    }
+    parts.push(start..series.len());
+    std::thread::scope(|scope| {
+        let (mut fs_rest, mut s_rest) = (series, &samples[..]);
+        for part in parts {
+            let n = part.len().min(fs_rest.len()).min(s_rest.len());
+            let (fs, more_fs) = std::mem::take(&mut fs_rest).split_at_mut(n);
+            let (s, more_s) = s_rest.split_at(n);
+            (fs_rest, s_rest) = (more_fs, more_s);
+            scope.spawn(move || encode(fs, s));
+        }
+    });
+}
+
 /// The backlog a session replays: just stored, or in its file.
 pub(crate) enum BacklogAt {
     Here(Backlog),
@@ -126,6 +168,8 @@ pub(crate) struct WalSource {
     at: At,
     /// The backlog sent before the WAL.
     replay: Option<BacklogReader>,
+    /// The session number of each of its entries (0: not resolved yet, `u64::MAX`: refused).
+    backlog_ids: Vec<u64>,
     /// The upstream takes chunks: the backlog goes as chunks.
     pub(crate) chunks: bool,
     /// The metric families' metadata, sent with the backlog's first batches: the WAL
@@ -171,6 +215,7 @@ impl WalSource {
             backlog_metadata: if replay.is_some() { db.head().all_metadata() } else { Vec::new() },
             at,
             replay,
+            backlog_ids: Vec::new(),
             chunks: false,
         })
     }
@@ -207,6 +252,29 @@ impl WalSource {
         self.named.push((labels.clone(), false));
         self.session.insert(labels, id);
         Some(id)
+    }
+
+    /// The session number of the backlog's entry `i`, resolved once per entry (a series
+    /// comes in a piece per slice and batch).
+    fn backlog_id(&mut self, i: usize, external: &(Labels, bool)) -> Option<u64> {
+        const UNKNOWN: u64 = 0;
+        const REFUSED: u64 = u64::MAX;
+        let reader = self.replay.as_ref()?;
+        if self.backlog_ids.len() != reader.len() {
+            self.backlog_ids = vec![UNKNOWN; reader.len()];
+        }
+        match self.backlog_ids.get(i).copied() {
+            Some(REFUSED) => None,
+            Some(UNKNOWN) | None => {
+                let labels = reader.labels(i)?.clone();
+                let id = self.resolve_labels(&labels, external);
+                if let Some(slot) = self.backlog_ids.get_mut(i) {
+                    *slot = id.unwrap_or(REFUSED);
+                }
+                id
+            }
+            Some(id) => Some(id),
+        }
     }
 
     /// Whether the session's series outnumber twice what the segment being read or the one
@@ -258,7 +326,7 @@ impl WalSource {
             if piece.samples.is_empty() {
                 continue;
             }
-            let Some(id) = self.resolve_labels(&piece.labels, external) else {
+            let Some(id) = self.backlog_id(piece.entry, external) else {
                 unknown += piece.samples.len() as u64;
                 continue;
             };
@@ -284,10 +352,10 @@ impl WalSource {
                 samples[i].extend(piece.samples);
             }
         }
-        for (fs, s) in req.series.iter_mut().zip(samples) {
-            if self.chunks {
-                fs.chunks = Chunk::encode_sealed(&s).iter().map(chunk_to_pb).collect();
-            } else {
+        if self.chunks {
+            encode_chunks(&mut req.series, samples);
+        } else {
+            for (fs, s) in req.series.iter_mut().zip(samples) {
                 fs.timestamps = s.iter().map(|x| x.t).collect();
                 fs.values = s.iter().map(|x| x.v.to_bits()).collect();
             }
@@ -460,5 +528,29 @@ mod session_tests {
             src.labels.remove(&i);
         }
         assert!(src.outgrown());
+    }
+}
+
+#[cfg(test)]
+mod encode_tests {
+    use super::*;
+
+    /// Spread over threads or not, each series gets exactly its own samples as chunks.
+    #[test]
+    fn a_large_batch_encoded_in_parts_gives_each_series_its_own_chunks() {
+        let samples: Vec<Vec<Sample>> = (0..500)
+            .map(|i| (0..(i % 90 + 1)).map(|k| Sample::new(k as i64 * 5000 + i as i64, (k * i) as f64)).collect())
+            .collect();
+        assert!(samples.iter().map(Vec::len).sum::<usize>() > PARALLEL_ENCODE_SAMPLES);
+        let mut series = vec![pb::ForwardSeries::default(); samples.len()];
+        encode_chunks(&mut series, samples.clone());
+        for (fs, s) in series.iter().zip(&samples) {
+            let mut got = Vec::new();
+            for c in &fs.chunks {
+                let c = strata_grpc::chunk_from_pb(c.clone()).unwrap();
+                c.decode_checked(&mut got).unwrap();
+            }
+            assert_eq!(&got, s);
+        }
     }
 }

@@ -144,9 +144,11 @@ impl SeriesSamples {
     /// in time order and apart.
     pub fn adopt(&mut self, chunk: Chunk, last: Sample) {
         if !self.open.is_empty() {
+            // Not transcoded now (a catching-up backlog seals one per series and batch):
+            // a block cut takes it in the block encoding (see `chunks_within`).
             let sealed = self.open.seal();
             self.open = ChunkAppender::new();
-            self.sealed.push(sealed.compact());
+            self.sealed.push(sealed);
         }
         self.sealed.push(chunk);
         self.last = Some(last);

@@ -13,6 +13,8 @@ use prometheus_client::registry::Registry;
 #[derive(Debug, Clone)]
 pub struct TsdbMetrics {
     pub samples_appended: Counter,
+    /// Chunks the head took as they came (a forwarded backlog), not sample by sample.
+    pub chunks_adopted: Counter,
     pub head_series: Gauge,
     pub head_chunk_bytes: Gauge,
     pub wal_bytes: Gauge,
@@ -42,6 +44,7 @@ impl Default for TsdbMetrics {
     fn default() -> Self {
         TsdbMetrics {
             samples_appended: Counter::default(),
+            chunks_adopted: Counter::default(),
             head_series: Gauge::default(),
             head_chunk_bytes: Gauge::default(),
             wal_bytes: Gauge::default(),
@@ -70,6 +73,11 @@ impl TsdbMetrics {
             "head_samples_appended",
             "Samples appended to the head (after WAL logging)",
             self.samples_appended.clone(),
+        );
+        registry.register(
+            "head_chunks_adopted",
+            "Chunks the head took whole as they came (a forwarded backlog; their samples count as appended)",
+            self.chunks_adopted.clone(),
         );
         registry.register("head_series", "Series held in the head", self.head_series.clone());
         registry.register(

@@ -29,6 +29,8 @@ pub struct WholeChunks {
 pub struct AdoptOutcome {
     /// Samples stored within the chunks taken whole.
     pub adopted: usize,
+    /// Chunks taken whole.
+    pub chunks: usize,
     /// The samples of the chunks not taken, for [`Tsdb::commit`].
     pub rest: Vec<(Arc<MemSeries>, Sample)>,
 }
@@ -100,7 +102,7 @@ impl Tsdb {
             self.wal_failed.store(false, Ordering::Relaxed);
         }
         for (w, lasts) in batch.into_iter().zip(taken) {
-            let mut stored = 0;
+            let (mut stored, chunks_taken) = (0, lasts.len());
             if !lasts.is_empty() {
                 w.series.logged_segment.store(segment, Ordering::Relaxed);
                 let mut g = w.series.samples.lock();
@@ -112,10 +114,12 @@ impl Tsdb {
                 }
             }
             out.adopted += stored;
+            out.chunks += chunks_taken;
             out.rest.extend(w.samples.into_iter().skip(stored).map(|s| (w.series.clone(), s)));
         }
         drop(writer);
         self.metrics.samples_appended.inc_by(out.adopted as u64);
+        self.metrics.chunks_adopted.inc_by(out.chunks as u64);
         Ok(out)
     }
 }
