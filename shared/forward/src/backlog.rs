@@ -443,6 +443,12 @@ fn select_group(
     Ok((end, chunks))
 }
 
+/// Entries a reader loads at once, at least (their chunks, compressed).
+const LOAD_ENTRIES: usize = 2048;
+
+/// Samples (as stored, whole chunks) a reader decodes ahead at once: a few MB.
+const DECODE_SAMPLES: usize = 256 * 1024;
+
 /// Block ranges storage is counted over at most; beyond, a backlog of everything goes
 /// uncounted (storage with data scattered over years, say).
 const MAX_COUNT_WINDOWS: usize = 20_000;
@@ -569,6 +575,8 @@ pub(crate) struct BacklogReader {
     /// The group loaded for the current slice: entries before `group_end`, chunks by index.
     group_end: usize,
     chunks: HashMap<usize, Vec<Chunk>>,
+    /// Loaded entries' samples in the slice, decoded ahead (or why they could not be).
+    decoded: HashMap<usize, Result<Vec<Sample>, strata_chunk::ChunkError>>,
     /// The entry being sent in the current slice: its samples after `at.after`, and how
     /// far they were taken.
     current: Option<(usize, Vec<Sample>, usize)>,
@@ -614,6 +622,7 @@ impl BacklogReader {
             end,
             group_end: 0,
             chunks: HashMap::default(),
+            decoded: HashMap::default(),
             current: None,
             found: HashMap::default(),
             started: at,
@@ -661,6 +670,7 @@ impl BacklogReader {
                 self.at = ReplayAt { slice: slice_end, entry: 0, after: i64::MIN, ..self.at };
                 self.group_end = 0;
                 self.chunks.clear();
+                self.decoded.clear();
                 continue;
             };
             let (first, last, counted) = (entry.first, entry.last, entry.samples);
@@ -673,13 +683,12 @@ impl BacklogReader {
                 if i >= self.group_end {
                     self.load_group(i, slice, slice_end - 1)?;
                 }
-                let chunks = self.chunks.remove(&i).unwrap_or_default();
-                let mut all = Vec::new();
-                Chunk::decode_range(&chunks, first.max(slice), last.min(slice_end - 1), &mut all).map_err(|e| {
-                    StoreError::Corrupt {
-                        series: self.labels(i).map(|l| l.to_string()).unwrap_or_default(),
-                        reason: e.to_string(),
-                    }
+                if !self.decoded.contains_key(&i) {
+                    self.decode_from(i, slice, slice_end - 1);
+                }
+                let all = self.decoded.remove(&i).unwrap_or(Ok(Vec::new())).map_err(|e| StoreError::Corrupt {
+                    series: self.labels(i).map(|l| l.to_string()).unwrap_or_default(),
+                    reason: e.to_string(),
                 })?;
                 if self.counts(i, first_slice) {
                     *self.found.entry(i).or_default() += all.len() as u64;
@@ -717,11 +726,41 @@ impl BacklogReader {
 
     /// Selects, over `[lo, hi]`, the group of entries from `start` that share its first
     /// label.
+    /// Groups after it are loaded with it up to about [`LOAD_ENTRIES`] entries (compressed),
+    /// so that their samples can be decoded many at a time.
     fn load_group(&mut self, start: usize, lo: i64, hi: i64) -> Result<(), StoreError> {
-        let (end, chunks) = select_group(&self.store, &self.backlog.entries, start, lo, hi)?;
+        let (mut end, mut chunks) = select_group(&self.store, &self.backlog.entries, start, lo, hi)?;
+        while end < self.backlog.entries.len() && end - start < LOAD_ENTRIES {
+            let (next_end, more) = select_group(&self.store, &self.backlog.entries, end, lo, hi)?;
+            chunks.extend(more);
+            end = next_end;
+        }
         self.group_end = end;
         self.chunks = chunks;
+        self.decoded.clear();
         Ok(())
+    }
+
+    /// Decodes the slice's samples of the loaded entries from `start` on, about
+    /// [`DECODE_SAMPLES`] at a time, over the cores (the decode is most of what reading a
+    /// backlog costs the edge).
+    fn decode_from(&mut self, start: usize, lo: i64, hi: i64) {
+        let mut jobs: Vec<(usize, Vec<Chunk>, i64, i64)> = Vec::new();
+        let mut weight = 0usize;
+        for i in start..self.group_end {
+            if weight >= DECODE_SAMPLES {
+                break;
+            }
+            let (Some(e), Some(c)) = (self.backlog.entries.get(i), self.chunks.remove(&i)) else { continue };
+            weight += c.iter().map(|c| usize::from(c.n)).sum::<usize>();
+            jobs.push((i, c, e.first.max(lo), e.last.min(hi)));
+        }
+        let weigh = |j: &(usize, Vec<Chunk>, i64, i64)| j.1.iter().map(|c| usize::from(c.n)).sum::<usize>();
+        let decoded = crate::parallel::map_in_parts(jobs, weigh, |(i, chunks, from, to)| {
+            let mut samples = Vec::new();
+            (i, Chunk::decode_range(&chunks, from, to, &mut samples).map(|()| samples))
+        });
+        self.decoded.extend(decoded);
     }
 }
 

@@ -95,46 +95,14 @@ struct Partial {
 /// and metadata as well as samples.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
-/// Below this many samples a batch's chunks are encoded on the reading thread alone.
-const PARALLEL_ENCODE_SAMPLES: usize = 20_000;
-
-/// Each series' samples as chunks: the most CPU a backlog batch costs the edge, spread over
-/// the cores (at most four) when the batch is large. The reading thread waits for them, so
-/// a batch is ready no later than it would be on one core.
+/// Each series' samples as chunks, spread over the cores (see [`crate::parallel`]).
 fn encode_chunks(series: &mut [pb::ForwardSeries], samples: Vec<Vec<Sample>>) {
-    let total: usize = samples.iter().map(Vec::len).sum();
-    let encode = |fs: &mut [pb::ForwardSeries], s: &[Vec<Sample>]| {
-        for (fs, s) in fs.iter_mut().zip(s) {
-            fs.chunks = Chunk::encode_sealed(s).iter().map(chunk_to_pb).collect();
-        }
-    };
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(4);
-    if threads < 2 || total < PARALLEL_ENCODE_SAMPLES || series.len() < threads {
-        encode(series, &samples);
-        return;
-    }
-    // Parts of about equal samples, in order.
-    let per_part = total.div_ceil(threads);
-    let mut parts = Vec::with_capacity(threads);
-    let (mut start, mut acc) = (0, 0);
-    for (i, s) in samples.iter().enumerate() {
-        acc += s.len();
-        if acc >= per_part && parts.len() + 1 < threads {
-            parts.push(start..i + 1);
-            (start, acc) = (i + 1, 0);
-        }
-    }
-    parts.push(start..series.len());
-    std::thread::scope(|scope| {
-        let (mut fs_rest, mut s_rest) = (series, &samples[..]);
-        for part in parts {
-            let n = part.len().min(fs_rest.len()).min(s_rest.len());
-            let (fs, more_fs) = std::mem::take(&mut fs_rest).split_at_mut(n);
-            let (s, more_s) = s_rest.split_at(n);
-            (fs_rest, s_rest) = (more_fs, more_s);
-            scope.spawn(move || encode(fs, s));
-        }
+    let chunks = crate::parallel::map_in_parts(samples, Vec::len, |s| {
+        Chunk::encode_sealed(&s).iter().map(chunk_to_pb).collect::<Vec<_>>()
     });
+    for (fs, c) in series.iter_mut().zip(chunks) {
+        fs.chunks = c;
+    }
 }
 
 /// The backlog a session replays: just stored, or in its file.
@@ -541,7 +509,7 @@ mod encode_tests {
         let samples: Vec<Vec<Sample>> = (0..500)
             .map(|i| (0..(i % 90 + 1)).map(|k| Sample::new(k as i64 * 5000 + i as i64, (k * i) as f64)).collect())
             .collect();
-        assert!(samples.iter().map(Vec::len).sum::<usize>() > PARALLEL_ENCODE_SAMPLES);
+        assert!(samples.iter().map(Vec::len).sum::<usize>() > crate::parallel::MIN_PARALLEL_WEIGHT);
         let mut series = vec![pb::ForwardSeries::default(); samples.len()];
         encode_chunks(&mut series, samples.clone());
         for (fs, s) in series.iter().zip(&samples) {

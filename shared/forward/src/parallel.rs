@@ -1,0 +1,68 @@
+//! Spreading a backlog's codec work over the cores. A backlog read from storage costs the
+//! edge a decode and an encode per sample, which on one core bounds how fast an upstream
+//! catches up; the work is independent per series, so it is split into contiguous parts of
+//! about equal weight, one scoped thread each, and the results come back in order.
+
+/// Below this total weight the work runs on the calling thread (threads cost more).
+pub(crate) const MIN_PARALLEL_WEIGHT: usize = 20_000;
+
+/// At most this many threads, the caller's among them.
+const MAX_THREADS: usize = 4;
+
+/// `f` of every item, in order; `weight` (samples, say) decides the parts.
+pub(crate) fn map_in_parts<T: Send, R: Send>(
+    items: Vec<T>,
+    weight: impl Fn(&T) -> usize,
+    f: impl Fn(T) -> R + Sync,
+) -> Vec<R> {
+    let total: usize = items.iter().map(&weight).sum();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
+    if threads < 2 || total < MIN_PARALLEL_WEIGHT || items.len() < threads {
+        return items.into_iter().map(f).collect();
+    }
+    let per_part = total.div_ceil(threads);
+    let mut parts: Vec<Vec<T>> = vec![Vec::new()];
+    let mut acc = 0;
+    for item in items {
+        let w = weight(&item);
+        if acc >= per_part && parts.len() < threads {
+            parts.push(Vec::new());
+            acc = 0;
+        }
+        acc += w;
+        if let Some(last) = parts.last_mut() {
+            last.push(item);
+        }
+    }
+    let f = &f;
+    std::thread::scope(|scope| {
+        let mut parts = parts.into_iter();
+        // The calling thread takes the first part itself.
+        let first = parts.next().unwrap_or_default();
+        let handles: Vec<_> =
+            parts.map(|part| scope.spawn(move || part.into_iter().map(f).collect::<Vec<R>>())).collect();
+        let mut out: Vec<R> = first.into_iter().map(f).collect();
+        for h in handles {
+            match h.join() {
+                Ok(rs) => out.extend(rs),
+                // A panic in `f` is a bug; it is the caller's, as it would be on one thread.
+                Err(p) => std::panic::resume_unwind(p),
+            }
+        }
+        out
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn results_come_back_in_order_whatever_the_parts() {
+        for n in [0usize, 1, 3, 50, 5000] {
+            let items: Vec<usize> = (0..n).collect();
+            let got = map_in_parts(items.clone(), |&i| i % 17 * 100, |i| i * 2);
+            assert_eq!(got, items.iter().map(|i| i * 2).collect::<Vec<_>>(), "{n} items");
+        }
+    }
+}
