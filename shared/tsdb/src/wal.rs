@@ -16,7 +16,9 @@
 //! Sample records are compact (see [`encode_samples`]): values that are exact decimals,
 //! as nearly every DCGM reading is, take their scaled integer, not eight bytes; a power
 //! reading with three decimals takes 4 bytes instead of 9, as small as Snappy made the
-//! record, without its CPU.
+//! record, without its CPU. A chunk a regional receives whole (a forwarded backlog) is
+//! logged as one chunk record, its bytes as they came, and checked against its header
+//! whenever it is read back.
 //!
 //! Durability, per method:
 //! * [`Wal::log`] writes the records to the OS before it returns: they survive the process
