@@ -383,10 +383,10 @@ impl RefSlots {
     const NONE: u32 = u32::MAX;
 
     fn get(&self, r: SeriesRef) -> Option<usize> {
-        if r < Self::DENSE {
-            self.dense.get(r as usize).filter(|&&i| i != Self::NONE).map(|&i| i as usize)
-        } else {
-            self.sparse.get(&r).copied()
+        let dense = if r < Self::DENSE { self.dense.get(r as usize).copied() } else { None };
+        match dense {
+            Some(i) if i != Self::NONE => Some(i as usize),
+            _ => self.sparse.get(&r).copied(),
         }
     }
 
@@ -398,8 +398,12 @@ impl RefSlots {
                     self.dense.resize(at + 1, Self::NONE);
                 }
                 self.dense[at] = i;
+                self.sparse.remove(&r);
             }
             _ => {
+                if let Some(slot) = self.dense.get_mut(usize::try_from(r).unwrap_or(usize::MAX)) {
+                    *slot = Self::NONE;
+                }
                 self.sparse.insert(r, i);
             }
         }

@@ -393,7 +393,11 @@ impl ForwardReceiver {
                     .map_err(|e| self.broken(format!("writing metadata to the WAL: {e}")))?;
             }
         }
-        let adopted = self.db.commit_chunks(whole).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
+        let adopted = if whole.is_empty() {
+            Default::default()
+        } else {
+            self.db.commit_chunks(whole).map_err(|e| self.broken(format!("writing the WAL: {e}")))?
+        };
         batch.extend(adopted.rest);
         let mut out = self.db.commit(&batch).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
         out.appended += adopted.adopted;

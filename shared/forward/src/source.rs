@@ -95,10 +95,20 @@ struct Partial {
 /// and metadata as well as samples.
 const MAX_BATCH_BYTES: usize = 8 << 20;
 
+/// The block range a backlog's chunks are cut for: the default, two hours.
+const CHUNK_WINDOW_MS: i64 = 2 * 3600 * 1000;
+
 /// Each series' samples as chunks, spread over the cores (see [`crate::parallel`]).
 fn encode_chunks(series: &mut [pb::ForwardSeries], samples: Vec<Vec<Sample>>) {
+    // Cut at the default block range's boundaries (two hours), so no chunk straddles a
+    // receiver's block windows and it can keep them whole (a receiver with another range
+    // stores a straddling chunk sample by sample).
+    let window = |t: i64| t.div_euclid(CHUNK_WINDOW_MS);
     let chunks = crate::parallel::map_in_parts(samples, Vec::len, |s| {
-        Chunk::encode_sealed(&s).iter().map(chunk_to_pb).collect::<Vec<_>>()
+        s.chunk_by(|a, b| window(a.t) == window(b.t))
+            .flat_map(Chunk::encode_sealed)
+            .map(|c| chunk_to_pb(&c))
+            .collect::<Vec<_>>()
     });
     for (fs, c) in series.iter_mut().zip(chunks) {
         fs.chunks = c;

@@ -772,9 +772,6 @@ impl Tsdb {
     }
 }
 
-/// Locks `<dir>/lock` for this process (released when the file closes, a crash included):
-/// a second process on one data directory would delete the other's block writes as
-/// leftovers and interleave WALs.
 /// Replays a chunk record the way it was stored, taking the chunk whole when the series
 /// can (`None`: done); anything else, and a chunk it cannot take (a segment replayed twice,
 /// data in blocks since), comes back to be replayed as samples.
@@ -800,6 +797,9 @@ fn adopt_replayed(
     Some(WalRecord::Chunk { series_ref, chunk, last }.chunk_as_samples())
 }
 
+/// Locks `<dir>/lock` for this process (released when the file closes, a crash included):
+/// a second process on one data directory would delete the other's block writes as
+/// leftovers and interleave WALs.
 fn lock_dir(dir: &Path) -> Result<std::fs::File, TsdbError> {
     std::fs::create_dir_all(dir).map_err(|e| TsdbError::Internal(format!("{}: {e}", dir.display())))?;
     let path = dir.join("lock");

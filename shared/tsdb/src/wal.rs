@@ -247,9 +247,23 @@ impl WalRecord {
                 let len = d.len(MAX_CHUNK_RECORD_BYTES)?;
                 let chunk = Chunk { data: Arc::from(d.bytes(len)?), n, min_t, max_t };
                 let mut samples = Vec::with_capacity(usize::from(n));
-                chunk.decode_checked(&mut samples).ok()?;
-                let last = *samples.last()?;
-                WalRecord::Chunk { series_ref, chunk, last }
+                match chunk.decode_checked(&mut samples).map(|()| samples.last().copied()) {
+                    Ok(Some(last)) => WalRecord::Chunk { series_ref, chunk, last },
+                    // The record is whole (its checksum holds) but its chunk does not decode
+                    // to what it declares (a stricter decoder than the writer's): that one
+                    // record is skipped, logged with what it held, and the segment after it
+                    // is read on rather than cut as damaged.
+                    Ok(None) | Err(_) => {
+                        tracing::warn!(
+                            series_ref,
+                            samples = n,
+                            min_t,
+                            max_t,
+                            "WAL: a chunk record that does not decode to what it declares was skipped"
+                        );
+                        WalRecord::Samples(Vec::new())
+                    }
+                }
             }
             REC_METADATA => {
                 let family = d.str()?.to_string();

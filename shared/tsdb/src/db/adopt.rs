@@ -16,6 +16,24 @@ use strata_chunk::Chunk;
 use strata_model::time::now_ms;
 use strata_model::Sample;
 
+/// Fewer samples than this are appended one by one: a chunk's header and the coder's
+/// warm-up would cost more than its samples.
+const MIN_SAMPLES: usize = 16;
+
+/// Bytes a chunk may take per sample to be kept as it came: far above what any sample
+/// costs in either encoding (about 20 bytes at worst), so a chunk padded with bytes its
+/// decoder never reads is appended sample by sample (re-encoded) instead of filling the
+/// head, the WAL and the blocks with them.
+const MAX_BYTES_PER_SAMPLE: usize = 32;
+
+/// Whether a chunk is kept as it came rather than appended sample by sample (see the
+/// constants above; every reader of a WAL chunk record takes what this lets through).
+fn worth_keeping(c: &Chunk) -> bool {
+    let n = usize::from(c.n);
+    (MIN_SAMPLES..=usize::from(strata_chunk::CHUNK_MAX_SAMPLES)).contains(&n)
+        && c.data.len() <= 64 + MAX_BYTES_PER_SAMPLE * n
+}
+
 /// One series' chunks, in time order and apart, with their samples decoded and checked
 /// against each chunk's header ([`Chunk::decode_checked`]), in the same order.
 pub struct WholeChunks {
@@ -68,6 +86,8 @@ impl Tsdb {
                     end += usize::from(c.n);
                     let Some(&last) = w.samples.get(end.wrapping_sub(1)) else { break };
                     let fits = newest.is_none_or(|l| c.min_t > l.t)
+                        && last.t == c.max_t
+                        && worth_keeping(c)
                         && c.min_t >= min_valid
                         && c.max_t <= max_valid
                         && g.can_adopt(c, range);
@@ -209,5 +229,53 @@ mod tests {
         assert_eq!((out.adopted, out.rest.len()), (0, 10));
         assert_eq!(db.commit(&out.rest).unwrap().appended, 10);
         assert_eq!(stored(&db).0, across);
+    }
+
+    /// A chunk padded with bytes its decoder never reads, or too short to be worth its
+    /// header, is appended sample by sample: what a peer sends cannot fill the head and the
+    /// WAL with more than its samples cost.
+    #[test]
+    fn a_padded_or_tiny_chunk_is_appended_sample_by_sample() {
+        let d = tempfile::tempdir().unwrap();
+        let db = Tsdb::open(
+            d.path(),
+            TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() },
+        )
+        .unwrap();
+        let s = db.series(&Labels::from_pairs([("__name__", "m"), ("gpu", "0")])).unwrap();
+        let mut padded = whole(&s, &at(0, 100, |i| i as f64));
+        let c = &mut padded.chunks[0];
+        let mut bytes = c.data.to_vec();
+        bytes.extend(std::iter::repeat_n(0xA5, 60_000));
+        c.data = bytes.into();
+        let tiny = whole(&s, &at(100, 105, |i| i as f64));
+        for w in [padded, tiny] {
+            let n = w.samples.len();
+            let out = db.commit_chunks(vec![w]).unwrap();
+            assert_eq!((out.adopted, out.rest.len()), (0, n));
+            assert_eq!(db.commit(&out.rest).unwrap().appended, n);
+        }
+        assert_eq!(stored(&db).0, at(0, 105, |i| i as f64));
+        assert!(db.stats().chunk_bytes < 10_000, "{} bytes in the head", db.stats().chunk_bytes);
+    }
+
+    /// A chunk record whose checksum holds but whose chunk does not decode to what it
+    /// declares is skipped on replay; the records after it in the segment are still read.
+    #[test]
+    fn a_chunk_record_that_does_not_check_is_skipped_and_the_segment_read_on() {
+        let d = tempfile::tempdir().unwrap();
+        let opts = || TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() };
+        let labels = Labels::from_pairs([("__name__", "m"), ("gpu", "0")]);
+        {
+            let db = Tsdb::open(d.path(), opts()).unwrap();
+            let s = db.series(&labels).unwrap();
+            db.commit(&[(s.clone(), Sample::new(1_000_000, 1.0))]).unwrap();
+            let liar = Chunk { data: Arc::from(&[0xFFu8; 40][..]), n: 50, min_t: 2_000_000, max_t: 3_000_000 };
+            let rec = WalRecord::Chunk { series_ref: s.series_ref, chunk: liar, last: Sample::new(3_000_000, 0.0) };
+            db.wal.lock().wal.log(&[rec]).unwrap();
+            db.commit(&[(s, Sample::new(4_000_000, 4.0))]).unwrap();
+        }
+        let db = Tsdb::open(d.path(), opts()).unwrap();
+        assert_eq!(stored(&db).0, vec![Sample::new(1_000_000, 1.0), Sample::new(4_000_000, 4.0)]);
     }
 }
