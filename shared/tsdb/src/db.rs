@@ -569,12 +569,7 @@ impl Tsdb {
         let min_valid = self.min_valid_time(now);
         let max_valid = self.max_valid_time(now);
 
-        let mut records = Vec::new();
-        if rotated {
-            for (family, meta) in self.head.all_metadata() {
-                records.push(WalRecord::Metadata { family, meta });
-            }
-        }
+        let mut records = self.segment_start_records(rotated);
         let mut accepted: Vec<(SeriesRef, Sample)> = Vec::with_capacity(batch.len());
         let mut accepted_idx: Vec<usize> = Vec::with_capacity(batch.len());
         // Live stand-ins for series retention removed while a caller still held them.
@@ -618,13 +613,7 @@ impl Tsdb {
             };
             match check {
                 Ok(true) => {
-                    // Labels are logged once per series (the head checkpoint keeps them past
-                    // truncation), or with `wal_labels_per_segment` once per series and
-                    // segment, for a reader of the WAL that starts in any segment.
-                    let logged = series.logged_segment.load(std::sync::atomic::Ordering::Relaxed);
-                    let log_labels =
-                        if self.opts.wal_labels_per_segment { logged != segment } else { logged == u32::MAX };
-                    if log_labels && (distinct || !pending.contains_key(&series.series_ref)) {
+                    if self.labels_due(series, segment) && (distinct || !pending.contains_key(&series.series_ref)) {
                         records
                             .push(WalRecord::Series { series_ref: series.series_ref, labels: series.labels.clone() });
                     }
@@ -676,6 +665,27 @@ impl Tsdb {
         self.metrics.samples_appended.inc_by(n as u64);
         total.merge(std::mem::take(out));
         Ok(())
+    }
+
+    /// Whether a series' labels go into the WAL before its next record in `segment`: once
+    /// per series (the head checkpoint keeps them past truncation), or with
+    /// `wal_labels_per_segment` once per series and segment, for a reader of the WAL that
+    /// starts in any segment.
+    fn labels_due(&self, series: &MemSeries, segment: u32) -> bool {
+        let logged = series.logged_segment.load(Ordering::Relaxed);
+        if self.opts.wal_labels_per_segment {
+            logged != segment
+        } else {
+            logged == u32::MAX
+        }
+    }
+
+    /// The records a segment just rotated to starts with: every family's metadata.
+    fn segment_start_records(&self, rotated: bool) -> Vec<WalRecord> {
+        if !rotated {
+            return Vec::new();
+        }
+        self.head.all_metadata().into_iter().map(|(family, meta)| WalRecord::Metadata { family, meta }).collect()
     }
 
     /// Sorts out samples older than their series' newest: an exact copy of a stored sample

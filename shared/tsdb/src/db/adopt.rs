@@ -66,12 +66,7 @@ impl Tsdb {
         let now = now_ms();
         let (min_valid, max_valid) = (self.min_valid_time(now), self.max_valid_time(now));
         let range = self.block_range_ms();
-        let mut records = Vec::new();
-        if rotated {
-            for (family, meta) in self.head.all_metadata() {
-                records.push(WalRecord::Metadata { family, meta });
-            }
-        }
+        let mut records = self.segment_start_records(rotated);
         // Per series: how many of its chunks are taken, and their newest samples.
         let mut taken: Vec<Vec<Sample>> = Vec::with_capacity(batch.len());
         for w in &batch {
@@ -98,10 +93,7 @@ impl Tsdb {
                     lasts.push(last);
                 }
                 if !lasts.is_empty() {
-                    let logged = w.series.logged_segment.load(Ordering::Relaxed);
-                    let log_labels =
-                        if self.opts.wal_labels_per_segment { logged != segment } else { logged == u32::MAX };
-                    if log_labels {
+                    if self.labels_due(&w.series, segment) {
                         records.push(WalRecord::Series {
                             series_ref: w.series.series_ref,
                             labels: w.series.labels.clone(),
@@ -166,6 +158,19 @@ mod tests {
         (chunks.iter().flat_map(|c| c.decode().unwrap()).collect(), chunks.len())
     }
 
+    /// A database that keeps everything (the tests' timestamps are from 1970).
+    fn open(dir: &std::path::Path) -> Tsdb {
+        Tsdb::open(
+            dir,
+            TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() },
+        )
+        .unwrap()
+    }
+
+    fn gpu0() -> Labels {
+        Labels::from_pairs([("__name__", "m"), ("gpu", "0")])
+    }
+
     fn at(from: i64, to: i64, v: impl Fn(i64) -> f64) -> Vec<Sample> {
         (from..to).map(|i| Sample::new(1_000_000 + i * 5000, v(i))).collect()
     }
@@ -176,11 +181,10 @@ mod tests {
     #[test]
     fn a_chunk_after_the_newest_sample_is_taken_whole_and_an_overlapping_one_as_samples() {
         let d = tempfile::tempdir().unwrap();
-        let opts = || TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() };
-        let labels = Labels::from_pairs([("__name__", "m"), ("gpu", "0")]);
+        let labels = gpu0();
         let value = |i: i64| (i % 7) as f64;
         {
-            let db = Tsdb::open(d.path(), opts()).unwrap();
+            let db = open(d.path());
             let s = db.series(&labels).unwrap();
             let first: Vec<_> = at(0, 100, value).into_iter().map(|x| (s.clone(), x)).collect();
             assert_eq!(db.commit(&first).unwrap().appended, 100);
@@ -201,7 +205,7 @@ mod tests {
             assert_eq!(stored(&db).0, at(0, 250, value));
             // Dropped without a sync, as after SIGKILL.
         }
-        let db = Tsdb::open(d.path(), opts()).unwrap();
+        let db = open(d.path());
         assert_eq!(stored(&db).0, at(0, 250, value));
         let s = db.series(&labels).unwrap();
         // The chunk record replayed whole: appends and chunks continue after it.
@@ -217,12 +221,8 @@ mod tests {
     #[test]
     fn a_chunk_across_a_block_boundary_comes_back_as_samples() {
         let d = tempfile::tempdir().unwrap();
-        let db = Tsdb::open(
-            d.path(),
-            TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() },
-        )
-        .unwrap();
-        let s = db.series(&Labels::from_pairs([("__name__", "m"), ("gpu", "0")])).unwrap();
+        let db = open(d.path());
+        let s = db.series(&gpu0()).unwrap();
         let range = db.block_range_ms();
         let across: Vec<_> = (-5..5).map(|i| Sample::new(range + i * 1000, 1.0)).collect();
         let out = db.commit_chunks(vec![whole(&s, &across)]).unwrap();
@@ -237,12 +237,8 @@ mod tests {
     #[test]
     fn a_padded_or_tiny_chunk_is_appended_sample_by_sample() {
         let d = tempfile::tempdir().unwrap();
-        let db = Tsdb::open(
-            d.path(),
-            TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() },
-        )
-        .unwrap();
-        let s = db.series(&Labels::from_pairs([("__name__", "m"), ("gpu", "0")])).unwrap();
+        let db = open(d.path());
+        let s = db.series(&gpu0()).unwrap();
         let mut padded = whole(&s, &at(0, 100, |i| i as f64));
         let c = &mut padded.chunks[0];
         let mut bytes = c.data.to_vec();
@@ -264,10 +260,9 @@ mod tests {
     #[test]
     fn a_chunk_record_that_does_not_check_is_skipped_and_the_segment_read_on() {
         let d = tempfile::tempdir().unwrap();
-        let opts = || TsdbOptions { retention: std::time::Duration::from_secs(10 * 365 * 86400), ..Default::default() };
-        let labels = Labels::from_pairs([("__name__", "m"), ("gpu", "0")]);
+        let labels = gpu0();
         {
-            let db = Tsdb::open(d.path(), opts()).unwrap();
+            let db = open(d.path());
             let s = db.series(&labels).unwrap();
             db.commit(&[(s.clone(), Sample::new(1_000_000, 1.0))]).unwrap();
             let liar = Chunk { data: Arc::from(&[0xFFu8; 40][..]), n: 50, min_t: 2_000_000, max_t: 3_000_000 };
@@ -275,7 +270,7 @@ mod tests {
             db.wal.lock().wal.log(&[rec]).unwrap();
             db.commit(&[(s, Sample::new(4_000_000, 4.0))]).unwrap();
         }
-        let db = Tsdb::open(d.path(), opts()).unwrap();
+        let db = open(d.path());
         assert_eq!(stored(&db).0, vec![Sample::new(1_000_000, 1.0), Sample::new(4_000_000, 4.0)]);
     }
 }
