@@ -11,6 +11,32 @@ use strata_tsdb::db::{Tsdb, TsdbOptions};
 pub struct Loaded(pub Tsdb, pub tempfile::TempDir);
 
 pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
+    let (db, dir, opts, samples) = import(file)?;
+    super::print_head_stats(&db);
+    // Where the bytes go, per metric.
+    let mut per: std::collections::BTreeMap<String, (usize, u64, usize, usize)> = Default::default();
+    let all = strata_model::matcher::Matcher::new(strata_model::matcher::MatchOp::Regex, "__name__", ".+")?;
+    for (s, chunks) in db.head().select(&[all], i64::MIN, i64::MAX) {
+        let e = per.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default();
+        e.0 += chunks.iter().map(|c| c.data.len()).sum::<usize>();
+        e.1 += chunks.iter().map(|c| c.n as u64).sum::<u64>();
+        e.2 += chunks.iter().filter(|c| c.is_block()).count();
+        e.3 += chunks.len();
+    }
+    for (name, (bytes, n, blocks, chunks)) in per {
+        println!(
+            "    {name:<40} {:.3} bytes/sample, {blocks} of {chunks} chunks in the block encoding",
+            bytes as f64 / n.max(1) as f64
+        );
+    }
+    print_decode_speed(&db)?;
+    let db = to_blocks(db, dir.path(), &opts, samples)?;
+    Ok(Loaded(db, dir))
+}
+
+/// The fleet-day file (`file`, or the cached one) imported into the head of an empty
+/// database in a temporary directory; the options it was opened with and the samples read.
+pub fn import(file: Option<PathBuf>) -> anyhow::Result<(Tsdb, tempfile::TempDir, TsdbOptions, u64)> {
     let default = fleet_day_cache().join("small/fleet.om");
     let file = file.unwrap_or(default);
     if !file.exists() {
@@ -30,26 +56,7 @@ pub fn run(file: Option<PathBuf>) -> anyhow::Result<Loaded> {
     let secs = started.elapsed().as_secs_f64();
     println!("  {} samples, {} series, {} rejected, {:.2} GB of text in {secs:.1} s: {:.2} M samples/s (import with WAL, one thread)",
         st.samples, st.series, st.rejected, st.bytes as f64 / 1e9, st.samples as f64 / secs / 1e6);
-    super::print_head_stats(&db);
-    // Where the bytes go, per metric.
-    let mut per: std::collections::BTreeMap<String, (usize, u64, usize, usize)> = Default::default();
-    let all = strata_model::matcher::Matcher::new(strata_model::matcher::MatchOp::Regex, "__name__", ".+")?;
-    for (s, chunks) in db.head().select(&[all], i64::MIN, i64::MAX) {
-        let e = per.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default();
-        e.0 += chunks.iter().map(|c| c.data.len()).sum::<usize>();
-        e.1 += chunks.iter().map(|c| c.n as u64).sum::<u64>();
-        e.2 += chunks.iter().filter(|c| c.is_block()).count();
-        e.3 += chunks.len();
-    }
-    for (name, (bytes, n, blocks, chunks)) in per {
-        println!(
-            "    {name:<40} {:.3} bytes/sample, {blocks} of {chunks} chunks in the block encoding",
-            bytes as f64 / n.max(1) as f64
-        );
-    }
-    print_decode_speed(&db)?;
-    let db = to_blocks(db, dir.path(), &opts, st.samples)?;
-    Ok(Loaded(db, dir))
+    Ok((db, dir, opts, st.samples))
 }
 
 /// Cuts and compacts as the maintenance loop does, prints what is on disk, restarts the

@@ -2,6 +2,7 @@
 //! issues. Each compares against its anchor in the same run where one exists.
 
 mod attack;
+mod downsample;
 mod fleet_day;
 mod forward;
 mod forward_wire;
@@ -187,6 +188,16 @@ pub enum BenchCommand {
         #[arg(long, value_name = "INSTANTS")]
         remote_write: Option<usize>,
     },
+    /// The fleet-day set's 5 m and 1 h window aggregates: bytes per raw sample per metric
+    /// and per column, build and encode speed.
+    Downsample {
+        /// The file `../shared/bench/fleet_day.py path` names.
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Keep the least-squares sums of `deriv` and `predict_linear` for gauges too.
+        #[arg(long)]
+        least_squares: bool,
+    },
 }
 
 pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -225,6 +236,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Downsample { file, least_squares } => downsample::run(file, least_squares),
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {

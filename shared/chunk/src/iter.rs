@@ -47,82 +47,91 @@ impl<'a> ChunkIter<'a> {
     fn read_first(&mut self) -> Option<Sample> {
         let scale = (self.r.read_bits(3) as u32).min(MAX_SCALE);
         let t = unzigzag(read_long(&mut self.r)?);
-        let v = if self.r.read_bit() {
-            unscale(unzigzag(read_long(&mut self.r)?), scale)
-        } else {
-            f64::from_bits(self.r.read_bits(64))
-        };
-        self.vs.scale = scale.min(MAX_SCALE);
+        let v = read_first_value(&mut self.r, &mut self.vs, scale)?;
         self.ts = TsState::new(t);
-        let scaled = scaled_at(v, self.vs.scale);
-        self.vs.after(v, scaled);
         Some(Sample { t, v })
     }
 
     #[inline(always)]
     fn read_next(&mut self) -> Option<Sample> {
         let t = self.ts.decode(&mut self.r)?;
-        // The decimal path yields the scaled integer itself: no need to derive it again.
-        let (v, scaled) = if self.vs.hist_len > 0 {
-            let order = self.vs.best_order();
-            match read_rice(&mut self.r, self.vs.means[order].k())? {
-                RiceRead::Value(z) => {
-                    let s = self.vs.prediction(order).wrapping_add(unzigzag(z));
-                    (unscale(s, self.vs.scale), Some(s))
-                }
-                RiceRead::Alternative if self.r.read_bit() => {
-                    let k = self.r.read_bits(3) as u32;
-                    if !self.vs.rescale(k) {
-                        return None;
-                    }
-                    let order = self.vs.best_order();
-                    match read_rice(&mut self.r, self.vs.means[order].k())? {
-                        RiceRead::Value(z) => {
-                            let s = self.vs.prediction(order).wrapping_add(unzigzag(z));
-                            (unscale(s, self.vs.scale), Some(s))
-                        }
-                        RiceRead::Alternative => return None,
-                    }
-                }
-                RiceRead::Alternative => {
-                    let v = f64::from_bits(self.read_xor()?);
-                    (v, scaled_at(v, self.vs.scale))
-                }
-            }
-        } else {
-            let v = f64::from_bits(self.read_xor()?);
-            (v, scaled_at(v, self.vs.scale))
-        };
-        // A decoded scaled integer is exact only if it maps back to the same float: damaged
-        // data must not poison the history the next predictions use.
-        let scaled = scaled.filter(|s| s.unsigned_abs() < MAX_EXACT as u64);
-        self.vs.after(v, scaled);
+        let v = read_value(&mut self.r, &mut self.vs)?;
         Some(Sample { t, v })
     }
+}
 
-    fn read_xor(&mut self) -> Option<u64> {
-        if !self.r.read_bit() {
-            return Some(self.vs.prev_bits);
+/// The counterpart of `appender::write_first_value`.
+pub(crate) fn read_first_value(r: &mut BitReader, vs: &mut ValueState, scale: u32) -> Option<f64> {
+    let v = if r.read_bit() { unscale(unzigzag(read_long(r)?), scale) } else { f64::from_bits(r.read_bits(64)) };
+    vs.scale = scale.min(MAX_SCALE);
+    let scaled = scaled_at(v, vs.scale);
+    vs.after(v, scaled);
+    Some(v)
+}
+
+/// The counterpart of `appender::write_value`.
+#[inline(always)]
+pub(crate) fn read_value(r: &mut BitReader, vs: &mut ValueState) -> Option<f64> {
+    // The decimal path yields the scaled integer itself: no need to derive it again.
+    let (v, scaled) = if vs.hist_len > 0 {
+        let order = vs.best_order();
+        match read_rice(r, vs.means[order].k())? {
+            RiceRead::Value(z) => {
+                let s = vs.prediction(order).wrapping_add(unzigzag(z));
+                (unscale(s, vs.scale), Some(s))
+            }
+            RiceRead::Alternative if r.read_bit() => {
+                let k = r.read_bits(3) as u32;
+                if !vs.rescale(k) {
+                    return None;
+                }
+                let order = vs.best_order();
+                match read_rice(r, vs.means[order].k())? {
+                    RiceRead::Value(z) => {
+                        let s = vs.prediction(order).wrapping_add(unzigzag(z));
+                        (unscale(s, vs.scale), Some(s))
+                    }
+                    RiceRead::Alternative => return None,
+                }
+            }
+            RiceRead::Alternative => {
+                let v = f64::from_bits(read_xor(r, vs)?);
+                (v, scaled_at(v, vs.scale))
+            }
         }
-        if self.r.read_bit() {
-            let leading = self.r.read_bits(5) as u32;
-            let mut sig = self.r.read_bits(6) as u32;
-            if sig == 0 {
-                sig = 64;
-            }
-            if leading + sig > 64 {
-                return None;
-            }
-            self.vs.leading = leading as u8;
-            self.vs.trailing = (64 - leading - sig) as u8;
-            self.vs.xor_window_set = true;
-        } else if !self.vs.xor_window_set {
+    } else {
+        let v = f64::from_bits(read_xor(r, vs)?);
+        (v, scaled_at(v, vs.scale))
+    };
+    // A decoded scaled integer is exact only if it maps back to the same float: damaged
+    // data must not poison the history the next predictions use.
+    let scaled = scaled.filter(|s| s.unsigned_abs() < MAX_EXACT as u64);
+    vs.after(v, scaled);
+    Some(v)
+}
+
+fn read_xor(r: &mut BitReader, vs: &mut ValueState) -> Option<u64> {
+    if !r.read_bit() {
+        return Some(vs.prev_bits);
+    }
+    if r.read_bit() {
+        let leading = r.read_bits(5) as u32;
+        let mut sig = r.read_bits(6) as u32;
+        if sig == 0 {
+            sig = 64;
+        }
+        if leading + sig > 64 {
             return None;
         }
-        let (wl, wt) = (self.vs.leading as u32, self.vs.trailing as u32);
-        let bits = self.r.read_bits(64 - wl - wt);
-        Some(self.vs.prev_bits ^ (bits << wt))
+        vs.leading = leading as u8;
+        vs.trailing = (64 - leading - sig) as u8;
+        vs.xor_window_set = true;
+    } else if !vs.xor_window_set {
+        return None;
     }
+    let (wl, wt) = (vs.leading as u32, vs.trailing as u32);
+    let bits = r.read_bits(64 - wl - wt);
+    Some(vs.prev_bits ^ (bits << wt))
 }
 
 impl ChunkIter<'_> {

@@ -30,11 +30,13 @@
 //! Modules, one mechanism each: [`scale`] (exact decimals), [`bits`] (bit I/O), [`rice`]
 //! (adaptive Rice codes), [`value`] and [`timestamp`] (the predictors both sides share),
 //! [`appender`] (the open chunk), [`sealed`] and [`iter`] (the sealed chunk and its
-//! decoder), [`block`] (the batch encoding sealed chunks are transcoded into).
+//! decoder), [`block`] (the batch encoding sealed chunks are transcoded into), [`column`]
+//! (the value coding alone, for columns whose times are implied).
 
 mod appender;
 mod bits;
 mod block;
+pub mod column;
 mod iter;
 pub mod merge;
 mod rice;

@@ -6,6 +6,7 @@
 //! no I/O): everything a codec, a store or a parser needs to agree on lives here once, so
 //! two crates never hold their own copy of a rule such as "what is a valid label name".
 
+pub mod arith;
 pub mod duration;
 pub mod labels;
 pub mod matcher;

@@ -5,6 +5,7 @@ use super::QueryError;
 use promql_parser::parser::{AggregateExpr, LabelModifier};
 use rayon::prelude::*;
 use std::collections::HashMap;
+use strata_model::arith::KahanSum;
 use strata_model::value::format_value;
 use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
 
@@ -38,30 +39,6 @@ pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
     let upper = (lower + 1).min(values.len() - 1);
     let w = rank - rank.floor();
     values[lower] * (1.0 - w) + values[upper] * w
-}
-
-/// Kahan-compensated running sum, as Prometheus 3 sums.
-#[derive(Default, Clone, Copy)]
-struct KahanSum {
-    sum: f64,
-    c: f64,
-}
-
-impl KahanSum {
-    fn add(&mut self, x: f64) {
-        let t = self.sum + x;
-        if t.is_infinite() {
-            self.c = 0.0;
-        } else if self.sum.abs() >= x.abs() {
-            self.c += (self.sum - t) + x;
-        } else {
-            self.c += (x - t) + self.sum;
-        }
-        self.sum = t;
-    }
-    fn value(&self) -> f64 {
-        self.sum + self.c
-    }
 }
 
 /// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays

@@ -5,6 +5,7 @@ use super::eval::{Evaluator, StepSeries, Val};
 use super::windows::{IntegerPrefix, Resets};
 use super::QueryError;
 use promql_parser::parser::{Call, Expr};
+use strata_model::arith;
 use strata_model::matcher::compile_anchored;
 use strata_model::{Labels, Sample, METRIC_NAME};
 
@@ -67,28 +68,7 @@ fn extrapolated(
             result += prev;
         }
     }
-    let mut to_start = (first.t - start) as f64 / 1000.0;
-    let mut to_end = (end - last.t) as f64 / 1000.0;
-    let sampled = (last.t - first.t) as f64 / 1000.0;
-    let avg = sampled / (s.len() - 1) as f64;
-    let threshold = avg * 1.1;
-    if to_start >= threshold {
-        to_start = avg / 2.0;
-    }
-    if counter && result > 0.0 && first.v >= 0.0 {
-        let to_zero = sampled * (first.v / result);
-        if to_zero < to_start {
-            to_start = to_zero;
-        }
-    }
-    if to_end >= threshold {
-        to_end = avg / 2.0;
-    }
-    let mut factor = (sampled + to_start + to_end) / sampled;
-    if rate {
-        factor /= (end - start) as f64 / 1000.0;
-    }
-    Some(result * factor)
+    Some(arith::extrapolate(first, last, s.len() as u64, result, (start, end), counter, rate))
 }
 
 fn instant_delta(s: &[Sample], rate: bool) -> Option<f64> {
@@ -113,24 +93,17 @@ fn linear_regression(s: &[Sample], at: i64) -> Option<(f64, f64)> {
     if s.len() < 2 {
         return None;
     }
-    let (mut n, mut sx, mut sy, mut sxy, mut sxx) = (0.0, 0.0, 0.0, 0.0, 0.0);
-    let const_y = s.iter().all(|x| x.v == s[0].v);
+    let mut sums = arith::RegressionSums::default();
     for x in s {
         let t = (x.t - at) as f64 / 1000.0;
-        n += 1.0;
-        sx += t;
-        sy += x.v;
-        sxy += t * x.v;
-        sxx += t * t;
+        sums.n += 1.0;
+        sums.sx += t;
+        sums.sy += x.v;
+        sums.sxy += t * x.v;
+        sums.sxx += t * t;
     }
-    if const_y {
-        return Some((0.0, s[0].v));
-    }
-    let cov = sxy - sx * sy / n;
-    let var = sxx - sx * sx / n;
-    let slope = cov / var;
-    let intercept = sy / n - slope * sx / n;
-    Some((slope, intercept))
+    let const_y = s.iter().all(|x| x.v == s[0].v).then_some(s[0].v);
+    Some(sums.line(const_y))
 }
 
 /// The range functions that reduce a window's values to one number, named once per query

@@ -1,0 +1,339 @@
+//! A series' windows as bytes: a short header, then one column per quantity in the chunk
+//! crate's value coding (`strata_chunk::column`), each a run of numbers its predictor
+//! follows well (window indexes, counts, offsets of samples inside their window, values).
+//! A column may instead hold its difference from an earlier one (a counter's `min` from
+//! its `first`: zero but at a reset) when that is smaller and adds back bit for bit. Only
+//! the columns [`Kept`] asks for are written. Decoding checks every column against the
+//! others, so a damaged or hostile chunk is an error, never a window that lies about its
+//! times, and nothing is allocated that the bytes cannot fill.
+
+use crate::window::Window;
+use crate::Kept;
+use strata_chunk::column::{decode_values, encode_values};
+use strata_model::Sample;
+
+const VERSION: u8 = 1;
+/// Windows per chunk at most (a year of 5 m windows is 105,120).
+pub const MAX_WINDOWS: usize = 1 << 17;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DecodeError {
+    #[error("aggregate chunk: {0}")]
+    Invalid(String),
+}
+
+fn invalid<T>(what: impl Into<String>) -> Result<T, DecodeError> {
+    Err(DecodeError::Invalid(what.into()))
+}
+
+/// The columns, in the order written; a column's `base` is one written before it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Col {
+    Window,
+    Count,
+    FirstOffset,
+    First,
+    LastOffset,
+    Last,
+    GapBeforeLast,
+    BeforeLast,
+    MarkerOffset,
+    Sum,
+    Min,
+    Max,
+    Nan,
+    Changes,
+    Resets,
+    Correction,
+    M2n,
+    Sx,
+    Sxx,
+    Sxy,
+}
+
+const ALL: [Col; 20] = [
+    Col::Window,
+    Col::Count,
+    Col::FirstOffset,
+    Col::First,
+    Col::LastOffset,
+    Col::Last,
+    Col::GapBeforeLast,
+    Col::BeforeLast,
+    Col::MarkerOffset,
+    Col::Sum,
+    Col::Min,
+    Col::Max,
+    Col::Nan,
+    Col::Changes,
+    Col::Resets,
+    Col::Correction,
+    Col::M2n,
+    Col::Sx,
+    Col::Sxx,
+    Col::Sxy,
+];
+
+impl Col {
+    fn name(self) -> &'static str {
+        match self {
+            Col::Window => "window",
+            Col::Count => "count",
+            Col::FirstOffset => "first offset",
+            Col::First => "first",
+            Col::LastOffset => "last offset",
+            Col::Last => "last",
+            Col::GapBeforeLast => "gap before last",
+            Col::BeforeLast => "before last",
+            Col::MarkerOffset => "marker offset",
+            Col::Sum => "sum",
+            Col::Min => "min",
+            Col::Max => "max",
+            Col::Nan => "NaN",
+            Col::Changes => "changes",
+            Col::Resets => "resets",
+            Col::Correction => "reset correction",
+            Col::M2n => "count × M2",
+            Col::Sx => "Σx",
+            Col::Sxx => "Σx²",
+            Col::Sxy => "Σxy",
+        }
+    }
+
+    fn kept(self, k: Kept) -> bool {
+        match self {
+            Col::Correction => k.correction,
+            Col::M2n => k.moments,
+            Col::Sx | Col::Sxx | Col::Sxy => k.least_squares,
+            _ => true,
+        }
+    }
+
+    /// The column this one may be stored as a difference from.
+    fn base(self) -> Option<Col> {
+        match self {
+            Col::Min => Some(Col::First),
+            Col::Max => Some(Col::Last),
+            Col::BeforeLast => Some(Col::Last),
+            _ => None,
+        }
+    }
+
+    /// The window's number in this column. A window with no values (only a staleness
+    /// marker) writes zeros where it has nothing, which costs a bit or two.
+    fn of(self, w: &Window, width: i64) -> f64 {
+        let has = |v: f64| if w.count > 0 { v } else { 0.0 };
+        match self {
+            Col::Window => (w.end / width) as f64,
+            Col::Count => f64::from(w.count),
+            Col::FirstOffset => has((w.first.t - (w.end - width)) as f64),
+            Col::First => has(w.first.v),
+            Col::LastOffset => has((w.end - w.last.t) as f64),
+            Col::Last => has(w.last.v),
+            Col::GapBeforeLast => w.penult.map_or(0.0, |p| (w.last.t - p.t) as f64),
+            Col::BeforeLast => w.penult.map_or(has(w.last.v), |p| p.v),
+            Col::MarkerOffset => w.stale.map_or(0.0, |t| (w.end - t + 1) as f64),
+            Col::Sum => has(w.sum),
+            Col::Min => has(w.min),
+            Col::Max => has(w.max),
+            Col::Nan => f64::from(u8::from(w.nan)),
+            Col::Changes => f64::from(w.changes),
+            Col::Resets => f64::from(w.resets),
+            Col::Correction => w.correction,
+            Col::M2n => w.m2n,
+            Col::Sx => w.sx,
+            Col::Sxx => w.sxx,
+            Col::Sxy => w.sxy,
+        }
+    }
+}
+
+/// How a column is stored.
+const RAW: u8 = 0;
+const DIFFERENCE: u8 = 1;
+
+/// `windows` (time-ordered, aligned to `width` ms), keeping what `kept` asks for.
+pub fn encode(windows: &[Window], width: i64, kept: Kept) -> Vec<u8> {
+    let mut out = vec![VERSION, kept.byte()];
+    put_varint(&mut out, width as u64);
+    put_varint(&mut out, windows.len() as u64);
+    for (_, mode, c) in columns(windows, width, kept) {
+        out.push(mode);
+        put_varint(&mut out, c.len() as u64);
+        out.extend_from_slice(&c);
+    }
+    out
+}
+
+/// Each column's name and encoded size: where an aggregate chunk's bytes go.
+pub fn column_sizes(windows: &[Window], width: i64, kept: Kept) -> Vec<(&'static str, usize)> {
+    columns(windows, width, kept).into_iter().map(|(c, _, bytes)| (c.name(), bytes.len())).collect()
+}
+
+fn columns(windows: &[Window], width: i64, kept: Kept) -> Vec<(Col, u8, Vec<u8>)> {
+    let values = |c: Col| windows.iter().map(|w| c.of(w, width)).collect::<Vec<f64>>();
+    ALL.iter()
+        .filter(|c| c.kept(kept))
+        .map(|&c| {
+            let v = values(c);
+            let raw = encode_values(&v);
+            let Some(base) = c.base() else { return (c, RAW, raw) };
+            let b = values(base);
+            let d: Vec<f64> = v.iter().zip(&b).map(|(v, b)| v - b).collect();
+            let exact = v.iter().zip(&b).zip(&d).all(|((v, b), d)| (b + d).to_bits() == v.to_bits());
+            match exact.then(|| encode_values(&d)) {
+                Some(diff) if diff.len() < raw.len() => (c, DIFFERENCE, diff),
+                _ => (c, RAW, raw),
+            }
+        })
+        .collect()
+}
+
+/// The windows, width and kept aggregates [`encode`] wrote.
+pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
+    let mut r = Reader { bytes, pos: 0 };
+    if r.byte()? != VERSION {
+        return invalid("unknown version");
+    }
+    let b = r.byte()?;
+    let Some(kept) = Kept::from_byte(b) else { return invalid(format!("unknown columns {b:#x}")) };
+    let width = i64::try_from(r.varint()?).ok().filter(|&w| w > 0 && w <= 1 << 40);
+    let Some(width) = width else { return invalid("a window width out of range") };
+    let n = r.varint()?;
+    if n > MAX_WINDOWS as u64 {
+        return invalid(format!("{n} windows, more than {MAX_WINDOWS}"));
+    }
+    let n = n as usize;
+    let mut cols: Vec<Option<Vec<f64>>> = vec![None; ALL.len()];
+    for c in ALL.iter().filter(|c| c.kept(kept)) {
+        let mode = r.byte()?;
+        let len = usize::try_from(r.varint()?).map_err(|_| DecodeError::Invalid("a column length".into()))?;
+        let data = r.take(len)?;
+        // Every value takes at least a bit: a count the bytes cannot hold is refused
+        // before anything is allocated for it.
+        if n > data.len().saturating_mul(8) {
+            return invalid(format!("{}: {n} values in {} bytes", c.name(), data.len()));
+        }
+        let mut v = Vec::with_capacity(n);
+        decode_values(data, n, &mut v).map_err(|e| DecodeError::Invalid(format!("{}: {e}", c.name())))?;
+        match (mode, c.base()) {
+            (RAW, _) => {}
+            (DIFFERENCE, Some(base)) => {
+                let b = cols[base as usize].as_ref().ok_or_else(|| DecodeError::Invalid("a missing base".into()))?;
+                v.iter_mut().zip(b).for_each(|(d, b)| *d += b);
+            }
+            _ => return invalid(format!("{}: unknown mode {mode}", c.name())),
+        }
+        cols[*c as usize] = Some(v);
+    }
+    if r.pos != bytes.len() {
+        return invalid("bytes after the last column");
+    }
+    let mut out: Vec<Window> = Vec::with_capacity(n);
+    for i in 0..n {
+        out.push(window(&cols, i, width, out.last())?);
+    }
+    Ok((out, width, kept))
+}
+
+/// Window `i` from the decoded columns, checked against itself and the one before.
+fn window(cols: &[Option<Vec<f64>>], i: usize, width: i64, prev: Option<&Window>) -> Result<Window, DecodeError> {
+    let c = |k: Col| cols[k as usize].as_ref().map_or(f64::NAN, |v| v[i]);
+    let int = |k: Col, lo: i64, hi: i64| -> Result<i64, DecodeError> {
+        let x = c(k);
+        let i = x as i64;
+        if i as f64 != x || i < lo || i > hi {
+            return invalid(format!("{} {x} out of range", k.name()));
+        }
+        Ok(i)
+    };
+    let end = int(Col::Window, i64::MIN / width + 1, i64::MAX / width)? * width;
+    if prev.is_some_and(|p| p.end >= end) {
+        return invalid("window ends that do not increase");
+    }
+    let count = int(Col::Count, 0, i64::from(u32::MAX))? as u32;
+    let start = end - width;
+    let first_t = start + int(Col::FirstOffset, 0, width)?;
+    let last_t = end - int(Col::LastOffset, 0, width)?;
+    let stale = match int(Col::MarkerOffset, 0, width)? {
+        0 => None,
+        o => Some(end - o + 1),
+    };
+    let gap = int(Col::GapBeforeLast, 0, width)?;
+    let penult = (gap > 0).then(|| Sample { t: last_t - gap, v: c(Col::BeforeLast) });
+    let consistent = match count {
+        0 => stale.is_some() && penult.is_none(),
+        1 => first_t > start && first_t == last_t && penult.is_none(),
+        _ => first_t > start && first_t < last_t && penult.is_some_and(|p| p.t >= first_t),
+    };
+    if !consistent {
+        return invalid(format!("window ending at {end}: samples that do not fit its count {count}"));
+    }
+    let small = |k: Col| int(k, 0, i64::from(count)).map(|x| x as u32);
+    let nothing = Sample { t: end, v: f64::NAN };
+    let (first, last) = match count {
+        0 => (nothing, nothing),
+        _ => (Sample { t: first_t, v: c(Col::First) }, Sample { t: last_t, v: c(Col::Last) }),
+    };
+    let (min, max) = if count == 0 { (f64::NAN, f64::NAN) } else { (c(Col::Min), c(Col::Max)) };
+    Ok(Window {
+        end,
+        count,
+        first,
+        last,
+        penult,
+        stale,
+        sum: c(Col::Sum),
+        min,
+        max,
+        nan: int(Col::Nan, 0, 1)? == 1,
+        m2n: c(Col::M2n),
+        changes: small(Col::Changes)?,
+        resets: small(Col::Resets)?,
+        correction: c(Col::Correction),
+        sx: c(Col::Sx),
+        sxx: c(Col::Sxx),
+        sxy: c(Col::Sxy),
+    })
+}
+
+fn put_varint(out: &mut Vec<u8>, mut x: u64) {
+    while x >= 0x80 {
+        out.push((x as u8) | 0x80);
+        x >>= 7;
+    }
+    out.push(x as u8);
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn byte(&mut self) -> Result<u8, DecodeError> {
+        let b = *self.bytes.get(self.pos).ok_or_else(|| DecodeError::Invalid("ends early".into()))?;
+        self.pos += 1;
+        Ok(b)
+    }
+
+    fn varint(&mut self) -> Result<u64, DecodeError> {
+        let mut x = 0u64;
+        for shift in (0..64).step_by(7) {
+            let b = self.byte()?;
+            x |= u64::from(b & 0x7f) << shift;
+            if b < 0x80 {
+                return Ok(x);
+            }
+        }
+        invalid("a varint longer than ten bytes")
+    }
+
+    fn take(&mut self, len: usize) -> Result<&'a [u8], DecodeError> {
+        let end = self.pos.checked_add(len).filter(|&e| e <= self.bytes.len());
+        let Some(end) = end else { return invalid("a column longer than the chunk") };
+        let s = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+}

@@ -1,0 +1,106 @@
+//! A query's leaf on a grid of steps, answered from one series' windows, and the rules
+//! that say when that answer is exactly the raw one.
+
+use crate::range::{Combined, Needs, RangeFn};
+use crate::window::Window;
+use crate::Kept;
+
+/// The steps `start, start + step, … ≤ end` (ms) of a query, read at `T − offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grid {
+    pub start: i64,
+    pub end: i64,
+    pub step: i64,
+    pub offset: i64,
+}
+
+impl Grid {
+    /// How many steps; `None` for a grid without any or too large to index.
+    pub fn steps(&self) -> Option<usize> {
+        if self.step <= 0 || self.end < self.start {
+            return None;
+        }
+        usize::try_from(self.end.checked_sub(self.start)? / self.step).ok()?.checked_add(1)
+    }
+}
+
+/// The part of a query evaluated per series: a plain selector, or a range function over
+/// a range selector.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Leaf {
+    Selector { lookback: i64 },
+    Range { function: RangeFn, range: i64 },
+}
+
+/// Why aggregates cannot give a leaf's raw answer (the caller reads finer data, or says
+/// it answered approximately and why).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotExact {
+    #[error("the steps, less the offset, do not fall on {width} ms window ends")]
+    Unaligned { width: i64 },
+    #[error("the range of {range} ms is not a whole number of {width} ms windows")]
+    PartialWindows { range: i64, width: i64 },
+    #[error("the aggregates keep no {0}, which this function needs")]
+    Missing(&'static str),
+    #[error("a grid without steps, or too many")]
+    Grid,
+}
+
+/// Whether `leaf` on `grid` is answered exactly from windows of `width` ms holding what
+/// `kept` says.
+pub fn check(leaf: &Leaf, grid: &Grid, width: i64, kept: Kept) -> Result<(), NotExact> {
+    let steps = grid.steps().ok_or(NotExact::Grid)?;
+    let first = grid.start.checked_sub(grid.offset).ok_or(NotExact::Grid)?;
+    if first.rem_euclid(width) != 0 || (steps > 1 && grid.step % width != 0) {
+        return Err(NotExact::Unaligned { width });
+    }
+    if let Leaf::Range { function, range } = leaf {
+        if *range <= 0 || range % width != 0 {
+            return Err(NotExact::PartialWindows { range: *range, width });
+        }
+        let missing = match function.needs() {
+            Needs::Correction if !kept.correction => Some("reset correction (a gauge's)"),
+            Needs::Moments if !kept.moments => Some("moments (a counter's)"),
+            Needs::LeastSquares if !kept.least_squares => Some("least-squares sums"),
+            _ => None,
+        };
+        if let Some(what) = missing {
+            return Err(NotExact::Missing(what));
+        }
+    }
+    Ok(())
+}
+
+/// `leaf`'s value at every step of `grid` from one series' windows (time-ordered, every
+/// window that holds a sample in the ranges read), as [`check`] allows.
+pub fn evaluate(
+    windows: &[Window],
+    kept: Kept,
+    width: i64,
+    leaf: &Leaf,
+    grid: &Grid,
+) -> Result<Vec<Option<f64>>, NotExact> {
+    check(leaf, grid, width, kept)?;
+    let steps = grid.steps().ok_or(NotExact::Grid)?;
+    let at = |i: usize| grid.start + i as i64 * grid.step;
+    let upto = |e: i64| windows.partition_point(|w| w.end <= e);
+    Ok((0..steps)
+        .map(|i| {
+            let t = at(i);
+            let e = t - grid.offset;
+            match *leaf {
+                Leaf::Selector { lookback } => {
+                    let w = windows[..upto(e)].last()?;
+                    let (newest, stale) = w.newest();
+                    (!stale && newest > e.saturating_sub(lookback)).then_some(w.last.v)
+                }
+                Leaf::Range { function, range } => {
+                    let lo = e.saturating_sub(range);
+                    let inside = &windows[upto(lo)..upto(e)];
+                    let reference = if matches!(function, RangeFn::PredictLinear(_)) { t } else { e };
+                    Combined::of(inside, reference)?.apply(function, (lo, e))
+                }
+            }
+        })
+        .collect())
+}

@@ -1,0 +1,68 @@
+//! Downsampling: per-series window aggregates from which PromQL answers as it would from
+//! the raw samples.
+//!
+//! A window is `(k·W, (k+1)·W]`, left-open like Prometheus 3's ranges and stamped at its
+//! end, so a range `(E − R, E]` with `E` on a window end and `R` a whole number of windows
+//! is exactly a run of windows. Per window ([`Window`]) we keep what makes each range
+//! function decompose: count, Kahan sum, min and max, first, last and the sample before
+//! it, changes and resets with their boundary values, a counter's reset correction, and
+//! for gauges the exact moments (count × M2) and least-squares sums. Runs of windows
+//! combine ([`range`]) with the same arithmetic the engine uses on samples
+//! (`strata_model::arith`), so counts, extremes, first, last, changes and resets are bit
+//! for bit the raw answer and sums agree to rounding. [`leaf`] says when a query's leaf
+//! may be answered this way and answers it; [`encoding`] stores a series' windows as
+//! columns in the chunk crate's value coding, the columns a metric type needs and no more.
+//! `quantile_over_time` and the like do not decompose: [`RangeFn::parse`] refuses them and
+//! the caller reads finer data.
+
+pub mod encoding;
+pub mod leaf;
+pub mod range;
+pub mod window;
+
+pub use encoding::{column_sizes, decode, encode, DecodeError};
+pub use leaf::{check, evaluate, Grid, Leaf, NotExact};
+pub use range::RangeFn;
+pub use window::{window_end, windows_of, Window};
+
+use strata_model::MetricType;
+
+/// The two resolutions, in ms.
+pub const FIVE_MINUTES: i64 = 300_000;
+pub const ONE_HOUR: i64 = 3_600_000;
+
+/// Which optional aggregates a series keeps. Its metric type decides the first two: a
+/// counter needs its reset correction and no moments, a gauge the moments and no
+/// correction, a series of another or unknown type both. The least-squares sums of
+/// `deriv` and `predict_linear` cost more than everything else together (the scrape
+/// jitter of every sample is in them), so they are kept only when asked for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Kept {
+    pub correction: bool,
+    pub moments: bool,
+    pub least_squares: bool,
+}
+
+impl Kept {
+    /// Everything: what tests and backfills that want every function use.
+    pub const ALL: Kept = Kept { correction: true, moments: true, least_squares: true };
+
+    pub fn of(t: MetricType, least_squares: bool) -> Kept {
+        match t {
+            MetricType::Counter => Kept { correction: true, moments: false, least_squares: false },
+            MetricType::Gauge => Kept { correction: false, moments: true, least_squares },
+            _ => Kept { correction: true, moments: true, least_squares },
+        }
+    }
+
+    fn byte(self) -> u8 {
+        u8::from(self.correction) | u8::from(self.moments) << 1 | u8::from(self.least_squares) << 2
+    }
+
+    fn from_byte(b: u8) -> Option<Kept> {
+        (b < 8).then_some(Kept { correction: b & 1 != 0, moments: b & 2 != 0, least_squares: b & 4 != 0 })
+    }
+}
+
+#[cfg(test)]
+mod tests;

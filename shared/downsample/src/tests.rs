@@ -1,0 +1,332 @@
+//! Aggregates against the engine over the raw samples: every function the windows answer,
+//! at aligned ranges, steps and offsets, over series made to break them (counter resets,
+//! gaps, NaN, staleness markers, jittered and regular scrapes, values that are no short
+//! decimal), through the encoding and back.
+
+use super::*;
+use strata_model::{stale_nan, Labels, MetricType, Sample};
+use strata_promql::{Engine, EngineOptions, QueryValue};
+use strata_store::memory::MemoryStore;
+
+/// xorshift64*: reproducible without a dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, per_thousand: u64) -> bool {
+        self.below(1000) < per_thousand
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Shape {
+    /// A counter with resets, scraped every 15 s with jitter.
+    Counter,
+    /// A three-decimal gauge, jittered.
+    Gauge,
+    /// Integers on an exact 5 s grid (samples on window boundaries).
+    Regular,
+    /// Gauges with NaN, infinities-free floats that are no short decimal, and markers.
+    Rough,
+}
+
+fn series(shape: Shape, seed: u64, span: i64) -> Vec<Sample> {
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut out = Vec::new();
+    let (step, jitter) = match shape {
+        Shape::Regular => (5_000, 0),
+        _ => (15_000, 40),
+    };
+    let mut t = 1_000_000_000_020 - 1_000_000_000_020 % step + step;
+    let t_end = t + span;
+    let mut counter = 1_000.0;
+    let mut gauge = 60.0;
+    while t < t_end {
+        let at = t + rng.below(jitter.max(1) as u64) as i64;
+        // A gap of a few minutes now and then.
+        if rng.chance(8) {
+            t += step * (4 + rng.below(40) as i64);
+            continue;
+        }
+        let v = match shape {
+            Shape::Counter => {
+                counter = if rng.chance(15) { rng.below(50) as f64 } else { counter + rng.below(300) as f64 };
+                counter
+            }
+            Shape::Gauge => {
+                gauge += (rng.below(2001) as f64 - 1000.0) / 1000.0;
+                (gauge * 1000.0f64).round() / 1000.0
+            }
+            Shape::Regular => (rng.below(5) * 20) as f64,
+            Shape::Rough => {
+                if rng.chance(30) {
+                    f64::NAN
+                } else {
+                    gauge += (rng.below(2001) as f64 - 1000.0) / 7.0;
+                    gauge
+                }
+            }
+        };
+        out.push(Sample::new(at, v));
+        // A staleness marker, then a pause: the target went away for a while.
+        if !matches!(shape, Shape::Counter) && rng.chance(10) {
+            out.push(Sample::new(at + 1_000, stale_nan()));
+            t += step * (2 + rng.below(30) as i64);
+        }
+        t += step;
+    }
+    out
+}
+
+const FUNCTIONS: &[&str] = &[
+    "rate",
+    "increase",
+    "delta",
+    "irate",
+    "idelta",
+    "deriv",
+    "changes",
+    "resets",
+    "avg_over_time",
+    "min_over_time",
+    "max_over_time",
+    "sum_over_time",
+    "count_over_time",
+    "last_over_time",
+    "present_over_time",
+    "stddev_over_time",
+    "stdvar_over_time",
+];
+
+/// Functions whose answers must be the raw ones bit for bit.
+fn bit_exact(name: &str) -> bool {
+    matches!(
+        name,
+        "changes"
+            | "resets"
+            | "min_over_time"
+            | "max_over_time"
+            | "count_over_time"
+            | "last_over_time"
+            | "present_over_time"
+            | "delta"
+            | "idelta"
+            | "irate"
+            | "x"
+    )
+}
+
+fn same(name: &str, a: f64, b: f64) -> bool {
+    if a.is_nan() || b.is_nan() {
+        return a.is_nan() && b.is_nan();
+    }
+    if bit_exact(name) {
+        return a.to_bits() == b.to_bits();
+    }
+    if a == b {
+        return true;
+    }
+    // Sums from windows agree to rounding; a least-squares slope loses what the raw
+    // evaluation's own Σxy − ΣxΣy/n cancels, so it is held to its conditioning.
+    let tolerance = if matches!(name, "deriv" | "predict_linear") { 1e-9 } else { 1e-12 };
+    (a - b).abs() <= tolerance * a.abs().max(b.abs())
+}
+
+fn engine() -> Engine {
+    Engine::new(EngineOptions { pushdown: false, ..EngineOptions::default() })
+}
+
+/// The raw answer of `query` on the grid, one value per step.
+fn raw_answer(store: &MemoryStore, query: &str, grid: &Grid) -> Vec<Option<f64>> {
+    let expr = strata_promql::parse(query).expect("parses");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime");
+    let v = rt.block_on(engine().range(store, &expr, grid.start, grid.end, grid.step)).expect("evaluates");
+    let mut out = vec![None; grid.steps().expect("steps")];
+    let QueryValue::Matrix(m) = v else { panic!("a range query gives a matrix") };
+    for s in m {
+        for (t, v) in s.points {
+            out[((t - grid.start) / grid.step) as usize] = Some(v);
+        }
+    }
+    out
+}
+
+/// How many steps of every function, range and grid the windows answer differently from
+/// the raw samples (listing the first few).
+fn mismatches(raw: &[Sample], windows: &[Window], width: i64, kept: Kept) -> usize {
+    mismatches_counted(raw, windows, width, kept, &mut 0)
+}
+
+fn mismatches_counted(raw: &[Sample], windows: &[Window], width: i64, kept: Kept, compared: &mut usize) -> usize {
+    let mut store = MemoryStore::default();
+    store.add(Labels::from_pairs([("__name__", "x")]), MetricType::Unknown, raw.iter().copied());
+    let first = window_end(raw[0].t, width);
+    let last = window_end(raw[raw.len() - 1].t, width);
+    let mut wrong = 0;
+    for (step, offset, ranges) in [(width, 0, vec![1, 2, 3]), (2 * width, width, vec![1, 4])] {
+        let grid = Grid { start: first + width, end: last + 2 * width, step, offset };
+        let off = if offset == 0 { String::new() } else { format!(" offset {offset}ms") };
+        let mut leaves: Vec<(String, String, Leaf)> =
+            vec![("x".into(), format!("x{off}"), Leaf::Selector { lookback: 300_000 })];
+        for name in FUNCTIONS {
+            for r in &ranges {
+                let range = r * width;
+                let function = RangeFn::parse(name, None).expect("a function aggregates answer");
+                leaves.push((name.to_string(), format!("{name}(x[{range}ms]{off})"), Leaf::Range { function, range }));
+            }
+        }
+        let ahead = Leaf::Range { function: RangeFn::PredictLinear(600.0), range: 2 * width };
+        leaves.push(("predict_linear".into(), format!("predict_linear(x[{}ms]{off}, 600)", 2 * width), ahead));
+        for (name, query, leaf) in leaves {
+            let want = raw_answer(&store, &query, &grid);
+            let got = evaluate(windows, kept, width, &leaf, &grid).expect("exact on this grid");
+            for (i, (w, g)) in want.iter().zip(&got).enumerate() {
+                let ok = match (w, g) {
+                    (Some(a), Some(b)) => {
+                        *compared += 1;
+                        same(&name, *a, *b)
+                    }
+                    (None, None) => true,
+                    _ => false,
+                };
+                if !ok {
+                    if wrong < 5 {
+                        eprintln!(
+                            "{query} at step {i} (t={}): raw {w:?}, aggregates {g:?}",
+                            grid.start + i as i64 * step
+                        );
+                    }
+                    wrong += 1;
+                }
+            }
+        }
+    }
+    wrong
+}
+
+fn round_trip(windows: &[Window], width: i64, kept: Kept) -> Vec<Window> {
+    let bytes = encode(windows, width, kept);
+    let (back, w, k) = decode(&bytes).expect("decodes");
+    assert_eq!((w, k), (width, kept));
+    back
+}
+
+#[test]
+fn every_function_from_aggregates_equals_the_raw_answer() {
+    let shapes = [Shape::Counter, Shape::Gauge, Shape::Regular, Shape::Rough];
+    for (width, span) in [(FIVE_MINUTES, 4 * 3_600_000), (ONE_HOUR, 30 * 3_600_000)] {
+        for (i, shape) in shapes.iter().enumerate() {
+            for seed in 0..3 {
+                let raw = series(*shape, seed * 10 + i as u64, span);
+                let windows = round_trip(&windows_of(&raw, width), width, Kept::ALL);
+                let mut compared = 0;
+                let wrong = mismatches_counted(&raw, &windows, width, Kept::ALL, &mut compared);
+                assert_eq!(wrong, 0, "{shape:?} seed {seed}, {width} ms windows: {wrong} steps differ");
+                assert!(compared > 1_000, "{shape:?} seed {seed}: only {compared} values compared");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_window_boundary_moved_by_a_millisecond_is_caught() {
+    // Samples on the exact 5 s grid fall on window ends: moving the boundary moves them.
+    let raw = series(Shape::Regular, 7, 3 * 3_600_000);
+    let width = FIVE_MINUTES;
+    let shifted: Vec<Window> = windows_of(&raw.iter().map(|s| Sample::new(s.t + 1, s.v)).collect::<Vec<_>>(), width)
+        .into_iter()
+        .map(|mut w| {
+            // Stamped as if the windows were (kW, (k+1)W]: really they are one ms early.
+            for s in [&mut w.first, &mut w.last] {
+                s.t -= 1;
+            }
+            if let Some(p) = &mut w.penult {
+                p.t -= 1;
+            }
+            w
+        })
+        .collect();
+    assert!(mismatches(&raw, &shifted, width, Kept::ALL) > 0);
+}
+
+#[test]
+fn an_aggregate_dropped_is_caught() {
+    let raw = series(Shape::Counter, 3, 4 * 3_600_000);
+    let width = FIVE_MINUTES;
+    let windows = windows_of(&raw, width);
+    assert!(windows.iter().any(|w| w.correction > 0.0), "the test needs resets inside windows");
+    let drop = |f: fn(&mut Window)| {
+        let mut ws = windows.clone();
+        ws.iter_mut().for_each(f);
+        mismatches(&raw, &ws, width, Kept::ALL)
+    };
+    assert!(drop(|w| w.correction = 0.0) > 0, "the reset correction");
+    assert!(drop(|w| w.penult = None) > 0, "the sample before the last");
+    assert!(drop(|w| w.changes = 0) > 0, "changes");
+    assert!(drop(|w| w.m2n = 0.0) > 0, "the moments");
+    assert!(drop(|w| w.sxy = 0.0) > 0, "the least-squares sums");
+}
+
+#[test]
+fn what_a_kind_does_not_keep_is_not_exact_and_alignment_is_required() {
+    let grid = Grid { start: 600_000, end: 1_200_000, step: 300_000, offset: 0 };
+    let rate = Leaf::Range { function: RangeFn::Rate, range: 300_000 };
+    let stddev = Leaf::Range { function: RangeFn::StddevOverTime, range: 300_000 };
+    let (gauge, counter) = (Kept::of(MetricType::Gauge, false), Kept::of(MetricType::Counter, false));
+    assert!(matches!(check(&rate, &grid, FIVE_MINUTES, gauge), Err(NotExact::Missing(_))));
+    assert!(matches!(check(&stddev, &grid, FIVE_MINUTES, counter), Err(NotExact::Missing(_))));
+    let deriv = Leaf::Range { function: RangeFn::Deriv, range: 300_000 };
+    assert!(matches!(check(&deriv, &grid, FIVE_MINUTES, gauge), Err(NotExact::Missing(_))));
+    assert!(check(&deriv, &grid, FIVE_MINUTES, Kept::of(MetricType::Gauge, true)).is_ok());
+    assert!(check(&rate, &grid, FIVE_MINUTES, counter).is_ok());
+    let unaligned = Grid { start: 600_001, ..grid };
+    assert!(matches!(check(&rate, &unaligned, FIVE_MINUTES, Kept::ALL), Err(NotExact::Unaligned { .. })));
+    let offset = Grid { offset: 60_000, ..grid };
+    assert!(matches!(check(&rate, &offset, FIVE_MINUTES, Kept::ALL), Err(NotExact::Unaligned { .. })));
+    // Grafana's $__rate_interval of 5m15s.
+    let odd = Leaf::Range { function: RangeFn::Rate, range: 315_000 };
+    assert!(matches!(check(&odd, &grid, FIVE_MINUTES, Kept::ALL), Err(NotExact::PartialWindows { .. })));
+    assert!(matches!(check(&rate, &grid, ONE_HOUR, Kept::ALL), Err(NotExact::Unaligned { .. })));
+    assert!(RangeFn::parse("quantile_over_time", None).is_none());
+    assert!(RangeFn::parse("mad_over_time", None).is_none());
+}
+
+#[test]
+fn damaged_chunks_are_errors_never_a_panic() {
+    let raw = series(Shape::Rough, 1, 4 * 3_600_000);
+    let bytes = encode(&windows_of(&raw, FIVE_MINUTES), FIVE_MINUTES, Kept::ALL);
+    let mut rng = Rng(99);
+    let mut refused = 0;
+    for i in 0..2_000 {
+        let mut b = bytes.clone();
+        match i % 3 {
+            0 => {
+                let at = rng.below(b.len() as u64) as usize;
+                b[at] ^= 1 << rng.below(8);
+            }
+            1 => b.truncate(rng.below(b.len() as u64) as usize),
+            _ => {
+                let at = rng.below(b.len() as u64) as usize;
+                b[at] = rng.next() as u8;
+            }
+        }
+        match decode(&b) {
+            Err(_) => refused += 1,
+            // A flipped bit may still decode: then the windows must still be well formed.
+            Ok((ws, _, _)) => assert!(ws.windows(2).all(|p| p[0].end < p[1].end)),
+        }
+    }
+    assert!(refused > 1_000, "only {refused} of 2000 damaged chunks refused");
+    assert!(decode(&[VERSION_FOR_TESTS, 2, 0x80]).is_err());
+    assert!(decode(&[]).is_err());
+}
+
+const VERSION_FOR_TESTS: u8 = 1;
