@@ -172,6 +172,7 @@ impl Global {
                             max_time: i64::MAX,
                             kind: pb::ComponentKind::Global,
                             label_sets: Vec::new(),
+                            resolutions: Vec::new(),
                         };
                     }
                     StoreInfo {
@@ -179,6 +180,7 @@ impl Global {
                         max_time: st.iter().map(|s| s.max_time).max().unwrap_or(i64::MAX),
                         kind: pb::ComponentKind::Global,
                         label_sets: st.iter().flat_map(|s| s.label_sets.clone()).collect(),
+                        resolutions: Vec::new(),
                     }
                 });
                 let service = StoreService::new(fanout.clone(), Labels::default(), SelectLimits::default(), info);

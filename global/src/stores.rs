@@ -349,7 +349,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let info =
-            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![] });
+            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
         let external = Labels::from_pairs([("cluster", "c0")]);
         let svc = StoreService::new(Arc::new(MemoryStore::default()), external, SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
@@ -411,7 +411,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let info =
-            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![] });
+            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
         let svc = StoreService::new(Arc::new(MemoryStore::default()), Labels::default(), SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
             listener,
@@ -475,7 +475,7 @@ mod tests {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let info =
-            Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge, label_sets: vec![] });
+            Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
         let svc = StoreService::new(Arc::new(m), Labels::default(), SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
             listener,

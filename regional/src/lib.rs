@@ -165,7 +165,7 @@ impl Regional {
         let info_db = db.clone();
         let info = Arc::new(move || {
             let (min_time, max_time) = info_db.advertised_range();
-            StoreInfo { min_time, max_time, kind: strata_grpc::pb::ComponentKind::Regional, label_sets: Vec::new() }
+            StoreInfo { min_time, max_time, kind: strata_grpc::pb::ComponentKind::Regional, label_sets: Vec::new(), resolutions: Vec::new() }
         });
         // No external labels of its own: every series carries its edge's.
         let store =

@@ -67,6 +67,7 @@ async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
             max_time: i64::MAX,
             kind: pb::ComponentKind::Edge,
             label_sets: vec![],
+            resolutions: vec![],
         });
         let limits = SelectLimits { max_series: 10_000_000, max_samples: 2_000_000_000 };
         let service = StoreService::new(local.clone(), external, limits, info);

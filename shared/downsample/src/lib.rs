@@ -15,8 +15,12 @@
 //! `quantile_over_time` and the like do not decompose: [`RangeFn::parse`] refuses them and
 //! the caller reads finer data.
 
+pub mod answer;
+pub mod blocks;
+pub mod downsampler;
 pub mod encoding;
 pub mod leaf;
+pub mod progress;
 pub mod range;
 pub mod window;
 
@@ -64,5 +68,7 @@ impl Kept {
     }
 }
 
+#[cfg(test)]
+mod downsampler_tests;
 #[cfg(test)]
 mod tests;

@@ -35,7 +35,7 @@ pub use backlog::{Backlog, BacklogEntry};
 pub use cursor::{Cursor, CursorFile, ReplayAt};
 pub use holds::WalHolds;
 pub use metrics::{ForwardMetrics, ForwarderStats, UpstreamLabel};
-pub use receiver::{samples_of, ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
+pub use receiver::{samples_of, Arrivals, ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
 pub use sender::{Forwarder, ForwarderOptions};
 pub use strata_proto::forward as pb;
 pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};

@@ -112,7 +112,15 @@ pub struct ForwardReceiver {
     connections: Option<Arc<strata_grpc::Connections>>,
     /// The series each sender session has numbered.
     sessions: Arc<Sessions>,
+    /// Told of each batch before it is acknowledged (see [`Arrivals`]).
+    arrivals: Option<Arrivals>,
 }
+
+/// Told, before a batch is acknowledged, which sender (`PushRequest.upstream`) sent samples
+/// over which times (`min_t`, `max_t`): a regional's downsampling follows each sender's
+/// progress, and recomputes the windows a late batch falls in. An error fails the batch
+/// (unacknowledged, so it comes again): what it would have had done must not be lost.
+pub type Arrivals = Arc<dyn Fn(&str, i64, i64) -> Result<(), String> + Send + Sync>;
 
 /// Senders' sessions: the series each numbered, so later batches send a number instead of
 /// the labels. Bounded: [`MAX_SESSIONS`] sessions, and references over all of them at
@@ -173,7 +181,14 @@ impl ForwardReceiver {
             failed: Arc::default(),
             connections: None,
             sessions: Arc::default(),
+            arrivals: None,
         }
+    }
+
+    /// Tells `arrivals` of every batch before it is acknowledged.
+    pub fn with_arrivals(mut self, arrivals: Arrivals) -> Self {
+        self.arrivals = Some(arrivals);
+        self
     }
 
     /// Counts this service's calls as activity on the connections `serve_with` tracks.
@@ -367,6 +382,10 @@ impl ForwardReceiver {
             resolved.push((series, samples));
         }
         resolved.extend(known);
+        let span = resolved.iter().flat_map(|(_, (samples, _))| samples.first().zip(samples.last())).fold(
+            None,
+            |acc: Option<(i64, i64)>, (a, z)| Some(acc.map_or((a.t, z.t), |(lo, hi)| (lo.min(a.t), hi.max(z.t)))),
+        );
         // A series named twice in one batch (the protocol sends each once) goes in as
         // samples, in the batch's order.
         let mut seen: HashMap<SeriesRef, usize> = HashMap::with_capacity(resolved.len());
@@ -406,6 +425,10 @@ impl ForwardReceiver {
         let late = self.late(&batch, &out.rejected)?;
         // Acknowledged means durable: the batch is in the WAL and on disk.
         self.db.sync_wal().map_err(|e| self.broken(format!("syncing the WAL: {e}")))?;
+        if let (Some(arrived), Some((lo, hi))) = (&self.arrivals, span) {
+            arrived(&req.upstream, lo, hi)
+                .map_err(|e| Status::unavailable(format!("recording the batch's arrival: {e}: send it again")))?;
+        }
         let mut resp = pb::PushResponse {
             appended: (out.appended + late.written) as u64,
             duplicates: out.ignored_duplicates as u64,

@@ -327,6 +327,7 @@ impl<U: Upstream> Forwarder<U> {
         // Series numbers are the session's: a new session (this one) names every series
         // again with its labels.
         let session = session_id();
+        let upstream = self.opts.external_labels.to_string();
         let mut prefetched: Option<tokio::task::JoinHandle<(WalSource, Result<Batch, ReadError>)>> = None;
         loop {
             if *stop.borrow() {
@@ -392,6 +393,7 @@ impl<U: Upstream> Forwarder<U> {
             let mut request = std::mem::take(&mut batch.request);
             request.storage_id = storage_id.clone();
             request.session = session.clone();
+            request.upstream = upstream.clone();
             self.stats.batches_sent.inc();
             self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
             // A push may take long (a remote write retries inside it through an outage):

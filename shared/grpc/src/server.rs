@@ -34,6 +34,8 @@ pub struct StoreInfo {
     /// The label sets of the data behind this store; empty: the service's own external
     /// labels (an edge). A global lists those of the stores it fans out to.
     pub label_sets: Vec<Labels>,
+    /// Aggregates held: (window width, first and last sample time covered), ms.
+    pub resolutions: Vec<(i64, i64, i64)>,
 }
 
 pub struct StoreService {
@@ -189,8 +191,13 @@ impl StoreRpc for StoreService {
             min_time: i.min_time,
             max_time: i.max_time,
             kind: i.kind as i32,
-            resolutions_ms: vec![0],
+            resolutions_ms: std::iter::once(0).chain(i.resolutions.iter().map(|r| r.0)).collect(),
             version: env!("CARGO_PKG_VERSION").to_string(),
+            resolution_ranges: i
+                .resolutions
+                .iter()
+                .map(|&(resolution_ms, min_time, max_time)| pb::ResolutionRange { resolution_ms, min_time, max_time })
+                .collect(),
         }))
     }
 

@@ -40,6 +40,7 @@ pub fn request_to_pb(r: &StepsRequest) -> pb::StepsRequest {
             filter_op: a.filter.as_ref().map(|f| f.0.clone()).unwrap_or_default(),
             filter_value: a.filter.as_ref().map_or(0.0, |f| f.1),
         }),
+        resolution_ms: r.resolution,
     }
 }
 
@@ -72,6 +73,7 @@ pub fn request_from_pb(r: pb::StepsRequest, cap: SelectLimits) -> Result<StepsRe
             labels: a.labels,
             filter: (!a.filter_op.is_empty()).then_some((a.filter_op, a.filter_value)),
         }),
+        resolution: r.resolution_ms.max(0),
     };
     match req.steps() {
         Some(n) if n <= MAX_STEPS => Ok(req),

@@ -90,3 +90,11 @@ impl RegressionSums {
         (slope, self.sy / self.n - slope * self.sx / self.n)
     }
 }
+
+/// Prometheus' info annotation for `rate` or `increase` over a series whose name is not a
+/// counter's, raised alike from samples and from aggregates.
+pub fn might_not_be_a_counter(name: &str) -> Option<String> {
+    (!["_total", "_sum", "_count", "_bucket"].iter().any(|x| name.ends_with(x))).then(|| {
+        format!("PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {name:?}")
+    })
+}

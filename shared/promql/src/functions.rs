@@ -375,9 +375,8 @@ fn call_inner(ev: &Evaluator, c: &Call, name: &str) -> Result<Val, QueryError> {
             if counter {
                 if let Expr::MatrixSelector(m) = unparen(ms) {
                     for s in ev.selected(&m.vs) {
-                        let n = s.labels.metric_name().unwrap_or("");
-                        if !["_total", "_sum", "_count", "_bucket"].iter().any(|x| n.ends_with(x)) {
-                            ev.annotations.info_at(format!("PromQL info: metric might not be a counter, name does not end in _total/_sum/_count/_bucket: {n:?}"), &c.args.args[0]);
+                        if let Some(info) = arith::might_not_be_a_counter(s.labels.metric_name().unwrap_or("")) {
+                            ev.annotations.info_at(info, &c.args.args[0]);
                         }
                     }
                 }

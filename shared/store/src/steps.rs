@@ -40,6 +40,9 @@ pub struct StepsRequest {
     /// An aggregation over the leaf, evaluated by the store too: the answer's
     /// [`groups`](Steps::groups) (valid only when the store holds every series of each).
     pub aggregate: Option<AggregateSpec>,
+    /// The window width of the aggregates to answer from (ms); 0: raw samples. A store
+    /// without aggregates of that width answers `None`.
+    pub resolution: i64,
 }
 
 /// An aggregation of a leaf, as a query spells it: `op [param,] (leaf [filter])` grouped
@@ -70,6 +73,7 @@ impl StepsRequest {
             values: true,
             only: None,
             aggregate: None,
+            resolution: 0,
         }
     }
 

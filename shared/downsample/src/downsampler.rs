@@ -1,0 +1,193 @@
+//! The loop's one step: which slices of which resolution are due, and computing them from
+//! a source store (a regional's own storage seen through its replica dedup, so each
+//! series is aggregated once, without its replica labels, with its scraped type).
+//!
+//! A slice `(a, b]` is due once every sender heard from lately has sent samples past `b`,
+//! or `max_delay` after `b` whatever they did (a sender that went silent is waited for no
+//! longer). Slices late data touched are computed again first; then the next one after
+//! the frontier. Each run does a bounded number of slices.
+
+use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows};
+use crate::progress::{Progress, Slicing};
+use crate::window::windows_of;
+use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_model::{MatchOp, Matcher};
+use strata_store::{SelectLimits, SelectRequest, Store, StoreError};
+
+/// How a regional downsamples.
+#[derive(Debug, Clone)]
+pub struct DownsampleOptions {
+    /// Wait at most this long after a slice ends for silent senders.
+    pub max_delay: Duration,
+    /// Keep `deriv`'s and `predict_linear`'s sums for gauges too.
+    pub least_squares: bool,
+    /// How long aggregates are kept, per resolution (5 m, 1 h).
+    pub retention_5m: Duration,
+    pub retention_1h: Duration,
+    /// Slices computed per run at most.
+    pub slices_per_run: usize,
+    pub cache_bytes: usize,
+}
+
+impl Default for DownsampleOptions {
+    fn default() -> Self {
+        DownsampleOptions {
+            max_delay: Duration::from_secs(15 * 60),
+            least_squares: false,
+            retention_5m: Duration::from_secs(90 * 86400),
+            retention_1h: Duration::from_secs(730 * 86400),
+            slices_per_run: 24,
+            cache_bytes: 64 << 20,
+        }
+    }
+}
+
+/// 5 m windows two hours at a time; 1 h windows six hours at a time.
+pub const SLICINGS: [Slicing; 2] =
+    [Slicing { width: FIVE_MINUTES, slice: 2 * ONE_HOUR }, Slicing { width: ONE_HOUR, slice: 6 * ONE_HOUR }];
+
+#[derive(Debug, thiserror::Error)]
+pub enum DownsampleError {
+    #[error("reading the source: {0}")]
+    Source(#[from] StoreError),
+    #[error(transparent)]
+    Aggregates(#[from] AggregateError),
+    #[error("progress file: {0}")]
+    Progress(#[from] std::io::Error),
+    #[error("decoding {series}: {reason}")]
+    Decode { series: String, reason: String },
+}
+
+/// What one run did.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// (width, slice start) of each slice written.
+    pub written: Vec<(i64, i64)>,
+    pub series: usize,
+    pub windows: usize,
+}
+
+pub struct Downsampler {
+    resolutions: Vec<(Slicing, Arc<AggregateBlocks>)>,
+    progress: Arc<Progress>,
+    opts: DownsampleOptions,
+}
+
+impl Downsampler {
+    /// The aggregates under `dir` (`5m/`, `1h/`, `progress.json`).
+    pub fn open(dir: &Path, opts: DownsampleOptions) -> Result<Downsampler, DownsampleError> {
+        let mut resolutions = Vec::new();
+        for sl in SLICINGS {
+            let sub = dir.join(if sl.width == FIVE_MINUTES { "5m" } else { "1h" });
+            resolutions.push((sl, Arc::new(AggregateBlocks::open(&sub, sl.width, opts.cache_bytes / 2)?)));
+        }
+        let progress = Arc::new(Progress::open(dir, SLICINGS.to_vec())?);
+        Ok(Downsampler { resolutions, progress, opts })
+    }
+
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
+    /// The blocks of windows `width` wide.
+    pub fn blocks(&self, width: i64) -> Option<Arc<AggregateBlocks>> {
+        self.resolutions.iter().find(|(s, _)| s.width == width).map(|(_, b)| b.clone())
+    }
+
+    /// Per resolution, the sample times its aggregates cover completely:
+    /// `(width, first, last)`, inclusive ms, for those that have any.
+    pub fn coverage(&self) -> Vec<(i64, i64, i64)> {
+        self.resolutions
+            .iter()
+            .filter_map(|(sl, b)| {
+                let last = self.progress.frontier(sl.width)?;
+                let first = b.min_time();
+                (first <= last).then_some((sl.width, first, last))
+            })
+            .collect()
+    }
+
+    /// Computes what is due at `now` (ms) from `source`, whose oldest sample is at
+    /// `oldest` (where the first slice starts).
+    pub async fn run(&self, source: &dyn Store, oldest: Option<i64>, now: i64) -> Result<RunOutcome, DownsampleError> {
+        let mut out = RunOutcome::default();
+        let delay = i64::try_from(self.opts.max_delay.as_millis()).unwrap_or(i64::MAX);
+        for (sl, blocks) in &self.resolutions {
+            let mut todo: Vec<i64> = self.progress.dirty(sl.width);
+            if self.progress.frontier(sl.width).is_none() {
+                match oldest {
+                    Some(t) => self.progress.start_at(sl.width, sl.slice_of(t)),
+                    None => continue,
+                }
+            }
+            let mut next = self.progress.frontier(sl.width).unwrap_or(i64::MAX);
+            while todo.len() < self.opts.slices_per_run {
+                let end = next.saturating_add(sl.slice);
+                let due = end <= now
+                    && (self.progress.senders_past(end, self.opts.max_delay.as_millis() as u64)
+                        || now >= end.saturating_add(delay));
+                if !due {
+                    break;
+                }
+                todo.push(next);
+                next = end;
+            }
+            for a in todo.into_iter().take(self.opts.slices_per_run) {
+                let b = a + sl.slice;
+                self.progress.begin(sl.width, a, b);
+                match self.slice(source, blocks, *sl, (a, b)).await {
+                    Ok((series, windows)) => {
+                        self.progress.done(*sl, a)?;
+                        out.written.push((sl.width, a));
+                        out.series += series;
+                        out.windows += windows;
+                    }
+                    Err(e) => {
+                        self.progress.abandon(sl.width);
+                        return Err(e);
+                    }
+                }
+            }
+            let keep = if sl.width == FIVE_MINUTES { self.opts.retention_5m } else { self.opts.retention_1h };
+            let keep = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
+            blocks.delete_before(now.saturating_sub(keep))?;
+        }
+        Ok(out)
+    }
+
+    /// Computes and writes one slice; (series, windows) written.
+    async fn slice(
+        &self,
+        source: &dyn Store,
+        blocks: &AggregateBlocks,
+        sl: Slicing,
+        (a, b): (i64, i64),
+    ) -> Result<(usize, usize), DownsampleError> {
+        // A family at a time: what is held at once is bounded by the largest family.
+        let names = source.label_values("__name__", &[], a + 1, b).await?;
+        let metadata = source.metadata(None).await?;
+        let mut series = Vec::new();
+        let mut windows = 0;
+        for name in names {
+            let m = Matcher::new(MatchOp::Equal, "__name__", &name).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
+            let mut req = SelectRequest::new(vec![m], a + 1, b);
+            req.limits = SelectLimits { max_series: 50_000_000, max_samples: u64::MAX };
+            for s in source.select(&req).await? {
+                let samples = s
+                    .samples(a + 1, b)
+                    .map_err(|e| DownsampleError::Decode { series: s.labels.to_string(), reason: e.to_string() })?;
+                let ws = windows_of(&samples, sl.width);
+                windows += ws.len();
+                let kept = Kept::of(s.metric_type, self.opts.least_squares);
+                series.push(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows: ws });
+            }
+        }
+        series.sort_by(|x, y| x.labels.cmp(&y.labels));
+        let n = series.len();
+        blocks.write_slice((a, b), &series, metadata)?;
+        Ok((n, windows))
+    }
+}

@@ -1,0 +1,219 @@
+//! The downsampler over a real database seen through the replica dedup, and the answers
+//! its aggregates give against the engine over the same deduplicated raw data.
+
+use crate::answer::answer;
+use crate::downsampler::{DownsampleOptions, Downsampler};
+use crate::{FIVE_MINUTES, ONE_HOUR};
+use std::sync::Arc;
+use strata_dedup::ReplicaDedup;
+use strata_model::{Labels, Matcher, MatchOp, Metadata, MetricType, Sample};
+use strata_promql::{Engine, EngineOptions, QueryValue};
+use strata_store::{StepsRequest, Store};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_tsdb::TsdbStore;
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    db: Arc<Tsdb>,
+    dedup: ReplicaDedup,
+    down: Downsampler,
+    /// The first slice's start: six hours back, aligned.
+    t0: i64,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(&dir.path().join("db"), TsdbOptions::default()).unwrap());
+    db.set_metadata("gpu_energy_total", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
+    db.set_metadata("gpu_temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+    let dedup = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
+    let opts = DownsampleOptions { max_delay: std::time::Duration::from_secs(60), ..Default::default() };
+    let down = Downsampler::open(&dir.path().join("downsample"), opts).unwrap();
+    let now = strata_model::time::now_ms();
+    let t0 = (now - 6 * ONE_HOUR).div_euclid(6 * ONE_HOUR) * 6 * ONE_HOUR;
+    Setup { _dir: dir, db, dedup, down, t0 }
+}
+
+fn labels(name: &str, replica: &str) -> Labels {
+    Labels::from_pairs([("__name__", name), ("gpu", "0"), ("replica", replica)])
+}
+
+/// Samples every 15 s with a replica's jitter, `[from, to)`.
+fn write(db: &Tsdb, l: &Labels, from: i64, to: i64, jitter: i64, value: impl Fn(i64) -> f64) {
+    let s = db.series(l).unwrap();
+    let batch: Vec<_> = (from / 15_000..to / 15_000)
+        .map(|i| i * 15_000 + jitter)
+        .filter(|t| *t >= from && *t < to)
+        .map(|t| (s.clone(), Sample::new(t, value(t))))
+        .collect();
+    let out = db.commit(&batch).unwrap();
+    assert!(out.rejected.is_empty(), "{:?}", out.rejected.first());
+}
+
+fn energy(t: i64) -> f64 {
+    ((t / 1000) * 300 % 9_000_000) as f64
+}
+
+fn temp(t: i64) -> f64 {
+    40.0 + ((t / 15_000) * 7919 % 23) as f64
+}
+
+/// The engine's answer over the deduplicated raw data, one value per step, per series.
+async fn raw(store: &dyn Store, query: &str, start: i64, end: i64, step: i64) -> Vec<(Labels, Vec<Option<f64>>)> {
+    let engine = Engine::new(EngineOptions { pushdown: false, ..Default::default() });
+    let expr = strata_promql::parse(query).unwrap();
+    let QueryValue::Matrix(m) = engine.range(store, &expr, start, end, step).await.unwrap() else { panic!() };
+    let n = ((end - start) / step + 1) as usize;
+    m.into_iter()
+        .map(|s| {
+            let mut v = vec![None; n];
+            for (t, x) in s.points {
+                v[((t - start) / step) as usize] = Some(x);
+            }
+            (s.labels, v)
+        })
+        .collect()
+}
+
+/// The aggregates' answer, labels as the engine shows them (the name dropped by functions).
+fn from_aggregates(d: &Downsampler, width: i64, function: Option<(&str, i64)>, name: &str, grid: (i64, i64, i64)) -> Vec<(Labels, Vec<Option<f64>>)> {
+    let m = Matcher::new(MatchOp::Equal, "__name__", name).unwrap();
+    let mut req = StepsRequest::new(vec![m], grid, 300_000);
+    req.function = function.map(|(f, r)| (f.to_string(), r));
+    let steps = answer(&d.blocks(width).unwrap(), &req).unwrap();
+    steps
+        .series
+        .into_iter()
+        .map(|s| {
+            let l = if s.name_dropped {
+                let mut b = s.labels.to_builder();
+                b.del("__name__");
+                b.build()
+            } else {
+                s.labels
+            };
+            (l, s.values.to_options())
+        })
+        .collect()
+}
+
+fn assert_close(what: &str, a: &[(Labels, Vec<Option<f64>>)], b: &[(Labels, Vec<Option<f64>>)]) {
+    assert_eq!(a.len(), b.len(), "{what}: series");
+    for ((la, va), (lb, vb)) in a.iter().zip(b) {
+        assert_eq!(la, lb, "{what}");
+        for (i, (x, y)) in va.iter().zip(vb).enumerate() {
+            let ok = match (x, y) {
+                (Some(x), Some(y)) => (x - y).abs() <= 1e-12 * x.abs().max(y.abs()),
+                (None, None) => true,
+                _ => false,
+            };
+            assert!(ok, "{what} {la} step {i}: raw {x:?}, aggregates {y:?}");
+        }
+    }
+    assert!(a.iter().flat_map(|s| &s.1).filter(|x| x.is_some()).count() >= 5, "{what}: too few values to compare");
+}
+
+/// Every slice's aggregates against the engine over the same slice of the deduplicated raw
+/// data (the dedup chooses its replica over what it is asked for, so the raw side is asked
+/// for what the downsampler read).
+async fn compare_all(s: &Setup, from: i64, to: i64) {
+    for (width, slice) in [(FIVE_MINUTES, 2 * ONE_HOUR), (ONE_HOUR, 6 * ONE_HOUR)] {
+        for a in (from..to).step_by(slice as usize) {
+            let grid = (a + width, a + slice, width);
+            for (f, name) in [
+                (Some(("rate", width)), "gpu_energy_total"),
+                (Some(("increase", width)), "gpu_energy_total"),
+                (Some(("count_over_time", width)), "gpu_temp"),
+                (Some(("avg_over_time", width)), "gpu_temp"),
+                (Some(("max_over_time", width)), "gpu_temp"),
+                (Some(("stddev_over_time", width)), "gpu_temp"),
+                (None, "gpu_temp"),
+            ] {
+                let query = match f {
+                    Some((f, r)) => format!("{f}({name}[{r}ms])"),
+                    None => name.to_string(),
+                };
+                let want = raw(&s.dedup, &query, grid.0, grid.1, grid.2).await;
+                let got = from_aggregates(&s.down, width, f, name, grid);
+                assert_close(&query, &want, &got);
+            }
+        }
+    }
+}
+
+/// One replica's worth of samples in every 5 m window that has any: the pair is counted
+/// once, and where one replica died the other fills in.
+fn assert_counted_once(s: &Setup, from: i64, to: i64) {
+    let counts = from_aggregates(&s.down, FIVE_MINUTES, Some(("count_over_time", FIVE_MINUTES)), "gpu_temp", (from + FIVE_MINUTES, to, FIVE_MINUTES));
+    assert_eq!(counts.len(), 1);
+    assert!(counts[0].1.iter().all(|c| *c == Some(20.0)), "{:?}", counts[0].1);
+}
+
+#[tokio::test]
+async fn aggregates_of_an_ha_pair_equal_the_deduplicated_raw_answer_with_a_replica_killed_mid_window() {
+    let s = setup();
+    let end = s.t0 + 6 * ONE_HOUR;
+    for (name, f) in [("gpu_energy_total", energy as fn(i64) -> f64), ("gpu_temp", temp)] {
+        write(&s.db, &labels(name, "a"), s.t0 - ONE_HOUR, end, 17, f);
+        // Replica b dies 2 h 7 min 30 s in: in the middle of a 5 m window.
+        write(&s.db, &labels(name, "b"), s.t0 - ONE_HOUR, s.t0 + 2 * ONE_HOUR + 450_000, 4_031, f);
+    }
+    let now = end + 2 * ONE_HOUR;
+    let out = s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
+    assert_eq!(out.written.len(), 3 + 1, "three 2 h slices and one 6 h slice: {:?}", out.written);
+    assert_eq!(out.series, 2 * 4, "one aggregated series per deduplicated series and slice");
+    let cov = s.down.coverage();
+    assert!(cov.contains(&(FIVE_MINUTES, s.t0 + 1, end)), "{cov:?}");
+    compare_all(&s, s.t0, end).await;
+    assert_counted_once(&s, s.t0, end);
+    // Nothing more is due until time passes.
+    assert!(s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap().written.is_empty());
+}
+
+#[tokio::test]
+async fn a_backlog_arriving_after_its_windows_were_computed_recomputes_them() {
+    let s = setup();
+    let end = s.t0 + 6 * ONE_HOUR;
+    let gap = (s.t0 + ONE_HOUR + 100_000, s.t0 + 3 * ONE_HOUR);
+    let both = [("gpu_energy_total", energy as fn(i64) -> f64), ("gpu_temp", temp)];
+    for (name, f) in both {
+        // Replica a lost two hours of scrapes; replica b was cut off from the regional.
+        write(&s.db, &labels(name, "a"), s.t0, gap.0, 17, f);
+        write(&s.db, &labels(name, "a"), gap.1, end, 17, f);
+    }
+    let now = end + 2 * ONE_HOUR;
+    s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
+    // Replica b's backlog is stored, and the receiver says so before acknowledging it.
+    for (name, f) in both {
+        write(&s.db, &labels(name, "b"), s.t0, end, 4_031, f);
+    }
+    s.down.progress().arrived("edge-b", s.t0 + 4_031, end).unwrap();
+    let dirty = s.down.progress().dirty(FIVE_MINUTES);
+    assert_eq!(dirty, vec![s.t0, s.t0 + 2 * ONE_HOUR, s.t0 + 4 * ONE_HOUR]);
+    let again = s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
+    assert_eq!(again.written.len(), 4, "{:?}", again.written);
+    assert!(s.down.progress().dirty(FIVE_MINUTES).is_empty());
+    compare_all(&s, s.t0, end).await;
+    assert_counted_once(&s, s.t0, end);
+}
+
+#[tokio::test]
+async fn a_range_not_computed_is_an_error_not_a_short_answer() {
+    let s = setup();
+    let end = s.t0 + 6 * ONE_HOUR;
+    write(&s.db, &labels("gpu_temp", "a"), s.t0, end, 17, temp);
+    // Only the first 2 h slice is due: the sender has not got further.
+    s.down.progress().arrived("edge-a", s.t0, s.t0 + 2 * ONE_HOUR).unwrap();
+    let out = s.down.run(&s.dedup, Some(s.t0 + 1), s.t0 + 2 * ONE_HOUR + 60_000).await.unwrap();
+    assert_eq!(out.written, vec![(FIVE_MINUTES, s.t0)]);
+    let m = Matcher::new(MatchOp::Equal, "__name__", "gpu_temp").unwrap();
+    let mut req = StepsRequest::new(vec![m], (s.t0 + FIVE_MINUTES, s.t0 + 3 * ONE_HOUR, FIVE_MINUTES), 300_000);
+    req.function = Some(("avg_over_time".into(), FIVE_MINUTES));
+    let blocks = s.down.blocks(FIVE_MINUTES).unwrap();
+    assert!(answer(&blocks, &req).is_err(), "past what was computed");
+    req.end = s.t0 + 2 * ONE_HOUR;
+    assert!(answer(&blocks, &req).is_ok());
+    // A quantile does not decompose.
+    req.function = Some(("quantile_over_time".into(), FIVE_MINUTES));
+    assert!(answer(&blocks, &req).is_err());
+}
