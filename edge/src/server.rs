@@ -219,7 +219,13 @@ async fn spawn_store_api(
     let info_db = db.clone();
     let info = Arc::new(move || {
         let (min_time, max_time) = info_db.advertised_range();
-        StoreInfo { min_time, max_time, kind: strata_grpc::pb::ComponentKind::Edge, label_sets: Vec::new(), resolutions: Vec::new() }
+        StoreInfo {
+            min_time,
+            max_time,
+            kind: strata_grpc::pb::ComponentKind::Edge,
+            label_sets: Vec::new(),
+            resolutions: Vec::new(),
+        }
     });
     let service = StoreService::new(Arc::new(TsdbStore(db.clone())), external, SelectLimits::default(), info);
     tokio::spawn(async move {

@@ -250,6 +250,12 @@ impl StoreSet {
                         label_sets: label_sets.clone(),
                         min_time: info.min_time,
                         max_time: info.max_time,
+                        resolutions: info
+                            .resolution_ranges
+                            .iter()
+                            .filter(|r| r.resolution_ms > 0 && r.min_time <= r.max_time)
+                            .map(|r| (r.resolution_ms, r.min_time, r.max_time))
+                            .collect(),
                     });
                     status.push(StoreStatus {
                         address,
@@ -348,8 +354,13 @@ mod tests {
         // One real store, found through an SRV record as localhost:<port>.
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let info =
-            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
+        let info = Arc::new(|| StoreInfo {
+            min_time: 5,
+            max_time: 9,
+            kind: pb::ComponentKind::Edge,
+            label_sets: vec![],
+            resolutions: vec![],
+        });
         let external = Labels::from_pairs([("cluster", "c0")]);
         let svc = StoreService::new(Arc::new(MemoryStore::default()), external, SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
@@ -410,8 +421,13 @@ mod tests {
     async fn a_failed_lookup_keeps_the_last_answers_stores_and_says_so() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let info =
-            Arc::new(|| StoreInfo { min_time: 5, max_time: 9, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
+        let info = Arc::new(|| StoreInfo {
+            min_time: 5,
+            max_time: 9,
+            kind: pb::ComponentKind::Edge,
+            label_sets: vec![],
+            resolutions: vec![],
+        });
         let svc = StoreService::new(Arc::new(MemoryStore::default()), Labels::default(), SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
             listener,
@@ -474,8 +490,13 @@ mod tests {
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let info =
-            Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
+        let info = Arc::new(|| StoreInfo {
+            min_time: 0,
+            max_time: 1,
+            kind: pb::ComponentKind::Edge,
+            label_sets: vec![],
+            resolutions: vec![],
+        });
         let svc = StoreService::new(Arc::new(m), Labels::default(), SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
             listener,

@@ -39,6 +39,27 @@ pub struct RawRegionalStrata {
     /// `always` or an interval such as `1s`. Forwarded batches are `fsync`ed before they
     /// are acknowledged whatever this says.
     pub wal_fsync: Option<String>,
+    #[serde(default)]
+    pub downsample: RawDownsample,
+}
+
+/// `strata.downsample`: the 5 m and 1 h aggregates of the deduplicated data.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawDownsample {
+    /// On unless `false`.
+    pub enabled: Option<bool>,
+    /// The labels that tell HA replicas apart (default `[replica]`), dropped from the
+    /// aggregated series as the global's dedup drops them.
+    pub replica_labels: Option<Vec<String>>,
+    /// How long a window waits for a silent sender (default 15m).
+    pub max_delay: Option<PromDuration>,
+    /// Keep `deriv`'s and `predict_linear`'s sums for gauges (default false: they cost
+    /// more than every other aggregate together).
+    pub least_squares: Option<bool>,
+    /// How long aggregates are kept (defaults 90d and 2y, against raw data's 15d).
+    pub retention_5m: Option<PromDuration>,
+    pub retention_1h: Option<PromDuration>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -87,6 +108,26 @@ impl RegionalConfig {
         Ok(cfg)
     }
 
+    /// Whether downsampling runs, the replica labels, and its options.
+    pub fn downsample(&self) -> Option<(Vec<String>, strata_downsample::DownsampleOptions)> {
+        let d = &self.strata.downsample;
+        if d.enabled == Some(false) {
+            return None;
+        }
+        let mut o = strata_downsample::DownsampleOptions::default();
+        if let Some(x) = d.max_delay {
+            o.max_delay = x.0;
+        }
+        o.least_squares = d.least_squares.unwrap_or(false);
+        if let Some(x) = d.retention_5m {
+            o.retention_5m = x.0;
+        }
+        if let Some(x) = d.retention_1h {
+            o.retention_1h = x.0;
+        }
+        Some((d.replica_labels.clone().unwrap_or_else(|| vec!["replica".into()]), o))
+    }
+
     /// The storage keys, with the regional's default retention.
     pub fn storage_settings(&self) -> StorageSettings {
         let s = &self.strata;
@@ -118,5 +159,15 @@ mod tests {
         assert_eq!(empty.storage_settings().apply(Default::default()).unwrap().retention, DEFAULT_RETENTION);
         assert!(RegionalConfig::parse("strata:\n  unknown: 1\n", p).is_err());
         assert!(RegionalConfig::parse("strata:\n  wal_fsync: sometimes\n", p).is_err());
+        let (replicas, d) = empty.downsample().expect("on by default");
+        assert_eq!((replicas, d.max_delay), (vec!["replica".to_string()], Duration::from_secs(900)));
+        let cfg =
+            RegionalConfig::parse("strata:\n  downsample:\n    replica_labels: [r]\n    max_delay: 2m\n", p).unwrap();
+        assert_eq!(cfg.downsample().unwrap().1.max_delay, Duration::from_secs(120));
+        assert!(RegionalConfig::parse("strata:\n  downsample:\n    enabled: false\n", p)
+            .unwrap()
+            .downsample()
+            .is_none());
+        assert!(RegionalConfig::parse("strata:\n  downsample:\n    every: 1m\n", p).is_err());
     }
 }

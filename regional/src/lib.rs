@@ -8,8 +8,11 @@
 //! `REGIONAL`) on the same gRPC port as the receiver, and takes Prometheus remote write
 //! on `/api/v1/write` (`strata_receive`) from senders that are not edges.
 //!
-//! Downsampling and rules build on this in their own crates; only the wiring and loops of
-//! the tier belong here.
+//! It downsamples what it holds (`strata_downsample`): the deduplicated view of its own
+//! storage (`strata_dedup::ReplicaDedup`), in 5 m and 1 h windows, once every sender has
+//! got past them or after a maximum delay, again when late data changes them; the
+//! StoreAPI answers a leaf from them when a global asks for a resolution. Rules build on
+//! this in their own crate; only the wiring and loops of the tier belong here.
 
 pub mod config;
 
@@ -25,11 +28,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_api::ApiOptions;
+use strata_downsample::{Downsampler, WithAggregates};
 use strata_forward::{ForwardReceiver, StorageId};
 use strata_grpc::{ServeOptions, StoreInfo, StoreService};
 use strata_model::Labels;
 use strata_server::{LiveWebConfig, ServerLimits, WebConfig, WebConfigError};
-use strata_store::SelectLimits;
+use strata_store::{SelectLimits, Store};
 use strata_tsdb::db::{Tsdb, TsdbError, TsdbOptions};
 use strata_tsdb::TsdbStore;
 use tokio::sync::watch;
@@ -98,7 +102,12 @@ pub enum RegionalError {
     WebConfig(#[from] WebConfigError),
     #[error("gRPC: {0}")]
     Grpc(#[from] strata_grpc::GrpcError),
+    #[error("opening the aggregates: {0}")]
+    Downsample(#[from] strata_downsample::downsampler::DownsampleError),
 }
+
+/// How often the downsampler looks for due slices.
+const DOWNSAMPLE_EVERY: Duration = Duration::from_secs(30);
 
 struct RegionalState {
     db: Arc<Tsdb>,
@@ -144,7 +153,21 @@ impl Regional {
         let opened = tokio::task::spawn_blocking(move || Tsdb::open(&dir, tsdb_opts)).await?;
         let db = Arc::new(opened.map_err(|source| RegionalError::Open { dir: data_dir.clone(), source })?);
         let id = StorageId::load_or_create(&data_dir)?;
-        let receiver = ForwardReceiver::new(db.clone(), id.clone());
+        let senders = Arc::new(strata_forward::Senders::open(&data_dir));
+        let mut receiver = ForwardReceiver::new(db.clone(), id.clone()).with_senders(senders.clone());
+        let down = match cfg.downsample() {
+            Some((replicas, dopts)) => {
+                let dir = data_dir.join("downsample");
+                let d = tokio::task::spawn_blocking(move || Downsampler::open(&dir, dopts)).await??;
+                let d = Arc::new(d);
+                let progress = d.progress();
+                receiver = receiver.with_arrivals(Arc::new(move |sender: &str, lo: i64, hi: i64| {
+                    progress.arrived(sender, lo, hi).map_err(|e| e.to_string())
+                }));
+                Some((d, replicas))
+            }
+            None => None,
+        };
         let received = receiver.stats();
         let mut registry = Registry::with_prefix("strata");
         db.metrics().register(&mut registry);
@@ -152,10 +175,16 @@ impl Regional {
         // Prometheus (or anything that speaks remote write 1.0) can write here too.
         let receive = Arc::new(strata_receive::ReceiveMetrics::default());
         receive.register(&mut registry);
-        let remote_write = Arc::new(strata_receive::RemoteWrite::new(db.clone(), receive, Default::default()));
+        let remote_write = Arc::new(strata_receive::RemoteWrite::new(db.clone(), receive.clone(), Default::default()));
+        let remote_write_seen = RemoteWriteSeen::new(&data_dir, receive);
 
+        let downsample_metrics = DownsampleMetrics::default();
+        downsample_metrics.register(&mut registry);
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let tasks = strata_tsdb::loops::spawn(&db);
+        let mut tasks = strata_tsdb::loops::spawn(&db);
+        if let Some((d, replicas)) = &down {
+            tasks.push(tokio::spawn(downsample_loop(db.clone(), d.clone(), replicas.clone(), downsample_metrics)));
+        }
         let mut servers = Vec::new();
 
         let grpc = opts.grpc_listen.unwrap_or_else(|| parse_default(DEFAULT_GRPC_LISTEN));
@@ -163,13 +192,28 @@ impl Regional {
             tokio::net::TcpListener::bind(grpc).await.map_err(|source| RegionalError::Bind { addr: grpc, source })?;
         let grpc_addr = listener.local_addr().map_err(|source| RegionalError::Bind { addr: grpc, source })?;
         let info_db = db.clone();
+        let info_down = down.as_ref().map(|d| d.0.clone());
+        let remote_written = remote_write_seen;
         let info = Arc::new(move || {
             let (min_time, max_time) = info_db.advertised_range();
-            StoreInfo { min_time, max_time, kind: strata_grpc::pb::ComponentKind::Regional, label_sets: Vec::new(), resolutions: Vec::new() }
+            StoreInfo {
+                min_time,
+                max_time,
+                kind: strata_grpc::pb::ComponentKind::Regional,
+                // The edges that forward here: a global then knows whose data (and whose
+                // aggregates) this holds. Unknown (asked for everything) once a sender
+                // without external labels wrote here.
+                label_sets: if remote_written.seen() { Vec::new() } else { senders.label_sets() },
+                resolutions: info_down.as_ref().map(|d| d.coverage()).unwrap_or_default(),
+            }
         });
+        let raw: Arc<dyn Store> = Arc::new(TsdbStore(db.clone()));
+        let served: Arc<dyn Store> = match &down {
+            Some((d, _)) => Arc::new(WithAggregates::new(raw, d.clone())),
+            None => raw,
+        };
         // No external labels of its own: every series carries its edge's.
-        let store =
-            StoreService::new(Arc::new(TsdbStore(db.clone())), Labels::default(), SelectLimits::default(), info);
+        let store = StoreService::new(served, Labels::default(), SelectLimits::default(), info);
         let tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;
         let others = tonic::service::Routes::new(receiver.with_connections(store.connections()).into_server());
         let mut rx = shutdown_rx.clone();
@@ -267,4 +311,84 @@ async fn self_metrics(State(s): State<Arc<RegionalState>>) -> Response {
         text.push_str("# encoding self-metrics failed\n");
     }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// The downsampler's figures in `/metrics`.
+#[derive(Clone, Default)]
+struct DownsampleMetrics {
+    slices: prometheus_client::metrics::counter::Counter,
+    failures: prometheus_client::metrics::counter::Counter,
+    bytes: prometheus_client::metrics::family::Family<ResolutionLabel, prometheus_client::metrics::gauge::Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct ResolutionLabel {
+    resolution: String,
+}
+
+impl DownsampleMetrics {
+    fn register(&self, r: &mut Registry) {
+        r.register(
+            "downsample_slices",
+            "Slices of windows computed and written (again after late data)",
+            self.slices.clone(),
+        );
+        r.register("downsample_failures", "Downsampling runs that failed (see the log)", self.failures.clone());
+        r.register("downsample_bytes", "Bytes on disk of the aggregates, per resolution", self.bytes.clone());
+    }
+}
+
+/// Computes due slices every [`DOWNSAMPLE_EVERY`] from the deduplicated view of `db`.
+async fn downsample_loop(db: Arc<Tsdb>, down: Arc<Downsampler>, replicas: Vec<String>, m: DownsampleMetrics) {
+    let source = strata_dedup::ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), replicas);
+    let mut tick = tokio::time::interval(DOWNSAMPLE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let oldest = Some(db.min_time()).filter(|&t| t != i64::MAX);
+        match down.run(&source, oldest, strata_model::time::now_ms()).await {
+            Ok(out) if !out.written.is_empty() => {
+                m.slices.inc_by(out.written.len() as u64);
+                tracing::info!(slices = out.written.len(), series = out.series, windows = out.windows, "downsampled");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                m.failures.inc();
+                tracing::error!(error = %e, "downsampling failed; retried at the next run");
+            }
+        }
+        for (name, width) in [("5m", strata_downsample::FIVE_MINUTES), ("1h", strata_downsample::ONE_HOUR)] {
+            if let Some(b) = down.blocks(width) {
+                m.bytes.get_or_create(&ResolutionLabel { resolution: name.into() }).set(b.disk_bytes() as i64);
+            }
+        }
+    }
+}
+
+/// Whether a remote-write sender (one without external labels) ever stored samples here,
+/// remembered by a marker file: its series cannot be told apart by label set, so the
+/// regional then lists none and is asked for everything.
+struct RemoteWriteSeen {
+    marker: PathBuf,
+    receive: Arc<strata_receive::ReceiveMetrics>,
+    seen: std::sync::atomic::AtomicBool,
+}
+
+impl RemoteWriteSeen {
+    fn new(data_dir: &std::path::Path, receive: Arc<strata_receive::ReceiveMetrics>) -> Self {
+        let marker = data_dir.join("remote-write-received");
+        let seen = std::sync::atomic::AtomicBool::new(marker.exists());
+        RemoteWriteSeen { marker, receive, seen }
+    }
+
+    fn seen(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        if !self.seen.load(Relaxed) && self.receive.remote_write_samples.get() > 0 {
+            if let Err(e) = std::fs::write(&self.marker, b"") {
+                tracing::warn!(file = %self.marker.display(), error = %e, "could not record that remote write was received");
+            }
+            self.seen.store(true, Relaxed);
+        }
+        self.seen.load(Relaxed)
+    }
 }

@@ -106,6 +106,7 @@ fn global_over(addrs: &[String]) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
             label_sets: vec![Labels::from_pairs([("replica", replica)])],
             min_time: i64::MIN,
             max_time: i64::MAX,
+            resolutions: vec![],
         });
     }
     let one_replica = targets[0].store.clone();

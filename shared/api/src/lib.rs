@@ -277,7 +277,21 @@ fn scope_of(p: &Params) -> Result<QueryScope, ApiError> {
         Some("false") | Some("0") => Ok(false),
         Some(v) => Err(ApiError::bad_data(format!("invalid parameter {k:?}: cannot parse {v:?} to a boolean"))),
     };
-    Ok(QueryScope::new(flag("partial_response")?, flag("dedup")?))
+    let mut scope = QueryScope::new(flag("partial_response")?, flag("dedup")?);
+    scope.max_source_resolution = max_source_resolution(p)?;
+    Ok(scope)
+}
+
+/// Thanos' `max_source_resolution`: `auto` (or absent) lets the querier choose; `raw` or
+/// `0s` reads raw data only; `5m`, `1h` (or any duration) caps the aggregates used.
+fn max_source_resolution(p: &Params) -> Result<Option<i64>, ApiError> {
+    match p.get("max_source_resolution") {
+        None | Some("") | Some("auto") => Ok(None),
+        Some("raw") => Ok(Some(0)),
+        Some(s) => strata_model::duration::parse_duration_ms(s).map(Some).map_err(|e| {
+            ApiError::bad_data(format!("invalid parameter \"max_source_resolution\": cannot parse {s:?}: {e}"))
+        }),
+    }
 }
 
 fn limit_of(p: &Params) -> Result<usize, ApiError> {

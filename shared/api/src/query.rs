@@ -8,7 +8,7 @@ use axum::response::Response;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
-use strata_model::duration::parse_duration_ms;
+use strata_model::duration::{format_duration_ms, parse_duration_ms};
 use strata_model::time::{now_ms, parse_time};
 use strata_model::value::{push_api_time, push_api_value};
 use strata_promql::{Engine, QueryError, QueryStats, QueryValue};
@@ -118,7 +118,7 @@ fn wants_step_stats(p: &Params) -> bool {
 }
 
 /// Prometheus' `stats` object, when the `stats` parameter asks for it.
-fn stats_json(p: &Params, st: &QueryStats) -> Option<Value> {
+fn stats_json(p: &Params, st: &QueryStats, scope: &strata_store::QueryScope) -> Option<Value> {
     if p.get("stats").is_none_or(str::is_empty) {
         return None;
     }
@@ -127,7 +127,7 @@ fn stats_json(p: &Params, st: &QueryStats) -> Option<Value> {
     if let Some(steps) = &st.per_step {
         samples["totalQueryableSamplesPerStep"] = steps.iter().map(|(t, n)| json!([time_json(*t), n])).collect();
     }
-    Some(json!({
+    let mut out = json!({
         "timings": {
             "evalTotalTime": secs(st.total),
             "resultSortTime": 0.0,
@@ -137,7 +137,19 @@ fn stats_json(p: &Params, st: &QueryStats) -> Option<Value> {
             "execTotalTime": secs(st.total),
         },
         "samples": samples,
-    }))
+    });
+    // Strata's addition: which resolution answered which steps of which leaf.
+    let used = scope.resolutions();
+    if !used.is_empty() {
+        out["resolutions"] = used
+            .iter()
+            .map(|r| {
+                let res = if r.resolution == 0 { "raw".to_string() } else { format_duration_ms(r.resolution) };
+                json!({"leaf": r.leaf, "resolution": res, "start": time_json(r.start), "end": time_json(r.end)})
+            })
+            .collect();
+    }
+    Some(out)
 }
 
 /// A duration parameter: float seconds or a Prometheus duration (`5m`).
@@ -225,8 +237,10 @@ pub async fn instant(
     let run = engine.instant_with_stats(s.store.as_ref(), &expr, time, wants_step_stats(&p));
     let (mut v, mut stats) = scope.clone().run(run).await?;
     stats.warnings.extend(scope.warnings());
+    stats.infos.extend(scope.infos());
     truncate(&mut v, limit, &mut stats.warnings);
-    Ok(super::success_raw(&result_text(&v, stats_json(&p, &stats).as_ref()), &stats.warnings, &stats.infos))
+    let st = stats_json(&p, &stats, &scope);
+    Ok(super::success_raw(&result_text(&v, st.as_ref()), &stats.warnings, &stats.infos))
 }
 
 pub async fn range(
@@ -269,8 +283,10 @@ pub async fn range(
     let run = engine.range_with_stats(s.store.as_ref(), &expr, start, end, step, wants_step_stats(&p));
     let (mut v, mut stats) = scope.clone().run(run).await?;
     stats.warnings.extend(scope.warnings());
+    stats.infos.extend(scope.infos());
     truncate(&mut v, limit, &mut stats.warnings);
-    Ok(super::success_raw(&result_text(&v, stats_json(&p, &stats).as_ref()), &stats.warnings, &stats.infos))
+    let st = stats_json(&p, &stats, &scope);
+    Ok(super::success_raw(&result_text(&v, st.as_ref()), &stats.warnings, &stats.infos))
 }
 
 #[cfg(test)]

@@ -64,7 +64,8 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
         }
         let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
         out.samples += s.windows.len() as u64;
-        let values = if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
+        let values =
+            if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
         out.series.push(StepsSeries {
             labels: s.labels,
             metric_type: s.metric_type,

@@ -59,6 +59,8 @@ pub enum DownsampleError {
     Progress(#[from] std::io::Error),
     #[error("decoding {series}: {reason}")]
     Decode { series: String, reason: String },
+    #[error("a downsampling task failed: {0}")]
+    Task(String),
 }
 
 /// What one run did.
@@ -153,7 +155,10 @@ impl Downsampler {
             }
             let keep = if sl.width == FIVE_MINUTES { self.opts.retention_5m } else { self.opts.retention_1h };
             let keep = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
-            blocks.delete_before(now.saturating_sub(keep))?;
+            let blocks = blocks.clone();
+            tokio::task::spawn_blocking(move || blocks.delete_before(now.saturating_sub(keep)))
+                .await
+                .map_err(|e| DownsampleError::Task(e.to_string()))??;
         }
         Ok(out)
     }
@@ -162,7 +167,7 @@ impl Downsampler {
     async fn slice(
         &self,
         source: &dyn Store,
-        blocks: &AggregateBlocks,
+        blocks: &Arc<AggregateBlocks>,
         sl: Slicing,
         (a, b): (i64, i64),
     ) -> Result<(usize, usize), DownsampleError> {
@@ -172,22 +177,38 @@ impl Downsampler {
         let mut series = Vec::new();
         let mut windows = 0;
         for name in names {
-            let m = Matcher::new(MatchOp::Equal, "__name__", &name).map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
+            let m = Matcher::new(MatchOp::Equal, "__name__", &name)
+                .map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
             let mut req = SelectRequest::new(vec![m], a + 1, b);
             req.limits = SelectLimits { max_series: 50_000_000, max_samples: u64::MAX };
-            for s in source.select(&req).await? {
-                let samples = s
-                    .samples(a + 1, b)
-                    .map_err(|e| DownsampleError::Decode { series: s.labels.to_string(), reason: e.to_string() })?;
-                let ws = windows_of(&samples, sl.width);
-                windows += ws.len();
-                let kept = Kept::of(s.metric_type, self.opts.least_squares);
-                series.push(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows: ws });
-            }
+            let found = source.select(&req).await?;
+            let least_squares = self.opts.least_squares;
+            // Decoding and windowing are CPU work: off the async threads.
+            let done = tokio::task::spawn_blocking(move || -> Result<Vec<SeriesWindows>, DownsampleError> {
+                found
+                    .into_iter()
+                    .map(|s| {
+                        let samples = s.samples(a + 1, b).map_err(|e| DownsampleError::Decode {
+                            series: s.labels.to_string(),
+                            reason: e.to_string(),
+                        })?;
+                        let kept = Kept::of(s.metric_type, least_squares);
+                        let windows = windows_of(&samples, sl.width);
+                        Ok(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows })
+                    })
+                    .collect()
+            })
+            .await
+            .map_err(|e| DownsampleError::Task(e.to_string()))??;
+            windows += done.iter().map(|s| s.windows.len()).sum::<usize>();
+            series.extend(done);
         }
         series.sort_by(|x, y| x.labels.cmp(&y.labels));
         let n = series.len();
-        blocks.write_slice((a, b), &series, metadata)?;
+        let blocks = blocks.clone();
+        tokio::task::spawn_blocking(move || blocks.write_slice((a, b), &series, metadata))
+            .await
+            .map_err(|e| DownsampleError::Task(e.to_string()))??;
         Ok((n, windows))
     }
 }

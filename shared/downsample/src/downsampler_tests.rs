@@ -6,7 +6,7 @@ use crate::downsampler::{DownsampleOptions, Downsampler};
 use crate::{FIVE_MINUTES, ONE_HOUR};
 use std::sync::Arc;
 use strata_dedup::ReplicaDedup;
-use strata_model::{Labels, Matcher, MatchOp, Metadata, MetricType, Sample};
+use strata_model::{Labels, MatchOp, Matcher, Metadata, MetricType, Sample};
 use strata_promql::{Engine, EngineOptions, QueryValue};
 use strata_store::{StepsRequest, Store};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
@@ -76,7 +76,13 @@ async fn raw(store: &dyn Store, query: &str, start: i64, end: i64, step: i64) ->
 }
 
 /// The aggregates' answer, labels as the engine shows them (the name dropped by functions).
-fn from_aggregates(d: &Downsampler, width: i64, function: Option<(&str, i64)>, name: &str, grid: (i64, i64, i64)) -> Vec<(Labels, Vec<Option<f64>>)> {
+fn from_aggregates(
+    d: &Downsampler,
+    width: i64,
+    function: Option<(&str, i64)>,
+    name: &str,
+    grid: (i64, i64, i64),
+) -> Vec<(Labels, Vec<Option<f64>>)> {
     let m = Matcher::new(MatchOp::Equal, "__name__", name).unwrap();
     let mut req = StepsRequest::new(vec![m], grid, 300_000);
     req.function = function.map(|(f, r)| (f.to_string(), r));
@@ -144,7 +150,13 @@ async fn compare_all(s: &Setup, from: i64, to: i64) {
 /// One replica's worth of samples in every 5 m window that has any: the pair is counted
 /// once, and where one replica died the other fills in.
 fn assert_counted_once(s: &Setup, from: i64, to: i64) {
-    let counts = from_aggregates(&s.down, FIVE_MINUTES, Some(("count_over_time", FIVE_MINUTES)), "gpu_temp", (from + FIVE_MINUTES, to, FIVE_MINUTES));
+    let counts = from_aggregates(
+        &s.down,
+        FIVE_MINUTES,
+        Some(("count_over_time", FIVE_MINUTES)),
+        "gpu_temp",
+        (from + FIVE_MINUTES, to, FIVE_MINUTES),
+    );
     assert_eq!(counts.len(), 1);
     assert!(counts[0].1.iter().all(|c| *c == Some(20.0)), "{:?}", counts[0].1);
 }

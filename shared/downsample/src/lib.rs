@@ -20,13 +20,18 @@ pub mod blocks;
 pub mod downsampler;
 pub mod encoding;
 pub mod leaf;
+pub mod plan;
 pub mod progress;
 pub mod range;
+pub mod store;
 pub mod window;
 
+pub use downsampler::{DownsampleOptions, Downsampler};
 pub use encoding::{column_sizes, decode, encode, DecodeError};
 pub use leaf::{check, evaluate, Grid, Leaf, NotExact};
+pub use plan::ResolutionPlanner;
 pub use range::RangeFn;
+pub use store::WithAggregates;
 pub use window::{window_end, windows_of, Window};
 
 use strata_model::MetricType;
@@ -70,5 +75,7 @@ impl Kept {
 
 #[cfg(test)]
 mod downsampler_tests;
+#[cfg(test)]
+mod plan_tests;
 #[cfg(test)]
 mod tests;

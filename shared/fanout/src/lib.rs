@@ -46,12 +46,21 @@ pub struct StoreTarget {
     /// is not used to skip it (a fresh store may have data by the time it is asked).
     pub min_time: i64,
     pub max_time: i64,
+    /// Aggregates it holds: (window width, first and last sample time covered), ms.
+    pub resolutions: Vec<(i64, i64, i64)>,
 }
 
 impl StoreTarget {
     /// A store asked for everything (no labels or time range known).
     pub fn new(name: impl Into<String>, store: Arc<dyn Store>) -> Self {
-        StoreTarget { name: name.into(), store, label_sets: Vec::new(), min_time: i64::MIN, max_time: i64::MAX }
+        StoreTarget {
+            name: name.into(),
+            store,
+            label_sets: Vec::new(),
+            min_time: i64::MIN,
+            max_time: i64::MAX,
+            resolutions: Vec::new(),
+        }
     }
 
     /// Whether this store can hold series matching `matchers` in `[start, end]`.

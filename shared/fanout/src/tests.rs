@@ -178,6 +178,7 @@ async fn only_stores_whose_labels_and_time_can_match_are_asked() {
         label_sets: vec![Labels::from_pairs([("cluster", cluster)])],
         min_time: min,
         max_time: max,
+        resolutions: vec![],
     };
     let fanout = Fanout::new(
         vec![

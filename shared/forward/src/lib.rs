@@ -26,6 +26,7 @@ mod metrics;
 mod parallel;
 mod receiver;
 mod sender;
+mod senders;
 mod source;
 #[cfg(test)]
 mod tests;
@@ -37,6 +38,7 @@ pub use holds::WalHolds;
 pub use metrics::{ForwardMetrics, ForwarderStats, UpstreamLabel};
 pub use receiver::{samples_of, Arrivals, ForwardReceiver, ReceiverStats, ResultLabel, StorageId};
 pub use sender::{Forwarder, ForwarderOptions};
+pub use senders::Senders;
 pub use strata_proto::forward as pb;
 pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};
 

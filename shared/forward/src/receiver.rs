@@ -114,6 +114,8 @@ pub struct ForwardReceiver {
     sessions: Arc<Sessions>,
     /// Told of each batch before it is acknowledged (see [`Arrivals`]).
     arrivals: Option<Arrivals>,
+    /// The edges that said hello, by their external labels.
+    senders: Option<Arc<crate::senders::Senders>>,
 }
 
 /// Told, before a batch is acknowledged, which sender (`PushRequest.upstream`) sent samples
@@ -182,7 +184,14 @@ impl ForwardReceiver {
             connections: None,
             sessions: Arc::default(),
             arrivals: None,
+            senders: None,
         }
+    }
+
+    /// Records each sender's external labels in `senders`.
+    pub fn with_senders(mut self, senders: Arc<crate::senders::Senders>) -> Self {
+        self.senders = Some(senders);
+        self
     }
 
     /// Tells `arrivals` of every batch before it is acknowledged.
@@ -382,10 +391,12 @@ impl ForwardReceiver {
             resolved.push((series, samples));
         }
         resolved.extend(known);
-        let span = resolved.iter().flat_map(|(_, (samples, _))| samples.first().zip(samples.last())).fold(
-            None,
-            |acc: Option<(i64, i64)>, (a, z)| Some(acc.map_or((a.t, z.t), |(lo, hi)| (lo.min(a.t), hi.max(z.t)))),
-        );
+        let span = resolved
+            .iter()
+            .flat_map(|(_, (samples, _))| samples.first().zip(samples.last()))
+            .fold(None, |acc: Option<(i64, i64)>, (a, z)| {
+                Some(acc.map_or((a.t, z.t), |(lo, hi)| (lo.min(a.t), hi.max(z.t))))
+            });
         // A series named twice in one batch (the protocol sends each once) goes in as
         // samples, in the batch's order.
         let mut seen: HashMap<SeriesRef, usize> = HashMap::with_capacity(resolved.len());
@@ -509,6 +520,13 @@ fn samples_and_chunks_of(s: &mut pb::ForwardSeries) -> Result<(Vec<Sample>, Vec<
 impl Forward for ForwardReceiver {
     async fn hello(&self, req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloResponse>, Status> {
         let _call = self.connections.as_ref().and_then(|c| c.call(req.remote_addr()));
+        if let Some(senders) = &self.senders {
+            let labels = labels_from_pb(req.into_inner().external_labels, &mut StringPool::default())
+                .map_err(|e| Status::invalid_argument(format!("external labels: {e}")))?;
+            if !senders.saw(&labels) {
+                tracing::warn!(%labels, "forward: too many senders to remember another");
+            }
+        }
         Ok(Response::new(pb::HelloResponse {
             storage_id: self.id.0.clone(),
             max_batch_samples: MAX_BATCH_SAMPLES as u64,

@@ -242,6 +242,7 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         series: s,
         metadata: vec![],
         session: String::new(),
+        upstream: String::new(),
     };
     let by_ref = |session: &str, r: u64| pb::PushRequest {
         storage_id: id.clone(),
@@ -254,6 +255,7 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         }],
         metadata: vec![],
         session: session.into(),
+        upstream: String::new(),
     };
     assert_eq!(c.push(push(&id, vec![good.clone()])).await.unwrap().into_inner().appended, 1);
     let before = all(&regional.db);

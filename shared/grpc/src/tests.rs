@@ -45,7 +45,13 @@ async fn start_limited(limits: ConnectionLimits) -> (String, tokio::sync::onesho
 }
 
 fn service(store: impl Store + 'static, external: Labels) -> StoreService {
-    let info = Arc::new(|| StoreInfo { min_time: 0, max_time: 1, kind: pb::ComponentKind::Edge, label_sets: vec![], resolutions: vec![] });
+    let info = Arc::new(|| StoreInfo {
+        min_time: 0,
+        max_time: 1,
+        kind: pb::ComponentKind::Edge,
+        label_sets: vec![],
+        resolutions: vec![],
+    });
     StoreService::new(Arc::new(store), external, SelectLimits::default(), info)
 }
 

@@ -17,7 +17,7 @@ pub mod steps;
 
 pub use batches::{collect_batches, collect_within, selection_order, BoxBatches, OneBatch, SeriesBatches};
 pub use limits::{require_matchers, SelectBudget};
-pub use scope::QueryScope;
+pub use scope::{QueryScope, ResolutionUsed};
 pub use steps::{
     labels_hash, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries,
 };

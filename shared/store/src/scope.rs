@@ -41,8 +41,26 @@ pub struct QueryScope {
     pub partial_response: bool,
     /// HA replicas are merged into one series (`dedup=false` shows each).
     pub dedup: bool,
+    /// Thanos' `max_source_resolution`: the coarsest aggregates (window width, ms) a
+    /// leaf may be answered from; `None` (`auto`): any that is exact; `Some(0)`: raw only.
+    pub max_source_resolution: Option<i64>,
     warnings: Arc<Mutex<Warnings>>,
+    infos: Arc<Mutex<Warnings>>,
+    /// What resolution answered which steps of which leaf (`stats`).
+    resolutions: Arc<Mutex<Vec<ResolutionUsed>>>,
     failed_stores: Arc<Mutex<Vec<String>>>,
+}
+
+/// One slice of a leaf's grid and the resolution that answered it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResolutionUsed {
+    /// The leaf, as PromQL (`avg_over_time(x[5m])`).
+    pub leaf: String,
+    /// Window width, ms; 0: raw samples.
+    pub resolution: i64,
+    /// The first and last step answered so (ms).
+    pub start: i64,
+    pub end: i64,
 }
 
 impl Default for QueryScope {
@@ -54,7 +72,15 @@ impl Default for QueryScope {
 impl QueryScope {
     /// A scope with these options and no warnings yet.
     pub fn new(partial_response: bool, dedup: bool) -> Self {
-        QueryScope { partial_response, dedup, warnings: Arc::default(), failed_stores: Arc::default() }
+        QueryScope {
+            partial_response,
+            dedup,
+            max_source_resolution: None,
+            warnings: Arc::default(),
+            infos: Arc::default(),
+            resolutions: Arc::default(),
+            failed_stores: Arc::default(),
+        }
     }
 
     /// Runs `f` with this scope as the current one.
@@ -67,10 +93,39 @@ impl QueryScope {
         SCOPE.try_with(|s| s.clone()).unwrap_or_default()
     }
 
-    /// Adds a warning for the response (repeats of one message are kept once; past
-    /// [`MAX_WARNINGS`] they are counted, and a message is cut at [`MAX_WARNING_BYTES`]).
+    /// Adds a warning for the response (see [`add_bounded`]).
     pub fn warn(&self, message: impl Into<String>) {
-        let mut message = message.into();
+        add_bounded(&self.warnings, message.into());
+    }
+
+    /// Adds an info annotation (bounded as warnings are): an answer that is complete but
+    /// not quite what was asked (aggregates where no finer data was left).
+    pub fn info(&self, message: impl Into<String>) {
+        add_bounded(&self.infos, message.into());
+    }
+
+    pub fn infos(&self) -> Vec<String> {
+        self.infos.lock().map(|w| w.list.clone()).unwrap_or_default()
+    }
+
+    /// Records which resolution answered a slice of a leaf (at most a thousand kept).
+    pub fn used_resolution(&self, r: ResolutionUsed) {
+        if let Ok(mut v) = self.resolutions.lock() {
+            if v.len() < 1000 && !v.contains(&r) {
+                v.push(r);
+            }
+        }
+    }
+
+    pub fn resolutions(&self) -> Vec<ResolutionUsed> {
+        self.resolutions.lock().map(|v| v.clone()).unwrap_or_default()
+    }
+}
+
+/// Adds a message to a bounded list: repeats kept once, past [`MAX_WARNINGS`] counted, a
+/// message cut at [`MAX_WARNING_BYTES`].
+fn add_bounded(list: &Mutex<Warnings>, mut message: String) {
+    {
         if message.len() > MAX_WARNING_BYTES {
             let mut cut = MAX_WARNING_BYTES;
             while !message.is_char_boundary(cut) {
@@ -79,7 +134,7 @@ impl QueryScope {
             message.truncate(cut);
             message.push_str(" [cut]");
         }
-        if let Ok(mut w) = self.warnings.lock() {
+        if let Ok(mut w) = list.lock() {
             if w.seen.contains(&message) {
                 return;
             }
@@ -91,7 +146,9 @@ impl QueryScope {
             w.list.push(message);
         }
     }
+}
 
+impl QueryScope {
     /// The warnings added so far, in order, and how many more were left out.
     pub fn warnings(&self) -> Vec<String> {
         let Ok(w) = self.warnings.lock() else { return Vec::new() };

@@ -1,0 +1,322 @@
+//! [`ResolutionPlanner`]: the global's choice, per leaf of a query and per slice of its
+//! grid, of the coarsest aggregates that give exactly the raw answer and that its stores
+//! hold for that slice, raw data for the rest, the slices stitched per series.
+//!
+//! Aggregates are used for a leaf only when every store that may hold its series either
+//! holds them itself or forwards to one that does (its external label sets are among the
+//! senders an aggregate holder lists): otherwise the aggregates would miss that store's
+//! series. The steps before and after what the aggregates cover (the newest hours, which
+//! are not downsampled yet) come from the raw path, deduplicated as always. A holder that
+//! cannot answer (a series that keeps no aggregate the function needs, a store down) sends
+//! the whole leaf back to the raw path. Each slice's resolution is recorded in the
+//! request's scope for `stats`.
+
+use crate::leaf::{check, Grid, Leaf};
+use crate::range::RangeFn;
+use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_fanout::{Fanout, StoreTarget};
+use strata_model::{Labels, Matcher, Metadata, MetricType};
+use strata_store::{
+    QueryScope, ResolutionUsed, SelectBudget, SelectRequest, SeriesChunks, SeriesSummary, StepValues, Steps,
+    StepsRequest, StepsSeries, Store, StoreError,
+};
+
+pub struct ResolutionPlanner {
+    raw: Arc<dyn Store>,
+    fanout: Arc<Fanout>,
+    timeout: Duration,
+}
+
+/// Steps `first..=last` of a leaf's grid from windows `width` wide held by `holders`.
+struct Segment {
+    width: i64,
+    first: usize,
+    last: usize,
+    holders: Vec<StoreTarget>,
+}
+
+impl ResolutionPlanner {
+    /// `raw`: the deduplicated view over `fanout`'s stores.
+    pub fn new(raw: Arc<dyn Store>, fanout: Arc<Fanout>, timeout: Duration) -> Self {
+        ResolutionPlanner { raw, fanout, timeout }
+    }
+
+    /// The segments of the grid aggregates answer, coarsest first where several could,
+    /// in step order; empty when none can.
+    fn plan(&self, req: &StepsRequest, cap: Option<i64>) -> Vec<Segment> {
+        let Some(leaf) = leaf_of(req) else { return Vec::new() };
+        let grid = Grid { start: req.start, end: req.end, step: req.step, offset: req.offset };
+        let Some(n) = grid.steps() else { return Vec::new() };
+        let sel = req.selection();
+        let targets = self.fanout.targets();
+        let mut taken = vec![false; n];
+        let mut out: Vec<Segment> = Vec::new();
+        for width in [ONE_HOUR, FIVE_MINUTES] {
+            if cap.is_some_and(|c| c < width) || check(&leaf, &grid, width, Kept::ALL).is_err() {
+                continue;
+            }
+            let holds = |t: &StoreTarget| t.resolutions.iter().find(|r| r.0 == width).copied();
+            let holders: Vec<&StoreTarget> = targets.iter().filter(|t| holds(t).is_some()).collect();
+            let covered = |t: &StoreTarget| {
+                holds(t).is_some()
+                    || (!t.label_sets.is_empty()
+                        && t.label_sets.iter().all(|l| holders.iter().any(|h| h.label_sets.contains(l))))
+            };
+            if !targets.iter().filter(|t| t.may_match(&sel.matchers, sel.start, sel.end)).all(covered) {
+                continue;
+            }
+            let relevant: Vec<StoreTarget> = holders
+                .iter()
+                .filter(|t| t.may_match(&sel.matchers, sel.start, sel.end))
+                .map(|t| (*t).clone())
+                .collect();
+            let (lo, hi) =
+                relevant.iter().filter_map(holds).fold((i64::MIN, i64::MAX), |(lo, hi), r| (lo.max(r.1), hi.min(r.2)));
+            if relevant.is_empty() || lo > hi {
+                continue;
+            }
+            // Step i reads the windows ending in (from_i, E_i]: all must be covered.
+            let reach = match leaf {
+                Leaf::Selector { lookback } => lookback,
+                Leaf::Range { range, .. } => range,
+            };
+            let e = |i: usize| req.start + i as i64 * req.step - req.offset;
+            let fits: Vec<bool> =
+                (0..n).map(|i| !taken[i] && (e(i) - reach).div_euclid(width) * width >= lo - 1 && e(i) <= hi).collect();
+            let mut i = 0;
+            while i < n {
+                if !fits[i] {
+                    i += 1;
+                    continue;
+                }
+                let first = i;
+                while i < n && fits[i] {
+                    taken[i] = true;
+                    i += 1;
+                }
+                out.push(Segment { width, first, last: i - 1, holders: relevant.clone() });
+            }
+        }
+        out.sort_by_key(|s| s.first);
+        out
+    }
+
+    /// A segment's steps from its holders' aggregates, merged by labels; `None` when one
+    /// of them could not answer.
+    async fn ask_holders(&self, req: &StepsRequest, plan: &Segment) -> Option<Steps> {
+        let mut sub = req.clone();
+        sub.start = req.start + plan.first as i64 * req.step;
+        sub.end = req.start + plan.last as i64 * req.step;
+        sub.resolution = plan.width;
+        let sub = Arc::new(sub);
+        let timeout = self.timeout;
+        let calls = plan.holders.iter().map(|t| {
+            let (store, sub, name) = (t.store.clone(), sub.clone(), t.name.clone());
+            async move { (name, tokio::time::timeout(timeout, store.steps(&sub)).await) }
+        });
+        let mut out = Steps::default();
+        for (name, answer) in futures_join(calls).await? {
+            match answer {
+                Ok(Ok(Some(s))) => merge_into(&mut out, s),
+                Ok(Ok(None)) => return None,
+                Ok(Err(e)) => {
+                    tracing::debug!(store = %name, error = %e, "aggregates not used for a leaf");
+                    return None;
+                }
+                Err(_) => return None,
+            }
+        }
+        out.series.sort_by(|a, b| a.labels.cmp(&b.labels));
+        out.series.dedup_by(|a, b| a.labels == b.labels);
+        Some(out)
+    }
+}
+
+/// Runs the futures at once and gathers their outputs in order; `None` if one failed to
+/// finish (a holder's part missing must not pass for a whole answer).
+async fn futures_join<F>(fs: impl Iterator<Item = F>) -> Option<Vec<F::Output>>
+where
+    F: std::future::Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = fs.map(|f| tokio::spawn(QueryScope::current().run(f))).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        out.push(h.await.ok()?);
+    }
+    Some(out)
+}
+
+fn merge_into(out: &mut Steps, s: Steps) {
+    out.series.extend(s.series);
+    out.samples += s.samples;
+    out.warnings.extend(s.warnings);
+    for i in s.infos {
+        if !out.infos.contains(&i) {
+            out.infos.push(i);
+        }
+    }
+}
+
+/// The leaf a request evaluates, when aggregates could answer it.
+fn leaf_of(req: &StepsRequest) -> Option<Leaf> {
+    Some(match &req.function {
+        None => Leaf::Selector { lookback: req.lookback },
+        Some((name, range)) => Leaf::Range { function: RangeFn::parse(name, None)?, range: *range },
+    })
+}
+
+/// The leaf as PromQL, for `stats`.
+fn leaf_text(req: &StepsRequest) -> String {
+    let op = |o: &strata_model::MatchOp| match o {
+        strata_model::MatchOp::Equal => "=",
+        strata_model::MatchOp::NotEqual => "!=",
+        strata_model::MatchOp::Regex => "=~",
+        strata_model::MatchOp::NotRegex => "!~",
+    };
+    let ms: Vec<String> = req.matchers.iter().map(|m| format!("{}{}{:?}", m.name, op(&m.op), m.value)).collect();
+    let sel = format!("{{{}}}", ms.join(", "));
+    match &req.function {
+        Some((f, r)) => format!("{f}({sel}[{}])", strata_model::duration::format_duration_ms(*r)),
+        None => sel,
+    }
+}
+
+/// One part's series placed at their steps in the whole grid.
+struct Stitched {
+    metric_type: MetricType,
+    name_dropped: bool,
+    values: Vec<Option<f64>>,
+    samples: u64,
+}
+
+#[async_trait]
+impl Store for ResolutionPlanner {
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError> {
+        self.raw.select_within(req, budget).await
+    }
+
+    async fn select_batches(&self, req: &SelectRequest) -> Result<strata_store::BoxBatches, StoreError> {
+        self.raw.select_batches(req).await
+    }
+
+    async fn series_within(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        self.raw.series_within(matchers, start, end, budget).await
+    }
+
+    async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
+        self.raw.label_names(matchers, start, end).await
+    }
+
+    async fn label_values(
+        &self,
+        name: &str,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        self.raw.label_values(name, matchers, start, end).await
+    }
+
+    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        self.raw.metadata(metric).await
+    }
+
+    async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        let scope = QueryScope::current();
+        if req.resolution != 0 || !req.values || scope.max_source_resolution == Some(0) {
+            return self.raw.steps(req).await;
+        }
+        let segments = self.plan(req, scope.max_source_resolution);
+        if segments.is_empty() {
+            return self.raw.steps(req).await;
+        }
+        if req.aggregate.is_some() {
+            // The engine asks for the leaf next, which is planned; the aggregation is done
+            // above it.
+            return Ok(None);
+        }
+        let Some(n) = req.steps() else { return self.raw.steps(req).await };
+        // (first step, steps, answer, resolution): the segments, and raw data between them.
+        let mut parts = Vec::new();
+        let mut next = 0;
+        let mut raw_spans = Vec::new();
+        for seg in &segments {
+            if seg.first > next {
+                raw_spans.push((next, seg.first));
+            }
+            next = seg.last + 1;
+            let Some(agg) = self.ask_holders(req, seg).await else { return self.raw.steps(req).await };
+            parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
+        }
+        if next < n {
+            raw_spans.push((next, n));
+        }
+        for (a, b) in raw_spans {
+            let mut sub = req.clone();
+            sub.start = req.start + a as i64 * req.step;
+            sub.end = req.start + (b - 1) as i64 * req.step;
+            match self.raw.steps(&sub).await? {
+                Some(s) => parts.push((a, b - a, s, 0)),
+                // No store evaluates the raw part: the engine selects samples for the leaf.
+                None => return Ok(None),
+            }
+        }
+        let leaf = leaf_text(req);
+        let mut by: BTreeMap<Labels, Stitched> = BTreeMap::new();
+        let mut out = Steps::default();
+        for (offset, len, part, width) in parts {
+            let first = req.start + offset as i64 * req.step;
+            let end = first + (len as i64 - 1) * req.step;
+            scope.used_resolution(ResolutionUsed { leaf: leaf.clone(), resolution: width, start: first, end });
+            out.samples += part.samples;
+            out.warnings.extend(part.warnings);
+            for i in part.infos {
+                if !out.infos.contains(&i) {
+                    out.infos.push(i);
+                }
+            }
+            for s in part.series {
+                let e = by.entry(s.labels).or_insert_with(|| Stitched {
+                    metric_type: s.metric_type,
+                    name_dropped: s.name_dropped,
+                    values: vec![None; n],
+                    samples: 0,
+                });
+                e.samples += s.summary.samples;
+                for (i, v) in s.values.iter().enumerate() {
+                    if let Some(slot) = e.values.get_mut(offset + i) {
+                        if v.is_some() {
+                            *slot = v;
+                        }
+                    }
+                }
+            }
+        }
+        out.series = by
+            .into_iter()
+            .map(|(labels, s)| StepsSeries {
+                labels,
+                metric_type: s.metric_type,
+                summary: SeriesSummary { samples: s.samples, ..SeriesSummary::default() },
+                values: StepValues::from_options(&s.values),
+                name_dropped: s.name_dropped,
+            })
+            .collect();
+        Ok(Some(out))
+    }
+}

@@ -1,0 +1,178 @@
+//! The planner over a regional (raw data and aggregates) behind a fan-out and the replica
+//! dedup, as a global sees it: the answers equal the raw ones, the aggregates answer the
+//! aligned steps they cover, raw data the rest, and a store whose data the aggregates lack
+//! keeps the leaf raw.
+
+use crate::downsampler::{DownsampleOptions, Downsampler};
+use crate::plan::ResolutionPlanner;
+use crate::store::WithAggregates;
+use crate::{FIVE_MINUTES, ONE_HOUR};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_dedup::ReplicaDedup;
+use strata_fanout::{Fanout, StoreTarget};
+use strata_model::{Labels, Metadata, MetricType, Sample};
+use strata_promql::pushdown::Evaluating;
+use strata_promql::{Engine, EngineOptions, QueryValue};
+use strata_store::{QueryScope, Store};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_tsdb::TsdbStore;
+
+struct Stack {
+    _dir: tempfile::TempDir,
+    planner: ResolutionPlanner,
+    reference: Arc<dyn Store>,
+    fanout: Arc<Fanout>,
+    down: Arc<Downsampler>,
+    regional: Arc<dyn Store>,
+    t0: i64,
+    end: i64,
+}
+
+fn series(db: &Tsdb, name: &str, replica: &str, from: i64, to: i64, jitter: i64) {
+    let l = Labels::from_pairs([("__name__", name), ("cluster", "c0"), ("gpu", "1"), ("replica", replica)]);
+    let s = db.series(&l).unwrap();
+    let batch: Vec<_> = (from / 15_000..to / 15_000)
+        .map(|i| {
+            let t = i * 15_000 + jitter;
+            let v = if name.ends_with("_total") { (i * 37 % 100_000) as f64 } else { 30.0 + (i * 7919 % 41) as f64 };
+            (s.clone(), Sample::new(t, v))
+        })
+        .collect();
+    assert!(db.commit(&batch).unwrap().rejected.is_empty());
+}
+
+async fn stack() -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(&dir.path().join("db"), TsdbOptions::default()).unwrap());
+    db.set_metadata("energy_total", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
+    db.set_metadata("temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+    let now = strata_model::time::now_ms();
+    let t0 = (now - 9 * ONE_HOUR).div_euclid(6 * ONE_HOUR) * 6 * ONE_HOUR;
+    let end = t0 + 9 * ONE_HOUR;
+    for name in ["energy_total", "temp"] {
+        series(&db, name, "a", t0, now - 60_000, 11);
+        series(&db, name, "b", t0, now - 60_000, 5_003);
+    }
+    let down = Arc::new(
+        Downsampler::open(
+            &dir.path().join("down"),
+            DownsampleOptions { max_delay: Duration::ZERO, ..Default::default() },
+        )
+        .unwrap(),
+    );
+    let source = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
+    // Downsampled as if it were eight hours in: the ninth hour is raw data only.
+    down.run(&source, Some(t0 + 1), t0 + 8 * ONE_HOUR).await.unwrap();
+    let regional: Arc<dyn Store> =
+        Arc::new(WithAggregates::new(Arc::new(Evaluating::new(TsdbStore(db.clone()))), down.clone()));
+    let fanout = Arc::new(Fanout::new(Vec::new(), Duration::from_secs(30)));
+    let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
+    let planner = ResolutionPlanner::new(dedup.clone(), fanout.clone(), Duration::from_secs(30));
+    let s = Stack { _dir: dir, planner, reference: dedup, fanout, down, regional, t0, end };
+    s.targets(false);
+    s
+}
+
+impl Stack {
+    /// The regional, and (`with_edge`) an edge of another cluster that forwards nowhere.
+    fn targets(&self, with_edge: bool) {
+        let mut regional = StoreTarget::new("regional", self.regional.clone());
+        regional.label_sets = vec![
+            Labels::from_pairs([("cluster", "c0"), ("replica", "a")]),
+            Labels::from_pairs([("cluster", "c0"), ("replica", "b")]),
+        ];
+        regional.resolutions = self.down.coverage();
+        let mut targets = vec![regional];
+        if with_edge {
+            let mut edge = StoreTarget::new("edge-c1", Arc::new(strata_store::memory::MemoryStore::default()));
+            edge.label_sets = vec![Labels::from_pairs([("cluster", "c1"), ("replica", "a")])];
+            targets.push(edge);
+        }
+        self.fanout.set_targets(targets);
+    }
+}
+
+async fn run(
+    store: &dyn Store,
+    query: &str,
+    (start, end, step): (i64, i64, i64),
+    scope: QueryScope,
+) -> Vec<(Labels, Vec<(i64, f64)>)> {
+    let engine = Engine::new(EngineOptions::default());
+    let expr = strata_promql::parse(query).unwrap();
+    let v = scope.run(engine.range(store, &expr, start, end, step)).await.unwrap();
+    let QueryValue::Matrix(m) = v else { panic!("a matrix") };
+    m.into_iter().map(|s| (s.labels, s.points)).collect()
+}
+
+fn assert_same(query: &str, a: &[(Labels, Vec<(i64, f64)>)], b: &[(Labels, Vec<(i64, f64)>)]) {
+    assert_eq!(a.len(), b.len(), "{query}");
+    for ((la, pa), (lb, pb)) in a.iter().zip(b) {
+        assert_eq!(la, lb, "{query}");
+        assert_eq!(pa.len(), pb.len(), "{query} {la}: points");
+        for ((ta, va), (tb, vb)) in pa.iter().zip(pb) {
+            assert_eq!(ta, tb, "{query}");
+            assert!((va - vb).abs() <= 1e-12 * va.abs().max(vb.abs()), "{query} {la} at {ta}: {va} vs {vb}");
+        }
+    }
+}
+
+const QUERIES: &[&str] = &[
+    "avg by (cluster) (avg_over_time(temp[5m]))",
+    "max_over_time(temp[1h])",
+    "sum by (cluster) (rate(energy_total[5m]))",
+    "increase(energy_total[1h])",
+    "temp",
+    "count_over_time(temp[10m])",
+];
+
+#[tokio::test]
+async fn aligned_steps_come_from_aggregates_the_newest_from_raw_data_and_answers_equal_the_raw_ones() {
+    let s = stack().await;
+    let covered = s.down.coverage();
+    assert!(covered.iter().any(|c| c.0 == FIVE_MINUTES) && covered.iter().any(|c| c.0 == ONE_HOUR), "{covered:?}");
+    let start = s.t0 + ONE_HOUR;
+    for (step, want) in [(FIVE_MINUTES, FIVE_MINUTES), (ONE_HOUR, ONE_HOUR)] {
+        let grid = (start, s.end.div_euclid(step) * step, step);
+        for q in QUERIES {
+            let scope = QueryScope::default();
+            let got = run(&s.planner, q, grid, scope.clone()).await;
+            let raw = run(&*s.reference, q, grid, QueryScope::default()).await;
+            assert_same(q, &raw, &got);
+            let used = scope.resolutions();
+            // `[5m]` at a 1 h step reads 5 m windows; otherwise (a plain selector too) the step's width where it
+            // is computed (the 1 h windows end two hours before the 5 m ones here).
+            let coarsest = used.iter().map(|u| u.resolution).max().unwrap_or(0);
+            let short = q.contains("[5m]") || q.contains("[10m]");
+            let expect = if step == ONE_HOUR && short { FIVE_MINUTES } else { want };
+            assert_eq!(coarsest, expect, "{q} at step {step}: {used:?}");
+            assert!(used.iter().any(|u| u.resolution == 0), "{q}: the newest steps from raw data: {used:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn unaligned_steps_and_a_store_the_aggregates_lack_stay_raw() {
+    let s = stack().await;
+    let grid = (s.t0 + ONE_HOUR + 60_000, s.end, 60_000);
+    let scope = QueryScope::default();
+    let got = run(&s.planner, QUERIES[0], grid, scope.clone()).await;
+    assert_same(QUERIES[0], &run(&*s.reference, QUERIES[0], grid, QueryScope::default()).await, &got);
+    assert!(scope.resolutions().iter().all(|u| u.resolution == 0), "{:?}", scope.resolutions());
+    s.targets(true);
+    let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
+    let scope = QueryScope::default();
+    run(&s.planner, QUERIES[0], grid, scope.clone()).await;
+    assert!(
+        scope.resolutions().iter().all(|u| u.resolution == 0),
+        "an edge forwarding nowhere: {:?}",
+        scope.resolutions()
+    );
+    // Asking for raw data only.
+    s.targets(false);
+    let mut scope = QueryScope::default();
+    scope.max_source_resolution = Some(0);
+    run(&s.planner, QUERIES[0], grid, scope.clone()).await;
+    assert!(scope.resolutions().is_empty());
+}
