@@ -62,40 +62,118 @@ async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
     let mut addrs = Vec::new();
     for replica in ["a", "b"] {
         let external = Labels::from_pairs([("replica", replica)]);
-        let info = Arc::new(|| StoreInfo {
+        let info = StoreInfo {
             min_time: i64::MIN,
             max_time: i64::MAX,
             kind: pb::ComponentKind::Edge,
             label_sets: vec![],
             resolutions: vec![],
-        });
-        let limits = SelectLimits { max_series: 10_000_000, max_samples: 2_000_000_000 };
-        let service = StoreService::new(local.clone(), external, limits, info);
-        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
-        listener.set_nonblocking(true)?;
-        addrs.push(listener.local_addr()?.to_string());
-        // Each edge on a runtime of its own, as a process of its own would be: its work
-        // does not wait behind the global's tasks, nor theirs behind it.
-        std::thread::Builder::new().name(format!("edge-{replica}")).spawn(move || {
-            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
-            let Ok(rt) = rt else { return };
-            rt.block_on(async move {
-                let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
-                let _ = strata_grpc::serve(
-                    listener,
-                    service,
-                    strata_grpc::ServeOptions::new(Duration::from_secs(600)),
-                    std::future::pending(),
-                )
-                .await;
-            });
-        })?;
+        };
+        addrs.push(start_server(local.clone(), external, info, &format!("edge-{replica}"))?);
     }
     Ok(addrs)
 }
 
-/// The global's store over the pair at `addrs` (replicas a and b): dedup over the fan-out.
-fn global_over(addrs: &[String]) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
+/// A StoreAPI server over `store` on a free loopback port, on a runtime of its own (as a
+/// process of its own would be: its work does not wait behind the global's tasks, nor
+/// theirs behind it); its address.
+fn start_server(store: Arc<dyn Store>, external: Labels, info: StoreInfo, name: &str) -> anyhow::Result<String> {
+    let info = Arc::new(move || info.clone());
+    let limits = SelectLimits { max_series: 10_000_000, max_samples: 2_000_000_000 };
+    let service = StoreService::new(store, external, limits, info);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let addr = listener.local_addr()?.to_string();
+    std::thread::Builder::new().name(name.to_string()).spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build();
+        let Ok(rt) = rt else { return };
+        rt.block_on(async move {
+            let Ok(listener) = tokio::net::TcpListener::from_std(listener) else { return };
+            let _ = strata_grpc::serve(
+                listener,
+                service,
+                strata_grpc::ServeOptions::new(Duration::from_secs(600)),
+                std::future::pending(),
+            )
+            .await;
+        });
+    })?;
+    Ok(addr)
+}
+
+/// The pair as `serve_pair` starts it, and a regional that holds the day's 5 m and 1 h
+/// aggregates (computed here from `local`, timed) and no raw data: the global plans each
+/// leaf's resolution over the three.
+pub async fn serve_pair_with_aggregates(local: Arc<dyn Store>) -> anyhow::Result<Arc<dyn Store>> {
+    let dir = tempfile::tempdir()?;
+    let down = Arc::new(strata_downsample::Downsampler::open(dir.path(), Default::default())?);
+    let started = Instant::now();
+    let series = local.series(&everything()?.matchers, i64::MIN, i64::MAX).await?;
+    let (first, last) = sample_span(&local).await?;
+    // As if the regional ran a while after the day: every window of it is due.
+    let now = last + 6 * strata_downsample::ONE_HOUR + 20 * 60_000;
+    let mut slices = 0;
+    loop {
+        let out = down.run(local.as_ref(), Some(first), now).await?;
+        if out.written.is_empty() {
+            break;
+        }
+        slices += out.written.len();
+    }
+    let bytes: u64 = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR]
+        .iter()
+        .filter_map(|w| down.blocks(*w))
+        .map(|b| b.disk_bytes())
+        .sum();
+    println!(
+        "  downsampled {} series into {slices} slices of 5 m and 1 h windows in {:.1} s: {:.1} MB on disk",
+        series.len(),
+        started.elapsed().as_secs_f64(),
+        bytes as f64 / 1e6
+    );
+    let mut addrs = start_servers(local).await?;
+    let aggregates_only: Arc<dyn Store> = Arc::new(strata_downsample::WithAggregates::new(
+        Arc::new(strata_store::memory::MemoryStore::default()),
+        down.clone(),
+    ));
+    let info = StoreInfo {
+        min_time: i64::MIN,
+        max_time: i64::MAX,
+        kind: pb::ComponentKind::Regional,
+        label_sets: vec![Labels::from_pairs([("replica", "a")]), Labels::from_pairs([("replica", "b")])],
+        resolutions: down.coverage(),
+    };
+    addrs.push(start_server(aggregates_only, Labels::default(), info.clone(), "regional")?);
+    let mut targets = targets_of(&addrs[..2])?;
+    let remote =
+        RemoteStore::new(&addrs[2], RemoteStoreOptions { timeout: Duration::from_secs(600), ..Default::default() })?;
+    targets.push(StoreTarget {
+        name: addrs[2].clone(),
+        store: Arc::new(remote),
+        label_sets: info.label_sets,
+        min_time: i64::MIN,
+        max_time: i64::MAX,
+        resolutions: info.resolutions,
+    });
+    let fanout = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
+    let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
+    std::mem::forget(dir);
+    Ok(Arc::new(strata_downsample::ResolutionPlanner::new(dedup, fanout, Duration::from_secs(600))))
+}
+
+/// The oldest and newest sample of one of the day's metrics.
+async fn sample_span(store: &Arc<dyn Store>) -> anyhow::Result<(i64, i64)> {
+    let m = Matcher::new(MatchOp::Equal, "__name__", "DCGM_FI_DEV_GPU_UTIL")?;
+    let mut req = SelectRequest::new(vec![m], i64::MIN, i64::MAX);
+    req.limits = everything()?.limits;
+    let found = store.select(&req).await?;
+    let first = found.iter().filter_map(|s| s.chunks.first().map(|c| c.min_t)).min();
+    let last = found.iter().filter_map(|s| s.chunks.last().map(|c| c.max_t)).max();
+    first.zip(last).ok_or_else(|| anyhow::anyhow!("no DCGM_FI_DEV_GPU_UTIL in the data"))
+}
+
+/// The fan-out's targets for the pair at `addrs` (replicas a and b).
+fn targets_of(addrs: &[String]) -> anyhow::Result<Vec<StoreTarget>> {
     let mut targets = Vec::new();
     for (addr, replica) in addrs.iter().zip(["a", "b"]) {
         let remote =
@@ -109,6 +187,12 @@ fn global_over(addrs: &[String]) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
             resolutions: vec![],
         });
     }
+    Ok(targets)
+}
+
+/// The global's store over the pair at `addrs` (replicas a and b): dedup over the fan-out.
+fn global_over(addrs: &[String]) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
+    let targets = targets_of(addrs)?;
     let one_replica = targets[0].store.clone();
     let fanout: Arc<dyn Store> = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
     let global = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));

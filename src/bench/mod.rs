@@ -49,6 +49,10 @@ pub enum BenchCommand {
         /// (pushdown off), to measure what pushdown saves.
         #[arg(long)]
         no_pushdown: bool,
+        /// With `--via-global`: a regional beside the pair holds the day's 5 m and 1 h
+        /// aggregates, and the global plans each leaf's resolution.
+        #[arg(long)]
+        downsample: bool,
     },
     /// The storage at scale: simulated DCGM series at 5 s appended directly (no HTTP) for
     /// simulated hours, blocks cut and compacted beside it; ingest rate, peak RSS, bytes on
@@ -220,12 +224,16 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             })
             .await?
         }
-        BenchCommand::FleetDay { file, serve, via_global, no_pushdown } => {
+        BenchCommand::FleetDay { file, serve, via_global, no_pushdown, downsample } => {
             let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;
             let local: std::sync::Arc<dyn strata_store::Store> =
                 std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db)));
             if let Some(addr) = serve {
-                let store = if via_global { global_pair::serve_pair(local).await? } else { local };
+                let store = match (via_global, downsample) {
+                    (true, true) => global_pair::serve_pair_with_aggregates(local).await?,
+                    (true, false) => global_pair::serve_pair(local).await?,
+                    (false, _) => local,
+                };
                 let listener = tokio::net::TcpListener::bind(addr).await?;
                 let what = if via_global { "through a global over an HA pair" } else { "from one store" };
                 println!("serving the fleet-day data {what} at http://{} (Ctrl-C stops)", listener.local_addr()?);

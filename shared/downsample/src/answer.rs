@@ -3,9 +3,11 @@
 //! saying why not (the caller then reads raw data).
 
 use crate::blocks::{AggregateBlocks, AggregateError};
+use crate::encoding::Wanted;
 use crate::leaf::{evaluate, Grid, Leaf, NotExact};
 use crate::range::RangeFn;
 use strata_model::arith::might_not_be_a_counter;
+use strata_model::parallel::map_in_parts;
 use strata_store::{SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries};
 
 #[derive(Debug, thiserror::Error)]
@@ -43,7 +45,9 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
     let last = req.end.saturating_sub(req.offset);
     let first = req.start.saturating_sub(req.offset).saturating_sub(reach);
     let from = first.div_euclid(width).saturating_mul(width);
-    let found = blocks.windows(&req.matchers, from, last)?;
+    let started = std::time::Instant::now();
+    let found = blocks.windows(&req.matchers, (from, last), Wanted::for_leaf(&leaf))?;
+    let read = started.elapsed();
     if found.len() > req.limits.max_series {
         return Err(AnswerError::TooMany(found.len() as u64));
     }
@@ -52,27 +56,46 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
         return Err(AnswerError::TooMany(points));
     }
     let name_dropped = matches!(leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
+    let wanted: Vec<_> = found.into_iter().filter(|s| req.wants(&s.labels)).collect();
+    let counter_fn = matches!(leaf, Leaf::Range { function: RangeFn::Rate | RangeFn::Increase, .. });
+    let evaluated = map_in_parts(
+        wanted,
+        |s| s.windows.len() + steps,
+        |s| -> Result<StepsSeries, AnswerError> {
+            let values = if req.values { evaluate(&s.windows, s.kept, width, &leaf, &grid)? } else { Vec::new() };
+            let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
+            let values = if values.iter().any(Option::is_some) {
+                StepValues::from_options(&values)
+            } else {
+                StepValues::default()
+            };
+            Ok(StepsSeries {
+                labels: s.labels,
+                metric_type: s.metric_type,
+                summary: SeriesSummary { samples: count, ..SeriesSummary::default() },
+                values,
+                name_dropped,
+            })
+        },
+    );
     let mut out = Steps::default();
-    for s in found.into_iter().filter(|s| req.wants(&s.labels)) {
-        let values = if req.values { evaluate(&s.windows, s.kept, width, &leaf, &grid)? } else { Vec::new() };
-        if matches!(leaf, Leaf::Range { function: RangeFn::Rate | RangeFn::Increase, .. }) {
+    for s in evaluated {
+        let s = s?;
+        if counter_fn {
             if let Some(info) = might_not_be_a_counter(s.labels.metric_name().unwrap_or("")) {
                 if !out.infos.contains(&info) {
                     out.infos.push(info);
                 }
             }
         }
-        let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
-        out.samples += s.windows.len() as u64;
-        let values =
-            if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
-        out.series.push(StepsSeries {
-            labels: s.labels,
-            metric_type: s.metric_type,
-            summary: SeriesSummary { samples: count, ..SeriesSummary::default() },
-            values,
-            name_dropped,
-        });
+        out.samples += s.summary.samples;
+        out.series.push(s);
     }
+    tracing::debug!(
+        series = out.series.len(),
+        read_ms = read.as_secs_f64() * 1e3,
+        total_ms = started.elapsed().as_secs_f64() * 1e3,
+        "answered from aggregates"
+    );
     Ok(out)
 }

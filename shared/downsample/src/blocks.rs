@@ -5,7 +5,7 @@
 //! crash between the two leaves the old one to be deleted at the next open, never both
 //! read.
 
-use crate::encoding::{decode, encode};
+use crate::encoding::{decode_wanted, encode, Wanted};
 use crate::window::Window;
 use crate::Kept;
 use std::collections::BTreeMap;
@@ -13,6 +13,7 @@ use std::path::Path;
 use std::sync::Arc;
 use strata_block::{BlockError, BlockReader, BlockWriter};
 use strata_chunk::Chunk;
+use strata_model::parallel::map_in_parts;
 use strata_model::{Labels, Matcher, Metadata, MetricType};
 use strata_tsdb::blocks::BlockSet;
 
@@ -51,8 +52,9 @@ impl AggregateBlocks {
         self.width
     }
 
-    /// Replaces whatever holds the slice `(a, b]` with these series' windows (sorted by
-    /// labels; each window's end in the slice).
+    /// Replaces the block of the slice `(a, b]` (if it was computed before and not merged
+    /// into a day since) with these series' windows (sorted by labels; each window's end
+    /// in the slice). A day block it overlaps stays, and this newer block wins over it.
     pub fn write_slice(
         &self,
         (a, b): (i64, i64),
@@ -63,15 +65,7 @@ impl AggregateBlocks {
         // Written even when empty: a block says its slice was computed.
         let mut w = BlockWriter::create(self.set.dir(), a + 1, b + 1, 1, old.clone())?;
         for s in series.iter().filter(|s| !s.windows.is_empty()) {
-            let data = encode(&s.windows, self.width, s.kept);
-            let (first, last) = (s.windows[0].end, s.windows[s.windows.len() - 1].end);
-            let chunk = Chunk {
-                data: Arc::from(data),
-                n: u16::try_from(s.windows.len()).unwrap_or(u16::MAX),
-                min_t: first - self.width + 1,
-                max_t: last,
-            };
-            if let Err(e) = w.add_series(&s.labels, &[chunk]) {
+            if let Err(e) = w.add_series(&s.labels, &[self.chunk(s)]) {
                 w.abort();
                 return Err(e.into());
             }
@@ -92,78 +86,183 @@ impl AggregateBlocks {
         self.set.healthy().into_iter().filter(|r| r.meta().min_time == a + 1 && r.meta().max_time == b + 1).collect()
     }
 
-    /// The newest block of each slice overlapping `(from, to]`, oldest slice first; an
-    /// error unless they cover it without a hole and none is damaged (a window missing
-    /// would make every range over it wrong, silently).
+    /// The blocks overlapping `(from, to]`, newest first (a slice computed again after a
+    /// day was compacted overlaps the day's block, and wins); an error unless they cover
+    /// it without a hole and none is damaged (a window missing would make every range
+    /// over it wrong, silently).
     fn covering(&self, from: i64, to: i64) -> Result<Vec<Arc<BlockReader>>, AggregateError> {
         let not = |reason: String| AggregateError::NotCovered { width: self.width, from, to, reason };
         if let Some(d) = self.set.damaged_overlapping(from + 1, to).first() {
             return Err(not(format!("block {} is damaged: {}", d.id, d.reason)));
         }
-        let mut newest: BTreeMap<(i64, i64), Arc<BlockReader>> = BTreeMap::new();
-        for r in self.set.overlapping(from + 1, to) {
-            let key = (r.meta().min_time, r.meta().max_time);
-            if newest.get(&key).is_none_or(|o| o.id() < r.id()) {
-                newest.insert(key, r);
-            }
-        }
+        let mut blocks = self.set.overlapping(from + 1, to);
+        let mut ranges: Vec<(i64, i64)> = blocks.iter().map(|r| (r.meta().min_time, r.meta().max_time)).collect();
+        ranges.sort_unstable();
         let mut reached = from + 1;
-        for (lo, hi) in newest.keys() {
-            if *lo > reached {
-                return Err(not(format!("nothing computed for ({}, {lo}]", reached - 1, lo = lo - 1)));
+        for (lo, hi) in ranges {
+            if lo > reached {
+                return Err(not(format!("nothing computed for ({}, {}]", reached - 1, lo - 1)));
             }
-            reached = reached.max(*hi);
+            reached = reached.max(hi);
         }
         if reached <= to {
             return Err(not(format!("computed up to {} only", reached - 1)));
         }
-        Ok(newest.into_values().collect())
+        blocks.sort_by(|a, b| b.id().cmp(a.id()));
+        Ok(blocks)
     }
 
-    /// Every matching series' windows ending in `(from, to]`, sorted by labels; an error
-    /// unless every window of the range was computed and can be read.
-    pub fn windows(&self, matchers: &[Matcher], from: i64, to: i64) -> Result<Vec<SeriesWindows>, AggregateError> {
-        let mut by: BTreeMap<Labels, SeriesWindows> = BTreeMap::new();
-        for r in self.covering(from, to)? {
+    /// Every matching series' windows ending in `(from, to]`, sorted by labels, with the
+    /// `wanted` columns decoded; an error unless every window of the range was computed
+    /// and can be read.
+    pub fn windows(
+        &self,
+        matchers: &[Matcher],
+        range: (i64, i64),
+        wanted: Wanted,
+    ) -> Result<Vec<SeriesWindows>, AggregateError> {
+        let blocks = self.covering(range.0, range.1)?;
+        self.read(&blocks, matchers, range, wanted)
+    }
+
+    /// What `blocks` (newest first: its window wins where two hold one) hold of the
+    /// matching series in `(from, to]`. Each block's chunks are decoded over the cores.
+    fn read(
+        &self,
+        blocks: &[Arc<BlockReader>],
+        matchers: &[Matcher],
+        (from, to): (i64, i64),
+        wanted: Wanted,
+    ) -> Result<Vec<SeriesWindows>, AggregateError> {
+        let mut parts: Vec<Vec<SeriesWindows>> = Vec::with_capacity(blocks.len());
+        for r in blocks {
             let types = |name: &str| {
                 r.metadata().iter().find(|(f, _)| f == name).map(|(_, m)| m.metric_type).unwrap_or_default()
             };
-            for s in r.select::<BlockError>(matchers, from + 1, to, |_| Ok(()))? {
+            let found = r.select::<BlockError>(matchers, from + 1, to, |_| Ok(()))?;
+            let weight = |s: &strata_block::BlockSeries| s.chunks.iter().map(|c| usize::from(c.n)).sum::<usize>();
+            let decoded = map_in_parts(found, weight, |s| -> Result<SeriesWindows, AggregateError> {
+                let corrupt = |reason: String| AggregateError::Corrupt {
+                    series: s.labels.to_string(),
+                    block: r.id().to_string(),
+                    reason,
+                };
+                let mut out = SeriesWindows {
+                    metric_type: types(s.labels.metric_name().unwrap_or_default()),
+                    labels: s.labels.clone(),
+                    kept: Kept::ALL,
+                    windows: Vec::new(),
+                };
                 for c in &s.chunks {
-                    let (ws, width, kept) = decode(&c.data).map_err(|e| AggregateError::Corrupt {
-                        series: s.labels.to_string(),
-                        block: r.id().to_string(),
-                        reason: e.to_string(),
-                    })?;
+                    let (ws, width, kept) = decode_wanted(&c.data, wanted).map_err(|e| corrupt(e.to_string()))?;
                     if width != self.width {
-                        return Err(AggregateError::Corrupt {
-                            series: s.labels.to_string(),
-                            block: r.id().to_string(),
-                            reason: format!("windows of {width} ms among {} ms ones", self.width),
-                        });
+                        return Err(corrupt(format!("windows of {width} ms among {} ms ones", self.width)));
                     }
-                    let e = by.entry(s.labels.clone()).or_insert_with(|| SeriesWindows {
-                        labels: s.labels.clone(),
-                        metric_type: types(s.labels.metric_name().unwrap_or_default()),
-                        kept,
-                        windows: Vec::new(),
-                    });
+                    out.kept = out.kept.and(kept);
+                    if out.windows.is_empty()
+                        && ws.first().is_some_and(|w| w.end > from)
+                        && ws.last().is_some_and(|w| w.end <= to)
+                    {
+                        out.windows = ws;
+                    } else {
+                        out.windows.extend(ws.into_iter().filter(|w| w.end > from && w.end <= to));
+                    }
+                }
+                Ok(out)
+            });
+            parts.push(decoded.into_iter().collect::<Result<_, _>>()?);
+        }
+        if parts.len() == 1 {
+            // One block: its series come sorted, each once.
+            return Ok(parts.pop().unwrap_or_default());
+        }
+        let mut by: BTreeMap<Labels, SeriesWindows> = BTreeMap::new();
+        for s in parts.into_iter().flatten() {
+            match by.get_mut(&s.labels) {
+                Some(e) => {
                     // A series whose type changed keeps, over the range, what both kept.
-                    e.kept = Kept {
-                        correction: e.kept.correction && kept.correction,
-                        moments: e.kept.moments && kept.moments,
-                        least_squares: e.kept.least_squares && kept.least_squares,
-                    };
-                    e.windows.extend(ws.into_iter().filter(|w| w.end > from && w.end <= to));
+                    e.kept = e.kept.and(s.kept);
+                    e.windows.extend(s.windows);
+                }
+                None => {
+                    by.insert(s.labels.clone(), s);
                 }
             }
         }
         let mut out: Vec<SeriesWindows> = by.into_values().collect();
         for s in &mut out {
+            // Stable: of two windows with one end, the newer block's (read first) stays.
             s.windows.sort_by_key(|w| w.end);
             s.windows.dedup_by_key(|w| w.end);
         }
         Ok(out)
+    }
+
+    /// Merges the blocks wholly inside `(a, b]` into one, a metric family at a time (what
+    /// is held at once is bounded by the largest family's windows). Returns whether it
+    /// merged (two blocks or more were there).
+    pub fn compact(&self, (a, b): (i64, i64)) -> Result<bool, AggregateError> {
+        let mut inside: Vec<Arc<BlockReader>> =
+            self.set.healthy().into_iter().filter(|r| r.meta().min_time > a && r.meta().max_time <= b + 1).collect();
+        if inside.len() < 2 || !self.set.damaged_overlapping(a + 1, b).is_empty() {
+            return Ok(false);
+        }
+        inside.sort_by(|x, y| y.id().cmp(x.id()));
+        let ids: Vec<String> = inside.iter().map(|r| r.id().to_string()).collect();
+        let mut names: Vec<String> = inside.iter().flat_map(|r| r.label_values("__name__")).collect();
+        names.sort();
+        names.dedup();
+        let mut w = BlockWriter::create(self.set.dir(), a + 1, b + 1, 2, ids.clone())?;
+        let mut metadata: Vec<(String, Metadata)> = Vec::new();
+        for r in &inside {
+            for (f, m) in r.metadata() {
+                if !metadata.iter().any(|(g, _)| g == f) {
+                    metadata.push((f.clone(), m.clone()));
+                }
+            }
+        }
+        metadata.sort_by(|x, y| x.0.cmp(&y.0));
+        // A family at a time, kept encoded: the day's windows are never all decoded at
+        // once. The writer wants series in label order, which `__name__` does not give
+        // (it sorts among the other names), so the chunks are sorted before writing.
+        let mut chunks: Vec<(Labels, Chunk)> = Vec::new();
+        for name in names {
+            let m = Matcher::new(strata_model::MatchOp::Equal, "__name__", &name)
+                .map_err(|e| AggregateError::Block(BlockError::Invalid(e.to_string())))?;
+            for s in self.read(&inside, &[m], (a, b), Wanted::ALL)? {
+                if !s.windows.is_empty() {
+                    let c = self.chunk(&s);
+                    chunks.push((s.labels, c));
+                }
+            }
+        }
+        chunks.sort_by(|x, y| x.0.cmp(&y.0));
+        for (labels, c) in &chunks {
+            if let Err(e) = w.add_series(labels, std::slice::from_ref(c)) {
+                w.abort();
+                return Err(e.into());
+            }
+        }
+        w.set_metadata(metadata);
+        let id = w.id().to_string();
+        w.finish()?;
+        if let Err(e) = self.set.add(&id) {
+            self.set.discard(&id);
+            return Err(e.into());
+        }
+        self.set.delete(&ids)?;
+        Ok(true)
+    }
+
+    /// One series' windows as one chunk.
+    fn chunk(&self, s: &SeriesWindows) -> Chunk {
+        let (first, last) = (s.windows[0].end, s.windows[s.windows.len() - 1].end);
+        Chunk {
+            data: Arc::from(encode(&s.windows, self.width, s.kept)),
+            n: u16::try_from(s.windows.len()).unwrap_or(u16::MAX),
+            min_t: first - self.width + 1,
+            max_t: last,
+        }
     }
 
     /// Deletes blocks wholly older than `before` (retention); returns how many.

@@ -45,6 +45,8 @@ impl Default for DownsampleOptions {
     }
 }
 
+const DAY: i64 = 24 * ONE_HOUR;
+
 /// 5 m windows two hours at a time; 1 h windows six hours at a time.
 pub const SLICINGS: [Slicing; 2] =
     [Slicing { width: FIVE_MINUTES, slice: 2 * ONE_HOUR }, Slicing { width: ONE_HOUR, slice: 6 * ONE_HOUR }];
@@ -153,6 +155,7 @@ impl Downsampler {
                     }
                 }
             }
+            self.compact_days(*sl, blocks).await?;
             let keep = if sl.width == FIVE_MINUTES { self.opts.retention_5m } else { self.opts.retention_1h };
             let keep = i64::try_from(keep.as_millis()).unwrap_or(i64::MAX);
             let blocks = blocks.clone();
@@ -161,6 +164,28 @@ impl Downsampler {
                 .map_err(|e| DownsampleError::Task(e.to_string()))??;
         }
         Ok(out)
+    }
+
+    /// Merges each day's slices into one block once the day is computed and nothing in it
+    /// waits to be computed again (the last month is looked at): a chunk per series and
+    /// day holds its columns' headers once instead of twelve times, and a query reads one
+    /// block instead of twelve.
+    async fn compact_days(&self, sl: Slicing, blocks: &Arc<AggregateBlocks>) -> Result<(), DownsampleError> {
+        let Some(frontier) = self.progress.frontier(sl.width) else { return Ok(()) };
+        let dirty = self.progress.dirty(sl.width);
+        let last_day = frontier.div_euclid(DAY) * DAY;
+        let mut day = (last_day - 30 * DAY).max(blocks.min_time().saturating_sub(1).div_euclid(DAY) * DAY);
+        while day < last_day {
+            let end = day + DAY;
+            if !dirty.iter().any(|&a| a >= day && a < end) {
+                let b = blocks.clone();
+                tokio::task::spawn_blocking(move || b.compact((day, end)))
+                    .await
+                    .map_err(|e| DownsampleError::Task(e.to_string()))??;
+            }
+            day = end;
+        }
+        Ok(())
     }
 
     /// Computes and writes one slice; (series, windows) written.

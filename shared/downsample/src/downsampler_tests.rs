@@ -229,3 +229,33 @@ async fn a_range_not_computed_is_an_error_not_a_short_answer() {
     req.function = Some(("quantile_over_time".into(), FIVE_MINUTES));
     assert!(answer(&blocks, &req).is_err());
 }
+
+#[tokio::test]
+async fn merged_slices_answer_the_same_and_a_slice_computed_again_wins_over_its_day() {
+    let s = setup();
+    let end = s.t0 + 6 * ONE_HOUR;
+    let both = [("gpu_energy_total", energy as fn(i64) -> f64), ("gpu_temp", temp)];
+    let gap = (s.t0 + 2 * ONE_HOUR + 100_000, s.t0 + 3 * ONE_HOUR);
+    for (name, f) in both {
+        write(&s.db, &labels(name, "a"), s.t0, gap.0, 17, f);
+        write(&s.db, &labels(name, "a"), gap.1, end, 17, f);
+    }
+    let now = end + 2 * ONE_HOUR;
+    s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
+    let blocks = s.down.blocks(FIVE_MINUTES).unwrap();
+    assert!(blocks.compact((s.t0, end)).unwrap(), "three slices merged");
+    assert!(!blocks.compact((s.t0, end)).unwrap(), "one block left: nothing to merge");
+    compare_all(&s, s.t0, end).await;
+    // Replica b's backlog fills the gap: its slices are computed again beside the merged
+    // block.
+    for (name, f) in both {
+        write(&s.db, &labels(name, "b"), s.t0, end, 4_031, f);
+    }
+    s.down.progress().arrived("edge-b", s.t0 + 4_031, end).unwrap();
+    s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
+    compare_all(&s, s.t0, end).await;
+    assert_counted_once(&s, s.t0, end);
+    assert!(blocks.compact((s.t0, end)).unwrap(), "the slice merged in again");
+    compare_all(&s, s.t0, end).await;
+    assert_counted_once(&s, s.t0, end);
+}

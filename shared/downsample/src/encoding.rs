@@ -7,6 +7,8 @@
 //! others, so a damaged or hostile chunk is an error, never a window that lies about its
 //! times, and nothing is allocated that the bytes cannot fill.
 
+use crate::leaf::Leaf;
+use crate::range::RangeFn;
 use crate::window::Window;
 use crate::Kept;
 use strata_chunk::column::{decode_values, encode_values};
@@ -189,8 +191,49 @@ fn columns(windows: &[Window], width: i64, kept: Kept) -> Vec<(Col, u8, Vec<u8>)
         .collect()
 }
 
+/// Which columns to decode: a leaf reads a few of them, and decoding is most of what
+/// answering from aggregates costs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Wanted(u32);
+
+impl Wanted {
+    pub const ALL: Wanted = Wanted(u32::MAX);
+
+    fn of(cols: &[Col]) -> Wanted {
+        Wanted(cols.iter().fold((1 << Col::Window as u32) | (1 << Col::Count as u32), |m, c| m | 1 << *c as u32))
+    }
+
+    fn has(self, c: Col) -> bool {
+        self.0 & (1 << c as u32) != 0
+    }
+
+    /// The columns a leaf reads.
+    pub fn for_leaf(leaf: &Leaf) -> Wanted {
+        use Col::*;
+        let Leaf::Range { function, .. } = leaf else { return Wanted::of(&[LastOffset, Last, MarkerOffset]) };
+        Wanted::of(match function {
+            RangeFn::CountOverTime | RangeFn::PresentOverTime => &[],
+            RangeFn::SumOverTime | RangeFn::AvgOverTime => &[Sum],
+            RangeFn::MinOverTime | RangeFn::MaxOverTime => &[First, Last, Min, Max],
+            RangeFn::LastOverTime => &[LastOffset, Last],
+            RangeFn::Rate | RangeFn::Increase => &[FirstOffset, First, LastOffset, Last, Correction],
+            RangeFn::Delta => &[FirstOffset, First, LastOffset, Last],
+            RangeFn::Irate | RangeFn::Idelta => &[LastOffset, Last, GapBeforeLast, BeforeLast],
+            RangeFn::Changes | RangeFn::Resets => &[First, Last, Changes, Resets],
+            RangeFn::StddevOverTime | RangeFn::StdvarOverTime => &[Sum, M2n],
+            RangeFn::Deriv | RangeFn::PredictLinear(_) => &[First, Last, Min, Max, Nan, Sum, Sx, Sxx, Sxy],
+        })
+    }
+}
+
 /// The windows, width and kept aggregates [`encode`] wrote.
 pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
+    decode_wanted(bytes, Wanted::ALL)
+}
+
+/// [`decode`] of the `wanted` columns only (and those they are stored relative to); the
+/// others are left NaN, zero or absent in the windows.
+pub fn decode_wanted(bytes: &[u8], wanted: Wanted) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
     if r.byte()? != VERSION {
         return invalid("unknown version");
@@ -209,6 +252,10 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
         let mode = r.byte()?;
         let len = usize::try_from(r.varint()?).map_err(|_| DecodeError::Invalid("a column length".into()))?;
         let data = r.take(len)?;
+        let base_of_wanted = ALL.iter().any(|w| wanted.has(*w) && w.base() == Some(*c));
+        if !wanted.has(*c) && !base_of_wanted {
+            continue;
+        }
         // Every value takes at least a bit: a count the bytes cannot hold is refused
         // before anything is allocated for it.
         if n > data.len().saturating_mul(8) {
@@ -236,44 +283,51 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
     Ok((out, width, kept))
 }
 
-/// Window `i` from the decoded columns, checked against itself and the one before.
+/// Window `i` from the decoded columns, checked against itself and the one before (as
+/// far as the columns decoded tell).
 fn window(cols: &[Option<Vec<f64>>], i: usize, width: i64, prev: Option<&Window>) -> Result<Window, DecodeError> {
     let c = |k: Col| cols[k as usize].as_ref().map_or(f64::NAN, |v| v[i]);
-    let int = |k: Col, lo: i64, hi: i64| -> Result<i64, DecodeError> {
-        let x = c(k);
+    let int = |k: Col, lo: i64, hi: i64| -> Result<Option<i64>, DecodeError> {
+        let Some(x) = cols[k as usize].as_ref().map(|v| v[i]) else { return Ok(None) };
         let i = x as i64;
         if i as f64 != x || i < lo || i > hi {
             return invalid(format!("{} {x} out of range", k.name()));
         }
-        Ok(i)
+        Ok(Some(i))
     };
-    let end = int(Col::Window, i64::MIN / width + 1, i64::MAX / width)? * width;
+    let must =
+        |k: Col, lo: i64, hi: i64| int(k, lo, hi)?.ok_or_else(|| DecodeError::Invalid(format!("no {}", k.name())));
+    let end = must(Col::Window, i64::MIN / width + 1, i64::MAX / width)? * width;
     if prev.is_some_and(|p| p.end >= end) {
         return invalid("window ends that do not increase");
     }
-    let count = int(Col::Count, 0, i64::from(u32::MAX))? as u32;
+    let count = must(Col::Count, 0, i64::from(u32::MAX))? as u32;
     let start = end - width;
-    let first_t = start + int(Col::FirstOffset, 0, width)?;
-    let last_t = end - int(Col::LastOffset, 0, width)?;
-    let stale = match int(Col::MarkerOffset, 0, width)? {
-        0 => None,
-        o => Some(end - o + 1),
-    };
+    let first_t = int(Col::FirstOffset, 0, width)?.map(|o| start + o);
+    let last_t = int(Col::LastOffset, 0, width)?.map(|o| end - o);
+    let marker = int(Col::MarkerOffset, 0, width)?;
+    let stale = marker.filter(|&o| o > 0).map(|o| end - o + 1);
     let gap = int(Col::GapBeforeLast, 0, width)?;
-    let penult = (gap > 0).then(|| Sample { t: last_t - gap, v: c(Col::BeforeLast) });
+    let penult = gap.filter(|&g| g > 0).map(|g| Sample { t: last_t.unwrap_or(end) - g, v: c(Col::BeforeLast) });
     let consistent = match count {
-        0 => stale.is_some() && penult.is_none(),
-        1 => first_t > start && first_t == last_t && penult.is_none(),
-        _ => first_t > start && first_t < last_t && penult.is_some_and(|p| p.t >= first_t),
+        0 => marker.is_none_or(|_| stale.is_some()) && gap.is_none_or(|_| penult.is_none()),
+        1 => first_t.zip(last_t).is_none_or(|(f, l)| f > start && f == l) && gap.is_none_or(|_| penult.is_none()),
+        _ => {
+            first_t.zip(last_t).is_none_or(|(f, l)| f > start && f < l)
+                && gap.is_none_or(|_| penult.is_some_and(|p| first_t.is_none_or(|f| p.t >= f)))
+        }
     };
     if !consistent {
         return invalid(format!("window ending at {end}: samples that do not fit its count {count}"));
     }
-    let small = |k: Col| int(k, 0, i64::from(count)).map(|x| x as u32);
+    let small = |k: Col| int(k, 0, i64::from(count)).map(|x| x.unwrap_or(0) as u32);
     let nothing = Sample { t: end, v: f64::NAN };
     let (first, last) = match count {
         0 => (nothing, nothing),
-        _ => (Sample { t: first_t, v: c(Col::First) }, Sample { t: last_t, v: c(Col::Last) }),
+        _ => (
+            Sample { t: first_t.unwrap_or(start + 1), v: c(Col::First) },
+            Sample { t: last_t.unwrap_or(end), v: c(Col::Last) },
+        ),
     };
     let (min, max) = if count == 0 { (f64::NAN, f64::NAN) } else { (c(Col::Min), c(Col::Max)) };
     Ok(Window {
@@ -286,7 +340,7 @@ fn window(cols: &[Option<Vec<f64>>], i: usize, width: i64, prev: Option<&Window>
         sum: c(Col::Sum),
         min,
         max,
-        nan: int(Col::Nan, 0, 1)? == 1,
+        nan: int(Col::Nan, 0, 1)? == Some(1),
         m2n: c(Col::M2n),
         changes: small(Col::Changes)?,
         resets: small(Col::Resets)?,

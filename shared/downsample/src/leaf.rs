@@ -82,25 +82,49 @@ pub fn evaluate(
 ) -> Result<Vec<Option<f64>>, NotExact> {
     check(leaf, grid, width, kept)?;
     let steps = grid.steps().ok_or(NotExact::Grid)?;
-    let at = |i: usize| grid.start + i as i64 * grid.step;
-    let upto = |e: i64| windows.partition_point(|w| w.end <= e);
-    Ok((0..steps)
-        .map(|i| {
-            let t = at(i);
-            let e = t - grid.offset;
-            match *leaf {
-                Leaf::Selector { lookback } => {
-                    let w = windows[..upto(e)].last()?;
-                    let (newest, stale) = w.newest();
-                    (!stale && newest > e.saturating_sub(lookback)).then_some(w.last.v)
+    // The steps move forward, so the window bounds do too: two cursors, no searches.
+    let (mut lo_i, mut hi_i) = (0usize, 0usize);
+    let mut out = Vec::with_capacity(steps);
+    for i in 0..steps {
+        let t = grid.start + i as i64 * grid.step;
+        let e = t - grid.offset;
+        while hi_i < windows.len() && windows[hi_i].end <= e {
+            hi_i += 1;
+        }
+        out.push(match *leaf {
+            Leaf::Selector { lookback } => windows[..hi_i].last().and_then(|w| {
+                let (newest, stale) = w.newest();
+                (!stale && newest > e.saturating_sub(lookback)).then_some(w.last.v)
+            }),
+            Leaf::Range { function, range } => {
+                let lo = e.saturating_sub(range);
+                while lo_i < hi_i && windows[lo_i].end <= lo {
+                    lo_i += 1;
                 }
-                Leaf::Range { function, range } => {
-                    let lo = e.saturating_sub(range);
-                    let inside = &windows[upto(lo)..upto(e)];
-                    let reference = if matches!(function, RangeFn::PredictLinear(_)) { t } else { e };
-                    Combined::of(inside, reference)?.apply(function, (lo, e))
+                let inside = &windows[lo_i.min(hi_i)..hi_i];
+                match inside {
+                    [] => None,
+                    // One window: the over-time functions read it as it is.
+                    [w] if w.count > 0 => match function {
+                        RangeFn::AvgOverTime => Some(w.sum / f64::from(w.count)),
+                        RangeFn::SumOverTime => Some(w.sum),
+                        RangeFn::MaxOverTime => Some(w.max),
+                        RangeFn::MinOverTime => Some(w.min),
+                        RangeFn::CountOverTime => Some(f64::from(w.count)),
+                        RangeFn::LastOverTime => Some(w.last.v),
+                        RangeFn::PresentOverTime => Some(1.0),
+                        _ => one_of(inside, t, e, lo, function),
+                    },
+                    _ => one_of(inside, t, e, lo, function),
                 }
             }
-        })
-        .collect())
+        });
+    }
+    Ok(out)
+}
+
+/// A range function over the windows of `(lo, e]`, evaluated at step time `t`.
+fn one_of(inside: &[Window], t: i64, e: i64, lo: i64, function: RangeFn) -> Option<f64> {
+    let reference = if matches!(function, RangeFn::PredictLinear(_)) { t } else { e };
+    Combined::of(inside, reference, function)?.apply(function, (lo, e))
 }

@@ -64,6 +64,15 @@ impl Kept {
         }
     }
 
+    /// What both keep.
+    pub fn and(self, o: Kept) -> Kept {
+        Kept {
+            correction: self.correction && o.correction,
+            moments: self.moments && o.moments,
+            least_squares: self.least_squares && o.least_squares,
+        }
+    }
+
     fn byte(self) -> u8 {
         u8::from(self.correction) | u8::from(self.moments) << 1 | u8::from(self.least_squares) << 2
     }

@@ -260,7 +260,9 @@ impl Store for ResolutionPlanner {
                 raw_spans.push((next, seg.first));
             }
             next = seg.last + 1;
+            let started = std::time::Instant::now();
             let Some(agg) = self.ask_holders(req, seg).await else { return self.raw.steps(req).await };
+            tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "holders answered");
             parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
         }
         if next < n {

@@ -101,12 +101,16 @@ pub(crate) struct Combined {
     /// Least-squares sums about `reference`.
     regression: RegressionSums,
     reference: i64,
+    /// Whether the moments and least-squares sums are combined (only the functions that
+    /// read them pay for them).
+    moments: bool,
+    least_squares: bool,
 }
 
 impl Combined {
     /// `windows` in time order; least-squares sums about `reference` (ms). `None` when no
     /// window holds a value.
-    pub(crate) fn of(windows: &[Window], reference: i64) -> Option<Combined> {
+    pub(crate) fn of(windows: &[Window], reference: i64, f: RangeFn) -> Option<Combined> {
         let mut it = windows.iter().filter(|w| w.count > 0);
         let w = it.next()?;
         let n = f64::from(w.count);
@@ -127,6 +131,8 @@ impl Combined {
             corrections: KahanSum::default(),
             regression: RegressionSums::default(),
             reference,
+            moments: f.needs() == Needs::Moments,
+            least_squares: f.needs() == Needs::LeastSquares,
         };
         c.corrections.add(w.correction);
         c.add_regression(w);
@@ -159,13 +165,15 @@ impl Combined {
         }
         self.nan |= w.nan;
         self.constant &= !w.nan && w.min == w.max && w.min == self.first.v;
-        // Chan's merge of two (count, mean, M2).
-        let (na, nb) = (self.count as f64, f64::from(w.count));
-        let n = na + nb;
-        let mean_b = w.sum / nb;
-        let delta = mean_b - self.mean;
-        self.mean += delta * nb / n;
-        self.m2 += w.m2n / nb + delta * delta * na * nb / n;
+        if self.moments {
+            // Chan's merge of two (count, mean, M2).
+            let (na, nb) = (self.count as f64, f64::from(w.count));
+            let n = na + nb;
+            let mean_b = w.sum / nb;
+            let delta = mean_b - self.mean;
+            self.mean += delta * nb / n;
+            self.m2 += w.m2n / nb + delta * delta * na * nb / n;
+        }
         self.count += u64::from(w.count);
         self.add_regression(w);
     }
@@ -173,6 +181,9 @@ impl Combined {
     /// A window's least-squares sums moved from its end to the reference time:
     /// `x' = x + d` gives `Σx' = Σx + n·d`, `Σx'² = Σx² + 2d·Σx + n·d²`, `Σx'y = Σxy + d·Σy`.
     fn add_regression(&mut self, w: &Window) {
+        if !self.least_squares {
+            return;
+        }
         let n = f64::from(w.count);
         let d = (w.end - self.reference) as f64 / 1000.0;
         let r = &mut self.regression;

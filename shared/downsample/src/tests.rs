@@ -162,10 +162,18 @@ fn raw_answer(store: &MemoryStore, query: &str, grid: &Grid) -> Vec<Option<f64>>
 /// How many steps of every function, range and grid the windows answer differently from
 /// the raw samples (listing the first few).
 fn mismatches(raw: &[Sample], windows: &[Window], width: i64, kept: Kept) -> usize {
-    mismatches_counted(raw, windows, width, kept, &mut 0)
+    mismatches_counted(raw, windows, None, width, kept, &mut 0)
 }
 
-fn mismatches_counted(raw: &[Sample], windows: &[Window], width: i64, kept: Kept, compared: &mut usize) -> usize {
+/// With `encoded`, each leaf reads the windows decoded with only the columns it wants.
+fn mismatches_counted(
+    raw: &[Sample],
+    windows: &[Window],
+    encoded: Option<&[u8]>,
+    width: i64,
+    kept: Kept,
+    compared: &mut usize,
+) -> usize {
     let mut store = MemoryStore::default();
     store.add(Labels::from_pairs([("__name__", "x")]), MetricType::Unknown, raw.iter().copied());
     let first = window_end(raw[0].t, width);
@@ -187,7 +195,10 @@ fn mismatches_counted(raw: &[Sample], windows: &[Window], width: i64, kept: Kept
         leaves.push(("predict_linear".into(), format!("predict_linear(x[{}ms]{off}, 600)", 2 * width), ahead));
         for (name, query, leaf) in leaves {
             let want = raw_answer(&store, &query, &grid);
-            let got = evaluate(windows, kept, width, &leaf, &grid).expect("exact on this grid");
+            let decoded =
+                encoded.map(|b| encoding::decode_wanted(b, encoding::Wanted::for_leaf(&leaf)).expect("decodes").0);
+            let got =
+                evaluate(decoded.as_deref().unwrap_or(windows), kept, width, &leaf, &grid).expect("exact on this grid");
             for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                 let ok = match (w, g) {
                     (Some(a), Some(b)) => {
@@ -227,8 +238,9 @@ fn every_function_from_aggregates_equals_the_raw_answer() {
             for seed in 0..3 {
                 let raw = series(*shape, seed * 10 + i as u64, span);
                 let windows = round_trip(&windows_of(&raw, width), width, Kept::ALL);
+                let bytes = encode(&windows, width, Kept::ALL);
                 let mut compared = 0;
-                let wrong = mismatches_counted(&raw, &windows, width, Kept::ALL, &mut compared);
+                let wrong = mismatches_counted(&raw, &windows, Some(&bytes), width, Kept::ALL, &mut compared);
                 assert_eq!(wrong, 0, "{shape:?} seed {seed}, {width} ms windows: {wrong} steps differ");
                 assert!(compared > 1_000, "{shape:?} seed {seed}: only {compared} values compared");
             }

@@ -760,7 +760,7 @@ impl BacklogReader {
             jobs.push((i, c, e.first.max(lo), e.last.min(hi)));
         }
         let weigh = |j: &(usize, Vec<Chunk>, i64, i64)| j.1.iter().map(|c| usize::from(c.n)).sum::<usize>();
-        let decoded = crate::parallel::map_in_parts(jobs, weigh, |(i, chunks, from, to)| {
+        let decoded = strata_model::parallel::map_in_parts(jobs, weigh, |(i, chunks, from, to)| {
             let mut samples = Vec::new();
             (i, Chunk::decode_range(&chunks, from, to, &mut samples).map(|()| samples))
         });

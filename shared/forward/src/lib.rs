@@ -23,7 +23,6 @@ mod conversion;
 mod cursor;
 mod holds;
 mod metrics;
-mod parallel;
 mod receiver;
 mod sender;
 mod senders;

@@ -104,7 +104,7 @@ fn encode_chunks(series: &mut [pb::ForwardSeries], samples: Vec<Vec<Sample>>) {
     // receiver's block windows and it can keep them whole (a receiver with another range
     // stores a straddling chunk sample by sample).
     let window = |t: i64| t.div_euclid(CHUNK_WINDOW_MS);
-    let chunks = crate::parallel::map_in_parts(samples, Vec::len, |s| {
+    let chunks = strata_model::parallel::map_in_parts(samples, Vec::len, |s| {
         s.chunk_by(|a, b| window(a.t) == window(b.t))
             .flat_map(Chunk::encode_sealed)
             .map(|c| chunk_to_pb(&c))
@@ -519,7 +519,7 @@ mod encode_tests {
         let samples: Vec<Vec<Sample>> = (0..500)
             .map(|i| (0..(i % 90 + 1)).map(|k| Sample::new(k as i64 * 5000 + i as i64, (k * i) as f64)).collect())
             .collect();
-        assert!(samples.iter().map(Vec::len).sum::<usize>() > crate::parallel::MIN_PARALLEL_WEIGHT);
+        assert!(samples.iter().map(Vec::len).sum::<usize>() > strata_model::parallel::MIN_PARALLEL_WEIGHT);
         let mut series = vec![pb::ForwardSeries::default(); samples.len()];
         encode_chunks(&mut series, samples.clone());
         for (fs, s) in series.iter().zip(&samples) {

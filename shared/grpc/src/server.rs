@@ -400,9 +400,28 @@ impl StoreService {
         req.matchers = matchers;
         let external = self.external.clone();
         let view = move |l: &Labels| attach_external(l, &external);
-        let answer = strata_promql::pushdown::evaluate(&*self.store, &req, &view, STEPS_TIMEOUT)
-            .await
-            .map_err(status_from_query_error)?;
+        let answer = if req.resolution > 0 {
+            // From aggregates: the store answers itself, or has none of that resolution.
+            match self.store.steps(&req).await.map_err(status_from_store_error)? {
+                Some(mut a) => {
+                    for s in a.series.iter_mut().chain(a.groups.iter_mut()) {
+                        s.labels = view(&s.labels);
+                    }
+                    a.series.sort_by(|x, y| x.labels.cmp(&y.labels));
+                    a
+                }
+                None => {
+                    return Err(Status::failed_precondition(format!(
+                        "no aggregates of {} ms windows here",
+                        req.resolution
+                    )))
+                }
+            }
+        } else {
+            strata_promql::pushdown::evaluate(&*self.store, &req, &view, STEPS_TIMEOUT)
+                .await
+                .map_err(status_from_query_error)?
+        };
         let warnings = warnings_of(&scope);
         let (tx, rx): (FrameSender<pb::StepsResponse>, FrameStream<pb::StepsResponse>) =
             crate::stream::channel(self.bounds);

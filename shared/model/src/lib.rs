@@ -11,6 +11,7 @@ pub mod duration;
 pub mod labels;
 pub mod matcher;
 pub mod metadata;
+pub mod parallel;
 pub mod sample;
 pub mod size;
 pub mod time;

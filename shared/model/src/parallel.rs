@@ -1,16 +1,16 @@
-//! Spreading a backlog's codec work over the cores. A backlog read from storage costs the
-//! edge a decode and an encode per sample, which on one core bounds how fast an upstream
-//! catches up; the work is independent per series, so it is split into contiguous parts of
-//! about equal weight, one scoped thread each, and the results come back in order.
+//! Spreading per-series work over the cores: a forward backlog's decode and encode, the
+//! windows a query reads from aggregates. The work is independent per series, so it is
+//! split into contiguous parts of about equal weight, one scoped thread each, and the
+//! results come back in order.
 
 /// Below this total weight the work runs on the calling thread (threads cost more).
-pub(crate) const MIN_PARALLEL_WEIGHT: usize = 20_000;
+pub const MIN_PARALLEL_WEIGHT: usize = 20_000;
 
 /// At most this many threads, the caller's among them.
 const MAX_THREADS: usize = 4;
 
 /// `f` of every item, in order; `weight` (samples, say) decides the parts.
-pub(crate) fn map_in_parts<T: Send, R: Send>(
+pub fn map_in_parts<T: Send, R: Send>(
     items: Vec<T>,
     weight: impl Fn(&T) -> usize,
     f: impl Fn(T) -> R + Sync,
