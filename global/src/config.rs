@@ -12,6 +12,7 @@
 //! store_timeout: 30s            # per store and call
 //! info_interval: 10s            # how often each store's Info is read, files and names resolved
 //! replica_labels: [replica]     # HA replica labels (also --query.replica-label)
+//! aggregates: raw_where_held    # or `coarsest`: where regionals' 5 m / 1 h aggregates answer
 //! grpc_client_tls:              # connect to every store over TLS
 //!   ca_file: ca.crt             #   the CA the stores' certificates chain to
 //!   cert_file: client.crt       #   this global's certificate, for stores that verify clients
@@ -36,6 +37,7 @@ struct RawConfig {
     store_timeout: Option<PromDuration>,
     info_interval: Option<PromDuration>,
     replica_labels: Option<Vec<String>>,
+    aggregates: Option<String>,
     dns_resolver: Option<String>,
     grpc_client_tls: Option<RawClientTls>,
 }
@@ -68,6 +70,8 @@ pub struct GlobalConfig {
     pub store_timeout: Duration,
     pub info_interval: Duration,
     pub replica_labels: Vec<String>,
+    /// Where aggregates answer when raw data could too (docs/downsample.md).
+    pub aggregates: strata_downsample::Prefer,
     /// TLS for the connections to the stores; paths resolved against the file's folder.
     pub client_tls: Option<strata_grpc::ClientTlsFiles>,
 }
@@ -144,6 +148,11 @@ impl GlobalConfig {
             store_timeout: positive(raw.store_timeout, Duration::from_secs(30), "store_timeout")?,
             info_interval: positive(raw.info_interval, Duration::from_secs(10), "info_interval")?,
             replica_labels: raw.replica_labels.unwrap_or_else(|| vec!["replica".to_string()]),
+            aggregates: match raw.aggregates.as_deref() {
+                None | Some("raw_where_held") => strata_downsample::Prefer::RawWhereHeld,
+                Some("coarsest") => strata_downsample::Prefer::Coarsest,
+                Some(other) => return Err(format!("aggregates: {other:?} is neither raw_where_held nor coarsest")),
+            },
             client_tls,
         })
     }
@@ -173,6 +182,9 @@ mod tests {
         assert_eq!(c.stores, ["127.0.0.1:10901"]);
         assert_eq!(c.sd_files, [PathBuf::from("/etc/strata/s.json")]);
         assert_eq!(c.dns, [("edges.local".to_string(), 10901)]);
+        assert_eq!(c.aggregates, strata_downsample::Prefer::RawWhereHeld);
+        let coarsest = GlobalConfig::parse("aggregates: coarsest\n", Path::new("/")).unwrap();
+        assert_eq!(coarsest.aggregates, strata_downsample::Prefer::Coarsest);
         assert_eq!((c.store_timeout, c.replica_labels.clone()), (Duration::from_secs(30), vec!["replica".into()]));
         assert!(c.client_tls.is_none());
         let tls =
@@ -186,6 +198,7 @@ mod tests {
             "grpc_client_tls:\n  ca_file: ca.crt\n  insecure: true\n",
             "stores: ['nohost']",
             "stores: ['a b:1']",
+            "aggregates: always",
             "dns_sd: ['srv+x']",
             "dns_resolver: nowhere",
             "store_timeout: 0s",

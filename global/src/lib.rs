@@ -100,8 +100,8 @@ impl Global {
         if !opts.replica_labels.is_empty() {
             cfg.replica_labels = opts.replica_labels.clone();
         }
-        let (interval, replica_labels, store_timeout) =
-            (cfg.info_interval, cfg.replica_labels.clone(), cfg.store_timeout);
+        let (interval, replica_labels, store_timeout, prefer) =
+            (cfg.info_interval, cfg.replica_labels.clone(), cfg.store_timeout, cfg.aggregates);
         let fanout = Arc::new(Fanout::new(Vec::new(), cfg.store_timeout));
         // TLS files are read now: a missing or broken one stops the start, naming it.
         let client_tls = cfg.client_tls.as_ref().map(|t| t.load()).transpose()?;
@@ -128,9 +128,9 @@ impl Global {
         }
 
         // Deduplicated raw data, and aggregates where they answer exactly.
-        let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), replica_labels));
-        let query_store: Arc<dyn Store> =
-            Arc::new(strata_downsample::ResolutionPlanner::new(dedup, fanout.clone(), store_timeout));
+        let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), replica_labels.clone()));
+        let planner = strata_downsample::ResolutionPlanner::new(dedup, fanout.clone(), replica_labels, store_timeout);
+        let query_store: Arc<dyn Store> = Arc::new(planner.with_preference(prefer));
         let global_metrics = metrics::GlobalMetrics::new();
         let tracked = global_metrics.clone();
         let app = Router::new()

@@ -155,15 +155,20 @@ impl Regional {
         let id = StorageId::load_or_create(&data_dir)?;
         let senders = Arc::new(strata_forward::Senders::open(&data_dir));
         let mut receiver = ForwardReceiver::new(db.clone(), id.clone()).with_senders(senders.clone());
+        let mut arrivals_hook = None;
         let down = match cfg.downsample() {
             Some((replicas, dopts)) => {
                 let dir = data_dir.join("downsample");
                 let d = tokio::task::spawn_blocking(move || Downsampler::open(&dir, dopts)).await??;
                 let d = Arc::new(d);
-                let progress = d.progress();
-                receiver = receiver.with_arrivals(Arc::new(move |sender: &str, lo: i64, hi: i64| {
-                    progress.arrived(sender, lo, hi).map_err(|e| e.to_string())
-                }));
+                let (progress, arrivals_db) = (d.progress(), db.clone());
+                let arrivals: strata_forward::Arrivals = Arc::new(move |sender: &str, lo: i64, hi: i64| {
+                    // Samples older than storage admits changed nothing to compute again.
+                    let oldest = arrivals_db.min_valid_time(strata_model::time::now_ms());
+                    progress.arrived(sender, lo, hi, oldest).map_err(|e| e.to_string())
+                });
+                receiver = receiver.with_arrivals(arrivals.clone());
+                arrivals_hook = Some(arrivals);
                 Some((d, replicas))
             }
             None => None,
@@ -175,7 +180,11 @@ impl Regional {
         // Prometheus (or anything that speaks remote write 1.0) can write here too.
         let receive = Arc::new(strata_receive::ReceiveMetrics::default());
         receive.register(&mut registry);
-        let remote_write = Arc::new(strata_receive::RemoteWrite::new(db.clone(), receive.clone(), Default::default()));
+        let mut remote_write = strata_receive::RemoteWrite::new(db.clone(), receive.clone(), Default::default());
+        if let Some(f) = arrivals_hook {
+            remote_write = remote_write.with_on_stored(f);
+        }
+        let remote_write = Arc::new(remote_write);
         let remote_write_seen = RemoteWriteSeen::new(&data_dir, receive);
 
         let downsample_metrics = DownsampleMetrics::default();

@@ -158,7 +158,10 @@ pub async fn serve_pair_with_aggregates(local: Arc<dyn Store>) -> anyhow::Result
     let fanout = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
     std::mem::forget(dir);
-    Ok(Arc::new(strata_downsample::ResolutionPlanner::new(dedup, fanout, Duration::from_secs(600))))
+    let planner =
+        strata_downsample::ResolutionPlanner::new(dedup, fanout, vec!["replica".into()], Duration::from_secs(600))
+            .with_preference(strata_downsample::Prefer::Coarsest);
+    Ok(Arc::new(planner))
 }
 
 /// The oldest and newest sample of one of the day's metrics.

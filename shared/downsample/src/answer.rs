@@ -36,6 +36,8 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
         },
     };
     let grid = Grid { start: req.start, end: req.end, step: req.step, offset: req.offset };
+    // Alignment and ranges are checked before anything is read.
+    crate::leaf::check(&leaf, &grid, width, crate::Kept::ALL)?;
     let steps = grid.steps().ok_or(NotExact::Grid)?;
     // The windows the grid's ranges read: those ending after the first range starts.
     let reach = match leaf {
@@ -46,6 +48,16 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
     let first = req.start.saturating_sub(req.offset).saturating_sub(reach);
     let from = first.div_euclid(width).saturating_mul(width);
     let started = std::time::Instant::now();
+    let series = blocks.count_series(&req.matchers, (from, last))?;
+    if series > req.limits.max_series {
+        return Err(AnswerError::TooMany(series as u64));
+    }
+    let windows = (last.saturating_sub(from) / width).max(1) as u64;
+    if (series as u64).saturating_mul(windows).saturating_add((series as u64).saturating_mul(steps as u64))
+        > req.limits.max_samples
+    {
+        return Err(AnswerError::TooMany(req.limits.max_samples));
+    }
     let found = blocks.windows(&req.matchers, (from, last), Wanted::for_leaf(&leaf))?;
     let read = started.elapsed();
     if found.len() > req.limits.max_series {

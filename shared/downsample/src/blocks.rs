@@ -112,6 +112,16 @@ impl AggregateBlocks {
         Ok(blocks)
     }
 
+    /// How many series match in `(from, to]`, at most (a series in several blocks counts
+    /// once per block): from the index, before any chunk is read.
+    pub fn count_series(&self, matchers: &[Matcher], (from, to): (i64, i64)) -> Result<usize, AggregateError> {
+        let mut n = 0usize;
+        for r in self.set.overlapping(from + 1, to) {
+            n = n.saturating_add(r.series_labels(matchers, from + 1, to)?.len());
+        }
+        Ok(n)
+    }
+
     /// Every matching series' windows ending in `(from, to]`, sorted by labels, with the
     /// `wanted` columns decoded; an error unless every window of the range was computed
     /// and can be read.

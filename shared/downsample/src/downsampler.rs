@@ -101,13 +101,14 @@ impl Downsampler {
         self.resolutions.iter().find(|(s, _)| s.width == width).map(|(_, b)| b.clone())
     }
 
-    /// Per resolution, the sample times its aggregates cover completely:
-    /// `(width, first, last)`, inclusive ms, for those that have any.
+    /// Per resolution, the sample times its aggregates cover completely and currently
+    /// (see `Progress::complete_until`): `(width, first, last)`, inclusive ms, for those
+    /// that have any.
     pub fn coverage(&self) -> Vec<(i64, i64, i64)> {
         self.resolutions
             .iter()
             .filter_map(|(sl, b)| {
-                let last = self.progress.frontier(sl.width)?;
+                let last = self.progress.complete_until(sl.width, self.opts.max_delay.as_millis() as u64)?;
                 let first = b.min_time();
                 (first <= last).then_some((sl.width, first, last))
             })
@@ -144,7 +145,10 @@ impl Downsampler {
                 self.progress.begin(sl.width, a, b);
                 match self.slice(source, blocks, *sl, (a, b)).await {
                     Ok((series, windows)) => {
-                        self.progress.done(*sl, a)?;
+                        let (progress, sl) = (self.progress.clone(), *sl);
+                        tokio::task::spawn_blocking(move || progress.done(sl, a))
+                            .await
+                            .map_err(|e| DownsampleError::Task(e.to_string()))??;
                         out.written.push((sl.width, a));
                         out.series += series;
                         out.windows += windows;

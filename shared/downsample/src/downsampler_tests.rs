@@ -199,7 +199,7 @@ async fn a_backlog_arriving_after_its_windows_were_computed_recomputes_them() {
     for (name, f) in both {
         write(&s.db, &labels(name, "b"), s.t0, end, 4_031, f);
     }
-    s.down.progress().arrived("edge-b", s.t0 + 4_031, end).unwrap();
+    s.down.progress().arrived("edge-b", s.t0 + 4_031, end, i64::MIN).unwrap();
     let dirty = s.down.progress().dirty(FIVE_MINUTES);
     assert_eq!(dirty, vec![s.t0, s.t0 + 2 * ONE_HOUR, s.t0 + 4 * ONE_HOUR]);
     let again = s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
@@ -215,7 +215,7 @@ async fn a_range_not_computed_is_an_error_not_a_short_answer() {
     let end = s.t0 + 6 * ONE_HOUR;
     write(&s.db, &labels("gpu_temp", "a"), s.t0, end, 17, temp);
     // Only the first 2 h slice is due: the sender has not got further.
-    s.down.progress().arrived("edge-a", s.t0, s.t0 + 2 * ONE_HOUR).unwrap();
+    s.down.progress().arrived("edge-a", s.t0, s.t0 + 2 * ONE_HOUR, i64::MIN).unwrap();
     let out = s.down.run(&s.dedup, Some(s.t0 + 1), s.t0 + 2 * ONE_HOUR + 60_000).await.unwrap();
     assert_eq!(out.written, vec![(FIVE_MINUTES, s.t0)]);
     let m = Matcher::new(MatchOp::Equal, "__name__", "gpu_temp").unwrap();
@@ -251,7 +251,7 @@ async fn merged_slices_answer_the_same_and_a_slice_computed_again_wins_over_its_
     for (name, f) in both {
         write(&s.db, &labels(name, "b"), s.t0, end, 4_031, f);
     }
-    s.down.progress().arrived("edge-b", s.t0 + 4_031, end).unwrap();
+    s.down.progress().arrived("edge-b", s.t0 + 4_031, end, i64::MIN).unwrap();
     s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
     compare_all(&s, s.t0, end).await;
     assert_counted_once(&s, s.t0, end);

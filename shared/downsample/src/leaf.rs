@@ -51,6 +51,12 @@ pub enum NotExact {
 pub fn check(leaf: &Leaf, grid: &Grid, width: i64, kept: Kept) -> Result<(), NotExact> {
     let steps = grid.steps().ok_or(NotExact::Grid)?;
     let first = grid.start.checked_sub(grid.offset).ok_or(NotExact::Grid)?;
+    // Every time a step reads is representable: no arithmetic below overflows.
+    let reach = match leaf {
+        Leaf::Selector { lookback } => *lookback,
+        Leaf::Range { range, .. } => *range,
+    };
+    grid.end.checked_sub(grid.offset).and_then(|_| first.checked_sub(reach.max(0))).ok_or(NotExact::Grid)?;
     if first.rem_euclid(width) != 0 || (steps > 1 && grid.step % width != 0) {
         return Err(NotExact::Unaligned { width });
     }

@@ -29,7 +29,7 @@ pub mod window;
 pub use downsampler::{DownsampleOptions, Downsampler};
 pub use encoding::{column_sizes, decode, encode, DecodeError};
 pub use leaf::{check, evaluate, Grid, Leaf, NotExact};
-pub use plan::ResolutionPlanner;
+pub use plan::{Prefer, ResolutionPlanner};
 pub use range::RangeFn;
 pub use store::WithAggregates;
 pub use window::{window_end, windows_of, Window};

@@ -8,7 +8,8 @@
 //! series. The steps before and after what the aggregates cover (the newest hours, which
 //! are not downsampled yet) come from the raw path, deduplicated as always. A holder that
 //! cannot answer (a series that keeps no aggregate the function needs, a store down) sends
-//! the whole leaf back to the raw path. Each slice's resolution is recorded in the
+//! the whole leaf back to the raw path. By default ([`Prefer`]) aggregates answer only
+//! the steps older than the raw data their holders keep. Each slice's resolution is recorded in the
 //! request's scope for `stats`.
 
 use crate::leaf::{check, Grid, Leaf};
@@ -29,6 +30,21 @@ pub struct ResolutionPlanner {
     raw: Arc<dyn Store>,
     fanout: Arc<Fanout>,
     timeout: Duration,
+    prefer: Prefer,
+    /// The dedup's replica labels: aggregates hold series without them.
+    replica_labels: Vec<String>,
+}
+
+/// Where aggregates answer when both they and raw data could.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Prefer {
+    /// Raw data wherever a holder of the aggregates still keeps it; aggregates for older
+    /// steps (the default: answering from raw data is still the faster of the two for the
+    /// ranges it covers, see docs/downsample.md).
+    #[default]
+    RawWhereHeld,
+    /// The coarsest exact aggregates wherever they cover the steps.
+    Coarsest,
 }
 
 /// Steps `first..=last` of a leaf's grid from windows `width` wide held by `holders`.
@@ -40,15 +56,25 @@ struct Segment {
 }
 
 impl ResolutionPlanner {
-    /// `raw`: the deduplicated view over `fanout`'s stores.
-    pub fn new(raw: Arc<dyn Store>, fanout: Arc<Fanout>, timeout: Duration) -> Self {
-        ResolutionPlanner { raw, fanout, timeout }
+    /// `raw`: the deduplicated view over `fanout`'s stores, by `replica_labels`.
+    pub fn new(raw: Arc<dyn Store>, fanout: Arc<Fanout>, replica_labels: Vec<String>, timeout: Duration) -> Self {
+        ResolutionPlanner { raw, fanout, timeout, prefer: Prefer::default(), replica_labels }
+    }
+
+    pub fn with_preference(mut self, prefer: Prefer) -> Self {
+        self.prefer = prefer;
+        self
     }
 
     /// The segments of the grid aggregates answer, coarsest first where several could,
     /// in step order; empty when none can.
     fn plan(&self, req: &StepsRequest, cap: Option<i64>) -> Vec<Segment> {
         let Some(leaf) = leaf_of(req) else { return Vec::new() };
+        // Aggregates hold series without their replica labels: a selection by one cannot
+        // be answered from them.
+        if req.matchers.iter().any(|m| self.replica_labels.contains(&m.name)) {
+            return Vec::new();
+        }
         let grid = Grid { start: req.start, end: req.end, step: req.step, offset: req.offset };
         let Some(n) = grid.steps() else { return Vec::new() };
         let sel = req.selection();
@@ -76,7 +102,17 @@ impl ResolutionPlanner {
                 .collect();
             let (lo, hi) =
                 relevant.iter().filter_map(holds).fold((i64::MIN, i64::MAX), |(lo, hi), r| (lo.max(r.1), hi.min(r.2)));
-            if relevant.is_empty() || lo > hi {
+            // Raw data is there from the newest of the holders' oldest samples (a holder
+            // keeps the raw data of everything it aggregates).
+            let raw_from = match self.prefer {
+                Prefer::Coarsest => i64::MAX,
+                Prefer::RawWhereHeld => {
+                    relevant.iter().filter(|t| t.min_time <= t.max_time).map(|t| t.min_time).max().unwrap_or(i64::MAX)
+                }
+            };
+            // One holder: two (HA regionals) could each hold part of a series' windows,
+            // which the stitching below does not merge.
+            if relevant.len() != 1 || lo > hi {
                 continue;
             }
             // Step i reads the windows ending in (from_i, E_i]: all must be covered.
@@ -85,8 +121,12 @@ impl ResolutionPlanner {
                 Leaf::Range { range, .. } => range,
             };
             let e = |i: usize| req.start + i as i64 * req.step - req.offset;
-            let fits: Vec<bool> =
-                (0..n).map(|i| !taken[i] && (e(i) - reach).div_euclid(width) * width >= lo - 1 && e(i) <= hi).collect();
+            let fits: Vec<bool> = (0..n)
+                .map(|i| {
+                    let from = (e(i) - reach).div_euclid(width) * width;
+                    !taken[i] && from >= lo - 1 && e(i) <= hi && from < raw_from
+                })
+                .collect();
             let mut i = 0;
             while i < n {
                 if !fits[i] {
@@ -103,6 +143,22 @@ impl ResolutionPlanner {
         }
         out.sort_by_key(|s| s.first);
         out
+    }
+
+    /// The leaf goes to raw data after all: if aggregates were to answer steps older than
+    /// the raw data their holders keep, those steps may come back empty, and the answer
+    /// says so.
+    fn warn_if_past_raw(&self, req: &StepsRequest, segments: &[Segment], scope: &QueryScope) {
+        let oldest_raw = segments.iter().flat_map(|s| &s.holders).map(|t| t.min_time).max();
+        let Some(oldest_raw) = oldest_raw else { return };
+        let first = segments.iter().map(|s| s.first).min().unwrap_or(0);
+        let t = req.start + first as i64 * req.step;
+        if t.saturating_sub(req.offset) < oldest_raw {
+            scope.warn(format!(
+                "{}: the aggregates could not answer, and raw data before {oldest_raw} ms is no longer kept: steps from {t} ms on may be missing",
+                leaf_text(req)
+            ));
+        }
     }
 
     /// A segment's steps from its holders' aggregates, merged by labels; `None` when one
@@ -238,7 +294,8 @@ impl Store for ResolutionPlanner {
 
     async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
         let scope = QueryScope::current();
-        if req.resolution != 0 || !req.values || scope.max_source_resolution == Some(0) {
+        // `dedup=false` shows each replica: aggregates hold the merged series only.
+        if req.resolution != 0 || !req.values || scope.max_source_resolution == Some(0) || !scope.dedup {
             return self.raw.steps(req).await;
         }
         let segments = self.plan(req, scope.max_source_resolution);
@@ -261,7 +318,10 @@ impl Store for ResolutionPlanner {
             }
             next = seg.last + 1;
             let started = std::time::Instant::now();
-            let Some(agg) = self.ask_holders(req, seg).await else { return self.raw.steps(req).await };
+            let Some(agg) = self.ask_holders(req, seg).await else {
+                self.warn_if_past_raw(req, &segments, &scope);
+                return self.raw.steps(req).await;
+            };
             tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "holders answered");
             parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
         }
@@ -275,7 +335,10 @@ impl Store for ResolutionPlanner {
             match self.raw.steps(&sub).await? {
                 Some(s) => parts.push((a, b - a, s, 0)),
                 // No store evaluates the raw part: the engine selects samples for the leaf.
-                None => return Ok(None),
+                None => {
+                    self.warn_if_past_raw(req, &segments, &scope);
+                    return Ok(None);
+                }
             }
         }
         let leaf = leaf_text(req);

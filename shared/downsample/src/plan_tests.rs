@@ -68,7 +68,9 @@ async fn stack() -> Stack {
         Arc::new(WithAggregates::new(Arc::new(Evaluating::new(TsdbStore(db.clone()))), down.clone()));
     let fanout = Arc::new(Fanout::new(Vec::new(), Duration::from_secs(30)));
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
-    let planner = ResolutionPlanner::new(dedup.clone(), fanout.clone(), Duration::from_secs(30));
+    let planner =
+        ResolutionPlanner::new(dedup.clone(), fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
+            .with_preference(crate::plan::Prefer::Coarsest);
     let s = Stack { _dir: dir, planner, reference: dedup, fanout, down, regional, t0, end };
     s.targets(false);
     s
@@ -169,10 +171,38 @@ async fn unaligned_steps_and_a_store_the_aggregates_lack_stay_raw() {
         "an edge forwarding nowhere: {:?}",
         scope.resolutions()
     );
-    // Asking for raw data only.
+    // Each replica shown, or a replica asked for: the aggregates hold neither.
     s.targets(false);
+    let scope = QueryScope::new(true, false);
+    run(&s.planner, QUERIES[0], grid, scope.clone()).await;
+    assert!(scope.resolutions().is_empty(), "dedup=false: {:?}", scope.resolutions());
+    let scope = QueryScope::default();
+    run(&s.planner, "avg_over_time(temp{replica=\"a\"}[5m])", grid, scope.clone()).await;
+    assert!(scope.resolutions().iter().all(|u| u.resolution == 0), "{:?}", scope.resolutions());
+    // Asking for raw data only.
     let mut scope = QueryScope::default();
     scope.max_source_resolution = Some(0);
     run(&s.planner, QUERIES[0], grid, scope.clone()).await;
     assert!(scope.resolutions().is_empty());
+}
+
+#[tokio::test]
+async fn by_default_aggregates_answer_only_what_raw_data_no_longer_holds() {
+    let s = stack().await;
+    // The regional keeps raw data from three hours in: older steps need the aggregates.
+    let mut regional = StoreTarget::new("regional", s.regional.clone());
+    regional.label_sets = vec![Labels::from_pairs([("cluster", "c0"), ("replica", "a")])];
+    regional.resolutions = s.down.coverage();
+    regional.min_time = s.t0 + 3 * ONE_HOUR;
+    s.fanout.set_targets(vec![regional]);
+    let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]));
+    let planner = ResolutionPlanner::new(dedup, s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30));
+    let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
+    let scope = QueryScope::default();
+    run(&planner, QUERIES[0], grid, scope.clone()).await;
+    let used = scope.resolutions();
+    let from_aggregates: Vec<_> = used.iter().filter(|u| u.resolution > 0).collect();
+    assert_eq!(from_aggregates.len(), 1, "{used:?}");
+    assert!(from_aggregates[0].end - FIVE_MINUTES < s.t0 + 3 * ONE_HOUR, "{used:?}");
+    assert!(used.iter().any(|u| u.resolution == 0 && u.start >= s.t0 + 3 * ONE_HOUR), "{used:?}");
 }

@@ -65,6 +65,18 @@ impl Store for WithAggregates {
         let Some(blocks) = self.down.blocks(req.resolution) else {
             return Err(StoreError::InvalidRequest(format!("no aggregates of {} ms windows here", req.resolution)));
         };
+        // Only what is complete and current: no slice waiting to be computed again, none a
+        // sender still sends data for.
+        let covered = self.down.coverage().into_iter().find(|c| c.0 == req.resolution);
+        let reach = req.function.as_ref().map_or(req.lookback, |f| f.1);
+        let from = req.start.saturating_sub(req.offset).saturating_sub(reach);
+        let to = req.end.saturating_sub(req.offset);
+        if !covered.is_some_and(|(w, lo, hi)| from.div_euclid(w).saturating_mul(w) >= lo - 1 && to <= hi) {
+            return Err(StoreError::InvalidRequest(format!(
+                "from aggregates: ({from}, {to}] is not all computed at {} ms (covered: {covered:?})",
+                req.resolution
+            )));
+        }
         let req = req.clone();
         let answered = tokio::task::spawn_blocking(move || answer(&blocks, &req))
             .await

@@ -62,7 +62,17 @@ async fn write(State(rw): State<Arc<RemoteWrite>>, req: axum::extract::Request) 
         let msg = format!("too many remote writes at once (limit {}): retry later\n", rw.limits.max_concurrent);
         return answer(StatusCode::SERVICE_UNAVAILABLE, msg);
     };
-    let out = tokio::task::spawn_blocking(move || crate::handle(&rw.db, &rw.metrics, &body, &rw.limits)).await;
+    let out = tokio::task::spawn_blocking(move || {
+        let mut out = crate::handle(&rw.db, &rw.metrics, &body, &rw.limits);
+        if let (Some(f), Some((lo, hi))) = (&rw.on_stored, out.span) {
+            if let Err(e) = f("remote-write", lo, hi) {
+                out.status = 503;
+                out.message = format!("recording what was stored: {e}: send it again");
+            }
+        }
+        out
+    })
+    .await;
     match out {
         Ok(o) => {
             let code = StatusCode::from_u16(o.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

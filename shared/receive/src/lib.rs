@@ -71,6 +71,8 @@ pub struct WriteOutcome {
     pub status: u16,
     pub message: String,
     pub stored: usize,
+    /// The oldest and newest timestamp of the request's samples, when it stored any.
+    pub span: Option<(i64, i64)>,
 }
 
 fn convert_type(t: i32) -> MetricType {
@@ -153,7 +155,7 @@ fn reject(
 }
 
 fn process(db: &Tsdb, metrics: &ReceiveMetrics, body: &[u8], limits: &WriteLimits) -> WriteOutcome {
-    let fail = |status: u16, message: String| WriteOutcome { status, message, stored: 0 };
+    let fail = |status: u16, message: String| WriteOutcome { status, message, stored: 0, span: None };
     if body.len() > limits.max_body_bytes {
         return fail(413, format!("body of {} bytes is over the limit of {} bytes", body.len(), limits.max_body_bytes));
     }
@@ -278,6 +280,10 @@ fn process(db: &Tsdb, metrics: &ReceiveMetrics, body: &[u8], limits: &WriteLimit
         reject(metrics, &mut reasons, e.reason(), 1, format!("{e}: series {series}, timestamp {}, value {}", s.t, s.v));
     }
     let stored = committed.appended + committed.ignored_duplicates;
+    let span = batch
+        .iter()
+        .map(|(_, s)| s.t)
+        .fold(None, |acc: Option<(i64, i64)>, t| Some(acc.map_or((t, t), |(lo, hi)| (lo.min(t), hi.max(t)))));
     if let Err(e) = done {
         // Counters count attempts: the sender's retry counts its refusals again, as any
         // refused request's retry does.
@@ -286,13 +292,14 @@ fn process(db: &Tsdb, metrics: &ReceiveMetrics, body: &[u8], limits: &WriteLimit
             status: 500,
             message: format!("writing the WAL: {e} ({stored} samples of earlier slices stored)"),
             stored,
+            span,
         };
     }
     if let Some((n, first)) = &skipped {
         tracing::warn!(samples = n, first = %first, "remote write: series with invalid labels skipped");
     }
     if reasons.is_empty() {
-        return WriteOutcome { status: 204, message: String::new(), stored };
+        return WriteOutcome { status: 204, message: String::new(), stored, span };
     }
     if let Some((n, first)) = skipped {
         reasons.insert("invalid_labels", (n, first));
@@ -304,6 +311,7 @@ fn process(db: &Tsdb, metrics: &ReceiveMetrics, body: &[u8], limits: &WriteLimit
         status: 400,
         message: format!("{refused} of {total} samples refused, {stored} stored; {}", detail.join("; ")),
         stored,
+        span,
     }
 }
 
@@ -316,7 +324,14 @@ pub struct RemoteWrite {
     pub slots: Arc<tokio::sync::Semaphore>,
     /// One permit per KiB of body uploaded or waiting ([`WriteLimits::max_buffered_bytes`]).
     pub upload_kib: Arc<tokio::sync::Semaphore>,
+    /// Told, before a request that stored samples is answered, the span of their times
+    /// (a regional's downsampling computes again the windows late data fell in); an error
+    /// answers 503, so the sender retries.
+    pub on_stored: Option<OnStored>,
 }
+
+/// See [`RemoteWrite::on_stored`]: (sender, oldest, newest).
+pub type OnStored = Arc<dyn Fn(&str, i64, i64) -> Result<(), String> + Send + Sync>;
 
 impl RemoteWrite {
     pub fn new(db: Arc<Tsdb>, metrics: Arc<ReceiveMetrics>, limits: WriteLimits) -> Self {
@@ -324,7 +339,12 @@ impl RemoteWrite {
         // Room for at least one body of the largest size.
         let kib = (limits.max_buffered_bytes / 1024).max(limits.max_body_bytes.div_ceil(1024)).min(u32::MAX as usize);
         let upload_kib = Arc::new(tokio::sync::Semaphore::new(kib));
-        RemoteWrite { db, metrics, limits, slots, upload_kib }
+        RemoteWrite { db, metrics, limits, slots, upload_kib, on_stored: None }
+    }
+
+    pub fn with_on_stored(mut self, f: OnStored) -> Self {
+        self.on_stored = Some(f);
+        self
     }
 }
 

@@ -439,7 +439,7 @@ impl Tsdb {
 
     /// Oldest timestamp still accepted at wall-clock time `now`: the retention window back
     /// from the newest sample held, but never from beyond the wall clock.
-    fn min_valid_time(&self, now: i64) -> i64 {
+    pub fn min_valid_time(&self, now: i64) -> i64 {
         let floor = self.floor.admit();
         let max = self.max_time();
         if max == i64::MIN {
