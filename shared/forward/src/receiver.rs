@@ -520,10 +520,12 @@ fn samples_and_chunks_of(s: &mut pb::ForwardSeries) -> Result<(Vec<Sample>, Vec<
 impl Forward for ForwardReceiver {
     async fn hello(&self, req: Request<pb::HelloRequest>) -> Result<Response<pb::HelloResponse>, Status> {
         let _call = self.connections.as_ref().and_then(|c| c.call(req.remote_addr()));
-        if let Some(senders) = &self.senders {
+        if let Some(senders) = self.senders.clone() {
             let labels = labels_from_pb(req.into_inner().external_labels, &mut StringPool::default())
                 .map_err(|e| Status::invalid_argument(format!("external labels: {e}")))?;
-            if !senders.saw(&labels) {
+            // A new sender is written down (and synced): off the async threads.
+            let kept = tokio::task::spawn_blocking(move || (senders.saw(&labels), labels)).await;
+            if let Ok((false, labels)) = kept {
                 tracing::warn!(%labels, "forward: too many senders to remember another");
             }
         }

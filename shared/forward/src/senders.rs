@@ -59,3 +59,25 @@ fn save(path: &Path, known: &BTreeSet<Vec<(String, String)>>) -> std::io::Result
     f.sync_all()?;
     std::fs::rename(&tmp, path)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn senders_are_remembered_across_a_restart_and_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let s = Senders::open(dir.path());
+        let a = Labels::from_pairs([("cluster", "c0"), ("replica", "a")]);
+        assert!(s.saw(&a) && s.saw(&a) && s.saw(&Labels::default()));
+        assert_eq!(s.label_sets(), vec![a.clone()]);
+        assert_eq!(Senders::open(dir.path()).label_sets(), vec![a]);
+        for i in 0..MAX_SENDERS {
+            s.known.lock().insert(vec![("n".into(), i.to_string())]);
+        }
+        assert!(!s.saw(&Labels::from_pairs([("n", "new")])), "past the bound");
+        // A damaged file is an empty list, not a failed start.
+        std::fs::write(dir.path().join("senders.json"), b"{not json").unwrap();
+        assert!(Senders::open(dir.path()).label_sets().is_empty());
+    }
+}
