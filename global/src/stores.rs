@@ -31,6 +31,8 @@ pub struct StoreStatus {
     pub min_time: i64,
     pub max_time: i64,
     pub healthy: bool,
+    /// Aggregates it holds: (window width, first and last sample time covered), ms.
+    pub resolutions: Vec<(i64, i64, i64)>,
     pub last_error: Option<String>,
     pub last_check: Option<SystemTime>,
     /// The store was found by a DNS name whose last lookup failed: this is why.
@@ -244,18 +246,19 @@ impl StoreSet {
             match r {
                 Ok((client, info)) => {
                     let label_sets: Vec<Labels> = info.label_sets.iter().map(labels_of).collect();
+                    let resolutions: Vec<(i64, i64, i64)> = info
+                        .resolution_ranges
+                        .iter()
+                        .filter(|r| r.resolution_ms > 0 && r.min_time <= r.max_time)
+                        .map(|r| (r.resolution_ms, r.min_time, r.max_time))
+                        .collect();
                     targets.push(StoreTarget {
                         name: address.clone(),
                         store: Arc::new(client),
                         label_sets: label_sets.clone(),
                         min_time: info.min_time,
                         max_time: info.max_time,
-                        resolutions: info
-                            .resolution_ranges
-                            .iter()
-                            .filter(|r| r.resolution_ms > 0 && r.min_time <= r.max_time)
-                            .map(|r| (r.resolution_ms, r.min_time, r.max_time))
-                            .collect(),
+                        resolutions: resolutions.clone(),
                     });
                     status.push(StoreStatus {
                         address,
@@ -264,6 +267,7 @@ impl StoreSet {
                         min_time: info.min_time,
                         max_time: info.max_time,
                         healthy: true,
+                        resolutions,
                         last_error: None,
                         last_check: Some(now),
                         discovery_error: found[i].1.clone(),
@@ -284,6 +288,7 @@ impl StoreSet {
                         min_time: old.map(|o| o.min_time).unwrap_or(i64::MAX),
                         max_time: old.map(|o| o.max_time).unwrap_or(i64::MIN),
                         healthy: false,
+                        resolutions: Vec::new(),
                         last_error: Some(error),
                         last_check: Some(now),
                         discovery_error: found[i].1.clone(),
@@ -312,6 +317,11 @@ impl StoreSet {
                     "minTime": s.min_time,
                     "maxTime": s.max_time,
                     "health": if s.healthy { "up" } else { "down" },
+                    "resolutions": s.resolutions.iter().map(|r| json!({
+                        "resolution": strata_model::duration::format_duration_ms(r.0),
+                        "minTime": r.1,
+                        "maxTime": r.2,
+                    })).collect::<Vec<_>>(),
                     "lastError": s.last_error,
                     "lastCheck": ts(s.last_check),
                     "discoveryError": s.discovery_error,
