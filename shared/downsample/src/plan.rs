@@ -188,6 +188,11 @@ impl ResolutionPlanner {
         }
         out.series.sort_by(|a, b| a.labels.cmp(&b.labels));
         out.series.dedup_by(|a, b| a.labels == b.labels);
+        out.groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+        // One holder per segment (the plan's rule): its groups are whole, each once.
+        if out.groups.windows(2).any(|w| w[0].labels == w[1].labels) {
+            return None;
+        }
         Some(out)
     }
 }
@@ -209,6 +214,7 @@ where
 
 fn merge_into(out: &mut Steps, s: Steps) {
     out.series.extend(s.series);
+    out.groups.extend(s.groups);
     out.samples += s.samples;
     out.warnings.extend(s.warnings);
     for i in s.infos {
@@ -302,28 +308,22 @@ impl Store for ResolutionPlanner {
         if segments.is_empty() {
             return self.raw.steps(req).await;
         }
-        if req.aggregate.is_some() {
-            // The engine asks for the leaf next, which is planned; the aggregation is done
-            // above it.
-            return Ok(None);
-        }
         let Some(n) = req.steps() else { return self.raw.steps(req).await };
-        // (first step, steps, answer, resolution): the segments, and raw data between them.
+        // An aggregation over the leaf: each part's groups (a holder has every series of
+        // each, the plan made sure), or, if a part cannot give them, none here and the
+        // engine asks for the leaf next, which is planned the same way.
+        let grouped = req.aggregate.is_some();
+        // (first step, steps, answer, resolution): raw data between the segments first
+        // (the newest hours, usually: little work, and the part most likely to be unable
+        // to group), then the segments.
         let mut parts = Vec::new();
-        let mut next = 0;
         let mut raw_spans = Vec::new();
+        let mut next = 0;
         for seg in &segments {
             if seg.first > next {
                 raw_spans.push((next, seg.first));
             }
             next = seg.last + 1;
-            let started = std::time::Instant::now();
-            let Some(agg) = self.ask_holders(req, seg).await else {
-                self.warn_if_past_raw(req, &segments, &scope);
-                return self.raw.steps(req).await;
-            };
-            tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "holders answered");
-            parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
         }
         if next < n {
             raw_spans.push((next, n));
@@ -333,13 +333,36 @@ impl Store for ResolutionPlanner {
             sub.start = req.start + a as i64 * req.step;
             sub.end = req.start + (b - 1) as i64 * req.step;
             match self.raw.steps(&sub).await? {
-                Some(s) => parts.push((a, b - a, s, 0)),
+                Some(s) if !grouped || !s.groups.is_empty() || s.series.is_empty() => parts.push((a, b - a, s, 0)),
+                // The raw part does not group: when its leaf has no value there (steps
+                // before any data), it adds no group and the holders' groups stand.
+                _ if grouped => {
+                    let leaf = StepsRequest { aggregate: None, ..sub };
+                    match self.raw.steps(&leaf).await? {
+                        Some(s) if s.series.iter().all(|x| x.values.is_empty()) => {
+                            parts.push((a, b - a, Steps { series: Vec::new(), ..s }, 0))
+                        }
+                        _ => return Ok(None),
+                    }
+                }
                 // No store evaluates the raw part: the engine selects samples for the leaf.
-                None => {
+                _ => {
                     self.warn_if_past_raw(req, &segments, &scope);
                     return Ok(None);
                 }
             }
+        }
+        for seg in &segments {
+            let started = std::time::Instant::now();
+            let Some(agg) = self.ask_holders(req, seg).await else {
+                if grouped {
+                    return Ok(None);
+                }
+                self.warn_if_past_raw(req, &segments, &scope);
+                return self.raw.steps(req).await;
+            };
+            tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "holders answered");
+            parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
         }
         let leaf = leaf_text(req);
         let mut by: BTreeMap<Labels, Stitched> = BTreeMap::new();
@@ -355,7 +378,7 @@ impl Store for ResolutionPlanner {
                     out.infos.push(i);
                 }
             }
-            for s in part.series {
+            for s in if grouped { part.groups } else { part.series } {
                 let e = by.entry(s.labels).or_insert_with(|| Stitched {
                     metric_type: s.metric_type,
                     name_dropped: s.name_dropped,
@@ -372,7 +395,7 @@ impl Store for ResolutionPlanner {
                 }
             }
         }
-        out.series = by
+        let stitched: Vec<StepsSeries> = by
             .into_iter()
             .map(|(labels, s)| StepsSeries {
                 labels,
@@ -382,6 +405,11 @@ impl Store for ResolutionPlanner {
                 name_dropped: s.name_dropped,
             })
             .collect();
+        if grouped {
+            out.groups = stitched;
+        } else {
+            out.series = stitched;
+        }
         Ok(Some(out))
     }
 }

@@ -18,6 +18,68 @@ use strata_store::{QueryScope, Store};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::TsdbStore;
 
+/// What a regional's StoreAPI server does with an aggregation over a leaf asked at a
+/// resolution: the leaf from aggregates, the aggregation by the engine over its series.
+struct Grouping(Arc<dyn Store>);
+
+#[async_trait::async_trait]
+impl Store for Grouping {
+    async fn select_within(
+        &self,
+        req: &strata_store::SelectRequest,
+        budget: &mut strata_store::SelectBudget,
+    ) -> Result<Vec<strata_store::SeriesChunks>, strata_store::StoreError> {
+        self.0.select_within(req, budget).await
+    }
+
+    async fn series_within(
+        &self,
+        matchers: &[strata_model::Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut strata_store::SelectBudget,
+    ) -> Result<Vec<Labels>, strata_store::StoreError> {
+        self.0.series_within(matchers, start, end, budget).await
+    }
+
+    async fn label_names(
+        &self,
+        matchers: &[strata_model::Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, strata_store::StoreError> {
+        self.0.label_names(matchers, start, end).await
+    }
+
+    async fn label_values(
+        &self,
+        name: &str,
+        matchers: &[strata_model::Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, strata_store::StoreError> {
+        self.0.label_values(name, matchers, start, end).await
+    }
+
+    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, strata_store::StoreError> {
+        self.0.metadata(metric).await
+    }
+
+    async fn steps(
+        &self,
+        req: &strata_store::StepsRequest,
+    ) -> Result<Option<strata_store::Steps>, strata_store::StoreError> {
+        if req.resolution == 0 || req.aggregate.is_none() {
+            return self.0.steps(req).await;
+        }
+        let leaf = strata_store::StepsRequest { aggregate: None, ..req.clone() };
+        let Some(steps) = self.0.steps(&leaf).await? else { return Ok(None) };
+        strata_promql::pushdown::aggregate_evaluated(req, steps)
+            .map(Some)
+            .map_err(|e| strata_store::StoreError::InvalidRequest(e.to_string()))
+    }
+}
+
 struct Stack {
     _dir: tempfile::TempDir,
     planner: ResolutionPlanner,
@@ -64,8 +126,10 @@ async fn stack() -> Stack {
     let source = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
     // Downsampled as if it were eight hours in: the ninth hour is raw data only.
     down.run(&source, Some(t0 + 1), t0 + 8 * ONE_HOUR).await.unwrap();
-    let regional: Arc<dyn Store> =
-        Arc::new(WithAggregates::new(Arc::new(Evaluating::new(TsdbStore(db.clone()))), down.clone()));
+    let regional: Arc<dyn Store> = Arc::new(Grouping(Arc::new(WithAggregates::new(
+        Arc::new(Evaluating::new(TsdbStore(db.clone()))),
+        down.clone(),
+    ))));
     let fanout = Arc::new(Fanout::new(Vec::new(), Duration::from_secs(30)));
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
     let planner =
@@ -127,6 +191,8 @@ const QUERIES: &[&str] = &[
     "increase(energy_total[1h])",
     "temp",
     "count_over_time(temp[10m])",
+    "max by (gpu) (max_over_time(temp[5m]))",
+    "count by (cluster) (avg_over_time(temp[5m]) > 40)",
 ];
 
 #[tokio::test]
@@ -205,4 +271,18 @@ async fn by_default_aggregates_answer_only_what_raw_data_no_longer_holds() {
     assert_eq!(from_aggregates.len(), 1, "{used:?}");
     assert!(from_aggregates[0].end - FIVE_MINUTES < s.t0 + 3 * ONE_HOUR, "{used:?}");
     assert!(used.iter().any(|u| u.resolution == 0 && u.start >= s.t0 + 3 * ONE_HOUR), "{used:?}");
+}
+
+#[tokio::test]
+async fn an_aggregation_over_a_leaf_is_evaluated_where_the_aggregates_are_and_equals_the_raw_one() {
+    let s = stack().await;
+    // Inside what the aggregates cover: no raw part, the holder's groups are the answer.
+    let grid = (s.t0 + ONE_HOUR, s.t0 + 8 * ONE_HOUR, FIVE_MINUTES);
+    for q in [QUERIES[0], QUERIES[2], QUERIES[6], QUERIES[7]] {
+        let scope = QueryScope::default();
+        let got = run(&s.planner, q, grid, scope.clone()).await;
+        assert_same(q, &run(&*s.reference, q, grid, QueryScope::default()).await, &got);
+        assert!(scope.resolutions().iter().all(|u| u.resolution == FIVE_MINUTES), "{q}: {:?}", scope.resolutions());
+        assert!(!got.is_empty(), "{q}: no groups");
+    }
 }

@@ -401,14 +401,20 @@ impl StoreService {
         let external = self.external.clone();
         let view = move |l: &Labels| attach_external(l, &external);
         let answer = if req.resolution > 0 {
-            // From aggregates: the store answers itself, or has none of that resolution.
-            match self.store.steps(&req).await.map_err(status_from_store_error)? {
+            // From aggregates: the store answers the leaf itself, or has none of that
+            // resolution; an aggregation over the leaf is this engine's, over its series.
+            let leaf = strata_store::StepsRequest { aggregate: None, ..req.clone() };
+            match self.store.steps(&leaf).await.map_err(status_from_store_error)? {
                 Some(mut a) => {
-                    for s in a.series.iter_mut().chain(a.groups.iter_mut()) {
+                    for s in a.series.iter_mut() {
                         s.labels = view(&s.labels);
                     }
                     a.series.sort_by(|x, y| x.labels.cmp(&y.labels));
-                    a
+                    if req.aggregate.is_some() {
+                        strata_promql::pushdown::aggregate_evaluated(&req, a).map_err(status_from_query_error)?
+                    } else {
+                        a
+                    }
                 }
                 None => {
                     return Err(Status::failed_precondition(format!(

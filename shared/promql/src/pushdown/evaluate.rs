@@ -192,3 +192,86 @@ fn summary(s: &strata_store::SeriesChunks, sel: &strata_store::SelectRequest) ->
 fn summary_only(labels: Labels, metric_type: strata_model::MetricType, summary: SeriesSummary) -> StepsSeries {
     StepsSeries { labels, metric_type, summary, values: StepValues::default(), name_dropped: false }
 }
+
+/// An aggregation over a leaf a store has already evaluated another way (from
+/// aggregates): `req.aggregate` over `leaf`'s series (labels as the caller sees them), as
+/// [`evaluate`] would give it from samples. The answer holds the groups only.
+pub fn aggregate_evaluated(req: &StepsRequest, leaf: Steps) -> Result<Steps, QueryError> {
+    let spec = req.aggregate.as_ref().ok_or_else(|| QueryError::Internal("no aggregation to evaluate".into()))?;
+    let steps = req.steps().ok_or_else(|| QueryError::BadData("the grid has no steps or too many".into()))?;
+    let points = (leaf.series.len() as u64).saturating_mul(steps as u64);
+    if points > req.limits.max_samples {
+        return Err(QueryError::TooManySamples(req.limits.max_samples));
+    }
+    let expr = aggregate_expr(req, spec)?;
+    let Expr::Aggregate(a) = &expr else { return Err(QueryError::Internal("an aggregation that is not one".into())) };
+    // The leaf, under the filter that may compare it with a number.
+    let node = match a.expr.as_ref() {
+        Expr::Binary(b) => b.lhs.as_ref(),
+        e => e,
+    };
+    let mut data = fetch::Fetched::default();
+    data.pushed.insert(super::node_key(node), leaf);
+    let ev = Evaluator::new(&data, req.start, req.end, req.step, req.lookback, req.limits.max_samples);
+    let Val::Vector(out) = ev.eval(&expr)? else {
+        return Err(QueryError::Internal("an aggregation that is not an instant vector".into()));
+    };
+    let mut groups: Vec<StepsSeries> = out
+        .into_iter()
+        .map(|g| StepsSeries {
+            labels: g.labels,
+            metric_type: Default::default(),
+            summary: SeriesSummary::default(),
+            values: StepValues::from_options(&g.vals),
+            name_dropped: false,
+        })
+        .collect();
+    groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+    let (warnings, infos) = ev.annotations.take();
+    Ok(Steps { series: Vec::new(), groups, samples: ev.samples_touched(), warnings, infos })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_model::{MatchOp, Matcher};
+
+    #[test]
+    fn an_aggregation_over_an_evaluated_leaf_groups_its_series() {
+        let m = Matcher::new(MatchOp::Equal, "__name__", "x").unwrap();
+        let mut req = StepsRequest::new(vec![m], (300_000, 900_000, 300_000), 300_000);
+        req.function = Some(("avg_over_time".into(), 300_000));
+        req.aggregate = Some(AggregateSpec {
+            op: "avg".into(),
+            param: None,
+            without: false,
+            labels: vec!["cluster".into()],
+            filter: None,
+        });
+        let series = |cluster: &str, gpu: &str, v: [Option<f64>; 3]| StepsSeries {
+            labels: Labels::from_pairs([("__name__", "x"), ("cluster", cluster), ("gpu", gpu)]),
+            metric_type: Default::default(),
+            summary: SeriesSummary::default(),
+            values: StepValues::from_options(&v),
+            name_dropped: true,
+        };
+        let leaf = Steps {
+            series: vec![
+                series("a", "0", [Some(1.0), Some(2.0), None]),
+                series("a", "1", [Some(3.0), Some(4.0), Some(5.0)]),
+                series("b", "0", [None, Some(10.0), None]),
+            ],
+            ..Steps::default()
+        };
+        let out = aggregate_evaluated(&req, leaf).unwrap();
+        let got: Vec<(String, Vec<Option<f64>>)> =
+            out.groups.iter().map(|g| (g.labels.to_string(), g.values.to_options())).collect();
+        assert_eq!(
+            got,
+            vec![
+                ("{cluster=\"a\"}".to_string(), vec![Some(2.0), Some(3.0), Some(5.0)]),
+                ("{cluster=\"b\"}".to_string(), vec![None, Some(10.0), None]),
+            ]
+        );
+    }
+}

@@ -18,7 +18,7 @@ use strata_store::{AggregateSpec, SelectLimits, StepsRequest};
 mod evaluate;
 mod evaluating;
 
-pub use evaluate::evaluate;
+pub use evaluate::{aggregate_evaluated, evaluate};
 pub use evaluating::Evaluating;
 
 /// Range functions whose value at a step is one series' window: the ones a store may
