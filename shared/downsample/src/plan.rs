@@ -95,9 +95,18 @@ impl ResolutionPlanner {
             if !targets.iter().filter(|t| t.may_match(&sel.matchers, sel.start, sel.end)).all(covered) {
                 continue;
             }
+            // A holder is weighed by the times its aggregates cover, not its raw data's: a
+            // range older than the raw data it keeps is what its aggregates are for.
             let relevant: Vec<StoreTarget> = holders
                 .iter()
-                .filter(|t| t.may_match(&sel.matchers, sel.start, sel.end))
+                .filter(|t| {
+                    let Some((_, lo, hi)) = holds(t) else { return false };
+                    StoreTarget { min_time: lo, max_time: hi, ..StoreTarget::clone(t) }.may_match(
+                        &sel.matchers,
+                        sel.start,
+                        sel.end,
+                    )
+                })
                 .map(|t| (*t).clone())
                 .collect();
             let (lo, hi) =

@@ -271,6 +271,17 @@ async fn by_default_aggregates_answer_only_what_raw_data_no_longer_holds() {
     assert_eq!(from_aggregates.len(), 1, "{used:?}");
     assert!(from_aggregates[0].end - FIVE_MINUTES < s.t0 + 3 * ONE_HOUR, "{used:?}");
     assert!(used.iter().any(|u| u.resolution == 0 && u.start >= s.t0 + 3 * ONE_HOUR), "{used:?}");
+    // Raw data gone for the whole range: the aggregates still answer what they cover.
+    let mut regional = StoreTarget::new("regional", s.regional.clone());
+    regional.label_sets = vec![Labels::from_pairs([("cluster", "c0"), ("replica", "a")])];
+    regional.resolutions = s.down.coverage();
+    regional.min_time = s.t0 + 10 * ONE_HOUR;
+    s.fanout.set_targets(vec![regional]);
+    let grid = (s.t0 + ONE_HOUR, s.t0 + 8 * ONE_HOUR, FIVE_MINUTES);
+    let scope = QueryScope::default();
+    let got = run(&planner, QUERIES[0], grid, scope.clone()).await;
+    assert!(!got.is_empty());
+    assert!(scope.resolutions().iter().all(|u| u.resolution == FIVE_MINUTES), "{:?}", scope.resolutions());
 }
 
 #[tokio::test]

@@ -411,7 +411,12 @@ impl StoreService {
                     }
                     a.series.sort_by(|x, y| x.labels.cmp(&y.labels));
                     if req.aggregate.is_some() {
-                        strata_promql::pushdown::aggregate_evaluated(&req, a).map_err(status_from_query_error)?
+                        let r = req.clone();
+                        let evaluated =
+                            tokio::task::spawn_blocking(move || strata_promql::pushdown::aggregate_evaluated(&r, a))
+                                .await
+                                .map_err(|e| Status::internal(format!("evaluating the aggregation: {e}")))?;
+                        evaluated.map_err(status_from_query_error)?
                     } else {
                         a
                     }
