@@ -63,9 +63,24 @@ impl AggregateBlocks {
     ) -> Result<(), AggregateError> {
         let old: Vec<String> = self.slice_blocks(a, b).iter().map(|r| r.id().to_string()).collect();
         // Written even when empty: a block says its slice was computed.
-        let mut w = BlockWriter::create(self.set.dir(), a + 1, b + 1, 1, old.clone())?;
-        for s in series.iter().filter(|s| !s.windows.is_empty()) {
-            if let Err(e) = w.add_series(&s.labels, &[self.chunk(s)]) {
+        let chunks = series.iter().filter(|s| !s.windows.is_empty()).map(|s| (s.labels.clone(), self.chunk(s)));
+        self.replace((a, b), 1, old, chunks, metadata)
+    }
+
+    /// Writes a block of `(a, b]` from `chunks` (in label order), adds it, then deletes
+    /// the `old` blocks it replaces (named in its sources, so a crash in between leaves
+    /// them to be deleted at the next open).
+    fn replace(
+        &self,
+        (a, b): (i64, i64),
+        level: u32,
+        old: Vec<String>,
+        chunks: impl IntoIterator<Item = (Labels, Chunk)>,
+        metadata: Vec<(String, Metadata)>,
+    ) -> Result<(), AggregateError> {
+        let mut w = BlockWriter::create(self.set.dir(), a + 1, b + 1, level, old.clone())?;
+        for (labels, c) in chunks {
+            if let Err(e) = w.add_series(&labels, std::slice::from_ref(&c)) {
                 w.abort();
                 return Err(e.into());
             }
@@ -222,7 +237,6 @@ impl AggregateBlocks {
         let mut names: Vec<String> = inside.iter().flat_map(|r| r.label_values("__name__")).collect();
         names.sort();
         names.dedup();
-        let mut w = BlockWriter::create(self.set.dir(), a + 1, b + 1, 2, ids.clone())?;
         let mut metadata: Vec<(String, Metadata)> = Vec::new();
         for r in &inside {
             for (f, m) in r.metadata() {
@@ -247,20 +261,7 @@ impl AggregateBlocks {
             }
         }
         chunks.sort_by(|x, y| x.0.cmp(&y.0));
-        for (labels, c) in &chunks {
-            if let Err(e) = w.add_series(labels, std::slice::from_ref(c)) {
-                w.abort();
-                return Err(e.into());
-            }
-        }
-        w.set_metadata(metadata);
-        let id = w.id().to_string();
-        w.finish()?;
-        if let Err(e) = self.set.add(&id) {
-            self.set.discard(&id);
-            return Err(e.into());
-        }
-        self.set.delete(&ids)?;
+        self.replace((a, b), 2, ids, chunks, metadata)?;
         Ok(true)
     }
 

@@ -86,25 +86,8 @@ fn series(shape: Shape, seed: u64, span: i64) -> Vec<Sample> {
     out
 }
 
-const FUNCTIONS: &[&str] = &[
-    "rate",
-    "increase",
-    "delta",
-    "irate",
-    "idelta",
-    "deriv",
-    "changes",
-    "resets",
-    "avg_over_time",
-    "min_over_time",
-    "max_over_time",
-    "sum_over_time",
-    "count_over_time",
-    "last_over_time",
-    "present_over_time",
-    "stddev_over_time",
-    "stdvar_over_time",
-];
+/// Every range function a store evaluates: aggregates answer them all.
+const FUNCTIONS: &[&str] = strata_promql::pushdown::RANGE_FUNCTIONS;
 
 /// Functions whose answers must be the raw ones bit for bit.
 fn bit_exact(name: &str) -> bool {

@@ -147,17 +147,7 @@ pub async fn evaluate(
             return Err(QueryError::Internal("a leaf that is not an instant vector".into()));
         };
         if aggregated {
-            let mut groups: Vec<StepsSeries> = out
-                .into_iter()
-                .map(|g| StepsSeries {
-                    labels: g.labels,
-                    metric_type: Default::default(),
-                    summary: SeriesSummary::default(),
-                    values: StepValues::from_options(&g.vals),
-                    name_dropped: false,
-                })
-                .collect();
-            groups.sort_by(|a, b| a.labels.cmp(&b.labels));
+            let groups = groups_of(out);
             let series = caller_labels.into_iter().map(|(l, t, s)| summary_only(l, t, s)).collect();
             let (warnings, infos) = ev.annotations.take();
             return Ok(Steps { series, groups, samples: ev.samples_touched(), warnings, infos });
@@ -216,6 +206,13 @@ pub fn aggregate_evaluated(req: &StepsRequest, leaf: Steps) -> Result<Steps, Que
     let Val::Vector(out) = ev.eval(&expr)? else {
         return Err(QueryError::Internal("an aggregation that is not an instant vector".into()));
     };
+    let groups = groups_of(out);
+    let (warnings, infos) = ev.annotations.take();
+    Ok(Steps { series: Vec::new(), groups, samples: ev.samples_touched(), warnings, infos })
+}
+
+/// An aggregation's output series as the answer's groups, sorted by labels.
+fn groups_of(out: Vec<crate::eval::StepSeries>) -> Vec<StepsSeries> {
     let mut groups: Vec<StepsSeries> = out
         .into_iter()
         .map(|g| StepsSeries {
@@ -227,8 +224,7 @@ pub fn aggregate_evaluated(req: &StepsRequest, leaf: Steps) -> Result<Steps, Que
         })
         .collect();
     groups.sort_by(|a, b| a.labels.cmp(&b.labels));
-    let (warnings, infos) = ev.annotations.take();
-    Ok(Steps { series: Vec::new(), groups, samples: ev.samples_touched(), warnings, infos })
+    groups
 }
 
 #[cfg(test)]
