@@ -29,6 +29,15 @@ pub struct UpArgs {
     /// GPUs on each simulated node.
     #[arg(long, default_value_t = 8)]
     gpus_per_node: usize,
+    /// On a first start (no data yet), the simulated fleet's history over this span before
+    /// now is scraped into the edges first, as it would have been served, so that a 24 h
+    /// graph has a day to show (answered from the regional's aggregates). `0s`: none.
+    #[arg(long, default_value = "24h", value_parser = parse_span)]
+    backfill: Duration,
+}
+
+fn parse_span(s: &str) -> Result<Duration, String> {
+    strata_model::duration::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// The clusters `up` simulates, each with its own nodes of the simulator.
@@ -60,7 +69,9 @@ fn global_config(stores: &[SocketAddr]) -> String {
     let list: Vec<String> = stores.iter().map(|s| format!("  - {s}\n")).collect();
     format!(
         "# Written by `strata up`: the global querier's stores (the edges' and the regional's StoreAPI).\n\
-         stores:\n{}store_timeout: 30s\ninfo_interval: 10s\nreplica_labels: [replica]\n",
+         # `aggregates: coarsest`: the regional's 5 m and 1 h aggregates answer what they answer\n\
+         # exactly even where the edges hold raw data (docs/downsample.md).\n\
+         stores:\n{}store_timeout: 30s\ninfo_interval: 10s\nreplica_labels: [replica]\naggregates: coarsest\n",
         list.concat()
     )
 }
@@ -72,6 +83,41 @@ fn write_config(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Samples of the history a first start backfills are this far apart (the live scrapes are
+/// every 5 s): a day of it is then scraped in seconds, not minutes.
+const BACKFILL_EVERY: Duration = Duration::from_secs(30);
+
+/// Scrapes the fleet's pages of the last `span`, every [`BACKFILL_EVERY`], into the edge
+/// `opts` describes, before it starts (see `strata_edge::backfill`).
+async fn backfill(
+    opts: &strata_edge::EdgeOptions,
+    fleet: &strata_simulator::Fleet,
+    span: Duration,
+    name: &str,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let to = strata_model::time::now_ms();
+    let from = to.saturating_sub(span.as_millis() as i64);
+    let (opts, fleet) = (opts.clone(), fleet.clone());
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let report = tokio::task::spawn_blocking(move || {
+        strata_edge::backfill::backfill(&opts, (from, to), Some(BACKFILL_EVERY), threads, |target, t| {
+            let node = target.url.split("/node/").nth(1)?.split('/').next()?.parse().ok()?;
+            fleet.render_node(node, t)
+        })
+    })
+    .await??;
+    println!(
+        "  backfilled edge {name}: {} pages of {} targets over the last {}, every {}, in {:.1} s",
+        report.pages,
+        report.targets,
+        strata_model::duration::format_duration(span),
+        strata_model::duration::format_duration(BACKFILL_EVERY),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
 pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let sim_addr: SocketAddr = ([127, 0, 0, 1], a.port_base).into();
     let listener = tokio::net::TcpListener::bind(sim_addr)
@@ -80,7 +126,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let fleet = strata_simulator::Fleet::new(1, a.nodes * CLUSTERS.len(), a.gpus_per_node);
     let mut rx = stop_rx.clone();
-    let sim = tokio::spawn(strata_simulator::serve(listener, fleet, 0, Default::default(), async move {
+    let sim = tokio::spawn(strata_simulator::serve(listener, fleet.clone(), 0, Default::default(), async move {
         let _ = rx.changed().await;
     }));
 
@@ -98,7 +144,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     ropts.enable_lifecycle = true;
     let regional = strata_regional::Regional::start(ropts).await?;
     let (rhttp, rgrpc) = (regional.http_addr, regional.grpc_addr);
-    let mut edges = Vec::new();
+    let mut configured = Vec::new();
     for (c, cluster) in CLUSTERS.iter().enumerate() {
         for (r, replica) in REPLICAS.iter().enumerate() {
             let k = c * REPLICAS.len() + r;
@@ -110,8 +156,20 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             opts.http_listen = Some(port(1 + k));
             opts.grpc_listen = Some(port(5 + k));
             opts.data_dir = Some(dir.join("data"));
-            edges.push((format!("cluster={cluster} replica={replica}"), strata_edge::Edge::start(opts).await?));
+            configured.push((format!("cluster={cluster} replica={replica}"), opts));
         }
+    }
+    // Every backfill before any edge starts: one edge's forwarding would slow the next's.
+    if !a.backfill.is_zero() {
+        for (name, opts) in &configured {
+            if opts.data_dir.as_ref().is_some_and(|d| !d.exists()) {
+                backfill(opts, &fleet, a.backfill, name).await?;
+            }
+        }
+    }
+    let mut edges = Vec::new();
+    for (name, opts) in configured {
+        edges.push((name, strata_edge::Edge::start(opts).await?));
     }
     let mut stores: Vec<SocketAddr> = edges.iter().filter_map(|(_, e)| e.grpc_addr).collect();
     stores.push(regional.grpc_addr);

@@ -3,6 +3,7 @@
 //! Prometheus query API. This crate is wiring and loops: the parser and relabeling live in
 //! `strata-ingest`, the storage in `strata-tsdb`, the query API in `strata-api`.
 
+pub mod backfill;
 pub mod config;
 pub mod http_client;
 pub mod manager;

@@ -181,6 +181,11 @@ pub enum EdgeError {
     },
 }
 
+/// The data directory: the flag's, else the configuration's, else the default.
+pub(crate) fn data_dir_of(opts: &EdgeOptions, cfg: &EdgeConfig) -> PathBuf {
+    opts.data_dir.clone().or_else(|| cfg.strata.data_dir.clone()).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+}
+
 /// A running edge.
 pub struct Edge {
     pub http_addr: SocketAddr,
@@ -196,7 +201,7 @@ pub struct Edge {
     server: JoinHandle<()>,
 }
 
-fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
+pub(crate) fn tsdb_options(cfg: &EdgeConfig) -> TsdbOptions {
     // `wal_fsync` was checked when the configuration loaded.
     let mut o = cfg.storage_settings().apply(TsdbOptions::default()).unwrap_or_default();
     // Forwarders read the WAL from any segment: each names its series' labels.
@@ -325,11 +330,7 @@ impl Edge {
             None => LiveWebConfig::fixed(WebConfig::default()),
         };
         let scheme = if web.current().tls.is_some() { "https" } else { "http" };
-        let data_dir = opts
-            .data_dir
-            .clone()
-            .or_else(|| cfg.strata.data_dir.clone())
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+        let data_dir = data_dir_of(&opts, &cfg);
         let tsdb_opts = tsdb_options(&cfg);
         tracing::info!(data = %data_dir.display(), "opening the edge database and replaying its WAL");
         let dir = data_dir.clone();

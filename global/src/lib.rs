@@ -129,8 +129,14 @@ impl Global {
 
         // Deduplicated raw data, and aggregates where they answer exactly.
         let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), replica_labels.clone()));
-        let planner = strata_downsample::ResolutionPlanner::new(dedup, fanout.clone(), replica_labels, store_timeout);
-        let query_store: Arc<dyn Store> = Arc::new(planner.with_preference(prefer));
+        // The raw steps between aggregate segments (the newest hours, usually) are evaluated
+        // here from the deduplicated samples when no store can evaluate them.
+        let same_dedup = ReplicaDedup::new(fanout.clone(), replica_labels.clone());
+        let evaluator: Arc<dyn Store> = Arc::new(strata_promql::pushdown::Evaluating::new(same_dedup));
+        let planner = strata_downsample::ResolutionPlanner::new(dedup, fanout.clone(), replica_labels, store_timeout)
+            .with_preference(prefer)
+            .with_raw_evaluator(evaluator);
+        let query_store: Arc<dyn Store> = Arc::new(planner);
         let global_metrics = metrics::GlobalMetrics::new();
         let tracked = global_metrics.clone();
         let app = Router::new()

@@ -158,9 +158,13 @@ pub async fn serve_pair_with_aggregates(local: Arc<dyn Store>) -> anyhow::Result
     let fanout = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
     std::mem::forget(dir);
+    // As the global wires it: raw steps between aggregate segments evaluated in process.
+    let evaluator =
+        Arc::new(strata_promql::pushdown::Evaluating::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()])));
     let planner =
         strata_downsample::ResolutionPlanner::new(dedup, fanout, vec!["replica".into()], Duration::from_secs(600))
-            .with_preference(strata_downsample::Prefer::Coarsest);
+            .with_preference(strata_downsample::Prefer::Coarsest)
+            .with_raw_evaluator(evaluator);
     Ok(Arc::new(planner))
 }
 

@@ -16,7 +16,17 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
         .expect("twelve free ports");
     let data = dir.path().join("strata-data");
     let mut up = Proc::strata(
-        &["up", "--data", &data.display().to_string(), "--port-base", &base.to_string(), "--nodes", "2"],
+        &[
+            "up",
+            "--data",
+            &data.display().to_string(),
+            "--port-base",
+            &base.to_string(),
+            "--nodes",
+            "2",
+            "--backfill",
+            "3h",
+        ],
         dir.path(),
         "up",
     );
@@ -27,7 +37,7 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let deadline = Instant::now() + Duration::from_secs(30);
     for port in base + 1..=base + 4 {
         loop {
-            let n = series_count(&format!("http://127.0.0.1:{port}"), "DCGM_FI_DEV_GPU_TEMP");
+            let n = current_count(port);
             if n >= 16 {
                 break;
             }
@@ -45,9 +55,9 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
         .map(|s| (s["metric"]["cluster"].as_str().unwrap().to_string(), s["value"][1].as_str().unwrap().to_string()))
         .collect();
     counts.sort();
-    // As many as one replica of the cluster holds (MIG GPUs give a series per instance).
-    let per_edge: Vec<usize> =
-        (base + 1..=base + 4).map(|p| series_count(&format!("http://127.0.0.1:{p}"), "DCGM_FI_DEV_GPU_TEMP")).collect();
+    // As many as one replica of the cluster scrapes now (MIG GPUs give a series per
+    // instance; the backfilled hours hold more series, as pods came and went).
+    let per_edge: Vec<usize> = (base + 1..=base + 4).map(current_count).collect();
     let want = [("c0".to_string(), per_edge[0].to_string()), ("c1".to_string(), per_edge[2].to_string())];
     assert_eq!(counts, want, "{data_q}");
     let raw = api_data(&format!("{global}/api/v1/query?query=count(DCGM_FI_DEV_GPU_TEMP)&dedup=false"));
@@ -58,6 +68,7 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     // merged with them (the counts above, with and without dedup, are the edges' alone).
     assert_eq!(stores.as_array().unwrap().len(), 5, "{stores}");
     assert!(stores.as_array().unwrap().iter().all(|s| s["health"] == "up"), "{stores}");
+    backfilled_hours_are_answered_from_aggregates(&global, &mut up);
     // The README's quick-start commands, as a user pastes them (ports moved to this run's).
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
     let commands = readme_commands(&readme, "curl ");
@@ -85,7 +96,12 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
         assert!(Instant::now() < deadline, "nothing pending with the regional stopped:\n{}", up.log_text());
         std::thread::sleep(Duration::from_millis(300));
     }
-    assert!(up.log_text().contains("regional stopped"), "{}", up.log_text());
+    // The edges notice the listener gone before `up` has finished stopping the regional.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !up.log_text().contains("regional stopped") {
+        assert!(Instant::now() < deadline, "{}", up.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let (rcfg, rdata) = (data.join("regional/regional.yml"), data.join("regional/data"));
     let (rhttp, rgrpc) = (format!("127.0.0.1:{}", base + 10), format!("127.0.0.1:{}", base + 11));
     let (rcfg, rdata) = (rcfg.display().to_string(), rdata.display().to_string());
@@ -144,6 +160,72 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     }
     assert!(data.join("global/global.yml").is_file());
     assert!(data.join("regional/regional.yml").is_file() && data.join("regional/data/wal").is_dir());
+}
+
+/// The GPU_TEMP series the edge on `port` holds now (an instant query).
+fn current_count(port: u16) -> usize {
+    let d = api_data(&format!("http://127.0.0.1:{port}/api/v1/query?query=count(DCGM_FI_DEV_GPU_TEMP)"));
+    d["result"][0]["value"][1].as_str().and_then(|v| v.parse().ok()).unwrap_or(0)
+}
+
+/// The hours `up` backfilled before the edges started: forwarded to the regional and
+/// downsampled there, the global answers their aligned steps from the 5 m aggregates and
+/// the newest from raw data, and the answer equals raw data's alone.
+fn backfilled_hours_are_answered_from_aggregates(global: &str, up: &mut Proc) {
+    let now = now_ms() / 1000;
+    let (start, end) = ((now - 3 * 3600) / 300 * 300 + 300, (now - 600) / 300 * 300);
+    let q = "sum%20by%20(cluster)%20(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION%5B5m%5D))";
+    let url = |res: &str| {
+        format!(
+            "{global}/api/v1/query_range?query={q}&start={start}&end={end}&step=300&stats=all&max_source_resolution={res}"
+        )
+    };
+    let deadline = Instant::now() + Duration::from_secs(150);
+    let planned = loop {
+        up.assert_running();
+        let d = api_data(&url("auto"));
+        let used = d["stats"]["resolutions"].as_array().cloned().unwrap_or_default();
+        if used.iter().any(|u| u["resolution"] == "5m") {
+            assert!(used.iter().any(|u| u["resolution"] == "raw"), "the newest steps are raw: {used:?}");
+            break d;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no 5 m aggregates answered the backfilled hours: {d}
+{}",
+            up.log_text()
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    };
+    let raw = api_data(&url("raw"));
+    let by_cluster = |d: &serde_json::Value| -> Vec<(String, Vec<(i64, f64)>)> {
+        let mut out: Vec<_> = d["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let points = s["values"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|p| (p[0].as_f64().unwrap() as i64, p[1].as_str().unwrap().parse::<f64>().unwrap()))
+                    .collect();
+                (s["metric"]["cluster"].as_str().unwrap().to_string(), points)
+            })
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    };
+    let (got, want) = (by_cluster(&planned), by_cluster(&raw));
+    assert_eq!(got.len(), 2, "{planned}");
+    for ((cg, pg), (cw, pw)) in got.iter().zip(&want) {
+        assert_eq!(cg, cw);
+        assert_eq!(pg.len(), pw.len(), "{cg}: steps with a value");
+        for ((tg, vg), (tw, vw)) in pg.iter().zip(pw) {
+            assert_eq!(tg, tw);
+            assert!((vg - vw).abs() <= 1e-9 * vw.abs().max(1.0), "{cg} at {tg}: {vg} from aggregates, {vw} raw");
+        }
+    }
 }
 
 /// The lines of the README's `sh` code blocks that start with `prefix`.

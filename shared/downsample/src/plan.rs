@@ -33,6 +33,10 @@ pub struct ResolutionPlanner {
     prefer: Prefer,
     /// The dedup's replica labels: aggregates hold series without them.
     replica_labels: Vec<String>,
+    /// Evaluates the raw steps between aggregate segments in process when no store does
+    /// (the dedup over an HA pair needs samples): without it such a query is answered from
+    /// raw data alone.
+    raw_evaluator: Option<Arc<dyn Store>>,
 }
 
 /// Where aggregates answer when both they and raw data could.
@@ -58,7 +62,23 @@ struct Segment {
 impl ResolutionPlanner {
     /// `raw`: the deduplicated view over `fanout`'s stores, by `replica_labels`.
     pub fn new(raw: Arc<dyn Store>, fanout: Arc<Fanout>, replica_labels: Vec<String>, timeout: Duration) -> Self {
-        ResolutionPlanner { raw, fanout, timeout, prefer: Prefer::default(), replica_labels }
+        ResolutionPlanner { raw, fanout, timeout, prefer: Prefer::default(), replica_labels, raw_evaluator: None }
+    }
+
+    /// `evaluator`: a store whose [`Store::steps`] evaluates over the same raw data in
+    /// process (the engine's `Evaluating` over the dedup), for the raw parts of a grid that
+    /// aggregates answer elsewhere.
+    pub fn with_raw_evaluator(mut self, evaluator: Arc<dyn Store>) -> Self {
+        self.raw_evaluator = Some(evaluator);
+        self
+    }
+
+    /// A raw part's steps: from the stores where they evaluate, else in process.
+    async fn raw_part(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        match (self.raw.steps(req).await?, &self.raw_evaluator) {
+            (None, Some(e)) => e.steps(req).await,
+            (answered, _) => Ok(answered),
+        }
     }
 
     pub fn with_preference(mut self, prefer: Prefer) -> Self {
@@ -341,13 +361,13 @@ impl Store for ResolutionPlanner {
             let mut sub = req.clone();
             sub.start = req.start + a as i64 * req.step;
             sub.end = req.start + (b - 1) as i64 * req.step;
-            match self.raw.steps(&sub).await? {
+            match self.raw_part(&sub).await? {
                 Some(s) if !grouped || !s.groups.is_empty() || s.series.is_empty() => parts.push((a, b - a, s, 0)),
                 // The raw part does not group: when its leaf has no value there (steps
                 // before any data), it adds no group and the holders' groups stand.
                 _ if grouped => {
                     let leaf = StepsRequest { aggregate: None, ..sub };
-                    match self.raw.steps(&leaf).await? {
+                    match self.raw_part(&leaf).await? {
                         Some(s) if s.series.iter().all(|x| x.values.is_empty()) => {
                             parts.push((a, b - a, Steps { series: Vec::new(), ..s }, 0))
                         }

@@ -297,3 +297,57 @@ async fn an_aggregation_over_a_leaf_is_evaluated_where_the_aggregates_are_and_eq
         assert!(!got.is_empty(), "{q}: no groups");
     }
 }
+
+/// An HA pair's edges beside the regional, as `strata up` runs them: deduplicating across
+/// two stores needs samples, so no store evaluates the newest (raw) steps. The planner
+/// evaluates them in process and still takes the older steps from the aggregates; without
+/// an evaluator the whole leaf is raw.
+#[tokio::test]
+async fn the_raw_steps_of_an_ha_pair_of_edges_are_evaluated_in_process_beside_the_aggregates() {
+    let s = stack().await;
+    let mut regional = StoreTarget::new("regional", s.regional.clone());
+    regional.label_sets = vec![
+        Labels::from_pairs([("cluster", "c0"), ("replica", "a")]),
+        Labels::from_pairs([("cluster", "c0"), ("replica", "b")]),
+    ];
+    regional.resolutions = s.down.coverage();
+    let mut targets = vec![regional];
+    for (replica, jitter) in [("a", 11), ("b", 5_003)] {
+        let db = Arc::new(Tsdb::open(&s._dir.path().join(replica), TsdbOptions::default()).unwrap());
+        db.set_metadata("energy_total", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
+        db.set_metadata("temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+        for name in ["energy_total", "temp"] {
+            series(&db, name, replica, s.t0, s.end, jitter);
+        }
+        let mut edge = StoreTarget::new(replica, Arc::new(Evaluating::new(TsdbStore(db))));
+        edge.label_sets = vec![Labels::from_pairs([("cluster", "c0"), ("replica", replica)])];
+        targets.push(edge);
+    }
+    s.fanout.set_targets(targets);
+    let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]));
+    let planner = |evaluator: bool| {
+        let p =
+            ResolutionPlanner::new(dedup.clone(), s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
+                .with_preference(crate::plan::Prefer::Coarsest);
+        if evaluator {
+            let same_dedup = ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]);
+            p.with_raw_evaluator(Arc::new(Evaluating::new(same_dedup)))
+        } else {
+            p
+        }
+    };
+    let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
+    let scope = QueryScope::default();
+    run(&planner(false), QUERIES[0], grid, scope.clone()).await;
+    assert!(scope.resolutions().iter().all(|u| u.resolution == 0), "{:?}", scope.resolutions());
+    let with = planner(true);
+    for q in QUERIES {
+        let scope = QueryScope::default();
+        let got = run(&with, q, grid, scope.clone()).await;
+        assert_same(q, &run(&*dedup, q, grid, QueryScope::default()).await, &got);
+        assert!(!got.is_empty(), "{q}");
+        let used = scope.resolutions();
+        assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES), "{q}: {used:?}");
+        assert!(used.iter().any(|u| u.resolution == 0), "{q}: the newest steps from raw data: {used:?}");
+    }
+}

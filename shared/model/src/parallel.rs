@@ -9,6 +9,13 @@ pub const MIN_PARALLEL_WEIGHT: usize = 20_000;
 /// At most this many threads, the caller's among them.
 const MAX_THREADS: usize = 4;
 
+/// The cores this process may use, asked once: the answer reads the cgroup's files, which
+/// costs more than a small part of the work.
+fn cores() -> usize {
+    static CORES: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *CORES.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// `f` of every item, in order; `weight` (samples, say) decides the parts.
 pub fn map_in_parts<T: Send, R: Send>(
     items: Vec<T>,
@@ -16,7 +23,7 @@ pub fn map_in_parts<T: Send, R: Send>(
     f: impl Fn(T) -> R + Sync,
 ) -> Vec<R> {
     let total: usize = items.iter().map(&weight).sum();
-    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
+    let threads = cores().min(MAX_THREADS);
     if threads < 2 || total < MIN_PARALLEL_WEIGHT || items.len() < threads {
         return items.into_iter().map(f).collect();
     }
