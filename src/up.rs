@@ -111,10 +111,13 @@ async fn backfill(
         "  backfilled edge {name}: {} pages of {} targets over the last {}, every {}, in {:.1} s",
         report.pages,
         report.targets,
-        strata_model::duration::format_duration(span),
+        strata_model::duration::format_duration_ms(to.saturating_sub(report.from)),
         strata_model::duration::format_duration(BACKFILL_EVERY),
         started.elapsed().as_secs_f64()
     );
+    if report.failed + report.refused > 0 {
+        println!("    {} pages failed, {} samples refused by the database", report.failed, report.refused);
+    }
     Ok(())
 }
 
@@ -162,9 +165,24 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     // Every backfill before any edge starts: one edge's forwarding would slow the next's.
     if !a.backfill.is_zero() {
         for (name, opts) in &configured {
-            if opts.data_dir.as_ref().is_some_and(|d| !d.exists()) {
-                backfill(opts, &fleet, a.backfill, name).await?;
+            let Some(data) = &opts.data_dir else { continue };
+            // A backfill cut short (an error, Ctrl-C) leaves its marker: the partial data
+            // goes and the backfill runs again, or the edges of a pair would start with
+            // different histories.
+            let marker = data.with_extension("backfilling");
+            if marker.exists() {
+                std::fs::remove_dir_all(data)
+                    .or_else(|e| match e.kind() {
+                        std::io::ErrorKind::NotFound => Ok(()),
+                        _ => Err(e),
+                    })
+                    .with_context(|| format!("removing the partial backfill in {}", data.display()))?;
+            } else if data.exists() {
+                continue;
             }
+            std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
+            backfill(opts, &fleet, a.backfill, name).await?;
+            std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
         }
     }
     let mut edges = Vec::new();

@@ -23,6 +23,7 @@ def main():
     ap.add_argument("--vm", action="store_true", help="also VictoriaMetrics, as fleet_day.py run --vm")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--scale", default="small")
+    ap.add_argument("--max-source-resolution", help="sent to Strata only (raw, 5m, 1h; default: auto)")
     a = ap.parse_args()
     script = os.path.join(a.bench, "fleet_day.py")
     if not os.path.exists(script):
@@ -32,6 +33,17 @@ def main():
 
     queries = fleet_day.load_queries()
     fleet_day.load_queries = lambda: [(a.step, q) for _, q in queries]
+    if a.max_source_resolution:
+        import urllib.request
+        opened = urllib.request.urlopen
+
+        def urlopen(url, data=None, timeout=300):
+            # Strata's queries only: the parameter joins fleet_day.py's own form body.
+            if isinstance(url, str) and url.startswith(a.other) and data is not None:
+                data += f"&max_source_resolution={a.max_source_resolution}".encode()
+            return opened(url, data=data, timeout=timeout)
+
+        urllib.request.urlopen = urlopen
     print(f"{len(queries)} queries, each at step {a.step} s", flush=True)
     fleet_day.run(a.scale, a.other, a.reps, a.vm)
 

@@ -239,6 +239,10 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
                 println!("serving the fleet-day data {what} at http://{} (Ctrl-C stops)", listener.local_addr()?);
                 let mut opts = strata_api::ApiOptions::default();
                 opts.engine.pushdown = !no_pushdown;
+                // The limits `fleet_day.py` gives Prometheus: Strata's counts samples touched
+                // over all steps, which `[1h]` ranges at step 60 over a day exceed at 50 M.
+                opts.engine.max_samples = 1_000_000_000;
+                opts.engine.timeout = std::time::Duration::from_secs(300);
                 let app = strata_api::router_with(store, opts);
                 axum::serve(listener, app).with_graceful_shutdown(crate::shutdown_signal()).await?;
             }

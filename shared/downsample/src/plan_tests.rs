@@ -325,23 +325,24 @@ async fn the_raw_steps_of_an_ha_pair_of_edges_are_evaluated_in_process_beside_th
     }
     s.fanout.set_targets(targets);
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]));
-    let planner = |evaluator: bool| {
+    let evaluator = Arc::new(Evaluating::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()])));
+    let planner = |evaluator: Option<Arc<dyn Store>>| {
         let p =
             ResolutionPlanner::new(dedup.clone(), s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
                 .with_preference(crate::plan::Prefer::Coarsest);
-        if evaluator {
-            let same_dedup = ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]);
-            p.with_raw_evaluator(Arc::new(Evaluating::new(same_dedup)))
-        } else {
-            p
+        match evaluator {
+            Some(e) => p.with_raw_evaluator(e),
+            None => p,
         }
     };
     let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
     let scope = QueryScope::default();
-    run(&planner(false), QUERIES[0], grid, scope.clone()).await;
-    assert!(scope.resolutions().iter().all(|u| u.resolution == 0), "{:?}", scope.resolutions());
-    let with = planner(true);
-    for q in QUERIES {
+    run(&planner(None), QUERIES[0], grid, scope.clone()).await;
+    assert!(!scope.resolutions().iter().any(|u| u.resolution > 0), "no aggregates: {:?}", scope.resolutions());
+    let with = planner(Some(evaluator.clone()));
+    let shifted = ["sum by (cluster) (rate(energy_total[5m] offset 1h))", "temp offset 30m"];
+    for q in QUERIES.iter().chain(&shifted) {
+        let before = evaluator.evaluated();
         let scope = QueryScope::default();
         let got = run(&with, q, grid, scope.clone()).await;
         assert_same(q, &run(&*dedup, q, grid, QueryScope::default()).await, &got);
@@ -349,5 +350,6 @@ async fn the_raw_steps_of_an_ha_pair_of_edges_are_evaluated_in_process_beside_th
         let used = scope.resolutions();
         assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES), "{q}: {used:?}");
         assert!(used.iter().any(|u| u.resolution == 0), "{q}: the newest steps from raw data: {used:?}");
+        assert!(evaluator.evaluated() > before, "{q}: the raw steps were evaluated in process");
     }
 }
