@@ -9,6 +9,7 @@ mod forward_wire;
 mod global_pair;
 mod ingest;
 mod scale;
+mod seed_scale;
 mod vs_prometheus;
 mod vs_prometheus_write;
 mod wal_day;
@@ -192,6 +193,21 @@ pub enum BenchCommand {
         #[arg(long, value_name = "INSTANTS")]
         remote_write: Option<usize>,
     },
+    /// The seed's scale: GPUs × the six fleet-day fields over a day, downsampled by a
+    /// regional (its peak memory), the twelve fleet-day queries over the day through a
+    /// global, each timed.
+    SeedScale {
+        #[arg(long, default_value_t = 16_000)]
+        gpus: usize,
+        #[arg(long, default_value_t = 24)]
+        hours: u64,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 30)]
+        interval: u64,
+        /// Times each query is asked (the median is printed).
+        #[arg(long, default_value_t = 3)]
+        reps: usize,
+    },
     /// The fleet-day set's 5 m and 1 h window aggregates: bytes per raw sample per metric
     /// and per column, build and encode speed.
     Downsample {
@@ -249,6 +265,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Downsample { file, least_squares } => downsample::run(file, least_squares),
+        BenchCommand::SeedScale { gpus, hours, interval, reps } => seed_scale::run(gpus, hours, interval, reps).await,
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
