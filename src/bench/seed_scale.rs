@@ -127,10 +127,7 @@ fn load(dir: &std::path::Path, gpus: usize, hours: u64, interval_s: u64) -> anyh
 }
 
 pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize) -> anyhow::Result<()> {
-    println!(
-        "bench seed-scale: {gpus} GPUs x {} fields, {hours} h at {interval_s} s",
-        FIELDS.len()
-    );
+    println!("bench seed-scale: {gpus} GPUs x {} fields, {hours} h at {interval_s} s", FIELDS.len());
     let dir = tempfile::tempdir()?;
     let path = dir.path().to_path_buf();
     let (db, _samples) = tokio::task::spawn_blocking(move || load(&path, gpus, hours, interval_s)).await??;
@@ -141,7 +138,10 @@ pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize) -> anyho
     let store = super::global_pair::serve_pair_with_aggregates(local).await?;
     let peak = peak_rss_mb_of("self");
     if reset {
-        println!("  memory while downsampling: {before:.0} MB resident before, peak {peak:.0} MB (+{:.0} MB)", peak - before);
+        println!(
+            "  memory while downsampling: {before:.0} MB resident before, peak {peak:.0} MB (+{:.0} MB)",
+            peak - before
+        );
     } else {
         println!("  memory: {before:.0} MB resident before downsampling; the process' peak {peak:.0} MB (its peak could not be reset)");
     }
@@ -156,7 +156,9 @@ pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize) -> anyho
     let client = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
     for resolution in ["auto", "raw"] {
         let mut worst: f64 = 0.0;
-        println!("  the twelve queries over the day at step 300, max_source_resolution={resolution} (median of {reps}):");
+        println!(
+            "  the twelve queries over the day at step 300, max_source_resolution={resolution} (median of {reps}):"
+        );
         for q in QUERIES {
             let form = [
                 ("query", q.to_string()),

@@ -58,12 +58,11 @@ impl AggregateBlocks {
     pub fn write_slice(
         &self,
         (a, b): (i64, i64),
-        series: &[SeriesWindows],
+        chunks: Vec<(Labels, Chunk)>,
         metadata: Vec<(String, Metadata)>,
     ) -> Result<(), AggregateError> {
         let old: Vec<String> = self.slice_blocks(a, b).iter().map(|r| r.id().to_string()).collect();
         // Written even when empty: a block says its slice was computed.
-        let chunks = series.iter().filter(|s| !s.windows.is_empty()).map(|s| (s.labels.clone(), self.chunk(s)));
         self.replace((a, b), 1, old, chunks, metadata)
     }
 
@@ -265,8 +264,8 @@ impl AggregateBlocks {
         Ok(true)
     }
 
-    /// One series' windows as one chunk.
-    fn chunk(&self, s: &SeriesWindows) -> Chunk {
+    /// One series' windows (at least one) as one chunk.
+    pub(crate) fn chunk(&self, s: &SeriesWindows) -> Chunk {
         let (first, last) = (s.windows[0].end, s.windows[s.windows.len() - 1].end);
         Chunk {
             data: Arc::from(encode(&s.windows, self.width, s.kept)),

@@ -14,7 +14,8 @@ use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_model::{MatchOp, Matcher};
+use strata_chunk::Chunk;
+use strata_model::{Labels, MatchOp, Matcher};
 use strata_store::{SelectLimits, SelectRequest, Store, StoreError};
 
 /// How a regional downsamples.
@@ -200,44 +201,56 @@ impl Downsampler {
         sl: Slicing,
         (a, b): (i64, i64),
     ) -> Result<(usize, usize), DownsampleError> {
-        // A family at a time: what is held at once is bounded by the largest family.
+        // A family at a time, each series' windows encoded as soon as they are computed:
+        // what is held at once is the largest family's windows and every family's chunks.
         let names = source.label_values("__name__", &[], a + 1, b).await?;
         let metadata = source.metadata(None).await?;
-        let mut series = Vec::new();
-        let mut windows = 0;
+        let mut chunks: Vec<(Labels, Chunk)> = Vec::new();
+        let (mut series, mut windows) = (0, 0);
         for name in names {
             let m = Matcher::new(MatchOp::Equal, "__name__", &name)
                 .map_err(|e| StoreError::InvalidRequest(e.to_string()))?;
             let mut req = SelectRequest::new(vec![m], a + 1, b);
             req.limits = SelectLimits { max_series: 50_000_000, max_samples: u64::MAX };
             let found = source.select(&req).await?;
-            let least_squares = self.opts.least_squares;
-            // Decoding and windowing are CPU work: off the async threads.
-            let done = tokio::task::spawn_blocking(move || -> Result<Vec<SeriesWindows>, DownsampleError> {
-                found
-                    .into_iter()
-                    .map(|s| {
+            let (least_squares, family_blocks) = (self.opts.least_squares, blocks.clone());
+            // Decoding, windowing and encoding are CPU work: off the async threads.
+            series += found.len();
+            let done =
+                tokio::task::spawn_blocking(move || -> Result<(Vec<(Labels, Chunk)>, usize), DownsampleError> {
+                    let mut out = Vec::with_capacity(found.len());
+                    let mut windows = 0;
+                    for s in found {
                         let samples = s.samples(a + 1, b).map_err(|e| DownsampleError::Decode {
                             series: s.labels.to_string(),
                             reason: e.to_string(),
                         })?;
                         let kept = Kept::of(s.metric_type, least_squares);
-                        let windows = windows_of(&samples, sl.width);
-                        Ok(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows })
-                    })
-                    .collect()
-            })
-            .await
-            .map_err(|e| DownsampleError::Task(e.to_string()))??;
-            windows += done.iter().map(|s| s.windows.len()).sum::<usize>();
-            series.extend(done);
+                        let w = SeriesWindows {
+                            labels: s.labels,
+                            metric_type: s.metric_type,
+                            kept,
+                            windows: windows_of(&samples, sl.width),
+                        };
+                        if !w.windows.is_empty() {
+                            windows += w.windows.len();
+                            let c = family_blocks.chunk(&w);
+                            out.push((w.labels, c));
+                        }
+                    }
+                    Ok((out, windows))
+                })
+                .await
+                .map_err(|e| DownsampleError::Task(e.to_string()))??;
+            windows += done.1;
+            chunks.extend(done.0);
         }
-        series.sort_by(|x, y| x.labels.cmp(&y.labels));
-        let n = series.len();
+        // The block writer wants label order, which `__name__` does not give.
+        chunks.sort_by(|x, y| x.0.cmp(&y.0));
         let blocks = blocks.clone();
-        tokio::task::spawn_blocking(move || blocks.write_slice((a, b), &series, metadata))
+        tokio::task::spawn_blocking(move || blocks.write_slice((a, b), chunks, metadata))
             .await
             .map_err(|e| DownsampleError::Task(e.to_string()))??;
-        Ok((n, windows))
+        Ok((series, windows))
     }
 }
