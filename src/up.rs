@@ -163,27 +163,29 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         }
     }
     // Every backfill before any edge starts: one edge's forwarding would slow the next's.
-    if !a.backfill.is_zero() {
-        for (name, opts) in &configured {
-            let Some(data) = &opts.data_dir else { continue };
-            // A backfill cut short (an error, Ctrl-C) leaves its marker: the partial data
-            // goes and the backfill runs again, or the edges of a pair would start with
-            // different histories.
-            let marker = data.with_extension("backfilling");
-            if marker.exists() {
-                std::fs::remove_dir_all(data)
-                    .or_else(|e| match e.kind() {
-                        std::io::ErrorKind::NotFound => Ok(()),
-                        _ => Err(e),
-                    })
-                    .with_context(|| format!("removing the partial backfill in {}", data.display()))?;
-            } else if data.exists() {
-                continue;
+    for (name, opts) in &configured {
+        let Some(data) = &opts.data_dir else { continue };
+        // A backfill cut short (an error, Ctrl-C) leaves its marker: the partial data goes
+        // (and, unless `--backfill 0s`, the backfill runs again) before the edge has started
+        // on it, or the edges of a pair would hold different histories.
+        let marker = data.with_extension("backfilling");
+        if marker.exists() {
+            std::fs::remove_dir_all(data)
+                .or_else(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => Ok(()),
+                    _ => Err(e),
+                })
+                .with_context(|| format!("removing the partial backfill in {}", data.display()))?;
+            if a.backfill.is_zero() {
+                std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
             }
-            std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
-            backfill(opts, &fleet, a.backfill, name).await?;
-            std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
         }
+        if a.backfill.is_zero() || data.exists() {
+            continue;
+        }
+        std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
+        backfill(opts, &fleet, a.backfill, name).await?;
+        std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
     }
     let mut edges = Vec::new();
     for (name, opts) in configured {

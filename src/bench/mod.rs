@@ -197,16 +197,18 @@ pub enum BenchCommand {
     /// regional (its peak memory), the twelve fleet-day queries over the day through a
     /// global, each timed.
     SeedScale {
-        #[arg(long, default_value_t = 16_000)]
-        gpus: usize,
-        #[arg(long, default_value_t = 24)]
+        /// GPUs simulated (eight a node, 250 nodes a cluster).
+        #[arg(long, default_value_t = 16_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        gpus: u32,
+        /// Hours of data, ending at the last midnight (UTC); the queries cover them.
+        #[arg(long, default_value_t = 24, value_parser = clap::value_parser!(u64).range(1..=24 * 30))]
         hours: u64,
         /// Seconds between samples.
-        #[arg(long, default_value_t = 30)]
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
         interval: u64,
         /// Times each query is asked (the median is printed).
-        #[arg(long, default_value_t = 3)]
-        reps: usize,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
+        reps: u32,
     },
     /// The fleet-day set's 5 m and 1 h window aggregates: bytes per raw sample per metric
     /// and per column, build and encode speed.
@@ -265,7 +267,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::Downsample { file, least_squares } => downsample::run(file, least_squares),
-        BenchCommand::SeedScale { gpus, hours, interval, reps } => seed_scale::run(gpus, hours, interval, reps).await,
+        BenchCommand::SeedScale { gpus, hours, interval, reps } => {
+            seed_scale::run(gpus as usize, hours, interval, reps as usize).await
+        }
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {

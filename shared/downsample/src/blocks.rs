@@ -53,8 +53,8 @@ impl AggregateBlocks {
     }
 
     /// Replaces the block of the slice `(a, b]` (if it was computed before and not merged
-    /// into a day since) with these series' windows (sorted by labels; each window's end
-    /// in the slice). A day block it overlaps stays, and this newer block wins over it.
+    /// into a day since) with these series' chunks of windows (sorted by labels; each
+    /// window's end in the slice). A day block it overlaps stays, and this newer block wins over it.
     pub fn write_slice(
         &self,
         (a, b): (i64, i64),
