@@ -83,6 +83,31 @@ fn write_config(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
     Ok(p)
 }
 
+/// Whether the edge data directory `data` is to be backfilled (`wanted`: `--backfill` is not
+/// zero): then the marker written beside it, to remove once the backfill has ended. A
+/// backfill cut short (an error, Ctrl-C) leaves its marker: the partial data goes (and is
+/// backfilled again when wanted) before an edge starts on it, or the edges of a pair would
+/// hold different histories. A directory without a marker is kept as it is.
+fn backfill_due(data: &Path, wanted: bool) -> anyhow::Result<Option<PathBuf>> {
+    let marker = data.with_extension("backfilling");
+    if marker.exists() {
+        std::fs::remove_dir_all(data)
+            .or_else(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => Ok(()),
+                _ => Err(e),
+            })
+            .with_context(|| format!("removing the partial backfill in {}", data.display()))?;
+        if !wanted {
+            std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
+        }
+    }
+    if !wanted || data.exists() {
+        return Ok(None);
+    }
+    std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
+    Ok(Some(marker))
+}
+
 /// Samples of the history a first start backfills are this far apart (the live scrapes are
 /// every 5 s): a day of it is then scraped in seconds, not minutes.
 const BACKFILL_EVERY: Duration = Duration::from_secs(30);
@@ -165,27 +190,10 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     // Every backfill before any edge starts: one edge's forwarding would slow the next's.
     for (name, opts) in &configured {
         let Some(data) = &opts.data_dir else { continue };
-        // A backfill cut short (an error, Ctrl-C) leaves its marker: the partial data goes
-        // (and, unless `--backfill 0s`, the backfill runs again) before the edge has started
-        // on it, or the edges of a pair would hold different histories.
-        let marker = data.with_extension("backfilling");
-        if marker.exists() {
-            std::fs::remove_dir_all(data)
-                .or_else(|e| match e.kind() {
-                    std::io::ErrorKind::NotFound => Ok(()),
-                    _ => Err(e),
-                })
-                .with_context(|| format!("removing the partial backfill in {}", data.display()))?;
-            if a.backfill.is_zero() {
-                std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
-            }
+        if let Some(marker) = backfill_due(data, !a.backfill.is_zero())? {
+            backfill(opts, &fleet, a.backfill, name).await?;
+            std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
         }
-        if a.backfill.is_zero() || data.exists() {
-            continue;
-        }
-        std::fs::write(&marker, b"").with_context(|| format!("writing {}", marker.display()))?;
-        backfill(opts, &fleet, a.backfill, name).await?;
-        std::fs::remove_file(&marker).with_context(|| format!("removing {}", marker.display()))?;
     }
     let mut edges = Vec::new();
     for (name, opts) in configured {
@@ -263,4 +271,34 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let _ = sim.await;
     println!("stopped; data kept in {}", a.data.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::backfill_due;
+
+    #[test]
+    fn a_backfill_cut_short_is_redone_and_a_finished_one_kept() {
+        let d = tempfile::tempdir().unwrap();
+        let data = d.path().join("data");
+        // A first start: due, with its marker written.
+        let marker = backfill_due(&data, true).unwrap().expect("due on a first start");
+        assert!(marker.exists() && marker.parent() == data.parent());
+        // Cut short: the partial data and the marker are there; the next start redoes it.
+        std::fs::create_dir_all(data.join("wal")).unwrap();
+        assert_eq!(backfill_due(&data, true).unwrap(), Some(marker.clone()));
+        assert!(!data.exists(), "the partial data went");
+        // Finished: the marker removed, the data kept, nothing due.
+        std::fs::create_dir_all(data.join("wal")).unwrap();
+        std::fs::remove_file(&marker).unwrap();
+        assert_eq!(backfill_due(&data, true).unwrap(), None);
+        assert!(data.join("wal").exists());
+        // Cut short, then started with `--backfill 0s`: the partial data and the marker go.
+        std::fs::write(&marker, b"").unwrap();
+        assert_eq!(backfill_due(&data, false).unwrap(), None);
+        assert!(!data.exists() && !marker.exists());
+        // Not wanted on a first start: nothing written.
+        assert_eq!(backfill_due(&data, false).unwrap(), None);
+        assert!(!marker.exists());
+    }
 }
