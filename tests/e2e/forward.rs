@@ -206,7 +206,9 @@ fn a_global_over_edges_and_their_regional_answers_as_over_the_edges_alone() {
     let data = api_data(&format!("{with_regional}/api/v1/stores"));
     assert_eq!(data.as_array().map(Vec::len), Some(3), "{data}");
     let regional_series = series_count(&rs.base(), "DCGM_FI_DEV_GPU_TEMP");
-    assert!(regional_series >= 32, "the regional holds {regional_series} GPU_TEMP series (both replicas)");
+    // Both replicas' 16 GPUs, less one a node when the simulator has taken a GPU off the bus
+    // (15 minutes in some hours): more than one replica's 16 either way.
+    assert!(regional_series >= 28, "the regional holds {regional_series} GPU_TEMP series (both replicas)");
     let queries = [
         "count(DCGM_FI_DEV_GPU_TEMP)",
         "sum by (gpu) (DCGM_FI_DEV_GPU_UTIL)",

@@ -33,33 +33,44 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     for port in (base + 1..=base + 4).chain([base + 9, base + 10]) {
         wait_ready(&format!("http://127.0.0.1:{port}/-/ready"), &mut up, Duration::from_secs(60));
     }
-    // each replica holds every GPU of its cluster's two simulated nodes
+    // Each replica scrapes every GPU of its cluster's two simulated nodes (less one a node
+    // while the simulator has a GPU off the bus, 15 minutes in some hours).
     let deadline = Instant::now() + Duration::from_secs(30);
     for port in base + 1..=base + 4 {
         loop {
             let n = current_count(port);
-            if n >= 16 {
+            if n >= 14 {
                 break;
             }
             assert!(Instant::now() < deadline, "edge on {port} has {n} GPU_TEMP series");
             std::thread::sleep(Duration::from_millis(300));
         }
     }
-    // The global: both clusters, each GPU once (replicas merged), no replica label.
+    // The global: both clusters, each GPU once (replicas merged), no replica label: as many
+    // as one replica of the cluster scrapes now (MIG GPUs give a series per instance; the
+    // backfilled hours hold more series, as pods came and went). Asked again while a GPU
+    // leaving or coming back makes the instants disagree.
     let global = format!("http://127.0.0.1:{}", base + 9);
-    let data_q = api_data(&format!("{global}/api/v1/query?query=count%20by%20(cluster)%20(DCGM_FI_DEV_GPU_TEMP)"));
-    let mut counts: Vec<(String, String)> = data_q["result"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|s| (s["metric"]["cluster"].as_str().unwrap().to_string(), s["value"][1].as_str().unwrap().to_string()))
-        .collect();
-    counts.sort();
-    // As many as one replica of the cluster scrapes now (MIG GPUs give a series per
-    // instance; the backfilled hours hold more series, as pods came and went).
-    let per_edge: Vec<usize> = (base + 1..=base + 4).map(current_count).collect();
-    let want = [("c0".to_string(), per_edge[0].to_string()), ("c1".to_string(), per_edge[2].to_string())];
-    assert_eq!(counts, want, "{data_q}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let per_edge = loop {
+        let data_q = api_data(&format!("{global}/api/v1/query?query=count%20by%20(cluster)%20(DCGM_FI_DEV_GPU_TEMP)"));
+        let mut counts: Vec<(String, String)> = data_q["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (s["metric"]["cluster"].as_str().unwrap().to_string(), s["value"][1].as_str().unwrap().to_string())
+            })
+            .collect();
+        counts.sort();
+        let per_edge: Vec<usize> = (base + 1..=base + 4).map(current_count).collect();
+        let want = [("c0".to_string(), per_edge[0].to_string()), ("c1".to_string(), per_edge[2].to_string())];
+        if counts == want && per_edge[0] == per_edge[1] && per_edge[2] == per_edge[3] {
+            break per_edge;
+        }
+        assert!(Instant::now() < deadline, "global {counts:?}, edges {per_edge:?}: {data_q}");
+        std::thread::sleep(Duration::from_millis(500));
+    };
     let raw = api_data(&format!("{global}/api/v1/query?query=count(DCGM_FI_DEV_GPU_TEMP)&dedup=false"));
     let all: usize = per_edge.iter().sum();
     assert_eq!(raw["result"][0]["value"][1], all.to_string().as_str(), "every replica with dedup=false: {raw}");
