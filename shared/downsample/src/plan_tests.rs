@@ -104,11 +104,17 @@ fn series(db: &Tsdb, name: &str, replica: &str, from: i64, to: i64, jitter: i64)
     assert!(db.commit(&batch).unwrap().rejected.is_empty());
 }
 
-async fn stack() -> Stack {
-    let dir = tempfile::tempdir().unwrap();
-    let db = Arc::new(Tsdb::open(&dir.path().join("db"), TsdbOptions::default()).unwrap());
+/// An empty database that knows `energy_total` is a counter and `temp` a gauge.
+fn typed_db(dir: &std::path::Path) -> Arc<Tsdb> {
+    let db = Arc::new(Tsdb::open(dir, TsdbOptions::default()).unwrap());
     db.set_metadata("energy_total", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
     db.set_metadata("temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+    db
+}
+
+async fn stack() -> Stack {
+    let dir = tempfile::tempdir().unwrap();
+    let db = typed_db(&dir.path().join("db"));
     let now = strata_model::time::now_ms();
     let t0 = (now - 9 * ONE_HOUR).div_euclid(6 * ONE_HOUR) * 6 * ONE_HOUR;
     let end = t0 + 9 * ONE_HOUR;
@@ -141,15 +147,20 @@ async fn stack() -> Stack {
 }
 
 impl Stack {
-    /// The regional, and (`with_edge`) an edge of another cluster that forwards nowhere.
-    fn targets(&self, with_edge: bool) {
+    /// The regional as the global sees it: both replicas' labels, its aggregates' coverage.
+    fn regional_target(&self) -> StoreTarget {
         let mut regional = StoreTarget::new("regional", self.regional.clone());
         regional.label_sets = vec![
             Labels::from_pairs([("cluster", "c0"), ("replica", "a")]),
             Labels::from_pairs([("cluster", "c0"), ("replica", "b")]),
         ];
         regional.resolutions = self.down.coverage();
-        let mut targets = vec![regional];
+        regional
+    }
+
+    /// The regional, and (`with_edge`) an edge of another cluster that forwards nowhere.
+    fn targets(&self, with_edge: bool) {
+        let mut targets = vec![self.regional_target()];
         if with_edge {
             let mut edge = StoreTarget::new("edge-c1", Arc::new(strata_store::memory::MemoryStore::default()));
             edge.label_sets = vec![Labels::from_pairs([("cluster", "c1"), ("replica", "a")])];
@@ -305,17 +316,9 @@ async fn an_aggregation_over_a_leaf_is_evaluated_where_the_aggregates_are_and_eq
 #[tokio::test]
 async fn the_raw_steps_of_an_ha_pair_of_edges_are_evaluated_in_process_beside_the_aggregates() {
     let s = stack().await;
-    let mut regional = StoreTarget::new("regional", s.regional.clone());
-    regional.label_sets = vec![
-        Labels::from_pairs([("cluster", "c0"), ("replica", "a")]),
-        Labels::from_pairs([("cluster", "c0"), ("replica", "b")]),
-    ];
-    regional.resolutions = s.down.coverage();
-    let mut targets = vec![regional];
+    let mut targets = vec![s.regional_target()];
     for (replica, jitter) in [("a", 11), ("b", 5_003)] {
-        let db = Arc::new(Tsdb::open(&s._dir.path().join(replica), TsdbOptions::default()).unwrap());
-        db.set_metadata("energy_total", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
-        db.set_metadata("temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+        let db = typed_db(&s._dir.path().join(replica));
         for name in ["energy_total", "temp"] {
             series(&db, name, replica, s.t0, s.end, jitter);
         }

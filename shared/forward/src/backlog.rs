@@ -828,6 +828,12 @@ mod tests {
         );
     }
 
+    /// A backlog of everything `db`'s WAL holds.
+    fn whole_wal(db: &Tsdb) -> Backlog {
+        let (from, to) = (WalCursor { segment: 0, offset: 0 }, WalCursor { segment: u32::MAX, offset: 0 });
+        Backlog::scan_wal(db, from, 0, to).unwrap().0
+    }
+
     /// Every series' samples of one slice come before any of the next slice's: a receiver's
     /// newest time is never more than a slice ahead of what it is sent next.
     #[test]
@@ -842,9 +848,7 @@ mod tests {
             let batch: Vec<_> = series.iter().map(|s| (s.clone(), Sample::new(t0 + k * 15_000, k as f64))).collect();
             db.commit(&batch).unwrap();
         }
-        let (backlog, _) =
-            Backlog::scan_wal(&db, WalCursor { segment: 0, offset: 0 }, 0, WalCursor { segment: u32::MAX, offset: 0 })
-                .unwrap();
+        let backlog = whole_wal(&db);
         assert_eq!(backlog.summary().0, 3 * 960);
         let mut r = BacklogReader::new(db.clone(), backlog, ReplayAt::start(1));
         let (mut newest, mut n, mut lost) = (i64::MIN, 0, 0);
@@ -883,9 +887,7 @@ mod tests {
             want += batch.len();
             db.commit(&batch).unwrap();
         }
-        let (backlog, _) =
-            Backlog::scan_wal(&db, WalCursor { segment: 0, offset: 0 }, 0, WalCursor { segment: u32::MAX, offset: 0 })
-                .unwrap();
+        let backlog = whole_wal(&db);
         let mut r = BacklogReader::new(db.clone(), backlog, ReplayAt::start(1));
         let mut seen = std::collections::HashSet::new();
         let mut lost = 0;
