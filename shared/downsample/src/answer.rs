@@ -7,7 +7,6 @@ use crate::encoding::Wanted;
 use crate::leaf::{evaluate, Grid, Leaf, NotExact};
 use crate::range::RangeFn;
 use strata_model::arith::might_not_be_a_counter;
-use strata_model::parallel::map_in_parts;
 use strata_store::{SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries};
 
 #[derive(Debug, thiserror::Error)]
@@ -58,22 +57,15 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
     {
         return Err(AnswerError::TooMany(req.limits.max_samples));
     }
-    let found = blocks.windows(&req.matchers, (from, last), Wanted::for_leaf(&leaf))?;
-    let read = started.elapsed();
-    if found.len() > req.limits.max_series {
-        return Err(AnswerError::TooMany(found.len() as u64));
-    }
-    let points = (found.len() as u64).saturating_mul(steps as u64);
-    if points > req.limits.max_samples {
-        return Err(AnswerError::TooMany(points));
-    }
     let name_dropped = matches!(leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
-    let wanted: Vec<_> = found.into_iter().filter(|s| req.wants(&s.labels)).collect();
     let counter_fn = matches!(leaf, Leaf::Range { function: RangeFn::Rate | RangeFn::Increase, .. });
-    let evaluated = map_in_parts(
-        wanted,
-        |s| s.windows.len() + steps,
-        |s| -> Result<StepsSeries, AnswerError> {
+    // The limits above hold for what is read: at most `series` series (counted over the
+    // blocks, so at least as many as are read) of `steps` values each.
+    let evaluated =
+        blocks.map_series(&req.matchers, (from, last), Wanted::for_leaf(&leaf), |s| -> Result<_, AnswerError> {
+            if !req.wants(&s.labels) {
+                return Ok(None);
+            }
             let values = if req.values { evaluate(&s.windows, s.kept, width, &leaf, &grid)? } else { Vec::new() };
             let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
             let values = if values.iter().any(Option::is_some) {
@@ -81,18 +73,16 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
             } else {
                 StepValues::default()
             };
-            Ok(StepsSeries {
+            Ok(Some(StepsSeries {
                 labels: s.labels,
                 metric_type: s.metric_type,
                 summary: SeriesSummary { samples: count, ..SeriesSummary::default() },
                 values,
                 name_dropped,
-            })
-        },
-    );
+            }))
+        })?;
     let mut out = Steps::default();
-    for s in evaluated {
-        let s = s?;
+    for s in evaluated.into_iter().flatten() {
         if counter_fn {
             if let Some(info) = might_not_be_a_counter(s.labels.metric_name().unwrap_or("")) {
                 if !out.infos.contains(&info) {
@@ -105,7 +95,6 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
     }
     tracing::debug!(
         series = out.series.len(),
-        read_ms = read.as_secs_f64() * 1e3,
         total_ms = started.elapsed().as_secs_f64() * 1e3,
         "answered from aggregates"
     );

@@ -26,6 +26,14 @@ pub struct SeriesWindows {
     pub windows: Vec<Window>,
 }
 
+/// A series' chunks of windows from the blocks read (by their index, newest first),
+/// not yet decoded.
+struct Found {
+    labels: Labels,
+    metric_type: MetricType,
+    chunks: Vec<(usize, Chunk)>,
+}
+
 /// The blocks of one resolution.
 pub struct AggregateBlocks {
     width: i64,
@@ -145,81 +153,99 @@ impl AggregateBlocks {
         range: (i64, i64),
         wanted: Wanted,
     ) -> Result<Vec<SeriesWindows>, AggregateError> {
+        self.map_series(matchers, range, wanted, Ok)
+    }
+
+    /// [`windows`](Self::windows), each series' handed to `f` as soon as it is decoded, over
+    /// the cores: a query holds one series' windows per thread at a time, not the fleet's
+    /// (tens of megabytes a query, which the allocator would hand back and fault in again).
+    pub fn map_series<R: Send, E: From<AggregateError> + Send>(
+        &self,
+        matchers: &[Matcher],
+        range: (i64, i64),
+        wanted: Wanted,
+        f: impl Fn(SeriesWindows) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E> {
         let blocks = self.covering(range.0, range.1)?;
-        self.read(&blocks, matchers, range, wanted)
+        self.map_over(&blocks, matchers, range, wanted, f)
     }
 
     /// What `blocks` (newest first: its window wins where two hold one) hold of the
-    /// matching series in `(from, to]`. Each block's chunks are decoded over the cores.
-    fn read(
+    /// matching series in `(from, to]`, through `f`, in label order. The chunks are found
+    /// first (their bytes are shared with the block cache), then each series is decoded.
+    fn map_over<R: Send, E: From<AggregateError> + Send>(
         &self,
         blocks: &[Arc<BlockReader>],
         matchers: &[Matcher],
         (from, to): (i64, i64),
         wanted: Wanted,
-    ) -> Result<Vec<SeriesWindows>, AggregateError> {
-        let mut parts: Vec<Vec<SeriesWindows>> = Vec::with_capacity(blocks.len());
-        for r in blocks {
+        f: impl Fn(SeriesWindows) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E> {
+        let mut found: Vec<Found> = Vec::new();
+        let mut by: BTreeMap<Labels, usize> = BTreeMap::new();
+        for (b, r) in blocks.iter().enumerate() {
             let types = |name: &str| {
                 r.metadata().iter().find(|(f, _)| f == name).map(|(_, m)| m.metric_type).unwrap_or_default()
             };
-            let found = r.select::<BlockError>(matchers, from + 1, to, |_| Ok(()))?;
-            let weight = |s: &strata_block::BlockSeries| s.chunks.iter().map(|c| usize::from(c.n)).sum::<usize>();
-            let decoded = map_in_parts(found, weight, |s| -> Result<SeriesWindows, AggregateError> {
-                let corrupt = |reason: String| AggregateError::Corrupt {
-                    series: s.labels.to_string(),
-                    block: r.id().to_string(),
-                    reason,
+            for s in r.select::<AggregateError>(matchers, from + 1, to, |_| Ok(()))? {
+                let chunks = s.chunks.into_iter().map(|c| (b, c));
+                // One block's series come sorted and once each: no lookups needed.
+                let i = match blocks.len() {
+                    1 => None,
+                    _ => by.get(&s.labels).copied(),
                 };
-                let mut out = SeriesWindows {
-                    metric_type: types(s.labels.metric_name().unwrap_or_default()),
-                    labels: s.labels.clone(),
-                    kept: Kept::ALL,
-                    windows: Vec::new(),
-                };
-                for c in &s.chunks {
-                    let (ws, width, kept) = decode_wanted(&c.data, wanted).map_err(|e| corrupt(e.to_string()))?;
-                    if width != self.width {
-                        return Err(corrupt(format!("windows of {width} ms among {} ms ones", self.width)));
+                match i {
+                    Some(i) => found[i].chunks.extend(chunks),
+                    None => {
+                        if blocks.len() > 1 {
+                            by.insert(s.labels.clone(), found.len());
+                        }
+                        let metric_type = types(s.labels.metric_name().unwrap_or_default());
+                        found.push(Found { labels: s.labels, metric_type, chunks: chunks.collect() });
                     }
-                    out.kept = out.kept.and(kept);
-                    if out.windows.is_empty()
-                        && ws.first().is_some_and(|w| w.end > from)
-                        && ws.last().is_some_and(|w| w.end <= to)
-                    {
-                        out.windows = ws;
-                    } else {
-                        out.windows.extend(ws.into_iter().filter(|w| w.end > from && w.end <= to));
-                    }
-                }
-                Ok(out)
-            });
-            parts.push(decoded.into_iter().collect::<Result<_, _>>()?);
-        }
-        if parts.len() == 1 {
-            // One block: its series come sorted, each once.
-            return Ok(parts.pop().unwrap_or_default());
-        }
-        let mut by: BTreeMap<Labels, SeriesWindows> = BTreeMap::new();
-        for s in parts.into_iter().flatten() {
-            match by.get_mut(&s.labels) {
-                Some(e) => {
-                    // A series whose type changed keeps, over the range, what both kept.
-                    e.kept = e.kept.and(s.kept);
-                    e.windows.extend(s.windows);
-                }
-                None => {
-                    by.insert(s.labels.clone(), s);
                 }
             }
         }
-        let mut out: Vec<SeriesWindows> = by.into_values().collect();
-        for s in &mut out {
-            // Stable: of two windows with one end, the newer block's (read first) stays.
-            s.windows.sort_by_key(|w| w.end);
-            s.windows.dedup_by_key(|w| w.end);
+        if blocks.len() > 1 {
+            found.sort_by(|x, y| x.labels.cmp(&y.labels));
         }
-        Ok(out)
+        let weight = |s: &Found| s.chunks.iter().map(|(_, c)| usize::from(c.n)).sum::<usize>();
+        let decoded = map_in_parts(found, weight, |s| -> Result<R, E> {
+            let corrupt = |b: usize, reason: String| {
+                E::from(AggregateError::Corrupt {
+                    series: s.labels.to_string(),
+                    block: blocks[b].id().to_string(),
+                    reason,
+                })
+            };
+            let mut kept = Kept::ALL;
+            let mut windows: Vec<Window> = Vec::new();
+            // Windows from more than one block may interleave or repeat an end.
+            let several = s.chunks.first().is_some_and(|(b0, _)| s.chunks.iter().any(|(b, _)| b != b0));
+            for (b, c) in &s.chunks {
+                let (ws, width, k) = decode_wanted(&c.data, wanted).map_err(|e| corrupt(*b, e.to_string()))?;
+                if width != self.width {
+                    return Err(corrupt(*b, format!("windows of {width} ms among {} ms ones", self.width)));
+                }
+                // A series whose type changed keeps, over the range, what both kept.
+                kept = kept.and(k);
+                if windows.is_empty()
+                    && ws.first().is_some_and(|w| w.end > from)
+                    && ws.last().is_some_and(|w| w.end <= to)
+                {
+                    windows = ws;
+                } else {
+                    windows.extend(ws.into_iter().filter(|w| w.end > from && w.end <= to));
+                }
+            }
+            if several {
+                // Stable: of two windows with one end, the newer block's (read first) stays.
+                windows.sort_by_key(|w| w.end);
+                windows.dedup_by_key(|w| w.end);
+            }
+            f(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows })
+        });
+        decoded.into_iter().collect()
     }
 
     /// Merges the blocks wholly inside `(a, b]` into one, a metric family at a time (what
@@ -252,7 +278,7 @@ impl AggregateBlocks {
         for name in names {
             let m = Matcher::new(strata_model::MatchOp::Equal, "__name__", &name)
                 .map_err(|e| AggregateError::Block(BlockError::Invalid(e.to_string())))?;
-            for s in self.read(&inside, &[m], (a, b), Wanted::ALL)? {
+            for s in self.map_over(&inside, &[m], (a, b), Wanted::ALL, Ok::<_, AggregateError>)? {
                 if !s.windows.is_empty() {
                     let c = self.chunk(&s);
                     chunks.push((s.labels, c));

@@ -256,9 +256,10 @@ pub fn decode_wanted(bytes: &[u8], wanted: Wanted) -> Result<(Vec<Window>, i64, 
         if !wanted.has(*c) && !base_of_wanted {
             continue;
         }
-        // Every value takes at least a bit: a count the bytes cannot hold is refused
-        // before anything is allocated for it.
-        if n > data.len().saturating_mul(8) {
+        // A value takes at least a bit, or an eighth of one in the block coding's zero
+        // partitions (64 values in 8 bits): a count the bytes cannot hold is refused before
+        // anything is allocated for it.
+        if n > data.len().saturating_mul(64) {
             return invalid(format!("{}: {n} values in {} bytes", c.name(), data.len()));
         }
         let mut v = Vec::with_capacity(n);

@@ -101,10 +101,36 @@ pub(crate) struct Combined {
     /// Least-squares sums about `reference`.
     regression: RegressionSums,
     reference: i64,
-    /// Whether the moments and least-squares sums are combined (only the functions that
-    /// read them pay for them).
+    /// What is combined: only what the function reads (a query combines a dozen windows
+    /// per step and series, so the rest would be most of its time).
+    parts: Parts,
+}
+
+/// The quantities a function reads beyond count, first and last.
+#[derive(Debug, Clone, Copy)]
+struct Parts {
+    sum: bool,
+    extremes: bool,
+    changes: bool,
+    corrections: bool,
     moments: bool,
     least_squares: bool,
+}
+
+impl Parts {
+    fn of(f: RangeFn) -> Parts {
+        use RangeFn::*;
+        let least_squares = matches!(f, Deriv | PredictLinear(_));
+        Parts {
+            sum: matches!(f, AvgOverTime | SumOverTime) || least_squares,
+            // `deriv` reads whether every value is the first (from the extremes).
+            extremes: matches!(f, MinOverTime | MaxOverTime) || least_squares,
+            changes: matches!(f, Changes | Resets),
+            corrections: matches!(f, Rate | Increase),
+            moments: matches!(f, StddevOverTime | StdvarOverTime),
+            least_squares,
+        }
+    }
 }
 
 impl Combined {
@@ -131,8 +157,7 @@ impl Combined {
             corrections: KahanSum::default(),
             regression: RegressionSums::default(),
             reference,
-            moments: f.needs() == Needs::Moments,
-            least_squares: f.needs() == Needs::LeastSquares,
+            parts: Parts::of(f),
         };
         c.corrections.add(w.correction);
         c.add_regression(w);
@@ -143,29 +168,37 @@ impl Combined {
     }
 
     fn push(&mut self, w: &Window) {
-        let prev = self.last;
-        if prev.v != w.first.v && !(prev.v.is_nan() && w.first.v.is_nan()) {
-            self.changes += 1;
+        let (prev, parts) = (self.last, self.parts);
+        if parts.changes {
+            if prev.v != w.first.v && !(prev.v.is_nan() && w.first.v.is_nan()) {
+                self.changes += 1;
+            }
+            self.changes += u64::from(w.changes);
         }
-        if w.first.v < prev.v {
-            self.resets += 1;
-            self.corrections.add(prev.v);
+        if parts.changes || parts.corrections {
+            if w.first.v < prev.v {
+                self.resets += 1;
+                self.corrections.add(prev.v);
+            }
+            self.corrections.add(w.correction);
+            self.resets += u64::from(w.resets);
         }
-        self.corrections.add(w.correction);
-        self.changes += u64::from(w.changes);
-        self.resets += u64::from(w.resets);
         self.penult = if w.count >= 2 { w.penult } else { Some(prev) };
         self.last = w.last;
-        self.sum.add(w.sum);
-        if self.min.is_nan() || w.min < self.min {
-            self.min = w.min;
+        if parts.sum || parts.moments {
+            self.sum.add(w.sum);
         }
-        if self.max.is_nan() || w.max > self.max {
-            self.max = w.max;
+        if parts.extremes {
+            if self.min.is_nan() || w.min < self.min {
+                self.min = w.min;
+            }
+            if self.max.is_nan() || w.max > self.max {
+                self.max = w.max;
+            }
+            self.nan |= w.nan;
+            self.constant &= !w.nan && w.min == w.max && w.min == self.first.v;
         }
-        self.nan |= w.nan;
-        self.constant &= !w.nan && w.min == w.max && w.min == self.first.v;
-        if self.moments {
+        if parts.moments {
             // Chan's merge of two (count, mean, M2).
             let (na, nb) = (self.count as f64, f64::from(w.count));
             let n = na + nb;
@@ -181,7 +214,7 @@ impl Combined {
     /// A window's least-squares sums moved from its end to the reference time:
     /// `x' = x + d` gives `Σx' = Σx + n·d`, `Σx'² = Σx² + 2d·Σx + n·d²`, `Σx'y = Σxy + d·Σy`.
     fn add_regression(&mut self, w: &Window) {
-        if !self.least_squares {
+        if !self.parts.least_squares {
             return;
         }
         let n = f64::from(w.count);

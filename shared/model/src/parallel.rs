@@ -1,12 +1,15 @@
 //! Spreading per-series work over the cores: a forward backlog's decode and encode, the
 //! windows a query reads from aggregates. The work is independent per series, so it is
-//! split into contiguous parts of about equal weight, one scoped thread each, and the
-//! results come back in order.
+//! split into contiguous parts of about equal weight, one task each on a pool of threads
+//! kept for the process (rayon's), and the results come back in order. The threads are
+//! kept because a query calls this several times: a thread started per call paid for its
+//! stack's mapping and for an allocator arena gone cold, and handed the pages back at its
+//! end, which cost more than the work on fleet-sized queries.
 
 /// Below this total weight the work runs on the calling thread (threads cost more).
 pub const MIN_PARALLEL_WEIGHT: usize = 20_000;
 
-/// At most this many threads, the caller's among them.
+/// At most this many parts.
 const MAX_THREADS: usize = 4;
 
 /// The cores this process may use, asked once: the answer reads the cgroup's files, which
@@ -42,22 +45,21 @@ pub fn map_in_parts<T: Send, R: Send>(
         }
     }
     let f = &f;
-    std::thread::scope(|scope| {
-        let mut parts = parts.into_iter();
-        // The calling thread takes the first part itself.
-        let first = parts.next().unwrap_or_default();
-        let handles: Vec<_> =
-            parts.map(|part| scope.spawn(move || part.into_iter().map(f).collect::<Vec<R>>())).collect();
-        let mut out: Vec<R> = first.into_iter().map(f).collect();
-        for h in handles {
-            match h.join() {
-                Ok(rs) => out.extend(rs),
-                // A panic in `f` is a bug; it is the caller's, as it would be on one thread.
-                Err(p) => std::panic::resume_unwind(p),
-            }
+    let mut parts = parts.into_iter();
+    // The calling thread takes the first part itself: the work moves on even while the
+    // pool is busy with other callers' parts.
+    let first = parts.next().unwrap_or_default();
+    let mut rest: Vec<Vec<R>> = (0..parts.len()).map(|_| Vec::new()).collect();
+    let mut out: Vec<R> = Vec::new();
+    // A panic in `f` is a bug; the scope passes it on to the caller, as one thread would.
+    rayon::in_place_scope(|scope| {
+        for (part, done) in parts.zip(rest.iter_mut()) {
+            scope.spawn(move |_| *done = part.into_iter().map(f).collect());
         }
-        out
-    })
+        out = first.into_iter().map(f).collect();
+    });
+    out.extend(rest.into_iter().flatten());
+    out
 }
 
 #[cfg(test)]
@@ -71,5 +73,12 @@ mod tests {
             let got = map_in_parts(items.clone(), |&i| i % 17 * 100, |i| i * 2);
             assert_eq!(got, items.iter().map(|i| i * 2).collect::<Vec<_>>(), "{n} items");
         }
+    }
+
+    #[test]
+    fn a_panic_in_a_part_reaches_the_caller() {
+        let items: Vec<usize> = (0..100_000).collect();
+        let r = std::panic::catch_unwind(|| map_in_parts(items, |_| 1, |i| assert!(i != 99_999, "the last item")));
+        assert!(r.is_err());
     }
 }
