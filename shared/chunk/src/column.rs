@@ -26,6 +26,12 @@ pub fn encode_values(values: &[f64]) -> Vec<u8> {
     }
 }
 
+/// Whether a column [`encode_values`] wrote is in the block coding (older readers know
+/// only the streaming one).
+pub fn is_block_coded(bytes: &[u8]) -> bool {
+    crate::block::is_block(bytes)
+}
+
 fn reads_back(bytes: &[u8], values: &[f64]) -> bool {
     let mut back = Vec::with_capacity(values.len());
     decode_values(bytes, values.len(), &mut back).is_ok()

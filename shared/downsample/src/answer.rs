@@ -59,30 +59,31 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
     }
     let name_dropped = matches!(leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
     let counter_fn = matches!(leaf, Leaf::Range { function: RangeFn::Rate | RangeFn::Increase, .. });
-    // The limits above hold for what is read: at most `series` series (counted over the
-    // blocks, so at least as many as are read) of `steps` values each.
-    let evaluated =
-        blocks.map_series(&req.matchers, (from, last), Wanted::for_leaf(&leaf), |s| -> Result<_, AnswerError> {
-            if !req.wants(&s.labels) {
-                return Ok(None);
-            }
-            let values = if req.values { evaluate(&s.windows, s.kept, width, &leaf, &grid)? } else { Vec::new() };
-            let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
-            let values = if values.iter().any(Option::is_some) {
-                StepValues::from_options(&values)
-            } else {
-                StepValues::default()
-            };
-            Ok(Some(StepsSeries {
-                labels: s.labels,
-                metric_type: s.metric_type,
-                summary: SeriesSummary { samples: count, ..SeriesSummary::default() },
-                values,
-                name_dropped,
-            }))
-        })?;
+    // Found before anything is decoded, and checked again: a slice written since the
+    // count may have added series.
+    let found = blocks.find(&req.matchers, (from, last), |l| req.wants(l))?;
+    if found.len() > req.limits.max_series {
+        return Err(AnswerError::TooMany(found.len() as u64));
+    }
+    let points = (found.len() as u64).saturating_mul(steps as u64);
+    if points > req.limits.max_samples {
+        return Err(AnswerError::TooMany(points));
+    }
+    let evaluated = found.map(Wanted::for_leaf(&leaf), |s| -> Result<_, AnswerError> {
+        let values = if req.values { evaluate(&s.windows, s.kept, width, &leaf, &grid)? } else { Vec::new() };
+        let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
+        let values =
+            if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
+        Ok(StepsSeries {
+            labels: s.labels,
+            metric_type: s.metric_type,
+            summary: SeriesSummary { samples: count, ..SeriesSummary::default() },
+            values,
+            name_dropped,
+        })
+    })?;
     let mut out = Steps::default();
-    for s in evaluated.into_iter().flatten() {
+    for s in evaluated {
         if counter_fn {
             if let Some(info) = might_not_be_a_counter(s.labels.metric_name().unwrap_or("")) {
                 if !out.infos.contains(&info) {

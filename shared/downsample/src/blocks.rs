@@ -34,6 +34,73 @@ struct Found {
     chunks: Vec<(usize, Chunk)>,
 }
 
+/// Series found in aggregate blocks and not yet decoded (see [`AggregateBlocks::find`]).
+pub struct FoundSeries {
+    width: i64,
+    range: (i64, i64),
+    blocks: Vec<Arc<BlockReader>>,
+    found: Vec<Found>,
+}
+
+impl FoundSeries {
+    pub fn len(&self) -> usize {
+        self.found.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.found.is_empty()
+    }
+
+    /// Each series' windows in the range, with the `wanted` columns decoded, handed to `f`
+    /// as soon as they are, over the cores, in label order: a query holds one series'
+    /// windows per thread at a time, not the fleet's (tens of megabytes a query, which the
+    /// allocator would hand back and fault in again).
+    pub fn map<R: Send, E: From<AggregateError> + Send>(
+        self,
+        wanted: Wanted,
+        f: impl Fn(SeriesWindows) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E> {
+        let weight = |s: &Found| s.chunks.iter().map(|(_, c)| usize::from(c.n)).sum::<usize>();
+        let (blocks, (from, to)) = (&self.blocks, self.range);
+        let decoded = map_in_parts(self.found, weight, |s| -> Result<R, E> {
+            let corrupt = |b: usize, reason: String| {
+                E::from(AggregateError::Corrupt {
+                    series: s.labels.to_string(),
+                    block: blocks[b].id().to_string(),
+                    reason,
+                })
+            };
+            let mut kept = Kept::ALL;
+            let mut windows: Vec<Window> = Vec::new();
+            // Windows from more than one block may interleave or repeat an end.
+            let several = s.chunks.first().is_some_and(|(b0, _)| s.chunks.iter().any(|(b, _)| b != b0));
+            for (b, c) in &s.chunks {
+                let (ws, width, k) = decode_wanted(&c.data, wanted).map_err(|e| corrupt(*b, e.to_string()))?;
+                if width != self.width {
+                    return Err(corrupt(*b, format!("windows of {width} ms among {} ms ones", self.width)));
+                }
+                // A series whose type changed keeps, over the range, what both kept.
+                kept = kept.and(k);
+                if windows.is_empty()
+                    && ws.first().is_some_and(|w| w.end > from)
+                    && ws.last().is_some_and(|w| w.end <= to)
+                {
+                    windows = ws;
+                } else {
+                    windows.extend(ws.into_iter().filter(|w| w.end > from && w.end <= to));
+                }
+            }
+            if several {
+                // Stable: of two windows with one end, the newer block's (read first) stays.
+                windows.sort_by_key(|w| w.end);
+                windows.dedup_by_key(|w| w.end);
+            }
+            f(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows })
+        });
+        decoded.into_iter().collect()
+    }
+}
+
 /// The blocks of one resolution.
 pub struct AggregateBlocks {
     width: i64,
@@ -153,34 +220,32 @@ impl AggregateBlocks {
         range: (i64, i64),
         wanted: Wanted,
     ) -> Result<Vec<SeriesWindows>, AggregateError> {
-        self.map_series(matchers, range, wanted, Ok)
+        self.find(matchers, range, |_| true)?.map(wanted, Ok)
     }
 
-    /// [`windows`](Self::windows), each series' handed to `f` as soon as it is decoded, over
-    /// the cores: a query holds one series' windows per thread at a time, not the fleet's
-    /// (tens of megabytes a query, which the allocator would hand back and fault in again).
-    pub fn map_series<R: Send, E: From<AggregateError> + Send>(
+    /// The matching series with windows in `(from, to]` that `keep` keeps, found in the
+    /// index with their chunks (whose bytes the block cache shares) and nothing decoded
+    /// yet: a caller checks how many before [`FoundSeries::map`] decodes them. An error
+    /// unless every window of the range was computed.
+    pub fn find(
         &self,
         matchers: &[Matcher],
         range: (i64, i64),
-        wanted: Wanted,
-        f: impl Fn(SeriesWindows) -> Result<R, E> + Sync,
-    ) -> Result<Vec<R>, E> {
+        keep: impl Fn(&Labels) -> bool,
+    ) -> Result<FoundSeries, AggregateError> {
         let blocks = self.covering(range.0, range.1)?;
-        self.map_over(&blocks, matchers, range, wanted, f)
+        self.find_in(blocks, matchers, range, keep)
     }
 
     /// What `blocks` (newest first: its window wins where two hold one) hold of the
-    /// matching series in `(from, to]`, through `f`, in label order. The chunks are found
-    /// first (their bytes are shared with the block cache), then each series is decoded.
-    fn map_over<R: Send, E: From<AggregateError> + Send>(
+    /// matching series in `(from, to]`, in label order.
+    fn find_in(
         &self,
-        blocks: &[Arc<BlockReader>],
+        blocks: Vec<Arc<BlockReader>>,
         matchers: &[Matcher],
         (from, to): (i64, i64),
-        wanted: Wanted,
-        f: impl Fn(SeriesWindows) -> Result<R, E> + Sync,
-    ) -> Result<Vec<R>, E> {
+        keep: impl Fn(&Labels) -> bool,
+    ) -> Result<FoundSeries, AggregateError> {
         let mut found: Vec<Found> = Vec::new();
         let mut by: BTreeMap<Labels, usize> = BTreeMap::new();
         for (b, r) in blocks.iter().enumerate() {
@@ -188,6 +253,9 @@ impl AggregateBlocks {
                 r.metadata().iter().find(|(f, _)| f == name).map(|(_, m)| m.metric_type).unwrap_or_default()
             };
             for s in r.select::<AggregateError>(matchers, from + 1, to, |_| Ok(()))? {
+                if !keep(&s.labels) {
+                    continue;
+                }
                 let chunks = s.chunks.into_iter().map(|c| (b, c));
                 // One block's series come sorted and once each: no lookups needed.
                 let i = match blocks.len() {
@@ -209,43 +277,7 @@ impl AggregateBlocks {
         if blocks.len() > 1 {
             found.sort_by(|x, y| x.labels.cmp(&y.labels));
         }
-        let weight = |s: &Found| s.chunks.iter().map(|(_, c)| usize::from(c.n)).sum::<usize>();
-        let decoded = map_in_parts(found, weight, |s| -> Result<R, E> {
-            let corrupt = |b: usize, reason: String| {
-                E::from(AggregateError::Corrupt {
-                    series: s.labels.to_string(),
-                    block: blocks[b].id().to_string(),
-                    reason,
-                })
-            };
-            let mut kept = Kept::ALL;
-            let mut windows: Vec<Window> = Vec::new();
-            // Windows from more than one block may interleave or repeat an end.
-            let several = s.chunks.first().is_some_and(|(b0, _)| s.chunks.iter().any(|(b, _)| b != b0));
-            for (b, c) in &s.chunks {
-                let (ws, width, k) = decode_wanted(&c.data, wanted).map_err(|e| corrupt(*b, e.to_string()))?;
-                if width != self.width {
-                    return Err(corrupt(*b, format!("windows of {width} ms among {} ms ones", self.width)));
-                }
-                // A series whose type changed keeps, over the range, what both kept.
-                kept = kept.and(k);
-                if windows.is_empty()
-                    && ws.first().is_some_and(|w| w.end > from)
-                    && ws.last().is_some_and(|w| w.end <= to)
-                {
-                    windows = ws;
-                } else {
-                    windows.extend(ws.into_iter().filter(|w| w.end > from && w.end <= to));
-                }
-            }
-            if several {
-                // Stable: of two windows with one end, the newer block's (read first) stays.
-                windows.sort_by_key(|w| w.end);
-                windows.dedup_by_key(|w| w.end);
-            }
-            f(SeriesWindows { labels: s.labels, metric_type: s.metric_type, kept, windows })
-        });
-        decoded.into_iter().collect()
+        Ok(FoundSeries { width: self.width, range: (from, to), blocks, found })
     }
 
     /// Merges the blocks wholly inside `(a, b]` into one, a metric family at a time (what
@@ -278,7 +310,7 @@ impl AggregateBlocks {
         for name in names {
             let m = Matcher::new(strata_model::MatchOp::Equal, "__name__", &name)
                 .map_err(|e| AggregateError::Block(BlockError::Invalid(e.to_string())))?;
-            for s in self.map_over(&inside, &[m], (a, b), Wanted::ALL, Ok::<_, AggregateError>)? {
+            for s in self.find_in(inside.clone(), &[m], (a, b), |_| true)?.map(Wanted::ALL, Ok::<_, AggregateError>)? {
                 if !s.windows.is_empty() {
                     let c = self.chunk(&s);
                     chunks.push((s.labels, c));

@@ -14,7 +14,11 @@ use crate::Kept;
 use strata_chunk::column::{decode_values, encode_values};
 use strata_model::Sample;
 
-const VERSION: u8 = 1;
+/// Version 2 chunks may hold columns in the block coding (`strata_chunk::column`), which a
+/// reader of version 1 would misread as the streaming coding: it refuses them instead.
+const VERSION: u8 = 2;
+/// Chunks whose columns are all in the streaming coding keep the version that reads them.
+const STREAMING_ONLY: u8 = 1;
 /// Windows per chunk at most (a year of 5 m windows is 105,120).
 pub const MAX_WINDOWS: usize = 1 << 17;
 
@@ -156,10 +160,12 @@ const DIFFERENCE: u8 = 1;
 
 /// `windows` (time-ordered, aligned to `width` ms), keeping what `kept` asks for.
 pub fn encode(windows: &[Window], width: i64, kept: Kept) -> Vec<u8> {
-    let mut out = vec![VERSION, kept.byte()];
+    let cols = columns(windows, width, kept);
+    let block_coded = cols.iter().any(|(_, _, c)| strata_chunk::column::is_block_coded(c));
+    let mut out = vec![if block_coded { VERSION } else { STREAMING_ONLY }, kept.byte()];
     put_varint(&mut out, width as u64);
     put_varint(&mut out, windows.len() as u64);
-    for (_, mode, c) in columns(windows, width, kept) {
+    for (_, mode, c) in cols {
         out.push(mode);
         put_varint(&mut out, c.len() as u64);
         out.extend_from_slice(&c);
@@ -235,7 +241,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
 /// others are left NaN, zero or absent in the windows.
 pub fn decode_wanted(bytes: &[u8], wanted: Wanted) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
-    if r.byte()? != VERSION {
+    if !matches!(r.byte()?, STREAMING_ONLY | VERSION) {
         return invalid("unknown version");
     }
     let b = r.byte()?;

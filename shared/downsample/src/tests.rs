@@ -325,3 +325,21 @@ fn damaged_chunks_are_errors_never_a_panic() {
 }
 
 const VERSION_FOR_TESTS: u8 = 1;
+
+#[test]
+fn chunks_with_block_coded_columns_say_so_in_their_version() {
+    // A day of 5 m windows of short decimals: the block coding for some columns, so
+    // version 2, which a reader of version 1 refuses instead of misreading.
+    let regular: Vec<Sample> = (1..=24 * 240).map(|i| Sample { t: i * 15_000, v: (i % 7) as f64 }).collect();
+    let ws = windows_of(&regular, FIVE_MINUTES);
+    let bytes = encode(&ws, FIVE_MINUTES, Kept::ALL);
+    assert_eq!(bytes[0], 2);
+    assert_eq!(decode(&bytes).unwrap().0, ws);
+    // Too few windows for the block coding: every column streaming, version 1, as before.
+    let few = encode(&ws[..4], FIVE_MINUTES, Kept::ALL);
+    assert_eq!(few[0], 1);
+    assert_eq!(decode(&few).unwrap().0, ws[..4].to_vec());
+    let mut unknown = bytes.clone();
+    unknown[0] = 3;
+    assert!(decode(&unknown).is_err());
+}
