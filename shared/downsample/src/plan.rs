@@ -43,8 +43,8 @@ pub struct ResolutionPlanner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Prefer {
     /// Raw data wherever a holder of the aggregates still keeps it; aggregates for older
-    /// steps (the default: answering from raw data is still the faster of the two for the
-    /// ranges it covers, see docs/downsample.md).
+    /// steps. The default, which keeps recent ranges off the regionals; aggregates now
+    /// answer faster than raw data (docs/downsample.md), so `Coarsest` may become it.
     #[default]
     RawWhereHeld,
     /// The coarsest exact aggregates wherever they cover the steps.
