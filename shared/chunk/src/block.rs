@@ -206,11 +206,59 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
         }
         r.pos = bits.position();
     }
-    let samples = &mut out[base..];
-    let mut hist = [0i64; 3]; // newest first
-                              // The last eight values, the value at index `i` in slot `i % 8`; the mean predictor reads
-                              // them, the others only store into it (off their dependency chain). The first value
-                              // stands in for those before it.
+    decode_values_into(bytes, r, scale, &mut out[base..])
+}
+
+/// Where decoded values go: a sample's value, or a bare value (a column).
+pub(super) trait ValueSlot {
+    fn set(&mut self, v: f64);
+}
+
+impl ValueSlot for Sample {
+    #[inline(always)]
+    fn set(&mut self, v: f64) {
+        self.v = v;
+    }
+}
+
+impl ValueSlot for f64 {
+    #[inline(always)]
+    fn set(&mut self, v: f64) {
+        *self = v;
+    }
+}
+
+/// The `n` values of a block-encoded chunk onto the end of `out`, its timestamps skipped
+/// (a column's are only the grid); on damaged data, an error and `out` as it was.
+pub(super) fn decode_values(bytes: &[u8], n: usize, out: &mut Vec<f64>) -> Result<(), ChunkError> {
+    let truncated = || ChunkError::Truncated(0);
+    let mut r = BitReader { bytes, pos: 3 };
+    let scale = (r.read_bits(3) as u32).min(MAX_SCALE);
+    let end = timestamp_bits_end(bytes, n).ok_or_else(truncated)?;
+    r.pos = end;
+    let base = out.len();
+    out.resize(base + n, 0.0);
+    let done = decode_values_into(bytes, r, scale, &mut out[base..]);
+    if done.is_err() {
+        out.truncate(base);
+    }
+    done
+}
+
+/// The values of a block-encoded chunk, read from `r` (just past the timestamps), into
+/// `samples`.
+fn decode_values_into<S: ValueSlot>(
+    bytes: &[u8],
+    mut r: BitReader,
+    scale: u32,
+    samples: &mut [S],
+) -> Result<(), ChunkError> {
+    let truncated = || ChunkError::Truncated(0);
+    // The last three values, newest first.
+    let mut hist = [0i64; 3];
+    // The last eight values, the value at index `i` in slot `i % 8`; the mean predictor reads
+    // them, the others only store into it (off their dependency chain). The first value
+    // stands in for those before it.
     let mut ring = [0i64; MEAN_OF];
     for (i, slot) in samples.iter_mut().take(WARM_UP).enumerate() {
         let s = unzigzag(read_long(&mut r).ok_or(ChunkError::Truncated(i as u16))?);
@@ -219,7 +267,7 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
         }
         ring[i % MEAN_OF] = s;
         hist = [s, hist[0], hist[1]];
-        slot.v = unscale(s, scale);
+        slot.set(unscale(s, scale));
     }
     let mut bits = BitBuf::at(bytes, r.pos);
     let mut start = WARM_UP.min(samples.len());
@@ -244,13 +292,13 @@ fn decode_onto(bytes: &[u8], n: usize, out: &mut Vec<Sample>) -> Result<(), Chun
 }
 
 /// One partition's samples, the index of its first in the chunk, and its Rice parameter.
-struct Partition<'a> {
-    samples: &'a mut [Sample],
+struct Partition<'a, S> {
+    samples: &'a mut [S],
     start: usize,
     k: u32,
 }
 
-impl Partition<'_> {
+impl<S: ValueSlot> Partition<'_, S> {
     /// Residuals with predictor order `ORDER` into the samples' values.
     #[inline(always)]
     fn decode<const ORDER: usize>(
@@ -266,7 +314,7 @@ impl Partition<'_> {
             let s = predict::<ORDER>(hist).wrapping_add(unzigzag(z));
             *hist = [s, hist[0], hist[1]];
             ring[i % MEAN_OF] = s;
-            slot.v = unscale(s, scale);
+            slot.set(unscale(s, scale));
         }
         Ok(())
     }
@@ -289,7 +337,7 @@ impl Partition<'_> {
             sum4 = sum4.wrapping_sub(*oldest).wrapping_add(s);
             *oldest = s;
             *hist = [s, hist[0], hist[1]];
-            slot.v = unscale(s, scale);
+            slot.set(unscale(s, scale));
         }
         Ok(())
     }

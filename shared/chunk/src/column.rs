@@ -56,10 +56,7 @@ fn encode_streaming(values: &[f64]) -> Vec<u8> {
 /// `n` values from bytes [`encode_values`] wrote; damaged or short data is an error.
 pub fn decode_values(bytes: &[u8], n: usize, out: &mut Vec<f64>) -> Result<(), ChunkError> {
     if crate::block::is_block(bytes) {
-        let mut samples = Vec::new();
-        crate::block::decode(bytes, n, &mut samples)?;
-        out.extend(samples.iter().map(|s| s.v));
-        return Ok(());
+        return crate::block::decode_values(bytes, n, out);
     }
     let mut r = BitReader { bytes, pos: 0 };
     let mut vs = ValueState::default();
