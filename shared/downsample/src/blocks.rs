@@ -282,13 +282,28 @@ impl AggregateBlocks {
 
     /// Merges the blocks wholly inside `(a, b]` into one, a metric family at a time (what
     /// is held at once is bounded by the largest family's windows). Returns whether it
-    /// merged (two blocks or more were there).
+    /// merged (two blocks or more were there, without a hole between them).
+    ///
+    /// The merged block spans what its parts spanned, not `(a, b]`: a block's range says
+    /// its windows were computed, and a day whose first slices were never computed (the
+    /// source began mid-day) must not start answering for them with nothing.
     pub fn compact(&self, (a, b): (i64, i64)) -> Result<bool, AggregateError> {
         let mut inside: Vec<Arc<BlockReader>> =
             self.set.healthy().into_iter().filter(|r| r.meta().min_time > a && r.meta().max_time <= b + 1).collect();
         if inside.len() < 2 || !self.set.damaged_overlapping(a + 1, b).is_empty() {
             return Ok(false);
         }
+        let mut spans: Vec<(i64, i64)> = inside.iter().map(|r| (r.meta().min_time, r.meta().max_time)).collect();
+        spans.sort_unstable();
+        let (lo, mut hi) = spans[0];
+        for &(l, h) in &spans[1..] {
+            if l > hi {
+                // A slice between them is missing: merged, the hole would read as computed.
+                return Ok(false);
+            }
+            hi = hi.max(h);
+        }
+        let (a, b) = (lo - 1, hi - 1);
         inside.sort_by(|x, y| y.id().cmp(x.id()));
         let ids: Vec<String> = inside.iter().map(|r| r.id().to_string()).collect();
         let mut names: Vec<String> = inside.iter().flat_map(|r| r.label_values("__name__")).collect();

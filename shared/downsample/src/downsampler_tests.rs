@@ -4,6 +4,8 @@
 use crate::answer::answer;
 use crate::downsampler::{DownsampleOptions, Downsampler};
 use crate::{FIVE_MINUTES, ONE_HOUR};
+
+const DAY: i64 = 24 * ONE_HOUR;
 use std::sync::Arc;
 use strata_dedup::ReplicaDedup;
 use strata_model::{Labels, MatchOp, Matcher, Metadata, MetricType, Sample};
@@ -17,11 +19,18 @@ struct Setup {
     db: Arc<Tsdb>,
     dedup: ReplicaDedup,
     down: Downsampler,
-    /// The first slice's start: six hours back, aligned.
+    /// The first slice's start, aligned to six hours.
     t0: i64,
 }
 
+/// Six hours that end before today's midnight whatever the time of day, so that no day is
+/// complete and the slices stay as computed.
 fn setup() -> Setup {
+    let today = strata_model::time::now_ms().div_euclid(DAY) * DAY;
+    setup_at(today - DAY + 6 * ONE_HOUR)
+}
+
+fn setup_at(t0: i64) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let db = Arc::new(Tsdb::open(&dir.path().join("db"), TsdbOptions::default()).unwrap());
     db.set_metadata("gpu_energy_total", Metadata { metric_type: MetricType::Counter, ..Default::default() }).unwrap();
@@ -29,8 +38,6 @@ fn setup() -> Setup {
     let dedup = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
     let opts = DownsampleOptions { max_delay: std::time::Duration::from_secs(60), ..Default::default() };
     let down = Downsampler::open(&dir.path().join("downsample"), opts).unwrap();
-    let now = strata_model::time::now_ms();
-    let t0 = (now - 6 * ONE_HOUR).div_euclid(6 * ONE_HOUR) * 6 * ONE_HOUR;
     Setup { _dir: dir, db, dedup, down, t0 }
 }
 
@@ -258,4 +265,30 @@ async fn merged_slices_answer_the_same_and_a_slice_computed_again_wins_over_its_
     assert!(blocks.compact((s.t0, end)).unwrap(), "the slice merged in again");
     compare_all(&s, s.t0, end).await;
     assert_counted_once(&s, s.t0, end);
+}
+
+#[tokio::test]
+async fn a_day_completed_is_merged_and_still_covers_only_what_was_computed() {
+    // The source begins at 18:00 yesterday: the run that reaches midnight completes the day
+    // and merges its slices, whose windows start at 18:00, not at the day's start.
+    let today = strata_model::time::now_ms().div_euclid(DAY) * DAY;
+    let s = setup_at(today - 6 * ONE_HOUR);
+    let end = s.t0 + 6 * ONE_HOUR;
+    for (name, f) in [("gpu_energy_total", energy as fn(i64) -> f64), ("gpu_temp", temp)] {
+        write(&s.db, &labels(name, "a"), s.t0, end, 17, f);
+    }
+    let out = s.down.run(&s.dedup, Some(s.t0 + 1), end + 2 * ONE_HOUR).await.unwrap();
+    assert_eq!(out.written.len(), 3 + 1, "{:?}", out.written);
+    let five = s.down.blocks(FIVE_MINUTES).unwrap();
+    assert!(!five.compact((today - DAY, today)).unwrap(), "the day's three slices were merged into one block");
+    assert_eq!(five.min_time(), s.t0 + 1, "the merged block starts where its first slice did");
+    let cov = s.down.coverage();
+    assert!(cov.contains(&(FIVE_MINUTES, s.t0 + 1, end)), "{cov:?}");
+    assert!(cov.contains(&(ONE_HOUR, s.t0 + 1, end)), "{cov:?}");
+    // Before the source began nothing was computed: an error, not an empty answer.
+    let m = Matcher::new(MatchOp::Equal, "__name__", "gpu_temp").unwrap();
+    let mut req = StepsRequest::new(vec![m], (s.t0 - ONE_HOUR, s.t0 + ONE_HOUR, FIVE_MINUTES), 300_000);
+    req.function = Some(("avg_over_time".into(), FIVE_MINUTES));
+    assert!(answer(&five, &req).is_err(), "windows before the first slice were never computed");
+    compare_all(&s, s.t0, end).await;
 }
