@@ -114,6 +114,24 @@ fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// A UTC date and time: (year, month, day, hour, minute, second, millisecond) of `ms`
+/// since the epoch (Howard Hinnant's algorithm, the inverse of `days_from_civil`).
+pub fn civil_from_ms(ms: i64) -> (i64, u32, u32, u32, u32, u32, u32) {
+    let days = ms.div_euclid(86_400_000);
+    let in_day = ms.rem_euclid(86_400_000);
+    let z = days + 719_468;
+    let era = if z >= 0 { z } else { z - 146_096 } / 146_097;
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let secs = in_day / 1000;
+    (y, m, d, (secs / 3600) as u32, (secs / 60 % 60) as u32, (secs % 60) as u32, (in_day % 1000) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -121,6 +139,9 @@ mod tests {
     #[test]
     fn times() {
         assert_eq!(parse_time("1764460800").unwrap(), 1_764_460_800_000);
+        assert_eq!(civil_from_ms(1_764_460_800_123), (2025, 11, 30, 0, 0, 0, 123));
+        assert_eq!(civil_from_ms(-1), (1969, 12, 31, 23, 59, 59, 999));
+        assert_eq!(civil_from_ms(951_782_400_000 + 3_723_000), (2000, 2, 29, 1, 2, 3, 0));
         assert_eq!(parse_time("1764460800.123").unwrap(), 1_764_460_800_123);
         assert_eq!(parse_time("2025-11-30T00:00:00Z").unwrap(), 1_764_460_800_000);
         assert_eq!(parse_time("2025-11-30T01:00:00.5+01:00").unwrap(), 1_764_460_800_500);

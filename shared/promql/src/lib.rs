@@ -24,6 +24,8 @@ mod histogram;
 mod hostile_tests;
 pub mod limits;
 mod nesting;
+#[cfg(feature = "notation")]
+pub mod notation;
 mod positions;
 pub mod pushdown;
 #[cfg(test)]

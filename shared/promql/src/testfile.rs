@@ -3,11 +3,12 @@
 //! a [`MemoryStore`]. Cases that need native histograms or features outside Prometheus'
 //! stable set are skipped with their reason; everything else passes or fails.
 
+use super::notation::{expand_values, parse_number, split_series};
 use super::{Engine, EngineOptions, QueryValue};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use strata_model::duration::parse_duration_ms;
-use strata_model::{stale_nan, Labels, MetricType, Sample};
+use strata_model::{Labels, MetricType, Sample};
 use strata_store::memory::MemoryStore;
 
 #[derive(Debug, Default)]
@@ -40,97 +41,6 @@ pub fn run_dir(dir: &Path) -> std::io::Result<Report> {
         report.files += 1;
     }
     Ok(report)
-}
-
-/// Splits `{labels} values...` or `metric{labels} values...`.
-fn split_series(line: &str) -> Option<(Labels, &str)> {
-    let line = line.trim();
-    let (series, rest) =
-        if let Some(close) = find_series_end(line) { (&line[..close], &line[close..]) } else { return None };
-    let labels = strata_ingest::exposition::parse_series(series.as_bytes()).ok().or_else(|| {
-        // `{a="b"}` without a metric name, or with `__name__` inside the braces
-        let with_name = format!("x{}", series.replace("__name__=", "__strata_name__="));
-        strata_ingest::exposition::parse_series(with_name.as_bytes()).ok().map(|l| {
-            let mut b = l.to_builder();
-            b.del("__name__");
-            if let Some(n) = l.get("__strata_name__") {
-                b.set("__name__", n);
-                b.del("__strata_name__");
-            }
-            b.build()
-        })
-    })?;
-    Some((labels, rest.trim()))
-}
-
-fn find_series_end(line: &str) -> Option<usize> {
-    if let Some(open) = line.find('{') {
-        let mut in_quotes = false;
-        let mut esc = false;
-        for (i, c) in line.char_indices().skip(open) {
-            match c {
-                '\\' if in_quotes && !esc => {
-                    esc = true;
-                    continue;
-                }
-                '"' if !esc => in_quotes = !in_quotes,
-                '}' if !in_quotes => return Some(i + 1),
-                _ => {}
-            }
-            esc = false;
-        }
-        None
-    } else {
-        line.find(char::is_whitespace)
-    }
-}
-
-fn parse_number(s: &str) -> Option<f64> {
-    match s {
-        "Inf" | "+Inf" | "inf" => Some(f64::INFINITY),
-        "-Inf" | "-inf" => Some(f64::NEG_INFINITY),
-        "NaN" => Some(f64::NAN),
-        _ => s.parse().ok().or_else(|| {
-            i64::from_str_radix(s.trim_start_matches("0x"), 16).ok().filter(|_| s.starts_with("0x")).map(|v| v as f64)
-        }),
-    }
-}
-
-/// Expands `1 2 _ stale 0+10x3 1x2 -2-1x3` into values (None = missing).
-fn expand_values(s: &str) -> Option<Vec<Option<f64>>> {
-    let mut out = Vec::new();
-    for tok in s.split_whitespace() {
-        if tok == "_" {
-            out.push(None);
-            continue;
-        }
-        if tok == "stale" {
-            out.push(Some(stale_nan()));
-            continue;
-        }
-        if let Some((head, times)) = tok.split_once('x') {
-            let n: usize = times.parse().ok()?;
-            if head == "_" {
-                out.extend(std::iter::repeat_n(None, n));
-                continue;
-            }
-            // head: start or start+step or start-step
-            let (start, step) = match head[1..].find(['+', '-']) {
-                Some(p) => {
-                    let p = p + 1;
-                    let step: f64 = parse_number(&head[p + 1..])?;
-                    (parse_number(&head[..p])?, if &head[p..p + 1] == "-" { -step } else { step })
-                }
-                None => (parse_number(head)?, 0.0),
-            };
-            for i in 0..=n {
-                out.push(Some(start + step * i as f64));
-            }
-            continue;
-        }
-        out.push(Some(parse_number(tok)?));
-    }
-    Some(out)
 }
 
 fn almost_equal(a: f64, b: f64) -> bool {

@@ -1,0 +1,13 @@
+//! Prometheus' recording and alerting rules, over any `Store`.
+//!
+//! A rule file loads into groups ([`file`]) validated as Prometheus validates them, every
+//! error naming the file, line and rule. A group evaluates its rules in order at one
+//! timestamp ([`group`]) with the PromQL engine over whatever store it is given (the
+//! regional's deduplicated view, or a global's fan-out): recording rules yield samples
+//! under their new names, alerting rules move their alerts through pending, firing and
+//! resolved ([`alert`]) and expand their label and annotation templates ([`template`]).
+//! What a group yields (samples, staleness markers, `ALERTS` and `ALERTS_FOR_STATE`) is
+//! handed back to the caller to store, so the same evaluation serves a regional's loop and
+//! `strata test rules` ([`unittest`]), which runs Prometheus' rule unit-test files.
+
+pub mod template;
