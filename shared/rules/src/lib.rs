@@ -10,4 +10,5 @@
 //! handed back to the caller to store, so the same evaluation serves a regional's loop and
 //! `strata test rules` ([`unittest`]), which runs Prometheus' rule unit-test files.
 
+pub mod file;
 pub mod template;
