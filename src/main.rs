@@ -18,6 +18,16 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+enum TestCommand {
+    /// Rule unit tests in Prometheus' format, with promtool's output and exit codes.
+    Rules {
+        /// Test files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
 enum Command {
     /// Benchmarks that print the figures the README quotes.
     #[command(subcommand)]
@@ -45,6 +55,9 @@ enum Command {
         #[arg(long = "web.config.file")]
         web_config_file: Option<PathBuf>,
     },
+    /// Tests, as `promtool test ...` runs them.
+    #[command(subcommand)]
+    Test(TestCommand),
     /// Run Prometheus' PromQL conformance files ($PROMQL_TESTDATA, else ../shared/promql-testdata).
     PromqlTest {
         /// The directory of `.test` files.
@@ -244,6 +257,12 @@ async fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => up::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::Test(TestCommand::Rules { files }) => {
+            let out = tokio::task::spawn_blocking(move || strata_rules::unittest::run(&files)).await?;
+            print!("{}", out.stdout);
+            eprint!("{}", out.stderr);
+            std::process::exit(out.exit_code());
+        }
         #[cfg(feature = "promql-test")]
         Command::PromqlTest { dir, verbose } => tokio::task::spawn_blocking(move || promql_test(dir, verbose)).await?,
         #[cfg(not(feature = "promql-test"))]

@@ -104,6 +104,20 @@ pub fn expand_values(s: &str) -> Option<Vec<Option<f64>>> {
     Some(out)
 }
 
+/// A series alone, as `metric{a="b"}`, `{__name__="m"}` or `{}` (Prometheus'
+/// `parser.ParseMetric`).
+pub fn parse_metric(s: &str) -> Option<Labels> {
+    let s = s.trim();
+    if s == "{}" {
+        return Some(Labels::default());
+    }
+    let line = format!("{s} _");
+    match split_series(&line) {
+        Some((labels, "_")) => Some(labels),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -115,5 +129,8 @@ mod tests {
             assert!(expand_values(bad).is_none(), "{bad}");
         }
         assert!(split_series("{").is_none());
+        assert_eq!(parse_metric("up{job=\"a\"}").unwrap(), Labels::from_pairs([("__name__", "up"), ("job", "a")]));
+        assert_eq!(parse_metric("{job=\"a\"}").unwrap(), Labels::from_pairs([("job", "a")]));
+        assert!(parse_metric("up{job=\"a\"} 1").is_none());
     }
 }

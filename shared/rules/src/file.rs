@@ -203,7 +203,12 @@ pub fn parse_groups(file: &str, text: &str) -> Result<Vec<GroupSpec>, RuleFileEr
             }
         };
         if interval == Some(0) {
-            errors.push(format!("{}:{}: group {:?}: interval must be greater than zero", at.line(), at.column(), g.name));
+            errors.push(format!(
+                "{}:{}: group {:?}: interval must be greater than zero",
+                at.line(),
+                at.column(),
+                g.name
+            ));
             continue;
         }
         let mut group_labels = Vec::new();
@@ -397,7 +402,10 @@ mod tests {
         assert_eq!(g.len(), 1);
         let g = &g[0];
         assert_eq!((g.interval_ms, g.query_offset_ms, g.limit), (Some(30_000), Some(10_000), 5));
-        assert_eq!(g.rules[0].labels, vec![("priority".into(), "1".into()), ("team".into(), "ml".into()), ("tier".into(), "b".into())]);
+        assert_eq!(
+            g.rules[0].labels,
+            vec![("priority".into(), "1".into()), ("team".into(), "ml".into()), ("tier".into(), "b".into())]
+        );
         assert_eq!(g.rules[0].line, 10);
         assert_eq!(g.rules[1].kind, RuleKind::Alerting);
         assert_eq!((g.rules[1].for_ms, g.rules[1].keep_firing_for_ms), (300_000, 60_000));
@@ -407,15 +415,30 @@ mod tests {
     #[test]
     fn invalid_rules_are_named_with_their_line() {
         for (text, want) in [
-            ("groups:\n- name: a\n  rules:\n  - record: x\n    alert: y\n    expr: up\n", "4:5: group \"a\", rule 1, \"x\": only one of 'record' and 'alert' must be set"),
+            (
+                "groups:\n- name: a\n  rules:\n  - record: x\n    alert: y\n    expr: up\n",
+                "4:5: group \"a\", rule 1, \"x\": only one of 'record' and 'alert' must be set",
+            ),
             ("groups:\n- name: a\n  rules:\n  - expr: up\n", "one of 'record' or 'alert' must be set"),
             ("groups:\n- name: a\n  rules:\n  - record: x\n", "field 'expr' must be set in rule"),
             ("groups:\n- name: a\n  rules:\n  - record: x\n    expr: sum(\n", "could not parse expression"),
-            ("groups:\n- name: a\n  rules:\n  - record: x\n    expr: up\n    for: 1m\n", "invalid field 'for' in recording rule"),
-            ("groups:\n- name: a\n  rules:\n  - record: x\n    expr: up\n    annotations: {a: b}\n", "invalid field 'annotations'"),
+            (
+                "groups:\n- name: a\n  rules:\n  - record: x\n    expr: up\n    for: 1m\n",
+                "invalid field 'for' in recording rule",
+            ),
+            (
+                "groups:\n- name: a\n  rules:\n  - record: x\n    expr: up\n    annotations: {a: b}\n",
+                "invalid field 'annotations'",
+            ),
             ("groups:\n- name: a\n  rules:\n  - record: 1x\n    expr: up\n", "invalid recording rule name: 1x"),
-            ("groups:\n- name: a\n  rules:\n  - alert: x\n    expr: up\n    labels: {\"a-b\": c}\n", "invalid label name: a-b"),
-            ("groups:\n- name: a\n  rules:\n  - alert: x\n    expr: up\n    annotations: {s: \"{{ if }}\"}\n", "annotation \"s\""),
+            (
+                "groups:\n- name: a\n  rules:\n  - alert: x\n    expr: up\n    labels: {\"a-b\": c}\n",
+                "invalid label name: a-b",
+            ),
+            (
+                "groups:\n- name: a\n  rules:\n  - alert: x\n    expr: up\n    annotations: {s: \"{{ if }}\"}\n",
+                "annotation \"s\"",
+            ),
             ("groups:\n- name: a\n  rules:\n  - alert: x\n    expr: up\n    for: soon\n", "not a valid duration"),
             ("groups:\n- name: a\n  rules: []\n- name: a\n  rules: []\n", "\"a\" is repeated in the same file"),
             ("groups:\n- rules: []\n", "Groupname must not be empty"),

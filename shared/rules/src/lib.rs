@@ -10,5 +10,8 @@
 //! handed back to the caller to store, so the same evaluation serves a regional's loop and
 //! `strata test rules` ([`unittest`]), which runs Prometheus' rule unit-test files.
 
+pub mod alert;
 pub mod file;
+pub mod group;
 pub mod template;
+pub mod unittest;

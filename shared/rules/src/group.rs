@@ -1,0 +1,256 @@
+//! One rule group's evaluation at one timestamp, as Prometheus' `Group.Eval`: its rules in
+//! order, each query at `ts − query_offset`, each rule's output appended before the next
+//! rule runs (so a rule can read what an earlier one recorded), a series a rule returned
+//! last time and not now marked stale, and a failed rule leaving its series as they were
+//! and its error in its health.
+
+use crate::alert::{AlertState, AlertingState};
+use crate::file::{labels_of, GroupSpec, RuleKind, RuleSpec};
+use crate::template::{Env, QuerySample};
+use async_trait::async_trait;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+use strata_model::{stale_nan, Labels, Sample};
+use strata_promql::{Engine, QueryValue};
+use strata_store::Store;
+
+/// Where a group's output goes: the storage its later rules and queries read.
+#[async_trait]
+pub trait RuleSink: Send + Sync {
+    /// Appends samples; returns how many were refused (out of order, duplicates), which
+    /// the caller counts and logs.
+    async fn append(&self, samples: Vec<(Labels, Sample)>) -> Result<usize, String>;
+}
+
+/// What a group evaluation reads besides its rules.
+pub struct EvalContext<'a> {
+    pub store: &'a dyn Store,
+    pub engine: &'a Engine,
+    pub external_labels: &'a Labels,
+    pub external_url: &'a str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Health {
+    Unknown,
+    Ok,
+    Err,
+}
+
+impl Health {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Health::Unknown => "unknown",
+            Health::Ok => "ok",
+            Health::Err => "err",
+        }
+    }
+}
+
+/// A rule and what its evaluations left.
+pub struct RuleState {
+    pub spec: RuleSpec,
+    pub alerts: Option<AlertingState>,
+    pub health: Health,
+    pub last_error: Option<String>,
+    pub last_evaluation: Option<i64>,
+    pub evaluation_time: Duration,
+    /// The series written at the last successful evaluation, for staleness markers.
+    returned: HashSet<Labels>,
+}
+
+pub struct Group {
+    pub spec: GroupSpec,
+    pub interval_ms: i64,
+    pub rules: Vec<RuleState>,
+    pub last_evaluation: Option<i64>,
+    pub evaluation_time: Duration,
+}
+
+/// One evaluation's account.
+#[derive(Debug, Default)]
+pub struct GroupOutcome {
+    pub samples_written: usize,
+    pub samples_refused: usize,
+    /// `(rule name, error)` for each rule that failed.
+    pub failures: Vec<(String, String)>,
+    pub template_errors: Vec<(String, String)>,
+}
+
+impl Group {
+    pub fn new(spec: GroupSpec, default_interval_ms: i64) -> Group {
+        let interval_ms = spec.interval_ms.unwrap_or(default_interval_ms).max(1);
+        let rules = spec
+            .rules
+            .iter()
+            .map(|r| RuleState {
+                spec: r.clone(),
+                alerts: (r.kind == RuleKind::Alerting).then(|| AlertingState { restored: true, ..Default::default() }),
+                health: Health::Unknown,
+                last_error: None,
+                last_evaluation: None,
+                evaluation_time: Duration::ZERO,
+                returned: HashSet::new(),
+            })
+            .collect();
+        Group { spec, interval_ms, rules, last_evaluation: None, evaluation_time: Duration::ZERO }
+    }
+
+    /// Prometheus' `evalTimestamp`: groups spread over their interval by a hash of their
+    /// file and name, so the same group always evaluates at the same phase.
+    pub fn offset_ms(&self) -> i64 {
+        let mut h = strata_model::labels::Fnv64::new();
+        h.write(self.spec.name.as_bytes());
+        h.write(&[0xff]);
+        h.write(self.spec.file.as_bytes());
+        (h.finish() % self.interval_ms as u64) as i64
+    }
+
+    /// The newest evaluation time at or before `now`.
+    pub fn eval_timestamp(&self, now: i64) -> i64 {
+        let offset = self.offset_ms();
+        let adjusted = now - offset;
+        adjusted - adjusted.rem_euclid(self.interval_ms) + offset
+    }
+
+    /// Evaluates every rule at `ts` (ms) in order, appending each one's output to `sink`.
+    pub async fn eval(&mut self, ts: i64, ctx: &EvalContext<'_>, sink: &dyn RuleSink) -> GroupOutcome {
+        let started = Instant::now();
+        let mut out = GroupOutcome::default();
+        let at = ts - self.spec.query_offset_ms.unwrap_or(0);
+        let limit = self.spec.limit;
+        for rule in &mut self.rules {
+            let t0 = Instant::now();
+            rule.last_evaluation = Some(ts);
+            let result = eval_rule(rule, at, ctx, limit).await;
+            rule.evaluation_time = t0.elapsed();
+            let (samples, template_errors) = match result {
+                Ok(v) => v,
+                Err(e) => {
+                    rule.health = Health::Err;
+                    rule.last_error = Some(e.clone());
+                    out.failures.push((rule.spec.name.clone(), e));
+                    continue;
+                }
+            };
+            for e in template_errors {
+                out.template_errors.push((rule.spec.name.clone(), e));
+            }
+            let now: HashSet<Labels> = samples.iter().map(|s| s.0.clone()).collect();
+            let stale: Vec<(Labels, Sample)> =
+                rule.returned.difference(&now).map(|l| (l.clone(), Sample::new(at, stale_nan()))).collect();
+            let n = samples.len();
+            match sink.append(samples).await {
+                Ok(refused) => {
+                    out.samples_written += n - refused.min(n);
+                    out.samples_refused += refused;
+                }
+                Err(e) => {
+                    rule.health = Health::Err;
+                    rule.last_error = Some(format!("storing the rule's output: {e}"));
+                    out.failures.push((rule.spec.name.clone(), e));
+                    continue;
+                }
+            }
+            if !stale.is_empty() {
+                // A refused marker (the series already has a newer sample) is fine.
+                let _ = sink.append(stale).await;
+            }
+            rule.returned = now;
+            rule.health = Health::Ok;
+            rule.last_error = None;
+        }
+        self.last_evaluation = Some(ts);
+        self.evaluation_time = started.elapsed();
+        out
+    }
+
+    /// Marks every series the group's rules last wrote stale at `ts` (a group removed on
+    /// reload, or a rule gone from it).
+    pub async fn mark_stale(&mut self, ts: i64, sink: &dyn RuleSink) {
+        let mut stale = Vec::new();
+        for r in &mut self.rules {
+            stale.extend(r.returned.drain().map(|l| (l, Sample::new(ts, stale_nan()))));
+        }
+        if !stale.is_empty() {
+            let _ = sink.append(stale).await;
+        }
+    }
+
+    /// The firing alerts of the rule named `name`, for tests and the API.
+    pub fn firing(&self, name: &str) -> Vec<&crate::alert::Alert> {
+        self.rules
+            .iter()
+            .filter(|r| r.spec.name == name)
+            .filter_map(|r| r.alerts.as_ref())
+            .flat_map(|a| a.active_alerts())
+            .filter(|a| a.state == AlertState::Firing)
+            .collect()
+    }
+}
+
+/// Runs `expr` at `at` as a rule query: a vector, or a scalar as one sample without labels.
+async fn query(ctx: &EvalContext<'_>, rule: &RuleSpec, at: i64) -> Result<Vec<(Labels, f64)>, String> {
+    match ctx.engine.instant(ctx.store, &rule.expr, at).await {
+        Ok(QueryValue::Vector(v)) => Ok(v.into_iter().map(|(l, _, x)| (l, x)).collect()),
+        Ok(QueryValue::Scalar(_, x)) => Ok(vec![(Labels::default(), x)]),
+        Ok(_) => Err("rule result is not a vector or scalar".into()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn eval_rule(
+    rule: &mut RuleState,
+    at: i64,
+    ctx: &EvalContext<'_>,
+    limit: usize,
+) -> Result<(Vec<(Labels, Sample)>, Vec<String>), String> {
+    let result = query(ctx, &rule.spec, at).await?;
+    match rule.spec.kind {
+        RuleKind::Recording => {
+            let extra = labels_of(&rule.spec.labels);
+            let mut out = Vec::with_capacity(result.len());
+            let mut seen = HashSet::with_capacity(result.len());
+            for (l, v) in result {
+                let mut b = l.to_builder();
+                b.set("__name__", &rule.spec.name);
+                for x in extra.iter() {
+                    b.set_shared(x.name.clone(), x.value.clone());
+                }
+                let l = b.build();
+                if !seen.insert(l.clone()) {
+                    return Err("vector contains metrics with the same labelset after applying rule labels".into());
+                }
+                out.push((l, Sample::new(at, v)));
+            }
+            if limit > 0 && out.len() > limit {
+                return Err(format!("exceeded limit {limit} with {} series", out.len()));
+            }
+            Ok((out, Vec::new()))
+        }
+        RuleKind::Alerting => {
+            let store = ctx.store;
+            let engine = ctx.engine;
+            let templates_query = move |q: &str| -> Result<Vec<QuerySample>, String> {
+                let expr = strata_promql::parse(q).map_err(|e| e.to_string())?;
+                let handle = tokio::runtime::Handle::current();
+                if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
+                    return Err("query in a template needs a multi-threaded runtime".into());
+                }
+                let v = tokio::task::block_in_place(|| handle.block_on(engine.instant(store, &expr, at)))
+                    .map_err(|e| e.to_string())?;
+                match v {
+                    QueryValue::Vector(v) => Ok(v.iter().map(|(l, _, x)| crate::template::sample(l, *x)).collect()),
+                    QueryValue::Scalar(_, x) => Ok(vec![crate::template::sample(&Labels::default(), x)]),
+                    _ => Err("query result is not a vector or scalar".into()),
+                }
+            };
+            let needs_query = rule.spec.annotations.iter().chain(&rule.spec.labels).any(|(_, t)| t.contains("query"));
+            let env =
+                Env { query: if needs_query { Some(&templates_query) } else { None }, external_url: ctx.external_url };
+            let state = rule.alerts.get_or_insert_with(Default::default);
+            let e = state.update(&rule.spec, result, at, ctx.external_labels, &env, limit)?;
+            Ok((e.samples, e.template_errors))
+        }
+    }
+}
