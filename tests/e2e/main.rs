@@ -13,6 +13,7 @@ mod hostile_queries;
 mod prometheus;
 mod promql_conformance;
 mod remote_write;
+mod rules;
 mod security;
 mod storage_crash;
 mod strata_up;
