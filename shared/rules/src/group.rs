@@ -177,6 +177,41 @@ impl Group {
         }
     }
 
+    /// Takes over what `prev` (the same group before a reload) knew of the rules that stay
+    /// (same name, kind, expression and labels): their alerts and the series they wrote.
+    /// Returns staleness markers for the series of the rules that are gone.
+    pub fn take_state_from(&mut self, prev: &mut Group) -> Vec<(Labels, Sample)> {
+        let key = |r: &RuleSpec| (r.kind == RuleKind::Alerting, r.name.clone(), r.expr_text.clone(), r.labels.clone());
+        let mut stale = Vec::new();
+        let at = prev.last_evaluation.unwrap_or_else(strata_model::time::now_ms);
+        for old in prev.rules.iter_mut() {
+            match self.rules.iter_mut().find(|r| key(&r.spec) == key(&old.spec) && r.returned.is_empty()) {
+                Some(new) => {
+                    new.returned = std::mem::take(&mut old.returned);
+                    if let (Some(n), Some(o)) = (new.alerts.as_mut(), old.alerts.take()) {
+                        n.active = o.active;
+                        n.restored = o.restored;
+                    }
+                    new.health = old.health;
+                    new.last_error = old.last_error.take();
+                    new.last_evaluation = old.last_evaluation;
+                }
+                None => stale.extend(old.returned.drain().map(|l| (l, Sample::new(at, stale_nan())))),
+            }
+        }
+        self.last_evaluation = prev.last_evaluation;
+        stale
+    }
+
+    /// Whether alerting rules write `ALERTS` (false until their `for` state is restored).
+    pub fn set_restored(&mut self, restored: bool) {
+        for r in &mut self.rules {
+            if let Some(a) = r.alerts.as_mut() {
+                a.restored = restored;
+            }
+        }
+    }
+
     /// The firing alerts of the rule named `name`, for tests and the API.
     pub fn firing(&self, name: &str) -> Vec<&crate::alert::Alert> {
         self.rules

@@ -13,5 +13,8 @@
 pub mod alert;
 pub mod file;
 pub mod group;
+pub mod manager;
+pub mod metrics;
+pub mod notifier;
 pub mod template;
 pub mod unittest;

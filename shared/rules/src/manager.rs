@@ -1,0 +1,379 @@
+//! The rules manager: the loaded groups, one evaluation loop per group at its phase of its
+//! interval, reloads that keep the old rules when a file is bad and carry alert state
+//! over to the rules that stay, staleness markers for what a reload removed, `for` state
+//! restored after a restart, and the alerts handed to the notifier.
+
+use crate::alert::AlertState;
+use crate::file::{load_globs, GroupSpec, RuleFileError, RuleKind};
+use crate::group::{EvalContext, Group, RuleSink};
+use crate::metrics::RuleMetrics;
+use crate::notifier::{AlertPayload, Notifier};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_model::{Labels, MatchOp, Matcher};
+use strata_promql::{Engine, EngineOptions};
+use strata_store::Store;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// Prometheus' rule flags and the global config the rules see.
+#[derive(Clone)]
+pub struct RuleOptions {
+    /// `global.evaluation_interval` (default 1m).
+    pub default_interval: Duration,
+    /// Added to what rules write and shown to templates as `$externalLabels`.
+    pub external_labels: Labels,
+    pub external_url: String,
+    /// `--rules.alert.resend-delay` (default 1m).
+    pub resend_delay: Duration,
+    /// `--rules.alert.for-outage-tolerance` (default 1h).
+    pub outage_tolerance: Duration,
+    /// `--rules.alert.for-grace-period` (default 10m).
+    pub for_grace_period: Duration,
+    pub engine: EngineOptions,
+}
+
+impl Default for RuleOptions {
+    fn default() -> Self {
+        RuleOptions {
+            default_interval: Duration::from_secs(60),
+            external_labels: Labels::default(),
+            external_url: String::new(),
+            resend_delay: Duration::from_secs(60),
+            outage_tolerance: Duration::from_secs(3600),
+            for_grace_period: Duration::from_secs(600),
+            engine: EngineOptions { timeout: Duration::from_secs(60), ..Default::default() },
+        }
+    }
+}
+
+/// The outcome of the last (re)load, for `/api/v1/status` and logs.
+#[derive(Debug, Clone, Default)]
+pub struct ReloadStatus {
+    pub success: bool,
+    pub errors: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+struct Running {
+    group: Arc<tokio::sync::Mutex<Group>>,
+    /// (file, name) of the group, for the API's order and reloads.
+    key: (String, String),
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+pub struct RuleManager {
+    opts: RuleOptions,
+    patterns: Vec<String>,
+    base: PathBuf,
+    store: Arc<dyn Store>,
+    sink: Arc<dyn RuleSink>,
+    notifier: Option<Arc<Notifier>>,
+    metrics: RuleMetrics,
+    running: Mutex<Vec<Running>>,
+    status: Mutex<ReloadStatus>,
+    /// Serialises reloads (a SIGHUP and a `/-/reload` at once).
+    reloading: tokio::sync::Mutex<()>,
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl RuleManager {
+    /// A manager over `store` writing to `sink`; `patterns` are the `rule_files` globs,
+    /// relative to `base` (the config file's directory). Nothing runs until [`reload`].
+    pub fn new(
+        opts: RuleOptions,
+        patterns: Vec<String>,
+        base: PathBuf,
+        store: Arc<dyn Store>,
+        sink: Arc<dyn RuleSink>,
+        notifier: Option<Arc<Notifier>>,
+        metrics: RuleMetrics,
+    ) -> Arc<RuleManager> {
+        Arc::new(RuleManager {
+            opts,
+            patterns,
+            base,
+            store,
+            sink,
+            notifier,
+            metrics,
+            running: Mutex::new(Vec::new()),
+            status: Mutex::new(ReloadStatus::default()),
+            reloading: tokio::sync::Mutex::new(()),
+        })
+    }
+
+    pub fn status(&self) -> ReloadStatus {
+        self.status.lock().clone()
+    }
+
+    pub fn metrics(&self) -> &RuleMetrics {
+        &self.metrics
+    }
+
+    /// Reads the rule files again and applies them. A file that fails keeps every group
+    /// as it was (Prometheus does the same), and the error is returned, logged and shown.
+    pub async fn reload(self: &Arc<Self>) -> Result<(), Vec<RuleFileError>> {
+        let _one = self.reloading.lock().await;
+        let (patterns, base) = (self.patterns.clone(), self.base.clone());
+        let loaded = tokio::task::spawn_blocking(move || load_globs(&patterns, &base))
+            .await
+            .unwrap_or_else(|e| Err(vec![RuleFileError { file: String::new(), errors: vec![e.to_string()] }]));
+        match loaded {
+            Ok((specs, warnings)) => {
+                for w in &warnings {
+                    tracing::warn!(warning = %w, "rule files");
+                }
+                self.apply(specs).await;
+                self.metrics.config_success.set(1);
+                *self.status.lock() = ReloadStatus { success: true, errors: Vec::new(), warnings };
+                Ok(())
+            }
+            Err(errors) => {
+                for e in &errors {
+                    tracing::error!(error = %e, "rule files not loaded: the rules loaded before stay");
+                }
+                self.metrics.config_success.set(0);
+                let mut s = self.status.lock();
+                s.success = false;
+                s.errors = errors.iter().map(|e| e.to_string()).collect();
+                Err(errors)
+            }
+        }
+    }
+
+    /// Replaces the running groups by `specs`: a group that stays keeps its rules' state
+    /// (alerts, the series they wrote); what is gone is marked stale.
+    async fn apply(self: &Arc<Self>, specs: Vec<GroupSpec>) {
+        let old: Vec<Running> = std::mem::take(&mut *self.running.lock());
+        let mut old_by_key: HashMap<(String, String), Group> = HashMap::new();
+        for r in old {
+            let _ = r.stop.send(true);
+            let _ = r.task.await;
+            let g = match Arc::try_unwrap(r.group) {
+                Ok(m) => m.into_inner(),
+                Err(shared) => {
+                    // An API reader still holds it: wait for the lock and move the state out.
+                    let mut guard = shared.lock().await;
+                    let spec = guard.spec.clone();
+                    let interval = guard.interval_ms;
+                    std::mem::replace(&mut *guard, Group::new(spec, interval))
+                }
+            };
+            old_by_key.insert(r.key, g);
+        }
+        let now = strata_model::time::now_ms();
+        let mut running = Vec::new();
+        for spec in specs {
+            let key = (spec.file.clone(), spec.name.clone());
+            let mut g = Group::new(spec, ms(self.opts.default_interval));
+            if let Some(mut prev) = old_by_key.remove(&key) {
+                let stale = g.take_state_from(&mut prev);
+                if !stale.is_empty() {
+                    let _ = self.sink.append(stale).await;
+                }
+            }
+            let group = Arc::new(tokio::sync::Mutex::new(g));
+            let (stop, stop_rx) = watch::channel(false);
+            let task = tokio::spawn(self.clone().group_loop(group.clone(), stop_rx));
+            running.push(Running { group, key, stop, task });
+        }
+        for (_, mut g) in old_by_key {
+            g.mark_stale(now, self.sink.as_ref()).await;
+        }
+        self.metrics.groups.set(running.len() as i64);
+        *self.running.lock() = running;
+    }
+
+    /// Stops every group's loop (the regional is shutting down).
+    pub async fn stop(&self) {
+        let old: Vec<Running> = std::mem::take(&mut *self.running.lock());
+        for r in old {
+            let _ = r.stop.send(true);
+            let _ = r.task.await;
+        }
+    }
+
+    /// The groups, in file and name order, for the API.
+    pub fn groups(&self) -> Vec<Arc<tokio::sync::Mutex<Group>>> {
+        let running = self.running.lock();
+        let mut v: Vec<_> = running.iter().map(|r| (r.key.clone(), r.group.clone())).collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v.into_iter().map(|x| x.1).collect()
+    }
+
+    async fn group_loop(self: Arc<Self>, group: Arc<tokio::sync::Mutex<Group>>, mut stop: watch::Receiver<bool>) {
+        let (interval, label) = {
+            let g = group.lock().await;
+            (g.interval_ms, format!("{};{}", g.spec.file, g.spec.name))
+        };
+        let m = self.metrics.group(&label);
+        m.interval.set(interval as f64 / 1000.0);
+        let engine = Engine::new(self.opts.engine.clone());
+        let mut first = true;
+        let mut next = {
+            let g = group.lock().await;
+            g.eval_timestamp(strata_model::time::now_ms()) + interval
+        };
+        loop {
+            let wait = next - strata_model::time::now_ms();
+            if wait > 0 {
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_millis(wait as u64)) => {}
+                    _ = stop.changed() => return,
+                }
+            }
+            if *stop.borrow() {
+                return;
+            }
+            let ts = next;
+            let ctx = EvalContext {
+                store: self.store.as_ref(),
+                engine: &engine,
+                external_labels: &self.opts.external_labels,
+                external_url: &self.opts.external_url,
+            };
+            let mut g = group.lock().await;
+            if first {
+                // `ALERTS` waits until the `for` state is restored (Prometheus' order:
+                // evaluate once, restore, then write).
+                g.set_restored(false);
+            }
+            let started = std::time::Instant::now();
+            let outcome = g.eval(ts, &ctx, self.sink.as_ref()).await;
+            if first {
+                self.restore_for_state(&mut g, ts, &engine).await;
+                first = false;
+            }
+            let took = started.elapsed();
+            m.record(&g, &outcome, took, ts);
+            for (rule, e) in &outcome.failures {
+                tracing::warn!(group = %g.spec.name, file = %g.spec.file, rule = %rule, error = %e, "rule evaluation failed");
+            }
+            for (rule, e) in &outcome.template_errors {
+                tracing::warn!(group = %g.spec.name, rule = %rule, error = %e, "expanding an alert template failed");
+            }
+            if outcome.samples_refused > 0 {
+                tracing::warn!(group = %g.spec.name, refused = outcome.samples_refused, "rule output refused by storage (out of order or duplicate)");
+            }
+            if let Some(n) = &self.notifier {
+                let alerts = g.alerts_to_send(ts, ms(self.opts.resend_delay), &self.opts.external_url);
+                if !alerts.is_empty() {
+                    n.send(alerts);
+                }
+            }
+            drop(g);
+            // The next slot after now: a slow evaluation skips slots, and says so.
+            next += interval;
+            let now = strata_model::time::now_ms();
+            if now >= next {
+                let missed = (now - next) / interval + 1;
+                m.missed.inc_by(missed as u64);
+                next += missed * interval;
+                tracing::warn!(group = %label, missed, "rule group evaluation took longer than its interval: iterations missed");
+            }
+        }
+    }
+
+    /// Prometheus' `RestoreForState`: an alert pending or firing before a restart keeps
+    /// its `activeAt` from `ALERTS_FOR_STATE` when the outage was shorter than the
+    /// tolerance, shifted by the downtime, and never fires sooner than the grace period.
+    async fn restore_for_state(&self, g: &mut Group, ts: i64, engine: &Engine) {
+        let tolerance = ms(self.opts.outage_tolerance);
+        let grace = ms(self.opts.for_grace_period);
+        for rule in g.rules.iter_mut() {
+            let Some(state) = rule.alerts.as_mut() else { continue };
+            if rule.spec.kind != RuleKind::Alerting || rule.spec.for_ms < grace {
+                state.restored = true;
+                continue;
+            }
+            let hold = rule.spec.for_ms;
+            for a in state.active.values_mut() {
+                if a.state == AlertState::Inactive {
+                    continue;
+                }
+                let mut matchers = vec![];
+                for l in a.labels.iter() {
+                    if let Ok(m) = Matcher::new(MatchOp::Equal, &l.name, &l.value) {
+                        matchers.push(m);
+                    }
+                }
+                if let Ok(m) = Matcher::new(MatchOp::Equal, "__name__", "ALERTS_FOR_STATE") {
+                    matchers.push(m);
+                }
+                let mut req = strata_store::SelectRequest::new(matchers, ts - tolerance, ts);
+                req.limits = strata_store::SelectLimits { max_series: 16, max_samples: 1_000_000 };
+                let found = match self.store.select(&req).await {
+                    Ok(f) => f,
+                    Err(e) => {
+                        tracing::warn!(rule = %rule.spec.name, error = %e, "restoring alert state failed");
+                        continue;
+                    }
+                };
+                // The series whose labels are exactly the alert's (plus its name).
+                let Some(s) = found.into_iter().find(|s| {
+                    let mut b = s.labels.to_builder();
+                    b.del("__name__");
+                    b.build() == a.labels
+                }) else {
+                    continue;
+                };
+                let Ok(samples) = s.samples(ts - tolerance, ts) else { continue };
+                let Some(last) = samples.iter().rev().find(|x| !strata_model::is_stale(x.v)) else { continue };
+                let down_at = last.t.div_euclid(1000) * 1000;
+                if ts - down_at >= tolerance || !last.v.is_finite() {
+                    continue;
+                }
+                let mut active_at = (last.v as i64).saturating_mul(1000);
+                let pending_for = down_at - active_at;
+                let remaining = hold - pending_for;
+                if remaining <= 0 {
+                    // It was firing: it still is.
+                } else if remaining < grace {
+                    active_at = ts + grace - hold;
+                } else {
+                    active_at += ts - down_at;
+                }
+                a.active_at = active_at;
+                tracing::info!(rule = %rule.spec.name, labels = %a.labels, active_at, "alert state restored");
+            }
+            state.restored = true;
+        }
+        let _ = engine;
+    }
+}
+
+/// The alerts of a group to send now, in Alertmanager's shape.
+impl Group {
+    pub fn alerts_to_send(&mut self, ts: i64, resend_delay_ms: i64, external_url: &str) -> Vec<AlertPayload> {
+        let interval = self.interval_ms;
+        let mut out = Vec::new();
+        for r in self.rules.iter_mut() {
+            let expr = r.spec.expr_text.clone();
+            let Some(state) = r.alerts.as_mut() else { continue };
+            for a in state.active.values_mut() {
+                if !a.needs_sending(ts, resend_delay_ms) {
+                    continue;
+                }
+                a.last_sent_at = Some(ts);
+                // Two evaluations or sends may fail before Alertmanager resolves it itself.
+                a.valid_until = ts + 4 * resend_delay_ms.max(interval);
+                out.push(AlertPayload {
+                    labels: a.labels.clone(),
+                    annotations: a.annotations.clone(),
+                    starts_at: a.fired_at.unwrap_or(a.active_at),
+                    ends_at: a.resolved_at.unwrap_or(a.valid_until),
+                    generator_url: format!("{}/graph?g0.expr={}&g0.tab=1", external_url, crate::notifier::query_escape(&expr)),
+                });
+            }
+        }
+        out
+    }
+}
