@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The test command: formatting, lints, then every test of the workspace. Installs what the
-# tests need when it is missing (Debian's `prometheus` for the end-to-end tests), so this
-# alone passes on a fresh machine. `.ci/run` runs it with CI=true.
+# tests need when it is missing (Debian's `prometheus` and `prometheus-alertmanager` for the
+# end-to-end tests), so this alone passes on a fresh machine. `.ci/run` runs it with CI=true.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$HOME/.cache/strata-target}"
@@ -13,6 +13,14 @@ if ! command -v prometheus >/dev/null 2>&1; then
   [ "$(id -u)" = 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
+fi
+
+if ! command -v prometheus-alertmanager >/dev/null 2>&1; then
+  echo "== installing Debian's prometheus-alertmanager (Alertmanager 0.25, for the alerting tests)"
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus-alertmanager >/dev/null
 fi
 
 if ! python3 -c "import botocore" >/dev/null 2>&1; then

@@ -1,6 +1,6 @@
-//! The regional's configuration file: Strata's keys under `strata:`; the Prometheus
-//! sections the next issues implement (`rule_files`, `alerting`) and any others are
-//! accepted and logged as ignored, so one file can grow with the tier.
+//! The regional's configuration file: Strata's keys under `strata:`, and Prometheus'
+//! `global` (`evaluation_interval`, `external_labels`), `rule_files` and `alerting`; any
+//! other section is accepted and logged as ignored, so one file can grow with the tier.
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -62,10 +62,26 @@ pub struct RawDownsample {
     pub retention_1h: Option<PromDuration>,
 }
 
+/// Prometheus' `global` section, the keys the regional uses.
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct RawGlobal {
+    pub evaluation_interval: Option<PromDuration>,
+    #[serde(default)]
+    pub external_labels: BTreeMap<String, String>,
+    #[serde(flatten)]
+    unknown: BTreeMap<String, IgnoredAny>,
+}
+
 #[derive(Debug, Clone, Deserialize, Default)]
 struct RawConfig {
     #[serde(default)]
     strata: RawRegionalStrata,
+    #[serde(default)]
+    global: RawGlobal,
+    #[serde(default)]
+    rule_files: Vec<String>,
+    #[serde(default)]
+    alerting: strata_rules::notifier::AlertingConfig,
     #[serde(flatten)]
     unknown: BTreeMap<String, IgnoredAny>,
 }
@@ -78,6 +94,10 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 24 * 3600);
 pub struct RegionalConfig {
     pub path: PathBuf,
     pub strata: RawRegionalStrata,
+    pub global: RawGlobal,
+    /// Globs of rule files, relative to the config file's directory.
+    pub rule_files: Vec<String>,
+    pub alerting: strata_rules::notifier::AlertingConfig,
     /// Top-level keys Strata does not implement (logged at load).
     pub ignored: Vec<String>,
 }
@@ -100,8 +120,21 @@ impl RegionalConfig {
         } else {
             serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?
         };
-        let cfg =
-            RegionalConfig { path: path.to_path_buf(), strata: raw.strata, ignored: raw.unknown.into_keys().collect() };
+        let mut ignored: Vec<String> = raw.unknown.into_keys().collect();
+        ignored.extend(raw.global.unknown.keys().map(|k| format!("global.{k}")));
+        for k in raw.global.external_labels.keys() {
+            if !strata_model::labels::is_valid_label_name(k) || k == "__name__" {
+                return Err(invalid(format!("global.external_labels: invalid label name {k:?}")));
+            }
+        }
+        let cfg = RegionalConfig {
+            path: path.to_path_buf(),
+            strata: raw.strata,
+            global: raw.global,
+            rule_files: raw.rule_files,
+            alerting: raw.alerting,
+            ignored,
+        };
         cfg.storage_settings()
             .apply(strata_tsdb::db::TsdbOptions::default())
             .map_err(|m| invalid(format!("strata.{m}")))?;
@@ -154,7 +187,18 @@ mod tests {
             RegionalConfig::parse("strata:\n  retention: 2d\n  block_range: 10m\nrule_files: [a.yml]\n", p).unwrap();
         let o = cfg.storage_settings().apply(Default::default()).unwrap();
         assert_eq!((o.retention, o.block_range), (Duration::from_secs(2 * 86400), Duration::from_secs(600)));
-        assert_eq!(cfg.ignored, vec!["rule_files".to_string()]);
+        assert_eq!(cfg.rule_files, vec!["a.yml".to_string()]);
+        assert!(cfg.ignored.is_empty());
+        let cfg = RegionalConfig::parse(
+            "global:\n  evaluation_interval: 30s\n  scrape_interval: 5s\n  external_labels: {region: eu}\nalerting:\n  alertmanagers:\n  - static_configs: [{targets: ['127.0.0.1:9093']}]\nremote_read: []\n",
+            p,
+        )
+        .unwrap();
+        assert_eq!(cfg.ignored, vec!["remote_read".to_string(), "global.scrape_interval".to_string()]);
+        assert_eq!(cfg.global.evaluation_interval.unwrap().0, Duration::from_secs(30));
+        assert_eq!(cfg.alerting.alertmanagers.len(), 1);
+        assert!(RegionalConfig::parse("global:\n  external_labels: {\"a-b\": c}\n", p).is_err());
+        assert!(RegionalConfig::parse("alerting:\n  alert_relabel_configs: []\n", p).is_err());
         let empty = RegionalConfig::parse("", p).unwrap();
         assert_eq!(empty.storage_settings().apply(Default::default()).unwrap().retention, DEFAULT_RETENTION);
         assert!(RegionalConfig::parse("strata:\n  unknown: 1\n", p).is_err());

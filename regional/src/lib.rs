@@ -11,10 +11,14 @@
 //! It downsamples what it holds (`strata_downsample`): the deduplicated view of its own
 //! storage (`strata_dedup::ReplicaDedup`), in 5 m and 1 h windows, once every sender has
 //! got past them or after a maximum delay, again when late data changes them; the
-//! StoreAPI answers a leaf from them when a global asks for a resolution. Rules build on
-//! this in their own crate; only the wiring and loops of the tier belong here.
+//! StoreAPI answers a leaf from them when a global asks for a resolution.
+//!
+//! It evaluates Prometheus rule files over that same deduplicated view (`strata_rules`,
+//! wired in [`rules`]), stores what they record beside what it receives, and sends alerts
+//! to Alertmanager. Only the wiring and loops of the tier belong here.
 
 pub mod config;
+pub mod rules;
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -104,6 +108,8 @@ pub enum RegionalError {
     Grpc(#[from] strata_grpc::GrpcError),
     #[error("opening the aggregates: {0}")]
     Downsample(#[from] strata_downsample::downsampler::DownsampleError),
+    #[error("rules: {0}")]
+    Rules(String),
 }
 
 /// How often the downsampler looks for due slices.
@@ -112,6 +118,8 @@ const DOWNSAMPLE_EVERY: Duration = Duration::from_secs(30);
 struct RegionalState {
     db: Arc<Tsdb>,
     registry: Registry,
+    /// The rules' metrics, under Prometheus' names (no `strata_` prefix).
+    rules_registry: Registry,
     enable_lifecycle: bool,
     quit: watch::Sender<bool>,
 }
@@ -123,6 +131,7 @@ pub struct Regional {
     pub scheme: &'static str,
     pub db: Arc<Tsdb>,
     pub received: strata_forward::ReceiverStats,
+    pub rules: Option<Arc<strata_rules::manager::RuleManager>>,
     shutdown: watch::Sender<bool>,
     quit: watch::Receiver<bool>,
     tasks: Vec<JoinHandle<()>>,
@@ -203,6 +212,9 @@ impl Regional {
         let info_db = db.clone();
         let info_down = down.as_ref().map(|d| d.0.clone());
         let remote_written = remote_write_seen;
+        // Rule output carries the regional's external labels: a global must not prune
+        // this store for a query on them.
+        let own_labels = (!cfg.rule_files.is_empty()).then(|| rules::external_labels(&cfg)).filter(|l| !l.is_empty());
         let info = Arc::new(move || {
             let (min_time, max_time) = info_db.advertised_range();
             StoreInfo {
@@ -212,7 +224,13 @@ impl Regional {
                 // The edges that forward here: a global then knows whose data (and whose
                 // aggregates) this holds. Unknown (asked for everything) once a sender
                 // without external labels wrote here.
-                label_sets: if remote_written.seen() { Vec::new() } else { senders.label_sets() },
+                label_sets: if remote_written.seen() {
+                    Vec::new()
+                } else {
+                    let mut sets = senders.label_sets();
+                    sets.extend(own_labels.clone());
+                    sets
+                },
                 resolutions: info_down.as_ref().map(|d| d.coverage()).unwrap_or_default(),
             }
         });
@@ -241,13 +259,28 @@ impl Regional {
             tokio::net::TcpListener::bind(http).await.map_err(|source| RegionalError::Bind { addr: http, source })?;
         let http_addr = listener.local_addr().map_err(|source| RegionalError::Bind { addr: http, source })?;
         let (quit, quit_rx) = watch::channel(false);
-        let state = Arc::new(RegionalState { db: db.clone(), registry, enable_lifecycle: opts.enable_lifecycle, quit });
+        let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
+        let rules = rules::start(&cfg, db.clone(), replicas, format!("{scheme}://{http_addr}"))
+            .await
+            .map_err(RegionalError::Rules)?;
+        let mut rules_registry = Registry::default();
+        if let Some(m) = &rules {
+            m.metrics().register(&mut rules_registry);
+        }
+        let state = Arc::new(RegionalState {
+            db: db.clone(),
+            registry,
+            rules_registry,
+            enable_lifecycle: opts.enable_lifecycle,
+            quit,
+        });
         let app = Router::new()
             .route("/metrics", get(self_metrics))
             .route("/-/quit", axum::routing::post(quit_handler).put(quit_handler))
             .route("/-/healthy", get(|| async { "Strata regional is Healthy.\n" }))
             .route("/-/ready", get(ready))
             .with_state(state)
+            .merge(rules::router(rules.clone(), opts.enable_lifecycle))
             .merge(strata_receive::router(remote_write))
             .merge(strata_api::router_with(Arc::new(TsdbStore(db.clone())), opts.api.clone()));
         let mut rx = shutdown_rx.clone();
@@ -261,7 +294,7 @@ impl Regional {
             }
         }));
         tracing::info!(http = %http_addr, grpc = %grpc_addr, storage_id = %id.0, data = %data_dir.display(), "regional started");
-        Ok(Regional { http_addr, grpc_addr, scheme, db, received, shutdown, quit: quit_rx, tasks, servers })
+        Ok(Regional { http_addr, grpc_addr, scheme, db, received, rules, shutdown, quit: quit_rx, tasks, servers })
     }
 
     /// Resolves once `POST /-/quit` asked the regional to stop (with the lifecycle API on).
@@ -273,6 +306,9 @@ impl Regional {
     /// Stops the servers (a batch being stored finishes or is not acknowledged), then the
     /// database, writing a head checkpoint.
     pub async fn stop(self) {
+        if let Some(r) = &self.rules {
+            r.stop().await;
+        }
         let _ = self.shutdown.send(true);
         for s in self.servers {
             let _ = s.await;
@@ -316,7 +352,10 @@ async fn ready(State(s): State<Arc<RegionalState>>) -> Response {
 async fn self_metrics(State(s): State<Arc<RegionalState>>) -> Response {
     s.db.metrics().refresh(&s.db);
     let mut text = String::new();
-    if prometheus_client::encoding::text::encode(&mut text, &s.registry).is_err() {
+    if prometheus_client::encoding::text::encode_registry(&mut text, &s.registry).is_err()
+        || prometheus_client::encoding::text::encode_registry(&mut text, &s.rules_registry).is_err()
+        || prometheus_client::encoding::text::encode_eof(&mut text).is_err()
+    {
         text.push_str("# encoding self-metrics failed\n");
     }
     ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()

@@ -2,6 +2,7 @@
 //! on loopback with free ports, bounded in time, killed when a test ends. They are modules
 //! of one test binary, since every test binary links the whole dependency graph.
 
+mod alerting;
 mod common;
 mod differential;
 mod edge_crash;

@@ -178,10 +178,11 @@ impl Group {
     }
 
     /// Takes over what `prev` (the same group before a reload) knew of the rules that stay
-    /// (same name, kind, expression and labels): their alerts and the series they wrote.
-    /// Returns staleness markers for the series of the rules that are gone.
+    /// (same kind, name and labels, as Prometheus matches them: a changed expression keeps
+    /// its alerts, so they resolve and Alertmanager hears it): their alerts and the series
+    /// they wrote. Returns staleness markers for the series of the rules that are gone.
     pub fn take_state_from(&mut self, prev: &mut Group) -> Vec<(Labels, Sample)> {
-        let key = |r: &RuleSpec| (r.kind == RuleKind::Alerting, r.name.clone(), r.expr_text.clone(), r.labels.clone());
+        let key = |r: &RuleSpec| (r.kind == RuleKind::Alerting, r.name.clone(), r.labels.clone());
         let mut stale = Vec::new();
         let at = prev.last_evaluation.unwrap_or_else(strata_model::time::now_ms);
         for old in prev.rules.iter_mut() {

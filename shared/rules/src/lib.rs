@@ -11,10 +11,14 @@
 //! `strata test rules` ([`unittest`]), which runs Prometheus' rule unit-test files.
 
 pub mod alert;
+pub mod api;
 pub mod file;
 pub mod group;
+#[cfg(test)]
+mod group_tests;
 pub mod manager;
 pub mod metrics;
 pub mod notifier;
+pub mod restore;
 pub mod template;
 pub mod unittest;

@@ -3,8 +3,7 @@
 //! over to the rules that stay, staleness markers for what a reload removed, `for` state
 //! restored after a restart, and the alerts handed to the notifier.
 
-use crate::alert::AlertState;
-use crate::file::{load_globs, GroupSpec, RuleFileError, RuleKind};
+use crate::file::{load_globs, GroupSpec, RuleFileError};
 use crate::group::{EvalContext, Group, RuleSink};
 use crate::metrics::RuleMetrics;
 use crate::notifier::{AlertPayload, Notifier};
@@ -13,7 +12,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use strata_model::{Labels, MatchOp, Matcher};
+use strata_model::Labels;
 use strata_promql::{Engine, EngineOptions};
 use strata_store::Store;
 use tokio::sync::watch;
@@ -249,7 +248,14 @@ impl RuleManager {
             let started = std::time::Instant::now();
             let outcome = g.eval(ts, &ctx, self.sink.as_ref()).await;
             if first {
-                self.restore_for_state(&mut g, ts, &engine).await;
+                crate::restore::restore_for_state(
+                    &mut g,
+                    ts,
+                    self.store.as_ref(),
+                    ms(self.opts.outage_tolerance),
+                    ms(self.opts.for_grace_period),
+                )
+                .await;
                 first = false;
             }
             let took = started.elapsed();
@@ -281,73 +287,6 @@ impl RuleManager {
             }
         }
     }
-
-    /// Prometheus' `RestoreForState`: an alert pending or firing before a restart keeps
-    /// its `activeAt` from `ALERTS_FOR_STATE` when the outage was shorter than the
-    /// tolerance, shifted by the downtime, and never fires sooner than the grace period.
-    async fn restore_for_state(&self, g: &mut Group, ts: i64, engine: &Engine) {
-        let tolerance = ms(self.opts.outage_tolerance);
-        let grace = ms(self.opts.for_grace_period);
-        for rule in g.rules.iter_mut() {
-            let Some(state) = rule.alerts.as_mut() else { continue };
-            if rule.spec.kind != RuleKind::Alerting || rule.spec.for_ms < grace {
-                state.restored = true;
-                continue;
-            }
-            let hold = rule.spec.for_ms;
-            for a in state.active.values_mut() {
-                if a.state == AlertState::Inactive {
-                    continue;
-                }
-                let mut matchers = vec![];
-                for l in a.labels.iter() {
-                    if let Ok(m) = Matcher::new(MatchOp::Equal, &l.name, &l.value) {
-                        matchers.push(m);
-                    }
-                }
-                if let Ok(m) = Matcher::new(MatchOp::Equal, "__name__", "ALERTS_FOR_STATE") {
-                    matchers.push(m);
-                }
-                let mut req = strata_store::SelectRequest::new(matchers, ts - tolerance, ts);
-                req.limits = strata_store::SelectLimits { max_series: 16, max_samples: 1_000_000 };
-                let found = match self.store.select(&req).await {
-                    Ok(f) => f,
-                    Err(e) => {
-                        tracing::warn!(rule = %rule.spec.name, error = %e, "restoring alert state failed");
-                        continue;
-                    }
-                };
-                // The series whose labels are exactly the alert's (plus its name).
-                let Some(s) = found.into_iter().find(|s| {
-                    let mut b = s.labels.to_builder();
-                    b.del("__name__");
-                    b.build() == a.labels
-                }) else {
-                    continue;
-                };
-                let Ok(samples) = s.samples(ts - tolerance, ts) else { continue };
-                let Some(last) = samples.iter().rev().find(|x| !strata_model::is_stale(x.v)) else { continue };
-                let down_at = last.t.div_euclid(1000) * 1000;
-                if ts - down_at >= tolerance || !last.v.is_finite() {
-                    continue;
-                }
-                let mut active_at = (last.v as i64).saturating_mul(1000);
-                let pending_for = down_at - active_at;
-                let remaining = hold - pending_for;
-                if remaining <= 0 {
-                    // It was firing: it still is.
-                } else if remaining < grace {
-                    active_at = ts + grace - hold;
-                } else {
-                    active_at += ts - down_at;
-                }
-                a.active_at = active_at;
-                tracing::info!(rule = %rule.spec.name, labels = %a.labels, active_at, "alert state restored");
-            }
-            state.restored = true;
-        }
-        let _ = engine;
-    }
 }
 
 /// The alerts of a group to send now, in Alertmanager's shape.
@@ -370,7 +309,11 @@ impl Group {
                     annotations: a.annotations.clone(),
                     starts_at: a.fired_at.unwrap_or(a.active_at),
                     ends_at: a.resolved_at.unwrap_or(a.valid_until),
-                    generator_url: format!("{}/graph?g0.expr={}&g0.tab=1", external_url, crate::notifier::query_escape(&expr)),
+                    generator_url: format!(
+                        "{}/graph?g0.expr={}&g0.tab=1",
+                        external_url,
+                        crate::notifier::query_escape(&expr)
+                    ),
                 });
             }
         }

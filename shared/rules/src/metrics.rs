@@ -125,10 +125,18 @@ impl RuleMetrics {
     pub fn register(&self, r: &mut Registry) {
         r.register("prometheus_rule_evaluations", "Rule evaluations", self.evaluations.clone());
         r.register("prometheus_rule_evaluation_failures", "Rule evaluations that failed", self.failures.clone());
-        r.register("prometheus_rule_group_iterations_missed", "Group evaluations missed (too slow)", self.missed.clone());
+        r.register(
+            "prometheus_rule_group_iterations_missed",
+            "Group evaluations missed (too slow)",
+            self.missed.clone(),
+        );
         r.register("prometheus_rule_group_iterations", "Group evaluations run", self.iterations.clone());
         r.register("prometheus_rule_group_interval_seconds", "The group's interval", self.interval.clone());
-        r.register("prometheus_rule_group_last_duration_seconds", "The group's last evaluation's duration", self.last_duration.clone());
+        r.register(
+            "prometheus_rule_group_last_duration_seconds",
+            "The group's last evaluation's duration",
+            self.last_duration.clone(),
+        );
         r.register(
             "prometheus_rule_group_last_evaluation_timestamp_seconds",
             "The group's last evaluation time",
@@ -140,19 +148,39 @@ impl RuleMetrics {
             self.last_samples.clone(),
         );
         r.register("prometheus_rule_group_rules", "Rules in the group", self.rules.clone());
-        r.register("prometheus_rule_evaluation_duration_seconds", "Rule evaluation durations", self.evaluation_duration.clone());
+        r.register(
+            "prometheus_rule_evaluation_duration_seconds",
+            "Rule evaluation durations",
+            self.evaluation_duration.clone(),
+        );
         r.register("prometheus_rule_group_duration_seconds", "Group evaluation durations", self.group_duration.clone());
-        r.register("prometheus_config_last_reload_successful", "Whether the last rule reload succeeded", self.config_success.clone());
+        r.register(
+            "prometheus_config_last_reload_successful",
+            "Whether the last rule reload succeeded",
+            self.config_success.clone(),
+        );
         r.register("strata_rule_groups", "Rule groups loaded", self.groups.clone());
-        r.register("strata_rule_template_errors", "Alert templates that failed to expand", self.template_errors.clone());
+        r.register(
+            "strata_rule_template_errors",
+            "Alert templates that failed to expand",
+            self.template_errors.clone(),
+        );
         r.register(
             "strata_rule_samples_refused",
             "Rule output refused by storage (out of order, duplicate)",
             self.samples_refused.clone(),
         );
         r.register("prometheus_notifications_sent", "Alerts sent, per Alertmanager", self.notifications_sent.clone());
-        r.register("prometheus_notifications_errors", "Alerts whose sending failed, per Alertmanager", self.notifications_errors.clone());
-        r.register("prometheus_notifications_latency_seconds", "Sending latency, per Alertmanager", self.notifications_latency.clone());
+        r.register(
+            "prometheus_notifications_errors",
+            "Alerts whose sending failed, per Alertmanager",
+            self.notifications_errors.clone(),
+        );
+        r.register(
+            "prometheus_notifications_latency_seconds",
+            "Sending latency, per Alertmanager",
+            self.notifications_latency.clone(),
+        );
         r.register(
             "prometheus_notifications_dropped",
             "Alerts dropped: the queue was full, or every retry failed",

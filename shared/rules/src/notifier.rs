@@ -123,10 +123,16 @@ impl Notifier {
         for (i, am) in cfg.alertmanagers.iter().enumerate() {
             let at = |m: String| format!("alerting.alertmanagers[{i}]: {m}");
             if am.api_version != "v2" {
-                return Err(at(format!("api_version {:?}: only v2 is supported (Alertmanager removed v1)", am.api_version)));
+                return Err(at(format!(
+                    "api_version {:?}: only v2 is supported (Alertmanager removed v1)",
+                    am.api_version
+                )));
             }
             if am.scheme != "http" {
-                return Err(at(format!("scheme {:?}: only http is supported yet (TLS to Alertmanager is not)", am.scheme)));
+                return Err(at(format!(
+                    "scheme {:?}: only http is supported yet (TLS to Alertmanager is not)",
+                    am.scheme
+                )));
             }
             let timeout = match &am.timeout {
                 None => Duration::from_secs(10),

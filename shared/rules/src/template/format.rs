@@ -328,9 +328,9 @@ mod tests {
     #[test]
     fn sprintf_follows_go() {
         let f = Value::Float(42.123);
-        assert_eq!(sprintf("%.2f", &[f.clone()]), "42.12");
+        assert_eq!(sprintf("%.2f", std::slice::from_ref(&f)), "42.12");
         assert_eq!(sprintf("%v and %s", &[Value::Int(3), Value::Str("x".into())]), "3 and x");
-        assert_eq!(sprintf("%d", &[f.clone()]), "%!d(float64=42.123)");
+        assert_eq!(sprintf("%d", std::slice::from_ref(&f)), "%!d(float64=42.123)");
         assert_eq!(sprintf("%d %d", &[Value::Int(1)]), "1 %!d(MISSING)");
         assert_eq!(sprintf("%5.1f|%-4d|%05d", &[f, Value::Int(7), Value::Int(-3)]), " 42.1|7   |-0003");
         assert_eq!(sprintf("%q 100%%", &[Value::Str("a\"b".into())]), "\"a\\\"b\" 100%");

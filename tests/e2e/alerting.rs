@@ -1,0 +1,202 @@
+//! Rules on a regional fed by an HA pair of edges, alerts to two real Alertmanagers
+//! (Debian's `prometheus-alertmanager`): one alert per GPU, not per replica, in both;
+//! recorded series stored with the regional's external labels; alerts resolved after a
+//! reload while one Alertmanager is down, the other still told; a bad rule file on reload
+//! refused with the old rules kept.
+
+use crate::common::{client, free_port, metric_value, require_prometheus, start_edge, start_sim, wait_ready, Proc};
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+fn alertmanager_installed() -> bool {
+    let ok =
+        Command::new("prometheus-alertmanager").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true") && std::env::var("STRATA_SKIP_PROMETHEUS").as_deref() == Ok("1"),
+            "Debian's prometheus-alertmanager is needed (apt-get install -y prometheus-alertmanager); the README's test command installs it"
+        );
+        crate::common::report_not_run("alerting", "prometheus-alertmanager not installed and STRATA_SKIP_PROMETHEUS=1");
+    }
+    ok
+}
+
+fn start_alertmanager(dir: &Path, name: &str) -> (Proc, String) {
+    let cfg = dir.join(format!("{name}.yml"));
+    std::fs::write(&cfg, "route:\n  receiver: 'null'\n  group_wait: 1s\nreceivers:\n  - name: 'null'\n").unwrap();
+    let port = free_port();
+    let args = vec![
+        format!("--config.file={}", cfg.display()),
+        format!("--storage.path={}", dir.join(format!("{name}-data")).display()),
+        format!("--web.listen-address=127.0.0.1:{port}"),
+        // No gossip: each Alertmanager stands alone, and binds no other port.
+        "--cluster.listen-address=".to_string(),
+    ];
+    let mut p = Proc::start("prometheus-alertmanager", &args, dir, name);
+    let base = format!("http://127.0.0.1:{port}");
+    wait_ready(&format!("{base}/-/ready"), &mut p, Duration::from_secs(30));
+    (p, base)
+}
+
+/// The alerts an Alertmanager holds, active ones only, named `alertname`.
+fn am_alerts(base: &str, alertname: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = client()
+        .get(format!("{base}/api/v2/alerts?filter=alertname%3D%22{alertname}%22"))
+        .send()
+        .and_then(|r| r.text())
+        .ok()
+        .and_then(|t| serde_json::from_str(&t).ok())
+        .unwrap_or(serde_json::Value::Null);
+    v.as_array().cloned().unwrap_or_default()
+}
+
+fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+const RULES: &str = "groups:
+  - name: gpu
+    interval: 1s
+    rules:
+      - record: node:gpu_temp:max
+        expr: max by (cluster, Hostname) (DCGM_FI_DEV_GPU_TEMP)
+      - alert: GpuReporting
+        expr: DCGM_FI_DEV_GPU_TEMP > THRESHOLD
+        labels:
+          severity: test
+        annotations:
+          summary: 'GPU {{ $labels.gpu }} at {{ $value }}'
+";
+
+#[test]
+fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
+    if !require_prometheus() || !alertmanager_installed() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (_sim, sim) = start_sim(d, 1);
+    let (mut am1, am1_url) = start_alertmanager(d, "am1");
+    let (mut am2, am2_url) = start_alertmanager(d, "am2");
+    let rules = d.join("rules.yml");
+    std::fs::write(&rules, RULES.replace("THRESHOLD", "0")).unwrap();
+    let (rhttp, rgrpc) = (free_port(), free_port());
+    let am_target = |u: &str| u.trim_start_matches("http://").to_string();
+    std::fs::write(
+        d.join("regional.yml"),
+        format!(
+            "global:\n  evaluation_interval: 1s\n  external_labels: {{region: r1}}\nrule_files: [rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['{}', '{}']}}]\n",
+            am_target(&am1_url),
+            am_target(&am2_url)
+        ),
+    )
+    .unwrap();
+    let (cfg, data) = (d.join("regional.yml").display().to_string(), d.join("regional").display().to_string());
+    let (http, grpc) = (format!("127.0.0.1:{rhttp}"), format!("127.0.0.1:{rgrpc}"));
+    let args = [
+        "regional",
+        "--config",
+        &cfg,
+        "--data",
+        &data,
+        "--http-listen",
+        &http,
+        "--grpc-listen",
+        &grpc,
+        "--web.enable-lifecycle",
+    ];
+    let mut regional = Proc::strata(&args, d, "regional");
+    let base = format!("http://{http}");
+    wait_ready(&format!("{base}/-/ready"), &mut regional, Duration::from_secs(30));
+    let mut edges = Vec::new();
+    for replica in ["a", "b"] {
+        let cfg = d.join(format!("edge-{replica}.yml"));
+        std::fs::write(
+            &cfg,
+            format!(
+                "global:\n  scrape_interval: 1s\n  external_labels: {{cluster: c0, replica: {replica}}}\nscrape_configs:\n  - job_name: dcgm\n    static_configs:\n      - targets: ['127.0.0.1:{sim}']\n        labels: {{__metrics_path__: /node/0/metrics}}\nstrata:\n  forward:\n    - address: 127.0.0.1:{rgrpc}\n"
+            ),
+        )
+        .unwrap();
+        edges.push(start_edge(d, &cfg, &d.join(format!("edge-{replica}")), &format!("edge-{replica}")));
+    }
+
+    // Eight GPUs, both replicas forwarding: eight alerts in each Alertmanager.
+    for am in [&am1_url, &am2_url] {
+        let alerts = wait_for("eight alerts in an Alertmanager", Duration::from_secs(60), || {
+            let a = am_alerts(am, "GpuReporting");
+            (a.len() >= 8).then_some(a)
+        });
+        assert_eq!(alerts.len(), 8, "one alert per GPU, not per replica: {alerts:#?}");
+        for a in &alerts {
+            let l = &a["labels"];
+            assert_eq!(l["region"], "r1", "the regional's external label: {a}");
+            assert_eq!(l["severity"], "test");
+            assert!(l.get("replica").is_none(), "a replica label reached Alertmanager: {a}");
+            let gpu = l["gpu"].as_str().unwrap_or_default().to_string();
+            assert!(
+                a["annotations"]["summary"].as_str().unwrap_or_default().starts_with(&format!("GPU {gpu} at ")),
+                "{a}"
+            );
+            assert!(a["generatorURL"].as_str().unwrap_or_default().starts_with(&base), "{a}");
+        }
+    }
+    // What the recording rule wrote: one series, with the regional's label, no replica.
+    let recorded = wait_for("the recorded series", Duration::from_secs(30), || {
+        let v = crate::common::api_data(&format!("{base}/api/v1/query?query=node:gpu_temp:max"));
+        let r = v["result"].as_array().cloned().unwrap_or_default();
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0]["metric"]["region"], "r1");
+    assert!(recorded[0]["metric"].get("replica").is_none());
+    let rules_api = crate::common::api_data(&format!("{base}/api/v1/rules?type=alert"));
+    let rule = &rules_api["groups"][0]["rules"][0];
+    assert_eq!(
+        (rule["name"].as_str(), rule["health"].as_str(), rule["state"].as_str()),
+        (Some("GpuReporting"), Some("ok"), Some("firing")),
+        "{rules_api}"
+    );
+    assert_eq!(rule["alerts"].as_array().map(|a| a.len()), Some(8));
+
+    // A bad file on reload: refused, the old rules stay.
+    std::fs::write(&rules, "groups:\n  - name: gpu\n    rules:\n      - record: x\n        expr: sum(\n").unwrap();
+    let r = client().post(format!("{base}/-/reload")).send().unwrap();
+    assert_eq!(r.status().as_u16(), 500);
+    assert!(r.text().unwrap().contains("could not parse expression"));
+    let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    assert_eq!(metric_value(&page, "prometheus_config_last_reload_successful"), Some(0.0), "{page}");
+    assert_eq!(
+        crate::common::api_data(&format!("{base}/api/v1/alerts"))["alerts"].as_array().map(|a| a.len()),
+        Some(8)
+    );
+
+    // One Alertmanager down; the rule now resolves every alert: the other one hears it.
+    am2.kill9();
+    std::fs::write(&rules, RULES.replace("THRESHOLD", "1000")).unwrap();
+    let r = client().post(format!("{base}/-/reload")).send().unwrap();
+    assert!(r.status().is_success(), "{}", r.text().unwrap_or_default());
+    wait_for("the alerts resolved in the Alertmanager that is up", Duration::from_secs(60), || {
+        am_alerts(&am1_url, "GpuReporting").iter().all(|a| a["status"]["state"] != "active").then_some(())
+    });
+    let page = client().get(format!("{base}/metrics")).send().unwrap().text().unwrap();
+    let errors: f64 = page
+        .lines()
+        .filter(|l| l.starts_with("prometheus_notifications_errors_total{") && l.contains(&am_target(&am2_url)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(errors > 0.0, "sending to the Alertmanager that is down is not counted:\n{page}");
+    regional.assert_running();
+    am1.assert_running();
+    for (mut e, _) in edges {
+        e.assert_running();
+    }
+}
