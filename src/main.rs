@@ -17,6 +17,28 @@ struct Cli {
     command: Command,
 }
 
+/// Prometheus' `--rules.alert.*` flags.
+#[derive(clap::Args, Clone)]
+struct AlertFlags {
+    /// How long an outage may last for an alert's `for` state to be restored after it.
+    #[arg(long = "rules.alert.for-outage-tolerance", default_value = "1h", value_parser = prom_duration)]
+    for_outage_tolerance: Duration,
+    /// The least time between a restart and a restored alert firing.
+    #[arg(long = "rules.alert.for-grace-period", default_value = "10m", value_parser = prom_duration)]
+    for_grace_period: Duration,
+    /// How long before an alert still firing is sent to Alertmanager again.
+    #[arg(long = "rules.alert.resend-delay", default_value = "1m", value_parser = prom_duration)]
+    resend_delay: Duration,
+}
+
+fn prom_duration(s: &str) -> Result<Duration, String> {
+    strata_model::duration::parse_duration_ms(s)
+        .ok()
+        .filter(|ms| *ms >= 0)
+        .map(|ms| Duration::from_millis(ms as u64))
+        .ok_or_else(|| format!("not a valid duration: {s:?}"))
+}
+
 #[derive(Subcommand)]
 enum TestCommand {
     /// Rule unit tests in Prometheus' format, with promtool's output and exit codes.
@@ -114,9 +136,16 @@ enum Command {
         /// Prometheus' web configuration file: TLS (`tls_server_config`) and basic auth.
         #[arg(long = "web.config.file")]
         web_config_file: Option<PathBuf>,
-        /// Prometheus' `--web.enable-lifecycle`: `POST /-/quit` stops the regional.
+        /// Prometheus' `--web.enable-lifecycle`: `POST /-/quit` stops the regional and
+        /// `POST /-/reload` reloads its rule files.
         #[arg(long = "web.enable-lifecycle")]
         web_enable_lifecycle: bool,
+        /// The URL users reach the regional at, for alerts' generator links [default: its
+        /// HTTP address].
+        #[arg(long = "web.external-url")]
+        web_external_url: Option<String>,
+        #[command(flatten)]
+        alert_flags: AlertFlags,
     },
     /// The edge tier: scrape + remote-write receiver + WAL-backed head.
     Edge {
@@ -324,8 +353,14 @@ async fn run() -> anyhow::Result<()> {
             query_max_concurrency,
             web_config_file,
             web_enable_lifecycle,
+            web_external_url,
+            alert_flags,
         } => {
             let mut opts = strata_regional::RegionalOptions::new(config);
+            opts.external_url = web_external_url;
+            opts.rules.outage_tolerance = alert_flags.for_outage_tolerance;
+            opts.rules.for_grace_period = alert_flags.for_grace_period;
+            opts.rules.resend_delay = alert_flags.resend_delay;
             opts.enable_lifecycle = web_enable_lifecycle;
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;

@@ -62,8 +62,13 @@ pub struct RegionalOptions {
     pub server: ServerLimits,
     /// Prometheus' `--web.config.file`: TLS and basic auth of the HTTP API.
     pub web_config: Option<PathBuf>,
-    /// Prometheus' `--web.enable-lifecycle`: `POST /-/quit` stops the regional.
+    /// Prometheus' `--web.enable-lifecycle`: `POST /-/quit` stops the regional and
+    /// `POST /-/reload` reloads its rules.
     pub enable_lifecycle: bool,
+    /// `--web.external-url`: where alerts' links point (default: the HTTP address).
+    pub external_url: Option<String>,
+    /// The rules' flags (`--rules.alert.*`); the rest comes from the config file.
+    pub rules: strata_rules::manager::RuleOptions,
 }
 
 impl RegionalOptions {
@@ -78,6 +83,8 @@ impl RegionalOptions {
             server: ServerLimits::default(),
             web_config: None,
             enable_lifecycle: false,
+            external_url: None,
+            rules: strata_rules::manager::RuleOptions::default(),
         }
     }
 }
@@ -260,9 +267,9 @@ impl Regional {
         let http_addr = listener.local_addr().map_err(|source| RegionalError::Bind { addr: http, source })?;
         let (quit, quit_rx) = watch::channel(false);
         let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
-        let rules = rules::start(&cfg, db.clone(), replicas, format!("{scheme}://{http_addr}"))
-            .await
-            .map_err(RegionalError::Rules)?;
+        let mut rule_opts = opts.rules.clone();
+        rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
+        let rules = rules::start(&cfg, db.clone(), replicas, rule_opts).await.map_err(RegionalError::Rules)?;
         let mut rules_registry = Registry::default();
         if let Some(m) = &rules {
             m.metrics().register(&mut rules_registry);

@@ -65,7 +65,7 @@ pub async fn start(
     cfg: &RegionalConfig,
     db: Arc<Tsdb>,
     replicas: Vec<String>,
-    external_url: String,
+    mut opts: RuleOptions,
 ) -> Result<Option<Arc<RuleManager>>, String> {
     if cfg.rule_files.is_empty() {
         return Ok(None);
@@ -77,7 +77,7 @@ pub async fn start(
     } else {
         Some(Notifier::new(&cfg.alerting, external.clone(), metrics.clone())?)
     };
-    let mut opts = RuleOptions { external_labels: external.clone(), external_url, ..Default::default() };
+    opts.external_labels = external.clone();
     if let Some(i) = cfg.global.evaluation_interval {
         opts.default_interval = i.0;
     }

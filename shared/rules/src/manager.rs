@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 /// Prometheus' rule flags and the global config the rules see.
-#[derive(Clone)]
+#[derive(Clone, Debug)]
 pub struct RuleOptions {
     /// `global.evaluation_interval` (default 1m).
     pub default_interval: Duration,
