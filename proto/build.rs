@@ -6,7 +6,7 @@
 const CHUNK_DATA: &str = ".strata.store.v1.Chunk.data";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["prometheus/remote.proto", "strata/store.proto", "strata/forward.proto"];
+    let files = ["prometheus/remote.proto", "strata/store.proto", "strata/forward.proto", "strata/rules.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

@@ -5,12 +5,14 @@
 //! response by default), merges HA replicas ([`strata_dedup::ReplicaDedup`], on by
 //! default) and answers the Prometheus HTTP API through the same engine and API code as
 //! an edge. It serves the StoreAPI itself, without dedup and with its stores' label
-//! sets, so globals can be stacked. `/api/v1/stores` lists the stores and their health.
+//! sets, so globals can be stacked. `/api/v1/stores` lists the stores and their health;
+//! `/api/v1/rules` and `/api/v1/alerts` merge every regional's ([`rules`]).
 //! This crate is wiring only; every mechanism lives in a `shared/` crate.
 
 pub mod config;
 pub mod dns;
 pub mod metrics;
+pub mod rules;
 pub mod stores;
 
 use axum::extract::State;
@@ -133,6 +135,7 @@ impl Global {
         // here from the deduplicated samples when no store can evaluate them.
         let same_dedup = ReplicaDedup::new(fanout.clone(), replica_labels.clone());
         let evaluator: Arc<dyn Store> = Arc::new(strata_promql::pushdown::Evaluating::new(same_dedup));
+        let rules_replicas = replica_labels.clone();
         let planner = strata_downsample::ResolutionPlanner::new(dedup, fanout.clone(), replica_labels, store_timeout)
             .with_preference(prefer)
             .with_raw_evaluator(evaluator);
@@ -145,6 +148,7 @@ impl Global {
             .route("/-/healthy", get(|| async { "Strata global is Healthy.\n" }))
             .route("/-/ready", get(|| async { "Strata global is Ready.\n" }))
             .with_state(Arc::new(GlobalState { stores: stores.clone(), metrics: global_metrics }))
+            .merge(rules::router(stores.clone(), rules_replicas, store_timeout))
             .merge(strata_api::router_with(query_store, opts.api.clone()))
             .layer(axum::middleware::from_fn(move |req, next| metrics::track(tracked.clone(), req, next)));
         let bind = |addr| async move {

@@ -122,6 +122,23 @@ impl StoreSet {
         self.status.read().clone()
     }
 
+    /// The rules API of every store that may evaluate rules: the regionals, and the
+    /// stores that never answered `Info` (one may be a regional that is down, which the
+    /// answer must name).
+    pub fn rule_sources(&self) -> Vec<strata_rules::remote::RemoteRules> {
+        let wanted: Vec<String> = self
+            .status()
+            .into_iter()
+            .filter(|s| s.kind == "regional" || s.kind == "unknown")
+            .map(|s| s.address)
+            .collect();
+        wanted
+            .iter()
+            .filter_map(|a| self.client(a).ok())
+            .map(|c| strata_rules::remote::RemoteRules::new(c.name(), c.channel()))
+            .collect()
+    }
+
     /// Every store address the configuration names now, sorted, each with the error of
     /// the failed lookup it comes from (its last good answer), if one failed.
     async fn addresses(&self) -> Vec<(String, Option<String>)> {

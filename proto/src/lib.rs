@@ -1,5 +1,5 @@
 //! Wire types shared by the tiers: Prometheus remote write 1.0 (`prometheus` package, as
-//! Prometheus' `prompb`) and Strata's StoreAPI (`store`) and forward protocol (`forward`). The tiers talk to one another only through the
+//! Prometheus' `prompb`) and Strata's StoreAPI (`store`), forward protocol (`forward`) and rules API (`rules`). The tiers talk to one another only through the
 //! messages defined here and through the Prometheus HTTP API, so a change of wire format
 //! is a change in this crate and nowhere else.
 
@@ -21,6 +21,11 @@ mod strata {
             include!(concat!(env!("OUT_DIR"), "/strata.forward.v1.rs"));
         }
     }
+    pub mod rules {
+        pub mod v1 {
+            include!(concat!(env!("OUT_DIR"), "/strata.rules.v1.rs"));
+        }
+    }
 }
 
 /// Strata's StoreAPI (`strata.store.v1`): messages always; with the `grpc` feature, the
@@ -31,3 +36,7 @@ pub use strata::store::v1 as store;
 /// regional, acknowledged once durable. With the `grpc` feature, `forward_client` and
 /// `forward_server` too.
 pub use strata::forward::v1 as forward;
+
+/// Strata's rules API (`strata.rules.v1`): a regional's rules and alerts, for a global to
+/// merge. With the `grpc` feature, `rules_client` and `rules_server` too.
+pub use strata::rules::v1 as rules;

@@ -66,6 +66,9 @@ pub struct RawDownsample {
 #[derive(Debug, Clone, Deserialize, Default)]
 pub struct RawGlobal {
     pub evaluation_interval: Option<PromDuration>,
+    /// Prometheus 3's `rule_query_offset`: how far behind now rule queries look, for
+    /// groups without their own `query_offset` (data forwarded late is then seen).
+    pub rule_query_offset: Option<PromDuration>,
     #[serde(default)]
     pub external_labels: BTreeMap<String, String>,
     #[serde(flatten)]

@@ -212,6 +212,16 @@ impl Regional {
         }
         let mut servers = Vec::new();
 
+        let http = opts.http_listen.unwrap_or_else(|| parse_default(DEFAULT_HTTP_LISTEN));
+        let http_listener =
+            tokio::net::TcpListener::bind(http).await.map_err(|source| RegionalError::Bind { addr: http, source })?;
+        let http_addr = http_listener.local_addr().map_err(|source| RegionalError::Bind { addr: http, source })?;
+        let (quit, quit_rx) = watch::channel(false);
+        let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
+        let mut rule_opts = opts.rules.clone();
+        rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
+        let rules = rules::start(&cfg, db.clone(), replicas, rule_opts).await.map_err(RegionalError::Rules)?;
+
         let grpc = opts.grpc_listen.unwrap_or_else(|| parse_default(DEFAULT_GRPC_LISTEN));
         let listener =
             tokio::net::TcpListener::bind(grpc).await.map_err(|source| RegionalError::Bind { addr: grpc, source })?;
@@ -249,7 +259,8 @@ impl Regional {
         // No external labels of its own: every series carries its edge's.
         let store = StoreService::new(served, Labels::default(), SelectLimits::default(), info);
         let tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;
-        let others = tonic::service::Routes::new(receiver.with_connections(store.connections()).into_server());
+        let others = tonic::service::Routes::new(receiver.with_connections(store.connections()).into_server())
+            .add_service(strata_rules::remote::RulesService::new(rules.clone()).into_server());
         let mut rx = shutdown_rx.clone();
         servers.push(tokio::spawn(async move {
             let stop = async move {
@@ -261,15 +272,6 @@ impl Regional {
             }
         }));
 
-        let http = opts.http_listen.unwrap_or_else(|| parse_default(DEFAULT_HTTP_LISTEN));
-        let listener =
-            tokio::net::TcpListener::bind(http).await.map_err(|source| RegionalError::Bind { addr: http, source })?;
-        let http_addr = listener.local_addr().map_err(|source| RegionalError::Bind { addr: http, source })?;
-        let (quit, quit_rx) = watch::channel(false);
-        let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
-        let mut rule_opts = opts.rules.clone();
-        rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
-        let rules = rules::start(&cfg, db.clone(), replicas, rule_opts).await.map_err(RegionalError::Rules)?;
         let mut rules_registry = Registry::default();
         if let Some(m) = &rules {
             m.metrics().register(&mut rules_registry);
@@ -287,7 +289,7 @@ impl Regional {
             .route("/-/healthy", get(|| async { "Strata regional is Healthy.\n" }))
             .route("/-/ready", get(ready))
             .with_state(state)
-            .merge(rules::router(rules.clone(), opts.enable_lifecycle))
+            .merge(rules::router(rules.clone(), &cfg, opts.enable_lifecycle))
             .merge(strata_receive::router(remote_write))
             .merge(strata_api::router_with(Arc::new(TsdbStore(db.clone())), opts.api.clone()));
         let mut rx = shutdown_rx.clone();
@@ -296,7 +298,7 @@ impl Regional {
             let stop = async move {
                 let _ = rx.changed().await;
             };
-            if let Err(e) = strata_server::serve(listener, app, limits, web, stop).await {
+            if let Err(e) = strata_server::serve(http_listener, app, limits, web, stop).await {
                 tracing::error!(error = %e, "regional HTTP server failed");
             }
         }));

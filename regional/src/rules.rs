@@ -32,6 +32,9 @@ impl RuleSink for TsdbSink {
         let (db, external) = (self.db.clone(), self.external.clone());
         tokio::task::spawn_blocking(move || {
             let mut batch = Vec::with_capacity(samples.len());
+            // A series storage will not create (its series limit reached) refuses its
+            // sample alone, counted and logged, not the rule's whole output.
+            let mut refused = 0usize;
             for (l, s) in samples {
                 let l = if external.is_empty() {
                     l
@@ -44,10 +47,18 @@ impl RuleSink for TsdbSink {
                     }
                     b.build()
                 };
-                batch.push((db.series(&l).map_err(|e| format!("series {l}: {e}"))?, s));
+                match db.series(&l) {
+                    Ok(id) => batch.push((id, s)),
+                    Err(e) => {
+                        if refused == 0 {
+                            tracing::warn!(series = %l, error = %e, "rule output refused by storage");
+                        }
+                        refused += 1;
+                    }
+                }
             }
             let out = db.commit(&batch).map_err(|e| e.to_string())?;
-            Ok(out.rejected.len())
+            Ok(out.rejected.len() + refused)
         })
         .await
         .map_err(|e| e.to_string())?
@@ -78,8 +89,12 @@ pub async fn start(
         Some(Notifier::new(&cfg.alerting, external.clone(), metrics.clone())?)
     };
     opts.external_labels = external.clone();
-    if let Some(i) = cfg.global.evaluation_interval {
+    // Zero is Prometheus' "not set": its default of one minute stands.
+    if let Some(i) = cfg.global.evaluation_interval.filter(|i| !i.0.is_zero()) {
         opts.default_interval = i.0;
+    }
+    if let Some(o) = cfg.global.rule_query_offset {
+        opts.default_query_offset = o.0;
     }
     // One alert per GPU, not per replica: rules read what the dedup merges.
     let store = Arc::new(strata_dedup::ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), replicas));
@@ -87,23 +102,47 @@ pub async fn start(
     let base = cfg.path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
     let m = RuleManager::new(opts, cfg.rule_files.clone(), base, store, sink, notifier, metrics);
     m.reload().await.map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))?;
-    let hup = m.clone();
+    let (hup, started) = (m.clone(), Arc::new(cfg.clone()));
     tokio::spawn(async move {
         let Ok(mut signal) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
             tracing::warn!("cannot listen for SIGHUP: rules reload only through /-/reload");
             return;
         };
         while signal.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading rule files");
-            let _ = hup.reload().await;
+            tracing::info!("SIGHUP: reloading the configuration's rule files");
+            let _ = reload(&hup, &started).await;
         }
     });
     Ok(Some(m))
 }
 
+/// A reload (SIGHUP, `/-/reload`): the configuration file read again for its
+/// `rule_files`, then the rule files. A broken file, configuration or rules, keeps the
+/// rules as they are. Changes to `global` or `alerting` take a restart, and the log says so.
+pub async fn reload(m: &Arc<RuleManager>, started: &RegionalConfig) -> Result<(), String> {
+    let path = started.path.clone();
+    let read = tokio::task::spawn_blocking(move || RegionalConfig::load(&path)).await.map_err(|e| e.to_string())?;
+    match read {
+        Ok(new) => {
+            if format!("{:?}", (&new.global, &new.alerting)) != format!("{:?}", (&started.global, &started.alerting)) {
+                tracing::warn!(config = %started.path.display(), "the `global` or `alerting` section changed: that takes a restart of the regional; rule files reload now");
+            }
+            m.set_patterns(new.rule_files);
+        }
+        Err(e) => {
+            let msg = format!("reading {}: {e}", started.path.display());
+            m.reload_failed(msg.clone());
+            return Err(msg);
+        }
+    }
+    m.reload().await.map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))
+}
+
 #[derive(Clone)]
 struct RulesState {
     manager: Option<Arc<RuleManager>>,
+    /// The configuration as the regional started with it.
+    config: Arc<RegionalConfig>,
     lifecycle: bool,
 }
 
@@ -126,14 +165,14 @@ async fn rules_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Re
         Err(e) => return bad_request(e),
     };
     match &s.manager {
-        Some(m) => success(strata_rules::api::rules(m, &filter).await),
+        Some(m) => success(strata_rules::api::rules(m, &filter, &Labels::default()).await),
         None => success(serde_json::json!({ "groups": [] })),
     }
 }
 
 async fn alerts_handler(State(s): State<RulesState>) -> Response {
     match &s.manager {
-        Some(m) => success(strata_rules::api::alerts(m).await),
+        Some(m) => success(strata_rules::api::alerts(m, &Labels::default()).await),
         None => success(serde_json::json!({ "alerts": [] })),
     }
 }
@@ -143,15 +182,11 @@ async fn reload_handler(State(s): State<RulesState>) -> Response {
         return (StatusCode::FORBIDDEN, "Lifecycle API is not enabled.\n").into_response();
     }
     match &s.manager {
-        None => "no rule files configured: nothing to reload\n".into_response(),
-        Some(m) => match m.reload().await {
+        None => "no rule files configured at start: rules take a restart of the regional\n".into_response(),
+        Some(m) => match reload(m, &s.config).await {
             Ok(()) => "rules reloaded\n".into_response(),
-            Err(errs) => {
-                let msg: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
-                (
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    format!("failed to reload rules, the previous rules stay: {}\n", msg.join("; ")),
-                )
+            Err(msg) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, format!("failed to reload rules, the previous rules stay: {msg}\n"))
                     .into_response()
             }
         },
@@ -163,10 +198,10 @@ fn form_pairs(q: &str) -> Vec<(String, String)> {
     form_urlencoded::parse(q.as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
 }
 
-pub fn router(manager: Option<Arc<RuleManager>>, lifecycle: bool) -> Router {
+pub fn router(manager: Option<Arc<RuleManager>>, config: &RegionalConfig, lifecycle: bool) -> Router {
     Router::new()
         .route("/api/v1/rules", get(rules_handler))
         .route("/api/v1/alerts", get(alerts_handler))
         .route("/-/reload", post(reload_handler).put(reload_handler))
-        .with_state(RulesState { manager, lifecycle })
+        .with_state(RulesState { manager, config: Arc::new(config.clone()), lifecycle })
 }

@@ -1,8 +1,9 @@
 //! Rules on a regional fed by an HA pair of edges, alerts to two real Alertmanagers
 //! (Debian's `prometheus-alertmanager`): one alert per GPU, not per replica, in both;
-//! recorded series stored with the regional's external labels; alerts resolved after a
-//! reload while one Alertmanager is down, the other still told; a bad rule file on reload
-//! refused with the old rules kept.
+//! recorded series stored with the regional's external labels; `for` state kept across a
+//! restart; a global merging the regional's rules and alerts and naming a store that does
+//! not answer; alerts resolved after a reload while one Alertmanager is down, the other
+//! still told; a bad rule file on reload refused with the old rules kept.
 
 use crate::common::{client, free_port, metric_value, require_prometheus, start_edge, start_sim, wait_ready, Proc};
 use std::path::Path;
@@ -68,6 +69,9 @@ const RULES: &str = "groups:
     rules:
       - record: node:gpu_temp:max
         expr: max by (cluster, Hostname) (DCGM_FI_DEV_GPU_TEMP)
+      - alert: GpuHeld
+        expr: max by (gpu) (DCGM_FI_DEV_GPU_TEMP) > THRESHOLD
+        for: 2s
       - alert: GpuReporting
         expr: DCGM_FI_DEV_GPU_TEMP > THRESHOLD
         labels:
@@ -103,6 +107,8 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     let (http, grpc) = (format!("127.0.0.1:{rhttp}"), format!("127.0.0.1:{rgrpc}"));
     let args = [
         "regional",
+        // Restores the `for` state of every rule, `for: 2s` included.
+        "--rules.alert.for-grace-period=0s",
         "--config",
         &cfg,
         "--data",
@@ -159,13 +165,80 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert_eq!(recorded[0]["metric"]["region"], "r1");
     assert!(recorded[0]["metric"].get("replica").is_none());
     let rules_api = crate::common::api_data(&format!("{base}/api/v1/rules?type=alert"));
-    let rule = &rules_api["groups"][0]["rules"][0];
+    let rule = &rules_api["groups"][0]["rules"][1];
     assert_eq!(
         (rule["name"].as_str(), rule["health"].as_str(), rule["state"].as_str()),
         (Some("GpuReporting"), Some("ok"), Some("firing")),
         "{rules_api}"
     );
     assert_eq!(rule["alerts"].as_array().map(|a| a.len()), Some(8));
+
+    // A restart keeps `for` state: held alerts come back firing since the same time
+    // (found in `ALERTS_FOR_STATE`, stored with the regional's external labels).
+    let held = |base: &str| -> Vec<(String, String, String)> {
+        let v = crate::common::api_data(&format!("{base}/api/v1/alerts"));
+        let mut out: Vec<(String, String, String)> = v["alerts"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+            .iter()
+            .filter(|a| a["labels"]["alertname"] == "GpuHeld")
+            .map(|a| {
+                let f = |k: &str| a[k].as_str().unwrap_or_default().to_string();
+                // `ALERTS_FOR_STATE` keeps whole seconds, as Prometheus' does.
+                let since: String = f("activeAt").chars().take(19).collect();
+                (a["labels"]["gpu"].as_str().unwrap_or_default().to_string(), f("state"), since)
+            })
+            .collect();
+        out.sort();
+        out
+    };
+    let before = wait_for("eight held alerts firing", Duration::from_secs(30), || {
+        let h = held(&base);
+        (h.len() == 8 && h.iter().all(|a| a.1 == "firing")).then_some(h)
+    });
+    // Long enough for `ALERTS_FOR_STATE` to be written with the firing state.
+    std::thread::sleep(Duration::from_secs(2));
+    regional.terminate();
+    let mut regional = Proc::strata(&args, d, "regional-restarted");
+    wait_ready(&format!("{base}/-/ready"), &mut regional, Duration::from_secs(30));
+    let after = wait_for("the held alerts back", Duration::from_secs(30), || {
+        let h = held(&base);
+        (h.len() == 8 && h.iter().all(|a| a.1 == "firing")).then_some(h)
+    });
+    assert_eq!(after, before, "the restart lost the alerts' `for` state");
+
+    // The global merges every regional's rules and alerts (with their external labels)
+    // and names a regional that does not answer.
+    let dead = format!("127.0.0.1:{}", free_port());
+    let (mut global, gbase) = crate::global::start_global(
+        d,
+        "global",
+        &format!("stores: ['{grpc}', '{dead}']\nstore_timeout: 2s\ninfo_interval: 1s\n"),
+        &[],
+    );
+    let whole = |path: &str| -> (u16, serde_json::Value) {
+        let r = client().get(format!("{gbase}{path}")).send().unwrap();
+        let code = r.status().as_u16();
+        (code, serde_json::from_str(&r.text().unwrap()).unwrap())
+    };
+    let (code, alerts) = whole("/api/v1/alerts");
+    assert_eq!(code, 200, "{alerts}");
+    let list = alerts["data"]["alerts"].as_array().cloned().unwrap_or_default();
+    assert_eq!(list.len(), 16, "eight GPUs, two rules: {alerts}");
+    assert!(list.iter().all(|a| a["labels"]["region"] == "r1" && a["state"] == "firing"), "{alerts}");
+    let warned = alerts["warnings"].as_array().cloned().unwrap_or_default();
+    assert!(warned.iter().any(|w| w.as_str().unwrap_or_default().contains(&dead)), "{alerts}");
+    let (code, strict) = whole("/api/v1/alerts?partial_response=false");
+    assert_eq!(code, 503, "{strict}");
+    let (code, rules_global) = whole("/api/v1/rules?type=alert");
+    assert_eq!(code, 200, "{rules_global}");
+    let rule = &rules_global["data"]["groups"][0]["rules"][1];
+    assert_eq!((rule["name"].as_str(), rule["labels"]["region"].as_str()), (Some("GpuReporting"), Some("r1")));
+    assert_eq!(rule["alerts"].as_array().map(|a| a.len()), Some(8), "{rules_global}");
+    let (code, bad) = whole("/api/v1/rules?match[]=%7B");
+    assert_eq!(code, 400, "{bad}");
+    global.assert_running();
 
     // A bad file on reload: refused, the old rules stay.
     std::fs::write(&rules, "groups:\n  - name: gpu\n    rules:\n      - record: x\n        expr: sum(\n").unwrap();
@@ -176,7 +249,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert_eq!(metric_value(&page, "prometheus_config_last_reload_successful"), Some(0.0), "{page}");
     assert_eq!(
         crate::common::api_data(&format!("{base}/api/v1/alerts"))["alerts"].as_array().map(|a| a.len()),
-        Some(8)
+        Some(16)
     );
 
     // One Alertmanager down; the rule now resolves every alert: the other one hears it.

@@ -66,6 +66,8 @@ pub struct RemoteStore {
     /// The address, as errors and warnings name the store.
     name: String,
     client: StoreClient<Channel>,
+    /// The connection, for other services the same server offers (a regional's rules).
+    channel: Channel,
 }
 
 impl RemoteStore {
@@ -90,17 +92,23 @@ impl RemoteStore {
             .max_frame_size(H2_FRAME_BYTES);
         // Requests are small and go out plain, so any server can read them; responses may
         // come gzipped.
-        let mut client = StoreClient::new(endpoint.connect_lazy())
+        let channel = endpoint.connect_lazy();
+        let mut client = StoreClient::new(channel.clone())
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES);
         if opts.gzip {
             client = client.accept_compressed(CompressionEncoding::Gzip);
         }
-        Ok(RemoteStore { name: addr.to_string(), client })
+        Ok(RemoteStore { name: addr.to_string(), client, channel })
     }
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The store's connection, shared with other services its server offers.
+    pub fn channel(&self) -> Channel {
+        self.channel.clone()
     }
 
     pub async fn info(&self) -> Result<pb::InfoResponse, StoreError> {

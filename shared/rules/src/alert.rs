@@ -101,12 +101,16 @@ pub struct Evaluated {
 }
 
 impl AlertingState {
-    /// Applies one evaluation's result (`(labels, value)` of the expression at `ts`).
+    /// Applies one evaluation's result (`(labels, value)` of the expression). `ts` is the
+    /// evaluation's time, which alert states keep; `sample_ts` is `ts − query_offset`, where
+    /// `ALERTS` and `ALERTS_FOR_STATE` are written (Prometheus 3 keeps the two apart).
+    #[allow(clippy::too_many_arguments)]
     pub fn update(
         &mut self,
         rule: &RuleSpec,
         result: Vec<(Labels, f64)>,
         ts: i64,
+        sample_ts: i64,
         external: &Labels,
         env: &Env,
         limit: usize,
@@ -189,9 +193,9 @@ impl AlertingState {
                 a.fired_at = Some(ts);
             }
             if self.restored {
-                samples.push((series_labels(rule, a, "ALERTS", Some(a.state)), Sample::new(ts, 1.0)));
+                samples.push((series_labels(rule, a, "ALERTS", Some(a.state)), Sample::new(sample_ts, 1.0)));
                 let since = a.active_at.div_euclid(1000) as f64;
-                samples.push((series_labels(rule, a, "ALERTS_FOR_STATE", None), Sample::new(ts, since)));
+                samples.push((series_labels(rule, a, "ALERTS_FOR_STATE", None), Sample::new(sample_ts, since)));
             }
         }
         for k in gone {

@@ -80,9 +80,25 @@ fn value_e(v: f64) -> String {
     format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
 }
 
-pub fn alert_json(a: &Alert) -> Value {
+/// `l` with `external`'s labels it lacks.
+fn with_external(l: &Labels, external: &Labels) -> Labels {
+    if external.is_empty() {
+        return l.clone();
+    }
+    let mut b = l.to_builder();
+    for x in external.iter() {
+        if b.get(&x.name).is_none() {
+            b.set_shared(x.name.clone(), x.value.clone());
+        }
+    }
+    b.build()
+}
+
+/// An alert as Prometheus shows it, its labels with `external`'s added (empty for the
+/// tier's own HTTP API, as Prometheus' own; a regional's external labels for a global).
+pub fn alert_json(a: &Alert, external: &Labels) -> Value {
     let mut v = json!({
-        "labels": labels_json(&a.labels),
+        "labels": labels_json(&with_external(&a.labels, external)),
         "annotations": labels_json(&a.annotations),
         "state": a.state.as_str(),
         "activeAt": rfc3339(a.active_at),
@@ -94,7 +110,7 @@ pub fn alert_json(a: &Alert) -> Value {
     v
 }
 
-fn group_json(g: &Group, f: &RulesFilter) -> Option<Value> {
+fn group_json(g: &Group, f: &RulesFilter, external: &Labels) -> Option<Value> {
     if !f.rule_groups.is_empty() && !f.rule_groups.contains(&g.spec.name) {
         return None;
     }
@@ -109,17 +125,15 @@ fn group_json(g: &Group, f: &RulesFilter) -> Option<Value> {
         if !f.rule_names.is_empty() && !f.rule_names.contains(&r.spec.name) {
             continue;
         }
-        if !f.matchers.is_empty() {
-            let l = crate::file::labels_of(&r.spec.labels);
-            if !f.matchers.iter().any(|m| matches_all(m, &l)) {
-                continue;
-            }
+        let labels = with_external(&crate::file::labels_of(&r.spec.labels), external);
+        if !f.matchers.is_empty() && !f.matchers.iter().any(|m| matches_all(m, &labels)) {
+            continue;
         }
         let last = r.last_evaluation.map(rfc3339).unwrap_or_else(|| "0001-01-01T00:00:00Z".into());
         let mut v = json!({
             "name": r.spec.name,
             "query": r.spec.expr_text,
-            "labels": pairs_json(&r.spec.labels),
+            "labels": labels_json(&labels),
             "health": r.health.as_str(),
             "lastError": r.last_error.clone().unwrap_or_default(),
             "evaluationTime": r.evaluation_time.as_secs_f64(),
@@ -142,7 +156,7 @@ fn group_json(g: &Group, f: &RulesFilter) -> Option<Value> {
                 v["keepFiringFor"] = json!(r.spec.keep_firing_for_ms as f64 / 1000.0);
                 v["annotations"] = pairs_json(&r.spec.annotations);
                 if !f.exclude_alerts {
-                    v["alerts"] = Value::Array(alerts.into_iter().map(alert_json).collect());
+                    v["alerts"] = Value::Array(alerts.into_iter().map(|a| alert_json(a, external)).collect());
                 }
             }
         }
@@ -162,12 +176,13 @@ fn group_json(g: &Group, f: &RulesFilter) -> Option<Value> {
     }))
 }
 
-/// The `data` of `/api/v1/rules`.
-pub async fn rules(m: &RuleManager, f: &RulesFilter) -> Value {
+/// The `data` of `/api/v1/rules`; rules' and alerts' labels with `external`'s added (see
+/// [`alert_json`]), `match[]` applied to them.
+pub async fn rules(m: &RuleManager, f: &RulesFilter, external: &Labels) -> Value {
     let mut groups = Vec::new();
     for g in m.groups() {
         let g = g.lock().await;
-        if let Some(v) = group_json(&g, f) {
+        if let Some(v) = group_json(&g, f, external) {
             groups.push(v);
         }
     }
@@ -175,13 +190,13 @@ pub async fn rules(m: &RuleManager, f: &RulesFilter) -> Value {
 }
 
 /// The `data` of `/api/v1/alerts`: every pending or firing alert.
-pub async fn alerts(m: &RuleManager) -> Value {
+pub async fn alerts(m: &RuleManager, external: &Labels) -> Value {
     let mut out = Vec::new();
     for g in m.groups() {
         let g = g.lock().await;
         for r in &g.rules {
             if let Some(a) = &r.alerts {
-                out.extend(a.active_alerts().into_iter().map(alert_json));
+                out.extend(a.active_alerts().into_iter().map(|a| alert_json(a, external)));
             }
         }
     }

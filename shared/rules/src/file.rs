@@ -100,7 +100,9 @@ impl<'de> Deserialize<'de> for Scalar {
                 Ok(Scalar(String::new()))
             }
         }
-        d.deserialize_any(V)
+        // As a string: a plain scalar's text as written (`yes`, `1.10`, `0x1F`), as
+        // Prometheus' YAML reads it into a string, not a value printed again.
+        d.deserialize_str(V)
     }
 }
 
@@ -410,6 +412,18 @@ mod tests {
         assert_eq!(g.rules[1].kind, RuleKind::Alerting);
         assert_eq!((g.rules[1].for_ms, g.rules[1].keep_firing_for_ms), (300_000, 60_000));
         assert_eq!(g.rules[1].annotation_templates.len(), 1);
+    }
+
+    #[test]
+    fn label_values_keep_their_text_as_yaml_wrote_it() {
+        let g = parse_groups(
+            "r.yml",
+            "groups:\n- name: a\n  rules:\n  - alert: A\n    expr: up\n    labels:\n      paging: yes\n      version: 1.10\n      hex: 0x1F\n      n: 007\n      t: true\n",
+        )
+        .unwrap();
+        let labels: BTreeMap<String, String> = g[0].rules[0].labels.iter().cloned().collect();
+        let want = [("hex", "0x1F"), ("n", "007"), ("paging", "yes"), ("t", "true"), ("version", "1.10")];
+        assert_eq!(labels, want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
     }
 
     #[test]

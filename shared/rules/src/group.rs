@@ -65,6 +65,9 @@ pub struct Group {
     pub rules: Vec<RuleState>,
     pub last_evaluation: Option<i64>,
     pub evaluation_time: Duration,
+    /// Series of rules a reload removed from this group, marked stale at its next
+    /// evaluation (Prometheus' `staleSeries`): after their last sample, never on it.
+    pending_stale: Vec<Labels>,
 }
 
 /// One evaluation's account.
@@ -93,11 +96,20 @@ impl Group {
                 returned: HashSet::new(),
             })
             .collect();
-        Group { spec, interval_ms, rules, last_evaluation: None, evaluation_time: Duration::ZERO }
+        Group {
+            spec,
+            interval_ms,
+            rules,
+            last_evaluation: None,
+            evaluation_time: Duration::ZERO,
+            pending_stale: Vec::new(),
+        }
     }
 
-    /// Prometheus' `evalTimestamp`: groups spread over their interval by a hash of their
-    /// file and name, so the same group always evaluates at the same phase.
+    /// As Prometheus' `evalTimestamp`: groups spread over their interval by a hash of
+    /// their file and name, so the same group always evaluates at the same phase. (The
+    /// hash is FNV, not Prometheus' xxhash of a label set: the phases differ from a
+    /// Prometheus running the same file, which nothing depends on.)
     pub fn offset_ms(&self) -> i64 {
         let mut h = strata_model::labels::Fnv64::new();
         h.write(self.spec.name.as_bytes());
@@ -119,10 +131,16 @@ impl Group {
         let mut out = GroupOutcome::default();
         let at = ts - self.spec.query_offset_ms.unwrap_or(0);
         let limit = self.spec.limit;
+        if !self.pending_stale.is_empty() {
+            let stale: Vec<(Labels, Sample)> =
+                self.pending_stale.drain(..).map(|l| (l, Sample::new(at, stale_nan()))).collect();
+            // A refused marker (the series already has a newer sample) is fine.
+            let _ = sink.append(stale).await;
+        }
         for rule in &mut self.rules {
             let t0 = Instant::now();
             rule.last_evaluation = Some(ts);
-            let result = eval_rule(rule, at, ctx, limit).await;
+            let result = eval_rule(rule, ts, at, ctx, limit).await;
             rule.evaluation_time = t0.elapsed();
             let (samples, template_errors) = match result {
                 Ok(v) => v,
@@ -168,7 +186,10 @@ impl Group {
     /// Marks every series the group's rules last wrote stale at `ts` (a group removed on
     /// reload, or a rule gone from it).
     pub async fn mark_stale(&mut self, ts: i64, sink: &dyn RuleSink) {
-        let mut stale = Vec::new();
+        // After the last samples written, or storage refuses the markers.
+        let ts = self.last_evaluation.map_or(ts, |l| ts.max(l.saturating_add(1)));
+        let mut stale: Vec<(Labels, Sample)> =
+            self.pending_stale.drain(..).map(|l| (l, Sample::new(ts, stale_nan()))).collect();
         for r in &mut self.rules {
             stale.extend(r.returned.drain().map(|l| (l, Sample::new(ts, stale_nan()))));
         }
@@ -180,11 +201,11 @@ impl Group {
     /// Takes over what `prev` (the same group before a reload) knew of the rules that stay
     /// (same kind, name and labels, as Prometheus matches them: a changed expression keeps
     /// its alerts, so they resolve and Alertmanager hears it): their alerts and the series
-    /// they wrote. Returns staleness markers for the series of the rules that are gone.
-    pub fn take_state_from(&mut self, prev: &mut Group) -> Vec<(Labels, Sample)> {
+    /// they wrote. The series of the rules that are gone are marked stale at the next
+    /// evaluation.
+    pub fn take_state_from(&mut self, prev: &mut Group) {
         let key = |r: &RuleSpec| (r.kind == RuleKind::Alerting, r.name.clone(), r.labels.clone());
-        let mut stale = Vec::new();
-        let at = prev.last_evaluation.unwrap_or_else(strata_model::time::now_ms);
+        let mut stale = std::mem::take(&mut prev.pending_stale);
         for old in prev.rules.iter_mut() {
             match self.rules.iter_mut().find(|r| key(&r.spec) == key(&old.spec) && r.returned.is_empty()) {
                 Some(new) => {
@@ -197,11 +218,11 @@ impl Group {
                     new.last_error = old.last_error.take();
                     new.last_evaluation = old.last_evaluation;
                 }
-                None => stale.extend(old.returned.drain().map(|l| (l, Sample::new(at, stale_nan())))),
+                None => stale.extend(old.returned.drain()),
             }
         }
         self.last_evaluation = prev.last_evaluation;
-        stale
+        self.pending_stale = stale;
     }
 
     /// Whether alerting rules write `ALERTS` (false until their `for` state is restored).
@@ -235,8 +256,10 @@ async fn query(ctx: &EvalContext<'_>, rule: &RuleSpec, at: i64) -> Result<Vec<(L
     }
 }
 
+/// `rule` at `ts`, its query (and its samples) at `at`, `ts − query_offset`.
 async fn eval_rule(
     rule: &mut RuleState,
+    ts: i64,
     at: i64,
     ctx: &EvalContext<'_>,
     limit: usize,
@@ -273,7 +296,8 @@ async fn eval_rule(
                 if handle.runtime_flavor() != tokio::runtime::RuntimeFlavor::MultiThread {
                     return Err("query in a template needs a multi-threaded runtime".into());
                 }
-                let v = tokio::task::block_in_place(|| handle.block_on(engine.instant(store, &expr, at)))
+                // Templates query at the evaluation's time, not `ts − query_offset` (as Prometheus).
+                let v = tokio::task::block_in_place(|| handle.block_on(engine.instant(store, &expr, ts)))
                     .map_err(|e| e.to_string())?;
                 match v {
                     QueryValue::Vector(v) => Ok(v.iter().map(|(l, _, x)| crate::template::sample(l, *x)).collect()),
@@ -285,7 +309,7 @@ async fn eval_rule(
             let env =
                 Env { query: if needs_query { Some(&templates_query) } else { None }, external_url: ctx.external_url };
             let state = rule.alerts.get_or_insert_with(Default::default);
-            let e = state.update(&rule.spec, result, at, ctx.external_labels, &env, limit)?;
+            let e = state.update(&rule.spec, result, ts, at, ctx.external_labels, &env, limit)?;
             Ok((e.samples, e.template_errors))
         }
     }

@@ -9,6 +9,8 @@
 //! What a group yields (samples, staleness markers, `ALERTS` and `ALERTS_FOR_STATE`) is
 //! handed back to the caller to store, so the same evaluation serves a regional's loop and
 //! `strata test rules` ([`unittest`]), which runs Prometheus' rule unit-test files.
+//! A regional serves its rules and alerts over gRPC (`remote`, feature `grpc`) and a global
+//! merges those of every regional ([`merge`]).
 
 pub mod alert;
 pub mod api;
@@ -17,8 +19,11 @@ pub mod group;
 #[cfg(test)]
 mod group_tests;
 pub mod manager;
+pub mod merge;
 pub mod metrics;
 pub mod notifier;
+#[cfg(feature = "grpc")]
+pub mod remote;
 pub mod restore;
 pub mod template;
 pub mod unittest;

@@ -23,6 +23,8 @@ use tokio::task::JoinHandle;
 pub struct RuleOptions {
     /// `global.evaluation_interval` (default 1m).
     pub default_interval: Duration,
+    /// `global.rule_query_offset` (default 0): for groups that set no `query_offset`.
+    pub default_query_offset: Duration,
     /// Added to what rules write and shown to templates as `$externalLabels`.
     pub external_labels: Labels,
     pub external_url: String,
@@ -39,6 +41,7 @@ impl Default for RuleOptions {
     fn default() -> Self {
         RuleOptions {
             default_interval: Duration::from_secs(60),
+            default_query_offset: Duration::ZERO,
             external_labels: Labels::default(),
             external_url: String::new(),
             resend_delay: Duration::from_secs(60),
@@ -67,7 +70,8 @@ struct Running {
 
 pub struct RuleManager {
     opts: RuleOptions,
-    patterns: Vec<String>,
+    /// The `rule_files` globs; a reload of the configuration may change them.
+    patterns: Mutex<Vec<String>>,
     base: PathBuf,
     store: Arc<dyn Store>,
     sink: Arc<dyn RuleSink>,
@@ -77,6 +81,10 @@ pub struct RuleManager {
     status: Mutex<ReloadStatus>,
     /// Serialises reloads (a SIGHUP and a `/-/reload` at once).
     reloading: tokio::sync::Mutex<()>,
+    /// Set by the first load: only the groups it starts restore `for` state (Prometheus'
+    /// `shouldRestore`); a reload keeps the state it carries over, and a group added by
+    /// a reload starts afresh.
+    loaded_once: std::sync::atomic::AtomicBool,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -97,7 +105,7 @@ impl RuleManager {
     ) -> Arc<RuleManager> {
         Arc::new(RuleManager {
             opts,
-            patterns,
+            patterns: Mutex::new(patterns),
             base,
             store,
             sink,
@@ -106,11 +114,33 @@ impl RuleManager {
             running: Mutex::new(Vec::new()),
             status: Mutex::new(ReloadStatus::default()),
             reloading: tokio::sync::Mutex::new(()),
+            loaded_once: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
     pub fn status(&self) -> ReloadStatus {
         self.status.lock().clone()
+    }
+
+    /// A reload that failed before the rule files were read (the configuration file is
+    /// broken): shown as Prometheus shows a failed reload; the rules stay as they are.
+    pub fn reload_failed(&self, error: String) {
+        tracing::error!(error = %error, "reload failed: the rules loaded before stay");
+        self.metrics.config_success.set(0);
+        let mut s = self.status.lock();
+        s.success = false;
+        s.errors = vec![error];
+    }
+
+    /// Replaces the `rule_files` globs (the configuration file was read again); the next
+    /// [`reload`](Self::reload) reads them.
+    pub fn set_patterns(&self, patterns: Vec<String>) {
+        *self.patterns.lock() = patterns;
+    }
+
+    /// The external labels alerts are sent with.
+    pub fn external_labels(&self) -> &Labels {
+        &self.opts.external_labels
     }
 
     pub fn metrics(&self) -> &RuleMetrics {
@@ -121,7 +151,7 @@ impl RuleManager {
     /// as it was (Prometheus does the same), and the error is returned, logged and shown.
     pub async fn reload(self: &Arc<Self>) -> Result<(), Vec<RuleFileError>> {
         let _one = self.reloading.lock().await;
-        let (patterns, base) = (self.patterns.clone(), self.base.clone());
+        let (patterns, base) = (self.patterns.lock().clone(), self.base.clone());
         let loaded = tokio::task::spawn_blocking(move || load_globs(&patterns, &base))
             .await
             .unwrap_or_else(|e| Err(vec![RuleFileError { file: String::new(), errors: vec![e.to_string()] }]));
@@ -169,19 +199,21 @@ impl RuleManager {
             old_by_key.insert(r.key, g);
         }
         let now = strata_model::time::now_ms();
+        let restore = !self.loaded_once.swap(true, std::sync::atomic::Ordering::SeqCst);
         let mut running = Vec::new();
-        for spec in specs {
+        for mut spec in specs {
             let key = (spec.file.clone(), spec.name.clone());
+            if spec.query_offset_ms.is_none() && !self.opts.default_query_offset.is_zero() {
+                spec.query_offset_ms = Some(ms(self.opts.default_query_offset));
+            }
             let mut g = Group::new(spec, ms(self.opts.default_interval));
             if let Some(mut prev) = old_by_key.remove(&key) {
-                let stale = g.take_state_from(&mut prev);
-                if !stale.is_empty() {
-                    let _ = self.sink.append(stale).await;
-                }
+                // The series of rules gone from it are marked stale at its next evaluation.
+                g.take_state_from(&mut prev);
             }
             let group = Arc::new(tokio::sync::Mutex::new(g));
             let (stop, stop_rx) = watch::channel(false);
-            let task = tokio::spawn(self.clone().group_loop(group.clone(), stop_rx));
+            let task = tokio::spawn(self.clone().group_loop(group.clone(), stop_rx, restore));
             running.push(Running { group, key, stop, task });
         }
         for (_, mut g) in old_by_key {
@@ -208,7 +240,12 @@ impl RuleManager {
         v.into_iter().map(|x| x.1).collect()
     }
 
-    async fn group_loop(self: Arc<Self>, group: Arc<tokio::sync::Mutex<Group>>, mut stop: watch::Receiver<bool>) {
+    async fn group_loop(
+        self: Arc<Self>,
+        group: Arc<tokio::sync::Mutex<Group>>,
+        mut stop: watch::Receiver<bool>,
+        restore: bool,
+    ) {
         let (interval, label) = {
             let g = group.lock().await;
             (g.interval_ms, format!("{};{}", g.spec.file, g.spec.name))
@@ -216,7 +253,9 @@ impl RuleManager {
         let m = self.metrics.group(&label);
         m.interval.set(interval as f64 / 1000.0);
         let engine = Engine::new(self.opts.engine.clone());
-        let mut first = true;
+        // Evaluations until the `for` state is restored: after the second, as Prometheus
+        // does, so that forwarded data and recording rules have caught up.
+        let mut restore_in: u8 = if restore { 2 } else { 0 };
         let mut next = {
             let g = group.lock().await;
             g.eval_timestamp(strata_model::time::now_ms()) + interval
@@ -240,23 +279,26 @@ impl RuleManager {
                 external_url: &self.opts.external_url,
             };
             let mut g = group.lock().await;
-            if first {
+            if restore_in == 2 {
                 // `ALERTS` waits until the `for` state is restored (Prometheus' order:
-                // evaluate once, restore, then write).
+                // evaluate twice, restore, then write).
                 g.set_restored(false);
             }
             let started = std::time::Instant::now();
             let outcome = g.eval(ts, &ctx, self.sink.as_ref()).await;
-            if first {
-                crate::restore::restore_for_state(
-                    &mut g,
-                    ts,
-                    self.store.as_ref(),
-                    ms(self.opts.outage_tolerance),
-                    ms(self.opts.for_grace_period),
-                )
-                .await;
-                first = false;
+            if restore_in > 0 {
+                restore_in -= 1;
+                if restore_in == 0 {
+                    crate::restore::restore_for_state(
+                        &mut g,
+                        strata_model::time::now_ms(),
+                        self.store.as_ref(),
+                        &self.opts.external_labels,
+                        ms(self.opts.outage_tolerance),
+                        ms(self.opts.for_grace_period),
+                    )
+                    .await;
+                }
             }
             let took = started.elapsed();
             m.record(&g, &outcome, took, ts);
@@ -270,17 +312,21 @@ impl RuleManager {
                 tracing::warn!(group = %g.spec.name, refused = outcome.samples_refused, "rule output refused by storage (out of order or duplicate)");
             }
             if let Some(n) = &self.notifier {
+                // Rules that failed this time send nothing (their alerts expire in
+                // Alertmanager if they keep failing, as with Prometheus).
                 let alerts = g.alerts_to_send(ts, ms(self.opts.resend_delay), &self.opts.external_url);
                 if !alerts.is_empty() {
                     n.send(alerts);
                 }
             }
             drop(g);
-            // The next slot after now: a slow evaluation skips slots, and says so.
+            // The next slot. An evaluation that overran it runs late, at once, for that
+            // slot (Prometheus' ticker does the same); slots wholly passed are skipped
+            // and counted.
             next += interval;
             let now = strata_model::time::now_ms();
-            if now >= next {
-                let missed = (now - next) / interval + 1;
+            let missed = if now > next { (now - next) / interval } else { 0 };
+            if missed > 0 {
                 m.missed.inc_by(missed as u64);
                 next += missed * interval;
                 tracing::warn!(group = %label, missed, "rule group evaluation took longer than its interval: iterations missed");
@@ -295,6 +341,9 @@ impl Group {
         let interval = self.interval_ms;
         let mut out = Vec::new();
         for r in self.rules.iter_mut() {
+            if r.health == crate::group::Health::Err {
+                continue;
+            }
             let expr = r.spec.expr_text.clone();
             let Some(state) = r.alerts.as_mut() else { continue };
             for a in state.active.values_mut() {

@@ -8,12 +8,21 @@
 use crate::alert::AlertState;
 use crate::file::RuleKind;
 use crate::group::Group;
-use strata_model::{MatchOp, Matcher};
+use strata_model::{Labels, MatchOp, Matcher};
 use strata_store::{SelectLimits, SelectRequest, Store};
 
 /// Restores the `for` state of `g`'s alerting rules after their first evaluation at `ts`
 /// and lets them write `ALERTS` from now on.
-pub async fn restore_for_state(g: &mut Group, ts: i64, store: &dyn Store, tolerance_ms: i64, grace_ms: i64) {
+/// `external` are the labels the sink added to what it stored (a regional's external
+/// labels), so the `ALERTS_FOR_STATE` series it wrote is found with them.
+pub async fn restore_for_state(
+    g: &mut Group,
+    ts: i64,
+    store: &dyn Store,
+    external: &Labels,
+    tolerance_ms: i64,
+    grace_ms: i64,
+) {
     for rule in g.rules.iter_mut() {
         let Some(state) = rule.alerts.as_mut() else { continue };
         if rule.spec.kind != RuleKind::Alerting || rule.spec.for_ms < grace_ms {
@@ -38,18 +47,30 @@ pub async fn restore_for_state(g: &mut Group, ts: i64, store: &dyn Store, tolera
                     continue;
                 }
             };
-            // The series whose labels are exactly the alert's (and its name): equality
-            // matchers also match series with more labels.
+            // The series whose labels are exactly the alert's (and its name), with the
+            // external labels it was stored with: equality matchers also match series with
+            // more labels.
+            let mut expected = a.labels.to_builder();
+            for x in external.iter() {
+                if expected.get(&x.name).is_none() {
+                    expected.set_shared(x.name.clone(), x.value.clone());
+                }
+            }
+            let expected = expected.build();
             let Some(s) = found.into_iter().find(|s| {
                 let mut b = s.labels.to_builder();
                 b.del("__name__");
-                b.build() == a.labels
+                b.build() == expected
             }) else {
                 continue;
             };
             let Ok(samples) = s.samples(from, ts) else { continue };
-            // The newest sample before this run's own.
-            let Some(last) = samples.iter().rev().find(|x| x.t < ts && !strata_model::is_stale(x.v)) else { continue };
+            // The newest sample before now: a staleness marker there means the alert had
+            // resolved, and a new occurrence starts its `for` afresh.
+            let Some(last) = samples.iter().rev().find(|x| x.t < ts) else { continue };
+            if strata_model::is_stale(last.v) {
+                continue;
+            }
             if !last.v.is_finite() || last.v < 0.0 || last.v > 1e11 {
                 continue;
             }
@@ -97,6 +118,18 @@ mod tests {
     /// A rule with `for: 20m` true since 0; the process went down at 12m after writing
     /// `ALERTS_FOR_STATE` every minute, and comes back at `restart`.
     async fn restored_active_at(down_at: i64, restart: i64, grace: i64) -> (i64, AlertState) {
+        restored_with(down_at, restart, grace, &[], false).await
+    }
+
+    /// As [`restored_active_at`], the state series stored with `external` labels added,
+    /// and a staleness marker after its last sample when `resolved`.
+    async fn restored_with(
+        down_at: i64,
+        restart: i64,
+        grace: i64,
+        external: &[(&str, &str)],
+        resolved: bool,
+    ) -> (i64, AlertState) {
         let spec =
             parse_groups("r.yml", "groups:\n- name: g\n  rules:\n  - alert: Hot\n    expr: temp > 80\n    for: 20m\n")
                 .unwrap()
@@ -104,14 +137,20 @@ mod tests {
         let mut store = MemoryStore::default();
         let temp = Labels::from_pairs([("__name__", "temp"), ("gpu", "0")]);
         store.add(temp, MetricType::Gauge, (0..=restart / MIN).map(|i| Sample::new(i * MIN, 90.0)));
-        let state = Labels::from_pairs([("__name__", "ALERTS_FOR_STATE"), ("alertname", "Hot"), ("gpu", "0")]);
-        store.add(state, MetricType::Gauge, (0..=down_at / MIN).map(|i| Sample::new(i * MIN, 0.0)));
+        let mut pairs = vec![("__name__", "ALERTS_FOR_STATE"), ("alertname", "Hot"), ("gpu", "0")];
+        pairs.extend_from_slice(external);
+        let mut samples: Vec<Sample> = (0..=down_at / MIN).map(|i| Sample::new(i * MIN, 0.0)).collect();
+        if resolved {
+            samples.push(Sample::new(down_at + MIN / 2, strata_model::stale_nan()));
+        }
+        store.add(Labels::from_pairs(pairs), MetricType::Gauge, samples);
+        let external = Labels::from_pairs(external.iter().copied());
         let mut g = Group::new(spec, MIN);
         g.set_restored(false);
         let engine = Engine::new(EngineOptions::default());
         let ctx = EvalContext { store: &store, engine: &engine, external_labels: &Labels::default(), external_url: "" };
         g.eval(restart, &ctx, &Nowhere).await;
-        restore_for_state(&mut g, restart, &store, 60 * MIN, grace).await;
+        restore_for_state(&mut g, restart, &store, &external, 60 * MIN, grace).await;
         let a = g.rules[0].alerts.as_ref().unwrap();
         assert!(a.restored);
         let alert = a.active_alerts()[0].clone();
@@ -148,5 +187,18 @@ mod tests {
     async fn an_outage_longer_than_the_tolerance_starts_over() {
         let (active_at, _) = restored_active_at(12 * MIN, 80 * MIN, 2 * MIN).await;
         assert_eq!(active_at, 80 * MIN);
+    }
+
+    #[tokio::test]
+    async fn the_state_is_found_with_the_external_labels_it_was_stored_with() {
+        let (active_at, state) = restored_with(12 * MIN, 17 * MIN, 2 * MIN, &[("region", "eu")], false).await;
+        assert_eq!((active_at, state), (5 * MIN, AlertState::Pending));
+    }
+
+    #[tokio::test]
+    async fn an_alert_that_had_resolved_is_not_restored() {
+        // Firing before it resolved: the new occurrence waits its whole `for` again.
+        let (active_at, state) = restored_with(25 * MIN, 27 * MIN, 2 * MIN, &[], true).await;
+        assert_eq!((active_at, state), (27 * MIN, AlertState::Pending));
     }
 }

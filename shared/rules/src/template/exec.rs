@@ -11,6 +11,9 @@ use std::collections::BTreeMap;
 const MAX_OUTPUT: usize = 1 << 20;
 const MAX_STEPS: usize = 1_000_000;
 const MAX_DEPTH: usize = 64;
+/// The most bytes of strings one rendering may produce in all (values held in variables
+/// included, not only output): doubling a string in a loop stops here.
+const MAX_PRODUCED: usize = 16 << 20;
 
 pub(crate) struct Exec<'a> {
     pub env: &'a Env<'a>,
@@ -18,6 +21,7 @@ pub(crate) struct Exec<'a> {
     pub out: String,
     steps: usize,
     depth: usize,
+    produced: usize,
     vars: Vec<(String, Value)>,
 }
 
@@ -33,7 +37,15 @@ fn err(msg: impl Into<String>) -> TemplateError {
 
 impl<'a> Exec<'a> {
     pub fn new(env: &'a Env<'a>, defined: &'a [(String, Vec<Node>)], dot: &Value) -> Self {
-        Exec { env, defined, out: String::new(), steps: 0, depth: 0, vars: vec![("$".into(), dot.clone())] }
+        Exec {
+            env,
+            defined,
+            out: String::new(),
+            steps: 0,
+            depth: 0,
+            produced: 0,
+            vars: vec![("$".into(), dot.clone())],
+        }
     }
 
     pub fn run(&mut self, nodes: &[Node], dot: &Value) -> Result<(), TemplateError> {
@@ -46,6 +58,17 @@ impl<'a> Exec<'a> {
             return Err(err("template too expensive: stopped"));
         }
         Ok(())
+    }
+
+    /// Counts a value a function produced against [`MAX_PRODUCED`].
+    fn charge(&mut self, v: Value) -> Result<Value, TemplateError> {
+        if let Value::Str(s) = &v {
+            self.produced = self.produced.saturating_add(s.len());
+            if s.len() > MAX_OUTPUT || self.produced > MAX_PRODUCED {
+                return Err(err("template too expensive: stopped"));
+            }
+        }
+        Ok(v)
     }
 
     fn list(&mut self, nodes: &[Node], dot: &Value) -> Result<Flow, TemplateError> {
@@ -91,18 +114,20 @@ impl<'a> Exec<'a> {
                     let mut plain = pipe.clone();
                     plain.vars.clear();
                     let v = self.pipeline(&plain, dot)?;
-                    let items: Vec<(Value, Value)> = match v {
-                        Value::List(l) => l.into_iter().enumerate().map(|(i, x)| (Value::Int(i as i64), x)).collect(),
-                        Value::Map(m) => m.into_iter().map(|(k, x)| (Value::Str(k), x)).collect(),
+                    // Counted ranges are walked, not materialised: `range 1000000` holds
+                    // nothing, and every iteration is a step.
+                    let items: Box<dyn Iterator<Item = (Value, Value)>> = match v {
+                        Value::List(l) => Box::new(l.into_iter().enumerate().map(|(i, x)| (Value::Int(i as i64), x))),
+                        Value::Map(m) => Box::new(m.into_iter().map(|(k, x)| (Value::Str(k), x))),
                         Value::Int(n) if n > MAX_STEPS as i64 => return Err(err("template too expensive: stopped")),
-                        Value::Int(n) if n >= 0 => (0..n).map(|i| (Value::Int(i), Value::Int(i))).collect(),
-                        Value::Nil | Value::NoValue => Vec::new(),
+                        Value::Int(n) if n >= 0 => Box::new((0..n).map(|i| (Value::Int(i), Value::Int(i)))),
+                        Value::Nil | Value::NoValue => Box::new(std::iter::empty()),
                         other => return Err(err(format!("range can't iterate over {}", other.print()))),
                     };
-                    if items.is_empty() {
-                        self.list(otherwise, dot)?;
-                    }
+                    let mut any = false;
                     for (k, x) in items {
+                        any = true;
+                        self.tick()?;
                         let inner = self.vars.len();
                         match pipe.vars.as_slice() {
                             [] => {}
@@ -118,6 +143,9 @@ impl<'a> Exec<'a> {
                         if matches!(flow, Flow::Break) {
                             break;
                         }
+                    }
+                    if !any {
+                        self.list(otherwise, dot)?;
                     }
                     self.vars.truncate(mark);
                 }
@@ -182,6 +210,9 @@ impl<'a> Exec<'a> {
     fn command(&mut self, cmd: &[Operand], dot: &Value, last: Option<Value>) -> Result<Value, TemplateError> {
         self.tick()?;
         if let Some(Operand::Ident(name)) = cmd.first() {
+            if name == "and" || name == "or" {
+                return self.and_or(name == "and", &cmd[1..], dot, last);
+            }
             let mut args = Vec::with_capacity(cmd.len());
             for a in &cmd[1..] {
                 args.push(self.operand(a, dot)?);
@@ -197,9 +228,26 @@ impl<'a> Exec<'a> {
         self.operand(&cmd[0], dot)
     }
 
+    /// Go's `and` and `or` (1.18 on): arguments evaluated in order until one decides, so
+    /// `and (query "x") (query "x" | first)` does not run the second query on nothing.
+    fn and_or(&mut self, and: bool, ops: &[Operand], dot: &Value, last: Option<Value>) -> Result<Value, TemplateError> {
+        let name = if and { "and" } else { "or" };
+        if ops.is_empty() && last.is_none() {
+            return Err(err(format!("wrong number of args for {name}: want at least 1 got 0")));
+        }
+        let mut value = Value::Nil;
+        for op in ops {
+            value = self.operand(op, dot)?;
+            if value.truthy() != and {
+                return Ok(value);
+            }
+        }
+        Ok(last.unwrap_or(value))
+    }
+
     fn call(&mut self, name: &str, args: Vec<Value>) -> Result<Value, TemplateError> {
-        // `and` and `or` evaluate all their arguments here (Go stops early); the value is the same.
-        funcs::call(self.env, name, args)
+        let v = funcs::call(self.env, name, args)?;
+        self.charge(v)
     }
 
     fn operand(&mut self, op: &Operand, dot: &Value) -> Result<Value, TemplateError> {

@@ -220,5 +220,26 @@ mod tests {
         assert!(t.render(&Env::default(), &Value::Nil).is_err());
         let t = Template::parse("{{ range 100000000 }}xxxxxxxx{{ end }}").unwrap();
         assert!(t.render(&Env::default(), &Value::Nil).is_err());
+        // Growth held in a variable, not in the output, and loops with empty bodies.
+        let t = Template::parse("{{ $x := \"ab\" }}{{ range 40 }}{{ $x = print $x $x }}{{ end }}").unwrap();
+        assert!(t.render(&Env::default(), &Value::Nil).is_err());
+        let t = Template::parse("{{ range 1000000 }}{{ range 1000000 }}{{ end }}{{ end }}").unwrap();
+        assert!(t.render(&Env::default(), &Value::Nil).is_err(), "stopped by its step budget");
+    }
+
+    #[test]
+    fn and_and_or_stop_at_the_argument_that_decides() {
+        let calls = std::sync::atomic::AtomicUsize::new(0);
+        let q = |_: &str| -> Result<Vec<QuerySample>, String> {
+            calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            Ok(Vec::new())
+        };
+        let env = Env { query: Some(&q), external_url: "" };
+        let t =
+            Template::parse("{{ if and (query \"x\") (query \"x\" | first | value) }}y{{ else }}n{{ end }}").unwrap();
+        assert_eq!(t.render(&env, &Value::Nil).unwrap(), "n");
+        assert_eq!(calls.load(std::sync::atomic::Ordering::SeqCst), 1, "the second query never ran");
+        let t = Template::parse("{{ or 0 \"\" \"b\" \"c\" }} {{ and 1 0 2 }} {{ \"p\" | or 0 }}").unwrap();
+        assert_eq!(t.render(&Env::default(), &Value::Nil).unwrap(), "b 0 p");
     }
 }

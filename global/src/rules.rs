@@ -1,0 +1,103 @@
+//! The global's `/api/v1/rules` and `/api/v1/alerts`: every regional's rules and alerts
+//! (read over the rules API beside its StoreAPI) merged by [`strata_rules::merge`], with a
+//! warning naming each regional that did not answer (or an error with
+//! `partial_response=false`), so Grafana's alert views over the global never show a
+//! region's alerts missing in silence.
+
+use crate::stores::StoreSet;
+use axum::extract::{RawQuery, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use strata_api::{ApiError, ErrorType};
+use strata_rules::api::RulesFilter;
+use strata_rules::remote::{request_from_pairs, RemoteRules, RemoteRulesError};
+
+#[derive(Clone)]
+struct RulesState {
+    stores: Arc<StoreSet>,
+    replicas: Arc<Vec<String>>,
+    timeout: Duration,
+}
+
+fn pairs(q: Option<&str>) -> Vec<(String, String)> {
+    form_urlencoded::parse(q.unwrap_or("").as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
+}
+
+/// `partial_response=false` turns a regional that did not answer into an error.
+fn partial_allowed(pairs: &[(String, String)]) -> bool {
+    !pairs.iter().any(|(k, v)| k == "partial_response" && matches!(v.as_str(), "false" | "0"))
+}
+
+/// Asks every regional at once; the answers, and a warning per regional that failed.
+async fn ask<F, Fut>(s: &RulesState, call: F) -> (Vec<(String, Value)>, Vec<String>)
+where
+    F: Fn(RemoteRules) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, RemoteRulesError>> + Send + 'static,
+{
+    let mut set = tokio::task::JoinSet::new();
+    for r in s.stores.rule_sources() {
+        let (name, answer, timeout) = (r.name().to_string(), call(r), s.timeout);
+        set.spawn(async move {
+            let got = tokio::time::timeout(timeout, answer).await.unwrap_or_else(|_| {
+                Err(RemoteRulesError::Failed { store: name.clone(), message: format!("no answer within {timeout:?}") })
+            });
+            (name, got)
+        });
+    }
+    let (mut answers, mut warnings) = (Vec::new(), Vec::new());
+    while let Some(done) = set.join_next().await {
+        match done {
+            Ok((name, Ok(v))) => answers.push((name, v)),
+            // Edges serve no rules: nothing is missing.
+            Ok((_, Err(RemoteRulesError::Unimplemented { .. }))) => {}
+            Ok((_, Err(e))) => warnings.push(e.to_string()),
+            Err(e) => warnings.push(format!("a rules request failed: {e}")),
+        }
+    }
+    // Stable output whatever order the answers came in.
+    answers.sort_by(|a, b| a.0.cmp(&b.0));
+    warnings.sort();
+    (answers, warnings)
+}
+
+fn answer(data: Value, mut warnings: Vec<String>, more: Vec<String>, partial: bool) -> Response {
+    warnings.extend(more);
+    if !partial && !warnings.is_empty() {
+        return ApiError { kind: ErrorType::Unavailable, message: warnings.join("; ") }.into_response();
+    }
+    strata_api::success(data, warnings)
+}
+
+async fn rules_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Response {
+    let pairs = pairs(q.as_deref());
+    // Checked here, so a bad filter is the client's 400 and not a warning per regional.
+    if let Err(e) = RulesFilter::from_pairs(&pairs) {
+        return ApiError::bad_data(e).into_response();
+    }
+    let req = request_from_pairs(&pairs);
+    let (answers, failed) = ask(&s, move |r| {
+        let req = req.clone();
+        async move { r.rules(req).await }
+    })
+    .await;
+    let (data, malformed) = strata_rules::merge::merge_rules(answers, &s.replicas);
+    answer(data, failed, malformed, partial_allowed(&pairs))
+}
+
+async fn alerts_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Response {
+    let pairs = pairs(q.as_deref());
+    let (answers, failed) = ask(&s, |r| async move { r.alerts().await }).await;
+    let (data, malformed) = strata_rules::merge::merge_alerts(answers, &s.replicas);
+    answer(data, failed, malformed, partial_allowed(&pairs))
+}
+
+pub fn router(stores: Arc<StoreSet>, replicas: Vec<String>, timeout: Duration) -> Router {
+    Router::new()
+        .route("/api/v1/rules", get(rules_handler))
+        .route("/api/v1/alerts", get(alerts_handler))
+        .with_state(RulesState { stores, replicas: Arc::new(replicas), timeout })
+}
