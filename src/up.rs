@@ -5,9 +5,15 @@
 //! what `up` runs can be rerun by hand with `strata edge`, `strata regional` and
 //! `strata global --config`.
 //!
+//! The regional evaluates the GPU rule pack of `deploy/rules` (built in, written to
+//! `strata-data/regional/rules/` where it can be edited) and sends its alerts to an
+//! Alertmanager that `up` starts when one is installed (Debian's `prometheus-alertmanager`,
+//! or `alertmanager` on the PATH).
+//!
 //! Ports from `--port-base` (9400): the simulator, the four edges' HTTP (9401–9404, c0-a,
 //! c0-b, c1-a, c1-b), their StoreAPI (9405–9408), the global's HTTP (9409), the regional's
-//! HTTP (9410) and its gRPC (9411: the forward receiver and the StoreAPI).
+//! HTTP (9410) and its gRPC (9411: the forward receiver and the StoreAPI), Alertmanager
+//! (9412).
 
 use anyhow::Context;
 use std::net::SocketAddr;
@@ -19,8 +25,8 @@ pub struct UpArgs {
     /// Directory for all data and generated configuration.
     #[arg(long, default_value = "strata-data")]
     data: PathBuf,
-    /// First of the twelve ports used: simulator, four edges, their StoreAPI, the global,
-    /// the regional's HTTP and gRPC.
+    /// First of the thirteen ports used: simulator, four edges, their StoreAPI, the global,
+    /// the regional's HTTP and gRPC, Alertmanager.
     #[arg(long, default_value_t = 9400)]
     port_base: u16,
     /// Simulated nodes per cluster (two clusters, each scraped by an HA pair of edges).
@@ -74,6 +80,79 @@ fn global_config(stores: &[SocketAddr]) -> String {
          stores:\n{}store_timeout: 30s\ninfo_interval: 10s\nreplica_labels: [replica]\naggregates: coarsest\n",
         list.concat()
     )
+}
+
+/// The GPU rule pack of `deploy/rules`, built in.
+const RULE_PACK: [(&str, &str); 3] = [
+    ("gpu-recording.yml", include_str!("../deploy/rules/gpu-recording.yml")),
+    ("gpu-alerts.yml", include_str!("../deploy/rules/gpu-alerts.yml")),
+    ("strata-health.yml", include_str!("../deploy/rules/strata-health.yml")),
+];
+
+/// Writes the rule pack into `dir/rules`; a file already there (a user's edit) is kept.
+fn write_rule_pack(dir: &Path) -> anyhow::Result<()> {
+    let rules = dir.join("rules");
+    std::fs::create_dir_all(&rules).with_context(|| format!("creating {}", rules.display()))?;
+    for (name, text) in RULE_PACK {
+        let p = rules.join(name);
+        if !p.exists() {
+            std::fs::write(&p, text).with_context(|| format!("writing {}", p.display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn regional_config(alertmanager: Option<SocketAddr>) -> String {
+    let mut text = "# Written by `strata up`: the regional that every edge forwards to. It evaluates the\n\
+         # GPU rule pack (rules/, from deploy/rules) over the deduplicated data of each HA pair;\n\
+         # what it records carries `region`, as alerts do.\n\
+         global:\n  evaluation_interval: 30s\n  external_labels:\n    region: local\n\
+         strata:\n  retention: 15d\nrule_files:\n  - rules/*.yml\n"
+        .to_string();
+    if let Some(am) = alertmanager {
+        text.push_str(&format!("alerting:\n  alertmanagers:\n    - static_configs:\n        - targets: ['{am}']\n"));
+    }
+    text
+}
+
+/// An Alertmanager `up` started; stopped with `up`.
+struct AlertmanagerProcess(std::process::Child);
+
+impl Drop for AlertmanagerProcess {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts Debian's `prometheus-alertmanager` (or an `alertmanager` on the PATH) on `addr`,
+/// with a receiver that only shows alerts in its UI; `None` when neither is installed.
+fn start_alertmanager(dir: &Path, addr: SocketAddr) -> anyhow::Result<Option<AlertmanagerProcess>> {
+    let installed =
+        |p: &&str| std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success());
+    let Some(program) = ["prometheus-alertmanager", "alertmanager"].into_iter().find(installed) else {
+        return Ok(None);
+    };
+    let cfg = write_config(
+        dir,
+        "alertmanager.yml",
+        "# Written by `strata up`: alerts are shown in Alertmanager's UI and sent nowhere; add a\n\
+         # receiver (Slack, PagerDuty, email) to be told.\n\
+         route:\n  receiver: ui-only\n  group_wait: 10s\nreceivers:\n  - name: ui-only\n",
+    )?;
+    let log_path = dir.join("alertmanager.log");
+    let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
+    let child = std::process::Command::new(program)
+        .arg(format!("--config.file={}", cfg.display()))
+        .arg(format!("--storage.path={}", dir.join("data").display()))
+        .arg(format!("--web.listen-address={addr}"))
+        // Alone: no gossip port.
+        .arg("--cluster.listen-address=")
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .with_context(|| format!("starting {program}"))?;
+    Ok(Some(AlertmanagerProcess(child)))
 }
 
 fn write_config(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
@@ -160,11 +239,10 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
 
     let port = |i: usize| -> SocketAddr { ([127, 0, 0, 1], a.port_base.saturating_add(i as u16)).into() };
     let rdir = a.data.join("regional");
-    let rcfg = write_config(
-        &rdir,
-        "regional.yml",
-        "# Written by `strata up`: the regional that every edge forwards to.\nstrata:\n  retention: 15d\n",
-    )?;
+    let am_addr = port(12);
+    let alertmanager = start_alertmanager(&a.data.join("alertmanager"), am_addr)?;
+    write_rule_pack(&rdir)?;
+    let rcfg = write_config(&rdir, "regional.yml", &regional_config(alertmanager.as_ref().map(|_| am_addr)))?;
     let mut ropts = strata_regional::RegionalOptions::new(rcfg);
     ropts.http_listen = Some(port(10));
     ropts.grpc_listen = Some(port(11));
@@ -219,7 +297,16 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
         println!("  edge {name:<22} http://{}   StoreAPI {grpc}", e.http_addr);
     }
     println!("  regional (every edge forwards) http://{}   gRPC {}", regional.http_addr, regional.grpc_addr);
-    println!("  global (query here)            http://{}   (/api/v1/query, /api/v1/stores)", global.http_addr);
+    println!(
+        "  global (query here)            http://{}   (/api/v1/query, /api/v1/stores, /api/v1/alerts)",
+        global.http_addr
+    );
+    match &alertmanager {
+        Some(_) => println!("  alertmanager (the rule pack's alerts) http://{am_addr}"),
+        None => println!(
+            "  no Alertmanager installed (apt-get install prometheus-alertmanager): alerts show at /api/v1/alerts"
+        ),
+    }
     println!(
         "Try: curl -s 'http://{}/api/v1/query?query=count%20by%20(cluster)%20(DCGM_FI_DEV_GPU_TEMP)'",
         global.http_addr
@@ -267,6 +354,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
             .await
             .context("the regional took over 30 s to stop")?;
     }
+    drop(alertmanager);
     let _ = stop_tx.send(true);
     let _ = sim.await;
     println!("stopped; data kept in {}", a.data.display());

@@ -220,7 +220,9 @@ impl Regional {
         let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
         let mut rule_opts = opts.rules.clone();
         rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
-        let rules = rules::start(&cfg, db.clone(), replicas, rule_opts).await.map_err(RegionalError::Rules)?;
+        let rules = rules::start(&cfg, db.clone(), replicas, rule_opts, shutdown_rx.clone())
+            .await
+            .map_err(RegionalError::Rules)?;
 
         let grpc = opts.grpc_listen.unwrap_or_else(|| parse_default(DEFAULT_GRPC_LISTEN));
         let listener =

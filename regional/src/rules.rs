@@ -77,6 +77,7 @@ pub async fn start(
     db: Arc<Tsdb>,
     replicas: Vec<String>,
     mut opts: RuleOptions,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<Arc<RuleManager>>, String> {
     if cfg.rule_files.is_empty() {
         return Ok(None);
@@ -108,9 +109,18 @@ pub async fn start(
             tracing::warn!("cannot listen for SIGHUP: rules reload only through /-/reload");
             return;
         };
-        while signal.recv().await.is_some() {
-            tracing::info!("SIGHUP: reloading the configuration's rule files");
-            let _ = reload(&hup, &started).await;
+        // Ends with the regional: it holds the manager, and through it the database.
+        loop {
+            tokio::select! {
+                got = signal.recv() => {
+                    if got.is_none() {
+                        return;
+                    }
+                    tracing::info!("SIGHUP: reloading the configuration's rule files");
+                    let _ = reload(&hup, &started).await;
+                }
+                _ = stopped.changed() => return,
+            }
         }
     });
     Ok(Some(m))

@@ -8,6 +8,7 @@ mod forward;
 mod forward_wire;
 mod global_pair;
 mod ingest;
+mod rules;
 mod scale;
 mod seed_scale;
 mod vs_prometheus;
@@ -152,6 +153,25 @@ pub enum BenchCommand {
         #[arg(long)]
         from_wal: bool,
     },
+    /// One evaluation round of a rule pack (the GPU pack of `deploy/rules` by default)
+    /// over the fleet-day data, Strata against Prometheus 2.42 on the same data in the same
+    /// run: every rule's expression at the same times through each one's HTTP API, the
+    /// answers compared.
+    Rules {
+        /// The file `../shared/bench/fleet_day.py path` names (Prometheus reads the blocks
+        /// `fleet_day.py prepare` backfilled beside it).
+        #[arg(long)]
+        file: Option<PathBuf>,
+        /// Rule files [default: deploy/rules' pack].
+        #[arg(long = "rules")]
+        rules: Vec<PathBuf>,
+        /// Evaluation rounds, spread over the day's second half.
+        #[arg(long, default_value_t = 20)]
+        rounds: usize,
+        /// The Prometheus binary.
+        #[arg(long, default_value = "prometheus")]
+        prometheus: String,
+    },
     /// Forwarding at steady state against Prometheus' remote write in one run: an edge
     /// forwarding the scraped fleet to a regional, Prometheus remote-writing the same fleet
     /// to a second Prometheus; samples per second, bytes per sample on the wire (through
@@ -278,6 +298,7 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Forward { series, seconds, before, interval, batch, no_gzip, from_wal } => {
             forward::run(series, seconds, before, interval, batch, !no_gzip, from_wal).await
         }
+        BenchCommand::Rules { file, rules, rounds, prometheus } => rules::run(file, rules, rounds, &prometheus).await,
         BenchCommand::ForwardVsPrometheus { nodes, interval, seconds, prometheus, edge_remote_write } => {
             forward_wire::run(nodes, interval, seconds, &prometheus, edge_remote_write).await
         }

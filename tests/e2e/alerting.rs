@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-fn alertmanager_installed() -> bool {
+pub(crate) fn alertmanager_installed() -> bool {
     let ok =
         Command::new("prometheus-alertmanager").arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
     if !ok {

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 #[test]
 fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     let dir = tempfile::tempdir().unwrap();
-    // twelve consecutive free ports: retry a few bases until one is free as a block
+    // thirteen consecutive free ports: retry a few bases until one is free as a block
     let base = (0..40)
         .map(|_| free_port())
-        .find(|&p| p < 65000 && (1..12).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
-        .expect("twelve free ports");
+        .find(|&p| p < 65000 && (1..13).all(|i| std::net::TcpListener::bind(("127.0.0.1", p + i)).is_ok()))
+        .expect("thirteen free ports");
     let data = dir.path().join("strata-data");
     let mut up = Proc::strata(
         &[
@@ -79,13 +79,14 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     // merged with them (the counts above, with and without dedup, are the edges' alone).
     assert_eq!(stores.as_array().unwrap().len(), 5, "{stores}");
     assert!(stores.as_array().unwrap().iter().all(|s| s["health"] == "up"), "{stores}");
+    the_rule_pack_runs_on_the_regional(&global, base, &mut up);
     backfilled_hours_are_answered_from_aggregates(&global, &mut up);
     // The README's quick-start commands, as a user pastes them (ports moved to this run's).
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
     let commands = readme_commands(&readme, "curl ");
     assert!(commands.len() >= 4, "the README's quick start lost its commands: {commands:?}");
     for cmd in commands {
-        let run = (0..12)
+        let run = (0..13)
             .fold(cmd.clone(), |c, k| c.replace(&format!("localhost:94{k:02}"), &format!("127.0.0.1:{}", base + k)));
         let out = std::process::Command::new("bash").arg("-c").arg(&run).output().expect("bash runs");
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -253,4 +254,55 @@ fn readme_commands(readme: &str, prefix: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// The regional evaluates the built-in GPU rule pack: its groups in the regional's and the
+/// global's `/api/v1/rules`, what it records answered by the global for both clusters
+/// (one series per cluster: the HA pairs deduplicated), alerts sent to the Alertmanager
+/// `up` started.
+fn the_rule_pack_runs_on_the_regional(global: &str, base: u16, up: &mut Proc) {
+    let group_names = |url: &str| -> Vec<String> {
+        let v = api_data(url);
+        let mut names: Vec<String> =
+            v["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap().to_string()).collect();
+        names.sort();
+        names
+    };
+    let regional = format!("http://127.0.0.1:{}", base + 10);
+    let names = group_names(&format!("{regional}/api/v1/rules"));
+    for want in ["gpu-allocation", "gpu-health", "gpu-utilisation", "strata-health"] {
+        assert!(names.iter().any(|n| n == want), "group {want} missing from {names:?}");
+    }
+    assert_eq!(group_names(&format!("{global}/api/v1/rules")), names, "the global shows the regional's groups");
+    // The first evaluation comes within one interval (30 s) of the start.
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let v = api_data(&format!("{global}/api/v1/query?query=cluster:gpu_utilization:avg"));
+        let mut clusters: Vec<(String, String)> = v["result"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                let m = &s["metric"];
+                (m["cluster"].as_str().unwrap_or("").to_string(), m["region"].as_str().unwrap_or("").to_string())
+            })
+            .collect();
+        clusters.sort();
+        if clusters == [("c0".to_string(), "local".to_string()), ("c1".to_string(), "local".to_string())] {
+            break;
+        }
+        assert!(Instant::now() < deadline, "recorded series: {v}\n{}", up.log_text());
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    if !crate::alerting::alertmanager_installed() {
+        return;
+    }
+    let page = client().get(format!("{regional}/metrics")).send().unwrap().text().unwrap();
+    assert_eq!(
+        metric_value(&page, "prometheus_notifications_alertmanagers_discovered"),
+        Some(1.0),
+        "the regional sends to the Alertmanager `up` started:\n{page}"
+    );
+    let am = client().get(format!("http://127.0.0.1:{}/-/ready", base + 12)).send().map(|r| r.status().as_u16());
+    assert_eq!(am.ok(), Some(200), "Alertmanager not ready:\n{}", up.log_text());
 }
