@@ -126,8 +126,9 @@ impl Drop for AlertmanagerProcess {
 }
 
 /// Starts Debian's `prometheus-alertmanager` (or an `alertmanager` on the PATH) on `addr`,
-/// with a receiver that only shows alerts in its UI; `None` when neither is installed.
-fn start_alertmanager(dir: &Path, addr: SocketAddr) -> anyhow::Result<Option<AlertmanagerProcess>> {
+/// with a receiver that only shows alerts in its UI, and waits for it to be ready; `None`
+/// when neither is installed or it does not come up (its log says why).
+async fn start_alertmanager(dir: &Path, addr: SocketAddr) -> anyhow::Result<Option<AlertmanagerProcess>> {
     let installed =
         |p: &&str| std::process::Command::new(p).arg("--version").output().is_ok_and(|o| o.status.success());
     let Some(program) = ["prometheus-alertmanager", "alertmanager"].into_iter().find(installed) else {
@@ -152,7 +153,20 @@ fn start_alertmanager(dir: &Path, addr: SocketAddr) -> anyhow::Result<Option<Ale
         .stderr(log)
         .spawn()
         .with_context(|| format!("starting {program}"))?;
-    Ok(Some(AlertmanagerProcess(child)))
+    let mut am = AlertmanagerProcess(child);
+    let ready = format!("http://{addr}/-/ready");
+    for _ in 0..60 {
+        if let Ok(Some(status)) = am.0.try_wait() {
+            println!("  Alertmanager exited at start ({status}); see {}: running without it", log_path.display());
+            return Ok(None);
+        }
+        if reqwest::get(&ready).await.is_ok_and(|r| r.status().is_success()) {
+            return Ok(Some(am));
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    println!("  Alertmanager not ready within 15 s; see {}: running without it", log_path.display());
+    Ok(None)
 }
 
 fn write_config(dir: &Path, name: &str, text: &str) -> anyhow::Result<PathBuf> {
@@ -240,7 +254,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let port = |i: usize| -> SocketAddr { ([127, 0, 0, 1], a.port_base.saturating_add(i as u16)).into() };
     let rdir = a.data.join("regional");
     let am_addr = port(12);
-    let alertmanager = start_alertmanager(&a.data.join("alertmanager"), am_addr)?;
+    let alertmanager = start_alertmanager(&a.data.join("alertmanager"), am_addr).await?;
     write_rule_pack(&rdir)?;
     let rcfg = write_config(&rdir, "regional.yml", &regional_config(alertmanager.as_ref().map(|_| am_addr)))?;
     let mut ropts = strata_regional::RegionalOptions::new(rcfg);

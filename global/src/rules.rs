@@ -21,7 +21,15 @@ struct RulesState {
     stores: Arc<StoreSet>,
     replicas: Arc<Vec<String>>,
     timeout: Duration,
+    /// Fan-outs at once: each may hold every regional's answer parsed.
+    running: Arc<tokio::sync::Semaphore>,
 }
+
+/// Rules and alerts requests answered at once; more wait.
+const CONCURRENT_REQUESTS: usize = 4;
+
+/// The most of the warnings an error with `partial_response=false` carries.
+const MAX_ERROR_BYTES: usize = 4096;
 
 fn pairs(q: Option<&str>) -> Vec<(String, String)> {
     form_urlencoded::parse(q.unwrap_or("").as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
@@ -32,29 +40,45 @@ fn partial_allowed(pairs: &[(String, String)]) -> bool {
     !pairs.iter().any(|(k, v)| k == "partial_response" && matches!(v.as_str(), "false" | "0"))
 }
 
-/// Asks every regional at once; the answers, and a warning per regional that failed.
+/// Asks every regional at once; the answers, and a warning per regional that failed (and
+/// per global below, whose regionals are not asked).
 async fn ask<F, Fut>(s: &RulesState, call: F) -> (Vec<(String, Value)>, Vec<String>)
 where
     F: Fn(RemoteRules) -> Fut,
     Fut: std::future::Future<Output = Result<Value, RemoteRulesError>> + Send + 'static,
 {
+    let (sources, globals) = s.stores.rule_sources();
+    let mut warnings: Vec<String> = globals
+        .iter()
+        .map(|g| {
+            format!(
+                "store {g} is a global: the rules of the regionals behind it are not shown (list those regionals here)"
+            )
+        })
+        .collect();
     let mut set = tokio::task::JoinSet::new();
-    for r in s.stores.rule_sources() {
+    for (r, kind) in sources {
         let (name, answer, timeout) = (r.name().to_string(), call(r), s.timeout);
         set.spawn(async move {
             let got = tokio::time::timeout(timeout, answer).await.unwrap_or_else(|_| {
                 Err(RemoteRulesError::Failed { store: name.clone(), message: format!("no answer within {timeout:?}") })
             });
-            (name, got)
+            (name, kind, got)
         });
     }
-    let (mut answers, mut warnings) = (Vec::new(), Vec::new());
+    let mut answers = Vec::new();
     while let Some(done) = set.join_next().await {
         match done {
-            Ok((name, Ok(v))) => answers.push((name, v)),
-            // Edges serve no rules: nothing is missing.
-            Ok((_, Err(RemoteRulesError::Unimplemented { .. }))) => {}
-            Ok((_, Err(e))) => warnings.push(e.to_string()),
+            Ok((name, _, Ok(v))) => answers.push((name, v)),
+            // A regional without the rules API (an older version) runs rules unseen here.
+            Ok((name, kind, Err(RemoteRulesError::Unimplemented { .. }))) if kind == "regional" => {
+                warnings.push(format!(
+                "store {name}: a regional without the rules API (an older version): its rules and alerts are not shown"
+            ))
+            }
+            // Anything else without it (an edge) evaluates no rules: nothing is missing.
+            Ok((_, _, Err(RemoteRulesError::Unimplemented { .. }))) => {}
+            Ok((_, _, Err(e))) => warnings.push(e.to_string()),
             Err(e) => warnings.push(format!("a rules request failed: {e}")),
         }
     }
@@ -67,12 +91,24 @@ where
 fn answer(data: Value, mut warnings: Vec<String>, more: Vec<String>, partial: bool) -> Response {
     warnings.extend(more);
     if !partial && !warnings.is_empty() {
-        return ApiError { kind: ErrorType::Unavailable, message: warnings.join("; ") }.into_response();
+        let mut message = warnings.join("; ");
+        if message.len() > MAX_ERROR_BYTES {
+            let mut end = MAX_ERROR_BYTES;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+            message.push_str(" ...");
+        }
+        return ApiError { kind: ErrorType::Unavailable, message }.into_response();
     }
     strata_api::success(data, warnings)
 }
 
 async fn rules_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Response {
+    let Ok(_slot) = s.running.clone().acquire_owned().await else {
+        return ApiError { kind: ErrorType::Unavailable, message: "shutting down".into() }.into_response();
+    };
     let pairs = pairs(q.as_deref());
     // Checked here, so a bad filter is the client's 400 and not a warning per regional.
     if let Err(e) = RulesFilter::from_pairs(&pairs) {
@@ -89,6 +125,9 @@ async fn rules_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Re
 }
 
 async fn alerts_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Response {
+    let Ok(_slot) = s.running.clone().acquire_owned().await else {
+        return ApiError { kind: ErrorType::Unavailable, message: "shutting down".into() }.into_response();
+    };
     let pairs = pairs(q.as_deref());
     let (answers, failed) = ask(&s, |r| async move { r.alerts().await }).await;
     let (data, malformed) = strata_rules::merge::merge_alerts(answers, &s.replicas);
@@ -96,8 +135,12 @@ async fn alerts_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> R
 }
 
 pub fn router(stores: Arc<StoreSet>, replicas: Vec<String>, timeout: Duration) -> Router {
-    Router::new()
-        .route("/api/v1/rules", get(rules_handler))
-        .route("/api/v1/alerts", get(alerts_handler))
-        .with_state(RulesState { stores, replicas: Arc::new(replicas), timeout })
+    Router::new().route("/api/v1/rules", get(rules_handler)).route("/api/v1/alerts", get(alerts_handler)).with_state(
+        RulesState {
+            stores,
+            replicas: Arc::new(replicas),
+            timeout,
+            running: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS)),
+        },
+    )
 }

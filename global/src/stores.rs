@@ -122,21 +122,22 @@ impl StoreSet {
         self.status.read().clone()
     }
 
-    /// The rules API of every store that may evaluate rules: the regionals, and the
-    /// stores that never answered `Info` (one may be a regional that is down, which the
-    /// answer must name).
-    pub fn rule_sources(&self) -> Vec<strata_rules::remote::RemoteRules> {
-        let wanted: Vec<String> = self
-            .status()
+    /// The rules API of every store that may evaluate rules, with the kind its last `Info`
+    /// said: the regionals, and the stores that never answered `Info` (one may be a
+    /// regional that is down, which the answer must name). Also the globals below this
+    /// one, whose regionals' rules this global cannot show.
+    pub fn rule_sources(&self) -> (Vec<(strata_rules::remote::RemoteRules, String)>, Vec<String>) {
+        let status = self.status();
+        let globals = status.iter().filter(|s| s.kind == "global").map(|s| s.address.clone()).collect();
+        let sources = status
             .into_iter()
             .filter(|s| s.kind == "regional" || s.kind == "unknown")
-            .map(|s| s.address)
+            .filter_map(|s| {
+                let c = self.client(&s.address).ok()?;
+                Some((strata_rules::remote::RemoteRules::new(c.name(), c.channel()), s.kind))
+            })
             .collect();
-        wanted
-            .iter()
-            .filter_map(|a| self.client(a).ok())
-            .map(|c| strata_rules::remote::RemoteRules::new(c.name(), c.channel()))
-            .collect()
+        (sources, globals)
     }
 
     /// Every store address the configuration names now, sorted, each with the error of

@@ -225,8 +225,16 @@ impl Regional {
             .map_err(RegionalError::Rules)?;
 
         let grpc = opts.grpc_listen.unwrap_or_else(|| parse_default(DEFAULT_GRPC_LISTEN));
-        let listener =
-            tokio::net::TcpListener::bind(grpc).await.map_err(|source| RegionalError::Bind { addr: grpc, source })?;
+        let listener = match tokio::net::TcpListener::bind(grpc).await {
+            Ok(l) => l,
+            Err(source) => {
+                // The rules' loops are running: they hold the database.
+                if let Some(r) = &rules {
+                    r.stop().await;
+                }
+                return Err(RegionalError::Bind { addr: grpc, source });
+            }
+        };
         let grpc_addr = listener.local_addr().map_err(|source| RegionalError::Bind { addr: grpc, source })?;
         let info_db = db.clone();
         let info_down = down.as_ref().map(|d| d.0.clone());

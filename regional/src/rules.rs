@@ -98,10 +98,14 @@ pub async fn start(
         opts.default_query_offset = o.0;
     }
     // One alert per GPU, not per replica: rules read what the dedup merges.
-    let store = Arc::new(strata_dedup::ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), replicas));
+    let raw: Arc<dyn strata_store::Store> = Arc::new(TsdbStore(db.clone()));
+    let store = Arc::new(strata_dedup::ReplicaDedup::new(raw.clone(), replicas));
     let sink = Arc::new(TsdbSink { db, external });
     let base = cfg.path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
     let m = RuleManager::new(opts, cfg.rule_files.clone(), base, store, sink, notifier, metrics);
+    // `for` state is read back as stored, with every external label (a replica label
+    // included), not through the dedup that drops replica labels.
+    m.set_state_store(raw);
     m.reload().await.map_err(|errs| errs.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("; "))?;
     let (hup, started) = (m.clone(), Arc::new(cfg.clone()));
     tokio::spawn(async move {

@@ -1,15 +1,17 @@
 //! `strata bench rules`: what one evaluation round of a rule pack costs over the fleet-day
 //! data, Strata against Prometheus 2.42 in the same run.
 //!
-//! Both serve the same day (Strata from the OpenMetrics file loaded into a database here,
-//! Prometheus from the blocks `fleet_day.py prepare` backfilled with promtool), and both
-//! are asked every rule's expression as an instant query at the same evaluation times
-//! through their HTTP API, one after another, as a rules manager asks its engine once per
-//! interval. The answers are compared: a round that differs is counted, not timed alone.
+//! Both serve the same day, each in a process of its own (Strata: `strata bench fleet-day
+//! --serve`, the OpenMetrics file loaded into a database; Prometheus: the blocks
+//! `fleet_day.py prepare` backfilled with promtool), and both are asked every rule's
+//! expression as an instant query at the same evaluation times through their HTTP API, one
+//! after another, as a rules manager asks its engine once per interval. Time per round and
+//! per group, and each server's CPU over the timed rounds (from `/proc`), are printed; the
+//! answers are compared, and a difference fails the run.
 //! Recording rules' outputs are not fed back (neither side holds them), so rules that read
 //! recorded series evaluate to nothing on both.
 
-use super::vs_prometheus::{free_port, spawn_prometheus, wait_ready};
+use super::vs_prometheus::{free_port, proc_stats, spawn_prometheus, wait_ready, Guard};
 use anyhow::Context;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -56,6 +58,7 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 pub async fn run(file: Option<PathBuf>, rules: Vec<PathBuf>, rounds: usize, prometheus: &str) -> anyhow::Result<()> {
+    let rounds = rounds.max(1);
     let cache = super::fleet_day::fleet_day_cache().join("small");
     let tsdb = cache.join("prometheus");
     if !tsdb.with_extension("done").exists() {
@@ -89,28 +92,37 @@ pub async fn run(file: Option<PathBuf>, rules: Vec<PathBuf>, rounds: usize, prom
         files.len()
     );
 
-    // Strata: the day in a database here, served on loopback.
-    let super::fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || super::fleet_day::run(file)).await??;
-    let store: std::sync::Arc<dyn strata_store::Store> =
-        std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db)));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let strata = format!("http://{}", listener.local_addr()?);
-    let (stop, mut stopped) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        let app = strata_api::router_with(store, strata_api::ApiOptions::default());
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stopped.changed().await;
-            })
-            .await;
-    });
-
+    // Strata: the day loaded by a process of its own, served on loopback.
+    let port = free_port()?;
+    let mut cmd = std::process::Command::new(std::env::current_exe()?);
+    cmd.args(["bench", "fleet-day", "--serve", &format!("127.0.0.1:{port}")]);
+    if let Some(f) = &file {
+        cmd.arg("--file").arg(f);
+    }
+    let child = cmd
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .context("starting `strata bench fleet-day --serve`")?;
+    let strata_pid = child.id();
+    let _strata = Guard(child);
+    let strata = format!("http://127.0.0.1:{port}");
+    println!("  loading the day into Strata ...");
+    let loading = Instant::now();
+    while query(&reqwest::Client::new(), &strata, "vector(1)", DAY_END).await.is_err() {
+        if loading.elapsed() > Duration::from_secs(900) {
+            anyhow::bail!("Strata did not serve the fleet day within 15 minutes");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     // Prometheus on the backfilled blocks (kept: the data is older than any retention).
     let dir = tempfile::tempdir()?;
     let cfg = dir.path().join("prometheus.yml");
     std::fs::write(&cfg, "global: {}\n")?;
     let port = free_port()?;
-    let _prom = spawn_prometheus(prometheus, &cfg, &tsdb, port, &["--storage.tsdb.retention.time=100y"])?;
+    let prom_proc = spawn_prometheus(prometheus, &cfg, &tsdb, port, &["--storage.tsdb.retention.time=100y"])?;
+    let prom_pid = prom_proc.0.id();
     let prom = format!("http://127.0.0.1:{port}");
     wait_ready(&format!("{prom}/-/ready")).await?;
 
@@ -123,6 +135,8 @@ pub async fn run(file: Option<PathBuf>, rules: Vec<PathBuf>, rounds: usize, prom
         query(&client, &strata, e, times[0]).await?;
         query(&client, &prom, e, times[0]).await?;
     }
+    let cpu = |pid: u32| proc_stats(pid).map(|p| p.cpu_secs).unwrap_or(f64::NAN);
+    let (cpu_ours, cpu_theirs) = (cpu(strata_pid), cpu(prom_pid));
     let (mut ours, mut theirs, mut differ, mut series) = (Vec::new(), Vec::new(), 0usize, 0usize);
     let mut per_rule: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for &t in &times {
@@ -150,7 +164,18 @@ pub async fn run(file: Option<PathBuf>, rules: Vec<PathBuf>, rounds: usize, prom
         ours.push(a);
         theirs.push(b);
     }
-    let _ = stop.send(true);
+    let (cpu_ours, cpu_theirs) = (cpu(strata_pid) - cpu_ours, cpu(prom_pid) - cpu_theirs);
+    let mut groups: BTreeMap<&str, (f64, f64)> = BTreeMap::new();
+    for (name, (s, p)) in &per_rule {
+        let slot = groups.entry(name.split('/').next().unwrap_or("")).or_default();
+        slot.0 += s;
+        slot.1 += p;
+    }
+    let n = times.len().max(1) as f64;
+    println!("  per group, mean ms per evaluation: strata / prometheus 2.42");
+    for (g, (s, p)) in &groups {
+        println!("    {g:<40} {:>7.2} / {:>7.2}", s / n * 1e3, p / n * 1e3);
+    }
     let mut costly: Vec<(String, (f64, f64))> = per_rule.into_iter().collect();
     costly.sort_by(|x, y| y.1 .1.total_cmp(&x.1 .1));
     println!("  the rules Prometheus spends most on (total over the rounds, ms: prometheus / strata):");
@@ -170,6 +195,12 @@ pub async fn run(file: Option<PathBuf>, rules: Vec<PathBuf>, rounds: usize, prom
         differ,
         exprs.len() * times.len(),
         series
+    );
+    println!(
+        "  CPU per round (the server process, from /proc): strata {:.1} ms, prometheus 2.42 {:.1} ms: {:.2}x less",
+        cpu_ours / n * 1e3,
+        cpu_theirs / n * 1e3,
+        cpu_theirs / cpu_ours.max(1e-9)
     );
     if differ > 0 {
         anyhow::bail!("{differ} rule evaluations answered differently from Prometheus");

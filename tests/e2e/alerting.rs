@@ -63,6 +63,26 @@ fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -
     }
 }
 
+/// The alerts named `alertname` the regional at `base` holds: (gpu, state, `activeAt` to
+/// the second, as `ALERTS_FOR_STATE` keeps it and Prometheus restores it), sorted.
+fn alerts_of(base: &str, alertname: &str) -> Vec<(String, String, String)> {
+    let v = crate::common::api_data(&format!("{base}/api/v1/alerts"));
+    let mut out: Vec<(String, String, String)> = v["alerts"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter(|a| a["labels"]["alertname"] == alertname)
+        .map(|a| {
+            let f = |k: &str| a[k].as_str().unwrap_or_default().to_string();
+            let since: String = f("activeAt").chars().take(19).collect();
+            (a["labels"]["gpu"].as_str().unwrap_or_default().to_string(), f("state"), since)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
 const RULES: &str = "groups:
   - name: gpu
     interval: 1s
@@ -72,6 +92,9 @@ const RULES: &str = "groups:
       - alert: GpuHeld
         expr: max by (gpu) (DCGM_FI_DEV_GPU_TEMP) > THRESHOLD
         for: 2s
+      - alert: GpuWaiting
+        expr: max by (gpu) (DCGM_FI_DEV_GPU_TEMP) > THRESHOLD
+        for: 30s
       - alert: GpuReporting
         expr: DCGM_FI_DEV_GPU_TEMP > THRESHOLD
         labels:
@@ -135,6 +158,12 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
         edges.push(start_edge(d, &cfg, &d.join(format!("edge-{replica}")), &format!("edge-{replica}")));
     }
 
+    // The 30 s alert starts pending with the data.
+    wait_for("eight waiting alerts pending", Duration::from_secs(60), || {
+        (alerts_of(&base, "GpuWaiting").len() == 8).then_some(())
+    });
+    let waiting_since = Instant::now();
+
     // Eight GPUs, both replicas forwarding: eight alerts in each Alertmanager.
     for am in [&am1_url, &am2_url] {
         let alerts = wait_for("eight alerts in an Alertmanager", Duration::from_secs(60), || {
@@ -165,7 +194,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert_eq!(recorded[0]["metric"]["region"], "r1");
     assert!(recorded[0]["metric"].get("replica").is_none());
     let rules_api = crate::common::api_data(&format!("{base}/api/v1/rules?type=alert"));
-    let rule = &rules_api["groups"][0]["rules"][1];
+    let rule = &rules_api["groups"][0]["rules"][2];
     assert_eq!(
         (rule["name"].as_str(), rule["health"].as_str(), rule["state"].as_str()),
         (Some("GpuReporting"), Some("ok"), Some("firing")),
@@ -174,39 +203,34 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert_eq!(rule["alerts"].as_array().map(|a| a.len()), Some(8));
 
     // A restart keeps `for` state: held alerts come back firing since the same time
-    // (found in `ALERTS_FOR_STATE`, stored with the regional's external labels).
-    let held = |base: &str| -> Vec<(String, String, String)> {
-        let v = crate::common::api_data(&format!("{base}/api/v1/alerts"));
-        let mut out: Vec<(String, String, String)> = v["alerts"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
-            .iter()
-            .filter(|a| a["labels"]["alertname"] == "GpuHeld")
-            .map(|a| {
-                let f = |k: &str| a[k].as_str().unwrap_or_default().to_string();
-                // `ALERTS_FOR_STATE` keeps whole seconds, as Prometheus' does.
-                let since: String = f("activeAt").chars().take(19).collect();
-                (a["labels"]["gpu"].as_str().unwrap_or_default().to_string(), f("state"), since)
-            })
-            .collect();
-        out.sort();
-        out
-    };
+    // (found in `ALERTS_FOR_STATE`, stored with the regional's external labels), and the
+    // pending ones fire `for` after they began plus the time down, not `for` after the
+    // restart.
     let before = wait_for("eight held alerts firing", Duration::from_secs(30), || {
-        let h = held(&base);
+        let h = alerts_of(&base, "GpuHeld");
         (h.len() == 8 && h.iter().all(|a| a.1 == "firing")).then_some(h)
     });
-    // Long enough for `ALERTS_FOR_STATE` to be written with the firing state.
-    std::thread::sleep(Duration::from_secs(2));
+    // Pending for at least 10 of its 30 s, and written in `ALERTS_FOR_STATE` since.
+    std::thread::sleep((waiting_since + Duration::from_secs(10)).saturating_duration_since(Instant::now()));
+    let waiting = alerts_of(&base, "GpuWaiting");
+    assert!(waiting.len() == 8 && waiting.iter().all(|a| a.1 == "pending"), "{waiting:?}");
     regional.terminate();
+    let restarted = Instant::now();
     let mut regional = Proc::strata(&args, d, "regional-restarted");
     wait_ready(&format!("{base}/-/ready"), &mut regional, Duration::from_secs(30));
     let after = wait_for("the held alerts back", Duration::from_secs(30), || {
-        let h = held(&base);
+        let h = alerts_of(&base, "GpuHeld");
         (h.len() == 8 && h.iter().all(|a| a.1 == "firing")).then_some(h)
     });
     assert_eq!(after, before, "the restart lost the alerts' `for` state");
+    wait_for("the waiting alerts firing", Duration::from_secs(40), || {
+        let h = alerts_of(&base, "GpuWaiting");
+        (h.len() == 8 && h.iter().all(|a| a.1 == "firing")).then_some(())
+    });
+    // 30 s of `for`, at least 10 of them spent before the restart: about 20 s after it
+    // (evaluation and restore add a few), never the 30 s a `for` started afresh takes.
+    let took = restarted.elapsed();
+    assert!(took < Duration::from_secs(27), "the pending alerts fired {took:?} after the restart, not on time");
 
     // The global merges every regional's rules and alerts (with their external labels)
     // and names a regional that does not answer.
@@ -225,7 +249,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     let (code, alerts) = whole("/api/v1/alerts");
     assert_eq!(code, 200, "{alerts}");
     let list = alerts["data"]["alerts"].as_array().cloned().unwrap_or_default();
-    assert_eq!(list.len(), 16, "eight GPUs, two rules: {alerts}");
+    assert_eq!(list.len(), 24, "eight GPUs, three rules: {alerts}");
     assert!(list.iter().all(|a| a["labels"]["region"] == "r1" && a["state"] == "firing"), "{alerts}");
     let warned = alerts["warnings"].as_array().cloned().unwrap_or_default();
     assert!(warned.iter().any(|w| w.as_str().unwrap_or_default().contains(&dead)), "{alerts}");
@@ -233,7 +257,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert_eq!(code, 503, "{strict}");
     let (code, rules_global) = whole("/api/v1/rules?type=alert");
     assert_eq!(code, 200, "{rules_global}");
-    let rule = &rules_global["data"]["groups"][0]["rules"][1];
+    let rule = &rules_global["data"]["groups"][0]["rules"][2];
     assert_eq!((rule["name"].as_str(), rule["labels"]["region"].as_str()), (Some("GpuReporting"), Some("r1")));
     assert_eq!(rule["alerts"].as_array().map(|a| a.len()), Some(8), "{rules_global}");
     let (code, bad) = whole("/api/v1/rules?match[]=%7B");
@@ -249,7 +273,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert_eq!(metric_value(&page, "prometheus_config_last_reload_successful"), Some(0.0), "{page}");
     assert_eq!(
         crate::common::api_data(&format!("{base}/api/v1/alerts"))["alerts"].as_array().map(|a| a.len()),
-        Some(16)
+        Some(24)
     );
 
     // One Alertmanager down; the rule now resolves every alert: the other one hears it.

@@ -110,7 +110,7 @@ pub fn alert_json(a: &Alert, external: &Labels) -> Value {
     v
 }
 
-fn group_json(g: &Group, f: &RulesFilter, external: &Labels) -> Option<Value> {
+pub(crate) fn group_json(g: &Group, f: &RulesFilter, external: &Labels) -> Option<Value> {
     if !f.rule_groups.is_empty() && !f.rule_groups.contains(&g.spec.name) {
         return None;
     }

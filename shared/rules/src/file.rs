@@ -123,7 +123,7 @@ struct RawGroup {
     #[serde(default)]
     limit: usize,
     #[serde(default)]
-    labels: BTreeMap<String, Scalar>,
+    labels: BTreeMap<String, Option<Scalar>>,
     #[serde(default)]
     rules: Vec<Spanned<RawRule>>,
 }
@@ -138,9 +138,9 @@ struct RawRule {
     for_: Option<Scalar>,
     keep_firing_for: Option<Scalar>,
     #[serde(default)]
-    labels: BTreeMap<String, Scalar>,
+    labels: BTreeMap<String, Option<Scalar>>,
     #[serde(default)]
-    annotations: BTreeMap<String, Scalar>,
+    annotations: BTreeMap<String, Option<Scalar>>,
 }
 
 fn duration(what: &str, s: &Option<Scalar>) -> Result<Option<i64>, String> {
@@ -218,7 +218,7 @@ pub fn parse_groups(file: &str, text: &str) -> Result<Vec<GroupSpec>, RuleFileEr
             if !is_valid_label_name(k) || k == "__name__" {
                 errors.push(format!("{}:{}: group {:?}: invalid label name: {k}", at.line(), at.column(), g.name));
             }
-            group_labels.push((k.clone(), v.0.clone()));
+            group_labels.push((k.clone(), v.as_ref().map(|s| s.0.clone()).unwrap_or_default()));
         }
         let mut rules = Vec::new();
         for (i, r) in g.rules.into_iter().enumerate() {
@@ -309,14 +309,14 @@ fn rule(r: RawRule, group_labels: &[(String, String)]) -> Result<RuleSpec, Vec<S
         if !is_valid_label_name(&k) || k == "__name__" {
             errs.push(format!("invalid label name: {k}"));
         }
-        labels.insert(k, v.0);
+        labels.insert(k, v.map(|s| s.0).unwrap_or_default());
     }
     let mut annotations = Vec::new();
     for (k, v) in r.annotations {
         if !is_valid_label_name(&k) {
             errs.push(format!("invalid annotation name: {k}"));
         }
-        annotations.push((k, v.0));
+        annotations.push((k, v.map(|s| s.0).unwrap_or_default()));
     }
     let labels: Vec<(String, String)> = labels.into_iter().collect();
     let (mut label_templates, mut annotation_templates) = (Vec::new(), Vec::new());
@@ -418,12 +418,17 @@ mod tests {
     fn label_values_keep_their_text_as_yaml_wrote_it() {
         let g = parse_groups(
             "r.yml",
-            "groups:\n- name: a\n  rules:\n  - alert: A\n    expr: up\n    labels:\n      paging: yes\n      version: 1.10\n      hex: 0x1F\n      n: 007\n      t: true\n",
+            "groups:\n- name: a\n  rules:\n  - alert: A\n    expr: up\n    labels:\n      paging: yes\n      version: 1.10\n      hex: 0x1F\n      n: 007\n      t: true\n      empty:\n    annotations:\n      summary:\n      tilde: ~\n",
         )
         .unwrap();
         let labels: BTreeMap<String, String> = g[0].rules[0].labels.iter().cloned().collect();
-        let want = [("hex", "0x1F"), ("n", "007"), ("paging", "yes"), ("t", "true"), ("version", "1.10")];
+        let want =
+            [("empty", ""), ("hex", "0x1F"), ("n", "007"), ("paging", "yes"), ("t", "true"), ("version", "1.10")];
         assert_eq!(labels, want.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        // Empty values, as Prometheus reads them.
+        let annotations: BTreeMap<String, String> = g[0].rules[0].annotations.iter().cloned().collect();
+        assert_eq!(annotations.get("summary").map(String::as_str), Some(""));
+        assert_eq!(annotations.get("tilde").map(String::as_str), Some(""));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct RuleState {
     pub last_error: Option<String>,
     pub last_evaluation: Option<i64>,
     pub evaluation_time: Duration,
+    /// The last evaluation's query failed (or its result was refused: duplicates, limit):
+    /// its alerts are not sent, as Prometheus sends none for a failed evaluation.
+    pub query_failed: bool,
     /// The series written at the last successful evaluation, for staleness markers.
     returned: HashSet<Labels>,
 }
@@ -93,6 +96,7 @@ impl Group {
                 last_error: None,
                 last_evaluation: None,
                 evaluation_time: Duration::ZERO,
+                query_failed: false,
                 returned: HashSet::new(),
             })
             .collect();
@@ -134,14 +138,14 @@ impl Group {
         if !self.pending_stale.is_empty() {
             let stale: Vec<(Labels, Sample)> =
                 self.pending_stale.drain(..).map(|l| (l, Sample::new(at, stale_nan()))).collect();
-            // A refused marker (the series already has a newer sample) is fine.
-            let _ = sink.append(stale).await;
+            append_markers(sink, stale, &self.spec.name).await;
         }
         for rule in &mut self.rules {
             let t0 = Instant::now();
             rule.last_evaluation = Some(ts);
             let result = eval_rule(rule, ts, at, ctx, limit).await;
             rule.evaluation_time = t0.elapsed();
+            rule.query_failed = result.is_err();
             let (samples, template_errors) = match result {
                 Ok(v) => v,
                 Err(e) => {
@@ -171,8 +175,7 @@ impl Group {
                 }
             }
             if !stale.is_empty() {
-                // A refused marker (the series already has a newer sample) is fine.
-                let _ = sink.append(stale).await;
+                append_markers(sink, stale, &self.spec.name).await;
             }
             rule.returned = now;
             rule.health = Health::Ok;
@@ -194,7 +197,7 @@ impl Group {
             stale.extend(r.returned.drain().map(|l| (l, Sample::new(ts, stale_nan()))));
         }
         if !stale.is_empty() {
-            let _ = sink.append(stale).await;
+            append_markers(sink, stale, &self.spec.name).await;
         }
     }
 
@@ -210,9 +213,11 @@ impl Group {
             match self.rules.iter_mut().find(|r| key(&r.spec) == key(&old.spec) && r.returned.is_empty()) {
                 Some(new) => {
                     new.returned = std::mem::take(&mut old.returned);
+                    // `restored` is not carried: a rule loaded by a reload writes `ALERTS`
+                    // at once (as Prometheus' `CopyState`), even when the reload came
+                    // before the start's restore.
                     if let (Some(n), Some(o)) = (new.alerts.as_mut(), old.alerts.take()) {
                         n.active = o.active;
-                        n.restored = o.restored;
                     }
                     new.health = old.health;
                     new.last_error = old.last_error.take();
@@ -243,6 +248,15 @@ impl Group {
             .flat_map(|a| a.active_alerts())
             .filter(|a| a.state == AlertState::Firing)
             .collect()
+    }
+}
+
+/// Appends staleness markers. A refused marker (its series already has a newer sample) is
+/// fine; a failed append is logged, as the series will read as present until it ages out.
+async fn append_markers(sink: &dyn RuleSink, stale: Vec<(Labels, Sample)>, group: &str) {
+    let n = stale.len();
+    if let Err(e) = sink.append(stale).await {
+        tracing::warn!(group, markers = n, error = %e, "staleness markers not stored: the series stay visible until the lookback passes");
     }
 }
 

@@ -175,3 +175,29 @@ async fn templates_expand_with_query_and_a_failing_one_says_so_in_its_text() {
         a.annotations
     );
 }
+
+#[tokio::test]
+async fn a_failing_rule_is_named_in_the_api_and_the_others_still_run() {
+    let temps: Vec<Option<f64>> = (0..=60).map(|_| Some(90.0)).collect();
+    let m =
+        store(&[(&[("__name__", "temp_a"), ("gpu", "0")], &temps), (&[("__name__", "temp_b"), ("gpu", "0")], &temps)]);
+    // A limit on samples stands for any query error (a timeout takes the same path).
+    let engine = Engine::new(EngineOptions { max_samples: 30, ..Default::default() });
+    let ctx = EvalContext { store: &m, engine: &engine, external_labels: &Labels::default(), external_url: "" };
+    let sink = Recorder::default();
+    let mut g = group(
+        "  - record: collides\n    expr: '{__name__=~\"temp_.\"}'\n  - record: too_much\n    expr: count_over_time(temp_a[1h])\n  - record: fine\n    expr: temp_a\n",
+    );
+    let out = g.eval(60 * MIN, &ctx, &sink).await;
+    assert_eq!(out.failures.len(), 2, "{:?}", out.failures);
+    let json = crate::api::group_json(&g, &crate::api::RulesFilter::default(), &Labels::default()).unwrap();
+    let rules = json["rules"].as_array().unwrap();
+    let health: Vec<(&str, &str)> =
+        rules.iter().map(|r| (r["health"].as_str().unwrap(), r["lastError"].as_str().unwrap())).collect();
+    assert_eq!(health[0].0, "err");
+    assert!(health[0].1.contains("same labelset"), "{health:?}");
+    assert_eq!(health[1].0, "err");
+    assert!(health[1].1.contains("samples"), "{health:?}");
+    assert_eq!(health[2], ("ok", ""));
+    assert_eq!(sink.at(60 * MIN), vec![("fine{gpu=\"0\"}".to_string(), 90.0)]);
+}

@@ -65,7 +65,8 @@ struct Running {
     /// (file, name) of the group, for the API's order and reloads.
     key: (String, String),
     stop: watch::Sender<bool>,
-    task: JoinHandle<()>,
+    /// Taken when the loop is being stopped.
+    task: Option<JoinHandle<()>>,
 }
 
 pub struct RuleManager {
@@ -85,6 +86,11 @@ pub struct RuleManager {
     /// `shouldRestore`); a reload keeps the state it carries over, and a group added by
     /// a reload starts afresh.
     loaded_once: std::sync::atomic::AtomicBool,
+    /// Set by [`stop`](Self::stop): reloads do nothing after it.
+    stopped: std::sync::atomic::AtomicBool,
+    /// Where `ALERTS_FOR_STATE` is read back after a restart: the storage the sink writes
+    /// (a regional's raw database), not a deduplicated view that drops replica labels.
+    state_store: Mutex<Option<Arc<dyn Store>>>,
 }
 
 fn ms(d: Duration) -> i64 {
@@ -115,6 +121,8 @@ impl RuleManager {
             status: Mutex::new(ReloadStatus::default()),
             reloading: tokio::sync::Mutex::new(()),
             loaded_once: std::sync::atomic::AtomicBool::new(false),
+            stopped: std::sync::atomic::AtomicBool::new(false),
+            state_store: Mutex::new(None),
         })
     }
 
@@ -130,6 +138,12 @@ impl RuleManager {
         let mut s = self.status.lock();
         s.success = false;
         s.errors = vec![error];
+    }
+
+    /// Reads `ALERTS_FOR_STATE` back from `store` after a restart instead of the store
+    /// rules query (see the field).
+    pub fn set_state_store(&self, store: Arc<dyn Store>) {
+        *self.state_store.lock() = Some(store);
     }
 
     /// Replaces the `rule_files` globs (the configuration file was read again); the next
@@ -151,6 +165,9 @@ impl RuleManager {
     /// as it was (Prometheus does the same), and the error is returned, logged and shown.
     pub async fn reload(self: &Arc<Self>) -> Result<(), Vec<RuleFileError>> {
         let _one = self.reloading.lock().await;
+        if self.stopped.load(std::sync::atomic::Ordering::SeqCst) {
+            return Ok(());
+        }
         let (patterns, base) = (self.patterns.lock().clone(), self.base.clone());
         let loaded = tokio::task::spawn_blocking(move || load_globs(&patterns, &base))
             .await
@@ -179,25 +196,26 @@ impl RuleManager {
     }
 
     /// Replaces the running groups by `specs`: a group that stays keeps its rules' state
-    /// (alerts, the series they wrote); what is gone is marked stale.
+    /// (alerts, the series they wrote); what is gone is marked stale. The old groups stay
+    /// in the API's view until the new ones replace them, so a reload never shows a
+    /// region without rules or alerts.
     async fn apply(self: &Arc<Self>, specs: Vec<GroupSpec>) {
-        let old: Vec<Running> = std::mem::take(&mut *self.running.lock());
-        let mut old_by_key: HashMap<(String, String), Group> = HashMap::new();
-        for r in old {
-            let _ = r.stop.send(true);
-            let _ = r.task.await;
-            let g = match Arc::try_unwrap(r.group) {
-                Ok(m) => m.into_inner(),
-                Err(shared) => {
-                    // An API reader still holds it: wait for the lock and move the state out.
-                    let mut guard = shared.lock().await;
-                    let spec = guard.spec.clone();
-                    let interval = guard.interval_ms;
-                    std::mem::replace(&mut *guard, Group::new(spec, interval))
-                }
-            };
-            old_by_key.insert(r.key, g);
+        // The old loops stop first (each finishes the evaluation it is in).
+        let stopping: Vec<JoinHandle<()>> = {
+            let mut running = self.running.lock();
+            running
+                .iter_mut()
+                .filter_map(|r| {
+                    let _ = r.stop.send(true);
+                    r.task.take()
+                })
+                .collect()
+        };
+        for t in stopping {
+            let _ = t.await;
         }
+        let mut old_by_key: HashMap<(String, String), Arc<tokio::sync::Mutex<Group>>> =
+            self.running.lock().iter().map(|r| (r.key.clone(), r.group.clone())).collect();
         let now = strata_model::time::now_ms();
         let restore = !self.loaded_once.swap(true, std::sync::atomic::Ordering::SeqCst);
         let mut running = Vec::new();
@@ -207,28 +225,39 @@ impl RuleManager {
                 spec.query_offset_ms = Some(ms(self.opts.default_query_offset));
             }
             let mut g = Group::new(spec, ms(self.opts.default_interval));
-            if let Some(mut prev) = old_by_key.remove(&key) {
+            if let Some(prev) = old_by_key.remove(&key) {
                 // The series of rules gone from it are marked stale at its next evaluation.
-                g.take_state_from(&mut prev);
+                g.take_state_from(&mut *prev.lock().await);
             }
             let group = Arc::new(tokio::sync::Mutex::new(g));
             let (stop, stop_rx) = watch::channel(false);
             let task = tokio::spawn(self.clone().group_loop(group.clone(), stop_rx, restore));
-            running.push(Running { group, key, stop, task });
-        }
-        for (_, mut g) in old_by_key {
-            g.mark_stale(now, self.sink.as_ref()).await;
+            running.push(Running { group, key, stop, task: Some(task) });
         }
         self.metrics.groups.set(running.len() as i64);
         *self.running.lock() = running;
+        for (_, g) in old_by_key {
+            g.lock().await.mark_stale(now, self.sink.as_ref()).await;
+        }
     }
 
-    /// Stops every group's loop (the regional is shutting down).
+    /// Stops every group's loop for good (the regional is shutting down): a reload under
+    /// way finishes first, and none starts loops again after.
     pub async fn stop(&self) {
-        let old: Vec<Running> = std::mem::take(&mut *self.running.lock());
-        for r in old {
-            let _ = r.stop.send(true);
-            let _ = r.task.await;
+        let _one = self.reloading.lock().await;
+        self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        let stopping: Vec<JoinHandle<()>> = {
+            let mut running = self.running.lock();
+            running
+                .iter_mut()
+                .filter_map(|r| {
+                    let _ = r.stop.send(true);
+                    r.task.take()
+                })
+                .collect()
+        };
+        for t in stopping {
+            let _ = t.await;
         }
     }
 
@@ -289,10 +318,11 @@ impl RuleManager {
             if restore_in > 0 {
                 restore_in -= 1;
                 if restore_in == 0 {
+                    let state_store = self.state_store.lock().clone().unwrap_or_else(|| self.store.clone());
                     crate::restore::restore_for_state(
                         &mut g,
                         strata_model::time::now_ms(),
-                        self.store.as_ref(),
+                        state_store.as_ref(),
                         &self.opts.external_labels,
                         ms(self.opts.outage_tolerance),
                         ms(self.opts.for_grace_period),
@@ -341,7 +371,9 @@ impl Group {
         let interval = self.interval_ms;
         let mut out = Vec::new();
         for r in self.rules.iter_mut() {
-            if r.health == crate::group::Health::Err {
+            // A rule whose query failed sends nothing (Prometheus' order); one whose output
+            // storage refused still does.
+            if r.query_failed {
                 continue;
             }
             let expr = r.spec.expr_text.clone();

@@ -16,15 +16,29 @@ use std::collections::{BTreeMap, HashMap};
 /// One regional's answer: its name (the store address) and the `data` it returned.
 pub type Answer = (String, Value);
 
-/// Removes the replica labels from a `labels` object; its canonical text, a merge key.
-fn strip_replicas(v: &mut Value, replicas: &[String]) -> String {
-    if let Some(labels) = v.get_mut("labels").and_then(Value::as_object_mut) {
-        for r in replicas {
-            labels.remove(r);
-        }
-        return Value::Object(labels.clone()).to_string();
+/// What a peer sent that is not Prometheus' shape, counted per store and kind, so a
+/// hostile answer of millions of bad elements costs one warning, not millions.
+#[derive(Default)]
+struct Problems(BTreeMap<(String, &'static str), usize>);
+
+impl Problems {
+    fn add(&mut self, store: &str, what: &'static str) {
+        *self.0.entry((store.to_string(), what)).or_default() += 1;
     }
-    String::new()
+
+    fn warnings(self) -> Vec<String> {
+        self.0.into_iter().map(|((store, what), n)| format!("store {store}: {n} {what}, ignored")).collect()
+    }
+}
+
+/// Removes the replica labels from a `labels` object; its canonical text, a merge key.
+/// `None` when there is no `labels` object.
+fn strip_replicas(v: &mut Value, replicas: &[String]) -> Option<String> {
+    let labels = v.get_mut("labels")?.as_object_mut()?;
+    for r in replicas {
+        labels.remove(r);
+    }
+    Some(Value::Object(labels.clone()).to_string())
 }
 
 fn text<'a>(v: &'a Value, key: &str) -> &'a str {
@@ -45,17 +59,43 @@ fn newer(a: &Value, b: &Value) -> bool {
     text(a, "lastEvaluation") > text(b, "lastEvaluation")
 }
 
-/// A rule with its alerts' replica labels removed; its merge key.
-fn clean_rule(mut rule: Value, replicas: &[String]) -> (String, Value) {
-    let labels = strip_replicas(&mut rule, replicas);
-    if let Some(alerts) = rule.get_mut("alerts").and_then(Value::as_array_mut) {
-        for a in alerts.iter_mut() {
-            strip_replicas(a, replicas);
+/// An alert as Prometheus shapes it: an object with `labels`, and `state` and `activeAt`
+/// as text. Its replica labels removed.
+fn clean_alert(mut a: Value, replicas: &[String]) -> Option<Value> {
+    let shaped = a.is_object()
+        && a.get("state").is_some_and(Value::is_string)
+        && a.get("activeAt").is_some_and(Value::is_string);
+    if !shaped {
+        return None;
+    }
+    strip_replicas(&mut a, replicas)?;
+    Some(a)
+}
+
+/// A rule with its own and its alerts' replica labels removed (alerts not in Prometheus'
+/// shape dropped and counted); its merge key. `None` when it is not a rule.
+fn clean_rule(mut rule: Value, replicas: &[String], store: &str, problems: &mut Problems) -> Option<(String, Value)> {
+    let labels = strip_replicas(&mut rule, replicas)?;
+    if let Some(slot) = rule.get_mut("alerts") {
+        let list = match slot.take() {
+            Value::Array(list) => list,
+            _ => {
+                problems.add(store, "rules whose alerts are not a list");
+                Vec::new()
+            }
+        };
+        let mut alerts = Vec::with_capacity(list.len());
+        for a in list {
+            match clean_alert(a, replicas) {
+                Some(a) => alerts.push(a),
+                None => problems.add(store, "alerts not in Prometheus' shape"),
+            }
         }
-        dedup_alerts(alerts);
+        dedup_alerts(&mut alerts);
+        *slot = Value::Array(alerts);
     }
     let key = format!("{}\u{0}{}\u{0}{}\u{0}{labels}", text(&rule, "type"), text(&rule, "name"), text(&rule, "query"));
-    (key, rule)
+    Some((key, rule))
 }
 
 /// Keeps one alert per label set: firing over pending, then the earliest `activeAt`.
@@ -82,6 +122,25 @@ fn dedup_alerts(alerts: &mut Vec<Value>) {
     *alerts = kept;
 }
 
+/// Two copies of one rule (HA replicas, or regionals without external labels): the
+/// fields of the one that says the most, and the alerts of both, so no instance one copy
+/// holds is hidden by the other.
+fn combine(kept: &mut Value, other: Value) {
+    let better =
+        state_rank(&other) > state_rank(kept) || (state_rank(&other) == state_rank(kept) && newer(&other, kept));
+    let (mut winner, loser) = if better { (other, std::mem::take(kept)) } else { (std::mem::take(kept), other) };
+    if let (Some(Value::Array(a)), Some(Value::Array(b))) = (winner.get_mut("alerts"), loser.get("alerts")) {
+        a.extend(b.iter().cloned());
+        dedup_alerts(a);
+        // The rule's state is its alerts' highest.
+        let state = a.iter().map(state_rank).max().unwrap_or(0);
+        if state > state_rank(&winner) {
+            winner["state"] = Value::String(if state == 2 { "firing" } else { "pending" }.into());
+        }
+    }
+    *kept = winner;
+}
+
 struct MergedGroup {
     /// The group's fields from its most recently evaluated copy.
     head: Map<String, Value>,
@@ -92,52 +151,60 @@ struct MergedGroup {
 
 /// The `data` of the global's `/api/v1/rules`, and warnings for what was not understood.
 pub fn merge_rules(answers: Vec<Answer>, replicas: &[String]) -> (Value, Vec<String>) {
-    let mut warnings = Vec::new();
+    let mut problems = Problems::default();
     let mut groups: BTreeMap<(String, String), MergedGroup> = BTreeMap::new();
     for (store, data) in answers {
-        let Some(list) = data.get("groups").and_then(Value::as_array) else {
-            warnings.push(format!("store {store}: rules answer without a groups list, ignored"));
-            continue;
+        let list = match data {
+            Value::Object(mut m) => match m.remove("groups") {
+                Some(Value::Array(list)) => list,
+                _ => {
+                    problems.add(&store, "rules answers without a groups list");
+                    continue;
+                }
+            },
+            _ => {
+                problems.add(&store, "rules answers that are not an object");
+                continue;
+            }
         };
         for g in list {
-            let Some(obj) = g.as_object() else {
-                warnings.push(format!("store {store}: a rule group that is not an object, ignored"));
+            let Value::Object(mut head) = g else {
+                problems.add(&store, "rule groups that are not an object");
                 continue;
             };
             let (Some(name), Some(file)) =
-                (obj.get("name").and_then(Value::as_str), obj.get("file").and_then(Value::as_str))
+                (head.get("name").and_then(Value::as_str), head.get("file").and_then(Value::as_str))
             else {
-                warnings.push(format!("store {store}: a rule group without a name or file, ignored"));
+                problems.add(&store, "rule groups without a name or file");
                 continue;
             };
-            let mut head = obj.clone();
+            let key = (file.to_string(), name.to_string());
             let rules = match head.remove("rules") {
                 Some(Value::Array(r)) => r,
                 _ => Vec::new(),
             };
-            let merged = groups.entry((file.to_string(), name.to_string())).or_insert_with(|| MergedGroup {
-                head: head.clone(),
-                rules: Vec::new(),
-                index: HashMap::new(),
-            });
-            if text(g, "lastEvaluation") > merged.head.get("lastEvaluation").and_then(Value::as_str).unwrap_or("") {
-                merged.head = head;
-            }
-            for rule in rules {
-                if !rule.is_object() {
-                    warnings.push(format!("store {store}: group {name:?} has a rule that is not an object, ignored"));
-                    continue;
-                }
-                let (key, rule) = clean_rule(rule, replicas);
-                match merged.index.get(&key) {
-                    Some(&i) => {
-                        let kept = &mut merged.rules[i];
-                        let better = state_rank(&rule) > state_rank(kept)
-                            || (state_rank(&rule) == state_rank(kept) && newer(&rule, kept));
-                        if better {
-                            *kept = rule;
-                        }
+            let merged = match groups.entry(key) {
+                std::collections::btree_map::Entry::Occupied(e) => {
+                    let merged = e.into_mut();
+                    let last = |m: &Map<String, Value>| {
+                        m.get("lastEvaluation").and_then(Value::as_str).unwrap_or("").to_string()
+                    };
+                    if last(&head) > last(&merged.head) {
+                        merged.head = head;
                     }
+                    merged
+                }
+                std::collections::btree_map::Entry::Vacant(e) => {
+                    e.insert(MergedGroup { head, rules: Vec::new(), index: HashMap::new() })
+                }
+            };
+            for rule in rules {
+                let Some((key, rule)) = clean_rule(rule, replicas, &store, &mut problems) else {
+                    problems.add(&store, "rules not in Prometheus' shape");
+                    continue;
+                };
+                match merged.index.get(&key) {
+                    Some(&i) => combine(&mut merged.rules[i], rule),
                     None => {
                         merged.index.insert(key, merged.rules.len());
                         merged.rules.push(rule);
@@ -154,30 +221,36 @@ pub fn merge_rules(answers: Vec<Answer>, replicas: &[String]) -> (Value, Vec<Str
             Value::Object(head)
         })
         .collect();
-    (serde_json::json!({ "groups": groups }), warnings)
+    (serde_json::json!({ "groups": groups }), problems.warnings())
 }
 
 /// The `data` of the global's `/api/v1/alerts`, and warnings for what was not understood.
 pub fn merge_alerts(answers: Vec<Answer>, replicas: &[String]) -> (Value, Vec<String>) {
-    let mut warnings = Vec::new();
+    let mut problems = Problems::default();
     let mut all = Vec::new();
     for (store, data) in answers {
-        let Some(list) = data.get("alerts").and_then(Value::as_array) else {
-            warnings.push(format!("store {store}: alerts answer without an alerts list, ignored"));
-            continue;
-        };
-        for a in list {
-            if !a.get("labels").is_some_and(Value::is_object) {
-                warnings.push(format!("store {store}: an alert without labels, ignored"));
+        let list = match data {
+            Value::Object(mut m) => match m.remove("alerts") {
+                Some(Value::Array(list)) => list,
+                _ => {
+                    problems.add(&store, "alerts answers without an alerts list");
+                    continue;
+                }
+            },
+            _ => {
+                problems.add(&store, "alerts answers that are not an object");
                 continue;
             }
-            let mut a = a.clone();
-            strip_replicas(&mut a, replicas);
-            all.push(a);
+        };
+        for a in list {
+            match clean_alert(a, replicas) {
+                Some(a) => all.push(a),
+                None => problems.add(&store, "alerts not in Prometheus' shape"),
+            }
         }
     }
     dedup_alerts(&mut all);
-    (serde_json::json!({ "alerts": all }), warnings)
+    (serde_json::json!({ "alerts": all }), problems.warnings())
 }
 
 #[cfg(test)]
@@ -268,12 +341,44 @@ mod tests {
 
     #[test]
     fn a_malformed_answer_is_named_in_a_warning_not_passed_on() {
-        let bad = json!({"groups": [7, {"name": "x"}, {"name": "g", "file": "f", "rules": [3]}]});
+        let bad = json!({"groups": [7, {"name": "x"}, {"name": "g", "file": "f", "rules": [3, 4, {"labels": {}, "alerts": [1, {"labels": 5}]}]}]});
         let (data, warnings) = merge_rules(vec![("evil:1".into(), bad), ("evil:2".into(), json!("no"))], &[]);
-        assert_eq!(warnings.len(), 4, "{warnings:?}");
+        assert_eq!(warnings.len(), 5, "one per store and kind: {warnings:?}");
         assert!(warnings.iter().all(|w| w.contains("store evil:")));
-        assert_eq!(data["groups"][0]["rules"], json!([]));
+        assert!(warnings.iter().any(|w| w.contains(": 2 rules not in")), "{warnings:?}");
+        assert_eq!(data["groups"][0]["rules"][0]["alerts"], json!([]), "{data}");
         let (data, warnings) = merge_alerts(vec![("evil".into(), json!({"alerts": [1, {"labels": 2}]}))], &[]);
-        assert_eq!((data["alerts"].as_array().unwrap().len(), warnings.len()), (0, 2));
+        assert_eq!((data["alerts"].as_array().unwrap().len(), warnings.len()), (0, 1), "{warnings:?}");
+    }
+
+    #[test]
+    fn diverging_replicas_keep_every_alert_in_the_rule_view() {
+        let a = group(
+            "gpu.yml",
+            json!([rule(
+                json!({"replica": "a"}),
+                "firing",
+                json!([alert(json!({"gpu": "0", "replica": "a"}), "firing", "2026-12-01T00:00:00.000Z")]),
+                "2026-12-01T00:02:00.000Z"
+            )]),
+            "2026-12-01T00:02:00.000Z",
+        );
+        let b = group(
+            "gpu.yml",
+            json!([rule(
+                json!({"replica": "b"}),
+                "firing",
+                json!([
+                    alert(json!({"gpu": "0", "replica": "b"}), "firing", "2026-12-01T00:00:00.000Z"),
+                    alert(json!({"gpu": "1", "replica": "b"}), "pending", "2026-12-01T00:01:00.000Z")
+                ]),
+                "2026-12-01T00:01:00.000Z"
+            )]),
+            "2026-12-01T00:01:00.000Z",
+        );
+        let (data, _) = merge_rules(vec![("a".into(), a), ("b".into(), b)], &["replica".to_string()]);
+        let alerts = data["groups"][0]["rules"][0]["alerts"].as_array().unwrap();
+        let gpus: Vec<&str> = alerts.iter().map(|a| a["labels"]["gpu"].as_str().unwrap()).collect();
+        assert_eq!(gpus, ["0", "1"], "{data}");
     }
 }

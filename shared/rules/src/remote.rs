@@ -13,8 +13,10 @@ use strata_proto::rules::rules_server::{Rules, RulesServer};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 
-/// The largest answer taken from a regional (every rule and alert of it, as JSON).
-pub const MAX_ANSWER_BYTES: usize = 64 << 20;
+/// The largest answer taken from a regional (every rule and alert of it, as JSON): some
+/// 40,000 alerts. Parsed, an answer takes several times its size, so this bounds what one
+/// hostile store can make a global hold.
+pub const MAX_ANSWER_BYTES: usize = 16 << 20;
 
 /// Serves a tier's rules; with no rule files configured, empty lists.
 #[derive(Clone)]
