@@ -83,7 +83,7 @@ fn global_config(stores: &[SocketAddr]) -> String {
 }
 
 /// The GPU rule pack of `deploy/rules`, built in.
-const RULE_PACK: [(&str, &str); 3] = [
+pub(crate) const RULE_PACK: [(&str, &str); 3] = [
     ("gpu-recording.yml", include_str!("../deploy/rules/gpu-recording.yml")),
     ("gpu-alerts.yml", include_str!("../deploy/rules/gpu-alerts.yml")),
     ("strata-health.yml", include_str!("../deploy/rules/strata-health.yml")),

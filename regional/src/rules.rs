@@ -87,7 +87,8 @@ pub async fn start(
     let notifier = if cfg.alerting.alertmanagers.is_empty() {
         None
     } else {
-        Some(Notifier::new(&cfg.alerting, external.clone(), metrics.clone())?)
+        let base = cfg.path.parent().map(|p| p.to_path_buf()).unwrap_or_default();
+        Some(Notifier::new(&cfg.alerting, &base, external.clone(), metrics.clone())?)
     };
     opts.external_labels = external.clone();
     // Zero is Prometheus' "not set": its default of one minute stands.

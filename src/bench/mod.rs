@@ -1,6 +1,7 @@
 //! `strata bench ...`: the benchmarks that print the figures quoted in the README and the
 //! issues. Each compares against its anchor in the same run where one exists.
 
+mod alert_latency;
 mod attack;
 mod downsample;
 mod fleet_day;
@@ -153,6 +154,20 @@ pub enum BenchCommand {
         #[arg(long)]
         from_wal: bool,
     },
+    /// From a simulated GPU's memory overheating to its alert in Alertmanager, through an
+    /// HA pair of edges and a regional running the GPU pack, against Prometheus 2.42 with
+    /// the same rule file scraping the same fleet, one real Alertmanager for both.
+    AlertLatency {
+        /// Simulated nodes (8 GPUs each).
+        #[arg(long, default_value_t = 8)]
+        nodes: usize,
+        /// The Prometheus binary.
+        #[arg(long, default_value = "prometheus")]
+        prometheus: String,
+        /// The Alertmanager binary.
+        #[arg(long, default_value = "prometheus-alertmanager")]
+        alertmanager: String,
+    },
     /// One evaluation round of a rule pack (the GPU pack of `deploy/rules` by default)
     /// over the fleet-day data, Strata against Prometheus 2.42 on the same data in the same
     /// run: every rule's expression at the same times through each one's HTTP API, the
@@ -297,6 +312,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::Forward { series, seconds, before, interval, batch, no_gzip, from_wal } => {
             forward::run(series, seconds, before, interval, batch, !no_gzip, from_wal).await
+        }
+        BenchCommand::AlertLatency { nodes, prometheus, alertmanager } => {
+            alert_latency::run(nodes, &prometheus, &alertmanager).await
         }
         BenchCommand::Rules { file, rules, rounds, prometheus } => rules::run(file, rules, rounds, &prometheus).await,
         BenchCommand::ForwardVsPrometheus { nodes, interval, seconds, prometheus, edge_remote_write } => {

@@ -23,27 +23,71 @@ pub(crate) fn alertmanager_installed() -> bool {
     ok
 }
 
-fn start_alertmanager(dir: &Path, name: &str) -> (Proc, String) {
+/// An Alertmanager's base URL and a client that reaches it (with its TLS when it has it).
+struct Am {
+    base: String,
+    client: reqwest::blocking::Client,
+}
+
+/// A standalone Alertmanager; with `tls`, served over TLS that demands a client certificate
+/// the CA signed.
+fn start_alertmanager(dir: &Path, name: &str, tls: Option<&strata_server::test_certs::TestCerts>) -> (Proc, Am) {
     let cfg = dir.join(format!("{name}.yml"));
     std::fs::write(&cfg, "route:\n  receiver: 'null'\n  group_wait: 1s\nreceivers:\n  - name: 'null'\n").unwrap();
     let port = free_port();
-    let args = vec![
+    let mut args = vec![
         format!("--config.file={}", cfg.display()),
         format!("--storage.path={}", dir.join(format!("{name}-data")).display()),
         format!("--web.listen-address=127.0.0.1:{port}"),
         // No gossip: each Alertmanager stands alone, and binds no other port.
         "--cluster.listen-address=".to_string(),
     ];
+    let (base, client) = match tls {
+        None => (format!("http://127.0.0.1:{port}"), client()),
+        Some(c) => {
+            let web = dir.join(format!("{name}-web.yml"));
+            std::fs::write(
+                &web,
+                format!(
+                    "tls_server_config:\n  cert_file: {}\n  key_file: {}\n  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {}\n",
+                    c.server_cert.display(),
+                    c.server_key.display(),
+                    c.ca.display()
+                ),
+            )
+            .unwrap();
+            args.push(format!("--web.config.file={}", web.display()));
+            let tls = strata_tls::TlsConfig {
+                ca_file: Some(c.ca.clone()),
+                cert_file: Some(c.client_cert.clone()),
+                key_file: Some(c.client_key.clone()),
+                ..Default::default()
+            };
+            let config = strata_tls::client_config(dir, &tls).unwrap();
+            let client = reqwest::blocking::Client::builder()
+                .use_preconfigured_tls(config)
+                .timeout(Duration::from_secs(10))
+                .build()
+                .unwrap();
+            (format!("https://127.0.0.1:{port}"), client)
+        }
+    };
     let mut p = Proc::start("prometheus-alertmanager", &args, dir, name);
-    let base = format!("http://127.0.0.1:{port}");
-    wait_ready(&format!("{base}/-/ready"), &mut p, Duration::from_secs(30));
-    (p, base)
+    let ready = format!("{base}/-/ready");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !client.get(&ready).send().is_ok_and(|r| r.status().is_success()) {
+        p.assert_running();
+        assert!(Instant::now() < deadline, "{name} not ready");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    (p, Am { base, client })
 }
 
 /// The alerts an Alertmanager holds, active ones only, named `alertname`.
-fn am_alerts(base: &str, alertname: &str) -> Vec<serde_json::Value> {
-    let v: serde_json::Value = client()
-        .get(format!("{base}/api/v2/alerts?filter=alertname%3D%22{alertname}%22"))
+fn am_alerts(am: &Am, alertname: &str) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = am
+        .client
+        .get(format!("{}/api/v2/alerts?filter=alertname%3D%22{alertname}%22", am.base))
         .send()
         .and_then(|r| r.text())
         .ok()
@@ -104,25 +148,32 @@ const RULES: &str = "groups:
 ";
 
 #[test]
-fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
+fn one_alert_per_gpu_from_an_ha_pair_reaches_every_alertmanager_and_resolves() {
     if !require_prometheus() || !alertmanager_installed() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let (_sim, sim) = start_sim(d, 1);
-    let (mut am1, am1_url) = start_alertmanager(d, "am1");
-    let (mut am2, am2_url) = start_alertmanager(d, "am2");
+    let (mut am1, am1_url) = start_alertmanager(d, "am1", None);
+    let (mut am2, am2_url) = start_alertmanager(d, "am2", None);
+    // The third over TLS with client certificates, as Prometheus' `tls_config` reaches it.
+    let certs = strata_server::test_certs::write(d).unwrap();
+    let (mut am3, am3_url) = start_alertmanager(d, "am3", Some(&certs));
     let rules = d.join("rules.yml");
     std::fs::write(&rules, RULES.replace("THRESHOLD", "0")).unwrap();
     let (rhttp, rgrpc) = (free_port(), free_port());
-    let am_target = |u: &str| u.trim_start_matches("http://").to_string();
+    let am_target = |am: &Am| am.base.trim_start_matches("http://").trim_start_matches("https://").to_string();
     std::fs::write(
         d.join("regional.yml"),
         format!(
-            "global:\n  evaluation_interval: 1s\n  external_labels: {{region: r1}}\nrule_files: [rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['{}', '{}']}}]\n",
+            "global:\n  evaluation_interval: 1s\n  external_labels: {{region: r1}}\nrule_files: [rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['{}', '{}']}}]\n    - scheme: https\n      tls_config: {{ca_file: {}, cert_file: {}, key_file: {}}}\n      static_configs: [{{targets: ['{}']}}]\n",
             am_target(&am1_url),
-            am_target(&am2_url)
+            am_target(&am2_url),
+            certs.ca.display(),
+            certs.client_cert.display(),
+            certs.client_key.display(),
+            am_target(&am3_url)
         ),
     )
     .unwrap();
@@ -165,7 +216,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     let waiting_since = Instant::now();
 
     // Eight GPUs, both replicas forwarding: eight alerts in each Alertmanager.
-    for am in [&am1_url, &am2_url] {
+    for am in [&am1_url, &am2_url, &am3_url] {
         let alerts = wait_for("eight alerts in an Alertmanager", Duration::from_secs(60), || {
             let a = am_alerts(am, "GpuReporting");
             (a.len() >= 8).then_some(a)
@@ -293,6 +344,7 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_both_alertmanagers_and_resolves() {
     assert!(errors > 0.0, "sending to the Alertmanager that is down is not counted:\n{page}");
     regional.assert_running();
     am1.assert_running();
+    am3.assert_running();
     for (mut e, _) in edges {
         e.assert_running();
     }

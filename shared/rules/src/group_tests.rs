@@ -201,3 +201,41 @@ async fn a_failing_rule_is_named_in_the_api_and_the_others_still_run() {
     assert_eq!(health[2], ("ok", ""));
     assert_eq!(sink.at(60 * MIN), vec![("fine{gpu=\"0\"}".to_string(), 90.0)]);
 }
+
+/// Prometheus' `TestCopyState` and `TestDeletedRuleMarkedStale`: a reload keeps the alerts
+/// of a rule that stays (matched by kind, name and labels) and marks the series of a rule
+/// it removed stale at the next evaluation, after their last sample.
+#[tokio::test]
+async fn a_reload_keeps_the_alerts_that_stay_and_marks_a_removed_rule_stale() {
+    let temps = [Some(90.0), Some(90.0), Some(90.0)];
+    let m = store(&[(&[("__name__", "temp"), ("gpu", "0")], &temps)]);
+    let engine = Engine::new(EngineOptions::default());
+    let ctx = EvalContext { store: &m, engine: &engine, external_labels: &Labels::default(), external_url: "" };
+    let sink = Recorder::default();
+    let mut old = group("  - record: gone\n    expr: temp\n  - alert: Hot\n    expr: temp > 80\n    for: 5m\n");
+    old.eval(0, &ctx, &sink).await;
+    let active_at = old.rules[1].alerts.as_ref().unwrap().active_alerts()[0].active_at;
+    // The expression changed, not the name or labels: the alert is the same one.
+    let mut new = group("  - alert: Hot\n    expr: temp > 85\n    for: 5m\n");
+    new.take_state_from(&mut old);
+    new.eval(MIN, &ctx, &sink).await;
+    let alerts = new.rules[0].alerts.as_ref().unwrap().active_alerts();
+    assert_eq!((alerts.len(), alerts[0].active_at), (1, active_at), "the pending alert kept its start");
+    let at = sink.at(MIN);
+    assert!(at.iter().any(|(l, v)| l == "gone{gpu=\"0\"}" && is_stale(*v)), "{at:?}");
+}
+
+/// Prometheus' `TestAlertingRuleEmptyLabelFromTemplate`: a label whose value is empty is
+/// not on the alert.
+#[tokio::test]
+async fn a_label_whose_template_is_empty_is_dropped() {
+    let m = store(&[(&[("__name__", "temp"), ("gpu", "0")], &[Some(90.0)])]);
+    let engine = Engine::new(EngineOptions::default());
+    let ctx = EvalContext { store: &m, engine: &engine, external_labels: &Labels::default(), external_url: "" };
+    let mut g =
+        group("  - alert: Hot\n    expr: temp > 80\n    labels:\n      empty: ''\n      gpu: '{{ $labels.gpu }}'\n");
+    g.eval(0, &ctx, &Recorder::default()).await;
+    let a = g.rules[0].alerts.as_ref().unwrap().active_alerts()[0].clone();
+    assert_eq!(a.labels.get("empty"), None, "{}", a.labels);
+    assert_eq!(a.labels.get("gpu"), Some("0"));
+}

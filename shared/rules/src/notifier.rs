@@ -39,6 +39,8 @@ pub struct AlertmanagerConfig {
     #[serde(default = "default_api")]
     pub api_version: String,
     pub basic_auth: Option<BasicAuth>,
+    /// Prometheus' `tls_config`; with it (or `scheme: https`) the connection is TLS.
+    pub tls_config: Option<strata_tls::TlsConfig>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -103,6 +105,8 @@ fn labels_json(l: &Labels) -> serde_json::Value {
 
 struct Target {
     url: String,
+    /// Its Alertmanager section's client (its TLS).
+    client: reqwest::Client,
     auth: Option<(String, String)>,
     timeout: Duration,
     queue: Mutex<VecDeque<AlertPayload>>,
@@ -113,12 +117,17 @@ pub struct Notifier {
     targets: Vec<Arc<Target>>,
     external: Labels,
     metrics: RuleMetrics,
-    client: reqwest::Client,
 }
 
 impl Notifier {
-    /// Checks the section; `Err` names what is wrong.
-    pub fn new(cfg: &AlertingConfig, external: Labels, metrics: RuleMetrics) -> Result<Arc<Notifier>, String> {
+    /// Checks the section; `Err` names what is wrong. Files (`password_file`, TLS) are
+    /// read now, relative to `base`, the configuration file's directory.
+    pub fn new(
+        cfg: &AlertingConfig,
+        base: &std::path::Path,
+        external: Labels,
+        metrics: RuleMetrics,
+    ) -> Result<Arc<Notifier>, String> {
         let mut targets = Vec::new();
         for (i, am) in cfg.alertmanagers.iter().enumerate() {
             let at = |m: String| format!("alerting.alertmanagers[{i}]: {m}");
@@ -128,12 +137,15 @@ impl Notifier {
                     am.api_version
                 )));
             }
-            if am.scheme != "http" {
-                return Err(at(format!(
-                    "scheme {:?}: only http is supported yet (TLS to Alertmanager is not)",
-                    am.scheme
-                )));
+            if am.scheme != "http" && am.scheme != "https" {
+                return Err(at(format!("scheme {:?}: expected http or https", am.scheme)));
             }
+            let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+            if am.scheme == "https" || am.tls_config.is_some() {
+                let tls = strata_tls::client_config(base, &am.tls_config.clone().unwrap_or_default()).map_err(at)?;
+                builder = builder.use_preconfigured_tls(tls);
+            }
+            let client = builder.build().map_err(|e| at(format!("HTTP client: {e}")))?;
             let timeout = match &am.timeout {
                 None => Duration::from_secs(10),
                 Some(t) => strata_model::duration::parse_duration_ms(t)
@@ -147,7 +159,7 @@ impl Notifier {
                 Some(b) => {
                     let password = match (&b.password, &b.password_file) {
                         (Some(p), None) => p.clone(),
-                        (None, Some(f)) => std::fs::read_to_string(f)
+                        (None, Some(f)) => std::fs::read_to_string(strata_tls::resolve(base, std::path::Path::new(f)))
                             .map_err(|e| at(format!("basic_auth.password_file {f}: {e}")))?
                             .trim_end_matches(['\n', '\r'])
                             .to_string(),
@@ -165,6 +177,7 @@ impl Notifier {
                     }
                     targets.push(Arc::new(Target {
                         url: format!("{}://{t}{prefix}/api/v2/alerts", am.scheme),
+                        client: client.clone(),
                         auth: auth.clone(),
                         timeout,
                         queue: Mutex::new(VecDeque::new()),
@@ -173,13 +186,9 @@ impl Notifier {
                 }
             }
         }
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .map_err(|e| format!("HTTP client: {e}"))?;
         metrics.alertmanagers.set(targets.len() as i64);
         metrics.queue_capacity.set(QUEUE_CAPACITY as i64);
-        let n = Arc::new(Notifier { targets, external, metrics, client });
+        let n = Arc::new(Notifier { targets, external, metrics });
         for t in &n.targets {
             tokio::spawn(n.clone().sender(t.clone()));
         }
@@ -240,7 +249,7 @@ impl Notifier {
     }
 
     async fn post(&self, t: &Target, body: Vec<u8>) -> Result<(), String> {
-        let mut req = self
+        let mut req = t
             .client
             .post(&t.url)
             .timeout(t.timeout)
@@ -310,11 +319,17 @@ mod tests {
         let _g = rt.enter();
         for (text, want) in [
             ("alertmanagers:\n- api_version: v1\n  static_configs: [{targets: [a:1]}]\n", "only v2"),
-            ("alertmanagers:\n- scheme: https\n  static_configs: [{targets: [a:1]}]\n", "only http"),
+            ("alertmanagers:\n- scheme: ftp\n  static_configs: [{targets: [a:1]}]\n", "expected http or https"),
+            (
+                "alertmanagers:\n- scheme: https\n  tls_config: {ca_file: missing.pem}\n  static_configs: [{targets: [a:1]}]\n",
+                "tls_config.ca_file",
+            ),
             ("alertmanagers:\n- timeout: soon\n  static_configs: [{targets: [a:1]}]\n", "timeout"),
             ("alertmanagers:\n- static_configs: [{targets: [\"http://a:1/x\"]}]\n", "host:port"),
         ] {
-            let e = Notifier::new(&parse(text), Labels::default(), m.clone()).err().unwrap();
+            let e = Notifier::new(&parse(text), std::path::Path::new("/nonexistent"), Labels::default(), m.clone())
+                .err()
+                .unwrap();
             assert!(e.contains(want) && e.starts_with("alerting.alertmanagers[0]"), "{e}");
         }
         assert!(serde_saphyr::from_str::<AlertingConfig>("alertmanagers:\n- relabel: 1\n").is_err());

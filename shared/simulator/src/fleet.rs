@@ -68,7 +68,7 @@ impl Fleet {
         Fleet { seed, nodes, gpus_per_node }
     }
 
-    fn hostname(&self, node: usize) -> String {
+    pub fn hostname(&self, node: usize) -> String {
         format!("gpu-node-{node:03}")
     }
 
@@ -84,7 +84,7 @@ impl Fleet {
         )
     }
 
-    fn is_mig(&self, node: usize, gpu: usize) -> bool {
+    pub fn is_mig(&self, node: usize, gpu: usize) -> bool {
         node % 4 == 3 && gpu + 2 >= self.gpus_per_node
     }
 
@@ -174,14 +174,37 @@ impl Fleet {
         (t >= start && t < start + BUS_OUT_S).then(|| (x >> 32) as usize % self.gpus_per_node)
     }
 
+    /// The thermal episodes that begin in `[from_s, to_s)` (seconds), earliest first:
+    /// `(node, gpu, start)`. An episode lasts ten minutes: memory temperature climbs 28 °C
+    /// over its first seven, then the GPU throttles. For benchmarks that time alerts.
+    pub fn thermal_episodes(&self, from_s: i64, to_s: i64) -> Vec<(usize, usize, i64)> {
+        let mut out = Vec::new();
+        for node in 0..self.nodes {
+            for gpu in 0..self.gpus_per_node {
+                let mut w = from_s.div_euclid(THERMAL_WINDOW_S);
+                while w.saturating_mul(THERMAL_WINDOW_S) < to_s {
+                    if let Some(start) = self.thermal_start(node, gpu, w) {
+                        if (from_s..to_s).contains(&start) {
+                            out.push((node, gpu, start));
+                        }
+                    }
+                    w += 1;
+                }
+            }
+        }
+        out.sort_by_key(|e| e.2);
+        out
+    }
+
+    /// When the thermal episode of window `w` begins, if it has one.
+    fn thermal_start(&self, node: usize, gpu: usize, w: i64) -> Option<i64> {
+        let x = h(self.seed, &[7, node as i64, gpu as i64, w]);
+        x.is_multiple_of(12).then(|| w * THERMAL_WINDOW_S + (mix(x) % (THERMAL_WINDOW_S - THERMAL_S) as u64) as i64)
+    }
+
     /// Seconds into a thermal episode, if one is running.
     fn thermal(&self, node: usize, gpu: usize, t: i64) -> Option<i64> {
-        let w = t.div_euclid(THERMAL_WINDOW_S);
-        let x = h(self.seed, &[7, node as i64, gpu as i64, w]);
-        if !x.is_multiple_of(12) {
-            return None;
-        }
-        let start = w * THERMAL_WINDOW_S + (mix(x) % (THERMAL_WINDOW_S - THERMAL_S) as u64) as i64;
+        let start = self.thermal_start(node, gpu, t.div_euclid(THERMAL_WINDOW_S))?;
         (t >= start && t < start + THERMAL_S).then_some(t - start)
     }
 
