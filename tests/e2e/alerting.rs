@@ -77,7 +77,7 @@ fn start_alertmanager(dir: &Path, name: &str, tls: Option<&strata_server::test_c
     let deadline = Instant::now() + Duration::from_secs(30);
     while !client.get(&ready).send().is_ok_and(|r| r.status().is_success()) {
         p.assert_running();
-        assert!(Instant::now() < deadline, "{name} not ready");
+        assert!(Instant::now() < deadline, "{name} not ready:\n{}", p.log_text());
         std::thread::sleep(Duration::from_millis(200));
     }
     (p, Am { base, client })

@@ -25,8 +25,9 @@ pub(crate) struct Shared {
 }
 
 /// The HTTP/1.1 client: kept-alive connections, up to one per shard; TLS for `https://`
-/// URLs with the entry's settings. (reqwest would do, but its rustls feature is unified
-/// into every reqwest client of the workspace and wants a process-wide crypto provider.)
+/// URLs with the entry's settings, on its own connector (reqwest's rustls support is
+/// unified into every reqwest client of the workspace; a sender of this volume keeps its
+/// connection handling in its own hands).
 pub(crate) type HttpClient =
     hyper_util::client::legacy::Client<HttpsConnector<HttpConnector>, http_body_util::Full<bytes::Bytes>>;
 

@@ -39,7 +39,9 @@ pub struct AlertmanagerConfig {
     #[serde(default = "default_api")]
     pub api_version: String,
     pub basic_auth: Option<BasicAuth>,
-    /// Prometheus' `tls_config`; with it (or `scheme: https`) the connection is TLS.
+    /// Prometheus' `tls_config`, used with `scheme: https` (as in Prometheus, the scheme
+    /// decides: with `http` it is read and checked but the connection is plain, and the
+    /// log says so).
     pub tls_config: Option<strata_tls::TlsConfig>,
 }
 
@@ -139,6 +141,16 @@ impl Notifier {
             }
             if am.scheme != "http" && am.scheme != "https" {
                 return Err(at(format!("scheme {:?}: expected http or https", am.scheme)));
+            }
+            if am.tls_config.as_ref().is_some_and(|t| t.server_name.is_some()) {
+                // The HTTP client checks the certificate against the target's host.
+                return Err(at("tls_config.server_name is not supported for Alertmanagers: name the target by the host its certificate is for".into()));
+            }
+            if am.scheme == "http" && am.tls_config.is_some() {
+                tracing::warn!(
+                    alertmanagers = i,
+                    "tls_config is set but scheme is http: alerts go unencrypted (set scheme: https)"
+                );
             }
             let mut builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
             if am.scheme == "https" || am.tls_config.is_some() {
@@ -323,6 +335,10 @@ mod tests {
             (
                 "alertmanagers:\n- scheme: https\n  tls_config: {ca_file: missing.pem}\n  static_configs: [{targets: [a:1]}]\n",
                 "tls_config.ca_file",
+            ),
+            (
+                "alertmanagers:\n- scheme: https\n  tls_config: {server_name: am}\n  static_configs: [{targets: [a:1]}]\n",
+                "server_name is not supported",
             ),
             ("alertmanagers:\n- timeout: soon\n  static_configs: [{targets: [a:1]}]\n", "timeout"),
             ("alertmanagers:\n- static_configs: [{targets: [\"http://a:1/x\"]}]\n", "host:port"),
