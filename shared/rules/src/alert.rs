@@ -6,7 +6,10 @@
 
 use crate::file::RuleSpec;
 use crate::template::{alert_data, Env};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+
+/// An alert's annotations, by name.
+pub type Annotations = BTreeMap<String, String>;
 use strata_model::{Labels, Sample};
 
 /// How long a resolved alert is kept (and re-sent as resolved).
@@ -32,7 +35,9 @@ impl AlertState {
 #[derive(Debug, Clone)]
 pub struct Alert {
     pub labels: Labels,
-    pub annotations: Labels,
+    /// Expanded annotations by name. Not a label set: an annotation that expands to
+    /// nothing is kept, empty, as Prometheus keeps it.
+    pub annotations: Annotations,
     pub value: f64,
     pub state: AlertState,
     pub active_at: i64,
@@ -125,11 +130,11 @@ impl AlertingState {
                 b.set(name, &expand(t, env, &data, &mut template_errors));
             }
             b.set("alertname", &rule.name);
-            let annotations = Labels::from_pairs(
-                rule.annotation_templates
-                    .iter()
-                    .map(|(name, t)| (name.clone(), expand(t, env, &data, &mut template_errors))),
-            );
+            let annotations: Annotations = rule
+                .annotation_templates
+                .iter()
+                .map(|(name, t)| (name.clone(), expand(t, env, &data, &mut template_errors)))
+                .collect();
             let labels = b.build();
             if fresh.contains_key(&labels) {
                 return Err("vector contains metrics with the same labelset after applying alert labels".into());

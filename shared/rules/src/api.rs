@@ -99,7 +99,7 @@ fn with_external(l: &Labels, external: &Labels) -> Labels {
 pub fn alert_json(a: &Alert, external: &Labels) -> Value {
     let mut v = json!({
         "labels": labels_json(&with_external(&a.labels, external)),
-        "annotations": labels_json(&a.annotations),
+        "annotations": a.annotations,
         "state": a.state.as_str(),
         "activeAt": rfc3339(a.active_at),
         "value": value_e(a.value),

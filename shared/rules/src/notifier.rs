@@ -74,7 +74,7 @@ fn default_api() -> String {
 #[derive(Debug, Clone, PartialEq)]
 pub struct AlertPayload {
     pub labels: Labels,
-    pub annotations: Labels,
+    pub annotations: crate::alert::Annotations,
     pub starts_at: i64,
     pub ends_at: i64,
     pub generator_url: String,
@@ -250,7 +250,7 @@ impl Notifier {
             .map(|a| {
                 serde_json::json!({
                     "labels": labels_json(&a.labels),
-                    "annotations": labels_json(&a.annotations),
+                    "annotations": a.annotations,
                     "startsAt": rfc3339(a.starts_at),
                     "endsAt": rfc3339(a.ends_at),
                     "generatorURL": a.generator_url,

@@ -439,7 +439,7 @@ async fn test_group(
                 let mut got: AlertSet = groups
                     .iter()
                     .flat_map(|g| g.firing(&case.alertname))
-                    .map(|a| (a.labels.clone(), a.annotations.clone()))
+                    .map(|a| (a.labels.clone(), Labels::from_pairs(a.annotations.iter())))
                     .collect();
                 let mut exp: AlertSet = case
                     .exp_alerts
