@@ -143,16 +143,29 @@ async fn start_alertmanager(dir: &Path, addr: SocketAddr) -> anyhow::Result<Opti
     )?;
     let log_path = dir.join("alertmanager.log");
     let log = std::fs::File::create(&log_path).with_context(|| format!("creating {}", log_path.display()))?;
-    let child = std::process::Command::new(program)
-        .arg(format!("--config.file={}", cfg.display()))
+    let mut cmd = std::process::Command::new(program);
+    cmd.arg(format!("--config.file={}", cfg.display()))
         .arg(format!("--storage.path={}", dir.join("data").display()))
         .arg(format!("--web.listen-address={addr}"))
         // Alone: no gossip port.
         .arg("--cluster.listen-address=")
         .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+        .stderr(log);
+    // Stopped with `up` even when `up` is killed outright (its `Drop` then never runs). The
+    // signal follows the thread that started it: `up` runs on the main thread, which lives
+    // as long as the process.
+    // SAFETY: between fork and exec the closure only calls prctl, which is
+    // async-signal-safe, and touches no memory of the parent.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
+        });
+    }
+    let child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     let mut am = AlertmanagerProcess(child);
     let ready = format!("http://{addr}/-/ready");
     for _ in 0..60 {
