@@ -36,17 +36,7 @@ impl RuleSink for TsdbSink {
             // sample alone, counted and logged, not the rule's whole output.
             let mut refused = 0usize;
             for (l, s) in samples {
-                let l = if external.is_empty() {
-                    l
-                } else {
-                    let mut b = l.to_builder();
-                    for x in external.iter() {
-                        if b.get(&x.name).is_none() {
-                            b.set_shared(x.name.clone(), x.value.clone());
-                        }
-                    }
-                    b.build()
-                };
+                let l = if external.is_empty() { l } else { strata_rules::with_external(&l, &external) };
                 match db.series(&l) {
                     Ok(id) => batch.push((id, s)),
                     Err(e) => {

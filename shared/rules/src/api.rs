@@ -7,6 +7,7 @@ use crate::file::RuleKind;
 use crate::group::Group;
 use crate::manager::RuleManager;
 use crate::notifier::rfc3339;
+use crate::with_external;
 use serde_json::{json, Value};
 use strata_model::matcher::matches_all;
 use strata_model::{Labels, Matcher};
@@ -78,20 +79,6 @@ fn value_e(v: f64) -> String {
     let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
     let e: i32 = e.parse().unwrap_or(0);
     format!("{m}e{}{:02}", if e < 0 { '-' } else { '+' }, e.abs())
-}
-
-/// `l` with `external`'s labels it lacks.
-fn with_external(l: &Labels, external: &Labels) -> Labels {
-    if external.is_empty() {
-        return l.clone();
-    }
-    let mut b = l.to_builder();
-    for x in external.iter() {
-        if b.get(&x.name).is_none() {
-            b.set_shared(x.name.clone(), x.value.clone());
-        }
-    }
-    b.build()
 }
 
 /// An alert as Prometheus shows it, its labels with `external`'s added (empty for the

@@ -27,3 +27,20 @@ pub mod remote;
 pub mod restore;
 pub mod template;
 pub mod unittest;
+
+use strata_model::Labels;
+
+/// `l` with the external labels it lacks (a label it has wins), as Prometheus adds its
+/// external labels to what leaves it: alerts, and here also what rules store.
+pub fn with_external(l: &Labels, external: &Labels) -> Labels {
+    if external.is_empty() {
+        return l.clone();
+    }
+    let mut b = l.to_builder();
+    for x in external.iter() {
+        if b.get(&x.name).is_none() {
+            b.set_shared(x.name.clone(), x.value.clone());
+        }
+    }
+    b.build()
+}

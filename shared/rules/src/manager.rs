@@ -201,19 +201,7 @@ impl RuleManager {
     /// region without rules or alerts.
     async fn apply(self: &Arc<Self>, specs: Vec<GroupSpec>) {
         // The old loops stop first (each finishes the evaluation it is in).
-        let stopping: Vec<JoinHandle<()>> = {
-            let mut running = self.running.lock();
-            running
-                .iter_mut()
-                .filter_map(|r| {
-                    let _ = r.stop.send(true);
-                    r.task.take()
-                })
-                .collect()
-        };
-        for t in stopping {
-            let _ = t.await;
-        }
+        self.stop_loops().await;
         let mut old_by_key: HashMap<(String, String), Arc<tokio::sync::Mutex<Group>>> =
             self.running.lock().iter().map(|r| (r.key.clone(), r.group.clone())).collect();
         let now = strata_model::time::now_ms();
@@ -246,6 +234,12 @@ impl RuleManager {
     pub async fn stop(&self) {
         let _one = self.reloading.lock().await;
         self.stopped.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.stop_loops().await;
+    }
+
+    /// Tells every group's loop to stop and waits for each (an evaluation under way
+    /// finishes); the groups stay in `running`, so the API still shows them.
+    async fn stop_loops(&self) {
         let stopping: Vec<JoinHandle<()>> = {
             let mut running = self.running.lock();
             running

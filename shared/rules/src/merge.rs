@@ -141,6 +141,18 @@ fn combine(kept: &mut Value, other: Value) {
     *kept = winner;
 }
 
+/// The list under `key` in an answer's `data`; `None`, counted as `missing`, when the
+/// answer has none.
+fn list_of(data: Value, key: &str, store: &str, problems: &mut Problems, missing: &'static str) -> Option<Vec<Value>> {
+    if let Value::Object(mut m) = data {
+        if let Some(Value::Array(list)) = m.remove(key) {
+            return Some(list);
+        }
+    }
+    problems.add(store, missing);
+    None
+}
+
 struct MergedGroup {
     /// The group's fields from its most recently evaluated copy.
     head: Map<String, Value>,
@@ -154,18 +166,8 @@ pub fn merge_rules(answers: Vec<Answer>, replicas: &[String]) -> (Value, Vec<Str
     let mut problems = Problems::default();
     let mut groups: BTreeMap<(String, String), MergedGroup> = BTreeMap::new();
     for (store, data) in answers {
-        let list = match data {
-            Value::Object(mut m) => match m.remove("groups") {
-                Some(Value::Array(list)) => list,
-                _ => {
-                    problems.add(&store, "rules answers without a groups list");
-                    continue;
-                }
-            },
-            _ => {
-                problems.add(&store, "rules answers that are not an object");
-                continue;
-            }
+        let Some(list) = list_of(data, "groups", &store, &mut problems, "rules answers without a groups list") else {
+            continue;
         };
         for g in list {
             let Value::Object(mut head) = g else {
@@ -229,18 +231,8 @@ pub fn merge_alerts(answers: Vec<Answer>, replicas: &[String]) -> (Value, Vec<St
     let mut problems = Problems::default();
     let mut all = Vec::new();
     for (store, data) in answers {
-        let list = match data {
-            Value::Object(mut m) => match m.remove("alerts") {
-                Some(Value::Array(list)) => list,
-                _ => {
-                    problems.add(&store, "alerts answers without an alerts list");
-                    continue;
-                }
-            },
-            _ => {
-                problems.add(&store, "alerts answers that are not an object");
-                continue;
-            }
+        let Some(list) = list_of(data, "alerts", &store, &mut problems, "alerts answers without an alerts list") else {
+            continue;
         };
         for a in list {
             match clean_alert(a, replicas) {

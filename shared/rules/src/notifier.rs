@@ -217,13 +217,7 @@ impl Notifier {
         let alerts: Vec<AlertPayload> = alerts
             .into_iter()
             .map(|mut a| {
-                let mut b = a.labels.to_builder();
-                for l in self.external.iter() {
-                    if b.get(&l.name).is_none() {
-                        b.set_shared(l.name.clone(), l.value.clone());
-                    }
-                }
-                a.labels = b.build();
+                a.labels = crate::with_external(&a.labels, &self.external);
                 a
             })
             .collect();

@@ -50,13 +50,7 @@ pub async fn restore_for_state(
             // The series whose labels are exactly the alert's (and its name), with the
             // external labels it was stored with: equality matchers also match series with
             // more labels.
-            let mut expected = a.labels.to_builder();
-            for x in external.iter() {
-                if expected.get(&x.name).is_none() {
-                    expected.set_shared(x.name.clone(), x.value.clone());
-                }
-            }
-            let expected = expected.build();
+            let expected = crate::with_external(&a.labels, external);
             let Some(s) = found.into_iter().find(|s| {
                 let mut b = s.labels.to_builder();
                 b.del("__name__");
