@@ -160,6 +160,11 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_every_alertmanager_and_resolves() {
     // The third over TLS with client certificates, as Prometheus' `tls_config` reaches it.
     let certs = strata_server::test_certs::write(d).unwrap();
     let (mut am3, am3_url) = start_alertmanager(d, "am3", Some(&certs));
+    // A CA that did not sign am3's certificate: sending there (the same Alertmanager by
+    // another name) must fail and be counted, not go through unverified.
+    let other = d.join("other-ca");
+    std::fs::create_dir_all(&other).unwrap();
+    let wrong = strata_server::test_certs::write(&other).unwrap();
     let rules = d.join("rules.yml");
     std::fs::write(&rules, RULES.replace("THRESHOLD", "0")).unwrap();
     let (rhttp, rgrpc) = (free_port(), free_port());
@@ -167,13 +172,17 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_every_alertmanager_and_resolves() {
     std::fs::write(
         d.join("regional.yml"),
         format!(
-            "global:\n  evaluation_interval: 1s\n  external_labels: {{region: r1}}\nrule_files: [rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['{}', '{}']}}]\n    - scheme: https\n      tls_config: {{ca_file: {}, cert_file: {}, key_file: {}}}\n      static_configs: [{{targets: ['{}']}}]\n",
+            "global:\n  evaluation_interval: 1s\n  external_labels: {{region: r1}}\nrule_files: [rules.yml]\nalerting:\n  alertmanagers:\n    - static_configs: [{{targets: ['{}', '{}']}}]\n    - scheme: https\n      tls_config: {{ca_file: {}, cert_file: {}, key_file: {}}}\n      static_configs: [{{targets: ['{}']}}]\n    - scheme: https\n      tls_config: {{ca_file: {}, cert_file: {}, key_file: {}}}\n      static_configs: [{{targets: ['{}']}}]\n",
             am_target(&am1_url),
             am_target(&am2_url),
             certs.ca.display(),
             certs.client_cert.display(),
             certs.client_key.display(),
-            am_target(&am3_url)
+            am_target(&am3_url),
+            wrong.ca.display(),
+            certs.client_cert.display(),
+            certs.client_key.display(),
+            am_target(&am3_url).replace("127.0.0.1", "localhost")
         ),
     )
     .unwrap();
@@ -342,6 +351,15 @@ fn one_alert_per_gpu_from_an_ha_pair_reaches_every_alertmanager_and_resolves() {
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum();
     assert!(errors > 0.0, "sending to the Alertmanager that is down is not counted:\n{page}");
+    let untrusted: f64 = page
+        .lines()
+        .filter(|l| {
+            l.starts_with("prometheus_notifications_errors_total{")
+                && l.contains(&am_target(&am3_url).replace("127.0.0.1", "localhost"))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert!(untrusted > 0.0, "an Alertmanager whose certificate the CA did not sign was not refused:\n{page}");
     regional.assert_running();
     am1.assert_running();
     am3.assert_running();
