@@ -31,6 +31,14 @@ struct AlertFlags {
     resend_delay: Duration,
 }
 
+impl AlertFlags {
+    fn apply(&self, o: &mut strata_rules::manager::RuleOptions) {
+        o.outage_tolerance = self.for_outage_tolerance;
+        o.for_grace_period = self.for_grace_period;
+        o.resend_delay = self.resend_delay;
+    }
+}
+
 fn prom_duration(s: &str) -> Result<Duration, String> {
     strata_model::duration::parse_duration_ms(s)
         .ok()
@@ -112,6 +120,19 @@ enum Command {
         /// (`--query.pushdown=false`: select samples and evaluate here, as before).
         #[arg(long = "query.pushdown", default_value_t = true, action = clap::ArgAction::Set)]
         query_pushdown: bool,
+        /// Where the series recorded by the global's own rules are kept (only with
+        /// `rule_files` in the configuration) [default: strata-data/global].
+        #[arg(long)]
+        data: Option<PathBuf>,
+        /// Prometheus' `--web.enable-lifecycle`: `POST /-/reload` reloads the global's rule files.
+        #[arg(long = "web.enable-lifecycle")]
+        web_enable_lifecycle: bool,
+        /// The URL users reach the global at, for alerts' generator links [default: its
+        /// HTTP address].
+        #[arg(long = "web.external-url")]
+        web_external_url: Option<String>,
+        #[command(flatten)]
+        alert_flags: AlertFlags,
     },
     /// The regional tier: receives what edges forward (acknowledged once durable), stores
     /// it and serves the Prometheus HTTP API and the StoreAPI.
@@ -326,8 +347,16 @@ async fn run() -> anyhow::Result<()> {
             replica_labels,
             query_max_concurrency,
             query_pushdown,
+            data,
+            web_enable_lifecycle,
+            web_external_url,
+            alert_flags,
         } => {
             let mut opts = strata_global::GlobalOptions::new(config);
+            opts.data_dir = data;
+            opts.enable_lifecycle = web_enable_lifecycle;
+            opts.external_url = web_external_url;
+            alert_flags.apply(&mut opts.rules);
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;
             opts.grpc_tls = grpc_tls.files();
@@ -358,9 +387,7 @@ async fn run() -> anyhow::Result<()> {
         } => {
             let mut opts = strata_regional::RegionalOptions::new(config);
             opts.external_url = web_external_url;
-            opts.rules.outage_tolerance = alert_flags.for_outage_tolerance;
-            opts.rules.for_grace_period = alert_flags.for_grace_period;
-            opts.rules.resend_delay = alert_flags.resend_delay;
+            alert_flags.apply(&mut opts.rules);
             opts.enable_lifecycle = web_enable_lifecycle;
             opts.http_listen = http_listen;
             opts.grpc_listen = grpc_listen;

@@ -18,12 +18,22 @@
 //!   cert_file: client.crt       #   this global's certificate, for stores that verify clients
 //!   key_file: client.key
 //!   server_name: edges.example  #   the name to verify (default: each store's host)
+//!
+//! # Rules over everything the global sees (Thanos' ruler), as in a Prometheus file:
+//! global:
+//!   evaluation_interval: 1m
+//!   external_labels: {ruler: global}   # on what the rules record and on alerts
+//! rule_files: [rules/*.yml]
+//! alerting:
+//!   alertmanagers: [{static_configs: [{targets: ['127.0.0.1:9093']}]}]
+//! rules_retention: 15d          # how long recorded series are kept under --data
 //! ```
 
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use strata_model::duration::PromDuration;
+use strata_rules::tier::{GlobalSection, RulesConfig};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -40,6 +50,13 @@ struct RawConfig {
     aggregates: Option<String>,
     dns_resolver: Option<String>,
     grpc_client_tls: Option<RawClientTls>,
+    #[serde(default)]
+    global: GlobalSection,
+    #[serde(default)]
+    rule_files: Vec<String>,
+    #[serde(default)]
+    alerting: strata_rules::notifier::AlertingConfig,
+    rules_retention: Option<PromDuration>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -74,7 +91,18 @@ pub struct GlobalConfig {
     pub aggregates: strata_downsample::Prefer,
     /// TLS for the connections to the stores; paths resolved against the file's folder.
     pub client_tls: Option<strata_grpc::ClientTlsFiles>,
+    /// The rules this global runs itself (none unless `rule_files` names some); `path` is
+    /// set by [`GlobalConfig::load`].
+    pub rules: RulesConfig,
+    /// How long the series rules record are kept.
+    pub rules_retention: Duration,
+    /// Keys of the `global` section no rule reads (logged at load).
+    pub ignored: Vec<String>,
 }
+
+/// Recorded series are kept this long unless `rules_retention` says otherwise
+/// (Prometheus' default retention).
+pub const DEFAULT_RULES_RETENTION: Duration = Duration::from_secs(15 * 24 * 3600);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -96,7 +124,12 @@ impl GlobalConfig {
             return Err(invalid(format!("{len} bytes (at most {MAX_CONFIG_BYTES})")));
         }
         let text = std::fs::read_to_string(path).map_err(read)?;
-        GlobalConfig::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(invalid)
+        let mut cfg = GlobalConfig::parse(&text, path.parent().unwrap_or(Path::new("."))).map_err(invalid)?;
+        cfg.rules.path = path.to_path_buf();
+        for key in &cfg.ignored {
+            tracing::warn!(path = %path.display(), key = %key, "configuration key not read by the global: ignored");
+        }
+        Ok(cfg)
     }
 
     pub fn parse(text: &str, base: &Path) -> Result<GlobalConfig, String> {
@@ -139,6 +172,14 @@ impl GlobalConfig {
                 None => Ok(default),
             }
         };
+        raw.global.validate()?;
+        let ignored = raw.global.ignored_keys();
+        let rules = RulesConfig {
+            path: PathBuf::new(),
+            global: raw.global,
+            rule_files: raw.rule_files,
+            alerting: raw.alerting,
+        };
         Ok(GlobalConfig {
             stores: raw.stores,
             sd_files,
@@ -154,6 +195,9 @@ impl GlobalConfig {
                 Some(other) => return Err(format!("aggregates: {other:?} is neither raw_where_held nor coarsest")),
             },
             client_tls,
+            rules_retention: positive(raw.rules_retention, DEFAULT_RULES_RETENTION, "rules_retention")?,
+            rules,
+            ignored,
         })
     }
 }
@@ -187,6 +231,18 @@ mod tests {
         assert_eq!(coarsest.aggregates, strata_downsample::Prefer::Coarsest);
         assert_eq!((c.store_timeout, c.replica_labels.clone()), (Duration::from_secs(30), vec!["replica".into()]));
         assert!(c.client_tls.is_none());
+        assert!(c.rules.rule_files.is_empty());
+        assert_eq!(c.rules_retention, DEFAULT_RULES_RETENTION);
+        let ruler = GlobalConfig::parse(
+            "global:\n  evaluation_interval: 30s\n  scrape_interval: 5s\n  external_labels: {ruler: g}\nrule_files: [r/*.yml]\nrules_retention: 2d\nalerting:\n  alertmanagers:\n  - static_configs: [{targets: ['127.0.0.1:9093']}]\n",
+            Path::new("/etc/strata"),
+        )
+        .unwrap();
+        assert_eq!(ruler.rules.rule_files, ["r/*.yml"]);
+        assert_eq!(ruler.rules.global.external_labels().get("ruler"), Some("g"));
+        assert_eq!(ruler.rules.alerting.alertmanagers.len(), 1);
+        assert_eq!(ruler.rules_retention, Duration::from_secs(2 * 86400));
+        assert_eq!(ruler.ignored, ["global.scrape_interval"]);
         let tls =
             "grpc_client_tls:\n  ca_file: ca.crt\n  cert_file: /abs/c.crt\n  key_file: c.key\n  server_name: edges\n";
         let t = GlobalConfig::parse(tls, Path::new("/etc/strata")).unwrap().client_tls.unwrap();
@@ -202,6 +258,9 @@ mod tests {
             "dns_sd: ['srv+x']",
             "dns_resolver: nowhere",
             "store_timeout: 0s",
+            "rules_retention: 0s",
+            "global:\n  external_labels: {\"a-b\": c}\n",
+            "alerting:\n  alert_relabel_configs: []\n",
             "unknown_key: 1",
             "stores: [[",
         ] {

@@ -7,6 +7,10 @@
 //! an edge. It serves the StoreAPI itself, without dedup and with its stores' label
 //! sets, so globals can be stacked. `/api/v1/stores` lists the stores and their health;
 //! `/api/v1/rules` and `/api/v1/alerts` merge every regional's ([`rules`]).
+//! With `rule_files` configured it runs rules itself over everything it sees, as Thanos'
+//! ruler does ([`strata_rules::tier`]): what they record goes into a database of its own
+//! under `--data`, which queries, the StoreAPI and the rules themselves read beside the
+//! stores, and its alerts go to the configured Alertmanagers.
 //! This crate is wiring only; every mechanism lives in a `shared/` crate.
 
 pub mod config;
@@ -20,6 +24,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use config::GlobalConfig;
+use prometheus_client::registry::Registry;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -27,11 +32,14 @@ use std::time::Duration;
 use stores::StoreSet;
 use strata_api::ApiOptions;
 use strata_dedup::ReplicaDedup;
-use strata_fanout::Fanout;
+use strata_fanout::{Fanout, StoreTarget};
 use strata_grpc::{pb, ServeOptions, StoreInfo, StoreService};
 use strata_model::Labels;
+use strata_rules::tier::TierRules;
 use strata_server::{LiveWebConfig, ServerLimits, WebConfig};
 use strata_store::{SelectLimits, Store};
+use strata_tsdb::db::{Tsdb, TsdbOptions};
+use strata_tsdb::TsdbStore;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -46,6 +54,15 @@ pub struct GlobalOptions {
     pub replica_labels: Vec<String>,
     pub api: ApiOptions,
     pub server: ServerLimits,
+    /// Where the rules' database lives (`--data`; default [`DEFAULT_DATA_DIR`]); opened
+    /// only when the configuration names rule files.
+    pub data_dir: Option<PathBuf>,
+    /// The rules' flags (`--rules.alert.*`); the rest comes from the config file.
+    pub rules: strata_rules::manager::RuleOptions,
+    /// `POST /-/reload` reloads the rules.
+    pub enable_lifecycle: bool,
+    /// The URL users reach the global at, for alerts' generator links.
+    pub external_url: Option<String>,
 }
 
 impl GlobalOptions {
@@ -58,11 +75,16 @@ impl GlobalOptions {
             replica_labels: Vec::new(),
             api: ApiOptions::default(),
             server: ServerLimits::default(),
+            data_dir: None,
+            rules: strata_rules::manager::RuleOptions::default(),
+            enable_lifecycle: false,
+            external_url: None,
         }
     }
 }
 
 pub const DEFAULT_HTTP_PORT: u16 = 9490;
+pub const DEFAULT_DATA_DIR: &str = "strata-data/global";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GlobalError {
@@ -72,12 +94,21 @@ pub enum GlobalError {
     Bind { addr: SocketAddr, source: std::io::Error },
     #[error(transparent)]
     Tls(#[from] strata_grpc::GrpcError),
+    #[error("opening the rules' database in {dir}: {source}")]
+    Open { dir: PathBuf, source: strata_tsdb::TsdbError },
+    #[error("rules: {0}")]
+    Rules(String),
 }
 
 pub struct Global {
     pub http_addr: SocketAddr,
     pub grpc_addr: Option<SocketAddr>,
     pub stores: Arc<StoreSet>,
+    /// The rules it runs itself, and their database.
+    pub rules: Option<Arc<TierRules>>,
+    rules_db: Option<Arc<Tsdb>>,
+    /// The database's own loops (fsync, maintenance): aborted before it closes.
+    db_tasks: Vec<JoinHandle<()>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -85,11 +116,36 @@ pub struct Global {
 struct GlobalState {
     stores: Arc<StoreSet>,
     metrics: Arc<metrics::GlobalMetrics>,
+    /// The rules' metrics under Prometheus' names, and their database's.
+    rules_registries: Vec<Registry>,
+    rules_db: Option<Arc<Tsdb>>,
 }
 
 async fn self_metrics(State(s): State<Arc<GlobalState>>) -> Response {
-    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], s.metrics.encode(&s.stores))
-        .into_response()
+    if let Some(db) = &s.rules_db {
+        db.metrics().refresh(db);
+    }
+    let text = s.metrics.encode(&s.stores, &s.rules_registries);
+    ([(axum::http::header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+}
+
+/// The rules' database: what they record, kept `retention`.
+async fn open_rules_db(dir: PathBuf, retention: Duration) -> Result<Arc<Tsdb>, GlobalError> {
+    let settings = strata_tsdb::settings::StorageSettings { retention: Some(retention), ..Default::default() };
+    let opts = settings.apply(TsdbOptions::default()).map_err(GlobalError::Rules)?;
+    tracing::info!(data = %dir.display(), "opening the rules' database and replaying its WAL");
+    let at = dir.clone();
+    let opened = tokio::task::spawn_blocking(move || Tsdb::open(&at, opts))
+        .await
+        .map_err(|e| GlobalError::Rules(format!("opening the rules' database: {e}")))?;
+    Ok(Arc::new(opened.map_err(|source| GlobalError::Open { dir, source })?))
+}
+
+/// `stores` and the rules' database side by side: each series lives in one of them.
+/// `timeout` bounds a whole call of `stores` (which times its own stores out).
+fn beside_rules(stores: Arc<dyn Store>, db: &Arc<Tsdb>, timeout: Duration) -> Arc<dyn Store> {
+    let recorded = Arc::new(strata_promql::pushdown::Evaluating::new(TsdbStore(db.clone())));
+    Arc::new(Fanout::new(vec![StoreTarget::new("stores", stores), StoreTarget::new("rules", recorded)], timeout))
 }
 
 async fn stores_page(State(s): State<Arc<GlobalState>>) -> Response {
@@ -102,9 +158,13 @@ impl Global {
         if !opts.replica_labels.is_empty() {
             cfg.replica_labels = opts.replica_labels.clone();
         }
+        let (rules_cfg, rules_retention) = (cfg.rules.clone(), cfg.rules_retention);
         let (interval, replica_labels, store_timeout, prefer) =
             (cfg.info_interval, cfg.replica_labels.clone(), cfg.store_timeout, cfg.aggregates);
-        let fanout = Arc::new(Fanout::new(Vec::new(), cfg.store_timeout));
+        // A replica that answers keeps a `partial_response=false` answer whole when its
+        // twin fails.
+        let fanout =
+            Arc::new(Fanout::new(Vec::new(), cfg.store_timeout).with_replica_labels(cfg.replica_labels.clone()));
         // TLS files are read now: a missing or broken one stops the start, naming it.
         let client_tls = cfg.client_tls.as_ref().map(|t| t.load()).transpose()?;
         let server_tls = opts.grpc_tls.as_ref().map(|t| t.load()).transpose()?;
@@ -139,7 +199,62 @@ impl Global {
         let planner = strata_downsample::ResolutionPlanner::new(dedup, fanout.clone(), replica_labels, store_timeout)
             .with_preference(prefer)
             .with_raw_evaluator(evaluator);
-        let query_store: Arc<dyn Store> = Arc::new(planner);
+        let bind = |addr| async move {
+            tokio::net::TcpListener::bind(addr).await.map_err(|source| GlobalError::Bind { addr, source })
+        };
+        let listener = bind(opts.http_listen).await?;
+        let http_addr = listener.local_addr().map_err(|source| GlobalError::Bind { addr: opts.http_listen, source })?;
+
+        let rules_db = match rules_cfg.rule_files.is_empty() {
+            true => None,
+            false => {
+                let dir = opts.data_dir.clone().unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR));
+                Some(open_rules_db(dir, rules_retention).await?)
+            }
+        };
+        // A call on the stores may take a query's whole time (they time out one by one).
+        let whole_call = opts.api.engine.timeout.max(store_timeout);
+        let query_store: Arc<dyn Store> = match &rules_db {
+            None => Arc::new(planner),
+            Some(db) => beside_rules(Arc::new(planner), db, whole_call),
+        };
+        let (mut rules_registries, mut db_tasks) = (Vec::new(), Vec::new());
+        let rules = match &rules_db {
+            None => None,
+            Some(db) => {
+                db_tasks = strata_tsdb::loops::spawn(db);
+                let mut rule_opts = opts.rules.clone();
+                rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("http://{http_addr}"));
+                let read: strata_rules::tier::ReadConfig =
+                    Arc::new(|p| GlobalConfig::load(p).map(|c| c.rules).map_err(|e| e.to_string()));
+                let started = TierRules::start(
+                    rules_cfg.clone(),
+                    read,
+                    "global",
+                    query_store.clone(),
+                    db.clone(),
+                    rule_opts,
+                    shutdown_rx.clone(),
+                )
+                .await;
+                let rules = match started {
+                    Ok(r) => r,
+                    Err(e) => {
+                        let _ = shutdown.send(true);
+                        db_tasks.iter().for_each(|t| t.abort());
+                        close_db(db.clone()).await;
+                        return Err(GlobalError::Rules(e));
+                    }
+                };
+                let (mut own, mut stored) = (Registry::default(), Registry::with_prefix("strata"));
+                if let Some(r) = &rules {
+                    r.manager().metrics().register(&mut own);
+                }
+                db.metrics().register(&mut stored);
+                rules_registries.extend([own, stored]);
+                rules
+            }
+        };
         let global_metrics = metrics::GlobalMetrics::new();
         let tracked = global_metrics.clone();
         let app = Router::new()
@@ -147,15 +262,15 @@ impl Global {
             .route("/metrics", get(self_metrics))
             .route("/-/healthy", get(|| async { "Strata global is Healthy.\n" }))
             .route("/-/ready", get(|| async { "Strata global is Ready.\n" }))
-            .with_state(Arc::new(GlobalState { stores: stores.clone(), metrics: global_metrics }))
-            .merge(rules::router(stores.clone(), rules_replicas, store_timeout))
+            .with_state(Arc::new(GlobalState {
+                stores: stores.clone(),
+                metrics: global_metrics,
+                rules_registries,
+                rules_db: rules_db.clone(),
+            }))
+            .merge(rules::router(stores.clone(), rules.clone(), rules_replicas, store_timeout, opts.enable_lifecycle))
             .merge(strata_api::router_with(query_store, opts.api.clone()))
             .layer(axum::middleware::from_fn(move |req, next| metrics::track(tracked.clone(), req, next)));
-        let bind = |addr| async move {
-            tokio::net::TcpListener::bind(addr).await.map_err(|source| GlobalError::Bind { addr, source })
-        };
-        let listener = bind(opts.http_listen).await?;
-        let http_addr = listener.local_addr().map_err(|source| GlobalError::Bind { addr: opts.http_listen, source })?;
         {
             let (mut stop, limits) = (shutdown_rx.clone(), opts.server);
             tasks.push(tokio::spawn(async move {
@@ -175,11 +290,15 @@ impl Global {
                 let listener = bind(addr).await?;
                 let bound = listener.local_addr().map_err(|source| GlobalError::Bind { addr, source })?;
                 let info_stores = stores.clone();
+                // What rules record carries the rules' external labels.
+                let recorded = rules_db.as_ref().map(|_| rules_cfg.global.external_labels());
                 let info = Arc::new(move || {
                     // What every store below confirmed, or nothing: a global above must not
                     // skip this one for labels or times a store that did not answer holds.
                     let st = info_stores.status();
-                    let confirmed = !st.is_empty() && st.iter().all(|s| s.healthy && !s.label_sets.is_empty());
+                    let confirmed = !st.is_empty()
+                        && st.iter().all(|s| s.healthy && !s.label_sets.is_empty())
+                        && recorded.as_ref().is_none_or(|l| !l.is_empty());
                     if !confirmed {
                         return StoreInfo {
                             min_time: i64::MIN,
@@ -193,11 +312,15 @@ impl Global {
                         min_time: st.iter().map(|s| s.min_time).min().unwrap_or(i64::MIN),
                         max_time: st.iter().map(|s| s.max_time).max().unwrap_or(i64::MAX),
                         kind: pb::ComponentKind::Global,
-                        label_sets: st.iter().flat_map(|s| s.label_sets.clone()).collect(),
+                        label_sets: st.iter().flat_map(|s| s.label_sets.clone()).chain(recorded.clone()).collect(),
                         resolutions: Vec::new(),
                     }
                 });
-                let service = StoreService::new(fanout.clone(), Labels::default(), SelectLimits::default(), info);
+                let served: Arc<dyn Store> = match &rules_db {
+                    None => fanout.clone(),
+                    Some(db) => beside_rules(fanout.clone(), db, whole_call),
+                };
+                let service = StoreService::new(served, Labels::default(), SelectLimits::default(), info);
                 let mut stop = shutdown_rx.clone();
                 tasks.push(tokio::spawn(async move {
                     let stopped = async move {
@@ -218,13 +341,31 @@ impl Global {
             None => None,
         };
         tracing::info!(http = %http_addr, grpc = ?grpc_addr, stores = stores.status().len(), "global started");
-        Ok(Global { http_addr, grpc_addr, stores, shutdown, tasks })
+        Ok(Global { http_addr, grpc_addr, stores, rules, rules_db, db_tasks, shutdown, tasks })
     }
 
+    /// Stops the rules (a group evaluating finishes), the servers, then the rules'
+    /// database, writing a head checkpoint.
     pub async fn stop(self) {
+        if let Some(r) = &self.rules {
+            r.manager().stop().await;
+        }
         let _ = self.shutdown.send(true);
         for t in self.tasks {
             let _ = tokio::time::timeout(Duration::from_secs(10), t).await;
         }
+        self.db_tasks.iter().for_each(|t| t.abort());
+        if let Some(db) = self.rules_db {
+            close_db(db).await;
+        }
+    }
+}
+
+/// Shuts the rules' database down, or says why it could not.
+async fn close_db(db: Arc<Tsdb>) {
+    match tokio::task::spawn_blocking(move || db.shutdown()).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(e)) => tracing::error!(error = %e, "closing the rules' database"),
+        Err(e) => tracing::error!(error = %e, "closing the rules' database"),
     }
 }

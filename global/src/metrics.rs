@@ -51,8 +51,9 @@ impl GlobalMetrics {
         Arc::new(GlobalMetrics { registry, requests, durations })
     }
 
-    /// The text exposition: the registry, then each store's health.
-    pub fn encode(&self, stores: &StoreSet) -> String {
+    /// The text exposition: the registry, each store's health, then `extra` (the rules'
+    /// metrics and their database's, when the global runs rules).
+    pub fn encode(&self, stores: &StoreSet, extra: &[Registry]) -> String {
         let mut s = String::new();
         if prometheus_client::encoding::text::encode_registry(&mut s, &self.registry).is_err() {
             s.push_str("# encoding self-metrics failed\n");
@@ -66,6 +67,11 @@ impl GlobalMetrics {
         s.push_str("# HELP strata_global_stores Stores known, by discovery and configuration.\n");
         s.push_str("# TYPE strata_global_stores gauge\n");
         s.push_str(&format!("strata_global_stores {}\n", status.len()));
+        for r in extra {
+            if prometheus_client::encoding::text::encode_registry(&mut s, r).is_err() {
+                s.push_str("# encoding the rules' metrics failed\n");
+            }
+        }
         s.push_str("# EOF\n");
         s
     }

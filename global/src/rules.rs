@@ -2,7 +2,9 @@
 //! (read over the rules API beside its StoreAPI) merged by [`strata_rules::merge`], with a
 //! warning naming each regional that did not answer (or an error with
 //! `partial_response=false`), so Grafana's alert views over the global never show a
-//! region's alerts missing in silence.
+//! region's alerts missing in silence. The rules the global runs itself (when its
+//! configuration names rule files) are merged in as one more answer, and `/-/reload`
+//! reloads them.
 
 use crate::stores::StoreSet;
 use axum::extract::{RawQuery, State};
@@ -15,10 +17,14 @@ use std::time::Duration;
 use strata_api::{ApiError, ErrorType};
 use strata_rules::api::RulesFilter;
 use strata_rules::remote::{request_from_pairs, RemoteRules, RemoteRulesError};
+use strata_rules::tier::TierRules;
 
 #[derive(Clone)]
 struct RulesState {
     stores: Arc<StoreSet>,
+    /// The rules this global runs itself.
+    local: Option<Arc<TierRules>>,
+    lifecycle: bool,
     replicas: Arc<Vec<String>>,
     timeout: Duration,
     /// Fan-outs at once: each may hold every regional's answer parsed.
@@ -34,6 +40,9 @@ const MAX_ERROR_BYTES: usize = 4096;
 fn pairs(q: Option<&str>) -> Vec<(String, String)> {
     form_urlencoded::parse(q.unwrap_or("").as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect()
 }
+
+/// How the global's own rules are named among the regionals' answers.
+const LOCAL: &str = "this global";
 
 /// `partial_response=false` turns a regional that did not answer into an error.
 fn partial_allowed(pairs: &[(String, String)]) -> bool {
@@ -115,11 +124,15 @@ async fn rules_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> Re
         return ApiError::bad_data(e).into_response();
     }
     let req = request_from_pairs(&pairs);
-    let (answers, failed) = ask(&s, move |r| {
+    let (mut answers, failed) = ask(&s, move |r| {
         let req = req.clone();
         async move { r.rules(req).await }
     })
     .await;
+    if let (Some(local), Ok(filter)) = (&s.local, RulesFilter::from_pairs(&pairs)) {
+        let m = local.manager();
+        answers.push((LOCAL.to_string(), strata_rules::api::rules(m, &filter, m.external_labels()).await));
+    }
     let (data, malformed) = strata_rules::merge::merge_rules(answers, &s.replicas);
     answer(data, failed, malformed, partial_allowed(&pairs))
 }
@@ -129,18 +142,38 @@ async fn alerts_handler(State(s): State<RulesState>, RawQuery(q): RawQuery) -> R
         return ApiError { kind: ErrorType::Unavailable, message: "shutting down".into() }.into_response();
     };
     let pairs = pairs(q.as_deref());
-    let (answers, failed) = ask(&s, |r| async move { r.alerts().await }).await;
+    let (mut answers, failed) = ask(&s, |r| async move { r.alerts().await }).await;
+    if let Some(local) = &s.local {
+        let m = local.manager();
+        answers.push((LOCAL.to_string(), strata_rules::api::alerts(m, m.external_labels()).await));
+    }
     let (data, malformed) = strata_rules::merge::merge_alerts(answers, &s.replicas);
     answer(data, failed, malformed, partial_allowed(&pairs))
 }
 
-pub fn router(stores: Arc<StoreSet>, replicas: Vec<String>, timeout: Duration) -> Router {
-    Router::new().route("/api/v1/rules", get(rules_handler)).route("/api/v1/alerts", get(alerts_handler)).with_state(
-        RulesState {
+async fn reload_handler(State(s): State<RulesState>) -> Response {
+    let (code, body) = strata_rules::tier::reload_answer(s.local.as_deref(), s.lifecycle, "global").await;
+    (axum::http::StatusCode::from_u16(code).unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR), body)
+        .into_response()
+}
+
+pub fn router(
+    stores: Arc<StoreSet>,
+    local: Option<Arc<TierRules>>,
+    replicas: Vec<String>,
+    timeout: Duration,
+    lifecycle: bool,
+) -> Router {
+    Router::new()
+        .route("/api/v1/rules", get(rules_handler))
+        .route("/api/v1/alerts", get(alerts_handler))
+        .route("/-/reload", axum::routing::post(reload_handler).put(reload_handler))
+        .with_state(RulesState {
             stores,
+            local,
+            lifecycle,
             replicas: Arc::new(replicas),
             timeout,
             running: Arc::new(tokio::sync::Semaphore::new(CONCURRENT_REQUESTS)),
-        },
-    )
+        })
 }

@@ -295,10 +295,17 @@ impl StoreSet {
                     if previous.iter().find(|p| p.address == address).is_none_or(|p| p.healthy) {
                         tracing::warn!(store = %address, %error, "store unhealthy");
                     }
-                    if let Some(c) = client {
-                        targets.push(StoreTarget::new(address.clone(), Arc::new(c)));
-                    }
                     let old = previous.iter().find(|p| p.address == address);
+                    if let Some(c) = client {
+                        // What it said when it last answered, so that a replica of it that
+                        // answers can stand in for it (`partial_response=false`). A store
+                        // never heard from is asked for everything and covered by none.
+                        let mut t = StoreTarget::new(address.clone(), Arc::new(c));
+                        if let Some(o) = old.filter(|o| !o.label_sets.is_empty()) {
+                            (t.label_sets, t.min_time, t.max_time) = (o.label_sets.clone(), o.min_time, o.max_time);
+                        }
+                        targets.push(t);
+                    }
                     status.push(StoreStatus {
                         address,
                         kind: old.map(|o| o.kind.clone()).unwrap_or_else(|| "unknown".into()),

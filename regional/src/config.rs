@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 use strata_model::duration::PromDuration;
 use strata_model::size::ByteSize;
+use strata_rules::tier::{GlobalSection, RulesConfig};
 use strata_tsdb::settings::StorageSettings;
 
 #[derive(Debug, thiserror::Error)]
@@ -62,25 +63,12 @@ pub struct RawDownsample {
     pub retention_1h: Option<PromDuration>,
 }
 
-/// Prometheus' `global` section, the keys the regional uses.
-#[derive(Debug, Clone, Deserialize, Default)]
-pub struct RawGlobal {
-    pub evaluation_interval: Option<PromDuration>,
-    /// Prometheus 3's `rule_query_offset`: how far behind now rule queries look, for
-    /// groups without their own `query_offset` (data forwarded late is then seen).
-    pub rule_query_offset: Option<PromDuration>,
-    #[serde(default)]
-    pub external_labels: BTreeMap<String, String>,
-    #[serde(flatten)]
-    unknown: BTreeMap<String, IgnoredAny>,
-}
-
 #[derive(Debug, Clone, Deserialize, Default)]
 struct RawConfig {
     #[serde(default)]
     strata: RawRegionalStrata,
     #[serde(default)]
-    global: RawGlobal,
+    global: GlobalSection,
     #[serde(default)]
     rule_files: Vec<String>,
     #[serde(default)]
@@ -97,7 +85,7 @@ pub const DEFAULT_RETENTION: Duration = Duration::from_secs(15 * 24 * 3600);
 pub struct RegionalConfig {
     pub path: PathBuf,
     pub strata: RawRegionalStrata,
-    pub global: RawGlobal,
+    pub global: GlobalSection,
     /// Globs of rule files, relative to the config file's directory.
     pub rule_files: Vec<String>,
     pub alerting: strata_rules::notifier::AlertingConfig,
@@ -124,12 +112,8 @@ impl RegionalConfig {
             serde_saphyr::from_str(text).map_err(|e| invalid(e.to_string()))?
         };
         let mut ignored: Vec<String> = raw.unknown.into_keys().collect();
-        ignored.extend(raw.global.unknown.keys().map(|k| format!("global.{k}")));
-        for k in raw.global.external_labels.keys() {
-            if !strata_model::labels::is_valid_label_name(k) || k == "__name__" {
-                return Err(invalid(format!("global.external_labels: invalid label name {k:?}")));
-            }
-        }
+        ignored.extend(raw.global.ignored_keys());
+        raw.global.validate().map_err(invalid)?;
         let cfg = RegionalConfig {
             path: path.to_path_buf(),
             strata: raw.strata,
@@ -142,6 +126,16 @@ impl RegionalConfig {
             .apply(strata_tsdb::db::TsdbOptions::default())
             .map_err(|m| invalid(format!("strata.{m}")))?;
         Ok(cfg)
+    }
+
+    /// What the rules read.
+    pub fn rules_config(&self) -> RulesConfig {
+        RulesConfig {
+            path: self.path.clone(),
+            global: self.global.clone(),
+            rule_files: self.rule_files.clone(),
+            alerting: self.alerting.clone(),
+        }
     }
 
     /// Whether downsampling runs, the replica labels, and its options.

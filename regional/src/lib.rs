@@ -220,9 +220,10 @@ impl Regional {
         let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
         let mut rule_opts = opts.rules.clone();
         rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
-        let rules = rules::start(&cfg, db.clone(), replicas, rule_opts, shutdown_rx.clone())
+        let tier_rules = rules::start(&cfg, db.clone(), replicas, rule_opts, shutdown_rx.clone())
             .await
             .map_err(RegionalError::Rules)?;
+        let rules = tier_rules.as_ref().map(|r| r.manager().clone());
 
         let grpc = opts.grpc_listen.unwrap_or_else(|| parse_default(DEFAULT_GRPC_LISTEN));
         let listener = match tokio::net::TcpListener::bind(grpc).await {
@@ -241,7 +242,7 @@ impl Regional {
         let remote_written = remote_write_seen;
         // Rule output carries the regional's external labels: a global must not prune
         // this store for a query on them.
-        let own_labels = (!cfg.rule_files.is_empty()).then(|| rules::external_labels(&cfg)).filter(|l| !l.is_empty());
+        let own_labels = (!cfg.rule_files.is_empty()).then(|| cfg.global.external_labels()).filter(|l| !l.is_empty());
         let info = Arc::new(move || {
             let (min_time, max_time) = info_db.advertised_range();
             StoreInfo {
@@ -299,7 +300,7 @@ impl Regional {
             .route("/-/healthy", get(|| async { "Strata regional is Healthy.\n" }))
             .route("/-/ready", get(ready))
             .with_state(state)
-            .merge(rules::router(rules.clone(), &cfg, opts.enable_lifecycle))
+            .merge(rules::router(tier_rules, opts.enable_lifecycle))
             .merge(strata_receive::router(remote_write))
             .merge(strata_api::router_with(Arc::new(TsdbStore(db.clone())), opts.api.clone()));
         let mut rx = shutdown_rx.clone();

@@ -24,14 +24,18 @@ pub(crate) fn alertmanager_installed() -> bool {
 }
 
 /// An Alertmanager's base URL and a client that reaches it (with its TLS when it has it).
-struct Am {
-    base: String,
+pub(crate) struct Am {
+    pub(crate) base: String,
     client: reqwest::blocking::Client,
 }
 
 /// A standalone Alertmanager; with `tls`, served over TLS that demands a client certificate
 /// the CA signed.
-fn start_alertmanager(dir: &Path, name: &str, tls: Option<&strata_server::test_certs::TestCerts>) -> (Proc, Am) {
+pub(crate) fn start_alertmanager(
+    dir: &Path,
+    name: &str,
+    tls: Option<&strata_server::test_certs::TestCerts>,
+) -> (Proc, Am) {
     let cfg = dir.join(format!("{name}.yml"));
     std::fs::write(&cfg, "route:\n  receiver: 'null'\n  group_wait: 1s\nreceivers:\n  - name: 'null'\n").unwrap();
     let port = free_port();
@@ -84,7 +88,7 @@ fn start_alertmanager(dir: &Path, name: &str, tls: Option<&strata_server::test_c
 }
 
 /// The alerts an Alertmanager holds, active ones only, named `alertname`.
-fn am_alerts(am: &Am, alertname: &str) -> Vec<serde_json::Value> {
+pub(crate) fn am_alerts(am: &Am, alertname: &str) -> Vec<serde_json::Value> {
     let v: serde_json::Value = am
         .client
         .get(format!("{}/api/v2/alerts?filter=alertname%3D%22{alertname}%22", am.base))
@@ -96,7 +100,7 @@ fn am_alerts(am: &Am, alertname: &str) -> Vec<serde_json::Value> {
     v.as_array().cloned().unwrap_or_default()
 }
 
-fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub(crate) fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + within;
     loop {
         if let Some(v) = f() {
@@ -109,7 +113,7 @@ fn wait_for<T>(what: &str, within: Duration, mut f: impl FnMut() -> Option<T>) -
 
 /// The alerts named `alertname` the regional at `base` holds: (gpu, state, `activeAt` to
 /// the second, as `ALERTS_FOR_STATE` keeps it and Prometheus restores it), sorted.
-fn alerts_of(base: &str, alertname: &str) -> Vec<(String, String, String)> {
+pub(crate) fn alerts_of(base: &str, alertname: &str) -> Vec<(String, String, String)> {
     let v = crate::common::api_data(&format!("{base}/api/v1/alerts"));
     let mut out: Vec<(String, String, String)> = v["alerts"]
         .as_array()

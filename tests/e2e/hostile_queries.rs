@@ -40,7 +40,7 @@ const CONSTRUCTS: [&str; 10] = [
 ];
 
 /// Percent-encodes a query parameter.
-fn encode(q: &str) -> String {
+pub(crate) fn encode(q: &str) -> String {
     q.bytes().map(|b| if b.is_ascii_alphanumeric() { (b as char).to_string() } else { format!("%{b:02X}") }).collect()
 }
 

@@ -9,6 +9,7 @@ mod edge_crash;
 mod edge_scrape;
 mod forward;
 mod global;
+mod global_rules;
 mod grpc_store;
 mod hostile_queries;
 mod prometheus;

@@ -42,11 +42,13 @@ pub(crate) async fn steps(
     if let Some(spec) = &req.aggregate {
         return aggregate(inner, req, spec, replica_labels, guess).await;
     }
-    let (mut evaluated, summaries) = match guess.get() {
-        Some(g) => match guessed(inner, req, &g).await? {
-            Some(both) => both,
-            None => return Ok(None),
-        },
+    let from_guess = match guess.get() {
+        Some(g) => guessed_or_forget(inner, req, &g, guess).await?,
+        None => None,
+    };
+    let (mut evaluated, summaries) = match from_guess {
+        Some(Some(both)) => both,
+        Some(None) => return Ok(None),
         None => {
             let mut look = req.clone();
             look.values = false;
@@ -100,6 +102,27 @@ async fn guessed(
     })
 }
 
+/// [`guessed`], except that with `partial_response=false` a guessed replica that fails
+/// makes the guess forgotten (`None`), not the request failed: asked alone, a replica
+/// cannot be stood in for by its twin, which the fan-out allows when every replica is
+/// asked at once (the unguessed way, which the caller takes next).
+#[allow(clippy::type_complexity)]
+async fn guessed_or_forget(
+    inner: &dyn Store,
+    req: &StepsRequest,
+    g: &[(String, String)],
+    guess: &Guess,
+) -> Result<Option<Option<(Steps, Steps)>>, StoreError> {
+    match guessed(inner, req, g).await {
+        Ok(both) => Ok(Some(both)),
+        Err(StoreError::Unavailable(_)) if !strata_store::QueryScope::current().partial_response => {
+            guess.set(None);
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// The replica of each series the merge passes whole, from every replica's summary (the
 /// evaluated ones carry theirs); remembers the replica most came from as the next guess.
 fn decide(
@@ -129,7 +152,9 @@ async fn aggregate(
     // Grouped by a replica label, the stores' groups are not the merged series' groups.
     let by_replica = !spec.without && spec.labels.iter().any(|l| replica_labels.contains(l));
     let Some(g) = guess.get().filter(|_| !by_replica) else { return Ok(None) };
-    let Some((mut evaluated, summaries)) = guessed(inner, req, &g).await? else { return Ok(None) };
+    let Some(Some((mut evaluated, summaries))) = guessed_or_forget(inner, req, &g, guess).await? else {
+        return Ok(None);
+    };
     let Some(chosen) = decide(&evaluated, &summaries, replica_labels, guess) else { return Ok(None) };
     let whole = evaluated.series.len() == chosen.len()
         && evaluated.series.iter().all(|s| chosen.get(&labels_hash(&s.labels)).is_some_and(|l| *l == s.labels));

@@ -110,3 +110,102 @@ fn pushed_leaves_through_the_dedup_answer_as_merged_samples_do() {
         }
     }
 }
+
+/// Replicas behind one store, as a fan-out shows them, with replica `b` able to go down:
+/// asked for `b` alone it fails; asked for every replica it answers with the others (a
+/// fan-out that lets a twin stand in for a failed replica).
+struct ReplicaBDown {
+    inner: Evaluating<MemoryStore>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl ReplicaBDown {
+    fn down(&self) -> bool {
+        self.down.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn only_b(&self, matchers: &[Matcher]) -> Result<(), StoreError> {
+        let asks_b =
+            matchers.iter().any(|m| m.name == "replica" && m.op == strata_model::MatchOp::Equal && m.value == "b");
+        match self.down() && asks_b {
+            true => Err(StoreError::Unavailable("store b: connection refused".into())),
+            false => Ok(()),
+        }
+    }
+
+    fn kept(&self, l: &Labels) -> bool {
+        !(self.down() && l.get("replica") == Some("b"))
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for ReplicaBDown {
+    async fn select_within(
+        &self,
+        r: &strata_store::SelectRequest,
+        b: &mut strata_store::SelectBudget,
+    ) -> Result<Vec<strata_store::SeriesChunks>, StoreError> {
+        self.only_b(&r.matchers)?;
+        Ok(self.inner.select_within(r, b).await?.into_iter().filter(|s| self.kept(&s.labels)).collect())
+    }
+    async fn series_within(
+        &self,
+        m: &[Matcher],
+        s: i64,
+        e: i64,
+        b: &mut strata_store::SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        self.only_b(m)?;
+        Ok(self.inner.series_within(m, s, e, b).await?.into_iter().filter(|l| self.kept(l)).collect())
+    }
+    async fn label_names(&self, m: &[Matcher], s: i64, e: i64) -> Result<Vec<String>, StoreError> {
+        self.inner.label_names(m, s, e).await
+    }
+    async fn label_values(&self, n: &str, m: &[Matcher], s: i64, e: i64) -> Result<Vec<String>, StoreError> {
+        self.inner.label_values(n, m, s, e).await
+    }
+    async fn metadata(&self, m: Option<&str>) -> Result<Vec<(String, strata_model::Metadata)>, StoreError> {
+        self.inner.metadata(m).await
+    }
+    async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
+        self.only_b(&req.matchers)?;
+        Ok(self.inner.steps(req).await?.map(|mut s| {
+            s.series.retain(|x| self.kept(&x.labels));
+            s.groups.retain(|x| self.kept(&x.labels));
+            s
+        }))
+    }
+}
+
+#[test]
+fn a_guessed_replica_that_goes_down_is_stood_in_for_when_partial_response_is_off() {
+    let build = |m: &mut MemoryStore, with_b: bool| {
+        // Replica a has a gap, so the merge follows b and the guess becomes `replica="b"`.
+        add_replica(m, "a", 0, 15, |t| !(1_200_000..1_800_000).contains(&t));
+        if with_b {
+            add_replica(m, "b", 3, 15, |_| true);
+        }
+    };
+    let mut m = MemoryStore::default();
+    build(&mut m, true);
+    let store = Arc::new(ReplicaBDown { inner: Evaluating::new(m), down: false.into() });
+    let pushing = ReplicaDedup::new(store.clone(), vec!["replica".into()]);
+    let mut only_a = MemoryStore::default();
+    build(&mut only_a, false);
+    let merging = ReplicaDedup::new(Arc::new(only_a), vec!["replica".into()]);
+    let strict = |dedup: &ReplicaDedup, q: &str| -> Result<QueryValue, String> {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().map_err(|e| e.to_string())?;
+        let expr = strata_promql::parse(q).map_err(|e| e.to_string())?;
+        let engine = Engine::new(EngineOptions::default());
+        rt.block_on(QueryScope::new(false, true).run(engine.range(dedup, &expr, 600_000, 3_600_000, 30_000)))
+            .map_err(|e| e.to_string())
+    };
+    for q in ["max_over_time(g[2m])", "sum(rate(c_total[5m]))"] {
+        strict(&pushing, q).unwrap_or_else(|e| panic!("{q} with both replicas up: {e}"));
+        store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let got = strict(&pushing, q);
+        assert_eq!(got, strict(&merging, q), "{q}: replica b down, a stands in");
+        assert!(got.is_ok(), "{q}: {got:?}");
+        store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    }
+}

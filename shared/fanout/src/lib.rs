@@ -14,12 +14,17 @@
 //! hanging store costs one timeout per request, not one per selection. Every call runs in
 //! the request's scope, so a store's own warnings (a stacked global's) reach the answer.
 //!
+//! With `partial_response=false`, a store that fails while an HA replica of it answered
+//! (`replicas`: the same external labels but for the replica labels, data over the times
+//! read) leaves the answer whole: a warning, not an error.
+//!
 //! A selection streams (`stream`): each store's batches come through a small channel and
 //! a k-way merge hands them on in order, so the fan-out holds a few batches per store,
 //! not every store's answer. Series with the same labels from several stores (a global
 //! stacked over globals that share a store) are merged into one, each sample once. Replicas that differ only in a
 //! replica label are not merged here: that is `ReplicaDedup`'s job, over this store.
 
+mod replicas;
 mod stream;
 #[cfg(test)]
 mod tests;
@@ -79,6 +84,8 @@ impl StoreTarget {
 pub struct Fanout {
     targets: RwLock<Arc<Vec<StoreTarget>>>,
     timeout: Duration,
+    /// The labels that tell HA replicas apart (see [`Fanout::with_replica_labels`]).
+    replica_labels: Arc<Vec<String>>,
 }
 
 /// What a store's failure means for the request.
@@ -94,7 +101,14 @@ pub(crate) enum Failure {
 
 impl Fanout {
     pub fn new(targets: Vec<StoreTarget>, timeout: Duration) -> Self {
-        Fanout { targets: RwLock::new(Arc::new(targets)), timeout }
+        Fanout { targets: RwLock::new(Arc::new(targets)), timeout, replica_labels: Arc::default() }
+    }
+
+    /// The labels that tell HA replicas apart: a failed store one of whose replicas
+    /// answered does not fail a `partial_response=false` request.
+    pub fn with_replica_labels(mut self, labels: Vec<String>) -> Self {
+        self.replica_labels = Arc::new(labels);
+        self
     }
 
     /// Replaces the stores (discovery found others); requests in flight keep the old set.
@@ -157,7 +171,10 @@ impl Fanout {
         failed.sort_by_key(|f| f.0);
         if !failed.is_empty() {
             let named: Vec<String> = failed.iter().map(|(i, r)| format!("store {}: {r}", targets[*i].name)).collect();
-            if !scope.partial_response {
+            let alive: Vec<&StoreTarget> = answers.iter().map(|(i, _)| &targets[*i]).collect();
+            let whole =
+                failed.iter().all(|(i, _)| replicas::covered(&targets[*i], &alive, &self.replica_labels, start, end));
+            if !scope.partial_response && !whole {
                 return Err(StoreError::Unavailable(format!("{} (partial_response=false)", named.join("; "))));
             }
             for (i, _) in &failed {
@@ -212,7 +229,7 @@ impl Store for Fanout {
             .iter()
             .filter(|t| t.may_match(&req.matchers, req.start, req.end) && !scope.has_failed(&t.name))
             .collect();
-        Ok(Box::new(stream::MergedBatches::start(&asked, req, self.timeout)))
+        Ok(Box::new(stream::MergedBatches::start(&asked, req, self.timeout, self.replica_labels.clone())))
     }
 
     async fn series_within(

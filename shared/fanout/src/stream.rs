@@ -24,6 +24,9 @@ enum Message {
 /// One store's side of the merge.
 struct Source {
     name: String,
+    /// What its `Info` said, to tell whether a replica covers its failure.
+    target: StoreTarget,
+    failed: bool,
     rx: mpsc::Receiver<Message>,
     head: VecDeque<SeriesChunks>,
     done: bool,
@@ -37,19 +40,35 @@ pub struct MergedBatches {
     /// The stores that refused the request as invalid, and whether any series came.
     refused: Vec<StoreError>,
     delivered: bool,
+    replica_labels: Arc<Vec<String>>,
+    /// The request's times.
+    start: i64,
+    end: i64,
 }
 
 impl MergedBatches {
     /// Starts a reader per store, in the request's scope (each store gets `timeout` of its
     /// own time for its whole answer).
-    pub fn start(targets: &[&StoreTarget], req: &SelectRequest, timeout: Duration) -> Self {
+    pub fn start(
+        targets: &[&StoreTarget],
+        req: &SelectRequest,
+        timeout: Duration,
+        replica_labels: Arc<Vec<String>>,
+    ) -> Self {
         let scope = QueryScope::current();
         let sources = targets
             .iter()
             .map(|t| {
                 let (tx, rx) = mpsc::channel(2);
                 tokio::spawn(scope.clone().run(read_store(t.store.clone(), req.clone(), timeout, tx)));
-                Source { name: t.name.clone(), rx, head: VecDeque::new(), done: false }
+                Source {
+                    name: t.name.clone(),
+                    target: StoreTarget::clone(t),
+                    failed: false,
+                    rx,
+                    head: VecDeque::new(),
+                    done: false,
+                }
             })
             .collect();
         MergedBatches {
@@ -59,6 +78,9 @@ impl MergedBatches {
             scope,
             refused: Vec::new(),
             delivered: false,
+            replica_labels,
+            start: req.start,
+            end: req.end,
         }
     }
 
@@ -80,6 +102,7 @@ impl MergedBatches {
                     Some(Message::Failed(f)) => f,
                 };
                 self.sources[i].done = true;
+                self.sources[i].failed = true;
                 match failure {
                     Failure::Request(e) => return Err(e),
                     Failure::Store(reason) => failed.push((i, reason)),
@@ -95,7 +118,13 @@ impl MergedBatches {
             return Err(self.refused.swap_remove(0));
         }
         let named = |(i, reason): &(usize, String)| format!("store {}: {reason}", self.sources[*i].name);
-        if !failed.is_empty() && !self.scope.partial_response {
+        // A store that failed is forgiven while a replica of it is still answering; should
+        // that one fail too, its own failure finds no cover and fails the request.
+        let alive: Vec<&StoreTarget> = self.sources.iter().filter(|s| !s.failed).map(|s| &s.target).collect();
+        let whole = failed.iter().all(|(i, _)| {
+            crate::replicas::covered(&self.sources[*i].target, &alive, &self.replica_labels, self.start, self.end)
+        });
+        if !failed.is_empty() && !self.scope.partial_response && !whole {
             let all: Vec<String> = failed.iter().map(named).collect();
             return Err(StoreError::Unavailable(format!("{} (partial_response=false)", all.join("; "))));
         }

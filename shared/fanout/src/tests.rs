@@ -480,3 +480,44 @@ mod review {
         assert!(QueryScope::default().run(odd.select(&gpu_util())).await.is_ok());
     }
 }
+
+#[tokio::test]
+async fn with_partial_response_false_a_failed_replica_fails_the_request_only_when_no_replica_answered() {
+    let labelled = |name: &str, store: Arc<dyn Store>, replica: &str| StoreTarget {
+        label_sets: vec![Labels::from_pairs([("cluster", "c0"), ("replica", replica)])],
+        min_time: 0,
+        max_time: i64::MAX,
+        ..StoreTarget::new(name, store)
+    };
+    let pair = || vec![labelled("a:1", Arc::new(memory(|_| true)), "a"), labelled("b:1", Arc::new(Refuses), "b")];
+    let strict = || QueryScope::new(false, true);
+    let req = gpu_util();
+    let whole = Fanout::new(pair(), Duration::from_secs(2)).with_replica_labels(vec!["replica".into()]);
+    for select in [true, false] {
+        let scope = strict();
+        let got = if select {
+            scope.clone().run(whole.select(&req)).await.map(|s| s.len())
+        } else {
+            scope.clone().run(whole.series(&req.matchers, i64::MIN, i64::MAX)).await.map(|s| s.len())
+        };
+        assert_eq!(got.unwrap(), 3, "replica a answered: the answer is whole");
+        assert!(
+            scope.warnings().iter().any(|w| w.contains("b:1")),
+            "the failure is still named: {:?}",
+            scope.warnings()
+        );
+    }
+    // Replica labels unknown to the fan-out, or the replica's data younger than the request:
+    // the failure fails the request.
+    let unknown = Fanout::new(pair(), Duration::from_secs(2));
+    assert!(strict().run(unknown.select(&req)).await.is_err());
+    let mut young = pair();
+    young[0].min_time = 500_000;
+    let young = Fanout::new(young, Duration::from_secs(2)).with_replica_labels(vec!["replica".into()]);
+    assert!(strict().run(young.select(&req)).await.is_err());
+    assert!(strict().run(young.series(&req.matchers, i64::MIN, i64::MAX)).await.is_err());
+    // Both replicas down: no cover.
+    let both = vec![labelled("a:1", Arc::new(Refuses), "a"), labelled("b:1", Arc::new(Refuses), "b")];
+    let both = Fanout::new(both, Duration::from_secs(2)).with_replica_labels(vec!["replica".into()]);
+    assert!(strict().run(both.select(&req)).await.is_err());
+}

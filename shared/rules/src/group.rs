@@ -260,9 +260,16 @@ async fn append_markers(sink: &dyn RuleSink, stale: Vec<(Labels, Sample)>, group
     }
 }
 
+/// A rule's query sees every store or fails: a store that does not answer (rules on a
+/// global) fails the evaluation, named in its `lastError`, instead of recording a partial
+/// sum as if it were whole (Thanos' `abort`; a rule result has no `warnings` to say so).
+fn whole_answers() -> strata_store::QueryScope {
+    strata_store::QueryScope::new(false, true)
+}
+
 /// Runs `expr` at `at` as a rule query: a vector, or a scalar as one sample without labels.
 async fn query(ctx: &EvalContext<'_>, rule: &RuleSpec, at: i64) -> Result<Vec<(Labels, f64)>, String> {
-    match ctx.engine.instant(ctx.store, &rule.expr, at).await {
+    match whole_answers().run(ctx.engine.instant(ctx.store, &rule.expr, at)).await {
         Ok(QueryValue::Vector(v)) => Ok(v.into_iter().map(|(l, _, x)| (l, x)).collect()),
         Ok(QueryValue::Scalar(_, x)) => Ok(vec![(Labels::default(), x)]),
         Ok(_) => Err("rule result is not a vector or scalar".into()),
@@ -311,8 +318,10 @@ async fn eval_rule(
                     return Err("query in a template needs a multi-threaded runtime".into());
                 }
                 // Templates query at the evaluation's time, not `ts − query_offset` (as Prometheus).
-                let v = tokio::task::block_in_place(|| handle.block_on(engine.instant(store, &expr, ts)))
-                    .map_err(|e| e.to_string())?;
+                let v = tokio::task::block_in_place(|| {
+                    handle.block_on(whole_answers().run(engine.instant(store, &expr, ts)))
+                })
+                .map_err(|e| e.to_string())?;
                 match v {
                     QueryValue::Vector(v) => Ok(v.iter().map(|(l, _, x)| crate::template::sample(l, *x)).collect()),
                     QueryValue::Scalar(_, x) => Ok(vec![crate::template::sample(&Labels::default(), x)]),

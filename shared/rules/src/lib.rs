@@ -10,7 +10,8 @@
 //! handed back to the caller to store, so the same evaluation serves a regional's loop and
 //! `strata test rules` ([`unittest`]), which runs Prometheus' rule unit-test files.
 //! A regional serves its rules and alerts over gRPC (`remote`, feature `grpc`) and a global
-//! merges those of every regional ([`merge`]).
+//! merges those of every regional ([`merge`]). How a tier starts, stores and reloads its
+//! rules is `tier` (feature `tsdb`), shared by the regional and a global that runs rules.
 
 pub mod alert;
 pub mod api;
@@ -26,6 +27,8 @@ pub mod notifier;
 pub mod remote;
 pub mod restore;
 pub mod template;
+#[cfg(feature = "tsdb")]
+pub mod tier;
 pub mod unittest;
 
 use strata_model::Labels;
