@@ -204,6 +204,20 @@ impl Global {
         };
         let listener = bind(opts.http_listen).await?;
         let http_addr = listener.local_addr().map_err(|source| GlobalError::Bind { addr: opts.http_listen, source })?;
+        // Both ports taken before the rules start, so that nothing after them can fail.
+        let grpc_listener = match opts.grpc_listen {
+            Some(addr) => {
+                let listener = bind(addr).await?;
+                let bound = listener.local_addr().map_err(|source| GlobalError::Bind { addr, source })?;
+                Some((listener, bound))
+            }
+            None => None,
+        };
+        if rules_cfg.rule_files.is_empty()
+            && (!rules_cfg.alerting.alertmanagers.is_empty() || !rules_cfg.global.external_labels.is_empty())
+        {
+            tracing::warn!(config = %opts.config_path.display(), "`alerting` or `global.external_labels` without `rule_files`: no rules run, so they are unused");
+        }
 
         let rules_db = match rules_cfg.rule_files.is_empty() {
             true => None,
@@ -224,6 +238,7 @@ impl Global {
             Some(db) => {
                 db_tasks = strata_tsdb::loops::spawn(db);
                 let mut rule_opts = opts.rules.clone();
+                rule_opts.engine.pushdown = opts.api.engine.pushdown;
                 rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("http://{http_addr}"));
                 let read: strata_rules::tier::ReadConfig =
                     Arc::new(|p| GlobalConfig::load(p).map(|c| c.rules).map_err(|e| e.to_string()));
@@ -285,13 +300,13 @@ impl Global {
                 }
             }));
         }
-        let grpc_addr = match opts.grpc_listen {
-            Some(addr) => {
-                let listener = bind(addr).await?;
-                let bound = listener.local_addr().map_err(|source| GlobalError::Bind { addr, source })?;
+        let grpc_addr = match grpc_listener {
+            Some((listener, bound)) => {
                 let info_stores = stores.clone();
-                // What rules record carries the rules' external labels.
+                // What rules record carries the rules' external labels, and is kept longer
+                // than the stores may keep theirs.
                 let recorded = rules_db.as_ref().map(|_| rules_cfg.global.external_labels());
+                let recorded_range = rules_db.clone();
                 let info = Arc::new(move || {
                     // What every store below confirmed, or nothing: a global above must not
                     // skip this one for labels or times a store that did not answer holds.
@@ -308,9 +323,10 @@ impl Global {
                             resolutions: Vec::new(),
                         };
                     }
+                    let (lo, hi) = recorded_range.as_ref().map_or((i64::MAX, i64::MIN), |db| db.advertised_range());
                     StoreInfo {
-                        min_time: st.iter().map(|s| s.min_time).min().unwrap_or(i64::MIN),
-                        max_time: st.iter().map(|s| s.max_time).max().unwrap_or(i64::MAX),
+                        min_time: st.iter().map(|s| s.min_time).min().unwrap_or(i64::MIN).min(lo),
+                        max_time: st.iter().map(|s| s.max_time).max().unwrap_or(i64::MAX).max(hi),
                         kind: pb::ComponentKind::Global,
                         label_sets: st.iter().flat_map(|s| s.label_sets.clone()).chain(recorded.clone()).collect(),
                         resolutions: Vec::new(),

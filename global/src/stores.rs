@@ -297,12 +297,13 @@ impl StoreSet {
                     }
                     let old = previous.iter().find(|p| p.address == address);
                     if let Some(c) = client {
-                        // What it said when it last answered, so that a replica of it that
-                        // answers can stand in for it (`partial_response=false`). A store
-                        // never heard from is asked for everything and covered by none.
+                        // The labels it had when it last answered, so that a replica of it
+                        // that answers can stand in for it (`partial_response=false`); its
+                        // times unknown, so no query skips it for them. A store never heard
+                        // from is asked for everything and covered by none.
                         let mut t = StoreTarget::new(address.clone(), Arc::new(c));
-                        if let Some(o) = old.filter(|o| !o.label_sets.is_empty()) {
-                            (t.label_sets, t.min_time, t.max_time) = (o.label_sets.clone(), o.min_time, o.max_time);
+                        if let Some(o) = old {
+                            t.label_sets = o.label_sets.clone();
                         }
                         targets.push(t);
                     }

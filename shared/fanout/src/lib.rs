@@ -169,14 +169,20 @@ impl Fanout {
             return Err(refused.swap_remove(0));
         }
         failed.sort_by_key(|f| f.0);
-        if !failed.is_empty() {
-            let named: Vec<String> = failed.iter().map(|(i, r)| format!("store {}: {r}", targets[*i].name)).collect();
+        if !scope.partial_response {
             let alive: Vec<&StoreTarget> = answers.iter().map(|(i, _)| &targets[*i]).collect();
-            let whole =
-                failed.iter().all(|(i, _)| replicas::covered(&targets[*i], &alive, &self.replica_labels, start, end));
-            if !scope.partial_response && !whole {
+            let earlier = targets
+                .iter()
+                .filter(|t| t.may_match(matchers, start, end) && scope.has_failed(&t.name))
+                .map(|t| (t, replicas::FAILED_EARLIER));
+            let all = failed.iter().map(|(i, r)| (&targets[*i], r.as_str())).chain(earlier);
+            let named = replicas::uncovered(all, &alive, &self.replica_labels, scope.dedup, start);
+            if !named.is_empty() {
                 return Err(StoreError::Unavailable(format!("{} (partial_response=false)", named.join("; "))));
             }
+        }
+        if !failed.is_empty() {
+            let named: Vec<String> = failed.iter().map(|(i, r)| format!("store {}: {r}", targets[*i].name)).collect();
             for (i, _) in &failed {
                 scope.store_failed(&targets[*i].name);
             }
@@ -225,11 +231,12 @@ impl Store for Fanout {
     async fn select_batches(&self, req: &SelectRequest) -> Result<BoxBatches, StoreError> {
         require_matchers(&req.matchers)?;
         let (targets, scope) = (self.targets(), QueryScope::current());
-        let asked: Vec<&StoreTarget> = targets
+        let (asked, earlier): (Vec<&StoreTarget>, Vec<&StoreTarget>) = targets
             .iter()
-            .filter(|t| t.may_match(&req.matchers, req.start, req.end) && !scope.has_failed(&t.name))
-            .collect();
-        Ok(Box::new(stream::MergedBatches::start(&asked, req, self.timeout, self.replica_labels.clone())))
+            .filter(|t| t.may_match(&req.matchers, req.start, req.end))
+            .partition(|t| !scope.has_failed(&t.name));
+        let earlier = earlier.into_iter().cloned().collect();
+        Ok(Box::new(stream::MergedBatches::start(&asked, earlier, req, self.timeout, self.replica_labels.clone())))
     }
 
     async fn series_within(

@@ -41,9 +41,10 @@ pub struct MergedBatches {
     refused: Vec<StoreError>,
     delivered: bool,
     replica_labels: Arc<Vec<String>>,
-    /// The request's times.
+    /// Stores that failed earlier in the request, not asked again.
+    earlier: Vec<StoreTarget>,
+    /// The request's start.
     start: i64,
-    end: i64,
 }
 
 impl MergedBatches {
@@ -51,6 +52,7 @@ impl MergedBatches {
     /// own time for its whole answer).
     pub fn start(
         targets: &[&StoreTarget],
+        earlier: Vec<StoreTarget>,
         req: &SelectRequest,
         timeout: Duration,
         replica_labels: Arc<Vec<String>>,
@@ -79,8 +81,8 @@ impl MergedBatches {
             refused: Vec::new(),
             delivered: false,
             replica_labels,
+            earlier,
             start: req.start,
-            end: req.end,
         }
     }
 
@@ -118,15 +120,16 @@ impl MergedBatches {
             return Err(self.refused.swap_remove(0));
         }
         let named = |(i, reason): &(usize, String)| format!("store {}: {reason}", self.sources[*i].name);
-        // A store that failed is forgiven while a replica of it is still answering; should
-        // that one fail too, its own failure finds no cover and fails the request.
-        let alive: Vec<&StoreTarget> = self.sources.iter().filter(|s| !s.failed).map(|s| &s.target).collect();
-        let whole = failed.iter().all(|(i, _)| {
-            crate::replicas::covered(&self.sources[*i].target, &alive, &self.replica_labels, self.start, self.end)
-        });
-        if !failed.is_empty() && !self.scope.partial_response && !whole {
-            let all: Vec<String> = failed.iter().map(named).collect();
-            return Err(StoreError::Unavailable(format!("{} (partial_response=false)", all.join("; "))));
+        if !self.scope.partial_response && (!failed.is_empty() || !self.earlier.is_empty()) {
+            // A store that failed is forgiven while a replica of it is still answering;
+            // should that one fail too, its own failure finds no cover and fails the request.
+            let alive: Vec<&StoreTarget> = self.sources.iter().filter(|s| !s.failed).map(|s| &s.target).collect();
+            let now = failed.iter().map(|(i, r)| (&self.sources[*i].target, r.as_str()));
+            let all = now.chain(self.earlier.iter().map(|t| (t, crate::replicas::FAILED_EARLIER)));
+            let named = crate::replicas::uncovered(all, &alive, &self.replica_labels, self.scope.dedup, self.start);
+            if !named.is_empty() {
+                return Err(StoreError::Unavailable(format!("{} (partial_response=false)", named.join("; "))));
+            }
         }
         for f in &failed {
             tracing::debug!(warning = %named(f), "partial response");

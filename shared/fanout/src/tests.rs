@@ -507,6 +507,17 @@ async fn with_partial_response_false_a_failed_replica_fails_the_request_only_whe
             scope.warnings()
         );
     }
+    // Later in the same request, asked for replica b alone: no replica of it is asked, so
+    // its earlier failure fails this call.
+    let scope = strict();
+    scope.clone().run(whole.select(&req)).await.unwrap();
+    let mut only_b = req.clone();
+    only_b.matchers.push(Matcher::eq("replica", "b"));
+    let err = scope.clone().run(whole.select(&only_b)).await.unwrap_err().to_string();
+    assert!(err.contains("b:1") && err.contains("failed earlier"), "{err}");
+    assert!(scope.run(whole.series(&only_b.matchers, i64::MIN, i64::MAX)).await.is_err());
+    // With dedup=false every replica's series are asked for: no stand-in.
+    assert!(QueryScope::new(false, false).run(whole.select(&req)).await.is_err());
     // Replica labels unknown to the fan-out, or the replica's data younger than the request:
     // the failure fails the request.
     let unknown = Fanout::new(pair(), Duration::from_secs(2));

@@ -268,8 +268,16 @@ fn whole_answers() -> strata_store::QueryScope {
 }
 
 /// Runs `expr` at `at` as a rule query: a vector, or a scalar as one sample without labels.
+/// A rule result has no `warnings`: the query's (a replica that stood in for another, a
+/// damaged block skipped) go to the log.
 async fn query(ctx: &EvalContext<'_>, rule: &RuleSpec, at: i64) -> Result<Vec<(Labels, f64)>, String> {
-    match whole_answers().run(ctx.engine.instant(ctx.store, &rule.expr, at)).await {
+    let scope = whole_answers();
+    let answer = scope.clone().run(ctx.engine.instant(ctx.store, &rule.expr, at)).await;
+    let warnings = scope.warnings();
+    if !warnings.is_empty() {
+        tracing::warn!(rule = %rule.name, ?warnings, "rule query answered with warnings");
+    }
+    match answer {
         Ok(QueryValue::Vector(v)) => Ok(v.into_iter().map(|(l, _, x)| (l, x)).collect()),
         Ok(QueryValue::Scalar(_, x)) => Ok(vec![(Labels::default(), x)]),
         Ok(_) => Err("rule result is not a vector or scalar".into()),
