@@ -1,6 +1,7 @@
 //! `strata`: one binary, one subcommand per component. Each subcommand is thin wiring
 //! over the tier crates; see `src/up.rs` for the whole stack on one machine.
 
+mod archive;
 mod bench;
 mod up;
 
@@ -48,6 +49,28 @@ fn prom_duration(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(Subcommand)]
+enum ArchiveCommand {
+    /// Backfill: an OpenMetrics file (with timestamps, `# EOF` at the end) into raw blocks
+    /// of the archive.
+    Import {
+        #[arg(long)]
+        openmetrics: PathBuf,
+        /// The archive: a folder (`file:///path` or a path).
+        #[arg(long)]
+        archive: String,
+        /// The time range of each block.
+        #[arg(long, default_value = "2h", value_parser = prom_duration)]
+        block: Duration,
+    },
+    /// Lists the archive's blocks: resolution, time range, series, samples, bytes, bytes per
+    /// sample, and what is damaged (then the exit code is 1).
+    Inspect {
+        /// The archive: a folder (`file:///path` or a path).
+        archive: String,
+    },
+}
+
+#[derive(Subcommand)]
 enum TestCommand {
     /// Rule unit tests in Prometheus' format, with promtool's output and exit codes.
     Rules {
@@ -88,6 +111,9 @@ enum Command {
     /// Tests, as `promtool test ...` runs them.
     #[command(subcommand)]
     Test(TestCommand),
+    /// The Parquet archive: backfill it from an OpenMetrics file, or inspect it.
+    #[command(subcommand)]
+    Archive(ArchiveCommand),
     /// Run Prometheus' PromQL conformance files ($PROMQL_TESTDATA, else ../shared/promql-testdata).
     PromqlTest {
         /// The directory of `.test` files.
@@ -307,6 +333,15 @@ async fn run() -> anyhow::Result<()> {
     match cli.command {
         Command::Up(args) => up::run(args).await,
         Command::Bench(cmd) => bench::run(cmd).await,
+        Command::Archive(ArchiveCommand::Import { openmetrics, archive, block }) => {
+            archive::import(&openmetrics, &archive, block).await
+        }
+        Command::Archive(ArchiveCommand::Inspect { archive }) => {
+            if !archive::inspect(&archive).await? {
+                std::process::exit(1);
+            }
+            Ok(())
+        }
         Command::Test(TestCommand::Rules { files }) => {
             let out = tokio::task::spawn_blocking(move || strata_rules::unittest::run(&files)).await?;
             print!("{}", out.stdout);

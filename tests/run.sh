@@ -28,6 +28,11 @@ if ! python3 -c "import botocore" >/dev/null 2>&1; then
   python3 -m pip install -q botocore
 fi
 
+if ! python3 -c "import duckdb, pyarrow" >/dev/null 2>&1; then
+  echo "== installing duckdb and pyarrow (PyPI: they read the Parquet archive with no plugin)"
+  python3 -m pip install -q duckdb pyarrow
+fi
+
 if [ -z "${PROMQL_TESTDATA:-}" ] && [ ! -d ../shared/promql-testdata ]; then
   echo "== NOTE: the PromQL conformance files are absent (../shared/promql-testdata, or set PROMQL_TESTDATA): that suite will not run (and fails under CI=true)"
 fi

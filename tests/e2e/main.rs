@@ -3,6 +3,7 @@
 //! of one test binary, since every test binary links the whole dependency graph.
 
 mod alerting;
+mod archive;
 mod common;
 mod differential;
 mod edge_crash;

@@ -1,0 +1,58 @@
+//! Where a block's objects live: `<resolution>/<YYYY-MM-DD>/<start>-<end>/` with the
+//! resolution `raw`, `5m` or `1h`, the UTC day the block starts in, and its range in ms.
+//! Paths sort by resolution, then time, so DuckDB's globs (`raw/2026-12-01/*/data.parquet`)
+//! and any pruning by path work, and a block's name is its range: written twice, a range
+//! lands on the same objects.
+
+use object_store::path::Path;
+
+pub const DATA: &str = "data.parquet";
+pub const SERIES: &str = "series.parquet";
+pub const META: &str = "meta.json";
+
+/// `raw`, `5m`, `1h` (other widths by their minutes).
+pub fn resolution_dir(resolution_ms: i64) -> String {
+    match resolution_ms {
+        0 => "raw".into(),
+        3_600_000 => "1h".into(),
+        ms => format!("{}m", ms / 60_000),
+    }
+}
+
+/// The UTC calendar day of `ms` as `YYYY-MM-DD` (proleptic Gregorian).
+pub fn day(ms: i64) -> String {
+    let days = ms.div_euclid(86_400_000);
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+/// The folder of the block of `resolution_ms` over `[start, end)`.
+pub fn block_dir(resolution_ms: i64, start: i64, end: i64) -> Path {
+    Path::from(format!("{}/{}/{start}-{end}", resolution_dir(resolution_ms), day(start)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_sit_under_their_resolution_and_day() {
+        assert_eq!(day(0), "1970-01-01");
+        assert_eq!(day(1_796_342_400_000), "2026-12-04");
+        assert_eq!(day(951_782_400_000), "2000-02-29");
+        assert_eq!(day(-1), "1969-12-31");
+        let p = block_dir(0, 1_796_342_400_000, 1_796_349_600_000);
+        assert_eq!(p.as_ref(), "raw/2026-12-04/1796342400000-1796349600000");
+        assert_eq!(resolution_dir(300_000), "5m");
+        assert_eq!(resolution_dir(3_600_000), "1h");
+    }
+}

@@ -1,0 +1,56 @@
+//! `meta.json`: what a block holds, written after its data files, so a block whose upload
+//! stopped half-way has none and is never read. Readers refuse a format version they do
+//! not know, and a block whose files are not the sizes and checksums the meta records.
+
+use serde::{Deserialize, Serialize};
+
+/// The format's name in every meta, and its version.
+pub const FORMAT: &str = "strata-archive";
+pub const VERSION: u32 = 1;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BlockMeta {
+    pub format: String,
+    pub version: u32,
+    /// Window width of the aggregates in ms; 0: raw samples.
+    pub resolution_ms: i64,
+    /// The block's time range, ms, `[min_time, max_time)`.
+    pub min_time: i64,
+    pub max_time: i64,
+    pub series: u64,
+    pub samples: u64,
+    /// Rows whose value is in the DOUBLE column (not a decimal).
+    pub double_values: u64,
+    pub files: Vec<FileMeta>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FileMeta {
+    /// Relative to the block's folder.
+    pub path: String,
+    pub bytes: u64,
+    /// CRC-32 (IEEE) of the whole file: Parquet's own page checksums are optional, and
+    /// the Rust writer writes none.
+    pub crc32: u32,
+}
+
+impl BlockMeta {
+    /// Parses and checks a meta; the error says what is wrong with it.
+    pub fn parse(bytes: &[u8]) -> Result<BlockMeta, String> {
+        let m: BlockMeta = serde_json::from_slice(bytes).map_err(|e| format!("not a block meta: {e}"))?;
+        if m.format != FORMAT {
+            return Err(format!("format {:?}, not {FORMAT:?}", m.format));
+        }
+        if m.version != VERSION {
+            return Err(format!("format version {} (this reader knows {VERSION})", m.version));
+        }
+        if m.min_time >= m.max_time || m.resolution_ms < 0 {
+            return Err(format!("empty or inverted range [{}, {})", m.min_time, m.max_time));
+        }
+        Ok(m)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+}

@@ -1,0 +1,162 @@
+//! The Parquet archive from the outside: an OpenMetrics file imported with `strata archive
+//! import`, listed by `strata archive inspect`, and read by DuckDB and pyarrow (PyPI) with
+//! no plugin, using the view docs/ARCHIVE.md gives: every series' count, min and max equal
+//! what the file holds, bit for bit, and its sum to rounding. A damaged file is named by
+//! `inspect`, which then exits 1.
+
+use crate::common::report_not_run;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::process::Command;
+
+fn python_has(modules: &str) -> bool {
+    let ok = Command::new("python3")
+        .args(["-c", &format!("import {modules}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true")
+                && std::env::var("STRATA_SKIP_PROMETHEUS").as_deref() == Ok("1"),
+            "python3 with {modules} is needed (pip install duckdb pyarrow); the README's test command installs them"
+        );
+        report_not_run("archive", "duckdb or pyarrow not installed and STRATA_SKIP_PROMETHEUS=1");
+    }
+    ok
+}
+
+/// Per (metric, gpu): every value written, in the text it was written with.
+type Written = BTreeMap<(String, String), Vec<f64>>;
+
+/// An OpenMetrics file of three families over eight GPUs, three hours at 15 s, with
+/// values of every kind the archive stores apart: decimals, NaN, non-decimals, huge ones.
+fn openmetrics(path: &Path) -> Written {
+    let mut text = String::new();
+    let mut written = Written::new();
+    let t0 = 1_764_547_200i64; // 2025-12-01T00:00:00Z
+    for (family, kind) in [("gpu_temp", "gauge"), ("xid_errors", "counter"), ("odd_values", "gauge")] {
+        let _ = writeln!(text, "# TYPE {family} {kind}");
+        let sample = if kind == "counter" { format!("{family}_total") } else { family.to_string() };
+        for gpu in 0..8 {
+            let mut counter = 0u64;
+            for k in 0..720i64 {
+                let v: f64 = match family {
+                    "gpu_temp" => 40.0 + ((k * 7 + gpu * 3) % 300) as f64 / 10.0,
+                    "xid_errors" => {
+                        counter += (k % 3) as u64;
+                        if k == 400 {
+                            counter = 0; // a reset
+                        }
+                        counter as f64
+                    }
+                    _ => match k % 5 {
+                        0 => f64::NAN,
+                        1 => 0.1 + 0.2,
+                        2 => 1e300 / (k as f64 + 1.0),
+                        3 => -(k as f64) / 8.0,
+                        _ => std::f64::consts::E * k as f64,
+                    },
+                };
+                // Rust prints the shortest text that reads back to the same double.
+                let shown = if v.is_nan() { "NaN".to_string() } else { format!("{v:?}") };
+                let _ = writeln!(text, "{sample}{{gpu=\"{gpu}\"}} {shown} {}", t0 + k * 15);
+                written.entry((sample.clone(), gpu.to_string())).or_default().push(v);
+            }
+        }
+    }
+    text.push_str("# EOF\n");
+    std::fs::write(path, text).unwrap();
+    written
+}
+
+const QUERY: &str = r#"
+import duckdb, json, sys, glob, struct
+import pyarrow.parquet as pq
+root = sys.argv[1]
+c = duckdb.connect()
+c.execute(f"""CREATE VIEW samples AS
+SELECT s.*, d.timestamp,
+       coalesce(d.value_mantissa / 10 ** d.value_scale, d.value_float) AS value
+FROM read_parquet('{root}/raw/*/*/data.parquet', filename = true) d
+JOIN read_parquet('{root}/raw/*/*/series.parquet', filename = true) s
+  ON d.series_id = s.series_id
+ AND parse_dirpath(d.filename) = parse_dirpath(s.filename)""")
+rows = c.execute("""SELECT __name__, gpu, count(*),
+    count(*) FILTER (WHERE isnan(value)),
+    min(value) FILTER (WHERE NOT isnan(value)),
+    max(value) FILTER (WHERE NOT isnan(value)),
+    sum(value) FILTER (WHERE NOT isnan(value))
+  FROM samples GROUP BY ALL ORDER BY ALL""").fetchall()
+arrow_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(f"{root}/raw/*/*/data.parquet"))
+bits = lambda x: struct.unpack("<Q", struct.pack("<d", x))[0]
+print(json.dumps({"series": [[r[0], r[1], r[2], r[3], bits(r[4]), bits(r[5]), r[6]] for r in rows],
+                  "arrow_rows": arrow_rows}))
+"#;
+
+#[test]
+fn an_imported_archive_reads_in_duckdb_and_pyarrow_as_it_was_written() {
+    if !python_has("duckdb, pyarrow") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let written = openmetrics(&d.join("fleet.om"));
+    let archive = d.join("archive");
+    let strata = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_strata")).args(args).output().unwrap();
+    let (om, arch) = (d.join("fleet.om").display().to_string(), archive.display().to_string());
+    let out = strata(&["archive", "import", "--openmetrics", &om, "--archive", &arch, "--block", "1h"]);
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    assert!(out.status.success(), "{}{}", text(&out.stdout), text(&out.stderr));
+    let total: usize = written.values().map(Vec::len).sum();
+    assert!(
+        text(&out.stdout).contains(&format!("imported {total} samples into 3 raw blocks")),
+        "{}",
+        text(&out.stdout)
+    );
+    let listed = strata(&["archive", "inspect", &arch]);
+    assert!(listed.status.success(), "{}", text(&listed.stdout));
+    assert_eq!(text(&listed.stdout).lines().filter(|l| l.starts_with("raw ")).count(), 3, "{}", text(&listed.stdout));
+
+    let script = d.join("query.py");
+    std::fs::write(&script, QUERY).unwrap();
+    let out = Command::new("python3").arg(&script).arg(&archive).output().unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(got["arrow_rows"], total, "pyarrow's row count");
+    let series = got["series"].as_array().unwrap();
+    assert_eq!(series.len(), written.len(), "{got}");
+    for row in series {
+        let key = (row[0].as_str().unwrap().to_string(), row[1].as_str().unwrap().to_string());
+        let values = &written[&key];
+        let real: Vec<f64> = values.iter().copied().filter(|v| !v.is_nan()).collect();
+        assert_eq!(row[2], values.len(), "{key:?}: count");
+        assert_eq!(row[3], values.len() - real.len(), "{key:?}: NaNs");
+        // Min and max compared bit for bit.
+        let min = real.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = real.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(row[4].as_u64(), Some(min.to_bits()), "{key:?}: min {min}");
+        assert_eq!(row[5].as_u64(), Some(max.to_bits()), "{key:?}: max {max}");
+        let sum: f64 = real.iter().sum();
+        let theirs = row[6].as_f64().unwrap();
+        assert!((theirs - sum).abs() <= sum.abs() * 1e-12, "{key:?}: sum {theirs} against {sum}");
+    }
+
+    // A damaged data file: named, and inspect fails.
+    let data = std::fs::read_dir(archive.join("raw"))
+        .unwrap()
+        .flat_map(|day| std::fs::read_dir(day.unwrap().path()).unwrap())
+        .map(|b| b.unwrap().path().join("data.parquet"))
+        .next()
+        .unwrap();
+    let mut bytes = std::fs::read(&data).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&data, bytes).unwrap();
+    let listed = strata(&["archive", "inspect", &arch]);
+    assert_eq!(listed.status.code(), Some(1));
+    let report = text(&listed.stdout);
+    assert!(report.contains("DAMAGED") && report.contains("data.parquet") && report.contains("checksum"), "{report}");
+    assert_eq!(report.lines().filter(|l| l.starts_with("raw ")).count(), 2, "the other blocks still listed: {report}");
+}
