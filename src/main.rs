@@ -53,6 +53,7 @@ enum ArchiveCommand {
     /// Backfill: an OpenMetrics file (with timestamps, `# EOF` at the end) into raw blocks
     /// of the archive.
     Import {
+        /// The OpenMetrics file to read.
         #[arg(long)]
         openmetrics: PathBuf,
         /// The archive: a folder (`file:///path` or a path).

@@ -66,6 +66,14 @@ fn openmetrics(path: &Path) -> Written {
             }
         }
     }
+    // A series only in the first hour's block, with a label no other has: the blocks'
+    // series files differ in columns.
+    let _ = writeln!(text, "# TYPE lone gauge");
+    for k in 0..200i64 {
+        let v = 1.5 + k as f64;
+        let _ = writeln!(text, "lone{{gpu=\"0\",rack=\"r7\"}} {v:?} {}", t0 + k * 15);
+        written.entry(("lone".into(), "0".into())).or_default().push(v);
+    }
     text.push_str("# EOF\n");
     std::fs::write(path, text).unwrap();
     written
@@ -80,7 +88,7 @@ c.execute(f"""CREATE VIEW samples AS
 SELECT s.*, d.timestamp,
        coalesce(d.value_mantissa / 10 ** d.value_scale, d.value_float) AS value
 FROM read_parquet('{root}/raw/*/*/data.parquet', filename = true) d
-JOIN read_parquet('{root}/raw/*/*/series.parquet', filename = true) s
+JOIN read_parquet('{root}/raw/*/*/series.parquet', filename = true, union_by_name = true) s
   ON d.series_id = s.series_id
  AND parse_dirpath(d.filename) = parse_dirpath(s.filename)""")
 rows = c.execute("""SELECT __name__, gpu, count(*),
@@ -89,10 +97,11 @@ rows = c.execute("""SELECT __name__, gpu, count(*),
     max(value) FILTER (WHERE NOT isnan(value)),
     sum(value) FILTER (WHERE NOT isnan(value))
   FROM samples GROUP BY ALL ORDER BY ALL""").fetchall()
+rack_rows = c.execute("SELECT count(*) FROM samples WHERE rack = 'r7' AND __name__ = 'lone'").fetchone()[0]
 arrow_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in glob.glob(f"{root}/raw/*/*/data.parquet"))
 bits = lambda x: struct.unpack("<Q", struct.pack("<d", x))[0]
 print(json.dumps({"series": [[r[0], r[1], r[2], r[3], bits(r[4]), bits(r[5]), r[6]] for r in rows],
-                  "arrow_rows": arrow_rows}))
+                  "arrow_rows": arrow_rows, "rack_rows": rack_rows}))
 "#;
 
 #[test]
@@ -125,6 +134,7 @@ fn an_imported_archive_reads_in_duckdb_and_pyarrow_as_it_was_written() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(got["arrow_rows"], total, "pyarrow's row count");
+    assert_eq!(got["rack_rows"], 200, "the label only one block has, on its series alone");
     let series = got["series"].as_array().unwrap();
     assert_eq!(series.len(), written.len(), "{got}");
     for row in series {

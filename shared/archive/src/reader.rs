@@ -206,18 +206,27 @@ impl BlockReader {
         let path = self.dir.clone().join(DATA);
         let bytes = self.file(DATA).await?;
         let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| corrupt(&path, e.to_string()))?;
-        let groups: Vec<usize> = builder
-            .metadata()
-            .row_groups()
-            .iter()
-            .enumerate()
-            .filter(|(_, g)| {
-                let id = int_range(g.column(0).statistics()).is_none_or(|(a, b)| ids.range(a..=b).next().is_some());
-                let t = int_range(g.column(1).statistics()).is_none_or(|(a, b)| a <= end && b >= start);
-                id && t
-            })
-            .map(|(i, _)| i)
-            .collect();
+        // Columns by name, type and nullability as the writer writes them, or no reading:
+        // two INT64 columns swapped would otherwise read as other values.
+        let expected = crate::writer::data_schema();
+        if builder.schema().fields() != expected.fields() {
+            return Err(corrupt(&path, format!("columns {:?}, not the archive's", builder.schema().fields())));
+        }
+        let rows = builder.metadata().file_metadata().num_rows();
+        if u64::try_from(rows).ok() != Some(self.meta.samples) {
+            return Err(corrupt(&path, format!("{rows} rows, the meta says {} samples", self.meta.samples)));
+        }
+        let mut groups = Vec::new();
+        for (i, g) in builder.metadata().row_groups().iter().enumerate() {
+            let (id, t) = (int_range(g.column(0).statistics()), int_range(g.column(1).statistics()));
+            if id.is_some_and(|(a, b)| a > b) || t.is_some_and(|(a, b)| a > b) {
+                return Err(corrupt(&path, format!("row group {i}: statistics with min past max")));
+            }
+            let id = id.is_none_or(|(a, b)| ids.range(a..=b).next().is_some());
+            if id && t.is_none_or(|(a, b)| a <= end && b >= start) {
+                groups.push(i);
+            }
+        }
         let reader = builder.with_row_groups(groups).build().map_err(|e| corrupt(&path, e.to_string()))?;
         for batch in reader {
             let batch = batch.map_err(|e| corrupt(&path, e.to_string()))?;
@@ -242,12 +251,21 @@ impl BlockReader {
         let mantissa = typed(2)?.as_primitive_opt::<Int64Type>().ok_or_else(|| bad("value_mantissa"))?;
         let scale = typed(3)?.as_primitive_opt::<Int32Type>().ok_or_else(|| bad("value_scale"))?;
         let float = typed(4)?.as_primitive_opt::<Float64Type>().ok_or_else(|| bad("value_float"))?;
+        if id.null_count() + ts.null_count() + scale.null_count() > 0 {
+            return Err(corrupt(path, "nulls in series_id, timestamp or value_scale"));
+        }
         for row in 0..batch.num_rows() {
             let s = id.value(row);
             if s < 0 || s as u64 >= self.meta.series {
                 return Err(corrupt(path, format!("series id {s} past the table's {}", self.meta.series)));
             }
             let t = ts.value(row);
+            if t < self.meta.min_time || t >= self.meta.max_time {
+                return Err(corrupt(path, format!("series {s}: a sample at {t}, outside the block")));
+            }
+            if !(0..=values::MAX_SCALE).contains(&scale.value(row)) {
+                return Err(corrupt(path, format!("series {s}: scale {}", scale.value(row))));
+            }
             if !ids.contains(&s) || t < start || t > end {
                 continue;
             }

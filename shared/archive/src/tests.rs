@@ -2,7 +2,6 @@
 
 use super::*;
 use object_store::local::LocalFileSystem;
-use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -169,5 +168,4 @@ async fn a_block_without_its_meta_or_with_a_damaged_file_is_refused_naming_the_o
     assert!(err.contains("meta.json"), "{err}");
     // An empty range writes nothing.
     assert!(writer.write_raw(&source, 20_000_000, 30_000_000).await.unwrap().is_none());
-    let _ = Path::from("unused");
 }

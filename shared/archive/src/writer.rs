@@ -215,7 +215,10 @@ impl BlockWriter {
         let dir = block_dir(0, start, end);
         let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+")
             .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
-        let mut batches = source.select_batches(&SelectRequest::new(vec![all], start, end - 1)).await?;
+        // Bounded by the block: a block range is chosen to fit, and the series stream.
+        let mut req = SelectRequest::new(vec![all], start, end - 1);
+        req.limits = strata_store::SelectLimits { max_series: usize::MAX, max_samples: u64::MAX };
+        let mut batches = source.select_batches(&req).await?;
         let mut writer = ArrowWriter::try_new(Vec::new(), data_schema(), Some(data_properties(&self.opts)?))
             .map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
         let (mut rows, mut series) = (DataRows::new(), Vec::<SeriesRow>::new());
@@ -273,6 +276,13 @@ impl BlockWriter {
                 },
             ],
         };
+        // A block written again: its old meta goes first, so no reader pairs it with the
+        // new files (and one that dies here leaves no block, not a damaged one).
+        let meta_path = dir.clone().join(META);
+        match self.store.delete(&meta_path).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(ArchiveError::Object { object: meta_path.to_string(), reason: e.to_string() }),
+        }
         self.put(&dir.clone().join(DATA), data).await?;
         self.put(&dir.clone().join(SERIES), series_bytes).await?;
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
