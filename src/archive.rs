@@ -67,11 +67,6 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
     Ok(())
 }
 
-fn rfc3339(ms: i64) -> String {
-    strata_archive::layout::day(ms)
-        + &format!("T{:02}:{:02}Z", ms.rem_euclid(86_400_000) / 3_600_000, ms.rem_euclid(3_600_000) / 60_000)
-}
-
 /// Lists every block with what it holds, and what is damaged; exits non-zero when any is.
 pub async fn inspect(url: &str) -> anyhow::Result<bool> {
     let archive = archive_store(url, false)?;
@@ -88,7 +83,7 @@ pub async fn inspect(url: &str) -> anyhow::Result<bool> {
         };
     }
     out!(
-        "{:<10} {:<18} {:<18} {:>9} {:>12} {:>12} {:>8}  status",
+        "{:<10} {:<24} {:<24} {:>9} {:>12} {:>12} {:>8}  status",
         "resolution",
         "from",
         "to",
@@ -107,10 +102,10 @@ pub async fn inspect(url: &str) -> anyhow::Result<bool> {
         };
         match checked {
             Ok(m) => out!(
-                "{:<10} {:<18} {:<18} {:>9} {:>12} {:>12} {:>8.3}  ok",
+                "{:<10} {:<24} {:<24} {:>9} {:>12} {:>12} {:>8.3}  ok",
                 strata_archive::layout::resolution_dir(m.resolution_ms),
-                rfc3339(m.min_time),
-                rfc3339(m.max_time),
+                strata_rules::notifier::rfc3339(m.min_time),
+                strata_rules::notifier::rfc3339(m.max_time),
                 m.series,
                 m.samples,
                 m.bytes(),

@@ -19,19 +19,9 @@ pub fn resolution_dir(resolution_ms: i64) -> String {
     }
 }
 
-/// The UTC calendar day of `ms` as `YYYY-MM-DD` (proleptic Gregorian).
+/// The UTC calendar day of `ms` as `YYYY-MM-DD`.
 pub fn day(ms: i64) -> String {
-    let days = ms.div_euclid(86_400_000);
-    // Howard Hinnant's civil_from_days.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (y, m, d, ..) = strata_model::time::civil_from_ms(ms);
     format!("{y:04}-{m:02}-{d:02}")
 }
 
