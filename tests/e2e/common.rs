@@ -221,11 +221,22 @@ pub fn labelled_value(page: &str, name: &str) -> Option<f64> {
     page.lines().find(|l| l.starts_with(&format!("{name}{{"))).and_then(|l| l.rsplit(' ').next()?.parse().ok())
 }
 
-/// The simulator with `nodes` nodes on a free port, ready; its port.
+/// The `simulate --start-at` value for a simulator of `nodes` nodes (default seed): the
+/// next hour of simulated time in which every GPU stays on the bus and no driver reloads,
+/// so a test that counts eight GPUs passes whatever the hour it runs.
+pub fn quiet_start(nodes: usize) -> String {
+    let now = strata_model::time::now_ms() / 1000;
+    let quiet = strata_simulator::Fleet::new(1, nodes, 8).quiet_from(now, 3600);
+    quiet.expect("the simulated fleet has a quiet hour within a week").to_string()
+}
+
+/// The simulator with `nodes` nodes on a free port, ready; its port. Its clock starts in
+/// a quiet hour ([`quiet_start`]).
 pub fn start_sim(dir: &Path, nodes: usize) -> (Proc, u16) {
     let port = free_port();
+    let start = quiet_start(nodes);
     let mut sim = Proc::strata(
-        &["simulate", "--nodes", &nodes.to_string(), "--listen", &format!("127.0.0.1:{port}")],
+        &["simulate", "--nodes", &nodes.to_string(), "--listen", &format!("127.0.0.1:{port}"), "--start-at", &start],
         dir,
         "sim",
     );

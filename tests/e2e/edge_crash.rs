@@ -37,8 +37,12 @@ fn sigkill_under_load_loses_no_acknowledged_sample() {
     let dir = tempfile::tempdir().unwrap();
     let sim_port = free_port();
     let edge_port = free_port();
-    let mut sim =
-        Proc::strata(&["simulate", "--nodes", "4", "--listen", &format!("127.0.0.1:{sim_port}")], dir.path(), "sim");
+    let sim_addr = format!("127.0.0.1:{sim_port}");
+    let mut sim = Proc::strata(
+        &["simulate", "--nodes", "4", "--listen", &sim_addr, "--start-at", &quiet_start(4)],
+        dir.path(),
+        "sim",
+    );
     wait_ready(&format!("http://127.0.0.1:{sim_port}/node/0/metrics"), &mut sim, Duration::from_secs(30));
 
     let mut targets = String::new();

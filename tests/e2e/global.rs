@@ -221,7 +221,9 @@ fn a_replica_killed_and_restarted_mid_run_leaves_no_mark_on_the_global() {
     let dir = tempfile::tempdir().unwrap();
     let sim_port = free_port();
     let sim_addr = format!("127.0.0.1:{sim_port}");
-    let mut sim = Proc::strata(&["simulate", "--nodes", "1", "--listen", &sim_addr], dir.path(), "sim");
+    let start = quiet_start(1);
+    let mut sim =
+        Proc::strata(&["simulate", "--nodes", "1", "--listen", &sim_addr, "--start-at", &start], dir.path(), "sim");
     wait_ready(&format!("http://{sim_addr}/node/0/metrics"), &mut sim, Duration::from_secs(30));
     let started = now_ms() as f64 / 1000.0;
     let (mut edge_a, args_a, _base_a, grpc_a) = scraping_edge(dir.path(), "a", &sim_addr);

@@ -118,6 +118,8 @@ fn the_edge_scrapes_an_https_target_that_demands_credentials() {
             &format!("127.0.0.1:{sim_port}"),
             "--web.config.file",
             &web.display().to_string(),
+            "--start-at",
+            &quiet_start(1),
         ],
         dir.path(),
         "sim",

@@ -174,6 +174,22 @@ impl Fleet {
         (t >= start && t < start + BUS_OUT_S).then(|| (x >> 32) as usize % self.gpus_per_node)
     }
 
+    /// The first whole minute at or after `from_s` (seconds) that starts `span_s` seconds in
+    /// which no node has a GPU off the bus or reloads its driver: tests that count GPUs or
+    /// compare counters start the simulated clock there (`simulate --start-at`), so what
+    /// they see does not depend on the hour they run. None when no such span begins within
+    /// a week.
+    pub fn quiet_from(&self, from_s: i64, span_s: i64) -> Option<i64> {
+        let quiet = |node: usize, t: i64| {
+            let end = t.saturating_add(span_s);
+            // A bus outage lasts 15 minutes: probes 5 minutes apart see every one.
+            let probes = (0..=span_s / 300).map(|k| t.saturating_add(k * 300)).chain([end]);
+            self.boot_time(node, end) <= t && probes.into_iter().all(|p| self.gpu_off_bus(node, p).is_none())
+        };
+        let first = from_s.div_euclid(60).saturating_add(1).saturating_mul(60);
+        (0..7 * 24 * 60).map(|m| first.saturating_add(m * 60)).find(|&t| (0..self.nodes).all(|n| quiet(n, t)))
+    }
+
     /// The thermal episodes that begin in `[from_s, to_s)` (seconds), earliest first:
     /// `(node, gpu, start)`. An episode lasts ten minutes: memory temperature climbs 28 °C
     /// over its first seven, then the GPU throttles. For benchmarks that time alerts.
@@ -407,6 +423,25 @@ fn kind_str(k: Kind) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_span_has_every_gpu_and_no_reload() {
+        let f = Fleet::new(1, 4, 8);
+        // From the start of a day, every hour for a month: what it finds is quiet to the
+        // second, and a loud instant is never chosen.
+        for k in 0..24 * 30 {
+            let from = 1_790_000_000 + k * 3600;
+            let t = f.quiet_from(from, 3600).expect("a quiet hour within a week");
+            assert!(t > from && t - from < 7 * 86_400);
+            for node in 0..4 {
+                let boot = f.boot_time(node, t);
+                for s in (t..=t + 3600).step_by(7) {
+                    assert_eq!(f.gpu_off_bus(node, s), None, "node {node} at {s}");
+                    assert_eq!(f.boot_time(node, s), boot, "node {node} reloads at {s}");
+                }
+            }
+        }
+    }
 
     const T: i64 = 1_764_460_800_000;
 
