@@ -59,8 +59,8 @@ enum ArchiveCommand {
         /// The archive: a folder (`file:///path` or a path).
         #[arg(long)]
         archive: String,
-        /// The time range of each block.
-        #[arg(long, default_value = "2h", value_parser = prom_duration)]
+        /// The time range of each block, aligned to UTC: a day, as compaction leaves blocks.
+        #[arg(long, default_value = "1d", value_parser = prom_duration)]
         block: Duration,
     },
     /// Lists the archive's blocks: resolution, time range, series, samples, bytes, bytes per

@@ -86,7 +86,7 @@ root = sys.argv[1]
 c = duckdb.connect()
 c.execute(f"""CREATE VIEW samples AS
 SELECT s.*, d.timestamp,
-       coalesce(d.value_mantissa / 10 ** d.value_scale, d.value_float) AS value
+       coalesce(d.value_float, d.value_mantissa / 10 ** d.value_scale) AS value
 FROM read_parquet('{root}/raw/*/*/data.parquet', filename = true) d
 JOIN read_parquet('{root}/raw/*/*/series.parquet', filename = true, union_by_name = true) s
   ON d.series_id = s.series_id

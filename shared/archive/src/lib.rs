@@ -10,7 +10,9 @@
 
 pub mod layout;
 pub mod meta;
+mod ranged;
 pub mod reader;
+pub mod store;
 #[cfg(test)]
 mod tests;
 pub mod values;
@@ -19,6 +21,7 @@ pub mod writer;
 pub use object_store::ObjectStore;
 pub use reader::{list_blocks, ArchivedSeries, BlockReader};
 use std::sync::Arc;
+pub use store::{ArchiveStore, ArchiveStoreOptions};
 pub use writer::{BlockWriter, WriteOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +38,8 @@ pub enum ArchiveError {
     Parquet { object: String, reason: String },
     #[error("{0}")]
     Invalid(String),
+    #[error("samples limit of {limit} exceeded")]
+    Limit { limit: u64 },
 }
 
 /// The object store an archive URL names: a local folder (`file:///path`, or a path),

@@ -32,6 +32,28 @@ pub struct FileMeta {
     /// CRC-32 (IEEE) of the whole file: Parquet's own page checksums are optional, and
     /// the Rust writer writes none.
     pub crc32: u32,
+    /// A data file's tail (page indexes and footer) and row groups, each with its own
+    /// checksum, so a reader fetches and checks only what a query needs ([`crate::ranged`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tail: Option<Segment>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub row_groups: Vec<Segment>,
+}
+
+/// A byte range of a file and the CRC-32 of its bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Segment {
+    pub offset: u64,
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+impl Segment {
+    /// The range, if it lies inside a file of `len` bytes.
+    pub fn range(&self, len: u64) -> Option<std::ops::Range<u64>> {
+        let end = self.offset.checked_add(self.bytes)?;
+        (end <= len).then_some(self.offset..end)
+    }
 }
 
 impl BlockMeta {

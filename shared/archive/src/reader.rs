@@ -5,7 +5,8 @@
 //! row with neither value column) is an error naming the object, never a wrong sample.
 
 use crate::layout::{DATA, META, SERIES};
-use crate::meta::BlockMeta;
+use crate::meta::{BlockMeta, Segment};
+use crate::ranged::SparseFile;
 use crate::values;
 use crate::ArchiveError;
 use arrow_array::cast::AsArray;
@@ -13,7 +14,7 @@ use arrow_array::types::{Float64Type, Int32Type, Int64Type, TimestampMillisecond
 use arrow_array::{Array, RecordBatch};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::file::statistics::Statistics;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -25,13 +26,29 @@ pub struct ArchivedSeries {
     pub labels: Labels,
     pub metric_type: MetricType,
     pub unit: String,
+    pub help: String,
+    /// Its first and last sample in the block, and how many it has there.
+    pub min_time: i64,
+    pub max_time: i64,
+    pub samples: u64,
 }
 
 pub struct BlockReader {
     store: Arc<dyn ObjectStore>,
-    dir: Path,
+    pub dir: Path,
     pub meta: BlockMeta,
     series: Vec<ArchivedSeries>,
+    /// The data file's footer and page indexes, fetched at the first read.
+    footer: tokio::sync::OnceCell<DataFooter>,
+}
+
+/// A data file's checked tail, parsed.
+struct DataFooter {
+    tail: (u64, bytes::Bytes),
+    arrow: ArrowReaderMetadata,
+    /// Each row group's checked byte range, as the meta records it.
+    groups: Vec<Segment>,
+    len: u64,
 }
 
 /// Every block folder of the archive (any folder holding a `meta.json`), each with its
@@ -140,7 +157,7 @@ impl BlockReader {
         if series.len() as u64 != meta.series {
             return Err(corrupt(&path, format!("{} series, the meta says {}", series.len(), meta.series)));
         }
-        Ok(BlockReader { store, dir, meta, series })
+        Ok(BlockReader { store, dir, meta, series, footer: tokio::sync::OnceCell::new() })
     }
 
     fn series_rows(batch: &RecordBatch, path: &Path, out: &mut Vec<ArchivedSeries>) -> Result<(), ArchiveError> {
@@ -152,6 +169,18 @@ impl BlockReader {
             .as_string_opt::<i32>()
             .ok_or_else(|| corrupt(path, "metric_type is not a string"))?;
         let units = column("unit")?.as_string_opt::<i32>().ok_or_else(|| corrupt(path, "unit is not a string"))?;
+        let helps = column("help")?.as_string_opt::<i32>().ok_or_else(|| corrupt(path, "help is not a string"))?;
+        let time = |name: &str| {
+            column(name)?
+                .as_primitive_opt::<TimestampMillisecondType>()
+                .ok_or_else(|| corrupt(path, format!("{name} is not a timestamp")))
+        };
+        let (min_times, max_times) = (time("min_time")?, time("max_time")?);
+        let counts =
+            column("samples")?.as_primitive_opt::<Int64Type>().ok_or_else(|| corrupt(path, "samples is not INT64"))?;
+        if min_times.null_count() + max_times.null_count() + counts.null_count() > 0 {
+            return Err(corrupt(path, "nulls in min_time, max_time or samples"));
+        }
         let schema = batch.schema();
         let mut labels = Vec::new();
         for (i, f) in schema.fields().iter().enumerate() {
@@ -174,6 +203,10 @@ impl BlockReader {
                 labels: Labels::from_pairs(pairs),
                 metric_type: MetricType::parse(types.value(row)).unwrap_or_default(),
                 unit: units.value(row).to_string(),
+                help: helps.value(row).to_string(),
+                min_time: min_times.value(row),
+                max_time: max_times.value(row),
+                samples: u64::try_from(counts.value(row)).map_err(|_| corrupt(path, "a negative sample count"))?,
             });
         }
         Ok(())
@@ -191,46 +224,105 @@ impl BlockReader {
         &self.series
     }
 
+    /// A checked byte range of the data file.
+    async fn data_range(&self, seg: &Segment, len: u64) -> Result<bytes::Bytes, ArchiveError> {
+        let path = self.dir.clone().join(DATA);
+        let range = seg.range(len).ok_or_else(|| corrupt(&path, format!("segment {seg:?} past the file's end")))?;
+        let bytes = self
+            .store
+            .get_range(&path, range)
+            .await
+            .map_err(|e| ArchiveError::Object { object: path.to_string(), reason: e.to_string() })?;
+        let crc = crc32fast::hash(&bytes);
+        if bytes.len() as u64 != seg.bytes || crc != seg.crc32 {
+            return Err(corrupt(
+                &path,
+                format!("bytes {}..+{}: checksum {crc:08x}, the meta says {:08x}", seg.offset, seg.bytes, seg.crc32),
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// The data file's footer, fetched and checked once; its columns must be the
+    /// archive's by name, type and nullability (two INT64 columns swapped would otherwise
+    /// read as other values) and its rows as many as the meta's samples.
+    async fn footer(&self) -> Result<&DataFooter, ArchiveError> {
+        self.footer
+            .get_or_try_init(|| async {
+                let path = self.dir.clone().join(DATA);
+                let file = self
+                    .meta
+                    .files
+                    .iter()
+                    .find(|f| f.path == DATA)
+                    .ok_or_else(|| corrupt(&path, "not listed in the meta"))?;
+                let tail = file.tail.ok_or_else(|| corrupt(&path, "the meta records no footer segment"))?;
+                let bytes = self.data_range(&tail, file.bytes).await?;
+                let sparse = SparseFile::new(file.bytes).with(tail.offset, bytes.clone());
+                let arrow = ArrowReaderMetadata::load(&sparse, ArrowReaderOptions::new())
+                    .map_err(|e| corrupt(&path, e.to_string()))?;
+                let expected = crate::writer::data_schema();
+                if arrow.schema().fields() != expected.fields() {
+                    return Err(corrupt(&path, format!("columns {:?}, not the archive's", arrow.schema().fields())));
+                }
+                let rows = arrow.metadata().file_metadata().num_rows();
+                if u64::try_from(rows).ok() != Some(self.meta.samples) {
+                    return Err(corrupt(&path, format!("{rows} rows, the meta says {} samples", self.meta.samples)));
+                }
+                if file.row_groups.len() != arrow.metadata().num_row_groups() {
+                    return Err(corrupt(&path, "the meta's row groups are not the file's"));
+                }
+                Ok(DataFooter { tail: (tail.offset, bytes), arrow, groups: file.row_groups.clone(), len: file.bytes })
+            })
+            .await
+    }
+
     /// The samples of the series `ids` (indexes into [`series`](Self::series)) in
-    /// `[start, end]`, by id, in time order.
+    /// `[start, end]`, by id, in time order; more than `max_samples` is an error, met
+    /// before more than a row group past it is decoded.
     pub async fn samples(
         &self,
         ids: &BTreeSet<i64>,
         start: i64,
         end: i64,
+        max_samples: u64,
     ) -> Result<BTreeMap<i64, Vec<Sample>>, ArchiveError> {
         let mut out: BTreeMap<i64, Vec<Sample>> = BTreeMap::new();
         if ids.is_empty() {
             return Ok(out);
         }
         let path = self.dir.clone().join(DATA);
-        let bytes = self.file(DATA).await?;
-        let builder = ParquetRecordBatchReaderBuilder::try_new(bytes).map_err(|e| corrupt(&path, e.to_string()))?;
-        // Columns by name, type and nullability as the writer writes them, or no reading:
-        // two INT64 columns swapped would otherwise read as other values.
-        let expected = crate::writer::data_schema();
-        if builder.schema().fields() != expected.fields() {
-            return Err(corrupt(&path, format!("columns {:?}, not the archive's", builder.schema().fields())));
-        }
-        let rows = builder.metadata().file_metadata().num_rows();
-        if u64::try_from(rows).ok() != Some(self.meta.samples) {
-            return Err(corrupt(&path, format!("{rows} rows, the meta says {} samples", self.meta.samples)));
-        }
-        let mut groups = Vec::new();
-        for (i, g) in builder.metadata().row_groups().iter().enumerate() {
+        let footer = self.footer().await?;
+        for (i, g) in footer.arrow.metadata().row_groups().iter().enumerate() {
             let (id, t) = (int_range(g.column(0).statistics()), int_range(g.column(1).statistics()));
             if id.is_some_and(|(a, b)| a > b) || t.is_some_and(|(a, b)| a > b) {
                 return Err(corrupt(&path, format!("row group {i}: statistics with min past max")));
             }
             let id = id.is_none_or(|(a, b)| ids.range(a..=b).next().is_some());
-            if id && t.is_none_or(|(a, b)| a <= end && b >= start) {
-                groups.push(i);
+            if !id || t.is_some_and(|(a, b)| a > end || b < start) {
+                continue;
             }
-        }
-        let reader = builder.with_row_groups(groups).build().map_err(|e| corrupt(&path, e.to_string()))?;
-        for batch in reader {
-            let batch = batch.map_err(|e| corrupt(&path, e.to_string()))?;
-            self.data_rows(&batch, &path, ids, start, end, &mut out)?;
+            let seg = footer.groups.get(i).ok_or_else(|| corrupt(&path, format!("no segment for row group {i}")))?;
+            // The row group's column chunks must lie inside its checked bytes.
+            for c in g.columns() {
+                let (from, len) = c.byte_range();
+                if from < seg.offset || from.saturating_add(len) > seg.offset.saturating_add(seg.bytes) {
+                    return Err(corrupt(&path, format!("row group {i}: a column outside its checked bytes")));
+                }
+            }
+            let bytes = self.data_range(seg, footer.len).await?;
+            let file = SparseFile::new(footer.len).with(footer.tail.0, footer.tail.1.clone()).with(seg.offset, bytes);
+            let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, footer.arrow.clone())
+                .with_row_groups(vec![i])
+                .build()
+                .map_err(|e| corrupt(&path, e.to_string()))?;
+            for batch in reader {
+                let batch = batch.map_err(|e| corrupt(&path, e.to_string()))?;
+                self.data_rows(&batch, &path, ids, start, end, &mut out)?;
+            }
+            if out.values().map(|v| v.len() as u64).sum::<u64>() > max_samples {
+                return Err(ArchiveError::Limit { limit: max_samples });
+            }
         }
         Ok(out)
     }
@@ -251,8 +343,8 @@ impl BlockReader {
         let mantissa = typed(2)?.as_primitive_opt::<Int64Type>().ok_or_else(|| bad("value_mantissa"))?;
         let scale = typed(3)?.as_primitive_opt::<Int32Type>().ok_or_else(|| bad("value_scale"))?;
         let float = typed(4)?.as_primitive_opt::<Float64Type>().ok_or_else(|| bad("value_float"))?;
-        if id.null_count() + ts.null_count() + scale.null_count() > 0 {
-            return Err(corrupt(path, "nulls in series_id, timestamp or value_scale"));
+        if id.null_count() + ts.null_count() + mantissa.null_count() + scale.null_count() > 0 {
+            return Err(corrupt(path, "nulls in series_id, timestamp, value_mantissa or value_scale"));
         }
         for row in 0..batch.num_rows() {
             let s = id.value(row);
@@ -269,12 +361,10 @@ impl BlockReader {
             if !ids.contains(&s) || t < start || t > end {
                 continue;
             }
-            let v = if !mantissa.is_null(row) {
+            let v = if float.is_null(row) {
                 values::decimal_value(mantissa.value(row), scale.value(row))
-            } else if !float.is_null(row) {
-                float.value(row)
             } else {
-                return Err(corrupt(path, format!("row of series {s} at {t} has no value")));
+                float.value(row)
             };
             let list = out.entry(s).or_default();
             if list.last().is_some_and(|p| p.t >= t) {

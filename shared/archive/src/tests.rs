@@ -107,18 +107,22 @@ async fn round_trip(row_group_rows: usize) {
     let block = BlockReader::open(store.clone(), path.clone()).await.unwrap();
     assert_eq!(block.series().len(), expected.len());
     let ids: BTreeSet<i64> = (0..expected.len() as i64).collect();
-    let got = block.samples(&ids, start, end).await.unwrap();
+    let got = block.samples(&ids, start, end, u64::MAX).await.unwrap();
     for (i, (labels, metric_type, samples)) in expected.iter().enumerate() {
         let s = &block.series()[i];
         assert_eq!((&s.labels, s.metric_type), (labels, *metric_type));
-        let unit = if labels.metric_name() == Some("gpu_temp") { "celsius" } else { "" };
-        assert_eq!(s.unit, unit);
+        let (unit, help) = if labels.metric_name() == Some("gpu_temp") { ("celsius", "t") } else { ("", "") };
+        assert_eq!((s.unit.as_str(), s.help.as_str()), (unit, help));
+        assert_eq!(
+            (s.min_time, s.max_time, s.samples),
+            (samples[0].t, samples[samples.len() - 1].t, samples.len() as u64)
+        );
         assert_eq!(bits(&got[&(i as i64)]), bits(samples), "series {labels}");
     }
     // A few series and a time slice: only those, only then.
     let some: BTreeSet<i64> = [3, 17, 40].into();
     let (lo, hi) = (1_050_000, 1_120_000);
-    let got = block.samples(&some, lo, hi).await.unwrap();
+    let got = block.samples(&some, lo, hi, u64::MAX).await.unwrap();
     for &i in &some {
         let want: Vec<Sample> = expected[i as usize].2.iter().copied().filter(|s| s.t >= lo && s.t <= hi).collect();
         assert_eq!(bits(got.get(&i).map(Vec::as_slice).unwrap_or(&[])), bits(&want));
@@ -155,7 +159,7 @@ async fn a_block_without_its_meta_or_with_a_damaged_file_is_refused_naming_the_o
     store.put(&data, garbage.into()).await.unwrap();
     if let Ok(r) = BlockReader::open(store.clone(), block.clone()).await {
         let all: BTreeSet<i64> = (0..r.series().len() as i64).collect();
-        let err = r.samples(&all, 0, 10_000_000).await.err().map(|e| e.to_string()).unwrap_or_default();
+        let err = r.samples(&all, 0, 10_000_000, u64::MAX).await.err().map(|e| e.to_string()).unwrap_or_default();
         assert!(
             err.contains("data.parquet") && err.contains("checksum"),
             "a damaged data file read without an error: {err:?}"
@@ -168,4 +172,107 @@ async fn a_block_without_its_meta_or_with_a_damaged_file_is_refused_naming_the_o
     assert!(err.contains("meta.json"), "{err}");
     // An empty range writes nothing.
     assert!(writer.write_raw(&source, 20_000_000, 30_000_000).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn timestamps_and_mantissas_get_a_page_per_series() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let (source, expected) = fleet(3, 40);
+    let writer = BlockWriter::new(store.clone(), WriteOptions::default());
+    writer.write_raw(&source, 0, 10_000_000).await.unwrap().unwrap();
+    let data = crate::layout::block_dir(0, 0, 10_000_000).join(crate::layout::DATA);
+    let bytes = store.get(&data).await.unwrap().bytes().await.unwrap();
+    let opts = parquet::file::serialized_reader::ReadOptionsBuilder::new().with_page_index().build();
+    let file = SerializedFileReader::new_with_options(bytes, opts).unwrap();
+    let index = file.metadata().page_index_for_row_group(0);
+    // Columns 1 and 2 (timestamp, mantissa): a page starts exactly where each series does.
+    let mut starts = Vec::new();
+    let mut row = 0i64;
+    for e in &expected {
+        starts.push(row);
+        row += e.2.len() as i64;
+    }
+    for column in [1, 2] {
+        let offsets = index.offset_index(column).expect("an offset index");
+        let pages: Vec<i64> = offsets.page_locations().iter().map(|p| p.first_row_index).collect();
+        assert_eq!(pages, starts, "column {column}");
+    }
+}
+
+/// The conformance suite's data set in two raw blocks, split inside its hour.
+async fn archived_fixture() -> (tempfile::TempDir, Arc<dyn ObjectStore>) {
+    let dir = tempfile::tempdir().unwrap();
+    let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let mut m = MemoryStore::default();
+    for f in strata_store::conformance::fixture() {
+        let name = f.labels.metric_name().unwrap_or_default().to_string();
+        m.set_metadata(&name, Metadata { metric_type: f.metric_type, ..Default::default() });
+        m.add(f.labels, f.metric_type, f.samples);
+    }
+    let writer = BlockWriter::new(objects.clone(), WriteOptions { row_group_rows: 300, ..Default::default() });
+    let split = 1_700_001_800_000;
+    writer.write_raw(&m, 1_600_000_000_000, split).await.unwrap().unwrap();
+    writer.write_raw(&m, split, 1_800_000_000_000).await.unwrap().unwrap();
+    (dir, objects)
+}
+
+#[tokio::test]
+async fn the_archive_store_passes_the_store_conformance_suite() {
+    let (_dir, objects) = archived_fixture().await;
+    assert_eq!(list_blocks(objects.as_ref()).await.unwrap().len(), 2);
+    let store = ArchiveStore::new(objects, "test", ArchiveStoreOptions::default());
+    strata_store::conformance::run_all(&store).await;
+    // A cache of one series' worth still answers (blocks are opened again as needed).
+    let (_dir, objects) = archived_fixture().await;
+    let small = ArchiveStore::new(objects, "test", ArchiveStoreOptions { cache_series: 1, ..Default::default() });
+    strata_store::conformance::run_all(&small).await;
+}
+
+#[tokio::test]
+async fn a_damaged_block_is_a_warning_naming_it_or_the_error_without_partial_response() {
+    use strata_store::{QueryScope, SelectRequest, Store};
+    let (dir, objects) = archived_fixture().await;
+    let store = ArchiveStore::new(
+        objects.clone(),
+        "bucket-x",
+        ArchiveStoreOptions { refresh: std::time::Duration::ZERO, ..Default::default() },
+    );
+    let all =
+        || SelectRequest::new(vec![strata_model::Matcher::eq("__name__", "DCGM_FI_DEV_GPU_UTIL")], 0, i64::MAX / 2);
+    let whole = store.select(&all()).await.unwrap();
+    let count = |r: &[strata_store::SeriesChunks]| -> usize {
+        r.iter().map(|s| s.samples(i64::MIN, i64::MAX).unwrap().len()).sum()
+    };
+    assert_eq!(count(&whole), 3 * 240);
+    // Flip bytes in the middle of the second block's data file, same size.
+    let blocks = list_blocks(objects.as_ref()).await.unwrap();
+    let data = blocks[1].0.clone().join(crate::layout::DATA);
+    let path = dir.path().join(data.as_ref());
+    let mut bytes = std::fs::read(&path).unwrap();
+    let mid = bytes.len() / 3;
+    bytes[mid..mid + 16].iter_mut().for_each(|b| *b = !*b);
+    std::fs::write(&path, bytes).unwrap();
+    let store = ArchiveStore::new(objects.clone(), "bucket-x", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    let partial = scope.clone().run(store.select(&all())).await.unwrap();
+    let first_block: usize = count(&partial);
+    assert!(first_block > 0 && first_block < 3 * 240, "{first_block}");
+    let warnings = scope.warnings();
+    assert!(
+        warnings.iter().any(|w| w.contains("bucket-x") && w.contains(blocks[1].0.as_ref()) && w.contains("checksum")),
+        "{warnings:?}"
+    );
+    let strict = QueryScope::new(false, true);
+    let err = strict.run(store.select(&all())).await.err().map(|e| e.to_string()).unwrap_or_default();
+    assert!(err.contains(blocks[1].0.as_ref()), "{err}");
+    // A meta that does not parse: its folder's range is left out, with a warning.
+    let meta = blocks[0].0.clone().join(crate::layout::META);
+    objects.put(&meta, bytes::Bytes::from_static(b"{not json").into()).await.unwrap();
+    let store = ArchiveStore::new(objects, "bucket-x", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    let got = scope.clone().run(store.series(&[strata_model::Matcher::eq("gpu", "0")], 0, i64::MAX / 2)).await.unwrap();
+    assert!(scope.warnings().iter().any(|w| w.contains(blocks[0].0.as_ref()) && w.contains("not a block meta")));
+    assert!(!got.is_empty(), "the readable block still answers");
 }

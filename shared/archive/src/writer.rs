@@ -7,8 +7,8 @@ use crate::layout::{block_dir, DATA, META, SERIES};
 use crate::meta::{BlockMeta, FileMeta, FORMAT, VERSION};
 use crate::values;
 use crate::ArchiveError;
-use arrow_array::builder::{Float64Builder, Int32Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
-use arrow_array::{ArrayRef, RecordBatch};
+use arrow_array::builder::{Float64Builder, Int64Builder, StringBuilder, TimestampMillisecondBuilder};
+use arrow_array::{ArrayRef, Int32Array, Int64Array, RecordBatch};
 use arrow_schema::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
@@ -35,12 +35,16 @@ impl Default for WriteOptions {
     }
 }
 
+/// The most rows of one series in one data page: a longer series is cut into pages this
+/// long (each restarts its deltas, which costs a few bytes).
+const PAGE_ROWS: usize = 1 << 16;
+
 /// The data file's columns.
 pub(crate) fn data_schema() -> SchemaRef {
     Arc::new(Schema::new(vec![
         Field::new("series_id", DataType::Int64, false),
         Field::new("timestamp", DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())), false),
-        Field::new("value_mantissa", DataType::Int64, true),
+        Field::new("value_mantissa", DataType::Int64, false),
         Field::new("value_scale", DataType::Int32, false),
         Field::new("value_float", DataType::Float64, true),
     ]))
@@ -48,7 +52,8 @@ pub(crate) fn data_schema() -> SchemaRef {
 
 /// The series table's fixed columns; label columns follow, named as the labels (a label
 /// named like a fixed column is stored as `label_<name>`).
-pub const FIXED_SERIES_COLUMNS: [&str; 3] = ["series_id", "metric_type", "unit"];
+pub const FIXED_SERIES_COLUMNS: [&str; 7] =
+    ["series_id", "metric_type", "unit", "help", "min_time", "max_time", "samples"];
 
 pub(crate) fn label_column(name: &str) -> String {
     if FIXED_SERIES_COLUMNS.contains(&name) || name.starts_with("label_") {
@@ -58,6 +63,14 @@ pub(crate) fn label_column(name: &str) -> String {
     }
 }
 
+/// The data file's encodings, chosen by measurement on the fleet-day set (docs/ARCHIVE.md).
+/// Timestamps and mantissas are cut into a page per series: DELTA_BINARY_PACKED takes one
+/// minimum delta per 128 values, so a block of values that spans two series (a jump back
+/// by the block's length) would cost every value in it 24 bits instead of 7. Each series
+/// is written on its own with a row limit of one on those two columns, and the writer
+/// closes a page after every write that reaches its limit. Their page index then also
+/// says which rows hold which series and times. The other columns keep large pages: a
+/// nullable column with no nulls in a write is split into writes of its row limit.
 fn data_properties(opts: &WriteOptions) -> Result<WriterProperties, ArchiveError> {
     let zstd = ZstdLevel::try_new(opts.zstd_level).map_err(|e| ArchiveError::Invalid(format!("zstd level: {e}")))?;
     let delta = |b: parquet::file::properties::WriterPropertiesBuilder, c: &str| {
@@ -68,6 +81,7 @@ fn data_properties(opts: &WriteOptions) -> Result<WriterProperties, ArchiveError
         .set_compression(Compression::ZSTD(zstd))
         .set_statistics_enabled(EnabledStatistics::Page)
         .set_max_row_group_row_count(None)
+        .set_write_batch_size(PAGE_ROWS)
         .set_sorting_columns(Some(vec![
             parquet::file::metadata::SortingColumn { column_idx: 0, descending: false, nulls_first: false },
             parquet::file::metadata::SortingColumn { column_idx: 1, descending: false, nulls_first: false },
@@ -75,111 +89,110 @@ fn data_properties(opts: &WriteOptions) -> Result<WriterProperties, ArchiveError
     for c in ["series_id", "timestamp", "value_mantissa", "value_scale"] {
         b = delta(b, c);
     }
+    for c in ["timestamp", "value_mantissa"] {
+        b = b.set_column_data_page_row_count_limit(ColumnPath::from(c), 1);
+    }
     b = b.set_column_dictionary_enabled(ColumnPath::from("value_float"), false);
     Ok(b.build())
 }
 
-/// Rows being gathered for the data file.
-struct DataRows {
-    ids: Int64Builder,
-    ts: TimestampMillisecondBuilder,
-    mantissa: Int64Builder,
-    scale: Int32Builder,
-    float: Float64Builder,
-    rows: usize,
-}
-
-impl DataRows {
-    fn new() -> Self {
-        DataRows {
-            ids: Int64Builder::new(),
-            ts: TimestampMillisecondBuilder::new().with_timezone("UTC"),
-            mantissa: Int64Builder::new(),
-            scale: Int32Builder::new(),
-            float: Float64Builder::new(),
-            rows: 0,
-        }
-    }
-
-    /// Appends a series' samples; returns how many went to the DOUBLE column.
-    fn push(&mut self, id: i64, samples: &[strata_model::Sample]) -> u64 {
-        let scale = values::series_scale(samples.iter().map(|s| s.v));
-        let mut doubles = 0;
-        for s in samples {
-            self.ids.append_value(id);
-            self.ts.append_value(s.t);
-            self.scale.append_value(scale);
+/// One series' samples as data rows, in pages of at most [`PAGE_ROWS`]; how many went to
+/// the DOUBLE column. A value that is not a decimal has mantissa 0 and its bits in
+/// `value_float`, which a reader takes first.
+fn series_rows(id: i64, samples: &[strata_model::Sample]) -> Result<(Vec<RecordBatch>, u64), ArchiveError> {
+    let scale = values::series_scale(samples.iter().map(|s| s.v));
+    let mut doubles = 0;
+    let mut out = Vec::new();
+    for page in samples.chunks(PAGE_ROWS) {
+        let mut ts = TimestampMillisecondBuilder::with_capacity(page.len()).with_timezone("UTC");
+        let mut mantissa = Int64Builder::with_capacity(page.len());
+        let mut float = Float64Builder::with_capacity(page.len());
+        for s in page {
+            ts.append_value(s.t);
             match values::as_decimal(s.v, scale) {
                 Some(m) => {
-                    self.mantissa.append_value(m);
-                    self.float.append_null();
+                    mantissa.append_value(m);
+                    float.append_null();
                 }
                 None => {
-                    self.mantissa.append_null();
-                    self.float.append_value(s.v);
+                    mantissa.append_value(0);
+                    float.append_value(s.v);
                     doubles += 1;
                 }
             }
         }
-        self.rows += samples.len();
-        doubles
-    }
-
-    fn finish(&mut self) -> Result<RecordBatch, ArchiveError> {
         let columns: Vec<ArrayRef> = vec![
-            Arc::new(self.ids.finish()),
-            Arc::new(self.ts.finish()),
-            Arc::new(self.mantissa.finish()),
-            Arc::new(self.scale.finish()),
-            Arc::new(self.float.finish()),
+            Arc::new(Int64Array::from_value(id, page.len())),
+            Arc::new(ts.finish()),
+            Arc::new(mantissa.finish()),
+            Arc::new(Int32Array::from_value(scale, page.len())),
+            Arc::new(float.finish()),
         ];
-        self.rows = 0;
-        RecordBatch::try_new(data_schema(), columns).map_err(|e| ArchiveError::Invalid(e.to_string()))
+        out.push(RecordBatch::try_new(data_schema(), columns).map_err(|e| ArchiveError::Invalid(e.to_string()))?);
     }
+    Ok((out, doubles))
 }
 
 /// A series as the series table lists it.
 struct SeriesRow {
     labels: Labels,
     metric_type: MetricType,
+    /// The first and last sample's times and the count.
+    min_time: i64,
+    max_time: i64,
+    samples: u64,
 }
 
-/// The unit of each metric family, from the store's metadata.
-async fn units(source: &dyn Store) -> HashMap<String, String> {
+/// Each metric family's metadata (unit and help), from the store.
+async fn families(source: &dyn Store) -> HashMap<String, strata_model::Metadata> {
     match source.metadata(None).await {
-        Ok(m) => m.into_iter().filter(|(_, md)| !md.unit.is_empty()).map(|(f, md)| (f, md.unit)).collect(),
+        Ok(m) => m.into_iter().collect(),
         Err(e) => {
-            tracing::warn!(error = %e, "no metadata from the source: the archive's units are empty");
+            tracing::warn!(error = %e, "no metadata from the source: the archive's units and help are empty");
             HashMap::new()
         }
     }
 }
 
-/// A series' family name for its unit: the metric name, or it without a histogram's or
-/// summary's or counter's suffix.
-fn unit_of<'a>(units: &'a HashMap<String, String>, name: &str) -> &'a str {
+/// A series' family metadata: by its metric name, or it without a histogram's, summary's
+/// or counter's suffix.
+fn family_of<'a>(
+    families: &'a HashMap<String, strata_model::Metadata>,
+    name: &str,
+) -> Option<&'a strata_model::Metadata> {
     let stems = ["_bucket", "_sum", "_count", "_total", "_created"];
-    units
-        .get(name)
-        .or_else(|| stems.iter().find_map(|s| name.strip_suffix(s).and_then(|f| units.get(f))))
-        .map(String::as_str)
-        .unwrap_or("")
+    families.get(name).or_else(|| stems.iter().find_map(|s| name.strip_suffix(s).and_then(|f| families.get(f))))
 }
 
-fn series_batch(rows: &[SeriesRow], units: &HashMap<String, String>) -> Result<RecordBatch, ArchiveError> {
+fn series_batch(
+    rows: &[SeriesRow],
+    families: &HashMap<String, strata_model::Metadata>,
+) -> Result<RecordBatch, ArchiveError> {
     let names: BTreeSet<&str> = rows.iter().flat_map(|r| r.labels.iter().map(|l| l.name.as_ref())).collect();
     let mut fields = vec![
         Field::new("series_id", DataType::Int64, false),
         Field::new("metric_type", DataType::Utf8, false),
         Field::new("unit", DataType::Utf8, false),
+        Field::new("help", DataType::Utf8, false),
+        Field::new("min_time", DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())), false),
+        Field::new("max_time", DataType::Timestamp(TimeUnit::Millisecond, Some("UTC".into())), false),
+        Field::new("samples", DataType::Int64, false),
     ];
     let mut ids = Int64Builder::new();
-    let (mut types, mut unit) = (StringBuilder::new(), StringBuilder::new());
+    let mut min_time = TimestampMillisecondBuilder::new().with_timezone("UTC");
+    let mut max_time = TimestampMillisecondBuilder::new().with_timezone("UTC");
+    let mut samples = Int64Builder::new();
+    let (mut types, mut unit, mut help) = (StringBuilder::new(), StringBuilder::new(), StringBuilder::new());
     let mut label_columns: BTreeMap<&str, StringBuilder> = names.iter().map(|n| (*n, StringBuilder::new())).collect();
     for (i, r) in rows.iter().enumerate() {
         ids.append_value(i as i64);
         types.append_value(r.metric_type.as_str());
-        unit.append_value(unit_of(units, r.labels.metric_name().unwrap_or_default()));
+        let family = family_of(families, r.labels.metric_name().unwrap_or_default());
+        unit.append_value(family.map_or("", |f| f.unit.as_str()));
+        help.append_value(family.map_or("", |f| f.help.as_str()));
+        min_time.append_value(r.min_time);
+        max_time.append_value(r.max_time);
+        samples.append_value(i64::try_from(r.samples).unwrap_or(i64::MAX));
         for (name, col) in label_columns.iter_mut() {
             match r.labels.get(name) {
                 Some(v) => col.append_value(v),
@@ -187,7 +200,15 @@ fn series_batch(rows: &[SeriesRow], units: &HashMap<String, String>) -> Result<R
             }
         }
     }
-    let mut columns: Vec<ArrayRef> = vec![Arc::new(ids.finish()), Arc::new(types.finish()), Arc::new(unit.finish())];
+    let mut columns: Vec<ArrayRef> = vec![
+        Arc::new(ids.finish()),
+        Arc::new(types.finish()),
+        Arc::new(unit.finish()),
+        Arc::new(help.finish()),
+        Arc::new(min_time.finish()),
+        Arc::new(max_time.finish()),
+        Arc::new(samples.finish()),
+    ];
     for (name, mut col) in label_columns {
         fields.push(Field::new(label_column(name), DataType::Utf8, true));
         columns.push(Arc::new(col.finish()));
@@ -221,8 +242,9 @@ impl BlockWriter {
         let mut batches = source.select_batches(&req).await?;
         let mut writer = ArrowWriter::try_new(Vec::new(), data_schema(), Some(data_properties(&self.opts)?))
             .map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
-        let (mut rows, mut series) = (DataRows::new(), Vec::<SeriesRow>::new());
+        let mut series = Vec::<SeriesRow>::new();
         let (mut samples, mut doubles) = (0u64, 0u64);
+        let failed = |e: parquet::errors::ParquetError| ArchiveError::parquet(&dir.clone().join(DATA), e);
         while let Some(batch) = batches.next_batch().await? {
             for s in batch {
                 let got = s
@@ -231,26 +253,33 @@ impl BlockWriter {
                 if got.is_empty() {
                     continue;
                 }
-                doubles += rows.push(series.len() as i64, &got);
+                let (pages, d) = series_rows(series.len() as i64, &got)?;
+                for page in &pages {
+                    writer.write(page).map_err(failed)?;
+                }
+                doubles += d;
                 samples += got.len() as u64;
-                series.push(SeriesRow { labels: s.labels, metric_type: s.metric_type });
-                if rows.rows >= self.opts.row_group_rows {
-                    let b = rows.finish()?;
-                    writer.write(&b).map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
-                    writer.flush().map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
+                let (min_time, max_time) = (got[0].t, got[got.len() - 1].t);
+                let count = got.len() as u64;
+                series.push(SeriesRow {
+                    labels: s.labels,
+                    metric_type: s.metric_type,
+                    min_time,
+                    max_time,
+                    samples: count,
+                });
+                if writer.in_progress_rows() >= self.opts.row_group_rows {
+                    writer.flush().map_err(failed)?;
                 }
             }
         }
         if series.is_empty() {
             return Ok(None);
         }
-        if rows.rows > 0 {
-            let b = rows.finish()?;
-            writer.write(&b).map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
-        }
-        let data = writer.into_inner().map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
-        let units = units(source).await;
-        let table = series_batch(&series, &units)?;
+        let data = bytes::Bytes::from(writer.into_inner().map_err(failed)?);
+        let (tail, row_groups) = crate::ranged::segments_of(&data).map_err(failed)?;
+        let families = families(source).await;
+        let table = series_batch(&series, &families)?;
         let series_props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(self.opts.zstd_level).unwrap_or_default()))
             .build();
@@ -268,11 +297,19 @@ impl BlockWriter {
             samples,
             double_values: doubles,
             files: vec![
-                FileMeta { path: DATA.into(), bytes: data.len() as u64, crc32: crc32fast::hash(&data) },
+                FileMeta {
+                    path: DATA.into(),
+                    bytes: data.len() as u64,
+                    crc32: crc32fast::hash(&data),
+                    tail: Some(tail),
+                    row_groups,
+                },
                 FileMeta {
                     path: SERIES.into(),
                     bytes: series_bytes.len() as u64,
                     crc32: crc32fast::hash(&series_bytes),
+                    tail: None,
+                    row_groups: Vec::new(),
                 },
             ],
         };
@@ -284,16 +321,16 @@ impl BlockWriter {
             Err(e) => return Err(ArchiveError::Object { object: meta_path.to_string(), reason: e.to_string() }),
         }
         self.put(&dir.clone().join(DATA), data).await?;
-        self.put(&dir.clone().join(SERIES), series_bytes).await?;
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
+        self.put(&dir.clone().join(SERIES), series_bytes.into()).await?;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| ArchiveError::Invalid(e.to_string()))?.into();
         // Last: until it is there, readers do not see the block.
         self.put(&dir.clone().join(META), json).await?;
         Ok(Some(meta))
     }
 
-    async fn put(&self, path: &Path, bytes: Vec<u8>) -> Result<(), ArchiveError> {
+    async fn put(&self, path: &Path, bytes: bytes::Bytes) -> Result<(), ArchiveError> {
         self.store
-            .put(path, bytes::Bytes::from(bytes).into())
+            .put(path, bytes.into())
             .await
             .map_err(|e| ArchiveError::Object { object: path.to_string(), reason: e.to_string() })?;
         Ok(())

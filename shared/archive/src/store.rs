@@ -1,0 +1,371 @@
+//! [`ArchiveStore`]: the archive served back as a [`Store`], so a global queries it as one
+//! more store and the engine and the API need nothing of their own for it.
+//!
+//! The block list is read from the bucket (every folder with a `meta.json`) and refreshed
+//! at most every `refresh`. A query opens the blocks its range overlaps, keeping their
+//! series tables and footers in a cache bounded by series count, finds the matching series
+//! in each table, and fetches only the row groups that hold them by byte range, each one
+//! checked against its checksum ([`crate::ranged`]). A block that cannot be read (a file
+//! missing or damaged, a meta that does not parse) leaves its range out of the answer and
+//! says so in the request's warnings, or fails the request under `partial_response=false`:
+//! never a silent gap.
+
+use crate::layout::resolution_dir;
+use crate::meta::BlockMeta;
+use crate::reader::{list_blocks, ArchivedSeries, BlockReader};
+use crate::ArchiveError;
+use async_trait::async_trait;
+use object_store::path::Path;
+use object_store::ObjectStore;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use strata_chunk::ChunkAppender;
+use strata_model::matcher::matches_all;
+use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
+use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
+
+/// How an [`ArchiveStore`] reads.
+#[derive(Debug, Clone)]
+pub struct ArchiveStoreOptions {
+    /// The block list is read again once older than this.
+    pub refresh: Duration,
+    /// Series of open blocks kept in memory (their labels and footers); past it the least
+    /// recently used blocks are closed.
+    pub cache_series: usize,
+}
+
+impl Default for ArchiveStoreOptions {
+    fn default() -> Self {
+        ArchiveStoreOptions { refresh: Duration::from_secs(60), cache_series: 2_000_000 }
+    }
+}
+
+/// A block as the list shows it.
+#[derive(Clone)]
+struct Listed {
+    dir: Path,
+    meta: Result<BlockMeta, String>,
+}
+
+#[derive(Default)]
+struct Catalog {
+    listed_at: Option<Instant>,
+    blocks: Vec<Listed>,
+}
+
+/// Open blocks, least recently used first.
+#[derive(Default)]
+struct OpenBlocks {
+    blocks: Vec<(Path, Arc<BlockReader>)>,
+    series: usize,
+}
+
+pub struct ArchiveStore {
+    objects: Arc<dyn ObjectStore>,
+    /// Named in warnings: the archive's URL.
+    name: String,
+    opts: ArchiveStoreOptions,
+    catalog: tokio::sync::Mutex<Catalog>,
+    open: Mutex<OpenBlocks>,
+}
+
+impl ArchiveStore {
+    pub fn new(objects: Arc<dyn ObjectStore>, name: impl Into<String>, opts: ArchiveStoreOptions) -> Self {
+        ArchiveStore {
+            objects,
+            name: name.into(),
+            opts,
+            catalog: tokio::sync::Mutex::new(Catalog::default()),
+            open: Mutex::new(OpenBlocks::default()),
+        }
+    }
+
+    /// The blocks listed now (read again when older than `refresh`).
+    async fn listed(&self) -> Result<Vec<Listed>, StoreError> {
+        let mut c = self.catalog.lock().await;
+        if c.listed_at.is_none_or(|t| t.elapsed() >= self.opts.refresh) {
+            let found = list_blocks(self.objects.as_ref())
+                .await
+                .map_err(|e| StoreError::Unavailable(format!("archive {}: {e}", self.name)))?;
+            c.blocks =
+                found.into_iter().map(|(dir, meta)| Listed { dir, meta: meta.map_err(|e| e.to_string()) }).collect();
+            c.listed_at = Some(Instant::now());
+        }
+        Ok(c.blocks.clone())
+    }
+
+    /// The time range each resolution holds, from the block list: what a global plans
+    /// with and shows in its store list.
+    pub async fn time_ranges(&self) -> Result<BTreeMap<i64, (i64, i64)>, StoreError> {
+        let mut out: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
+        for b in self.listed().await? {
+            if let Ok(m) = b.meta {
+                let r = out.entry(m.resolution_ms).or_insert((m.min_time, m.max_time));
+                *r = (r.0.min(m.min_time), r.1.max(m.max_time));
+            }
+        }
+        Ok(out)
+    }
+
+    /// A block, opened or from the cache.
+    async fn open(&self, dir: &Path) -> Result<Arc<BlockReader>, ArchiveError> {
+        if let Ok(mut open) = self.open.lock() {
+            if let Some(i) = open.blocks.iter().position(|(d, _)| d == dir) {
+                let entry = open.blocks.remove(i);
+                let reader = entry.1.clone();
+                open.blocks.push(entry);
+                return Ok(reader);
+            }
+        }
+        let reader = Arc::new(BlockReader::open(self.objects.clone(), dir.clone()).await?);
+        if let Ok(mut open) = self.open.lock() {
+            if !open.blocks.iter().any(|(d, _)| d == dir) {
+                open.series = open.series.saturating_add(reader.series().len());
+                open.blocks.push((dir.clone(), reader.clone()));
+                // The block just opened stays, however large: the query needs it.
+                while open.series > self.opts.cache_series && open.blocks.len() > 1 {
+                    let (_, old) = open.blocks.remove(0);
+                    open.series = open.series.saturating_sub(old.series().len());
+                }
+            }
+        }
+        Ok(reader)
+    }
+
+    /// The readable blocks of `resolution_ms` that overlap `[start, end]`, oldest first;
+    /// what cannot be read is a warning of the request (or its error under
+    /// `partial_response=false`), naming the block and the range left out.
+    async fn blocks(&self, resolution_ms: i64, start: i64, end: i64) -> Result<Vec<Arc<BlockReader>>, StoreError> {
+        let mut listed: Vec<Listed> = self
+            .listed()
+            .await?
+            .into_iter()
+            .filter(|b| match &b.meta {
+                Ok(m) => m.resolution_ms == resolution_ms && m.min_time <= end && m.max_time > start,
+                // A damaged meta: its folder says its resolution and range.
+                Err(_) => block_range(&b.dir)
+                    .is_none_or(|(res, lo, hi)| res == resolution_dir(resolution_ms) && lo <= end && hi > start),
+            })
+            .collect();
+        listed.sort_by_key(|b| b.meta.as_ref().map_or(i64::MIN, |m| m.min_time));
+        let mut out = Vec::new();
+        for b in listed {
+            let opened = match b.meta {
+                Ok(_) => self.open(&b.dir).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e),
+            };
+            match opened {
+                Ok(r) => out.push(r),
+                Err(e) => self.unreadable(&b.dir, &e)?,
+            }
+        }
+        Ok(out)
+    }
+
+    /// A block that could not be read: a warning, or the request's error.
+    fn unreadable(&self, dir: &Path, error: &str) -> Result<(), StoreError> {
+        let message = format!("archive {}: block {dir} left out of this answer: {error}", self.name);
+        let scope = QueryScope::current();
+        if !scope.partial_response {
+            return Err(StoreError::Unavailable(message));
+        }
+        tracing::warn!(archive = %self.name, block = %dir, error, "an archive block could not be read");
+        scope.warn(message);
+        Ok(())
+    }
+
+    /// The series of `blocks` that match and have samples in `[start, end]`, by labels.
+    fn matching<'a>(
+        blocks: &'a [Arc<BlockReader>],
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+    ) -> impl Iterator<Item = &'a ArchivedSeries> + 'a {
+        let matchers = matchers.to_vec();
+        blocks.iter().flat_map(|b| b.series().iter()).filter(move |s| {
+            s.samples > 0 && s.max_time >= start && s.min_time <= end && matches_all(&matchers, &s.labels)
+        })
+    }
+}
+
+/// `(resolution, start, end)` from a block folder `<resolution>/<day>/<start>-<end>`.
+fn block_range(dir: &Path) -> Option<(String, i64, i64)> {
+    let parts: Vec<_> = dir.parts().collect();
+    let [res, _, name] = parts.as_slice() else { return None };
+    let (lo, hi) = name.as_ref().split_once('-')?;
+    Some((res.as_ref().to_string(), lo.parse().ok()?, hi.parse().ok()?))
+}
+
+/// Adds `more` (sorted) to `into` (sorted): appended when after it, else merged with one
+/// sample kept per timestamp (blocks that overlap hold the same samples).
+fn merge_samples(into: &mut Vec<Sample>, more: Vec<Sample>) {
+    match (into.last(), more.first()) {
+        (_, None) => {}
+        (None, _) => *into = more,
+        (Some(l), Some(f)) if l.t < f.t => into.extend(more),
+        _ => {
+            into.extend(more);
+            into.sort_by_key(|s| s.t);
+            into.dedup_by_key(|s| s.t);
+        }
+    }
+}
+
+fn limit_error(e: ArchiveError) -> Result<StoreError, String> {
+    match e {
+        ArchiveError::Limit { limit } => Ok(StoreError::LimitExceeded { what: "samples", limit }),
+        e => Err(e.to_string()),
+    }
+}
+
+#[async_trait]
+impl Store for ArchiveStore {
+    async fn select_within(
+        &self,
+        req: &SelectRequest,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<SeriesChunks>, StoreError> {
+        let blocks = self.blocks(0, req.start, req.end).await?;
+        let mut found: BTreeMap<Labels, (MetricType, Vec<Sample>)> = BTreeMap::new();
+        let mut read = 0u64;
+        for b in &blocks {
+            let mut ids = BTreeSet::new();
+            for (i, s) in b.series().iter().enumerate() {
+                if s.samples > 0
+                    && s.max_time >= req.start
+                    && s.min_time <= req.end
+                    && matches_all(&req.matchers, &s.labels)
+                {
+                    ids.insert(i as i64);
+                }
+            }
+            if ids.is_empty() {
+                continue;
+            }
+            let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
+            budget.check_series_count(found.len().saturating_add(new))?;
+            let left = req.limits.max_samples.saturating_sub(read);
+            let got = match b.samples(&ids, req.start, req.end, left).await {
+                Ok(got) => got,
+                Err(e) => match limit_error(e) {
+                    Ok(_) => return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples }),
+                    Err(e) => {
+                        self.unreadable(&b.dir, &e)?;
+                        continue;
+                    }
+                },
+            };
+            for (id, samples) in got {
+                read = read.saturating_add(samples.len() as u64);
+                let s = &b.series()[id as usize];
+                let entry = found.entry(s.labels.clone()).or_insert_with(|| (s.metric_type, Vec::new()));
+                merge_samples(&mut entry.1, samples);
+            }
+        }
+        let mut out = Vec::with_capacity(found.len());
+        for (labels, (metric_type, samples)) in found {
+            if samples.is_empty() {
+                continue;
+            }
+            let mut chunks = Vec::new();
+            let mut a = ChunkAppender::new();
+            for s in samples {
+                if a.is_full() {
+                    chunks.push(a.seal().compact());
+                    a = ChunkAppender::new();
+                }
+                a.append(s.t, s.v);
+            }
+            if !a.is_empty() {
+                chunks.push(a.seal().compact());
+            }
+            budget.charge_series(&chunks)?;
+            out.push(SeriesChunks { labels, metric_type, chunks });
+        }
+        Ok(out)
+    }
+
+    async fn series_within(
+        &self,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+        budget: &mut SelectBudget,
+    ) -> Result<Vec<Labels>, StoreError> {
+        let blocks = self.blocks(0, start, end).await?;
+        let mut out = BTreeSet::new();
+        for s in Self::matching(&blocks, matchers, start, end) {
+            if !out.contains(&s.labels) {
+                budget.charge_labels()?;
+                out.insert(s.labels.clone());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+
+    async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
+        let blocks = self.blocks(0, start, end).await?;
+        let names: BTreeSet<String> = Self::matching(&blocks, matchers, start, end)
+            .flat_map(|s| s.labels.iter().map(|l| l.name.to_string()).collect::<Vec<_>>())
+            .collect();
+        Ok(names.into_iter().collect())
+    }
+
+    async fn label_values(
+        &self,
+        name: &str,
+        matchers: &[Matcher],
+        start: i64,
+        end: i64,
+    ) -> Result<Vec<String>, StoreError> {
+        let blocks = self.blocks(0, start, end).await?;
+        let values: BTreeSet<String> = Self::matching(&blocks, matchers, start, end)
+            .filter_map(|s| s.labels.get(name).map(str::to_string))
+            .collect();
+        Ok(values.into_iter().collect())
+    }
+
+    /// Families from the series tables: a histogram's or summary's series under their
+    /// family's name, every other series under its metric name.
+    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+        let blocks = self.blocks(0, i64::MIN, i64::MAX).await?;
+        let mut out: HashMap<String, Metadata> = HashMap::new();
+        for s in blocks.iter().flat_map(|b| b.series().iter()) {
+            let Some(name) = s.labels.metric_name() else { continue };
+            let family = match s.metric_type {
+                MetricType::Histogram | MetricType::GaugeHistogram | MetricType::Summary => {
+                    ["_bucket", "_sum", "_count"].iter().find_map(|x| name.strip_suffix(x)).unwrap_or(name)
+                }
+                _ => name,
+            };
+            if metric.is_some_and(|m| m != family) || out.contains_key(family) {
+                continue;
+            }
+            out.insert(
+                family.to_string(),
+                Metadata { metric_type: s.metric_type, help: s.help.clone(), unit: s.unit.clone() },
+            );
+        }
+        let mut v: Vec<_> = out.into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn samples_of_two_blocks_merge_in_order_once() {
+        let s = |t: i64| Sample::new(t, t as f64);
+        let mut v = vec![s(1), s(2)];
+        merge_samples(&mut v, vec![s(3), s(4)]);
+        merge_samples(&mut v, vec![s(2), s(5)]);
+        merge_samples(&mut v, vec![]);
+        assert_eq!(v.iter().map(|x| x.t).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        assert_eq!(block_range(&Path::from("raw/2026-12-04/10-20")), Some(("raw".into(), 10, 20)));
+        assert_eq!(block_range(&Path::from("raw/x")), None);
+    }
+}
