@@ -11,6 +11,50 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The global's archive (`--archive`).
+#[derive(clap::Args, Debug)]
+struct ArchiveFlags {
+    /// Serve the Parquet archive at this folder or URL beside the stores, and write every
+    /// complete range of the stores to it [default with no value: strata-data/archive].
+    #[arg(long, num_args = 0..=1, default_missing_value = "strata-data/archive")]
+    archive: Option<String>,
+    /// Serve the archive without writing to it (another global archives).
+    #[arg(long = "archive.read-only")]
+    archive_read_only: bool,
+    /// Width of the raw blocks the archiver writes.
+    #[arg(long = "archive.block", default_value = "2h", value_parser = prom_duration)]
+    archive_block: Duration,
+    /// How long after a range ends it is left for late samples before it is archived.
+    #[arg(long = "archive.settle", default_value = "10m", value_parser = prom_duration)]
+    archive_settle: Duration,
+    /// A range held back by a store that does not answer is archived anyway after this,
+    /// its gaps named in the block's meta (readers then warn).
+    #[arg(long = "archive.max-wait", default_value = "6h", value_parser = prom_duration)]
+    archive_max_wait: Duration,
+    /// How often the archiver looks for complete ranges.
+    #[arg(long = "archive.interval", default_value = "30s", value_parser = prom_duration)]
+    archive_interval: Duration,
+}
+
+impl ArchiveFlags {
+    fn options(self) -> Option<strata_global::ArchiveOptions> {
+        let url = self.archive?;
+        let archiver = strata_archive::ArchiverOptions {
+            block: self.archive_block,
+            settle: self.archive_settle,
+            max_wait: self.archive_max_wait,
+            interval: self.archive_interval,
+            ..Default::default()
+        };
+        Some(strata_global::ArchiveOptions {
+            url,
+            read_only: self.archive_read_only,
+            archiver,
+            reader: Default::default(),
+        })
+    }
+}
+
 #[derive(Parser)]
 #[command(name = "strata", version, about = "Federation and aggregation tier for GPU-fleet metrics")]
 struct Cli {
@@ -126,9 +170,10 @@ enum Command {
     /// The global querier: fans out over the StoreAPI of edges and regionals, merges HA
     /// replicas, answers the Prometheus HTTP API.
     Global {
-        /// The global's configuration file (stores, file SD, DNS, timeouts).
+        /// The global's configuration file (stores, file SD, DNS, timeouts); without it,
+        /// no stores (an `--archive` served alone).
         #[arg(long)]
-        config: PathBuf,
+        config: Option<PathBuf>,
         /// Address of the Prometheus HTTP API, `/api/v1/stores` and `/metrics`.
         #[arg(long, default_value_t = SocketAddr::from(([127, 0, 0, 1], strata_global::DEFAULT_HTTP_PORT)))]
         http_listen: SocketAddr,
@@ -160,6 +205,8 @@ enum Command {
         web_external_url: Option<String>,
         #[command(flatten)]
         alert_flags: AlertFlags,
+        #[command(flatten)]
+        archive: ArchiveFlags,
     },
     /// The regional tier: receives what edges forward (acknowledged once durable), stores
     /// it and serves the Prometheus HTTP API and the StoreAPI.
@@ -387,8 +434,10 @@ async fn run() -> anyhow::Result<()> {
             web_enable_lifecycle,
             web_external_url,
             alert_flags,
+            archive,
         } => {
             let mut opts = strata_global::GlobalOptions::new(config);
+            opts.archive = archive.options();
             opts.data_dir = data;
             opts.enable_lifecycle = web_enable_lifecycle;
             opts.external_url = web_external_url;

@@ -307,7 +307,8 @@ pub async fn run(a: UpArgs) -> anyhow::Result<()> {
     let mut stores: Vec<SocketAddr> = edges.iter().filter_map(|(_, e)| e.grpc_addr).collect();
     stores.push(regional.grpc_addr);
     let gdir = a.data.join("global");
-    let mut gopts = strata_global::GlobalOptions::new(write_config(&gdir, "global.yml", &global_config(&stores))?);
+    let mut gopts =
+        strata_global::GlobalOptions::new(Some(write_config(&gdir, "global.yml", &global_config(&stores))?));
     gopts.http_listen = port(9);
     let global = strata_global::Global::start(gopts).await?;
 

@@ -33,6 +33,11 @@ if ! python3 -c "import duckdb, pyarrow" >/dev/null 2>&1; then
   python3 -m pip install -q duckdb pyarrow
 fi
 
+if ! python3 -c "import moto.server" >/dev/null 2>&1; then
+  echo "== installing moto[server] (PyPI: an S3-protocol server for the archive's S3 tests)"
+  python3 -m pip install -q "moto[server]"
+fi
+
 if [ -z "${PROMQL_TESTDATA:-}" ] && [ ! -d ../shared/promql-testdata ]; then
   echo "== NOTE: the PromQL conformance files are absent (../shared/promql-testdata, or set PROMQL_TESTDATA): that suite will not run (and fails under CI=true)"
 fi

@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use stores::StoreSet;
 use strata_api::ApiOptions;
+use strata_archive::{ArchiveStore, Archiver};
 use strata_dedup::ReplicaDedup;
 use strata_fanout::{Fanout, StoreTarget};
 use strata_grpc::{pb, ServeOptions, StoreInfo, StoreService};
@@ -45,7 +46,8 @@ use tokio::task::JoinHandle;
 
 #[derive(Debug, Clone)]
 pub struct GlobalOptions {
-    pub config_path: PathBuf,
+    /// `None`: no stores (an archive served alone), no rules.
+    pub config_path: Option<PathBuf>,
     pub http_listen: SocketAddr,
     pub grpc_listen: Option<SocketAddr>,
     /// TLS for the StoreAPI served on `grpc_listen` (`--grpc-server-tls-*`).
@@ -63,10 +65,22 @@ pub struct GlobalOptions {
     pub enable_lifecycle: bool,
     /// The URL users reach the global at, for alerts' generator links.
     pub external_url: Option<String>,
+    /// `--archive`: the Parquet archive served beside the stores, and written to.
+    pub archive: Option<ArchiveOptions>,
+}
+
+/// The archive a global serves and, unless `read_only`, writes.
+#[derive(Debug, Clone)]
+pub struct ArchiveOptions {
+    /// A folder, `file://`, `s3://`, `gs://` or `az://` URL.
+    pub url: String,
+    pub read_only: bool,
+    pub archiver: strata_archive::ArchiverOptions,
+    pub reader: strata_archive::ArchiveStoreOptions,
 }
 
 impl GlobalOptions {
-    pub fn new(config_path: PathBuf) -> Self {
+    pub fn new(config_path: Option<PathBuf>) -> Self {
         GlobalOptions {
             config_path,
             http_listen: ([127, 0, 0, 1], DEFAULT_HTTP_PORT).into(),
@@ -79,6 +93,7 @@ impl GlobalOptions {
             rules: strata_rules::manager::RuleOptions::default(),
             enable_lifecycle: false,
             external_url: None,
+            archive: None,
         }
     }
 }
@@ -98,6 +113,8 @@ pub enum GlobalError {
     Open { dir: PathBuf, source: strata_tsdb::TsdbError },
     #[error("rules: {0}")]
     Rules(String),
+    #[error("the archive: {0}")]
+    Archive(#[from] strata_archive::ArchiveError),
 }
 
 pub struct Global {
@@ -111,6 +128,8 @@ pub struct Global {
     db_tasks: Vec<JoinHandle<()>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// Writes complete ranges to the archive (`--archive`, unless read-only).
+    pub archiver: Option<Arc<Archiver>>,
 }
 
 struct GlobalState {
@@ -119,6 +138,19 @@ struct GlobalState {
     /// The rules' metrics under Prometheus' names, and their database's.
     rules_registries: Vec<Registry>,
     rules_db: Option<Arc<Tsdb>>,
+    archiver: Option<Arc<Archiver>>,
+}
+
+/// Ready unless the archiver has failed `unready_after` rounds in a row.
+async fn ready(State(s): State<Arc<GlobalState>>) -> Response {
+    match &s.archiver {
+        Some(a) if !a.ready() => (
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "Strata global is not ready: archiving keeps failing (see strata_archive_failures_total and the log).\n",
+        )
+            .into_response(),
+        _ => "Strata global is Ready.\n".into_response(),
+    }
 }
 
 async fn self_metrics(State(s): State<Arc<GlobalState>>) -> Response {
@@ -154,7 +186,10 @@ async fn stores_page(State(s): State<Arc<GlobalState>>) -> Response {
 
 impl Global {
     pub async fn start(opts: GlobalOptions) -> Result<Global, GlobalError> {
-        let mut cfg = GlobalConfig::load(&opts.config_path)?;
+        let mut cfg = match &opts.config_path {
+            Some(path) => GlobalConfig::load(path)?,
+            None => GlobalConfig::parse("{}", std::path::Path::new(".")).map_err(GlobalError::Rules)?,
+        };
         if !opts.replica_labels.is_empty() {
             cfg.replica_labels = opts.replica_labels.clone();
         }
@@ -172,6 +207,17 @@ impl Global {
         if let Some(tls) = client_tls {
             store_set = store_set.with_client_tls(tls);
         }
+        // The archive is one more store of the fan-out; the archiver reads the stores alone.
+        let live = Arc::new(Fanout::new(Vec::new(), store_timeout).with_replica_labels(replica_labels.clone()));
+        let archive_objects = match &opts.archive {
+            Some(a) => {
+                let objects = strata_archive::archive_store(&a.url, !a.read_only)?;
+                let reader = Arc::new(ArchiveStore::new(objects.clone(), a.url.clone(), a.reader.clone()));
+                store_set = store_set.with_archive(a.url.clone(), reader, live.clone());
+                Some((objects, a))
+            }
+            None => None,
+        };
         let stores = Arc::new(store_set);
         // The first round before serving, so the first queries know the stores' labels.
         stores.refresh().await;
@@ -216,7 +262,7 @@ impl Global {
         if rules_cfg.rule_files.is_empty()
             && (!rules_cfg.alerting.alertmanagers.is_empty() || !rules_cfg.global.external_labels.is_empty())
         {
-            tracing::warn!(config = %opts.config_path.display(), "`alerting` or `global.external_labels` without `rule_files`: no rules run, so they are unused");
+            tracing::warn!(config = ?opts.config_path, "`alerting` or `global.external_labels` without `rule_files`: no rules run, so they are unused");
         }
 
         let rules_db = match rules_cfg.rule_files.is_empty() {
@@ -270,18 +316,37 @@ impl Global {
                 rules
             }
         };
+        let archiver = match archive_objects {
+            Some((objects, a)) if !a.read_only => {
+                let source: Arc<dyn Store> = Arc::new(ReplicaDedup::new(live.clone(), rules_replicas.clone()));
+                let coverage_of = stores.clone();
+                let coverage: strata_archive::archiver::CoverageFn = Arc::new(move || coverage_of.coverage());
+                let mut archiver_opts = a.archiver.clone();
+                archiver_opts.owner = format!("{}:{}:{}", host_name(), http_addr, std::process::id());
+                let writer = strata_archive::BlockWriter::new(objects.clone(), strata_archive::WriteOptions::default());
+                let archiver = Arc::new(Archiver::new(objects, writer, source, coverage, archiver_opts));
+                let mut registry = Registry::with_prefix("strata");
+                archiver.metrics().register(&mut registry);
+                rules_registries.push(registry);
+                tasks.push(tokio::spawn(archiver.clone().run(shutdown_rx.clone())));
+                tracing::info!(archive = %a.url, "archiving complete ranges of the stores");
+                Some(archiver)
+            }
+            _ => None,
+        };
         let global_metrics = metrics::GlobalMetrics::new();
         let tracked = global_metrics.clone();
         let app = Router::new()
             .route("/api/v1/stores", get(stores_page))
             .route("/metrics", get(self_metrics))
             .route("/-/healthy", get(|| async { "Strata global is Healthy.\n" }))
-            .route("/-/ready", get(|| async { "Strata global is Ready.\n" }))
+            .route("/-/ready", get(ready))
             .with_state(Arc::new(GlobalState {
                 stores: stores.clone(),
                 metrics: global_metrics,
                 rules_registries,
                 rules_db: rules_db.clone(),
+                archiver: archiver.clone(),
             }))
             .merge(rules::router(stores.clone(), rules.clone(), rules_replicas, store_timeout, opts.enable_lifecycle))
             .merge(strata_api::router_with(query_store, opts.api.clone()))
@@ -357,7 +422,7 @@ impl Global {
             None => None,
         };
         tracing::info!(http = %http_addr, grpc = ?grpc_addr, stores = stores.status().len(), "global started");
-        Ok(Global { http_addr, grpc_addr, stores, rules, rules_db, db_tasks, shutdown, tasks })
+        Ok(Global { http_addr, grpc_addr, stores, rules, rules_db, db_tasks, shutdown, tasks, archiver })
     }
 
     /// Stops the rules (a group evaluating finishes), the servers, then the rules'
@@ -384,4 +449,14 @@ async fn close_db(db: Arc<Tsdb>) {
         Ok(Err(e)) => tracing::error!(error = %e, "closing the rules' database"),
         Err(e) => tracing::error!(error = %e, "closing the rules' database"),
     }
+}
+
+/// This machine's name, for the archiver's claims (`HOSTNAME`, else `/etc/hostname`).
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }

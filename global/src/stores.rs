@@ -18,6 +18,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
+use strata_archive::{ArchiveStore, Coverage};
 use strata_fanout::{Fanout, StoreTarget};
 use strata_grpc::{pb, RemoteStore, RemoteStoreOptions};
 use strata_model::Labels;
@@ -52,6 +53,58 @@ pub struct StoreSet {
     names: Mutex<HashMap<String, Looked>>,
     /// TLS for every store connection, loaded from the configuration's files.
     tls: Option<strata_grpc::ClientTlsConfig>,
+    /// The archive served beside the stores (`--archive`), and the fan-out over the
+    /// stores alone, which the archiver reads.
+    archive: Option<ArchiveBeside>,
+}
+
+struct ArchiveBeside {
+    name: String,
+    store: Arc<ArchiveStore>,
+    live: Arc<Fanout>,
+}
+
+/// The kind `/api/v1/stores` shows for the archive.
+pub const ARCHIVE_KIND: &str = "archive";
+
+/// The archive as a target, with the time range of its raw blocks and its aggregates;
+/// asked for everything when its blocks cannot be listed.
+async fn archive_target(a: &ArchiveBeside, now: SystemTime) -> (StoreTarget, StoreStatus) {
+    let mut target = StoreTarget::new(a.name.clone(), a.store.clone());
+    let mut status = StoreStatus {
+        address: a.name.clone(),
+        kind: ARCHIVE_KIND.into(),
+        label_sets: Vec::new(),
+        min_time: i64::MAX,
+        max_time: i64::MIN,
+        healthy: true,
+        resolutions: Vec::new(),
+        last_error: None,
+        last_check: Some(now),
+        discovery_error: None,
+    };
+    match a.store.time_ranges().await {
+        Ok(ranges) => {
+            if let Some(&(lo, hi)) = ranges.get(&0) {
+                // Blocks are `[min, max)`; a target's range is inclusive.
+                (target.min_time, target.max_time) = (lo, hi.saturating_sub(1));
+                (status.min_time, status.max_time) = (lo, hi.saturating_sub(1));
+            } else {
+                // Nothing raw yet: skipped by no query for its times.
+                (target.min_time, target.max_time) = (i64::MAX, i64::MIN);
+            }
+            let res: Vec<(i64, i64, i64)> =
+                ranges.iter().filter(|(r, _)| **r > 0).map(|(r, (lo, hi))| (*r, *lo, hi.saturating_sub(1))).collect();
+            target.resolutions = res.clone();
+            status.resolutions = res;
+        }
+        Err(e) => {
+            tracing::warn!(archive = %a.name, error = %e, "listing the archive's blocks failed");
+            status.healthy = false;
+            status.last_error = Some(e.to_string());
+        }
+    }
+    (target, status)
 }
 
 /// File-SD files larger than this are refused.
@@ -93,6 +146,27 @@ impl StoreSet {
             files: Mutex::new(HashMap::new()),
             names: Mutex::new(HashMap::new()),
             tls: None,
+            archive: None,
+        }
+    }
+
+    /// Serves `store` (named `name`, the archive's URL) as one more store of the fan-out,
+    /// and keeps `live` on the stores alone.
+    pub fn with_archive(mut self, name: String, store: Arc<ArchiveStore>, live: Arc<Fanout>) -> Self {
+        self.archive = Some(ArchiveBeside { name, store, live });
+        self
+    }
+
+    /// What the stores (not the archive) hold, for the archiver: a range is complete once
+    /// every store answers and has data past its end.
+    pub fn coverage(&self) -> Coverage {
+        let status = self.status();
+        let live: Vec<&StoreStatus> = status.iter().filter(|s| s.kind != ARCHIVE_KIND).collect();
+        let holding: Vec<&&StoreStatus> = live.iter().filter(|s| s.healthy && s.min_time <= s.max_time).collect();
+        Coverage {
+            min_time: holding.iter().map(|s| s.min_time).min(),
+            complete_until: holding.iter().map(|s| s.max_time).min().unwrap_or(i64::MIN),
+            missing: live.iter().filter(|s| !s.healthy).map(|s| s.address.clone()).collect(),
         }
     }
 
@@ -321,6 +395,12 @@ impl StoreSet {
                     });
                 }
             }
+        }
+        if let Some(a) = &self.archive {
+            a.live.set_targets(targets.clone());
+            let (target, st) = archive_target(a, now).await;
+            targets.push(target);
+            status.push(st);
         }
         self.fanout.set_targets(targets);
         *self.status.write() = status;

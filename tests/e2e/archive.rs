@@ -170,3 +170,147 @@ fn an_imported_archive_reads_in_duckdb_and_pyarrow_as_it_was_written() {
     assert!(report.contains("DAMAGED") && report.contains("data.parquet") && report.contains("checksum"), "{report}");
     assert_eq!(report.lines().filter(|l| l.starts_with("raw ")).count(), 2, "the other blocks still listed: {report}");
 }
+
+/// The archive inside a global: an HA pair of edges holding 2.5 hours, a global that
+/// archives them (`--archive`, one-hour blocks), and a second global that serves the
+/// archive alone (no `--config`).
+pub(crate) mod global {
+    use crate::common::*;
+    use crate::differential::{remote_write_all, Series};
+    use crate::global::edge;
+    use std::time::{Duration, Instant};
+
+    const HOUR: i64 = 3_600_000;
+
+    fn metrics(base: &str) -> String {
+        client().get(format!("{base}/metrics")).send().unwrap().text().unwrap()
+    }
+
+    /// Polls `/metrics` until `name` reaches `want`, for at most `within`.
+    fn wait_metric(base: &str, name: &str, want: f64, within: Duration) -> f64 {
+        let started = Instant::now();
+        loop {
+            let got = metric_value(&metrics(base), name).unwrap_or(f64::NAN);
+            if got >= want || started.elapsed() > within {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    fn range(base: &str, q: &str, start: i64, end: i64) -> serde_json::Value {
+        let url = format!(
+            "{base}/api/v1/query_range?query={}&start={}&end={}&step=60",
+            crate::hostile_queries::encode(q),
+            start / 1000,
+            end / 1000
+        );
+        // Patient: an archive on S3 behind a faulty proxy retries its reads.
+        let patient = reqwest::blocking::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+        let text = patient.get(&url).send().and_then(|r| r.text()).unwrap_or_else(|e| panic!("{url}: {e}"));
+        let body: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{url}: {e}: {text}"));
+        let data = body["data"].clone();
+        assert_eq!(data["resultType"], "matrix", "{url}: {text}");
+        data["result"].clone()
+    }
+
+    #[test]
+    fn a_global_archives_its_stores_once_and_another_serves_the_archive_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let arch = dir.path().join("archive").display().to_string();
+        archive_edges_once(dir.path(), &arch, &[]);
+    }
+
+    /// A global with `extra` arguments and environment, waited for.
+    fn global_with(dir: &std::path::Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
+        let http = format!("127.0.0.1:{}", free_port());
+        let mut all = vec!["global", "--http-listen", &http];
+        all.extend_from_slice(args);
+        let mut p = Proc::strata_with_env(&all, env, dir, name);
+        wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(30));
+        (p, format!("http://{http}"))
+    }
+
+    /// Two edges of an HA pair, archived at `arch` (with `env`) by a global, then read
+    /// back by a global on the archive alone, then archived again by a restarted global,
+    /// which writes nothing.
+    pub(crate) fn archive_edges_once(dir: &std::path::Path, arch: &str, env: &[(&str, &str)]) {
+        let (mut edge_a, base_a, grpc_a) = edge(dir, "a");
+        let (mut edge_b, base_b, grpc_b) = edge(dir, "b");
+        let now = now_ms();
+        let first = (now - 5 * HOUR / 2) / 15_000 * 15_000;
+        // Both replicas hold the very same samples, so that one answer is right for the
+        // edges' dedup and the archive's (replicas that differ leave the choice of replica
+        // to each query's range); a gauge and a counter that resets.
+        for base in [&base_a, &base_b] {
+            let mut series: Vec<Series> = (0..3)
+                .map(|gpu| {
+                    let labels = vec![("__name__".into(), "gpu_temp".into()), ("gpu".into(), gpu.to_string())];
+                    let samples = (0..).map(|k| first + k * 15_000).take_while(|t| *t < now - 60_000);
+                    (labels, samples.map(|t| (t, 40.0 + ((t / 15_000) % 17) as f64 + gpu as f64)).collect())
+                })
+                .collect();
+            let labels = vec![("__name__".into(), "xid_total".into()), ("gpu".into(), "0".into())];
+            let samples = (0..).map(|k| first + k * 15_000).take_while(|t| *t < now - 60_000);
+            series.push((labels, samples.map(|t| (t, ((t / 15_000) % 500) as f64)).collect()));
+            remote_write_all(base, &series);
+        }
+        let cfg = format!("stores: ['{grpc_a}', '{grpc_b}']\ninfo_interval: 1s\n");
+        let cfg_path = dir.join("global.yml");
+        std::fs::write(&cfg_path, &cfg).unwrap();
+        let cfg_path = cfg_path.display().to_string();
+        let flags = [
+            "--config",
+            &cfg_path,
+            "--archive",
+            arch,
+            "--archive.block",
+            "1h",
+            "--archive.settle",
+            "1s",
+            "--archive.interval",
+            "1s",
+        ];
+        let (mut global, base) = global_with(dir, "global", &flags, env);
+        // Every hour that ended before now: the first holds part of an hour.
+        let complete = (now / HOUR - first / HOUR) as f64;
+        let written = wait_metric(&base, "strata_archive_blocks_written_total", complete, Duration::from_secs(90));
+        assert_eq!(written, complete, "{}", metrics(&base));
+        let ready = client().get(format!("{base}/-/ready")).send().unwrap();
+        assert_eq!(ready.status().as_u16(), 200);
+
+        // Each series once, without the replica label.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata"))
+            .args(["archive", "inspect", arch])
+            .envs(env.iter().copied())
+            .output();
+        let listing = String::from_utf8_lossy(&out.unwrap().stdout).into_owned();
+        let blocks: Vec<&str> = listing.lines().filter(|l| l.starts_with("raw ")).collect();
+        assert_eq!(blocks.len() as f64, complete, "{listing}");
+        assert!(blocks.iter().all(|l| l.split_whitespace().any(|w| w == "4")), "four series per block: {listing}");
+
+        // The same questions over the archived hours, from the edges and from the archive.
+        let (from, to) = (first / HOUR * HOUR + HOUR, now / HOUR * HOUR - 60_000);
+        let (mut reader, reader_base) =
+            global_with(dir, "global-archive", &["--archive", arch, "--archive.read-only"], env);
+        for q in ["gpu_temp", "sum_over_time(gpu_temp[10m])", "rate(xid_total[5m])", "resets(xid_total[30m])"] {
+            let live = range(&base, q, from, to);
+            let archived = range(&reader_base, q, from, to);
+            assert!(!live.as_array().unwrap().is_empty(), "{q}");
+            assert_eq!(archived, live, "{q}: the archive answers as the edges do");
+        }
+        let stores = api_data(&format!("{reader_base}/api/v1/stores"));
+        assert_eq!(stores[0]["kind"], "archive", "{stores}");
+        reader.terminate();
+
+        // A restart archives nothing again: every range is there once.
+        global.terminate();
+        let (mut again, base) = global_with(dir, "global", &flags, env);
+        let until = wait_metric(&base, "strata_archive_archived_until_seconds", 1.0, Duration::from_secs(30));
+        assert_eq!(until as i64, now / HOUR * HOUR / 1000, "{}", metrics(&base));
+        assert_eq!(metric_value(&metrics(&base), "strata_archive_blocks_written_total"), Some(0.0));
+        again.terminate();
+        edge_a.terminate();
+        edge_b.terminate();
+    }
+}

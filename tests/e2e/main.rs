@@ -17,6 +17,7 @@ mod prometheus;
 mod promql_conformance;
 mod remote_write;
 mod rules;
+mod s3;
 mod security;
 mod storage_crash;
 mod strata_up;

@@ -8,6 +8,7 @@
 //! block half uploaded is never read. [`BlockWriter`] writes a block from any `Store`;
 //! [`BlockReader`] reads one back. The format is documented in `docs/ARCHIVE.md`.
 
+pub mod archiver;
 pub mod layout;
 pub mod meta;
 mod ranged;
@@ -18,11 +19,12 @@ mod tests;
 pub mod values;
 pub mod writer;
 
+pub use archiver::{Archiver, ArchiverOptions, Coverage};
 pub use object_store::ObjectStore;
 pub use reader::{list_blocks, ArchivedSeries, BlockReader};
 use std::sync::Arc;
 pub use store::{ArchiveStore, ArchiveStoreOptions};
-pub use writer::{BlockWriter, WriteOptions};
+pub use writer::{BlockWriter, EncodedBlock, WriteOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -43,11 +45,45 @@ pub enum ArchiveError {
 }
 
 /// The object store an archive URL names: a local folder (`file:///path`, or a path),
-/// created when `create`. Cloud URLs (`s3://`, `gs://`, `az://`) come with the archiver.
+/// created when `create`; or `s3://bucket/prefix`, `gs://bucket/prefix`,
+/// `az://container/prefix` with the credentials and settings of the environment
+/// (`AWS_*`, `GOOGLE_*`, `AZURE_*` as each SDK reads them, e.g. `AWS_ENDPOINT_URL` and
+/// `AWS_ALLOW_HTTP` for an S3-compatible server). Requests are retried with backoff by
+/// the client (object_store's defaults: up to 10 retries within 3 minutes).
 pub fn archive_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, ArchiveError> {
-    if let Some(scheme) = ["s3://", "gs://", "az://"].iter().find(|s| url.starts_with(*s)) {
+    let failed = |e: &dyn std::fmt::Display| ArchiveError::Object { object: url.to_string(), reason: e.to_string() };
+    let cloud = |scheme: &str| -> Option<(String, String)> {
+        let rest = url.strip_prefix(scheme)?.strip_prefix("://")?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        Some((format!("{scheme}://{bucket}"), prefix.trim_matches('/').to_string()))
+    };
+    let prefixed = |store: Arc<dyn ObjectStore>, prefix: String| -> Arc<dyn ObjectStore> {
+        match prefix.is_empty() {
+            true => store,
+            false => Arc::new(object_store::prefix::PrefixStore::new(store, prefix)),
+        }
+    };
+    if let Some((bucket, prefix)) = cloud("s3") {
+        let s3 = object_store::aws::AmazonS3Builder::from_env().with_url(bucket).build().map_err(|e| failed(&e))?;
+        return Ok(prefixed(Arc::new(s3), prefix));
+    }
+    if let Some((bucket, prefix)) = cloud("gs") {
+        let gcs = object_store::gcp::GoogleCloudStorageBuilder::from_env()
+            .with_url(bucket)
+            .build()
+            .map_err(|e| failed(&e))?;
+        return Ok(prefixed(Arc::new(gcs), prefix));
+    }
+    if let Some((container, prefix)) = cloud("az") {
+        let az = object_store::azure::MicrosoftAzureBuilder::from_env()
+            .with_url(container)
+            .build()
+            .map_err(|e| failed(&e))?;
+        return Ok(prefixed(Arc::new(az), prefix));
+    }
+    if let Some(scheme) = url.split_once("://").map(|(s, _)| s).filter(|s| *s != "file") {
         return Err(ArchiveError::Invalid(format!(
-            "{url}: {scheme} archives are not supported by this version yet: use a local folder"
+            "{url}: {scheme}:// is not an archive URL (a folder, file://, s3://, gs:// or az://)"
         )));
     }
     let path = std::path::PathBuf::from(url.strip_prefix("file://").unwrap_or(url));

@@ -21,6 +21,10 @@ pub struct BlockMeta {
     pub samples: u64,
     /// Rows whose value is in the DOUBLE column (not a decimal).
     pub double_values: u64,
+    /// What the source could not give when the block was written (a store that did not
+    /// answer): readers warn that answers over this block may be incomplete.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gaps: Vec<String>,
     pub files: Vec<FileMeta>,
 }
 

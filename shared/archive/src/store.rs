@@ -25,6 +25,9 @@ use strata_model::matcher::matches_all;
 use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
 
+/// Blocks opened at once by a query.
+const OPEN_AT_ONCE: usize = 8;
+
 /// How an [`ArchiveStore`] reads.
 #[derive(Debug, Clone)]
 pub struct ArchiveStoreOptions {
@@ -149,15 +152,31 @@ impl ArchiveStore {
             })
             .collect();
         listed.sort_by_key(|b| b.meta.as_ref().map_or(i64::MIN, |m| m.min_time));
+        // Opened a few at a time: on an object store each is several round trips.
+        use futures_util::StreamExt;
+        let opened: Vec<(Path, Result<Arc<BlockReader>, String>)> = futures_util::stream::iter(listed)
+            .map(|b| async move {
+                let opened = match b.meta {
+                    Ok(_) => self.open(&b.dir).await.map_err(|e| e.to_string()),
+                    Err(e) => Err(e),
+                };
+                (b.dir, opened)
+            })
+            .buffered(OPEN_AT_ONCE)
+            .collect()
+            .await;
         let mut out = Vec::new();
-        for b in listed {
-            let opened = match b.meta {
-                Ok(_) => self.open(&b.dir).await.map_err(|e| e.to_string()),
-                Err(e) => Err(e),
-            };
+        for (dir, opened) in opened {
             match opened {
-                Ok(r) => out.push(r),
-                Err(e) => self.unreadable(&b.dir, &e)?,
+                Ok(r) => {
+                    if !r.meta.gaps.is_empty() {
+                        let gaps = r.meta.gaps.join("; ");
+                        QueryScope::current()
+                            .warn(format!("archive {}: block {dir} may be incomplete: {gaps}", self.name));
+                    }
+                    out.push(r)
+                }
+                Err(e) => self.unreadable(&dir, &e)?,
             }
         }
         Ok(out)

@@ -276,3 +276,10 @@ async fn a_damaged_block_is_a_warning_naming_it_or_the_error_without_partial_res
     assert!(scope.warnings().iter().any(|w| w.contains(blocks[0].0.as_ref()) && w.contains("not a block meta")));
     assert!(!got.is_empty(), "the readable block still answers");
 }
+
+/// Every object whose file name is `name`.
+pub(crate) async fn objects_named(objects: &dyn ObjectStore, name: &str) -> Vec<String> {
+    use futures_util::TryStreamExt;
+    let all: Vec<object_store::ObjectMeta> = objects.list(None).try_collect().await.unwrap();
+    all.into_iter().filter(|o| o.location.filename() == Some(name)).map(|o| o.location.to_string()).collect()
+}

@@ -38,6 +38,9 @@ impl Default for WriteOptions {
 /// The most rows of one series in one data page: a longer series is cut into pages this
 /// long (each restarts its deltas, which costs a few bytes).
 const PAGE_ROWS: usize = 1 << 16;
+/// Files larger than this are uploaded in parts of [`MULTIPART_PART`] bytes.
+const MULTIPART_OVER: usize = 16 << 20;
+const MULTIPART_PART: usize = 8 << 20;
 
 /// The data file's columns.
 pub(crate) fn data_schema() -> SchemaRef {
@@ -216,6 +219,14 @@ fn series_batch(
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns).map_err(|e| ArchiveError::Invalid(e.to_string()))
 }
 
+/// A block encoded and not yet uploaded.
+pub struct EncodedBlock {
+    pub dir: object_store::path::Path,
+    pub meta: BlockMeta,
+    data: bytes::Bytes,
+    series: bytes::Bytes,
+}
+
 /// Writes blocks into one object store.
 pub struct BlockWriter {
     store: Arc<dyn ObjectStore>,
@@ -230,6 +241,21 @@ impl BlockWriter {
     /// The raw samples `source` holds in `[start, end)` as one block; `None` when it
     /// holds none there (nothing is written).
     pub async fn write_raw(&self, source: &dyn Store, start: i64, end: i64) -> Result<Option<BlockMeta>, ArchiveError> {
+        match self.encode_raw(source, start, end, Vec::new()).await? {
+            Some(block) => self.publish(block).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// The block [`Self::write_raw`] writes, in memory; `gaps` go into its meta (what the
+    /// source could not give, for readers to warn about).
+    pub async fn encode_raw(
+        &self,
+        source: &dyn Store,
+        start: i64,
+        end: i64,
+        gaps: Vec<String>,
+    ) -> Result<Option<EncodedBlock>, ArchiveError> {
         if start >= end {
             return Err(ArchiveError::Invalid(format!("empty range [{start}, {end})")));
         }
@@ -296,6 +322,7 @@ impl BlockWriter {
             series: series.len() as u64,
             samples,
             double_values: doubles,
+            gaps,
             files: vec![
                 FileMeta {
                     path: DATA.into(),
@@ -313,6 +340,12 @@ impl BlockWriter {
                 },
             ],
         };
+        Ok(Some(EncodedBlock { dir, meta, data, series: series_bytes.into() }))
+    }
+
+    /// Uploads a block: data and series files, then its meta.
+    pub async fn publish(&self, block: EncodedBlock) -> Result<BlockMeta, ArchiveError> {
+        let EncodedBlock { dir, meta, data, series } = block;
         // A block written again: its old meta goes first, so no reader pairs it with the
         // new files (and one that dies here leaves no block, not a damaged one).
         let meta_path = dir.clone().join(META);
@@ -321,18 +354,28 @@ impl BlockWriter {
             Err(e) => return Err(ArchiveError::Object { object: meta_path.to_string(), reason: e.to_string() }),
         }
         self.put(&dir.clone().join(DATA), data).await?;
-        self.put(&dir.clone().join(SERIES), series_bytes.into()).await?;
+        self.put(&dir.clone().join(SERIES), series).await?;
         let json = serde_json::to_vec_pretty(&meta).map_err(|e| ArchiveError::Invalid(e.to_string()))?.into();
         // Last: until it is there, readers do not see the block.
         self.put(&dir.clone().join(META), json).await?;
-        Ok(Some(meta))
+        Ok(meta)
     }
 
+    /// One object; a large one in parts (an S3 PUT is limited to 5 GB, and a part that
+    /// fails is retried alone).
     async fn put(&self, path: &Path, bytes: bytes::Bytes) -> Result<(), ArchiveError> {
-        self.store
-            .put(path, bytes.into())
-            .await
-            .map_err(|e| ArchiveError::Object { object: path.to_string(), reason: e.to_string() })?;
+        let failed = |e: object_store::Error| ArchiveError::Object { object: path.to_string(), reason: e.to_string() };
+        if bytes.len() <= MULTIPART_OVER {
+            self.store.put(path, bytes.into()).await.map_err(failed)?;
+            return Ok(());
+        }
+        let upload = self.store.put_multipart(path).await.map_err(failed)?;
+        let mut parts = object_store::WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART);
+        for piece in bytes.chunks(MULTIPART_PART) {
+            parts.wait_for_capacity(4).await.map_err(failed)?;
+            parts.write(piece);
+        }
+        parts.finish().await.map_err(failed)?;
         Ok(())
     }
 }

@@ -1,0 +1,624 @@
+//! [`Archiver`]: writes every complete block range of a source (a global's deduplicated
+//! view of its stores) into the archive, once.
+//!
+//! A range `[s, s + block)` is archived when it is complete: it ended `settle` ago, every
+//! store that feeds it answers and has data past its end ([`Coverage`]). A store that stays
+//! down holds the archive back for at most `max_wait`; the range is then written from the
+//! stores that answer, and the block's meta names what was missing (`gaps`), so readers
+//! warn instead of answering short in silence. Reads are made with `partial_response`
+//! off, so a store failing mid-read fails the attempt rather than leaving a hole.
+//!
+//! Progress lives in the bucket, not in the process: `progress/raw.json` says up to where
+//! every range is archived or empty, a range whose `meta.json` exists is done, and a range
+//! being written has a `claim.json` beside its files, created only when
+//! absent (an atomic create in every backend) and taken over once older than `lease`.
+//! A restart, or a second archiver on the same bucket, therefore never writes a finished
+//! range again, and two never write the same range at once (the claim is read back before
+//! the meta goes up: an archiver that lost its claim leaves the block to the winner).
+//! Failures back off exponentially; after `unready_after` failures in a row the archiver
+//! reports itself not ready (the global's `/-/ready`) until a round succeeds.
+
+use crate::layout::{block_dir, META};
+use crate::meta::BlockMeta;
+use crate::writer::BlockWriter;
+use crate::ArchiveError;
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_store::{QueryScope, Store};
+use tokio::sync::watch;
+
+/// What the stores behind the source hold, as the global sees it now.
+#[derive(Debug, Clone, Default)]
+pub struct Coverage {
+    /// The oldest sample any store holds; `None` when none holds any.
+    pub min_time: Option<i64>,
+    /// Every store that holds data has data up to here (ms).
+    pub complete_until: i64,
+    /// Stores that do not answer: a range is not complete while there are any.
+    pub missing: Vec<String>,
+}
+
+/// Called at each round for the stores' state.
+pub type CoverageFn = Arc<dyn Fn() -> Coverage + Send + Sync>;
+
+#[derive(Debug, Clone)]
+pub struct ArchiverOptions {
+    /// Width of a raw block (aligned to it from the epoch).
+    pub block: Duration,
+    /// How long after a range's end it may still be written to by late scrapes.
+    pub settle: Duration,
+    /// A range held back by a store that does not answer is written anyway after this,
+    /// its gaps named in its meta.
+    pub max_wait: Duration,
+    /// Time between rounds (and the first backoff after a failure).
+    pub interval: Duration,
+    /// A claim older than this belongs to an archiver that died: taken over.
+    pub lease: Duration,
+    /// Failures in a row after which the archiver is not ready.
+    pub unready_after: u32,
+    /// Named in claims and logs (host and port of the global, by default).
+    pub owner: String,
+}
+
+impl Default for ArchiverOptions {
+    fn default() -> Self {
+        ArchiverOptions {
+            block: Duration::from_secs(2 * 3600),
+            settle: Duration::from_secs(10 * 60),
+            max_wait: Duration::from_secs(6 * 3600),
+            interval: Duration::from_secs(30),
+            lease: Duration::from_secs(15 * 60),
+            unready_after: 3,
+            owner: "strata".into(),
+        }
+    }
+}
+
+/// The archiver's figures in `/metrics` (prefix `strata_archive_`).
+#[derive(Clone, Default)]
+pub struct ArchiverMetrics {
+    blocks: Counter,
+    samples: Counter,
+    bytes: Counter,
+    failures: Counter,
+    incomplete: Counter,
+    archived_until: Gauge,
+    lag: Gauge,
+    ready: Gauge,
+}
+
+impl ArchiverMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("archive");
+        r.register("blocks_written", "Raw blocks written to the archive", self.blocks.clone());
+        r.register("samples_written", "Samples written to the archive", self.samples.clone());
+        r.register("bytes_written", "Bytes of data and series files written to the archive", self.bytes.clone());
+        r.register("failures", "Archiving attempts that failed (each logged with the object)", self.failures.clone());
+        r.register(
+            "incomplete_blocks",
+            "Blocks written after max_wait while a store did not answer (their meta names the gaps)",
+            self.incomplete.clone(),
+        );
+        r.register(
+            "archived_until_seconds",
+            "End of the newest range archived without a hole before it, Unix seconds",
+            self.archived_until.clone(),
+        );
+        r.register("lag_seconds", "How far the archive is behind now", self.lag.clone());
+        r.register("ready", "1 unless the last rounds failed (the global's /-/ready)", self.ready.clone());
+    }
+}
+
+/// The progress record of the raw blocks.
+pub const PROGRESS: &str = "progress/raw.json";
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Progress {
+    /// Every range ending at or before this is archived, or held nothing.
+    until: i64,
+    owner: String,
+    updated: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Claim {
+    owner: String,
+    /// Unix ms; the claim is stale past it.
+    expires: i64,
+}
+
+/// What one round did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Round {
+    pub written: Vec<BlockMeta>,
+    /// Ranges found already archived (or being written by another archiver).
+    pub skipped: usize,
+    /// Why the round stopped before now, if it did.
+    pub waiting: Option<String>,
+}
+
+pub struct Archiver {
+    objects: Arc<dyn ObjectStore>,
+    writer: BlockWriter,
+    source: Arc<dyn Store>,
+    coverage: CoverageFn,
+    opts: ArchiverOptions,
+    metrics: ArchiverMetrics,
+    failures_in_row: AtomicU32,
+    archived_until: AtomicI64,
+}
+
+impl Archiver {
+    pub fn new(
+        objects: Arc<dyn ObjectStore>,
+        writer: BlockWriter,
+        source: Arc<dyn Store>,
+        coverage: CoverageFn,
+        opts: ArchiverOptions,
+    ) -> Self {
+        let metrics = ArchiverMetrics::default();
+        metrics.ready.set(1);
+        Archiver {
+            objects,
+            writer,
+            source,
+            coverage,
+            opts,
+            metrics,
+            failures_in_row: AtomicU32::new(0),
+            archived_until: AtomicI64::new(i64::MIN),
+        }
+    }
+
+    pub fn metrics(&self) -> &ArchiverMetrics {
+        &self.metrics
+    }
+
+    /// False after `unready_after` failed rounds in a row.
+    pub fn ready(&self) -> bool {
+        self.failures_in_row.load(Ordering::Relaxed) < self.opts.unready_after
+    }
+
+    fn block_ms(&self) -> i64 {
+        i64::try_from(self.opts.block.as_millis()).unwrap_or(i64::MAX).max(60_000)
+    }
+
+    /// Archives every complete range up to `now_ms` not archived yet, oldest first.
+    pub async fn round(&self, now_ms: i64) -> Result<Round, ArchiveError> {
+        let mut round = Round::default();
+        let cov = (self.coverage)();
+        let Some(min_time) = cov.min_time else {
+            round.waiting = Some("no store holds data".into());
+            return Ok(round);
+        };
+        let block = self.block_ms();
+        let settle = ms(self.opts.settle);
+        let max_wait = ms(self.opts.max_wait);
+        let recorded = self.progress().await;
+        let mut start = min_time.div_euclid(block).saturating_mul(block);
+        if recorded > start {
+            start = recorded.div_euclid(block).saturating_mul(block);
+        }
+        let mut until = self.archived_until.load(Ordering::Relaxed).max(recorded);
+        while let Some(end) = start.checked_add(block).filter(|e| e.saturating_add(settle) <= now_ms) {
+            if self.objects.head(&block_dir(0, start, end).join(META)).await.is_ok() {
+                round.skipped += 1;
+                until = until.max(end);
+                start = end;
+                continue;
+            }
+            let complete = cov.missing.is_empty() && end <= cov.complete_until;
+            if !complete && now_ms.saturating_sub(end) < max_wait {
+                round.waiting = Some(match cov.missing.is_empty() {
+                    true => format!("range ending {end} waits for the stores' data to reach it"),
+                    false => {
+                        format!("range ending {end} waits for stores that do not answer: {}", cov.missing.join(", "))
+                    }
+                });
+                break;
+            }
+            let gaps = match complete {
+                true => Vec::new(),
+                false if cov.missing.is_empty() => {
+                    vec![format!("the stores' data ended at {} when this block was written", cov.complete_until)]
+                }
+                false => cov
+                    .missing
+                    .iter()
+                    .map(|s| format!("store {s} did not answer when this block was written"))
+                    .collect(),
+            };
+            match self.write_claimed(start, end, now_ms, gaps.clone()).await? {
+                Some(Some(meta)) => {
+                    if !gaps.is_empty() {
+                        self.metrics.incomplete.inc();
+                        tracing::warn!(block = %block_dir(0, start, end), gaps = ?gaps, "archived a range past max_wait without every store");
+                    }
+                    self.metrics.blocks.inc();
+                    self.metrics.samples.inc_by(meta.samples);
+                    self.metrics.bytes.inc_by(meta.bytes());
+                    round.written.push(meta);
+                }
+                Some(None) => {} // nothing there: no block
+                None => {
+                    // Another archiver holds the claim: not archived until its meta is up.
+                    round.skipped += 1;
+                    round.waiting = Some(format!("range ending {end} is being written by another archiver"));
+                    break;
+                }
+            }
+            until = until.max(end);
+            start = end;
+        }
+        if until > recorded {
+            self.record_progress(until, now_ms).await?;
+        }
+        self.archived_until.store(until, Ordering::Relaxed);
+        if until > i64::MIN {
+            self.metrics.archived_until.set(until / 1000);
+            self.metrics.lag.set(now_ms.saturating_sub(until).max(0) / 1000);
+        }
+        Ok(round)
+    }
+
+    /// Writes `[start, end)` under a claim: `None` when another archiver holds it,
+    /// `Some(None)` when the source has nothing there.
+    async fn write_claimed(
+        &self,
+        start: i64,
+        end: i64,
+        now_ms: i64,
+        gaps: Vec<String>,
+    ) -> Result<Option<Option<BlockMeta>>, ArchiveError> {
+        let claim_path = block_dir(0, start, end).join("claim.json");
+        if !self.claim(&claim_path, now_ms).await? {
+            return Ok(None);
+        }
+        let partial = !gaps.is_empty();
+        let encoded =
+            QueryScope::new(partial, true).run(self.writer.encode_raw(self.source.as_ref(), start, end, gaps)).await?;
+        let Some(block) = encoded else {
+            self.release(&claim_path).await;
+            return Ok(Some(None));
+        };
+        // Read back just before the upload: an archiver that stalled past its lease and
+        // lost the claim leaves the range to the one that took it.
+        if !self.holds(&claim_path).await {
+            tracing::warn!(object = %claim_path, "lost the claim while reading the range: left to its new owner");
+            return Ok(None);
+        }
+        let meta = self.writer.publish(block).await?;
+        // Done: the meta is the record now.
+        self.release(&claim_path).await;
+        Ok(Some(Some(meta)))
+    }
+
+    /// Removes a claim; one left behind only delays another archiver by its lease.
+    async fn release(&self, claim_path: &Path) {
+        if let Err(e) = self.objects.delete(claim_path).await {
+            tracing::warn!(object = %claim_path, error = %e, "removing a claim");
+        }
+    }
+
+    /// Where the ranges before it are all archived or empty (`progress/raw.json`), so a
+    /// round, a restart or another archiver starts there and not at the stores' oldest
+    /// sample; 0 when there is no record yet.
+    async fn progress(&self) -> i64 {
+        let got = match self.objects.get(&Path::from(PROGRESS)).await {
+            Ok(got) => got.bytes().await,
+            Err(object_store::Error::NotFound { .. }) => return i64::MIN,
+            Err(e) => Err(e),
+        };
+        let read = got
+            .map_err(|e| e.to_string())
+            .and_then(|b| serde_json::from_slice::<Progress>(&b).map_err(|e| format!("not a progress record: {e}")));
+        match read {
+            Ok(p) => p.until,
+            Err(e) => {
+                // Starting from the stores' oldest data instead costs time, never data.
+                tracing::warn!(object = PROGRESS, error = %e, "the archive's progress record cannot be read");
+                i64::MIN
+            }
+        }
+    }
+
+    async fn record_progress(&self, until: i64, now_ms: i64) -> Result<(), ArchiveError> {
+        let p = Progress { until, owner: self.opts.owner.clone(), updated: now_ms };
+        let body = serde_json::to_vec(&p).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
+        self.objects
+            .put(&Path::from(PROGRESS), body.into())
+            .await
+            .map_err(|e| ArchiveError::Object { object: PROGRESS.into(), reason: e.to_string() })?;
+        Ok(())
+    }
+
+    /// Takes the claim at `path`: created when absent, taken over when stale.
+    async fn claim(&self, path: &Path, now_ms: i64) -> Result<bool, ArchiveError> {
+        let claim = Claim { owner: self.opts.owner.clone(), expires: now_ms.saturating_add(ms(self.opts.lease)) };
+        let body = serde_json::to_vec(&claim).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
+        let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.objects.put_opts(path, body.clone().into(), create).await {
+            Ok(_) => return Ok(true),
+            Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(ArchiveError::Object { object: path.to_string(), reason: e.to_string() }),
+        }
+        match self.read_claim(path).await {
+            Some(c) if c.owner != self.opts.owner && c.expires > now_ms => return Ok(false),
+            Some(c) if c.owner != self.opts.owner => {
+                tracing::warn!(object = %path, owner = %c.owner, "taking over a stale claim: its archiver stopped before it finished");
+            }
+            _ => {}
+        }
+        self.objects
+            .put(path, body.into())
+            .await
+            .map_err(|e| ArchiveError::Object { object: path.to_string(), reason: e.to_string() })?;
+        Ok(true)
+    }
+
+    async fn read_claim(&self, path: &Path) -> Option<Claim> {
+        let got = self.objects.get(path).await.ok()?;
+        serde_json::from_slice(&got.bytes().await.ok()?).ok()
+    }
+
+    /// Whether the claim at `path` is still this archiver's.
+    async fn holds(&self, path: &Path) -> bool {
+        self.read_claim(path).await.is_some_and(|c| c.owner == self.opts.owner)
+    }
+
+    /// Counts a round's outcome; the time to wait before the next: `interval`, or after a
+    /// failure a backoff that doubles up to ten intervals.
+    pub fn record(&self, result: &Result<Round, ArchiveError>) -> Duration {
+        match result {
+            Ok(r) => {
+                self.failures_in_row.store(0, Ordering::Relaxed);
+                self.metrics.ready.set(1);
+                if let Some(w) = &r.waiting {
+                    tracing::debug!(waiting = %w, "archiver");
+                }
+                self.opts.interval
+            }
+            Err(e) => {
+                self.metrics.failures.inc();
+                let n = self.failures_in_row.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+                self.metrics.ready.set(i64::from(self.ready()));
+                let backoff = self.opts.interval.saturating_mul(1 << (n - 1).min(10)).min(self.opts.interval * 10);
+                tracing::error!(error = %e, failures_in_row = n, retry_in = ?backoff, "archiving failed");
+                backoff
+            }
+        }
+    }
+
+    /// Rounds until `stop`.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let result = self.round(strata_model::time::now_ms()).await;
+            let wait = self.record(&result);
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ArchiveStore, ArchiveStoreOptions, WriteOptions};
+    use async_trait::async_trait;
+    use object_store::local::LocalFileSystem;
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Mutex;
+    use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
+    use strata_store::memory::MemoryStore;
+    use strata_store::{SelectBudget, SelectRequest, SeriesChunks, StoreError};
+
+    const T0: i64 = 1_764_547_200_000; // 2025-12-01T00:00:00Z
+    const HOUR: i64 = 3_600_000;
+
+    /// Two GPUs' temperature every 15 s over 3.5 h, and a store that fails on demand.
+    struct Flaky {
+        inner: MemoryStore,
+        failing: AtomicBool,
+    }
+
+    fn source() -> Arc<Flaky> {
+        let mut m = MemoryStore::default();
+        m.set_metadata("gpu_temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() });
+        for gpu in ["0", "1"] {
+            let labels = Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", gpu)]);
+            let samples = (0..(7 * HOUR / 2 / 15_000)).map(|k| Sample { t: T0 + k * 15_000, v: 40.0 + k as f64 });
+            m.add(labels, MetricType::Gauge, samples);
+        }
+        Arc::new(Flaky { inner: m, failing: AtomicBool::new(false) })
+    }
+
+    #[async_trait]
+    impl Store for Flaky {
+        async fn select_within(
+            &self,
+            req: &SelectRequest,
+            budget: &mut SelectBudget,
+        ) -> Result<Vec<SeriesChunks>, StoreError> {
+            if self.failing.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable("store down".into()));
+            }
+            self.inner.select_within(req, budget).await
+        }
+        async fn series_within(
+            &self,
+            m: &[Matcher],
+            start: i64,
+            end: i64,
+            budget: &mut SelectBudget,
+        ) -> Result<Vec<Labels>, StoreError> {
+            self.inner.series_within(m, start, end, budget).await
+        }
+        async fn label_names(&self, m: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
+            self.inner.label_names(m, start, end).await
+        }
+        async fn label_values(
+            &self,
+            name: &str,
+            m: &[Matcher],
+            start: i64,
+            end: i64,
+        ) -> Result<Vec<String>, StoreError> {
+            self.inner.label_values(name, m, start, end).await
+        }
+        async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
+            self.inner.metadata(metric).await
+        }
+    }
+
+    struct Setup {
+        _dir: tempfile::TempDir,
+        objects: Arc<dyn ObjectStore>,
+        source: Arc<Flaky>,
+        coverage: Arc<Mutex<Coverage>>,
+    }
+
+    fn setup() -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let coverage = Coverage { min_time: Some(T0), complete_until: T0 + 7 * HOUR / 2, missing: Vec::new() };
+        Setup { _dir: dir, objects, source: source(), coverage: Arc::new(Mutex::new(coverage)) }
+    }
+
+    fn archiver(s: &Setup, owner: &str) -> Archiver {
+        let cov = s.coverage.clone();
+        let opts = ArchiverOptions {
+            block: Duration::from_secs(3600),
+            settle: Duration::from_secs(600),
+            max_wait: Duration::from_secs(4 * 3600),
+            owner: owner.into(),
+            ..Default::default()
+        };
+        let writer = BlockWriter::new(s.objects.clone(), WriteOptions::default());
+        Archiver::new(s.objects.clone(), writer, s.source.clone(), Arc::new(move || cov.lock().unwrap().clone()), opts)
+    }
+
+    fn ranges(r: &Round) -> Vec<(i64, i64)> {
+        r.written.iter().map(|m| (m.min_time, m.max_time)).collect()
+    }
+
+    #[tokio::test]
+    async fn complete_ranges_are_archived_once_and_read_back_whole() {
+        let s = setup();
+        // The stores say they hold five empty hours before the data.
+        s.coverage.lock().unwrap().min_time = Some(T0 - 5 * HOUR + 1);
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        let first = archiver(&s, "a").round(now).await.unwrap();
+        // The fourth hour has not ended (and settled): not yet.
+        assert_eq!(ranges(&first), vec![(T0, T0 + HOUR), (T0 + HOUR, T0 + 2 * HOUR), (T0 + 2 * HOUR, T0 + 3 * HOUR)]);
+        assert_eq!(first.written.iter().map(|m| m.samples).sum::<u64>(), 2 * 3 * 240);
+        // A restart, or a second archiver: nothing written twice, and the progress record
+        // spares them even a look at what is done.
+        let progress = s.objects.get(&Path::from(PROGRESS)).await.unwrap().bytes().await.unwrap();
+        let progress: Progress = serde_json::from_slice(&progress).unwrap();
+        assert_eq!(progress.until, T0 + 3 * HOUR);
+        for owner in ["a", "b"] {
+            let again = archiver(&s, owner).round(now).await.unwrap();
+            assert_eq!(again, Round::default());
+        }
+        // Without the record, the blocks themselves say what is done.
+        s.objects.delete(&Path::from(PROGRESS)).await.unwrap();
+        let again = archiver(&s, "c").round(now).await.unwrap();
+        assert!(again.written.is_empty(), "{again:?}");
+        assert_eq!(again.skipped, 3);
+        // Claims are gone once the metas are up, and from the empty hours.
+        let claims = crate::tests::objects_named(s.objects.as_ref(), "claim.json").await;
+        assert!(claims.is_empty(), "{claims:?}");
+        let store = ArchiveStore::new(s.objects.clone(), "t", ArchiveStoreOptions::default());
+        let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap();
+        let got = store.select(&SelectRequest::new(vec![all.clone()], T0, T0 + 3 * HOUR - 1)).await.unwrap();
+        let want = s.source.inner.select(&SelectRequest::new(vec![all], T0, T0 + 3 * HOUR - 1)).await.unwrap();
+        let samples = |v: &[SeriesChunks]| -> Vec<(Labels, Vec<(i64, u64)>)> {
+            v.iter()
+                .map(|s| {
+                    let pts = s.samples(i64::MIN, i64::MAX).unwrap().iter().map(|p| (p.t, p.v.to_bits())).collect();
+                    (s.labels.clone(), pts)
+                })
+                .collect()
+        };
+        assert_eq!(samples(&got), samples(&want));
+    }
+
+    #[tokio::test]
+    async fn a_store_that_does_not_answer_holds_ranges_back_until_max_wait_and_the_block_names_it() {
+        let s = setup();
+        s.coverage.lock().unwrap().missing = vec!["edge-b:10901".into()];
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        let a = archiver(&s, "a");
+        let held = a.round(now).await.unwrap();
+        assert!(held.written.is_empty());
+        assert!(held.waiting.as_deref().is_some_and(|w| w.contains("edge-b:10901")), "{held:?}");
+        // Four hours past its end, the first hour is written without the store, and says so.
+        let later = a.round(T0 + 5 * HOUR + 1).await.unwrap();
+        assert_eq!(ranges(&later), vec![(T0, T0 + HOUR)]);
+        assert!(later.written[0].gaps.iter().any(|g| g.contains("edge-b:10901")), "{later:?}");
+        let store = ArchiveStore::new(s.objects.clone(), "bucket", ArchiveStoreOptions::default());
+        let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap();
+        let scope = QueryScope::new(true, true);
+        let (got, scope) = scope
+            .clone()
+            .run(async move { (store.select(&SelectRequest::new(vec![all], T0, T0 + HOUR - 1)).await, scope) })
+            .await;
+        assert_eq!(got.unwrap().len(), 2);
+        let warned = scope.warnings();
+        assert!(warned.iter().any(|w| w.contains("may be incomplete") && w.contains("edge-b:10901")), "{warned:?}");
+    }
+
+    #[tokio::test]
+    async fn another_archivers_live_claim_is_left_alone_and_a_stale_one_taken_over() {
+        let s = setup();
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        let claim = block_dir(0, T0, T0 + HOUR).join("claim.json");
+        let live = serde_json::json!({"owner": "b", "expires": now + 60_000}).to_string();
+        s.objects.put(&claim, live.into()).await.unwrap();
+        let a = archiver(&s, "a");
+        let r = a.round(now).await.unwrap();
+        assert!(r.written.is_empty(), "{r:?}");
+        assert!(r.waiting.as_deref().is_some_and(|w| w.contains("another archiver")), "{r:?}");
+        // b died: once its lease has run out, a takes the range over and goes on.
+        let r = a.round(now + 120_000).await.unwrap();
+        assert_eq!(ranges(&r).len(), 3, "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn failed_rounds_are_counted_and_make_the_archiver_unready_until_one_succeeds() {
+        let s = setup();
+        let a = archiver(&s, "a");
+        s.source.failing.store(true, Ordering::Relaxed);
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        let mut waits = Vec::new();
+        for _ in 0..3 {
+            assert!(a.ready());
+            let r = a.round(now).await;
+            assert!(r.as_ref().is_err_and(|e| e.to_string().contains("store down")), "{r:?}");
+            waits.push(a.record(&r));
+        }
+        assert!(!a.ready(), "three failures in a row");
+        // The retries back off: 30 s, 60 s, 120 s.
+        assert_eq!(waits, [30, 60, 120].map(Duration::from_secs));
+        // Nothing half written is visible.
+        assert!(crate::list_blocks(s.objects.as_ref()).await.unwrap().is_empty());
+        s.source.failing.store(false, Ordering::Relaxed);
+        let r = a.round(now).await;
+        assert_eq!(r.as_ref().map(|r| r.written.len()).ok(), Some(3));
+        assert_eq!(a.record(&r), Duration::from_secs(30));
+        assert!(a.ready());
+    }
+}
