@@ -42,7 +42,24 @@ pub struct RawRegionalStrata {
     pub wal_fsync: Option<String>,
     #[serde(default)]
     pub downsample: RawDownsample,
+    /// `strata.archive`: the bucket a global archives this regional's data to; blocks it
+    /// has not archived yet are kept past retention, within `max_disk`.
+    pub archive: Option<RawArchiveHold>,
 }
+
+/// `strata.archive`.
+#[derive(Debug, Clone, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct RawArchiveHold {
+    /// The archive's URL, as the global's `--archive` names it.
+    pub url: String,
+    /// Disk the blocks kept for the archive past retention may take (default 50GiB);
+    /// past it the oldest go, counted (`strata_held_samples_dropped_total`) and logged.
+    pub max_disk: Option<ByteSize>,
+}
+
+/// [`RawArchiveHold::max_disk`]'s default.
+pub const DEFAULT_ARCHIVE_MAX_DISK: u64 = 50 << 30;
 
 /// `strata.downsample`: the 5 m and 1 h aggregates of the deduplicated data.
 #[derive(Debug, Clone, Deserialize, Default)]

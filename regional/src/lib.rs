@@ -15,8 +15,10 @@
 //!
 //! It evaluates Prometheus rule files over that same deduplicated view (`strata_rules`,
 //! wired in [`rules`]), stores what they record beside what it receives, and sends alerts
-//! to Alertmanager. Only the wiring and loops of the tier belong here.
+//! to Alertmanager. With `strata.archive` it keeps the blocks a global has not archived
+//! yet past retention ([`archive_hold`]). Only the wiring and loops of the tier belong here.
 
+pub mod archive_hold;
 pub mod config;
 pub mod rules;
 
@@ -117,6 +119,8 @@ pub enum RegionalError {
     Downsample(#[from] strata_downsample::downsampler::DownsampleError),
     #[error("rules: {0}")]
     Rules(String),
+    #[error("strata.archive: {0}")]
+    Archive(#[from] strata_archive::ArchiveError),
 }
 
 /// How often the downsampler looks for due slices.
@@ -206,7 +210,21 @@ impl Regional {
         let downsample_metrics = DownsampleMetrics::default();
         downsample_metrics.register(&mut registry);
         let (shutdown, shutdown_rx) = watch::channel(false);
+        // Held before the loops start, so that no retention run deletes what the archive
+        // still lacks.
+        let hold = match &cfg.strata.archive {
+            Some(a) => {
+                let hold = Arc::new(archive_hold::ArchiveHold::open(a)?);
+                hold.hold_all(&db);
+                hold.register(&mut registry);
+                Some(hold)
+            }
+            None => None,
+        };
         let mut tasks = strata_tsdb::loops::spawn(&db);
+        if let Some(h) = hold {
+            tasks.push(tokio::spawn(h.run(db.clone(), shutdown_rx.clone())));
+        }
         if let Some((d, replicas)) = &down {
             tasks.push(tokio::spawn(downsample_loop(db.clone(), d.clone(), replicas.clone(), downsample_metrics)));
         }

@@ -119,6 +119,19 @@ impl ArchiverMetrics {
 /// The progress record of the raw blocks.
 pub const PROGRESS: &str = "progress/raw.json";
 
+/// Where every raw range before is archived or empty, from the bucket's progress record;
+/// `None` when there is none yet. A regional reads it to hold what is not archived.
+pub async fn read_progress(objects: &dyn ObjectStore) -> Result<Option<i64>, ArchiveError> {
+    let failed = |e: &dyn std::fmt::Display| ArchiveError::Object { object: PROGRESS.into(), reason: e.to_string() };
+    let got = match objects.get(&Path::from(PROGRESS)).await {
+        Ok(got) => got.bytes().await.map_err(|e| failed(&e))?,
+        Err(object_store::Error::NotFound { .. }) => return Ok(None),
+        Err(e) => return Err(failed(&e)),
+    };
+    let p: Progress = serde_json::from_slice(&got).map_err(|e| failed(&format!("not a progress record: {e}")))?;
+    Ok(Some(p.until))
+}
+
 #[derive(Debug, Serialize, Deserialize)]
 struct Progress {
     /// Every range ending at or before this is archived, or held nothing.
@@ -311,19 +324,11 @@ impl Archiver {
     /// round, a restart or another archiver starts there and not at the stores' oldest
     /// sample; 0 when there is no record yet.
     async fn progress(&self) -> i64 {
-        let got = match self.objects.get(&Path::from(PROGRESS)).await {
-            Ok(got) => got.bytes().await,
-            Err(object_store::Error::NotFound { .. }) => return i64::MIN,
-            Err(e) => Err(e),
-        };
-        let read = got
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<Progress>(&b).map_err(|e| format!("not a progress record: {e}")));
-        match read {
-            Ok(p) => p.until,
+        match read_progress(self.objects.as_ref()).await {
+            Ok(until) => until.unwrap_or(i64::MIN),
             Err(e) => {
                 // Starting from the stores' oldest data instead costs time, never data.
-                tracing::warn!(object = PROGRESS, error = %e, "the archive's progress record cannot be read");
+                tracing::warn!(error = %e, "the archive's progress record cannot be read");
                 i64::MIN
             }
         }

@@ -20,7 +20,7 @@ pub mod values;
 pub mod writer;
 
 pub use archiver::{Archiver, ArchiverOptions, Coverage};
-pub use object_store::ObjectStore;
+pub use object_store::{ObjectStore, ObjectStoreExt};
 pub use reader::{list_blocks, ArchivedSeries, BlockReader};
 use std::sync::Arc;
 pub use store::{ArchiveStore, ArchiveStoreOptions};

@@ -25,6 +25,8 @@ pub struct TsdbMetrics {
     /// Samples older than the head admits, written as blocks of their own.
     pub late_samples: Counter,
     pub blocks_compacted: Counter,
+    /// Samples retention deleted that a hold (a forward upstream, the archive) still needed.
+    pub held_samples_dropped: Counter,
     /// Blocks found damaged (at open or by a read), kept out of queries and compaction.
     pub blocks_damaged: Gauge,
     /// Maintenance runs (block cut, compaction, retention) that failed.
@@ -53,6 +55,7 @@ impl Default for TsdbMetrics {
             blocks_written: Counter::default(),
             late_samples: Counter::default(),
             blocks_compacted: Counter::default(),
+            held_samples_dropped: Counter::default(),
             blocks_damaged: Gauge::default(),
             maintenance_failures: Counter::default(),
             blocks: Gauge::default(),
@@ -99,6 +102,11 @@ impl TsdbMetrics {
             self.late_samples.clone(),
         );
         registry.register("blocks_compacted", "Blocks written by compaction", self.blocks_compacted.clone());
+        registry.register(
+            "held_samples_dropped",
+            "Samples retention deleted past the hold's budget that a forward upstream or the archive still needed",
+            self.held_samples_dropped.clone(),
+        );
         registry.register(
             "blocks_damaged",
             "Blocks found damaged (at open or by a read), kept out of queries and compaction",

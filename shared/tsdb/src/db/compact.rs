@@ -381,10 +381,19 @@ impl Tsdb {
                     "retention keeps blocks past the retention window for a forward upstream that is behind"
                 );
             }
-            if past.iter().any(|b| b.meta().max_time > from) {
+            let needed: Vec<_> = past.iter().filter(|b| b.meta().max_time > from).collect();
+            if !needed.is_empty() {
+                let samples: u64 = needed.iter().map(|b| b.meta().stats.samples).sum();
+                let lo = needed.iter().map(|b| b.meta().min_time).min().unwrap_or(from);
+                let hi = needed.iter().map(|b| b.meta().max_time).max().unwrap_or(from);
+                self.metrics.held_samples_dropped.inc_by(samples);
                 tracing::warn!(
                     max_bytes,
-                    "retention deletes blocks a forward upstream still needs (past forward_max_disk): the upstream's forwarder counts and logs what it misses"
+                    samples,
+                    min_time = lo,
+                    max_time = hi,
+                    held_from = from,
+                    "retention deletes blocks a hold still needs (past its disk budget: forward_max_disk, or the archive's max_disk); a forward upstream's forwarder also counts what it misses"
                 );
             }
         }
