@@ -34,6 +34,9 @@ struct ArchiveFlags {
     /// How often the archiver looks for complete ranges.
     #[arg(long = "archive.interval", default_value = "30s", value_parser = prom_duration)]
     archive_interval: Duration,
+    /// Data older than this is not archived (with a warning).
+    #[arg(long = "archive.lookback", default_value = "35d", value_parser = prom_duration)]
+    archive_lookback: Duration,
 }
 
 impl ArchiveFlags {
@@ -44,6 +47,7 @@ impl ArchiveFlags {
             settle: self.archive_settle,
             max_wait: self.archive_max_wait,
             interval: self.archive_interval,
+            lookback: self.archive_lookback,
             ..Default::default()
         };
         Some(strata_global::ArchiveOptions {

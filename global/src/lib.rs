@@ -376,8 +376,10 @@ impl Global {
                     // What every store below confirmed, or nothing: a global above must not
                     // skip this one for labels or times a store that did not answer holds.
                     let st = info_stores.status();
+                    // The archive has no label sets of its own: its series carry the
+                    // stores' external labels.
                     let confirmed = !st.is_empty()
-                        && st.iter().all(|s| s.healthy && !s.label_sets.is_empty())
+                        && st.iter().all(|s| s.healthy && (!s.label_sets.is_empty() || s.kind == stores::ARCHIVE_KIND))
                         && recorded.as_ref().is_none_or(|l| !l.is_empty());
                     if !confirmed {
                         return StoreInfo {

@@ -90,8 +90,8 @@ async fn archive_target(a: &ArchiveBeside, now: SystemTime) -> (StoreTarget, Sto
                 (target.min_time, target.max_time) = (lo, hi.saturating_sub(1));
                 (status.min_time, status.max_time) = (lo, hi.saturating_sub(1));
             } else {
-                // Nothing raw yet: skipped by no query for its times.
-                (target.min_time, target.max_time) = (i64::MAX, i64::MIN);
+                // Nothing raw yet: asked for no time range until the next listing.
+                (target.min_time, target.max_time) = (i64::MIN, i64::MIN);
             }
             let res: Vec<(i64, i64, i64)> =
                 ranges.iter().filter(|(r, _)| **r > 0).map(|(r, (lo, hi))| (*r, *lo, hi.saturating_sub(1))).collect();
@@ -162,10 +162,13 @@ impl StoreSet {
     pub fn coverage(&self) -> Coverage {
         let status = self.status();
         let live: Vec<&StoreStatus> = status.iter().filter(|s| s.kind != ARCHIVE_KIND).collect();
-        let holding: Vec<&&StoreStatus> = live.iter().filter(|s| s.healthy && s.min_time <= s.max_time).collect();
+        // An empty store says `i64::MIN`: it holds nothing to start from. A store that is
+        // down counts with the range it last said it held, so its oldest data is visited.
+        let holds = |s: &&&StoreStatus| s.min_time > i64::MIN && s.min_time <= s.max_time;
+        let holding: Vec<&&StoreStatus> = live.iter().filter(holds).collect();
         Coverage {
             min_time: holding.iter().map(|s| s.min_time).min(),
-            complete_until: holding.iter().map(|s| s.max_time).min().unwrap_or(i64::MIN),
+            complete_until: holding.iter().filter(|s| s.healthy).map(|s| s.max_time).min().unwrap_or(i64::MIN),
             missing: live.iter().filter(|s| !s.healthy).map(|s| s.address.clone()).collect(),
         }
     }
@@ -398,7 +401,22 @@ impl StoreSet {
         }
         if let Some(a) = &self.archive {
             a.live.set_targets(targets.clone());
-            let (target, st) = archive_target(a, now).await;
+            let (mut target, st) = archive_target(a, now).await;
+            // The archive answers for what the stores no longer hold: where they do, they
+            // answer with their aggregates and pushdown, and the archive is not read twice.
+            let live_from = status
+                .iter()
+                .filter(|s| s.healthy && s.min_time > i64::MIN && s.min_time <= s.max_time)
+                .map(|s| s.min_time)
+                .min();
+            if let Some(from) = live_from {
+                target.max_time = target.max_time.min(from.saturating_sub(1));
+                if target.min_time > target.max_time {
+                    // Nothing only the archive holds: asked for no time range (a target
+                    // whose range is empty would be asked for every one).
+                    (target.min_time, target.max_time) = (i64::MIN, i64::MIN);
+                }
+            }
             targets.push(target);
             status.push(st);
         }

@@ -65,6 +65,11 @@ pub struct ArchiverOptions {
     pub unready_after: u32,
     /// Named in claims and logs (host and port of the global, by default).
     pub owner: String,
+    /// Data older than this is not archived (a store that says it holds data from the
+    /// epoch would otherwise send the archiver through every range since).
+    pub lookback: Duration,
+    /// Ranges looked at in one round; the rest wait for the next.
+    pub max_ranges: usize,
 }
 
 impl Default for ArchiverOptions {
@@ -77,6 +82,8 @@ impl Default for ArchiverOptions {
             lease: Duration::from_secs(15 * 60),
             unready_after: 3,
             owner: "strata".into(),
+            lookback: Duration::from_secs(35 * 86_400),
+            max_ranges: 48,
         }
     }
 }
@@ -116,6 +123,22 @@ impl ArchiverMetrics {
     }
 }
 
+/// Claims and progress records are a few hundred bytes: larger ones are not read.
+const SMALL_OBJECT: u64 = 64 << 10;
+
+/// What [`Archiver::write_claimed`] did with a range.
+enum Claimed {
+    Written(BlockMeta),
+    /// The stores hold nothing there (and what was missing when they said so).
+    Empty {
+        gaps: Vec<String>,
+    },
+    /// Another archiver finished it meanwhile.
+    Done,
+    /// Another archiver holds its claim.
+    Elsewhere,
+}
+
 /// The progress record of the raw blocks.
 pub const PROGRESS: &str = "progress/raw.json";
 
@@ -124,6 +147,7 @@ pub const PROGRESS: &str = "progress/raw.json";
 pub async fn read_progress(objects: &dyn ObjectStore) -> Result<Option<i64>, ArchiveError> {
     let failed = |e: &dyn std::fmt::Display| ArchiveError::Object { object: PROGRESS.into(), reason: e.to_string() };
     let got = match objects.get(&Path::from(PROGRESS)).await {
+        Ok(got) if got.meta.size > SMALL_OBJECT => return Err(failed(&"larger than a progress record can be")),
         Ok(got) => got.bytes().await.map_err(|e| failed(&e))?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(failed(&e)),
@@ -203,8 +227,12 @@ impl Archiver {
         i64::try_from(self.opts.block.as_millis()).unwrap_or(i64::MAX).max(60_000)
     }
 
-    /// Archives every complete range up to `now_ms` not archived yet, oldest first.
+    /// Archives every complete range up to `now_ms` not archived yet, oldest first, at
+    /// most `max_ranges` of them; the progress record moves after each.
     pub async fn round(&self, now_ms: i64) -> Result<Round, ArchiveError> {
+        let began = std::time::Instant::now();
+        // The claims' leases count from when they are taken, not from the round's start.
+        let now_then = || now_ms.saturating_add(ms(began.elapsed()));
         let mut round = Round::default();
         let cov = (self.coverage)();
         let Some(min_time) = cov.min_time else {
@@ -214,21 +242,33 @@ impl Archiver {
         let block = self.block_ms();
         let settle = ms(self.opts.settle);
         let max_wait = ms(self.opts.max_wait);
-        let recorded = self.progress().await;
-        let mut start = min_time.div_euclid(block).saturating_mul(block);
-        if recorded > start {
-            start = recorded.div_euclid(block).saturating_mul(block);
+        let recorded = self.progress().await?;
+        let oldest = now_ms.saturating_sub(ms(self.opts.lookback));
+        if min_time < oldest && recorded < oldest {
+            tracing::warn!(
+                stores_from = min_time,
+                archived_from = oldest,
+                "the stores hold data older than --archive.lookback: it is not archived"
+            );
         }
+        let mut start = min_time.max(oldest).max(recorded).div_euclid(block).saturating_mul(block);
         let mut until = self.archived_until.load(Ordering::Relaxed).max(recorded);
+        let mut done = 0usize;
         while let Some(end) = start.checked_add(block).filter(|e| e.saturating_add(settle) <= now_ms) {
-            if self.objects.head(&block_dir(0, start, end).join(META)).await.is_ok() {
+            if done >= self.opts.max_ranges {
+                round.waiting = Some(format!("{done} ranges this round; the rest in the next"));
+                break;
+            }
+            done += 1;
+            if self.archived(start, end).await? {
                 round.skipped += 1;
-                until = until.max(end);
+                until = self.advance(until, end, now_ms).await?;
                 start = end;
                 continue;
             }
             let complete = cov.missing.is_empty() && end <= cov.complete_until;
-            if !complete && now_ms.saturating_sub(end) < max_wait {
+            let overdue = now_ms.saturating_sub(end) >= max_wait;
+            if !complete && !overdue {
                 round.waiting = Some(match cov.missing.is_empty() {
                     true => format!("range ending {end} waits for the stores' data to reach it"),
                     false => {
@@ -248,30 +288,42 @@ impl Archiver {
                     .map(|s| format!("store {s} did not answer when this block was written"))
                     .collect(),
             };
-            match self.write_claimed(start, end, now_ms, gaps.clone()).await? {
-                Some(Some(meta)) => {
-                    if !gaps.is_empty() {
+            let mut written = self.write_claimed(start, end, now_then(), gaps.clone()).await;
+            if let (Err(e), true) = (&written, overdue && gaps.is_empty()) {
+                // A range that keeps failing whole is written from what answers once it is
+                // overdue, its error named, rather than holding every later range back.
+                tracing::warn!(block = %block_dir(0, start, end), error = %e, "an overdue range failed whole: writing what the stores give");
+                let gaps = vec![format!("reading the stores failed when this block was written: {e}")];
+                written = self.write_claimed(start, end, now_then(), gaps).await;
+            }
+            match written? {
+                Claimed::Written(meta) => {
+                    if !meta.gaps.is_empty() {
                         self.metrics.incomplete.inc();
-                        tracing::warn!(block = %block_dir(0, start, end), gaps = ?gaps, "archived a range past max_wait without every store");
+                        tracing::warn!(block = %block_dir(0, start, end), gaps = ?meta.gaps, "archived a range past max_wait without every store");
                     }
                     self.metrics.blocks.inc();
                     self.metrics.samples.inc_by(meta.samples);
                     self.metrics.bytes.inc_by(meta.bytes());
                     round.written.push(meta);
                 }
-                Some(None) => {} // nothing there: no block
-                None => {
+                Claimed::Empty { gaps } => {
+                    if !gaps.is_empty() {
+                        // No block to carry them: the log and the counter do.
+                        self.metrics.incomplete.inc();
+                        tracing::warn!(range_start = start, range_end = end, gaps = ?gaps, "a range archived as empty without every store");
+                    }
+                }
+                Claimed::Done => round.skipped += 1,
+                Claimed::Elsewhere => {
                     // Another archiver holds the claim: not archived until its meta is up.
                     round.skipped += 1;
                     round.waiting = Some(format!("range ending {end} is being written by another archiver"));
                     break;
                 }
             }
-            until = until.max(end);
+            until = self.advance(until, end, now_ms).await?;
             start = end;
-        }
-        if until > recorded {
-            self.record_progress(until, now_ms).await?;
         }
         self.archived_until.store(until, Ordering::Relaxed);
         if until > i64::MIN {
@@ -281,40 +333,87 @@ impl Archiver {
         Ok(round)
     }
 
-    /// Writes `[start, end)` under a claim: `None` when another archiver holds it,
-    /// `Some(None)` when the source has nothing there.
+    /// Whether the block of `[start, end)` is there (its meta); an error other than
+    /// "not found" fails the round rather than writing the range again.
+    async fn archived(&self, start: i64, end: i64) -> Result<bool, ArchiveError> {
+        let meta = block_dir(0, start, end).join(META);
+        match self.objects.head(&meta).await {
+            Ok(_) => Ok(true),
+            Err(object_store::Error::NotFound { .. }) => Ok(false),
+            Err(e) => Err(ArchiveError::Object { object: meta.to_string(), reason: e.to_string() }),
+        }
+    }
+
+    /// Every range before `end` is done: the record moves there (never past now).
+    async fn advance(&self, until: i64, end: i64, now_ms: i64) -> Result<i64, ArchiveError> {
+        if end <= until || end > now_ms {
+            return Ok(until);
+        }
+        self.record_progress(end, now_ms).await?;
+        Ok(end)
+    }
+
+    /// Writes `[start, end)` under a claim.
     async fn write_claimed(
         &self,
         start: i64,
         end: i64,
         now_ms: i64,
         gaps: Vec<String>,
-    ) -> Result<Option<Option<BlockMeta>>, ArchiveError> {
+    ) -> Result<Claimed, ArchiveError> {
         let claim_path = block_dir(0, start, end).join("claim.json");
         if !self.claim(&claim_path, now_ms).await? {
-            return Ok(None);
+            return Ok(Claimed::Elsewhere);
+        }
+        // Another archiver may have finished it between the look and the claim.
+        if self.archived(start, end).await? {
+            self.release(&claim_path).await;
+            return Ok(Claimed::Done);
         }
         let partial = !gaps.is_empty();
-        let encoded =
-            QueryScope::new(partial, true).run(self.writer.encode_raw(self.source.as_ref(), start, end, gaps)).await?;
-        let Some(block) = encoded else {
-            self.release(&claim_path).await;
-            return Ok(Some(None));
+        let scope = QueryScope::new(partial, true);
+        let encoded = scope.clone().run(self.writer.encode_raw(self.source.as_ref(), start, end, gaps.clone())).await;
+        // What the stores warned of is a hole in the block: with every store required
+        // (an HA replica stood in for one that failed, say) it fails the attempt; past
+        // max_wait it joins the gaps.
+        let warned = scope.warnings();
+        let mut block = match encoded? {
+            Some(b) => b,
+            None => {
+                self.release(&claim_path).await;
+                let mut gaps = gaps;
+                gaps.extend(warned);
+                return Ok(Claimed::Empty { gaps });
+            }
         };
+        if !warned.is_empty() {
+            if !partial {
+                self.release(&claim_path).await;
+                return Err(ArchiveError::Invalid(format!(
+                    "range [{start}, {end}) read with warnings, not archived: {}",
+                    warned.join("; ")
+                )));
+            }
+            block.meta.gaps.extend(warned);
+        }
         // Read back just before the upload: an archiver that stalled past its lease and
         // lost the claim leaves the range to the one that took it.
-        if !self.holds(&claim_path).await {
+        if !self.holds(&claim_path).await? {
             tracing::warn!(object = %claim_path, "lost the claim while reading the range: left to its new owner");
-            return Ok(None);
+            return Ok(Claimed::Elsewhere);
         }
         let meta = self.writer.publish(block).await?;
         // Done: the meta is the record now.
         self.release(&claim_path).await;
-        Ok(Some(Some(meta)))
+        Ok(Claimed::Written(meta))
     }
 
-    /// Removes a claim; one left behind only delays another archiver by its lease.
+    /// Removes this archiver's claim; one left behind only delays another archiver by
+    /// its lease.
     async fn release(&self, claim_path: &Path) {
+        if !matches!(self.holds(claim_path).await, Ok(true)) {
+            return;
+        }
         if let Err(e) = self.objects.delete(claim_path).await {
             tracing::warn!(object = %claim_path, error = %e, "removing a claim");
         }
@@ -323,15 +422,8 @@ impl Archiver {
     /// Where the ranges before it are all archived or empty (`progress/raw.json`), so a
     /// round, a restart or another archiver starts there and not at the stores' oldest
     /// sample; 0 when there is no record yet.
-    async fn progress(&self) -> i64 {
-        match read_progress(self.objects.as_ref()).await {
-            Ok(until) => until.unwrap_or(i64::MIN),
-            Err(e) => {
-                // Starting from the stores' oldest data instead costs time, never data.
-                tracing::warn!(error = %e, "the archive's progress record cannot be read");
-                i64::MIN
-            }
-        }
+    async fn progress(&self) -> Result<i64, ArchiveError> {
+        Ok(read_progress(self.objects.as_ref()).await?.unwrap_or(i64::MIN))
     }
 
     async fn record_progress(&self, until: i64, now_ms: i64) -> Result<(), ArchiveError> {
@@ -344,9 +436,11 @@ impl Archiver {
         Ok(())
     }
 
-    /// Takes the claim at `path`: created when absent, taken over when stale.
+    /// Takes the claim at `path`: created when absent, taken over when stale (its lease
+    /// ran out, or it claims to last longer than a lease can: a clock ahead).
     async fn claim(&self, path: &Path, now_ms: i64) -> Result<bool, ArchiveError> {
-        let claim = Claim { owner: self.opts.owner.clone(), expires: now_ms.saturating_add(ms(self.opts.lease)) };
+        let lease = ms(self.opts.lease);
+        let claim = Claim { owner: self.opts.owner.clone(), expires: now_ms.saturating_add(lease) };
         let body = serde_json::to_vec(&claim).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
         let create = PutOptions { mode: PutMode::Create, ..Default::default() };
         match self.objects.put_opts(path, body.clone().into(), create).await {
@@ -354,10 +448,14 @@ impl Archiver {
             Err(object_store::Error::AlreadyExists { .. }) => {}
             Err(e) => return Err(ArchiveError::Object { object: path.to_string(), reason: e.to_string() }),
         }
-        match self.read_claim(path).await {
-            Some(c) if c.owner != self.opts.owner && c.expires > now_ms => return Ok(false),
+        match self.read_claim(path).await? {
+            Some(c)
+                if c.owner != self.opts.owner && c.expires > now_ms && c.expires <= now_ms.saturating_add(lease) =>
+            {
+                return Ok(false)
+            }
             Some(c) if c.owner != self.opts.owner => {
-                tracing::warn!(object = %path, owner = %c.owner, "taking over a stale claim: its archiver stopped before it finished");
+                tracing::warn!(object = %path, owner = %c.owner, expires = c.expires, "taking over a stale claim: its archiver stopped before it finished");
             }
             _ => {}
         }
@@ -368,14 +466,25 @@ impl Archiver {
         Ok(true)
     }
 
-    async fn read_claim(&self, path: &Path) -> Option<Claim> {
-        let got = self.objects.get(path).await.ok()?;
-        serde_json::from_slice(&got.bytes().await.ok()?).ok()
+    /// The claim at `path`; `None` when there is none or it is not a claim (damaged, or
+    /// larger than a claim can be).
+    async fn read_claim(&self, path: &Path) -> Result<Option<Claim>, ArchiveError> {
+        let failed = |e: object_store::Error| ArchiveError::Object { object: path.to_string(), reason: e.to_string() };
+        let got = match self.objects.get(path).await {
+            Ok(got) => got,
+            Err(object_store::Error::NotFound { .. }) => return Ok(None),
+            Err(e) => return Err(failed(e)),
+        };
+        if got.meta.size > SMALL_OBJECT {
+            return Ok(None);
+        }
+        let bytes = got.bytes().await.map_err(failed)?;
+        Ok(serde_json::from_slice(&bytes).ok())
     }
 
     /// Whether the claim at `path` is still this archiver's.
-    async fn holds(&self, path: &Path) -> bool {
-        self.read_claim(path).await.is_some_and(|c| c.owner == self.opts.owner)
+    async fn holds(&self, path: &Path) -> Result<bool, ArchiveError> {
+        Ok(self.read_claim(path).await?.is_some_and(|c| c.owner == self.opts.owner))
     }
 
     /// Counts a round's outcome; the time to wait before the next: `interval`, or after a
@@ -404,8 +513,13 @@ impl Archiver {
     /// Rounds until `stop`.
     pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
         loop {
-            let result = self.round(strata_model::time::now_ms()).await;
-            let wait = self.record(&result);
+            // Stopped mid-round, it leaves at most a claim that goes stale: nothing half
+            // published is ever read (the meta goes last).
+            let result = tokio::select! {
+                r = self.round(strata_model::time::now_ms()) => r,
+                _ = stop.changed() => return,
+            };
+            let wait = self.record(&result).max(Duration::from_secs(1));
             tokio::select! {
                 _ = tokio::time::sleep(wait) => {}
                 _ = stop.changed() => return,
@@ -437,6 +551,8 @@ mod tests {
     struct Flaky {
         inner: MemoryStore,
         failing: AtomicBool,
+        /// Answers with a warning, as a fan-out does when a replica stood in for a store.
+        warning: AtomicBool,
     }
 
     fn source() -> Arc<Flaky> {
@@ -447,7 +563,7 @@ mod tests {
             let samples = (0..(7 * HOUR / 2 / 15_000)).map(|k| Sample { t: T0 + k * 15_000, v: 40.0 + k as f64 });
             m.add(labels, MetricType::Gauge, samples);
         }
-        Arc::new(Flaky { inner: m, failing: AtomicBool::new(false) })
+        Arc::new(Flaky { inner: m, failing: AtomicBool::new(false), warning: AtomicBool::new(false) })
     }
 
     #[async_trait]
@@ -459,6 +575,9 @@ mod tests {
         ) -> Result<Vec<SeriesChunks>, StoreError> {
             if self.failing.load(Ordering::Relaxed) {
                 return Err(StoreError::Unavailable("store down".into()));
+            }
+            if self.warning.load(Ordering::Relaxed) {
+                QueryScope::current().warn("store edge-b failed; its replica answered");
             }
             self.inner.select_within(req, budget).await
         }
@@ -625,5 +744,49 @@ mod tests {
         assert_eq!(r.as_ref().map(|r| r.written.len()).ok(), Some(3));
         assert_eq!(a.record(&r), Duration::from_secs(30));
         assert!(a.ready());
+    }
+
+    #[tokio::test]
+    async fn a_store_claiming_data_from_the_epoch_costs_bounded_rounds() {
+        let s = setup();
+        s.coverage.lock().unwrap().min_time = Some(i64::MIN + 1);
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        let a = archiver(&s, "a");
+        let r = a.round(now).await.unwrap();
+        assert!(r.written.is_empty());
+        assert!(r.waiting.as_deref().is_some_and(|w| w.contains("48 ranges")), "{r:?}");
+        // From 35 days back, the empty hours move the record on, 48 a round.
+        let from = (now - 35 * 24 * HOUR).div_euclid(HOUR) * HOUR;
+        assert_eq!(read_progress(s.objects.as_ref()).await.unwrap(), Some(from + 48 * HOUR));
+    }
+
+    #[tokio::test]
+    async fn a_read_with_warnings_is_not_archived_as_whole_and_past_max_wait_names_them() {
+        let s = setup();
+        s.source.warning.store(true, Ordering::Relaxed);
+        let a = archiver(&s, "a");
+        let err = a.round(T0 + 7 * HOUR / 2 + 60_000).await.unwrap_err();
+        assert!(err.to_string().contains("read with warnings") && err.to_string().contains("edge-b"), "{err}");
+        assert!(crate::list_blocks(s.objects.as_ref()).await.unwrap().is_empty());
+        // The first hour overdue: written from what answered, the warning in its gaps;
+        // the second, not overdue yet, fails the round again.
+        assert!(a.round(T0 + 5 * HOUR + 1).await.is_err());
+        let blocks = crate::list_blocks(s.objects.as_ref()).await.unwrap();
+        assert_eq!(blocks.len(), 1);
+        let meta = blocks[0].1.as_ref().unwrap();
+        assert_eq!((meta.min_time, meta.max_time), (T0, T0 + HOUR));
+        assert!(meta.gaps.iter().any(|g| g.contains("edge-b")), "{meta:?}");
+        assert_eq!(read_progress(s.objects.as_ref()).await.unwrap(), Some(T0 + HOUR));
+    }
+
+    #[tokio::test]
+    async fn a_claim_from_a_clock_far_ahead_is_stale() {
+        let s = setup();
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        let claim = block_dir(0, T0, T0 + HOUR).join("claim.json");
+        let ahead = serde_json::json!({"owner": "b", "expires": now + 100 * HOUR}).to_string();
+        s.objects.put(&claim, ahead.into()).await.unwrap();
+        let r = archiver(&s, "a").round(now).await.unwrap();
+        assert_eq!(ranges(&r).len(), 3, "{r:?}");
     }
 }

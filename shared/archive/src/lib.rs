@@ -63,6 +63,11 @@ pub fn archive_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, Ar
             false => Arc::new(object_store::prefix::PrefixStore::new(store, prefix)),
         }
     };
+    if ["s3", "gs", "az"].iter().any(|s| cloud(s).is_some()) {
+        // The HTTP client takes the process's rustls provider: ring, as everywhere in
+        // Strata (an error means one is installed already).
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
     if let Some((bucket, prefix)) = cloud("s3") {
         let s3 = object_store::aws::AmazonS3Builder::from_env().with_url(bucket).build().map_err(|e| failed(&e))?;
         return Ok(prefixed(Arc::new(s3), prefix));

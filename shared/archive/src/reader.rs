@@ -108,7 +108,7 @@ async fn checked_file(
 /// The largest `meta.json` read.
 const MAX_META_BYTES: u64 = 1 << 20;
 
-async fn read_meta(store: &dyn ObjectStore, dir: &Path) -> Result<BlockMeta, ArchiveError> {
+pub(crate) async fn read_meta(store: &dyn ObjectStore, dir: &Path) -> Result<BlockMeta, ArchiveError> {
     let path = dir.clone().join(META);
     let head = store
         .head(&path)
@@ -305,7 +305,11 @@ impl BlockReader {
             let seg = footer.groups.get(i).ok_or_else(|| corrupt(&path, format!("no segment for row group {i}")))?;
             // The row group's column chunks must lie inside its checked bytes.
             for c in g.columns() {
-                let (from, len) = c.byte_range();
+                // `byte_range` panics on negative offsets, which a crafted footer can hold.
+                let start = c.dictionary_page_offset().unwrap_or(c.data_page_offset());
+                let (Ok(from), Ok(len)) = (u64::try_from(start), u64::try_from(c.compressed_size())) else {
+                    return Err(corrupt(&path, format!("row group {i}: a column with a negative offset or size")));
+                };
                 if from < seg.offset || from.saturating_add(len) > seg.offset.saturating_add(seg.bytes) {
                     return Err(corrupt(&path, format!("row group {i}: a column outside its checked bytes")));
                 }

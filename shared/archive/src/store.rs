@@ -11,8 +11,9 @@
 //! never a silent gap.
 
 use crate::layout::resolution_dir;
+use crate::layout::META;
 use crate::meta::BlockMeta;
-use crate::reader::{list_blocks, ArchivedSeries, BlockReader};
+use crate::reader::{read_meta, ArchivedSeries, BlockReader};
 use crate::ArchiveError;
 use async_trait::async_trait;
 use object_store::path::Path;
@@ -48,6 +49,9 @@ impl Default for ArchiveStoreOptions {
 #[derive(Clone)]
 struct Listed {
     dir: Path,
+    /// The meta object's size, time and tag when it was read: unchanged, it is not read
+    /// again at the next listing.
+    stamp: String,
     meta: Result<BlockMeta, String>,
 }
 
@@ -84,15 +88,38 @@ impl ArchiveStore {
         }
     }
 
-    /// The blocks listed now (read again when older than `refresh`).
+    /// The blocks listed now (read again when older than `refresh`); a meta already read
+    /// and unchanged is not fetched again, new ones are fetched a few at a time.
     async fn listed(&self) -> Result<Vec<Listed>, StoreError> {
+        use futures_util::{StreamExt, TryStreamExt};
         let mut c = self.catalog.lock().await;
         if c.listed_at.is_none_or(|t| t.elapsed() >= self.opts.refresh) {
-            let found = list_blocks(self.objects.as_ref())
+            let failed =
+                |e: object_store::Error| StoreError::Unavailable(format!("archive {}: listing: {e}", self.name));
+            let metas: Vec<object_store::ObjectMeta> = self
+                .objects
+                .list(None)
+                .try_filter(|o| std::future::ready(o.location.filename() == Some(META)))
+                .try_collect()
                 .await
-                .map_err(|e| StoreError::Unavailable(format!("archive {}: {e}", self.name)))?;
-            c.blocks =
-                found.into_iter().map(|(dir, meta)| Listed { dir, meta: meta.map_err(|e| e.to_string()) }).collect();
+                .map_err(failed)?;
+            let known = std::mem::take(&mut c.blocks);
+            let known = &known;
+            let mut blocks: Vec<Listed> = futures_util::stream::iter(metas)
+                .map(|m| async move {
+                    let dir: Path = m.location.parts().take(m.location.parts().count().saturating_sub(1)).collect();
+                    let stamp = format!("{} {} {:?}", m.size, m.last_modified, m.e_tag);
+                    if let Some(k) = known.iter().find(|k| k.dir == dir && k.stamp == stamp) {
+                        return k.clone();
+                    }
+                    let meta = read_meta(self.objects.as_ref(), &dir).await.map_err(|e| e.to_string());
+                    Listed { dir, stamp, meta }
+                })
+                .buffered(OPEN_AT_ONCE)
+                .collect()
+                .await;
+            blocks.sort_by(|a, b| a.dir.cmp(&b.dir));
+            c.blocks = blocks;
             c.listed_at = Some(Instant::now());
         }
         Ok(c.blocks.clone())
@@ -103,22 +130,34 @@ impl ArchiveStore {
     pub async fn time_ranges(&self) -> Result<BTreeMap<i64, (i64, i64)>, StoreError> {
         let mut out: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
         for b in self.listed().await? {
-            if let Ok(m) = b.meta {
-                let r = out.entry(m.resolution_ms).or_insert((m.min_time, m.max_time));
-                *r = (r.0.min(m.min_time), r.1.max(m.max_time));
+            // A block whose meta is damaged still counts, by its folder's name: queries over
+            // its range must reach the archive, to be told it is left out.
+            let range = match &b.meta {
+                Ok(m) => Some((m.resolution_ms, m.min_time, m.max_time)),
+                Err(_) => block_range(&b.dir).and_then(|(res, lo, hi)| {
+                    [0, 300_000, 3_600_000].into_iter().find(|r| resolution_dir(*r) == res).map(|r| (r, lo, hi))
+                }),
+            };
+            if let Some((res, lo, hi)) = range.filter(|(_, lo, hi)| lo < hi) {
+                let r = out.entry(res).or_insert((lo, hi));
+                *r = (r.0.min(lo), r.1.max(hi));
             }
         }
         Ok(out)
     }
 
-    /// A block, opened or from the cache.
-    async fn open(&self, dir: &Path) -> Result<Arc<BlockReader>, ArchiveError> {
+    /// A block, opened or from the cache (a cached one whose meta differs from the
+    /// listed one was written again: opened afresh).
+    async fn open(&self, dir: &Path, meta: &BlockMeta) -> Result<Arc<BlockReader>, ArchiveError> {
         if let Ok(mut open) = self.open.lock() {
             if let Some(i) = open.blocks.iter().position(|(d, _)| d == dir) {
                 let entry = open.blocks.remove(i);
-                let reader = entry.1.clone();
-                open.blocks.push(entry);
-                return Ok(reader);
+                if entry.1.meta == *meta {
+                    let reader = entry.1.clone();
+                    open.blocks.push(entry);
+                    return Ok(reader);
+                }
+                open.series = open.series.saturating_sub(entry.1.series().len());
             }
         }
         let reader = Arc::new(BlockReader::open(self.objects.clone(), dir.clone()).await?);
@@ -136,10 +175,8 @@ impl ArchiveStore {
         Ok(reader)
     }
 
-    /// The readable blocks of `resolution_ms` that overlap `[start, end]`, oldest first;
-    /// what cannot be read is a warning of the request (or its error under
-    /// `partial_response=false`), naming the block and the range left out.
-    async fn blocks(&self, resolution_ms: i64, start: i64, end: i64) -> Result<Vec<Arc<BlockReader>>, StoreError> {
+    /// The listed blocks of `resolution_ms` that overlap `[start, end]`, oldest first.
+    async fn candidates(&self, resolution_ms: i64, start: i64, end: i64) -> Result<Vec<Listed>, StoreError> {
         let mut listed: Vec<Listed> = self
             .listed()
             .await?
@@ -152,31 +189,33 @@ impl ArchiveStore {
             })
             .collect();
         listed.sort_by_key(|b| b.meta.as_ref().map_or(i64::MIN, |m| m.min_time));
-        // Opened a few at a time: on an object store each is several round trips.
-        use futures_util::StreamExt;
-        let opened: Vec<(Path, Result<Arc<BlockReader>, String>)> = futures_util::stream::iter(listed)
-            .map(|b| async move {
-                let opened = match b.meta {
-                    Ok(_) => self.open(&b.dir).await.map_err(|e| e.to_string()),
-                    Err(e) => Err(e),
-                };
-                (b.dir, opened)
-            })
-            .buffered(OPEN_AT_ONCE)
-            .collect()
-            .await;
+        Ok(listed)
+    }
+
+    /// `some` blocks opened together (on an object store each is several round trips);
+    /// a query takes its candidates [`OPEN_AT_ONCE`] at a time, so it holds no more than
+    /// that many beside the cache. What cannot be read is a warning of the request (or
+    /// its error under `partial_response=false`), naming the block and the range left out.
+    async fn open_some(&self, some: &[Listed]) -> Result<Vec<Arc<BlockReader>>, StoreError> {
+        let opened = futures_util::future::join_all(some.iter().map(|b| async move {
+            match &b.meta {
+                Ok(m) => self.open(&b.dir, m).await.map_err(|e| e.to_string()),
+                Err(e) => Err(e.clone()),
+            }
+        }))
+        .await;
         let mut out = Vec::new();
-        for (dir, opened) in opened {
+        for (b, opened) in some.iter().zip(opened) {
             match opened {
                 Ok(r) => {
                     if !r.meta.gaps.is_empty() {
                         let gaps = r.meta.gaps.join("; ");
                         QueryScope::current()
-                            .warn(format!("archive {}: block {dir} may be incomplete: {gaps}", self.name));
+                            .warn(format!("archive {}: block {} may be incomplete: {gaps}", self.name, b.dir));
                     }
                     out.push(r)
                 }
-                Err(e) => self.unreadable(&dir, &e)?,
+                Err(e) => self.unreadable(&b.dir, &e)?,
             }
         }
         Ok(out)
@@ -245,41 +284,45 @@ impl Store for ArchiveStore {
         req: &SelectRequest,
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
-        let blocks = self.blocks(0, req.start, req.end).await?;
+        let candidates = self.candidates(0, req.start, req.end).await?;
         let mut found: BTreeMap<Labels, (MetricType, Vec<Sample>)> = BTreeMap::new();
         let mut read = 0u64;
-        for b in &blocks {
-            let mut ids = BTreeSet::new();
-            for (i, s) in b.series().iter().enumerate() {
-                if s.samples > 0
-                    && s.max_time >= req.start
-                    && s.min_time <= req.end
-                    && matches_all(&req.matchers, &s.labels)
-                {
-                    ids.insert(i as i64);
-                }
-            }
-            if ids.is_empty() {
-                continue;
-            }
-            let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
-            budget.check_series_count(found.len().saturating_add(new))?;
-            let left = req.limits.max_samples.saturating_sub(read);
-            let got = match b.samples(&ids, req.start, req.end, left).await {
-                Ok(got) => got,
-                Err(e) => match limit_error(e) {
-                    Ok(_) => return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples }),
-                    Err(e) => {
-                        self.unreadable(&b.dir, &e)?;
-                        continue;
+        for some in candidates.chunks(OPEN_AT_ONCE) {
+            for b in &self.open_some(some).await? {
+                let mut ids = BTreeSet::new();
+                for (i, s) in b.series().iter().enumerate() {
+                    if s.samples > 0
+                        && s.max_time >= req.start
+                        && s.min_time <= req.end
+                        && matches_all(&req.matchers, &s.labels)
+                    {
+                        ids.insert(i as i64);
                     }
-                },
-            };
-            for (id, samples) in got {
-                read = read.saturating_add(samples.len() as u64);
-                let s = &b.series()[id as usize];
-                let entry = found.entry(s.labels.clone()).or_insert_with(|| (s.metric_type, Vec::new()));
-                merge_samples(&mut entry.1, samples);
+                }
+                if ids.is_empty() {
+                    continue;
+                }
+                let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
+                budget.check_series_count(found.len().saturating_add(new))?;
+                let left = req.limits.max_samples.saturating_sub(read);
+                let got = match b.samples(&ids, req.start, req.end, left).await {
+                    Ok(got) => got,
+                    Err(e) => match limit_error(e) {
+                        Ok(_) => {
+                            return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples })
+                        }
+                        Err(e) => {
+                            self.unreadable(&b.dir, &e)?;
+                            continue;
+                        }
+                    },
+                };
+                for (id, samples) in got {
+                    read = read.saturating_add(samples.len() as u64);
+                    let s = &b.series()[id as usize];
+                    let entry = found.entry(s.labels.clone()).or_insert_with(|| (s.metric_type, Vec::new()));
+                    merge_samples(&mut entry.1, samples);
+                }
             }
         }
         let mut out = Vec::with_capacity(found.len());
@@ -312,22 +355,27 @@ impl Store for ArchiveStore {
         end: i64,
         budget: &mut SelectBudget,
     ) -> Result<Vec<Labels>, StoreError> {
-        let blocks = self.blocks(0, start, end).await?;
         let mut out = BTreeSet::new();
-        for s in Self::matching(&blocks, matchers, start, end) {
-            if !out.contains(&s.labels) {
-                budget.charge_labels()?;
-                out.insert(s.labels.clone());
+        for some in self.candidates(0, start, end).await?.chunks(OPEN_AT_ONCE) {
+            let blocks = self.open_some(some).await?;
+            for s in Self::matching(&blocks, matchers, start, end) {
+                if !out.contains(&s.labels) {
+                    budget.charge_labels()?;
+                    out.insert(s.labels.clone());
+                }
             }
         }
         Ok(out.into_iter().collect())
     }
 
     async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
-        let blocks = self.blocks(0, start, end).await?;
-        let names: BTreeSet<String> = Self::matching(&blocks, matchers, start, end)
-            .flat_map(|s| s.labels.iter().map(|l| l.name.to_string()).collect::<Vec<_>>())
-            .collect();
+        let mut names = BTreeSet::new();
+        for some in self.candidates(0, start, end).await?.chunks(OPEN_AT_ONCE) {
+            let blocks = self.open_some(some).await?;
+            for s in Self::matching(&blocks, matchers, start, end) {
+                names.extend(s.labels.iter().map(|l| l.name.to_string()));
+            }
+        }
         Ok(names.into_iter().collect())
     }
 
@@ -338,18 +386,40 @@ impl Store for ArchiveStore {
         start: i64,
         end: i64,
     ) -> Result<Vec<String>, StoreError> {
-        let blocks = self.blocks(0, start, end).await?;
-        let values: BTreeSet<String> = Self::matching(&blocks, matchers, start, end)
-            .filter_map(|s| s.labels.get(name).map(str::to_string))
-            .collect();
+        let mut values = BTreeSet::new();
+        for some in self.candidates(0, start, end).await?.chunks(OPEN_AT_ONCE) {
+            let blocks = self.open_some(some).await?;
+            values.extend(
+                Self::matching(&blocks, matchers, start, end).filter_map(|s| s.labels.get(name).map(str::to_string)),
+            );
+        }
         Ok(values.into_iter().collect())
     }
 
     /// Families from the series tables: a histogram's or summary's series under their
     /// family's name, every other series under its metric name.
     async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, StoreError> {
-        let blocks = self.blocks(0, i64::MIN, i64::MAX).await?;
+        // From the newest blocks that answer: metadata changes seldom, and reading every
+        // block's series table for it would open the whole archive.
+        let mut candidates = self.candidates(0, i64::MIN, i64::MAX).await?;
+        candidates.reverse();
         let mut out: HashMap<String, Metadata> = HashMap::new();
+        for some in candidates.chunks(OPEN_AT_ONCE) {
+            let blocks = self.open_some(some).await?;
+            Self::families(&blocks, metric, &mut out);
+            if !out.is_empty() {
+                break;
+            }
+        }
+        let mut v: Vec<_> = out.into_iter().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(v)
+    }
+}
+
+impl ArchiveStore {
+    /// Adds the families of `blocks`' series (those of `metric` only, when given).
+    fn families(blocks: &[Arc<BlockReader>], metric: Option<&str>, out: &mut HashMap<String, Metadata>) {
         for s in blocks.iter().flat_map(|b| b.series().iter()) {
             let Some(name) = s.labels.metric_name() else { continue };
             let family = match s.metric_type {
@@ -366,9 +436,6 @@ impl Store for ArchiveStore {
                 Metadata { metric_type: s.metric_type, help: s.help.clone(), unit: s.unit.clone() },
             );
         }
-        let mut v: Vec<_> = out.into_iter().collect();
-        v.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(v)
     }
 }
 

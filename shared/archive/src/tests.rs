@@ -90,11 +90,11 @@ fn bits(s: &[Sample]) -> Vec<(i64, u64)> {
     s.iter().map(|x| (x.t, x.v.to_bits())).collect()
 }
 
-async fn round_trip(row_group_rows: usize) {
+async fn round_trip(row_group_rows: usize, multipart_over: usize) {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
     let (source, expected) = fleet(row_group_rows as u64 + 7, 60);
-    let writer = BlockWriter::new(store.clone(), WriteOptions { row_group_rows, ..Default::default() });
+    let writer = BlockWriter::new(store.clone(), WriteOptions { row_group_rows, multipart_over, ..Default::default() });
     let (start, end) = (0, 10_000_000);
     let meta = writer.write_raw(&source, start, end).await.unwrap().expect("a block");
     let total: usize = expected.iter().map(|e| e.2.len()).sum();
@@ -132,9 +132,9 @@ async fn round_trip(row_group_rows: usize) {
 
 #[tokio::test]
 async fn random_series_archived_and_read_back_are_equal_bit_for_bit() {
-    // One row group, and a row group every few series.
-    round_trip(1 << 20).await;
-    round_trip(500).await;
+    // One row group, and a row group every few series uploaded in parts of 4 KiB.
+    round_trip(1 << 20, 16 << 20).await;
+    round_trip(500, 4096).await;
 }
 
 #[tokio::test]

@@ -27,19 +27,21 @@ pub struct WriteOptions {
     /// A row group is closed at the first series boundary past this many rows.
     pub row_group_rows: usize,
     pub zstd_level: i32,
+    /// Files larger than this are uploaded in parts (16 MiB; parts of 8 MiB, or of this
+    /// size when smaller).
+    pub multipart_over: usize,
 }
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { row_group_rows: 1 << 20, zstd_level: 3 }
+        WriteOptions { row_group_rows: 1 << 20, zstd_level: 3, multipart_over: 16 << 20 }
     }
 }
 
 /// The most rows of one series in one data page: a longer series is cut into pages this
 /// long (each restarts its deltas, which costs a few bytes).
 const PAGE_ROWS: usize = 1 << 16;
-/// Files larger than this are uploaded in parts of [`MULTIPART_PART`] bytes.
-const MULTIPART_OVER: usize = 16 << 20;
+/// The size of a part of a multipart upload (S3's smallest is 5 MiB, but for the last).
 const MULTIPART_PART: usize = 8 << 20;
 
 /// The data file's columns.
@@ -365,14 +367,19 @@ impl BlockWriter {
     /// fails is retried alone).
     async fn put(&self, path: &Path, bytes: bytes::Bytes) -> Result<(), ArchiveError> {
         let failed = |e: object_store::Error| ArchiveError::Object { object: path.to_string(), reason: e.to_string() };
-        if bytes.len() <= MULTIPART_OVER {
+        if bytes.len() <= self.opts.multipart_over {
             self.store.put(path, bytes.into()).await.map_err(failed)?;
             return Ok(());
         }
         let upload = self.store.put_multipart(path).await.map_err(failed)?;
-        let mut parts = object_store::WriteMultipart::new_with_chunk_size(upload, MULTIPART_PART);
-        for piece in bytes.chunks(MULTIPART_PART) {
-            parts.wait_for_capacity(4).await.map_err(failed)?;
+        let part = MULTIPART_PART.min(self.opts.multipart_over.max(1));
+        let mut parts = object_store::WriteMultipart::new_with_chunk_size(upload, part);
+        for piece in bytes.chunks(part) {
+            if let Err(e) = parts.wait_for_capacity(4).await {
+                // Aborted, so the parts uploaded so far are not kept (and billed) by the store.
+                let _ = parts.abort().await;
+                return Err(failed(e));
+            }
             parts.write(piece);
         }
         parts.finish().await.map_err(failed)?;
