@@ -37,6 +37,9 @@ struct ArchiveFlags {
     /// Data older than this is not archived (with a warning).
     #[arg(long = "archive.lookback", default_value = "35d", value_parser = prom_duration)]
     archive_lookback: Duration,
+    /// Raw blocks of the archive ending longer ago than this are deleted (0s: kept for ever).
+    #[arg(long = "archive.retention.raw", default_value = "0s", value_parser = prom_duration)]
+    archive_retention_raw: Duration,
 }
 
 impl ArchiveFlags {
@@ -50,10 +53,15 @@ impl ArchiveFlags {
             lookback: self.archive_lookback,
             ..Default::default()
         };
+        let compactor = strata_archive::CompactorOptions {
+            retention_raw: Some(self.archive_retention_raw).filter(|d| !d.is_zero()),
+            ..Default::default()
+        };
         Some(strata_global::ArchiveOptions {
             url,
             read_only: self.archive_read_only,
             archiver,
+            compactor,
             reader: Default::default(),
         })
     }

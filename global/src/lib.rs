@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use stores::StoreSet;
 use strata_api::ApiOptions;
-use strata_archive::{ArchiveStore, Archiver};
+use strata_archive::{ArchiveStore, Archiver, Compactor};
 use strata_dedup::ReplicaDedup;
 use strata_fanout::{Fanout, StoreTarget};
 use strata_grpc::{pb, ServeOptions, StoreInfo, StoreService};
@@ -76,6 +76,7 @@ pub struct ArchiveOptions {
     pub url: String,
     pub read_only: bool,
     pub archiver: strata_archive::ArchiverOptions,
+    pub compactor: strata_archive::CompactorOptions,
     pub reader: strata_archive::ArchiveStoreOptions,
 }
 
@@ -128,8 +129,10 @@ pub struct Global {
     db_tasks: Vec<JoinHandle<()>>,
     shutdown: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    /// Writes complete ranges to the archive (`--archive`, unless read-only).
+    /// Writes complete ranges to the archive (`--archive`, unless read-only), and
+    /// compacts and retains what is there.
     pub archiver: Option<Arc<Archiver>>,
+    pub compactor: Option<Arc<Compactor>>,
 }
 
 struct GlobalState {
@@ -139,18 +142,23 @@ struct GlobalState {
     rules_registries: Vec<Registry>,
     rules_db: Option<Arc<Tsdb>>,
     archiver: Option<Arc<Archiver>>,
+    compactor: Option<Arc<Compactor>>,
 }
 
 /// Ready unless the archiver has failed `unready_after` rounds in a row.
 async fn ready(State(s): State<Arc<GlobalState>>) -> Response {
-    match &s.archiver {
-        Some(a) if !a.ready() => (
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "Strata global is not ready: archiving keeps failing (see strata_archive_failures_total and the log).\n",
-        )
-            .into_response(),
-        _ => "Strata global is Ready.\n".into_response(),
+    let unready =
+        |why: &str| (axum::http::StatusCode::SERVICE_UNAVAILABLE, format!("Strata global is not ready: {why}\n"));
+    if s.archiver.as_ref().is_some_and(|a| !a.ready()) {
+        return unready("archiving keeps failing (see strata_archive_failures_total and the log).").into_response();
     }
+    if s.compactor.as_ref().is_some_and(|c| !c.ready()) {
+        return unready(
+            "compaction halted on a day of the archive (see strata_archive_compaction_halted_days and the log).",
+        )
+        .into_response();
+    }
+    "Strata global is Ready.\n".into_response()
 }
 
 async fn self_metrics(State(s): State<Arc<GlobalState>>) -> Response {
@@ -316,7 +324,7 @@ impl Global {
                 rules
             }
         };
-        let archiver = match archive_objects {
+        let (archiver, compactor) = match archive_objects {
             Some((objects, a)) if !a.read_only => {
                 let source: Arc<dyn Store> = Arc::new(ReplicaDedup::new(live.clone(), rules_replicas.clone()));
                 let coverage_of = stores.clone();
@@ -324,15 +332,21 @@ impl Global {
                 let mut archiver_opts = a.archiver.clone();
                 archiver_opts.owner = format!("{}:{}:{}", host_name(), http_addr, std::process::id());
                 let writer = strata_archive::BlockWriter::new(objects.clone(), strata_archive::WriteOptions::default());
-                let archiver = Arc::new(Archiver::new(objects, writer, source, coverage, archiver_opts));
+                let owner = archiver_opts.owner.clone();
+                let archiver = Arc::new(Archiver::new(objects.clone(), writer, source, coverage, archiver_opts));
+                let compactor_opts = strata_archive::CompactorOptions { owner, ..a.compactor.clone() };
+                let writer = strata_archive::BlockWriter::new(objects.clone(), strata_archive::WriteOptions::default());
+                let compactor = Arc::new(Compactor::new(objects, writer, compactor_opts));
                 let mut registry = Registry::with_prefix("strata");
                 archiver.metrics().register(&mut registry);
+                compactor.metrics().register(&mut registry);
                 rules_registries.push(registry);
                 tasks.push(tokio::spawn(archiver.clone().run(shutdown_rx.clone())));
-                tracing::info!(archive = %a.url, "archiving complete ranges of the stores");
-                Some(archiver)
+                tasks.push(tokio::spawn(compactor.clone().run(shutdown_rx.clone())));
+                tracing::info!(archive = %a.url, "archiving complete ranges of the stores, compacting the archive");
+                (Some(archiver), Some(compactor))
             }
-            _ => None,
+            _ => (None, None),
         };
         let global_metrics = metrics::GlobalMetrics::new();
         let tracked = global_metrics.clone();
@@ -347,6 +361,7 @@ impl Global {
                 rules_registries,
                 rules_db: rules_db.clone(),
                 archiver: archiver.clone(),
+                compactor: compactor.clone(),
             }))
             .merge(rules::router(stores.clone(), rules.clone(), rules_replicas, store_timeout, opts.enable_lifecycle))
             .merge(strata_api::router_with(query_store, opts.api.clone()))
@@ -424,7 +439,7 @@ impl Global {
             None => None,
         };
         tracing::info!(http = %http_addr, grpc = ?grpc_addr, stores = stores.status().len(), "global started");
-        Ok(Global { http_addr, grpc_addr, stores, rules, rules_db, db_tasks, shutdown, tasks, archiver })
+        Ok(Global { http_addr, grpc_addr, stores, rules, rules_db, db_tasks, shutdown, tasks, archiver, compactor })
     }
 
     /// Stops the rules (a group evaluating finishes), the servers, then the rules'

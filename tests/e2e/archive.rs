@@ -90,7 +90,9 @@ SELECT s.*, d.timestamp,
 FROM read_parquet('{root}/raw/*/*/data.parquet', filename = true) d
 JOIN read_parquet('{root}/raw/*/*/series.parquet', filename = true, union_by_name = true) s
   ON d.series_id = s.series_id
- AND parse_dirpath(d.filename) = parse_dirpath(s.filename)""")
+ AND parse_dirpath(d.filename) = parse_dirpath(s.filename)
+WHERE parse_dirpath(d.filename) NOT IN
+      (SELECT parse_dirpath(file) FROM glob('{root}/raw/*/*/deletion-mark.json'))""")
 rows = c.execute("""SELECT __name__, gpu, count(*),
     count(*) FILTER (WHERE isnan(value)),
     min(value) FILTER (WHERE NOT isnan(value)),

@@ -336,12 +336,21 @@ impl Archiver {
     /// Whether the block of `[start, end)` is there (its meta); an error other than
     /// "not found" fails the round rather than writing the range again.
     async fn archived(&self, start: i64, end: i64) -> Result<bool, ArchiveError> {
-        let meta = block_dir(0, start, end).join(META);
-        match self.objects.head(&meta).await {
-            Ok(_) => Ok(true),
-            Err(object_store::Error::NotFound { .. }) => Ok(false),
-            Err(e) => Err(ArchiveError::Object { object: meta.to_string(), reason: e.to_string() }),
+        // The range's own block, or the day block compaction replaced it with.
+        const DAY: i64 = 86_400_000;
+        let day = start.div_euclid(DAY).saturating_mul(DAY);
+        let mut metas = vec![block_dir(0, start, end).join(META)];
+        if end <= day.saturating_add(DAY) && (start, end) != (day, day.saturating_add(DAY)) {
+            metas.push(block_dir(0, day, day.saturating_add(DAY)).join(META));
         }
+        for meta in metas {
+            match self.objects.head(&meta).await {
+                Ok(_) => return Ok(true),
+                Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(ArchiveError::Object { object: meta.to_string(), reason: e.to_string() }),
+            }
+        }
+        Ok(false)
     }
 
     /// Every range before `end` is done: the record moves there (never past now).
@@ -788,5 +797,28 @@ mod tests {
         s.objects.put(&claim, ahead.into()).await.unwrap();
         let r = archiver(&s, "a").round(now).await.unwrap();
         assert_eq!(ranges(&r).len(), 3, "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn an_archiver_killed_after_the_data_before_the_meta_leaves_a_range_written_once_later() {
+        let s = setup();
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        // The first hour's files went up, then the archiver died: its claim and no meta.
+        let writer = BlockWriter::new(s.objects.clone(), WriteOptions::default());
+        writer.write_raw(s.source.as_ref(), T0, T0 + HOUR).await.unwrap().unwrap();
+        s.objects.delete(&block_dir(0, T0, T0 + HOUR).join(META)).await.unwrap();
+        let claim = block_dir(0, T0, T0 + HOUR).join("claim.json");
+        let dead = serde_json::json!({"owner": "dead", "expires": now - 1}).to_string();
+        s.objects.put(&claim, dead.into()).await.unwrap();
+        assert!(crate::list_blocks(s.objects.as_ref()).await.unwrap().is_empty(), "no meta: no block");
+        let r = archiver(&s, "a").round(now).await.unwrap();
+        assert_eq!(ranges(&r).len(), 3, "{r:?}");
+        let blocks = crate::list_blocks(s.objects.as_ref()).await.unwrap();
+        assert_eq!(blocks.len(), 3);
+        for (dir, meta) in &blocks {
+            let reader = crate::BlockReader::open(s.objects.clone(), dir.clone()).await.unwrap();
+            reader.verify().await.unwrap();
+            assert_eq!(meta.as_ref().unwrap().samples, 2 * 240);
+        }
     }
 }

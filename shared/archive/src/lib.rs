@@ -9,6 +9,7 @@
 //! [`BlockReader`] reads one back. The format is documented in `docs/ARCHIVE.md`.
 
 pub mod archiver;
+pub mod compactor;
 pub mod layout;
 pub mod meta;
 mod ranged;
@@ -20,6 +21,7 @@ pub mod values;
 pub mod writer;
 
 pub use archiver::{Archiver, ArchiverOptions, Coverage};
+pub use compactor::{Compactor, CompactorOptions};
 pub use object_store::{ObjectStore, ObjectStoreExt};
 pub use reader::{list_blocks, ArchivedSeries, BlockReader};
 use std::sync::Arc;

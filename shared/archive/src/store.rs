@@ -10,6 +10,7 @@
 //! says so in the request's warnings, or fails the request under `partial_response=false`:
 //! never a silent gap.
 
+use crate::compactor::DELETION_MARK;
 use crate::layout::resolution_dir;
 use crate::layout::META;
 use crate::meta::BlockMeta;
@@ -21,7 +22,7 @@ use object_store::ObjectStore;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use strata_chunk::ChunkAppender;
+use strata_chunk::{Chunk, ChunkAppender};
 use strata_model::matcher::matches_all;
 use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
@@ -96,13 +97,26 @@ impl ArchiveStore {
         if c.listed_at.is_none_or(|t| t.elapsed() >= self.opts.refresh) {
             let failed =
                 |e: object_store::Error| StoreError::Unavailable(format!("archive {}: listing: {e}", self.name));
-            let metas: Vec<object_store::ObjectMeta> = self
+            let all: Vec<object_store::ObjectMeta> = self
                 .objects
                 .list(None)
-                .try_filter(|o| std::future::ready(o.location.filename() == Some(META)))
+                .try_filter(|o| {
+                    let name = o.location.filename();
+                    std::future::ready(name == Some(META) || name == Some(DELETION_MARK))
+                })
                 .try_collect()
                 .await
                 .map_err(failed)?;
+            let folder = |o: &object_store::ObjectMeta| -> Path {
+                o.location.parts().take(o.location.parts().count().saturating_sub(1)).collect()
+            };
+            // A block marked for deletion (compacted, or past retention) is left out.
+            let marked: BTreeSet<Path> =
+                all.iter().filter(|o| o.location.filename() == Some(DELETION_MARK)).map(folder).collect();
+            let metas: Vec<object_store::ObjectMeta> = all
+                .into_iter()
+                .filter(|o| o.location.filename() == Some(META) && !marked.contains(&folder(o)))
+                .collect();
             let known = std::mem::take(&mut c.blocks);
             let known = &known;
             let mut blocks: Vec<Listed> = futures_util::stream::iter(metas)
@@ -248,25 +262,60 @@ impl ArchiveStore {
 }
 
 /// `(resolution, start, end)` from a block folder `<resolution>/<day>/<start>-<end>`.
-fn block_range(dir: &Path) -> Option<(String, i64, i64)> {
+pub(crate) fn block_range(dir: &Path) -> Option<(String, i64, i64)> {
     let parts: Vec<_> = dir.parts().collect();
     let [res, _, name] = parts.as_slice() else { return None };
     let (lo, hi) = name.as_ref().split_once('-')?;
     Some((res.as_ref().to_string(), lo.parse().ok()?, hi.parse().ok()?))
 }
 
-/// Adds `more` (sorted) to `into` (sorted): appended when after it, else merged with one
-/// sample kept per timestamp (blocks that overlap hold the same samples).
-fn merge_samples(into: &mut Vec<Sample>, more: Vec<Sample>) {
-    match (into.last(), more.first()) {
-        (_, None) => {}
-        (None, _) => *into = more,
-        (Some(l), Some(f)) if l.t < f.t => into.extend(more),
-        _ => {
-            into.extend(more);
-            into.sort_by_key(|s| s.t);
-            into.dedup_by_key(|s| s.t);
+/// One series' samples from block after block, kept as chunks as they come (so a query
+/// over many days holds compressed samples, not 16 bytes each). Blocks of one resolution
+/// do not overlap, but for a moment after a compaction (the day block beside the blocks it
+/// replaces): then the overlap is merged, one sample kept per timestamp.
+struct SeriesBuilder {
+    metric_type: MetricType,
+    chunks: Vec<Chunk>,
+    open: ChunkAppender,
+    last: Option<i64>,
+}
+
+impl SeriesBuilder {
+    fn new(metric_type: MetricType) -> Self {
+        SeriesBuilder { metric_type, chunks: Vec::new(), open: ChunkAppender::new(), last: None }
+    }
+
+    /// Adds `more`, sorted by time.
+    fn add(&mut self, more: Vec<Sample>) -> Result<(), String> {
+        let Some(first) = more.first() else { return Ok(()) };
+        if self.last.is_some_and(|l| first.t <= l) {
+            let mut all = Vec::new();
+            for c in self.chunks.drain(..).chain((!self.open.is_empty()).then(|| self.open.seal())) {
+                c.decode_checked(&mut all)?;
+            }
+            all.extend(more);
+            all.sort_by_key(|s| s.t);
+            all.dedup_by_key(|s| s.t);
+            self.open = ChunkAppender::new();
+            self.last = None;
+            return self.add(all);
         }
+        for s in more {
+            if self.open.is_full() {
+                self.chunks.push(self.open.seal().compact());
+                self.open = ChunkAppender::new();
+            }
+            self.open.append(s.t, s.v);
+            self.last = Some(s.t);
+        }
+        Ok(())
+    }
+
+    fn finish(mut self) -> Vec<Chunk> {
+        if !self.open.is_empty() {
+            self.chunks.push(self.open.seal().compact());
+        }
+        self.chunks
     }
 }
 
@@ -285,7 +334,7 @@ impl Store for ArchiveStore {
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
         let candidates = self.candidates(0, req.start, req.end).await?;
-        let mut found: BTreeMap<Labels, (MetricType, Vec<Sample>)> = BTreeMap::new();
+        let mut found: BTreeMap<Labels, SeriesBuilder> = BTreeMap::new();
         let mut read = 0u64;
         for some in candidates.chunks(OPEN_AT_ONCE) {
             for b in &self.open_some(some).await? {
@@ -320,27 +369,20 @@ impl Store for ArchiveStore {
                 for (id, samples) in got {
                     read = read.saturating_add(samples.len() as u64);
                     let s = &b.series()[id as usize];
-                    let entry = found.entry(s.labels.clone()).or_insert_with(|| (s.metric_type, Vec::new()));
-                    merge_samples(&mut entry.1, samples);
+                    let entry = found.entry(s.labels.clone()).or_insert_with(|| SeriesBuilder::new(s.metric_type));
+                    if let Err(e) = entry.add(samples) {
+                        let series = format!("{} (archive {})", s.labels, self.name);
+                        return Err(StoreError::Corrupt { series, reason: e });
+                    }
                 }
             }
         }
         let mut out = Vec::with_capacity(found.len());
-        for (labels, (metric_type, samples)) in found {
-            if samples.is_empty() {
+        for (labels, series) in found {
+            let metric_type = series.metric_type;
+            let chunks = series.finish();
+            if chunks.is_empty() {
                 continue;
-            }
-            let mut chunks = Vec::new();
-            let mut a = ChunkAppender::new();
-            for s in samples {
-                if a.is_full() {
-                    chunks.push(a.seal().compact());
-                    a = ChunkAppender::new();
-                }
-                a.append(s.t, s.v);
-            }
-            if !a.is_empty() {
-                chunks.push(a.seal().compact());
             }
             budget.charge_series(&chunks)?;
             out.push(SeriesChunks { labels, metric_type, chunks });
@@ -446,10 +488,15 @@ mod tests {
     #[test]
     fn samples_of_two_blocks_merge_in_order_once() {
         let s = |t: i64| Sample::new(t, t as f64);
-        let mut v = vec![s(1), s(2)];
-        merge_samples(&mut v, vec![s(3), s(4)]);
-        merge_samples(&mut v, vec![s(2), s(5)]);
-        merge_samples(&mut v, vec![]);
+        let mut b = SeriesBuilder::new(MetricType::Gauge);
+        b.add(vec![s(1), s(2)]).unwrap();
+        b.add(vec![s(3), s(4)]).unwrap();
+        b.add(vec![s(2), s(5)]).unwrap();
+        b.add(vec![]).unwrap();
+        let mut v = Vec::new();
+        for c in b.finish() {
+            c.decode_checked(&mut v).unwrap();
+        }
         assert_eq!(v.iter().map(|x| x.t).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
         assert_eq!(block_range(&Path::from("raw/2026-12-04/10-20")), Some(("raw".into(), 10, 20)));
         assert_eq!(block_range(&Path::from("raw/x")), None);

@@ -1,0 +1,582 @@
+//! [`Compactor`]: merges the raw blocks of each archived UTC day into one day block, and
+//! applies retention, one process at a time.
+//!
+//! One compactor works on a bucket at a time: it holds `compaction/lease.json`, created
+//! only when absent and taken over once its lease has run out. A day is compacted once the
+//! progress record is past its end (every range of it archived): its blocks are read back
+//! through an [`ArchiveStore`] (each file checked against its checksum), written as the
+//! day's block, and the day block's sample count checked against theirs before anything is
+//! let go. Blocks are never deleted at once: a `deletion-mark.json` goes into the folder
+//! first, readers leave marked blocks out from their next listing, and the files go
+//! `delete_delay` later (the meta first, so a deletion cut short leaves no block that
+//! reads as damaged). A compactor killed at any step leaves either the old blocks, or both
+//! (the day block then wins: its sources are marked at the next round), or marks whose
+//! deletion the next round finishes. A day that cannot be compacted (a damaged block in
+//! it, counts that disagree) halts: logged, counted, shown in `/metrics` and `/-/ready`,
+//! and its blocks kept as they are.
+
+use crate::archiver::read_progress;
+use crate::layout::META;
+use crate::meta::BlockMeta;
+use crate::reader::read_meta;
+use crate::writer::BlockWriter;
+use crate::{ArchiveError, ArchiveStore, ArchiveStoreOptions};
+use object_store::path::Path;
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use strata_store::QueryScope;
+use tokio::sync::watch;
+
+/// The compactor's lease object.
+pub const LEASE: &str = "compaction/lease.json";
+/// In a block's folder: the block is being deleted; readers leave it out.
+pub const DELETION_MARK: &str = "deletion-mark.json";
+const DAY: i64 = 86_400_000;
+
+#[derive(Debug, Clone)]
+pub struct CompactorOptions {
+    /// Time between rounds.
+    pub interval: Duration,
+    /// The lease lasts this long unless renewed (each round renews it).
+    pub lease: Duration,
+    /// A marked block's files are deleted this long after the mark: longer than readers
+    /// keep a block list.
+    pub delete_delay: Duration,
+    /// Raw blocks ending longer ago than this are deleted; `None`: kept for ever.
+    pub retention_raw: Option<Duration>,
+    pub owner: String,
+}
+
+impl Default for CompactorOptions {
+    fn default() -> Self {
+        CompactorOptions {
+            interval: Duration::from_secs(300),
+            lease: Duration::from_secs(15 * 60),
+            delete_delay: Duration::from_secs(15 * 60),
+            retention_raw: None,
+            owner: "strata".into(),
+        }
+    }
+}
+
+/// The compactor's figures in `/metrics` (prefix `strata_archive_`).
+#[derive(Clone, Default)]
+pub struct CompactorMetrics {
+    compactions: Counter,
+    marked: Counter,
+    deleted: Counter,
+    failures: Counter,
+    halted: Gauge,
+}
+
+impl CompactorMetrics {
+    pub fn register(&self, registry: &mut Registry) {
+        let r = registry.sub_registry_with_prefix("archive");
+        r.register("compactions", "Days whose blocks were merged into one day block", self.compactions.clone());
+        r.register(
+            "blocks_marked_for_deletion",
+            "Blocks marked for deletion (compacted, or past retention)",
+            self.marked.clone(),
+        );
+        r.register("blocks_deleted", "Marked blocks whose files were deleted", self.deleted.clone());
+        r.register("compaction_failures", "Compaction rounds that failed (each logged)", self.failures.clone());
+        r.register(
+            "compaction_halted_days",
+            "Days that cannot be compacted (a damaged block, counts that disagree): see the log",
+            self.halted.clone(),
+        );
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Lease {
+    owner: String,
+    expires: i64,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Mark {
+    /// Unix ms.
+    marked: i64,
+    reason: String,
+}
+
+/// What one round did.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct CompactRound {
+    /// Day blocks written, by their start.
+    pub compacted: Vec<i64>,
+    pub marked: usize,
+    pub deleted: usize,
+    /// Days that could not be compacted, with why.
+    pub halted: Vec<String>,
+    /// Set when another compactor holds the lease.
+    pub elsewhere: Option<String>,
+}
+
+/// A block folder as listed: its meta (if it has one) and whether it is marked.
+struct Folder {
+    meta: Option<Result<BlockMeta, String>>,
+    mark: Option<i64>,
+    files: Vec<Path>,
+}
+
+pub struct Compactor {
+    objects: Arc<dyn ObjectStore>,
+    writer: BlockWriter,
+    opts: CompactorOptions,
+    metrics: CompactorMetrics,
+}
+
+impl Compactor {
+    pub fn new(objects: Arc<dyn ObjectStore>, writer: BlockWriter, opts: CompactorOptions) -> Self {
+        Compactor { objects, writer, opts, metrics: CompactorMetrics::default() }
+    }
+
+    pub fn metrics(&self) -> &CompactorMetrics {
+        &self.metrics
+    }
+
+    /// False while some day cannot be compacted.
+    pub fn ready(&self) -> bool {
+        self.metrics.halted.get() == 0
+    }
+
+    pub async fn round(&self, now_ms: i64) -> Result<CompactRound, ArchiveError> {
+        let mut round = CompactRound::default();
+        if let Some(other) = self.lease(now_ms).await? {
+            round.elsewhere = Some(other);
+            return Ok(round);
+        }
+        let folders = self.scan().await?;
+        // 1. Marked blocks whose delay has passed go, meta first.
+        let delay = ms(self.opts.delete_delay);
+        for (dir, f) in &folders {
+            if f.mark.is_some_and(|m| now_ms.saturating_sub(m) >= delay) {
+                self.delete(dir, f).await?;
+                round.deleted += 1;
+            }
+        }
+        let live: BTreeMap<&Path, &BlockMeta> = folders
+            .iter()
+            .filter(|(_, f)| f.mark.is_none())
+            .filter_map(|(d, f)| match &f.meta {
+                Some(Ok(m)) if m.resolution_ms == 0 => Some((d, m)),
+                _ => None,
+            })
+            .collect();
+        // 2. Retention.
+        let mut expired: BTreeSet<&Path> = BTreeSet::new();
+        if let Some(keep) = self.opts.retention_raw {
+            let before = now_ms.saturating_sub(ms(keep));
+            for (dir, m) in &live {
+                if m.max_time <= before {
+                    self.mark(dir, now_ms, "past the raw retention").await?;
+                    round.marked += 1;
+                    expired.insert(dir);
+                }
+            }
+        }
+        // 3. Days wholly archived with more than their day block in them.
+        let until = read_progress(self.objects.as_ref()).await?.unwrap_or(i64::MIN);
+        let mut days: BTreeMap<i64, Vec<(&Path, &BlockMeta)>> = BTreeMap::new();
+        // Days that a block crosses into are left as they are: their day block would hold
+        // samples of a block it does not replace.
+        let mut crossed: BTreeSet<i64> = BTreeSet::new();
+        for (dir, m) in &live {
+            let day = m.min_time.div_euclid(DAY).saturating_mul(DAY);
+            if m.max_time <= day.saturating_add(DAY) {
+                days.entry(day).or_default().push((dir, m));
+            } else {
+                let last = m.max_time.saturating_sub(1).div_euclid(DAY).saturating_mul(DAY);
+                let mut d = day;
+                while d <= last && crossed.len() < 10_000 {
+                    crossed.insert(d);
+                    d = d.saturating_add(DAY);
+                }
+            }
+        }
+        let damaged: BTreeSet<i64> = folders
+            .iter()
+            .filter(|(_, f)| f.mark.is_none() && matches!(f.meta, Some(Err(_))))
+            .filter_map(|(d, _)| crate::store::block_range(d).map(|(_, lo, _)| lo.div_euclid(DAY) * DAY))
+            .collect();
+        let mut halted = 0;
+        for (day, blocks) in days {
+            let end = day.saturating_add(DAY);
+            if end > until || crossed.contains(&day) {
+                continue;
+            }
+            // A day on its way out is not worth compacting.
+            if blocks.iter().any(|(d, _)| expired.contains(d)) {
+                continue;
+            }
+            let whole = blocks.iter().find(|(_, m)| m.min_time == day && m.max_time == end);
+            if let Some((whole_dir, _)) = whole {
+                // Written before: what it replaces is let go (a round cut short after the
+                // day block went up).
+                for (dir, _) in blocks.iter().filter(|(d, _)| d != whole_dir) {
+                    self.mark(dir, now_ms, "compacted into the day block").await?;
+                    round.marked += 1;
+                }
+                continue;
+            }
+            if damaged.contains(&day) {
+                halted += 1;
+                let why = format!("day starting {day}: a block of it is damaged (see `strata archive inspect`)");
+                tracing::error!(
+                    day,
+                    "compaction halted for a day: a block of it is damaged; its blocks are kept as they are"
+                );
+                round.halted.push(why);
+                continue;
+            }
+            match self.compact_day(day, &blocks).await {
+                Ok(()) => {
+                    for (dir, _) in &blocks {
+                        self.mark(dir, now_ms, "compacted into the day block").await?;
+                        round.marked += 1;
+                    }
+                    self.metrics.compactions.inc();
+                    round.compacted.push(day);
+                }
+                Err(e) => {
+                    halted += 1;
+                    tracing::error!(day, error = %e, "compaction halted for a day; its blocks are kept as they are");
+                    round.halted.push(format!("day starting {day}: {e}"));
+                }
+            }
+        }
+        self.metrics.halted.set(halted);
+        Ok(round)
+    }
+
+    /// Writes the day block of `blocks`, checked against them before it goes up.
+    async fn compact_day(&self, day: i64, blocks: &[(&Path, &BlockMeta)]) -> Result<(), ArchiveError> {
+        let end = day.saturating_add(DAY);
+        // Every file read is checked against its checksum, and any failure fails the day.
+        let reader = ArchiveStore::new(
+            self.objects.clone(),
+            "compaction",
+            ArchiveStoreOptions { refresh: Duration::ZERO, ..Default::default() },
+        );
+        let gaps: Vec<String> = blocks.iter().flat_map(|(_, m)| m.gaps.clone()).collect();
+        let encoded = QueryScope::new(false, false).run(self.writer.encode_raw(&reader, day, end, gaps)).await?;
+        let Some(block) = encoded else {
+            return Err(ArchiveError::Invalid("its blocks read back empty".into()));
+        };
+        let want: u64 = blocks.iter().map(|(_, m)| m.samples).sum();
+        if block.meta.samples != want {
+            return Err(ArchiveError::Invalid(format!(
+                "the day block would hold {} samples, its {} blocks {want}",
+                block.meta.samples,
+                blocks.len()
+            )));
+        }
+        self.writer.publish(block).await?;
+        tracing::info!(day, blocks = blocks.len(), samples = want, "compacted a day of the archive");
+        Ok(())
+    }
+
+    /// Marks `dir` for deletion (readers leave it out from their next listing).
+    async fn mark(&self, dir: &Path, now_ms: i64, reason: &str) -> Result<(), ArchiveError> {
+        let path = dir.clone().join(DELETION_MARK);
+        let body = serde_json::to_vec(&Mark { marked: now_ms, reason: reason.into() })
+            .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
+        self.objects
+            .put(&path, body.into())
+            .await
+            .map_err(|e| ArchiveError::Object { object: path.to_string(), reason: e.to_string() })?;
+        self.metrics.marked.inc();
+        tracing::info!(block = %dir, reason, "marked for deletion");
+        Ok(())
+    }
+
+    /// Deletes a marked block: its meta first (no reader sees it after), then its files,
+    /// then the mark.
+    async fn delete(&self, dir: &Path, f: &Folder) -> Result<(), ArchiveError> {
+        let meta = dir.clone().join(META);
+        let mark = dir.clone().join(DELETION_MARK);
+        let order = std::iter::once(&meta)
+            .chain(f.files.iter().filter(|p| **p != meta && **p != mark))
+            .chain(std::iter::once(&mark));
+        for path in order {
+            match self.objects.delete(path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(ArchiveError::Object { object: path.to_string(), reason: e.to_string() }),
+            }
+        }
+        self.metrics.deleted.inc();
+        tracing::info!(block = %dir, "deleted a marked block");
+        Ok(())
+    }
+
+    /// Every block folder with its objects, meta and mark.
+    async fn scan(&self) -> Result<BTreeMap<Path, Folder>, ArchiveError> {
+        use futures_util::TryStreamExt;
+        let all: Vec<object_store::ObjectMeta> = self
+            .objects
+            .list(None)
+            .try_collect()
+            .await
+            .map_err(|e| ArchiveError::Object { object: "(listing)".into(), reason: e.to_string() })?;
+        let mut folders: BTreeMap<Path, Folder> = BTreeMap::new();
+        for o in all {
+            let parts: Vec<_> = o.location.parts().collect();
+            // Blocks only: `<resolution>/<day>/<start>-<end>/<file>`.
+            if parts.len() != 4 {
+                continue;
+            }
+            let dir: Path = parts[..3].iter().cloned().collect();
+            if crate::store::block_range(&dir).is_none() {
+                continue;
+            }
+            let f = folders.entry(dir).or_insert(Folder { meta: None, mark: None, files: Vec::new() });
+            f.files.push(o.location.clone());
+        }
+        for (dir, f) in folders.iter_mut() {
+            if f.files.iter().any(|p| p.filename() == Some(META)) {
+                f.meta = Some(read_meta(self.objects.as_ref(), dir).await.map_err(|e| e.to_string()));
+            }
+            if f.files.iter().any(|p| p.filename() == Some(DELETION_MARK)) {
+                f.mark = Some(self.read_mark(&dir.clone().join(DELETION_MARK)).await);
+            }
+        }
+        Ok(folders)
+    }
+
+    /// When a block was marked; a mark that cannot be read counts from the epoch (its
+    /// block is on its way out either way).
+    async fn read_mark(&self, path: &Path) -> i64 {
+        let Ok(got) = self.objects.get(path).await else { return 0 };
+        if got.meta.size > 64 << 10 {
+            return 0;
+        }
+        let Ok(bytes) = got.bytes().await else { return 0 };
+        serde_json::from_slice::<Mark>(&bytes).map_or(0, |m| m.marked)
+    }
+
+    /// Takes or renews the lease; the owner of a live lease otherwise.
+    async fn lease(&self, now_ms: i64) -> Result<Option<String>, ArchiveError> {
+        let path = Path::from(LEASE);
+        let failed = |e: object_store::Error| ArchiveError::Object { object: LEASE.into(), reason: e.to_string() };
+        let lease = ms(self.opts.lease);
+        let body = serde_json::to_vec(&Lease { owner: self.opts.owner.clone(), expires: now_ms.saturating_add(lease) })
+            .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
+        let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+        match self.objects.put_opts(&path, body.clone().into(), create).await {
+            Ok(_) => return Ok(None),
+            Err(object_store::Error::AlreadyExists { .. }) => {}
+            Err(e) => return Err(failed(e)),
+        }
+        let held = match self.objects.get(&path).await {
+            Ok(got) if got.meta.size <= 64 << 10 => {
+                let bytes = got.bytes().await.map_err(failed)?;
+                serde_json::from_slice::<Lease>(&bytes).ok()
+            }
+            Ok(_) => None,
+            Err(object_store::Error::NotFound { .. }) => None,
+            Err(e) => return Err(failed(e)),
+        };
+        if let Some(l) = held {
+            // Live, and not further ahead than a lease can be (a clock ahead).
+            if l.owner != self.opts.owner && l.expires > now_ms && l.expires <= now_ms.saturating_add(lease) {
+                return Ok(Some(l.owner));
+            }
+        }
+        self.objects.put(&path, body.into()).await.map_err(failed)?;
+        Ok(None)
+    }
+
+    /// Rounds every `interval` until `stop`.
+    pub async fn run(self: Arc<Self>, mut stop: watch::Receiver<bool>) {
+        loop {
+            let result = tokio::select! {
+                r = self.round(strata_model::time::now_ms()) => r,
+                _ = stop.changed() => return,
+            };
+            match result {
+                Ok(r) if r.elsewhere.is_some() => {
+                    tracing::debug!(owner = ?r.elsewhere, "another compactor holds the lease");
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.metrics.failures.inc();
+                    tracing::error!(error = %e, "compaction round failed");
+                }
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(self.opts.interval.max(Duration::from_secs(1))) => {}
+                _ = stop.changed() => return,
+            }
+        }
+    }
+}
+
+fn ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{list_blocks, WriteOptions};
+    use object_store::local::LocalFileSystem;
+    use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
+    use strata_store::memory::MemoryStore;
+    use strata_store::{SelectRequest, Store};
+
+    const T0: i64 = 1_764_547_200_000; // a UTC midnight
+    const HOUR: i64 = 3_600_000;
+
+    /// Two series every 15 s over 26 hours, archived in one-hour blocks, and the progress
+    /// record at the end of the first day plus an hour.
+    async fn archived() -> (tempfile::TempDir, Arc<dyn ObjectStore>, MemoryStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+        let mut m = MemoryStore::default();
+        m.set_metadata("gpu_temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() });
+        for gpu in ["0", "1"] {
+            let labels = Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", gpu)]);
+            let samples = (0..26 * 240).map(|k| Sample { t: T0 + k * 15_000 + 3, v: (k % 91) as f64 / 4.0 });
+            m.add(labels, MetricType::Gauge, samples);
+        }
+        let writer = BlockWriter::new(objects.clone(), WriteOptions::default());
+        for h in 0..26 {
+            writer.write_raw(&m, T0 + h * HOUR, T0 + (h + 1) * HOUR).await.unwrap().unwrap();
+        }
+        let record = serde_json::json!({"until": T0 + 25 * HOUR, "owner": "a", "updated": 0}).to_string();
+        objects.put(&Path::from(crate::archiver::PROGRESS), record.into()).await.unwrap();
+        (dir, objects, m)
+    }
+
+    fn compactor(objects: &Arc<dyn ObjectStore>, owner: &str) -> Compactor {
+        let opts = CompactorOptions { owner: owner.into(), ..Default::default() };
+        Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), WriteOptions::default()), opts)
+    }
+
+    async fn everything(objects: &Arc<dyn ObjectStore>) -> Vec<(Labels, Vec<(i64, u64)>)> {
+        let store = ArchiveStore::new(
+            objects.clone(),
+            "t",
+            ArchiveStoreOptions { refresh: Duration::ZERO, ..Default::default() },
+        );
+        let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap();
+        let got = store.select(&SelectRequest::new(vec![all], T0, T0 + 26 * HOUR)).await.unwrap();
+        got.iter()
+            .map(|s| {
+                let pts = s.samples(i64::MIN, i64::MAX).unwrap().iter().map(|p| (p.t, p.v.to_bits())).collect();
+                (s.labels.clone(), pts)
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn an_archived_day_becomes_one_block_and_its_hours_go_after_the_delay() {
+        let (_dir, objects, source) = archived().await;
+        let want = {
+            let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap();
+            let got = source.select(&SelectRequest::new(vec![all], T0, T0 + 26 * HOUR)).await.unwrap();
+            got.iter()
+                .map(|s| {
+                    let pts = s.samples(i64::MIN, i64::MAX).unwrap().iter().map(|p| (p.t, p.v.to_bits())).collect();
+                    (s.labels.clone(), pts)
+                })
+                .collect::<Vec<_>>()
+        };
+        let c = compactor(&objects, "a");
+        let now = T0 + 26 * HOUR + 60_000;
+        let r = c.round(now).await.unwrap();
+        // The second day is not archived whole yet: left alone.
+        assert_eq!((r.compacted.clone(), r.marked, r.deleted), (vec![T0], 24, 0), "{r:?}");
+        assert!(c.ready());
+        // Readers leave the marked hours out at once, and read the same samples.
+        assert_eq!(everything(&objects).await, want);
+        // Before the delay nothing goes; after it, the hours' files do, also those of a
+        // block whose deletion was cut short after its meta.
+        assert_eq!(c.round(now + 60_000).await.unwrap().deleted, 0);
+        let cut = crate::layout::block_dir(0, T0 + 3 * HOUR, T0 + 4 * HOUR);
+        objects.delete(&cut.clone().join(META)).await.unwrap();
+        let r = c.round(now + 16 * 60_000).await.unwrap();
+        assert_eq!(r.deleted, 24, "{r:?}");
+        let blocks = list_blocks(objects.as_ref()).await.unwrap();
+        let ranges: Vec<(i64, i64)> =
+            blocks.iter().map(|(_, m)| m.as_ref().map(|m| (m.min_time, m.max_time)).unwrap()).collect();
+        assert_eq!(
+            ranges,
+            vec![(T0, T0 + 24 * HOUR), (T0 + 24 * HOUR, T0 + 25 * HOUR), (T0 + 25 * HOUR, T0 + 26 * HOUR)]
+        );
+        assert!(crate::tests::objects_named(objects.as_ref(), DELETION_MARK).await.is_empty());
+        assert!(crate::tests::objects_named(objects.as_ref(), "data.parquet").await.len() == 3);
+        assert_eq!(everything(&objects).await, want);
+    }
+
+    #[tokio::test]
+    async fn a_round_cut_short_after_the_day_block_marks_its_hours_next_time() {
+        let (_dir, objects, source) = archived().await;
+        // The day block went up, and the compactor died before marking the hours.
+        BlockWriter::new(objects.clone(), WriteOptions::default())
+            .write_raw(&source, T0, T0 + 24 * HOUR)
+            .await
+            .unwrap();
+        let r = compactor(&objects, "a").round(T0 + 26 * HOUR).await.unwrap();
+        assert_eq!((r.compacted.len(), r.marked), (0, 24), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_damaged_block_halts_its_day_loudly_and_keeps_every_block() {
+        let (_dir, objects, _) = archived().await;
+        let data = crate::layout::block_dir(0, T0 + 5 * HOUR, T0 + 6 * HOUR).join(crate::layout::DATA);
+        let mut bytes = objects.get(&data).await.unwrap().bytes().await.unwrap().to_vec();
+        let mid = bytes.len() / 2;
+        bytes[mid] ^= 0xff;
+        objects.put(&data, bytes.into()).await.unwrap();
+        let c = compactor(&objects, "a");
+        let r = c.round(T0 + 26 * HOUR).await.unwrap();
+        assert!(r.compacted.is_empty() && r.marked == 0, "{r:?}");
+        assert_eq!(r.halted.len(), 1, "{r:?}");
+        assert!(!c.ready());
+        assert_eq!(list_blocks(objects.as_ref()).await.unwrap().len(), 26);
+    }
+
+    #[tokio::test]
+    async fn a_day_that_a_block_crosses_into_is_left_as_it_is() {
+        let (_dir, objects, _) = archived().await;
+        let mut other = MemoryStore::default();
+        let labels = Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", "2")]);
+        other.add(labels, MetricType::Gauge, (0..480).map(|k| Sample { t: T0 + 23 * HOUR + k * 15_000, v: 1.0 }));
+        BlockWriter::new(objects.clone(), WriteOptions::default())
+            .write_raw(&other, T0 + 23 * HOUR, T0 + 25 * HOUR)
+            .await
+            .unwrap()
+            .unwrap();
+        let c = compactor(&objects, "a");
+        let r = c.round(T0 + 26 * HOUR).await.unwrap();
+        assert!(r.compacted.is_empty() && r.marked == 0 && r.halted.is_empty(), "{r:?}");
+        assert!(c.ready());
+    }
+
+    #[tokio::test]
+    async fn one_compactor_at_a_time_and_retention_marks_what_is_past_it() {
+        let (_dir, objects, _) = archived().await;
+        let now = T0 + 26 * HOUR;
+        assert!(compactor(&objects, "a").lease(now).await.unwrap().is_none());
+        let r = compactor(&objects, "b").round(now).await.unwrap();
+        assert_eq!(r.elsewhere.as_deref(), Some("a"));
+        assert!(r.compacted.is_empty());
+        // a's lease runs out: b goes on; retention of 3 hours marks the 23 blocks that end
+        // 3 hours before now, and the first day (on its way out) is not compacted.
+        let mut opts = CompactorOptions { owner: "b".into(), ..Default::default() };
+        opts.retention_raw = Some(Duration::from_secs(3 * 3600));
+        let b = Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), WriteOptions::default()), opts);
+        let r = b.round(now + 16 * 60_000).await.unwrap();
+        assert!(r.compacted.is_empty(), "{r:?}");
+        assert_eq!(r.marked, 23, "{r:?}");
+    }
+}
