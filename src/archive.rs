@@ -6,7 +6,7 @@ use anyhow::Context;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata_archive::{archive_store, list_blocks, BlockReader, BlockWriter, WriteOptions};
+use strata_archive::{archive_store, list_blocks, BlockReader, BlockWriter, ObjectStoreExt, WriteOptions};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::TsdbStore;
 
@@ -44,12 +44,26 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
     );
     let (min, max) = (db.min_time(), db.max_time());
     anyhow::ensure!(min <= max, "{}: no samples", openmetrics.display());
-    let writer = BlockWriter::new(archive, WriteOptions::default());
+    let writer = BlockWriter::new(archive.clone(), WriteOptions::default());
     let source = TsdbStore(db.clone());
     let (mut blocks, mut bytes, mut samples) = (0, 0u64, 0u64);
+    let mut kept = Vec::new();
     let mut start = min.div_euclid(block_ms) * block_ms;
     while start <= max {
-        let end = start + block_ms;
+        let end = start.saturating_add(block_ms);
+        // A block already there (the archiver's, a compacted day, an earlier import) is
+        // never written over: what it holds may not be in this file.
+        let dir = strata_archive::layout::block_dir(0, start, end);
+        match archive.head(&dir.clone().join(strata_archive::layout::META)).await {
+            Ok(_) => {
+                eprintln!("\n  {dir} is already in the archive: left as it is, this file's samples in it not imported");
+                kept.push(dir.to_string());
+                start = end;
+                continue;
+            }
+            Err(strata_archive::ObjectStoreError::NotFound { .. }) => {}
+            Err(e) => anyhow::bail!("{dir}: {e}"),
+        }
         if let Some(meta) = writer.write_raw(&source, start, end).await? {
             blocks += 1;
             bytes += meta.bytes();
@@ -63,6 +77,12 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         "imported {samples} samples into {blocks} raw blocks at {url}: {bytes} bytes, {:.3} bytes per sample, in {:.1} s",
         bytes as f64 / samples.max(1) as f64,
         started.elapsed().as_secs_f64()
+    );
+    anyhow::ensure!(
+        kept.is_empty(),
+        "{} ranges were already in the archive and were not imported: {} (remove those blocks to import them)",
+        kept.len(),
+        kept.join(", ")
     );
     Ok(())
 }

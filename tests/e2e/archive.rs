@@ -129,6 +129,11 @@ fn an_imported_archive_reads_in_duckdb_and_pyarrow_as_it_was_written() {
     let listed = strata(&["archive", "inspect", &arch]);
     assert!(listed.status.success(), "{}", text(&listed.stdout));
     assert_eq!(text(&listed.stdout).lines().filter(|l| l.starts_with("raw ")).count(), 3, "{}", text(&listed.stdout));
+    // Imported again: no block is written over, and the import says which it left.
+    let again = strata(&["archive", "import", "--openmetrics", &om, "--archive", &arch, "--block", "1h"]);
+    assert!(!again.status.success(), "{}", text(&again.stdout));
+    assert!(text(&again.stderr).contains("3 ranges were already in the archive"), "{}", text(&again.stderr));
+    assert!(text(&again.stdout).contains("imported 0 samples into 0 raw blocks"), "{}", text(&again.stdout));
 
     let script = d.join("query.py");
     std::fs::write(&script, QUERY).unwrap();

@@ -336,21 +336,33 @@ impl Archiver {
     /// Whether the block of `[start, end)` is there (its meta); an error other than
     /// "not found" fails the round rather than writing the range again.
     async fn archived(&self, start: i64, end: i64) -> Result<bool, ArchiveError> {
-        // The range's own block, or the day block compaction replaced it with.
+        // The range's own block, or the day block that compaction replaced it with (one
+        // that lists it: a day block from an import holds other data).
+        let own = block_dir(0, start, end);
+        match self.objects.head(&own.clone().join(META)).await {
+            Ok(_) => return Ok(true),
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(ArchiveError::Object { object: own.join(META).to_string(), reason: e.to_string() }),
+        }
         const DAY: i64 = 86_400_000;
         let day = start.div_euclid(DAY).saturating_mul(DAY);
-        let mut metas = vec![block_dir(0, start, end).join(META)];
-        if end <= day.saturating_add(DAY) && (start, end) != (day, day.saturating_add(DAY)) {
-            metas.push(block_dir(0, day, day.saturating_add(DAY)).join(META));
+        if end > day.saturating_add(DAY) || (start, end) == (day, day.saturating_add(DAY)) {
+            return Ok(false);
         }
-        for meta in metas {
-            match self.objects.head(&meta).await {
-                Ok(_) => return Ok(true),
-                Err(object_store::Error::NotFound { .. }) => {}
-                Err(e) => return Err(ArchiveError::Object { object: meta.to_string(), reason: e.to_string() }),
+        let day_dir = block_dir(0, day, day.saturating_add(DAY));
+        match self.objects.head(&day_dir.clone().join(META)).await {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => return Ok(false),
+            Err(e) => {
+                return Err(ArchiveError::Object { object: day_dir.join(META).to_string(), reason: e.to_string() })
             }
         }
-        Ok(false)
+        match crate::reader::read_meta(self.objects.as_ref(), &day_dir).await {
+            Ok(m) => Ok(m.compacted_from.iter().any(|s| s.dir == own.as_ref())),
+            // A damaged day meta vouches for nothing: the range is written on its own.
+            Err(ArchiveError::Corrupt { .. }) => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// Every range before `end` is done: the record moves there (never past now).
@@ -381,7 +393,8 @@ impl Archiver {
         }
         let partial = !gaps.is_empty();
         let scope = QueryScope::new(partial, true);
-        let encoded = scope.clone().run(self.writer.encode_raw(self.source.as_ref(), start, end, gaps.clone())).await;
+        let encoded =
+            scope.clone().run(self.writer.encode_raw(self.source.as_ref(), start, end, gaps.clone(), None)).await;
         // What the stores warned of is a hole in the block: with every store required
         // (an HA replica stood in for one that failed, say) it fails the attempt; past
         // max_wait it joins the gaps.
@@ -820,5 +833,29 @@ mod tests {
             reader.verify().await.unwrap();
             assert_eq!(meta.as_ref().unwrap().samples, 2 * 240);
         }
+    }
+
+    #[tokio::test]
+    async fn a_day_block_counts_for_a_range_only_when_compaction_lists_it() {
+        let s = setup();
+        let now = T0 + 7 * HOUR / 2 + 60_000;
+        // An import's day block over the same day: it lists nothing, so it stands for no
+        // range of the archiver's.
+        let writer = BlockWriter::new(s.objects.clone(), WriteOptions::default());
+        writer.write_raw(s.source.as_ref(), T0, T0 + 24 * HOUR).await.unwrap().unwrap();
+        let a = archiver(&s, "a");
+        assert!(!a.archived(T0, T0 + HOUR).await.unwrap());
+        assert_eq!(ranges(&a.round(now).await.unwrap()).len(), 3);
+        // A compacted day block that lists the first hour does.
+        let mut block =
+            writer.encode_raw(s.source.as_ref(), T0, T0 + 24 * HOUR, Vec::new(), None).await.unwrap().unwrap();
+        let first = block_dir(0, T0, T0 + HOUR);
+        block.meta.compacted_from = vec![crate::meta::Source { dir: first.to_string(), samples: 480 }];
+        writer.publish(block).await.unwrap();
+        s.objects.delete(&first.join(META)).await.unwrap();
+        assert!(a.archived(T0, T0 + HOUR).await.unwrap());
+        assert!(a.archived(T0 + HOUR, T0 + 2 * HOUR).await.unwrap(), "its own block");
+        s.objects.delete(&block_dir(0, T0 + HOUR, T0 + 2 * HOUR).join(META)).await.unwrap();
+        assert!(!a.archived(T0 + HOUR, T0 + 2 * HOUR).await.unwrap());
     }
 }

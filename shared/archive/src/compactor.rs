@@ -6,23 +6,31 @@
 //! progress record is past its end (every range of it archived): its blocks are read back
 //! through an [`ArchiveStore`] (each file checked against its checksum), written as the
 //! day's block, and the day block's sample count checked against theirs before anything is
-//! let go. Blocks are never deleted at once: a `deletion-mark.json` goes into the folder
+//! let go, and again once it is up (read back whole against its checksums). The day block
+//! lists the blocks it replaces and their counts, and only those are ever let go for it.
+//! Blocks are never deleted at once: a `deletion-mark.json` goes into the folder
 //! first, readers leave marked blocks out from their next listing, and the files go
 //! `delete_delay` later (the meta first, so a deletion cut short leaves no block that
 //! reads as damaged). A compactor killed at any step leaves either the old blocks, or both
 //! (the day block then wins: its sources are marked at the next round), or marks whose
 //! deletion the next round finishes. A day that cannot be compacted (a damaged block in
 //! it, counts that disagree) halts: logged, counted, shown in `/metrics` and `/-/ready`,
-//! and its blocks kept as they are.
+//! and its blocks kept as they are. A day that compaction does not apply to (blocks that
+//! overlap or cross into it, more samples than `max_day_samples`, which bounds the
+//! compactor's memory) is left as it is and counted as skipped: readers merge it as is.
+//!
+//! The lease is taken over with a conditional write where the store has one (S3, GCS,
+//! Azure), and checked again before each day is written, so a compactor whose round
+//! outlasts its lease stops rather than writing beside the one that took over.
 
 use crate::archiver::read_progress;
 use crate::layout::META;
-use crate::meta::BlockMeta;
-use crate::reader::read_meta;
+use crate::meta::{BlockMeta, Source};
+use crate::reader::{read_meta, BlockReader};
 use crate::writer::BlockWriter;
 use crate::{ArchiveError, ArchiveStore, ArchiveStoreOptions};
 use object_store::path::Path;
-use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions};
+use object_store::{ObjectStore, ObjectStoreExt, PutMode, PutOptions, UpdateVersion};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -30,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
+use strata_model::Metadata;
 use strata_store::QueryScope;
 use tokio::sync::watch;
 
@@ -50,6 +59,9 @@ pub struct CompactorOptions {
     pub delete_delay: Duration,
     /// Raw blocks ending longer ago than this are deleted; `None`: kept for ever.
     pub retention_raw: Option<Duration>,
+    /// A day with more raw samples than this is not compacted (it is read whole into
+    /// memory, about 4 bytes per sample).
+    pub max_day_samples: u64,
     pub owner: String,
 }
 
@@ -60,6 +72,7 @@ impl Default for CompactorOptions {
             lease: Duration::from_secs(15 * 60),
             delete_delay: Duration::from_secs(15 * 60),
             retention_raw: None,
+            max_day_samples: 100_000_000,
             owner: "strata".into(),
         }
     }
@@ -73,6 +86,7 @@ pub struct CompactorMetrics {
     deleted: Counter,
     failures: Counter,
     halted: Gauge,
+    skipped: Gauge,
 }
 
 impl CompactorMetrics {
@@ -90,6 +104,11 @@ impl CompactorMetrics {
             "compaction_halted_days",
             "Days that cannot be compacted (a damaged block, counts that disagree): see the log",
             self.halted.clone(),
+        );
+        r.register(
+            "compaction_skipped_days",
+            "Archived days left uncompacted: blocks overlap or cross into them, or more samples than the budget",
+            self.skipped.clone(),
         );
     }
 }
@@ -116,6 +135,8 @@ pub struct CompactRound {
     pub deleted: usize,
     /// Days that could not be compacted, with why.
     pub halted: Vec<String>,
+    /// Days compaction does not apply to, with why.
+    pub skipped: Vec<String>,
     /// Set when another compactor holds the lease.
     pub elsewhere: Option<String>,
 }
@@ -123,6 +144,8 @@ pub struct CompactRound {
 /// A block folder as listed: its meta (if it has one) and whether it is marked.
 struct Folder {
     meta: Option<Result<BlockMeta, String>>,
+    /// When it was marked; `i64::MAX` for a mark that cannot be read (the block stays out
+    /// of listings, and its files stay until the mark reads).
     mark: Option<i64>,
     files: Vec<Path>,
 }
@@ -149,8 +172,13 @@ impl Compactor {
     }
 
     pub async fn round(&self, now_ms: i64) -> Result<CompactRound, ArchiveError> {
+        let started = std::time::Instant::now();
+        let clock = || now_ms.saturating_add(ms(started.elapsed()));
         let mut round = CompactRound::default();
         if let Some(other) = self.lease(now_ms).await? {
+            // Not this compactor's to judge.
+            self.metrics.halted.set(0);
+            self.metrics.skipped.set(0);
             round.elsewhere = Some(other);
             return Ok(round);
         }
@@ -171,10 +199,12 @@ impl Compactor {
                 _ => None,
             })
             .collect();
-        // 2. Retention.
+        let until = read_progress(self.objects.as_ref()).await?;
+        // 2. Retention, counted from the archive's progress when there is one (a clock
+        // that jumps ahead does not expire what was just archived).
         let mut expired: BTreeSet<&Path> = BTreeSet::new();
         if let Some(keep) = self.opts.retention_raw {
-            let before = now_ms.saturating_sub(ms(keep));
+            let before = now_ms.min(until.unwrap_or(now_ms)).saturating_sub(ms(keep));
             for (dir, m) in &live {
                 if m.max_time <= before {
                     self.mark(dir, now_ms, "past the raw retention").await?;
@@ -184,7 +214,7 @@ impl Compactor {
             }
         }
         // 3. Days wholly archived with more than their day block in them.
-        let until = read_progress(self.objects.as_ref()).await?.unwrap_or(i64::MIN);
+        let until = until.unwrap_or(i64::MIN);
         let mut days: BTreeMap<i64, Vec<(&Path, &BlockMeta)>> = BTreeMap::new();
         // Days that a block crosses into are left as they are: their day block would hold
         // samples of a block it does not replace.
@@ -210,21 +240,49 @@ impl Compactor {
         let mut halted = 0;
         for (day, blocks) in days {
             let end = day.saturating_add(DAY);
-            if end > until || crossed.contains(&day) {
+            if end > until {
                 continue;
             }
             // A day on its way out is not worth compacting.
             if blocks.iter().any(|(d, _)| expired.contains(d)) {
                 continue;
             }
-            let whole = blocks.iter().find(|(_, m)| m.min_time == day && m.max_time == end);
-            if let Some((whole_dir, _)) = whole {
-                // Written before: what it replaces is let go (a round cut short after the
-                // day block went up).
+            if let Some((whole_dir, whole)) = blocks.iter().find(|(_, m)| m.min_time == day && m.max_time == end) {
+                // Written before (a round cut short after the day block went up): what it
+                // lists as replaced is let go; anything else beside it stays.
+                let mut others = 0;
                 for (dir, _) in blocks.iter().filter(|(d, _)| d != whole_dir) {
-                    self.mark(dir, now_ms, "compacted into the day block").await?;
-                    round.marked += 1;
+                    if whole.compacted_from.iter().any(|s| s.dir == dir.as_ref()) {
+                        self.mark(dir, now_ms, "compacted into the day block").await?;
+                        round.marked += 1;
+                    } else {
+                        others += 1;
+                    }
                 }
+                if others > 0 {
+                    round.skipped.push(format!("day starting {day}: {others} blocks beside its day block overlap it"));
+                }
+                continue;
+            }
+            if blocks.len() < 2 {
+                continue;
+            }
+            if crossed.contains(&day) {
+                round.skipped.push(format!("day starting {day}: a block crosses into it"));
+                continue;
+            }
+            let mut ranges: Vec<(i64, i64)> = blocks.iter().map(|(_, m)| (m.min_time, m.max_time)).collect();
+            ranges.sort_unstable();
+            if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+                round.skipped.push(format!("day starting {day}: its blocks overlap"));
+                continue;
+            }
+            let samples = blocks.iter().fold(0u64, |n, (_, m)| n.saturating_add(m.samples));
+            if samples > self.opts.max_day_samples {
+                round.skipped.push(format!(
+                    "day starting {day}: {samples} samples, over the budget of {}",
+                    self.opts.max_day_samples
+                ));
                 continue;
             }
             if damaged.contains(&day) {
@@ -236,6 +294,12 @@ impl Compactor {
                 );
                 round.halted.push(why);
                 continue;
+            }
+            // Still this compactor's bucket (a long round can outlast the lease).
+            if let Some(other) = self.lease(clock()).await? {
+                tracing::warn!(owner = %other, "the compaction lease was taken over during a round: stopping");
+                round.elsewhere = Some(other);
+                break;
             }
             match self.compact_day(day, &blocks).await {
                 Ok(()) => {
@@ -253,25 +317,46 @@ impl Compactor {
                 }
             }
         }
+        for why in &round.skipped {
+            tracing::debug!(why, "an archived day is left uncompacted");
+        }
         self.metrics.halted.set(halted);
+        self.metrics.skipped.set(i64::try_from(round.skipped.len()).unwrap_or(i64::MAX));
         Ok(round)
     }
 
-    /// Writes the day block of `blocks`, checked against them before it goes up.
+    /// Writes the day block of `blocks`, checked against them before and after it goes up.
     async fn compact_day(&self, day: i64, blocks: &[(&Path, &BlockMeta)]) -> Result<(), ArchiveError> {
         let end = day.saturating_add(DAY);
+        // Units and help as the blocks have them (not as the newest blocks do).
+        let mut families = std::collections::HashMap::new();
+        for (dir, _) in blocks {
+            let block = BlockReader::open(self.objects.clone(), (*dir).clone()).await?;
+            for s in block.series() {
+                if s.help.is_empty() && s.unit.is_empty() {
+                    continue;
+                }
+                let name = s.labels.metric_name().unwrap_or_default();
+                families.entry(name.to_string()).or_insert_with(|| Metadata {
+                    metric_type: s.metric_type,
+                    help: s.help.clone(),
+                    unit: s.unit.clone(),
+                });
+            }
+        }
         // Every file read is checked against its checksum, and any failure fails the day.
         let reader = ArchiveStore::new(
             self.objects.clone(),
             "compaction",
             ArchiveStoreOptions { refresh: Duration::ZERO, ..Default::default() },
         );
-        let gaps: Vec<String> = blocks.iter().flat_map(|(_, m)| m.gaps.clone()).collect();
-        let encoded = QueryScope::new(false, false).run(self.writer.encode_raw(&reader, day, end, gaps)).await?;
-        let Some(block) = encoded else {
+        let encoded = QueryScope::new(false, false)
+            .run(self.writer.encode_raw(&reader, day, end, day_gaps(blocks), Some(families)))
+            .await?;
+        let Some(mut block) = encoded else {
             return Err(ArchiveError::Invalid("its blocks read back empty".into()));
         };
-        let want: u64 = blocks.iter().map(|(_, m)| m.samples).sum();
+        let want = blocks.iter().fold(0u64, |n, (_, m)| n.saturating_add(m.samples));
         if block.meta.samples != want {
             return Err(ArchiveError::Invalid(format!(
                 "the day block would hold {} samples, its {} blocks {want}",
@@ -279,7 +364,27 @@ impl Compactor {
                 blocks.len()
             )));
         }
-        self.writer.publish(block).await?;
+        block.meta.compacted_from =
+            blocks.iter().map(|(d, m)| Source { dir: d.as_ref().to_string(), samples: m.samples }).collect();
+        let dir = block.dir.clone();
+        let written = self.writer.publish(block).await?;
+        // Read back whole before anything is let go; a day block that does not read back is
+        // taken away again (its meta), so the next round neither trusts nor serves it.
+        let check = async {
+            let back = BlockReader::open(self.objects.clone(), dir.clone()).await?;
+            back.verify().await?;
+            if back.meta != written {
+                return Err(ArchiveError::Corrupt {
+                    object: dir.clone().join(META).to_string(),
+                    reason: "reads back other than it was written".into(),
+                });
+            }
+            Ok(())
+        };
+        if let Err(e) = check.await {
+            let _ = self.objects.delete(&dir.clone().join(META)).await;
+            return Err(e);
+        }
         tracing::info!(day, blocks = blocks.len(), samples = want, "compacted a day of the archive");
         Ok(())
     }
@@ -351,18 +456,29 @@ impl Compactor {
         Ok(folders)
     }
 
-    /// When a block was marked; a mark that cannot be read counts from the epoch (its
-    /// block is on its way out either way).
+    /// When a block was marked; `i64::MAX` (not yet) for a mark that cannot be read, so
+    /// no block goes before its readers have had the delay to let go of it.
     async fn read_mark(&self, path: &Path) -> i64 {
-        let Ok(got) = self.objects.get(path).await else { return 0 };
-        if got.meta.size > 64 << 10 {
-            return 0;
+        let read = async {
+            let got = self.objects.get(path).await.ok()?;
+            if got.meta.size > 64 << 10 {
+                return None;
+            }
+            let bytes = got.bytes().await.ok()?;
+            serde_json::from_slice::<Mark>(&bytes).ok().map(|m| m.marked)
+        };
+        match read.await {
+            Some(t) => t,
+            None => {
+                tracing::warn!(mark = %path, "a deletion mark that cannot be read: its block is left out and kept");
+                i64::MAX
+            }
         }
-        let Ok(bytes) = got.bytes().await else { return 0 };
-        serde_json::from_slice::<Mark>(&bytes).map_or(0, |m| m.marked)
     }
 
-    /// Takes or renews the lease; the owner of a live lease otherwise.
+    /// Takes or renews the lease; the owner of a live lease otherwise. A takeover is a
+    /// conditional write on the lease's version where the store has one, so of two
+    /// compactors that both find it expired only one gets it.
     async fn lease(&self, now_ms: i64) -> Result<Option<String>, ArchiveError> {
         let path = Path::from(LEASE);
         let failed = |e: object_store::Error| ArchiveError::Object { object: LEASE.into(), reason: e.to_string() };
@@ -375,19 +491,40 @@ impl Compactor {
             Err(object_store::Error::AlreadyExists { .. }) => {}
             Err(e) => return Err(failed(e)),
         }
-        let held = match self.objects.get(&path).await {
-            Ok(got) if got.meta.size <= 64 << 10 => {
-                let bytes = got.bytes().await.map_err(failed)?;
-                serde_json::from_slice::<Lease>(&bytes).ok()
+        let (held, version) = match self.objects.get(&path).await {
+            Ok(got) => {
+                let version = UpdateVersion { e_tag: got.meta.e_tag.clone(), version: got.meta.version.clone() };
+                let held = if got.meta.size <= 64 << 10 {
+                    serde_json::from_slice::<Lease>(&got.bytes().await.map_err(failed)?).ok()
+                } else {
+                    None
+                };
+                (held, Some(version))
             }
-            Ok(_) => None,
-            Err(object_store::Error::NotFound { .. }) => None,
+            Err(object_store::Error::NotFound { .. }) => (None, None),
             Err(e) => return Err(failed(e)),
         };
-        if let Some(l) = held {
-            // Live, and not further ahead than a lease can be (a clock ahead).
-            if l.owner != self.opts.owner && l.expires > now_ms && l.expires <= now_ms.saturating_add(lease) {
-                return Ok(Some(l.owner));
+        if let Some(l) = &held {
+            // Live, unless further ahead than a clock could be off by (a lease that would
+            // never run out otherwise).
+            let live = l.expires > now_ms && l.expires <= now_ms.saturating_add(lease.saturating_mul(4));
+            if l.owner != self.opts.owner && live {
+                return Ok(Some(l.owner.clone()));
+            }
+        }
+        let conditional = version
+            .filter(|v| v.e_tag.is_some() || v.version.is_some())
+            .map(|v| PutOptions { mode: PutMode::Update(v), ..Default::default() });
+        if let Some(opts) = conditional {
+            match self.objects.put_opts(&path, body.clone().into(), opts).await {
+                Ok(_) => return Ok(None),
+                Err(object_store::Error::Precondition { .. }) => {
+                    return Ok(Some("(another compactor, which took the lease just now)".into()));
+                }
+                // Stores without conditional updates (a local folder, where one process
+                // runs): the plain write below.
+                Err(object_store::Error::NotImplemented { .. }) => {}
+                Err(e) => return Err(failed(e)),
             }
         }
         self.objects.put(&path, body.into()).await.map_err(failed)?;
@@ -417,6 +554,17 @@ impl Compactor {
             }
         }
     }
+}
+
+/// The gaps of a day's blocks, each once, and no more than a meta should carry.
+fn day_gaps(blocks: &[(&Path, &BlockMeta)]) -> Vec<String> {
+    const MAX: usize = 64;
+    let all: BTreeSet<&String> = blocks.iter().flat_map(|(_, m)| m.gaps.iter()).collect();
+    let mut out: Vec<String> = all.iter().take(MAX).map(|g| g.chars().take(1024).collect()).collect();
+    if all.len() > MAX {
+        out.push(format!("... and {} more gaps", all.len() - MAX));
+    }
+    out
 }
 
 fn ms(d: Duration) -> i64 {
@@ -519,14 +667,58 @@ mod tests {
 
     #[tokio::test]
     async fn a_round_cut_short_after_the_day_block_marks_its_hours_next_time() {
-        let (_dir, objects, source) = archived().await;
+        let (_dir, objects, _) = archived().await;
+        let c = compactor(&objects, "a");
         // The day block went up, and the compactor died before marking the hours.
+        let day: Vec<(Path, BlockMeta)> = list_blocks(objects.as_ref())
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(d, m)| (d, m.unwrap()))
+            .filter(|(_, m)| m.max_time <= T0 + 24 * HOUR)
+            .collect();
+        let refs: Vec<(&Path, &BlockMeta)> = day.iter().map(|(d, m)| (d, m)).collect();
+        c.compact_day(T0, &refs).await.unwrap();
+        let r = c.round(T0 + 26 * HOUR).await.unwrap();
+        assert_eq!((r.compacted.len(), r.marked), (0, 24), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn a_day_block_from_an_import_lets_go_of_nothing() {
+        let (_dir, objects, source) = archived().await;
+        // `strata archive import` wrote a day block beside the archiver's hours: it lists
+        // nothing it replaces, so the hours stay (readers merge the two).
         BlockWriter::new(objects.clone(), WriteOptions::default())
             .write_raw(&source, T0, T0 + 24 * HOUR)
             .await
+            .unwrap()
             .unwrap();
-        let r = compactor(&objects, "a").round(T0 + 26 * HOUR).await.unwrap();
-        assert_eq!((r.compacted.len(), r.marked), (0, 24), "{r:?}");
+        let c = compactor(&objects, "a");
+        let r = c.round(T0 + 26 * HOUR).await.unwrap();
+        assert_eq!((r.compacted.len(), r.marked, r.skipped.len()), (0, 0, 1), "{r:?}");
+        assert!(c.ready());
+        assert_eq!(list_blocks(objects.as_ref()).await.unwrap().len(), 27);
+    }
+
+    #[tokio::test]
+    async fn a_day_over_the_sample_budget_is_skipped_and_kept() {
+        let (_dir, objects, _) = archived().await;
+        let opts = CompactorOptions { owner: "a".into(), max_day_samples: 24 * 480 - 1, ..Default::default() };
+        let c = Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), WriteOptions::default()), opts);
+        let r = c.round(T0 + 26 * HOUR).await.unwrap();
+        assert!(r.compacted.is_empty() && r.marked == 0 && r.halted.is_empty(), "{r:?}");
+        assert_eq!(r.skipped.len(), 1, "{r:?}");
+        assert!(c.ready());
+    }
+
+    #[tokio::test]
+    async fn a_mark_that_cannot_be_read_deletes_nothing() {
+        let (_dir, objects, _) = archived().await;
+        let dir = crate::layout::block_dir(0, T0, T0 + HOUR);
+        objects.put(&dir.clone().join(DELETION_MARK), "not json".into()).await.unwrap();
+        let r = compactor(&objects, "a").round(T0 + 400 * HOUR).await.unwrap();
+        assert_eq!(r.deleted, 0, "{r:?}");
+        assert!(objects.head(&dir.join(crate::layout::DATA)).await.is_ok());
     }
 
     #[tokio::test]
@@ -570,13 +762,21 @@ mod tests {
         let r = compactor(&objects, "b").round(now).await.unwrap();
         assert_eq!(r.elsewhere.as_deref(), Some("a"));
         assert!(r.compacted.is_empty());
-        // a's lease runs out: b goes on; retention of 3 hours marks the 23 blocks that end
-        // 3 hours before now, and the first day (on its way out) is not compacted.
+        // a's clock is half an hour ahead of b's: its lease still counts as live for b.
+        assert!(compactor(&objects, "a").lease(now + HOUR / 2).await.unwrap().is_none());
+        assert_eq!(compactor(&objects, "b").lease(now).await.unwrap().as_deref(), Some("a"));
+        // A lease further ahead than any clock could be is taken over (and back).
+        assert!(compactor(&objects, "a").lease(now + 1000 * HOUR).await.unwrap().is_none());
+        assert!(compactor(&objects, "b").lease(now).await.unwrap().is_none());
+        assert_eq!(compactor(&objects, "a").lease(now).await.unwrap().as_deref(), Some("b"));
+        // b holds the lease; retention of 3 hours marks the 22 blocks that end 3 hours
+        // before the archive's progress (not the clock's now), and the first day (on its
+        // way out) is not compacted.
         let mut opts = CompactorOptions { owner: "b".into(), ..Default::default() };
         opts.retention_raw = Some(Duration::from_secs(3 * 3600));
         let b = Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), WriteOptions::default()), opts);
         let r = b.round(now + 16 * 60_000).await.unwrap();
         assert!(r.compacted.is_empty(), "{r:?}");
-        assert_eq!(r.marked, 23, "{r:?}");
+        assert_eq!(r.marked, 22, "{r:?}");
     }
 }

@@ -22,6 +22,7 @@ pub mod writer;
 
 pub use archiver::{Archiver, ArchiverOptions, Coverage};
 pub use compactor::{Compactor, CompactorOptions};
+pub use object_store::Error as ObjectStoreError;
 pub use object_store::{ObjectStore, ObjectStoreExt};
 pub use reader::{list_blocks, ArchivedSeries, BlockReader};
 use std::sync::Arc;

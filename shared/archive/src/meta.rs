@@ -25,7 +25,20 @@ pub struct BlockMeta {
     /// answer): readers warn that answers over this block may be incomplete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub gaps: Vec<String>,
+    /// A block written by compaction: the folders of the blocks it replaces, each with its
+    /// sample count. Only these are let go once it is there (a day block from an import is
+    /// no reason to delete what the archiver wrote).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub compacted_from: Vec<Source>,
     pub files: Vec<FileMeta>,
+}
+
+/// A block that a compacted block replaces.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// Its folder, from the bucket's root.
+    pub dir: String,
+    pub samples: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -117,8 +117,24 @@ pub(crate) async fn read_meta(store: &dyn ObjectStore, dir: &Path) -> Result<Blo
     if head.size > MAX_META_BYTES {
         return Err(ArchiveError::Corrupt { object: path.to_string(), reason: format!("{} bytes", head.size) });
     }
-    BlockMeta::parse(&get(store, &path).await?)
-        .map_err(|reason| ArchiveError::Corrupt { object: path.to_string(), reason })
+    let meta = BlockMeta::parse(&get(store, &path).await?)
+        .map_err(|reason| ArchiveError::Corrupt { object: path.to_string(), reason })?;
+    // A block's name is its range: a meta that says otherwise was not written by Strata
+    // (and trusting it would let a crafted meta stand for blocks it does not hold).
+    if let Some((res, lo, hi)) = crate::store::block_range(dir) {
+        if (res.as_str(), lo, hi)
+            != (crate::layout::resolution_dir(meta.resolution_ms).as_str(), meta.min_time, meta.max_time)
+        {
+            let reason = format!(
+                "the meta says {} [{}, {}), the folder's name {res} [{lo}, {hi})",
+                crate::layout::resolution_dir(meta.resolution_ms),
+                meta.min_time,
+                meta.max_time
+            );
+            return Err(ArchiveError::Corrupt { object: path.to_string(), reason });
+        }
+    }
+    Ok(meta)
 }
 
 fn corrupt(path: &Path, reason: impl Into<String>) -> ArchiveError {

@@ -149,7 +149,7 @@ struct SeriesRow {
 }
 
 /// Each metric family's metadata (unit and help), from the store.
-async fn families(source: &dyn Store) -> HashMap<String, strata_model::Metadata> {
+async fn source_families(source: &dyn Store) -> HashMap<String, strata_model::Metadata> {
     match source.metadata(None).await {
         Ok(m) => m.into_iter().collect(),
         Err(e) => {
@@ -243,20 +243,22 @@ impl BlockWriter {
     /// The raw samples `source` holds in `[start, end)` as one block; `None` when it
     /// holds none there (nothing is written).
     pub async fn write_raw(&self, source: &dyn Store, start: i64, end: i64) -> Result<Option<BlockMeta>, ArchiveError> {
-        match self.encode_raw(source, start, end, Vec::new()).await? {
+        match self.encode_raw(source, start, end, Vec::new(), None).await? {
             Some(block) => self.publish(block).await.map(Some),
             None => Ok(None),
         }
     }
 
     /// The block [`Self::write_raw`] writes, in memory; `gaps` go into its meta (what the
-    /// source could not give, for readers to warn about).
+    /// source could not give, for readers to warn about). Units and help come from
+    /// `families` when given, else from the source's metadata.
     pub async fn encode_raw(
         &self,
         source: &dyn Store,
         start: i64,
         end: i64,
         gaps: Vec<String>,
+        families: Option<HashMap<String, strata_model::Metadata>>,
     ) -> Result<Option<EncodedBlock>, ArchiveError> {
         if start >= end {
             return Err(ArchiveError::Invalid(format!("empty range [{start}, {end})")));
@@ -306,7 +308,10 @@ impl BlockWriter {
         }
         let data = bytes::Bytes::from(writer.into_inner().map_err(failed)?);
         let (tail, row_groups) = crate::ranged::segments_of(&data).map_err(failed)?;
-        let families = families(source).await;
+        let families = match families {
+            Some(f) => f,
+            None => source_families(source).await,
+        };
         let table = series_batch(&series, &families)?;
         let series_props = WriterProperties::builder()
             .set_compression(Compression::ZSTD(ZstdLevel::try_new(self.opts.zstd_level).unwrap_or_default()))
@@ -325,6 +330,7 @@ impl BlockWriter {
             samples,
             double_values: doubles,
             gaps,
+            compacted_from: Vec::new(),
             files: vec![
                 FileMeta {
                     path: DATA.into(),

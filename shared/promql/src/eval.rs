@@ -437,12 +437,13 @@ impl<'a> Evaluator<'a> {
         (i as i64).saturating_mul(self.step.max(0)).saturating_add(self.start)
     }
 
-    /// Counts samples a step touches against the query's limit.
+    /// Counts samples a step touches (`totalQueryableSamples`), checking the deadline as
+    /// they go. Touched samples are not held: the limit, as Prometheus' `--query.max-samples`,
+    /// is on what a query holds at once (the samples fetched, the points of its steps and
+    /// range vectors), which `fetch` and [`PointBudget`] count; the work of reading the
+    /// same samples in many overlapping windows is bounded by the timeout, as there.
     pub fn charge(&self, n: u64) -> Result<(), QueryError> {
-        let t = self.samples.fetch_add(n, Relaxed) + n;
-        if t > self.max_samples {
-            return Err(QueryError::TooManySamples(self.max_samples));
-        }
+        self.samples.fetch_add(n, Relaxed);
         // Reading the clock on every call would cost more than the work it guards.
         let c = self.checks.fetch_add(1, Relaxed).wrapping_add(1);
         if c.is_multiple_of(256) {
@@ -704,6 +705,7 @@ impl<'a> Evaluator<'a> {
                             .collect()
                     })?;
                     self.charge(points.len() as u64)?;
+                    self.points.charge(points.len() as u64)?;
                     self.count_step(0, points.len() as u64);
                     if !points.is_empty() {
                         out.push(SeriesPoints { labels: s.labels.clone(), points });

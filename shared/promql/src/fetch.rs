@@ -201,7 +201,9 @@ pub async fn fetch(
         let Some((node, steps)) = got else { continue };
         let kept = steps.series.len().saturating_add(steps.groups.len()) as u64;
         let points = kept.saturating_mul(p.req.steps().unwrap_or(usize::MAX) as u64);
-        total = total.saturating_add(steps.samples).saturating_add(points);
+        // What the query holds of it is its points; the samples the store read for them
+        // count as touched (in the evaluator's statistics), as they would here.
+        total = total.saturating_add(points);
         if total > limits.max_samples {
             return Err(QueryError::TooManySamples(limits.max_samples));
         }

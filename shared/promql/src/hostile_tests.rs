@@ -261,3 +261,25 @@ fn a_wide_scalar_sum_is_refused_before_the_parser_walks_it() {
     assert!(e.0.contains("too large to parse"), "{e}");
     assert!(began.elapsed() < Duration::from_secs(5), "{:?}", began.elapsed());
 }
+
+/// The sample limit is on what a query holds, as Prometheus' `--query.max-samples`: a range
+/// function whose windows overlap reads each sample many times without holding more, and
+/// is answered; a query that holds more is refused.
+#[test]
+fn the_sample_limit_counts_samples_held_not_samples_touched() {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");
+    let engine = Engine::new(EngineOptions { max_samples: 2_000, ..Default::default() });
+    let s = store();
+    let query = |q: &str, step: i64| {
+        let expr = crate::parse(q).expect("parses");
+        rt.block_on(engine.range(&s, &expr, 0, 3_000_000, step))
+    };
+    // 800 samples fetched, 201 steps, each window 120 samples of 4 series: ~90,000 touched.
+    match query("sum_over_time(up[30m])", 15_000).expect("answered") {
+        crate::QueryValue::Matrix(m) => assert_eq!(m.len(), 4),
+        other => panic!("not a matrix: {other:?}"),
+    }
+    // Every step held as points: 4 series × 3,001 steps is over 2,000.
+    let err = query("up", 1_000).expect_err("refused");
+    assert!(matches!(err, QueryError::TooManySamples(2_000)), "{err}");
+}
