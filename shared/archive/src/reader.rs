@@ -366,31 +366,40 @@ impl BlockReader {
         if id.null_count() + ts.null_count() + mantissa.null_count() + scale.null_count() > 0 {
             return Err(corrupt(path, "nulls in series_id, timestamp, value_mantissa or value_scale"));
         }
-        for row in 0..batch.num_rows() {
-            let s = id.value(row);
+        // Rows come sorted by series: each run of one series is looked up once.
+        let (ids_col, n) = (id.values(), batch.num_rows());
+        let mut row = 0;
+        while row < n {
+            let s = ids_col[row];
+            let run_end = row + ids_col[row..].iter().position(|&x| x != s).unwrap_or(n - row);
             if s < 0 || s as u64 >= self.meta.series {
                 return Err(corrupt(path, format!("series id {s} past the table's {}", self.meta.series)));
             }
-            let t = ts.value(row);
-            if t < self.meta.min_time || t >= self.meta.max_time {
-                return Err(corrupt(path, format!("series {s}: a sample at {t}, outside the block")));
+            let wanted = ids.contains(&s);
+            let mut list = wanted.then(|| out.entry(s).or_default());
+            for r in row..run_end {
+                let t = ts.value(r);
+                if t < self.meta.min_time || t >= self.meta.max_time {
+                    return Err(corrupt(path, format!("series {s}: a sample at {t}, outside the block")));
+                }
+                if !(0..=values::MAX_SCALE).contains(&scale.value(r)) {
+                    return Err(corrupt(path, format!("series {s}: scale {}", scale.value(r))));
+                }
+                let Some(list) = list.as_mut() else { continue };
+                if t < start || t > end {
+                    continue;
+                }
+                let v = if float.is_null(r) {
+                    values::decimal_value(mantissa.value(r), scale.value(r))
+                } else {
+                    float.value(r)
+                };
+                if list.last().is_some_and(|p| p.t >= t) {
+                    return Err(corrupt(path, format!("series {s}: samples out of order at {t}")));
+                }
+                list.push(Sample::new(t, v));
             }
-            if !(0..=values::MAX_SCALE).contains(&scale.value(row)) {
-                return Err(corrupt(path, format!("series {s}: scale {}", scale.value(row))));
-            }
-            if !ids.contains(&s) || t < start || t > end {
-                continue;
-            }
-            let v = if float.is_null(row) {
-                values::decimal_value(mantissa.value(row), scale.value(row))
-            } else {
-                float.value(row)
-            };
-            let list = out.entry(s).or_default();
-            if list.last().is_some_and(|p| p.t >= t) {
-                return Err(corrupt(path, format!("series {s}: samples out of order at {t}")));
-            }
-            list.push(Sample::new(t, v));
+            row = run_end;
         }
         Ok(())
     }

@@ -22,7 +22,7 @@ use object_store::ObjectStore;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use strata_chunk::{Chunk, ChunkAppender};
+use strata_chunk::Chunk;
 use strata_model::matcher::matches_all;
 use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
@@ -276,45 +276,37 @@ pub(crate) fn block_range(dir: &Path) -> Option<(String, i64, i64)> {
 struct SeriesBuilder {
     metric_type: MetricType,
     chunks: Vec<Chunk>,
-    open: ChunkAppender,
     last: Option<i64>,
 }
 
 impl SeriesBuilder {
     fn new(metric_type: MetricType) -> Self {
-        SeriesBuilder { metric_type, chunks: Vec::new(), open: ChunkAppender::new(), last: None }
+        SeriesBuilder { metric_type, chunks: Vec::new(), last: None }
     }
 
-    /// Adds `more`, sorted by time.
+    /// Adds `more`, sorted by time, as sealed chunks (the block encoding, which queries
+    /// decode fastest, written in one pass).
     fn add(&mut self, more: Vec<Sample>) -> Result<(), String> {
-        let Some(first) = more.first() else { return Ok(()) };
+        let (Some(first), Some(newest)) = (more.first(), more.last()) else { return Ok(()) };
+        let newest = newest.t;
         if self.last.is_some_and(|l| first.t <= l) {
             let mut all = Vec::new();
-            for c in self.chunks.drain(..).chain((!self.open.is_empty()).then(|| self.open.seal())) {
+            for c in self.chunks.drain(..) {
                 c.decode_checked(&mut all)?;
             }
             all.extend(more);
             all.sort_by_key(|s| s.t);
             all.dedup_by_key(|s| s.t);
-            self.open = ChunkAppender::new();
-            self.last = None;
-            return self.add(all);
+            self.last = all.last().map(|s| s.t);
+            self.chunks = Chunk::encode_sealed(&all);
+            return Ok(());
         }
-        for s in more {
-            if self.open.is_full() {
-                self.chunks.push(self.open.seal().compact());
-                self.open = ChunkAppender::new();
-            }
-            self.open.append(s.t, s.v);
-            self.last = Some(s.t);
-        }
+        self.chunks.extend(Chunk::encode_sealed(&more));
+        self.last = Some(newest);
         Ok(())
     }
 
-    fn finish(mut self) -> Vec<Chunk> {
-        if !self.open.is_empty() {
-            self.chunks.push(self.open.seal().compact());
-        }
+    fn finish(self) -> Vec<Chunk> {
         self.chunks
     }
 }

@@ -51,6 +51,8 @@ fn fleet(seed: u64, series: usize) -> (MemoryStore, Expected) {
         let name = ["gpu_temp", "xid_errors_total", "mixed"][i % 3];
         let mut pairs = vec![("__name__".to_string(), name.to_string()), ("gpu".into(), (i % 8).to_string())];
         pairs.push(("node".into(), format!("n{}", i / 8)));
+        // Sorts before `__name__`: by labels alone, metrics would interleave.
+        pairs.push(("Hostname".into(), format!("h{}", i / 3)));
         // Labels named like the series table's own columns, and many labels.
         if i % 5 == 0 {
             pairs.push(("unit".into(), "x".into()));
@@ -82,7 +84,8 @@ fn fleet(seed: u64, series: usize) -> (MemoryStore, Expected) {
         m.add(labels.clone(), metric_type, samples.clone());
         expected.push((labels, metric_type, samples));
     }
-    expected.sort_by(|a, b| a.0.cmp(&b.0));
+    // As blocks hold them: metric by metric, then by labels.
+    expected.sort_by(|a, b| (a.0.metric_name(), &a.0).cmp(&(b.0.metric_name(), &b.0)));
     (m, expected)
 }
 

@@ -266,40 +266,48 @@ impl BlockWriter {
         let dir = block_dir(0, start, end);
         let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+")
             .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
-        // Bounded by the block: a block range is chosen to fit, and the series stream.
-        let mut req = SelectRequest::new(vec![all], start, end - 1);
-        req.limits = strata_store::SelectLimits { max_series: usize::MAX, max_samples: u64::MAX };
-        let mut batches = source.select_batches(&req).await?;
+        // Metric by metric, so that a metric's series are neighbours in the file and a query
+        // for one metric reads its row groups only (stores sort series by all their labels,
+        // which interleaves metrics: `Hostname` sorts before `__name__`).
+        let names = source.label_values("__name__", std::slice::from_ref(&all), start, end - 1).await?;
         let mut writer = ArrowWriter::try_new(Vec::new(), data_schema(), Some(data_properties(&self.opts)?))
             .map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
         let mut series = Vec::<SeriesRow>::new();
         let (mut samples, mut doubles) = (0u64, 0u64);
         let failed = |e: parquet::errors::ParquetError| ArchiveError::parquet(&dir.clone().join(DATA), e);
-        while let Some(batch) = batches.next_batch().await? {
-            for s in batch {
-                let got = s
-                    .samples(start, end - 1)
-                    .map_err(|e| ArchiveError::Source { series: s.labels.to_string(), reason: e.to_string() })?;
-                if got.is_empty() {
-                    continue;
-                }
-                let (pages, d) = series_rows(series.len() as i64, &got)?;
-                for page in &pages {
-                    writer.write(page).map_err(failed)?;
-                }
-                doubles += d;
-                samples += got.len() as u64;
-                let (min_time, max_time) = (got[0].t, got[got.len() - 1].t);
-                let count = got.len() as u64;
-                series.push(SeriesRow {
-                    labels: s.labels,
-                    metric_type: s.metric_type,
-                    min_time,
-                    max_time,
-                    samples: count,
-                });
-                if writer.in_progress_rows() >= self.opts.row_group_rows {
-                    writer.flush().map_err(failed)?;
+        for name in &names {
+            let one = Matcher::new(strata_model::MatchOp::Equal, "__name__", name)
+                .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
+            // Bounded by the block: a block range is chosen to fit, and the series stream.
+            let mut req = SelectRequest::new(vec![one], start, end - 1);
+            req.limits = strata_store::SelectLimits { max_series: usize::MAX, max_samples: u64::MAX };
+            let mut batches = source.select_batches(&req).await?;
+            while let Some(batch) = batches.next_batch().await? {
+                for s in batch {
+                    let got = s
+                        .samples(start, end - 1)
+                        .map_err(|e| ArchiveError::Source { series: s.labels.to_string(), reason: e.to_string() })?;
+                    if got.is_empty() {
+                        continue;
+                    }
+                    let (pages, d) = series_rows(series.len() as i64, &got)?;
+                    for page in &pages {
+                        writer.write(page).map_err(failed)?;
+                    }
+                    doubles += d;
+                    samples += got.len() as u64;
+                    let (min_time, max_time) = (got[0].t, got[got.len() - 1].t);
+                    let count = got.len() as u64;
+                    series.push(SeriesRow {
+                        labels: s.labels,
+                        metric_type: s.metric_type,
+                        min_time,
+                        max_time,
+                        samples: count,
+                    });
+                    if writer.in_progress_rows() >= self.opts.row_group_rows {
+                        writer.flush().map_err(failed)?;
+                    }
                 }
             }
         }
