@@ -249,7 +249,22 @@ impl Compactor {
             }
             if let Some((whole_dir, whole)) = blocks.iter().find(|(_, m)| m.min_time == day && m.max_time == end) {
                 // Written before (a round cut short after the day block went up): what it
-                // lists as replaced is let go; anything else beside it stays.
+                // lists as replaced is let go, once the day block reads back whole; anything
+                // else beside it stays.
+                let replaced = blocks
+                    .iter()
+                    .filter(|(d, _)| d != whole_dir && whole.compacted_from.iter().any(|s| s.dir == d.as_ref()))
+                    .count();
+                if replaced > 0 {
+                    let verified =
+                        async { BlockReader::open(self.objects.clone(), (*whole_dir).clone()).await?.verify().await };
+                    if let Err(e) = verified.await {
+                        halted += 1;
+                        tracing::error!(day, error = %e, "compaction halted for a day: its day block does not read back; the blocks it replaces are kept");
+                        round.halted.push(format!("day starting {day}: its day block does not read back: {e}"));
+                        continue;
+                    }
+                }
                 let mut others = 0;
                 for (dir, _) in blocks.iter().filter(|(d, _)| d != whole_dir) {
                     if whole.compacted_from.iter().any(|s| s.dir == dir.as_ref()) {
@@ -303,6 +318,13 @@ impl Compactor {
             }
             match self.compact_day(day, &blocks).await {
                 Ok(()) => {
+                    // The day block went up under the lease; marking what it replaces waits
+                    // for the lease too (a new owner marks them, from the day block's list).
+                    if let Some(other) = self.lease(clock()).await? {
+                        tracing::warn!(owner = %other, "the compaction lease was taken over during a day: stopping");
+                        round.elsewhere = Some(other);
+                        break;
+                    }
                     for (dir, _) in &blocks {
                         self.mark(dir, now_ms, "compacted into the day block").await?;
                         round.marked += 1;
@@ -345,10 +367,12 @@ impl Compactor {
             }
         }
         // Every file read is checked against its checksum, and any failure fails the day.
-        let reader = ArchiveStore::new(
+        // Exactly these blocks, listed once: a block landing meanwhile is not read into it.
+        let reader = ArchiveStore::over_blocks(
             self.objects.clone(),
             "compaction",
-            ArchiveStoreOptions { refresh: Duration::ZERO, ..Default::default() },
+            blocks.iter().map(|(d, m)| ((*d).clone(), (*m).clone())).collect(),
+            ArchiveStoreOptions { cache_chunk_bytes: 0, ..Default::default() },
         );
         let encoded = QueryScope::new(false, false)
             .run(self.writer.encode_raw(&reader, day, end, day_gaps(blocks), Some(families)))
@@ -382,11 +406,29 @@ impl Compactor {
             Ok(())
         };
         if let Err(e) = check.await {
-            let _ = self.objects.delete(&dir.clone().join(META)).await;
+            self.take_back(&dir, &written).await;
             return Err(e);
         }
         tracing::info!(day, blocks = blocks.len(), samples = want, "compacted a day of the archive");
         Ok(())
+    }
+
+    /// Deletes a day block that did not read back, meta first, unless its meta is now
+    /// another's (a compactor that took the lease over and wrote the day again).
+    async fn take_back(&self, dir: &Path, written: &BlockMeta) {
+        if let Ok(now) = read_meta(self.objects.as_ref(), dir).await {
+            if now != *written {
+                tracing::warn!(block = %dir, "a day block that did not read back was written again by another; left to it");
+                return;
+            }
+        }
+        let files = written.files.iter().map(|f| dir.clone().join(f.path.as_str()));
+        for path in std::iter::once(dir.clone().join(META)).chain(files) {
+            match self.objects.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => tracing::warn!(object = %path, error = %e, "could not take back a day block's object"),
+            }
+        }
     }
 
     /// Marks `dir` for deletion (readers leave it out from their next listing).
@@ -575,6 +617,7 @@ fn ms(d: Duration) -> i64 {
 mod tests {
     use super::*;
     use crate::{list_blocks, WriteOptions};
+    use futures_util::TryStreamExt;
     use object_store::local::LocalFileSystem;
     use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
     use strata_store::memory::MemoryStore;
@@ -679,8 +722,36 @@ mod tests {
             .collect();
         let refs: Vec<(&Path, &BlockMeta)> = day.iter().map(|(d, m)| (d, m)).collect();
         c.compact_day(T0, &refs).await.unwrap();
+        // A day block damaged since lets go of nothing: the day halts.
+        let data = crate::layout::block_dir(0, T0, T0 + 24 * HOUR).join(crate::layout::DATA);
+        let good = objects.get(&data).await.unwrap().bytes().await.unwrap();
+        let mut bad = good.to_vec();
+        let mid = bad.len() / 2;
+        bad[mid] ^= 0xff;
+        objects.put(&data, bad.into()).await.unwrap();
+        let r = c.round(T0 + 26 * HOUR).await.unwrap();
+        assert_eq!((r.compacted.len(), r.marked, r.halted.len()), (0, 0, 1), "{r:?}");
+        assert!(!c.ready());
+        objects.put(&data, good.into()).await.unwrap();
         let r = c.round(T0 + 26 * HOUR).await.unwrap();
         assert_eq!((r.compacted.len(), r.marked), (0, 24), "{r:?}");
+        assert!(c.ready());
+    }
+
+    #[tokio::test]
+    async fn a_day_block_taken_back_leaves_no_file_and_anothers_is_left_alone() {
+        let (_dir, objects, _) = archived().await;
+        let c = compactor(&objects, "a");
+        let mut blocks = list_blocks(objects.as_ref()).await.unwrap().into_iter().map(|(d, m)| (d, m.unwrap()));
+        let (dir, meta) = blocks.next().unwrap();
+        let (_, other) = blocks.next().unwrap();
+        let files =
+            || async { objects.list(Some(&dir)).map_ok(|o| o.location).try_collect::<Vec<_>>().await.unwrap().len() };
+        assert_eq!(files().await, 3);
+        c.take_back(&dir, &other).await;
+        assert_eq!(files().await, 3, "a meta not ours is left alone");
+        c.take_back(&dir, &meta).await;
+        assert_eq!(files().await, 0);
     }
 
     #[tokio::test]

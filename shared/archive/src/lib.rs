@@ -9,6 +9,7 @@
 //! [`BlockReader`] reads one back. The format is documented in `docs/ARCHIVE.md`.
 
 pub mod archiver;
+mod chunk_cache;
 pub mod compactor;
 pub mod layout;
 pub mod meta;

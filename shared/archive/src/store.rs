@@ -5,11 +5,13 @@
 //! at most every `refresh`. A query opens the blocks its range overlaps, keeping their
 //! series tables and footers in a cache bounded by series count, finds the matching series
 //! in each table, and fetches only the row groups that hold them by byte range, each one
-//! checked against its checksum ([`crate::ranged`]). A block that cannot be read (a file
+//! checked against its checksum ([`crate::ranged`]). A query over most of a block reads its
+//! series' whole range there and keeps their chunks for the next ([`ChunkCache`]). A block that cannot be read (a file
 //! missing or damaged, a meta that does not parse) leaves its range out of the answer and
 //! says so in the request's warnings, or fails the request under `partial_response=false`:
 //! never a silent gap.
 
+use crate::chunk_cache::ChunkCache;
 use crate::compactor::DELETION_MARK;
 use crate::layout::resolution_dir;
 use crate::layout::META;
@@ -38,11 +40,13 @@ pub struct ArchiveStoreOptions {
     /// Series of open blocks kept in memory (their labels and footers); past it the least
     /// recently used blocks are closed.
     pub cache_series: usize,
+    /// Bytes of series' chunks kept for the next query ([`ChunkCache`]); 0: none.
+    pub cache_chunk_bytes: usize,
 }
 
 impl Default for ArchiveStoreOptions {
     fn default() -> Self {
-        ArchiveStoreOptions { refresh: Duration::from_secs(60), cache_series: 2_000_000 }
+        ArchiveStoreOptions { refresh: Duration::from_secs(60), cache_series: 2_000_000, cache_chunk_bytes: 256 << 20 }
     }
 }
 
@@ -76,6 +80,7 @@ pub struct ArchiveStore {
     opts: ArchiveStoreOptions,
     catalog: tokio::sync::Mutex<Catalog>,
     open: Mutex<OpenBlocks>,
+    chunks: ChunkCache,
 }
 
 impl ArchiveStore {
@@ -83,10 +88,27 @@ impl ArchiveStore {
         ArchiveStore {
             objects,
             name: name.into(),
-            opts,
+            opts: opts.clone(),
             catalog: tokio::sync::Mutex::new(Catalog::default()),
             open: Mutex::new(OpenBlocks::default()),
+            chunks: ChunkCache::new(opts.cache_chunk_bytes),
         }
+    }
+
+    /// A store over exactly `blocks`, never listing the bucket: what compaction reads, so
+    /// that every query of it sees the same blocks whatever lands in the bucket meanwhile.
+    pub fn over_blocks(
+        objects: Arc<dyn ObjectStore>,
+        name: impl Into<String>,
+        blocks: Vec<(Path, BlockMeta)>,
+        opts: ArchiveStoreOptions,
+    ) -> Self {
+        let mut store = Self::new(objects, name, ArchiveStoreOptions { refresh: Duration::MAX, ..opts });
+        let mut blocks: Vec<Listed> =
+            blocks.into_iter().map(|(dir, meta)| Listed { dir, stamp: String::new(), meta: Ok(meta) }).collect();
+        blocks.sort_by(|a, b| a.dir.cmp(&b.dir));
+        store.catalog = tokio::sync::Mutex::new(Catalog { listed_at: Some(Instant::now()), blocks });
+        store
     }
 
     /// The blocks listed now (read again when older than `refresh`); a meta already read
@@ -290,19 +312,38 @@ impl SeriesBuilder {
         let (Some(first), Some(newest)) = (more.first(), more.last()) else { return Ok(()) };
         let newest = newest.t;
         if self.last.is_some_and(|l| first.t <= l) {
+            // Only the chunks that reach into `more` are decoded: a series read from many
+            // blocks overlapping one another costs each overlap, not the whole series again.
+            let keep = self.chunks.partition_point(|c| c.max_t < first.t);
             let mut all = Vec::new();
-            for c in self.chunks.drain(..) {
+            for c in self.chunks.drain(keep..) {
                 c.decode_checked(&mut all)?;
             }
             all.extend(more);
             all.sort_by_key(|s| s.t);
             all.dedup_by_key(|s| s.t);
-            self.last = all.last().map(|s| s.t);
-            self.chunks = Chunk::encode_sealed(&all);
+            self.last = self.chunks.last().map(|c| c.max_t).max(all.last().map(|s| s.t));
+            self.chunks.extend(Chunk::encode_sealed(&all));
             return Ok(());
         }
         self.chunks.extend(Chunk::encode_sealed(&more));
         self.last = Some(newest);
+        Ok(())
+    }
+
+    /// Adds chunks, sorted by time, as they are (samples outside the query's range in
+    /// them are the engine's to skip, as with the head's chunks).
+    fn add_chunks(&mut self, more: Vec<Chunk>) -> Result<(), String> {
+        let (Some(first), Some(newest)) = (more.first(), more.last()) else { return Ok(()) };
+        if self.last.is_some_and(|l| first.min_t <= l) {
+            let mut samples = Vec::new();
+            for c in &more {
+                c.decode_checked(&mut samples)?;
+            }
+            return self.add(samples);
+        }
+        self.last = Some(newest.max_t);
+        self.chunks.extend(more);
         Ok(())
     }
 
@@ -346,7 +387,30 @@ impl Store for ArchiveStore {
                 let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
                 budget.check_series_count(found.len().saturating_add(new))?;
                 let left = req.limits.max_samples.saturating_sub(read);
-                let got = match b.samples(&ids, req.start, req.end, left).await {
+                // Series whose chunks the cache holds; the rest are read, the whole block's
+                // range of them (and kept) when the query covers most of the block.
+                let data_crc = b.meta.files.iter().find(|f| f.path == crate::layout::DATA).map_or(0, |f| f.crc32);
+                let key = |id: i64| (b.dir.clone(), data_crc, id);
+                let mut cached: Vec<(i64, Arc<[Chunk]>)> = Vec::new();
+                if self.chunks.enabled() {
+                    for &id in &ids {
+                        if let Some(c) = self.chunks.get(&key(id)) {
+                            cached.push((id, c));
+                        }
+                    }
+                    for (id, _) in &cached {
+                        ids.remove(id);
+                    }
+                }
+                let (lo, hi) = (b.meta.min_time, b.meta.max_time.saturating_sub(1));
+                let covered = req.end.min(hi).saturating_sub(req.start.max(lo));
+                let wanted: u64 = ids.iter().map(|&i| b.series()[i as usize].samples).sum();
+                let whole = self.chunks.enabled()
+                    && !ids.is_empty()
+                    && covered.saturating_mul(2) >= hi.saturating_sub(lo)
+                    && wanted <= left;
+                let (from, to) = if whole { (lo, hi) } else { (req.start, req.end) };
+                let got = match b.samples(&ids, from, to, left).await {
                     Ok(got) => got,
                     Err(e) => match limit_error(e) {
                         Ok(_) => {
@@ -359,10 +423,31 @@ impl Store for ArchiveStore {
                     },
                 };
                 for (id, samples) in got {
+                    if whole {
+                        let chunks: Arc<[Chunk]> = Chunk::encode_sealed(&samples).into();
+                        self.chunks.insert(key(id), chunks.clone());
+                        cached.push((id, chunks));
+                        continue;
+                    }
                     read = read.saturating_add(samples.len() as u64);
                     let s = &b.series()[id as usize];
                     let entry = found.entry(s.labels.clone()).or_insert_with(|| SeriesBuilder::new(s.metric_type));
                     if let Err(e) = entry.add(samples) {
+                        let series = format!("{} (archive {})", s.labels, self.name);
+                        return Err(StoreError::Corrupt { series, reason: e });
+                    }
+                }
+                cached.sort_by_key(|(id, _)| *id);
+                for (id, chunks) in cached {
+                    let (start, end) = (req.start, req.end);
+                    let some: Vec<Chunk> = chunks.iter().filter(|c| c.overlaps(start, end)).cloned().collect();
+                    read = read.saturating_add(some.iter().map(|c| c.samples_within(start, end)).sum::<u64>());
+                    if read > req.limits.max_samples {
+                        return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
+                    }
+                    let s = &b.series()[id as usize];
+                    let entry = found.entry(s.labels.clone()).or_insert_with(|| SeriesBuilder::new(s.metric_type));
+                    if let Err(e) = entry.add_chunks(some) {
                         let series = format!("{} (archive {})", s.labels, self.name);
                         return Err(StoreError::Corrupt { series, reason: e });
                     }
@@ -490,6 +575,17 @@ mod tests {
             c.decode_checked(&mut v).unwrap();
         }
         assert_eq!(v.iter().map(|x| x.t).collect::<Vec<_>>(), [1, 2, 3, 4, 5]);
+        // Over many chunks: an overlap at the end, then one deep inside.
+        let mut b = SeriesBuilder::new(MetricType::Gauge);
+        b.add((0..1000).map(s).collect()).unwrap();
+        b.add((990..1100).map(s).collect()).unwrap();
+        b.add((500..505).map(s).collect()).unwrap();
+        b.add_chunks(Chunk::encode_sealed(&(1050..1200).map(s).collect::<Vec<_>>())).unwrap();
+        let mut v = Vec::new();
+        for c in b.finish() {
+            c.decode_checked(&mut v).unwrap();
+        }
+        assert_eq!(v.iter().map(|x| x.t).collect::<Vec<_>>(), (0..1200).collect::<Vec<_>>());
         assert_eq!(block_range(&Path::from("raw/2026-12-04/10-20")), Some(("raw".into(), 10, 20)));
         assert_eq!(block_range(&Path::from("raw/x")), None);
     }

@@ -264,12 +264,11 @@ impl BlockWriter {
             return Err(ArchiveError::Invalid(format!("empty range [{start}, {end})")));
         }
         let dir = block_dir(0, start, end);
-        let all = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+")
-            .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
         // Metric by metric, so that a metric's series are neighbours in the file and a query
         // for one metric reads its row groups only (stores sort series by all their labels,
-        // which interleaves metrics: `Hostname` sorts before `__name__`).
-        let names = source.label_values("__name__", std::slice::from_ref(&all), start, end - 1).await?;
+        // which interleaves metrics: `Hostname` sorts before `__name__`). The names without
+        // matchers: from the stores' indexes, not their series lists, which are limited.
+        let names = source.label_values("__name__", &[], start, end - 1).await?;
         let mut writer = ArrowWriter::try_new(Vec::new(), data_schema(), Some(data_properties(&self.opts)?))
             .map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
         let mut series = Vec::<SeriesRow>::new();

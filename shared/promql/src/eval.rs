@@ -276,6 +276,8 @@ pub struct Evaluator<'a> {
     /// so a long evaluation is cancelled for real and everything it held is freed.
     deadline: Option<(std::time::Instant, std::time::Duration)>,
     checks: AtomicU32,
+    /// Samples charged since the clock was last read.
+    unchecked: AtomicU64,
     /// Set when the query's caller went away: checked with the deadline.
     canceled: Option<Arc<AtomicBool>>,
     /// Prometheus' annotations (warnings and infos), shared with subqueries' evaluators.
@@ -305,6 +307,7 @@ impl<'a> Evaluator<'a> {
             points: Arc::new(PointBudget::new(max_samples)),
             deadline: None,
             checks: AtomicU32::new(0),
+            unchecked: AtomicU64::new(0),
             canceled: None,
             annotations: Arc::default(),
             per_step: None,
@@ -391,6 +394,7 @@ impl<'a> Evaluator<'a> {
             points: self.points.clone(),
             deadline: self.deadline,
             checks: AtomicU32::new(0),
+            unchecked: AtomicU64::new(0),
             canceled: self.canceled.clone(),
             annotations: self.annotations.clone(),
             per_step: None,
@@ -444,9 +448,13 @@ impl<'a> Evaluator<'a> {
     /// same samples in many overlapping windows is bounded by the timeout, as there.
     pub fn charge(&self, n: u64) -> Result<(), QueryError> {
         self.samples.fetch_add(n, Relaxed);
-        // Reading the clock on every call would cost more than the work it guards.
+        // Reading the clock on every call would cost more than the work it guards, so it is
+        // read every 256 calls or every ~1M samples touched, whichever comes first (a call
+        // over a long window touches many).
         let c = self.checks.fetch_add(1, Relaxed).wrapping_add(1);
-        if c.is_multiple_of(256) {
+        let since = self.unchecked.fetch_add(n, Relaxed).saturating_add(n);
+        if c.is_multiple_of(256) || since >= 1 << 20 {
+            self.unchecked.store(0, Relaxed);
             self.check_stop()?;
         }
         Ok(())

@@ -283,3 +283,16 @@ fn the_sample_limit_counts_samples_held_not_samples_touched() {
     let err = query("up", 1_000).expect_err("refused");
     assert!(matches!(err, QueryError::TooManySamples(2_000)), "{err}");
 }
+
+/// The deadline is read after a call that touches many samples, not only every 256 calls:
+/// a query whose windows are each a million samples long stops at its timeout.
+#[test]
+fn a_call_over_a_long_window_reads_the_clock() {
+    let data = crate::fetch::Fetched::default();
+    let past = Instant::now();
+    let ev = crate::eval::Evaluator::new(&data, 0, 0, 0, 300_000, u64::MAX).with_deadline(past, Duration::from_secs(1));
+    std::thread::sleep(Duration::from_millis(2));
+    assert!(ev.charge(10).is_ok(), "a small call is not worth the clock");
+    let err = ev.charge(2_000_000).expect_err("past the deadline");
+    assert!(matches!(err, QueryError::Timeout(_)), "{err}");
+}

@@ -95,6 +95,15 @@ fn leaf_selector(e: &Expr) -> Option<&VectorSelector> {
     }
 }
 
+/// Sets its flag when dropped.
+struct CancelOnDrop(Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Evaluates a leaf over `store`, as a store answers [`Store::steps`]. `view` gives a
 /// series' labels as the caller sees them (the tier's external labels attached); the
 /// answer carries those, sorted. Summaries only when `req.values` is false.
@@ -125,6 +134,10 @@ pub async fn evaluate(
     let (start, end, step, lookback, max_samples) =
         (req.start, req.end, req.step, req.lookback, req.limits.max_samples);
     let aggregated = req.aggregate.is_some();
+    // A caller that goes away (its call cancelled, this future dropped) stops the evaluation
+    // at its next check instead of leaving it to run to the deadline.
+    let canceled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let _cancel_on_drop = CancelOnDrop(canceled.clone());
     tokio::task::spawn_blocking(move || {
         let vs = leaf_selector(&expr).ok_or_else(|| QueryError::Internal("a leaf without a selector".into()))?;
         let mut data = fetch::Fetched::default();
@@ -142,6 +155,7 @@ pub async fn evaluate(
         // (An aggregation's groups never hold the name.)
         let ev = Evaluator::new(&data, start, end, step, lookback, max_samples)
             .with_deadline(deadline, timeout)
+            .with_cancel(canceled)
             .with_delayed_name_removal(!aggregated);
         let Val::Vector(out) = ev.eval(&expr)? else {
             return Err(QueryError::Internal("a leaf that is not an instant vector".into()));
