@@ -3,6 +3,7 @@
 //! does) into a scratch database, then writes one raw block per `--block` range.
 
 use anyhow::Context;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,24 +48,47 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
     let writer = BlockWriter::new(archive.clone(), WriteOptions::default());
     let source = TsdbStore(db.clone());
     let (mut blocks, mut bytes, mut samples) = (0, 0u64, 0u64);
+    let (mut agg_blocks, mut agg_bytes) = (0, BTreeMap::<i64, u64>::new());
     let mut kept = Vec::new();
-    let mut start = min.div_euclid(block_ms) * block_ms;
+    // From the range before the first sample's when it sits on a range's start: its
+    // window `(start − W, start]` is in that range's aggregate block.
+    let mut start = min.saturating_sub(1).div_euclid(block_ms) * block_ms;
+    let exists = |dir: strata_archive::ObjectPath| {
+        let archive = archive.clone();
+        async move {
+            match archive.head(&dir.clone().join(strata_archive::layout::META)).await {
+                Ok(_) => Ok(true),
+                Err(strata_archive::ObjectStoreError::NotFound { .. }) => Ok(false),
+                Err(e) => Err(anyhow::anyhow!("{dir}: {e}")),
+            }
+        }
+    };
     while start <= max {
         let end = start.saturating_add(block_ms);
         // A block already there (the archiver's, a compacted day, an earlier import) is
         // never written over: what it holds may not be in this file.
         let dir = strata_archive::layout::block_dir(0, start, end);
-        match archive.head(&dir.clone().join(strata_archive::layout::META)).await {
-            Ok(_) => {
-                eprintln!("\n  {dir} is already in the archive: left as it is, this file's samples in it not imported");
-                kept.push(dir.to_string());
-                start = end;
+        if exists(dir.clone()).await? {
+            eprintln!("\n  {dir} is already in the archive: left as it is, this file's samples in it not imported");
+            kept.push(dir.to_string());
+            start = end;
+            continue;
+        }
+        let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
+        let encoded = writer.encode_range(&source, start, end, &widths, Vec::new(), None).await?;
+        // The aggregates first, as the archiver writes them.
+        for a in encoded.aggregates {
+            if exists(a.dir.clone()).await? {
+                eprintln!("\n  {} is already in the archive: left as it is", a.dir);
+                kept.push(a.dir.to_string());
                 continue;
             }
-            Err(strata_archive::ObjectStoreError::NotFound { .. }) => {}
-            Err(e) => anyhow::bail!("{dir}: {e}"),
+            let meta = writer.publish(a).await?;
+            agg_blocks += 1;
+            *agg_bytes.entry(meta.resolution_ms).or_default() += meta.bytes();
         }
-        if let Some(meta) = writer.write_raw(&source, start, end).await? {
+        if let Some(raw) = encoded.raw {
+            let meta = writer.publish(raw).await?;
             blocks += 1;
             bytes += meta.bytes();
             samples += meta.samples;
@@ -78,9 +102,17 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         bytes as f64 / samples.max(1) as f64,
         started.elapsed().as_secs_f64()
     );
+    for (width, b) in &agg_bytes {
+        println!(
+            "  and {} aggregate blocks: {} windows: {b} bytes, {:.3} bytes per raw sample",
+            agg_blocks,
+            strata_archive::layout::resolution_dir(*width),
+            *b as f64 / samples.max(1) as f64
+        );
+    }
     anyhow::ensure!(
         kept.is_empty(),
-        "{} ranges were already in the archive and were not imported: {} (remove those blocks to import them)",
+        "{} blocks were already in the archive and were not written (this file's samples in their ranges not imported): {} (remove those blocks to import them)",
         kept.len(),
         kept.join(", ")
     );
@@ -120,16 +152,18 @@ pub async fn inspect(url: &str) -> anyhow::Result<bool> {
                 Err(e) => Err(e),
             },
         };
+        // An aggregate block: the raw samples its windows summarise, and bytes per one.
         match checked {
             Ok(m) => out!(
-                "{:<10} {:<24} {:<24} {:>9} {:>12} {:>12} {:>8.3}  ok",
+                "{:<10} {:<24} {:<24} {:>9} {:>12} {:>12} {:>8.3}  ok{}",
                 strata_archive::layout::resolution_dir(m.resolution_ms),
                 strata_rules::notifier::rfc3339(m.min_time),
                 strata_rules::notifier::rfc3339(m.max_time),
                 m.series,
-                m.samples,
+                m.samples.max(m.raw_samples),
                 m.bytes(),
-                m.bytes() as f64 / m.samples.max(1) as f64
+                m.bytes() as f64 / m.samples.max(m.raw_samples).max(1) as f64,
+                if m.resolution_ms > 0 { format!(" ({} windows)", m.samples) } else { String::new() }
             ),
             Err(e) => {
                 damaged += 1;

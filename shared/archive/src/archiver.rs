@@ -393,13 +393,18 @@ impl Archiver {
         }
         let partial = !gaps.is_empty();
         let scope = QueryScope::new(partial, true);
-        let encoded =
-            scope.clone().run(self.writer.encode_raw(self.source.as_ref(), start, end, gaps.clone(), None)).await;
+        let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
+        let encoded = scope
+            .clone()
+            .run(self.writer.encode_range(self.source.as_ref(), start, end, &widths, gaps.clone(), None))
+            .await
+            .map(|r| (r.raw, r.aggregates));
         // What the stores warned of is a hole in the block: with every store required
         // (an HA replica stood in for one that failed, say) it fails the attempt; past
         // max_wait it joins the gaps.
         let warned = scope.warnings();
-        let mut block = match encoded? {
+        let (raw, mut aggregates) = encoded?;
+        let mut block = match raw {
             Some(b) => b,
             None => {
                 self.release(&claim_path).await;
@@ -416,13 +421,20 @@ impl Archiver {
                     warned.join("; ")
                 )));
             }
-            block.meta.gaps.extend(warned);
+            block.meta.gaps.extend(warned.iter().cloned());
+            for a in &mut aggregates {
+                a.meta.gaps.extend(warned.iter().cloned());
+            }
         }
         // Read back just before the upload: an archiver that stalled past its lease and
         // lost the claim leaves the range to the one that took it.
         if !self.holds(&claim_path).await? {
             tracing::warn!(object = %claim_path, "lost the claim while reading the range: left to its new owner");
             return Ok(Claimed::Elsewhere);
+        }
+        // The aggregates first: the raw block's meta is the record that the range is done.
+        for a in aggregates {
+            self.writer.publish(a).await?;
         }
         let meta = self.writer.publish(block).await?;
         // Done: the meta is the record now.
@@ -560,6 +572,7 @@ mod tests {
     use crate::{ArchiveStore, ArchiveStoreOptions, WriteOptions};
     use async_trait::async_trait;
     use object_store::local::LocalFileSystem;
+    use std::collections::BTreeSet;
     use std::sync::atomic::AtomicBool;
     use std::sync::Mutex;
     use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
@@ -793,11 +806,14 @@ mod tests {
         // The first hour overdue: written from what answered, the warning in its gaps;
         // the second, not overdue yet, fails the round again.
         assert!(a.round(T0 + 5 * HOUR + 1).await.is_err());
+        // The raw block and its 5 m and 1 h aggregates, each naming the gap.
         let blocks = crate::list_blocks(s.objects.as_ref()).await.unwrap();
-        assert_eq!(blocks.len(), 1);
-        let meta = blocks[0].1.as_ref().unwrap();
-        assert_eq!((meta.min_time, meta.max_time), (T0, T0 + HOUR));
-        assert!(meta.gaps.iter().any(|g| g.contains("edge-b")), "{meta:?}");
+        assert_eq!(blocks.len(), 3);
+        for (_, meta) in &blocks {
+            let meta = meta.as_ref().unwrap();
+            assert_eq!((meta.min_time, meta.max_time), (T0, T0 + HOUR));
+            assert!(meta.gaps.iter().any(|g| g.contains("edge-b")), "{meta:?}");
+        }
         assert_eq!(read_progress(s.objects.as_ref()).await.unwrap(), Some(T0 + HOUR));
     }
 
@@ -826,12 +842,19 @@ mod tests {
         assert!(crate::list_blocks(s.objects.as_ref()).await.unwrap().is_empty(), "no meta: no block");
         let r = archiver(&s, "a").round(now).await.unwrap();
         assert_eq!(ranges(&r).len(), 3, "{r:?}");
+        // Three ranges, each a raw block and its 5 m and 1 h aggregates.
         let blocks = crate::list_blocks(s.objects.as_ref()).await.unwrap();
-        assert_eq!(blocks.len(), 3);
+        assert_eq!(blocks.len(), 9);
+        let widths: BTreeSet<i64> = blocks.iter().map(|(_, m)| m.as_ref().unwrap().resolution_ms).collect();
+        assert_eq!(widths, BTreeSet::from([0, 300_000, 3_600_000]));
         for (dir, meta) in &blocks {
             let reader = crate::BlockReader::open(s.objects.clone(), dir.clone()).await.unwrap();
             reader.verify().await.unwrap();
-            assert_eq!(meta.as_ref().unwrap().samples, 2 * 240);
+            let meta = meta.as_ref().unwrap();
+            match meta.resolution_ms {
+                0 => assert_eq!(meta.samples, 2 * 240),
+                _ => assert_eq!(meta.raw_samples, 2 * 240),
+            }
         }
     }
 

@@ -66,7 +66,7 @@ impl ChunkCache {
     }
 
     #[cfg(test)]
-    fn held(&self) -> (usize, usize) {
+    pub(crate) fn held(&self) -> (usize, usize) {
         let inner = self.inner.lock().unwrap();
         (inner.entries.len(), inner.bytes)
     }

@@ -264,6 +264,12 @@ impl Compactor {
                         round.halted.push(format!("day starting {day}: its day block does not read back: {e}"));
                         continue;
                     }
+                    // Verifying a day takes a while: the lease is checked again before marking.
+                    if let Some(other) = self.lease(clock()).await? {
+                        tracing::warn!(owner = %other, "the compaction lease was taken over during a round: stopping");
+                        round.elsewhere = Some(other);
+                        break;
+                    }
                 }
                 let mut others = 0;
                 for (dir, _) in blocks.iter().filter(|(d, _)| d != whole_dir) {
@@ -316,7 +322,7 @@ impl Compactor {
                 round.elsewhere = Some(other);
                 break;
             }
-            match self.compact_day(day, &blocks).await {
+            match self.compact_day(day, &blocks, clock()).await {
                 Ok(()) => {
                     // The day block went up under the lease; marking what it replaces waits
                     // for the lease too (a new owner marks them, from the day block's list).
@@ -348,7 +354,7 @@ impl Compactor {
     }
 
     /// Writes the day block of `blocks`, checked against them before and after it goes up.
-    async fn compact_day(&self, day: i64, blocks: &[(&Path, &BlockMeta)]) -> Result<(), ArchiveError> {
+    async fn compact_day(&self, day: i64, blocks: &[(&Path, &BlockMeta)], now_ms: i64) -> Result<(), ArchiveError> {
         let end = day.saturating_add(DAY);
         // Units and help as the blocks have them (not as the newest blocks do).
         let mut families = std::collections::HashMap::new();
@@ -406,7 +412,7 @@ impl Compactor {
             Ok(())
         };
         if let Err(e) = check.await {
-            self.take_back(&dir, &written).await;
+            self.take_back(&dir, &written, now_ms).await;
             return Err(e);
         }
         tracing::info!(day, blocks = blocks.len(), samples = want, "compacted a day of the archive");
@@ -415,10 +421,19 @@ impl Compactor {
 
     /// Deletes a day block that did not read back, meta first, unless its meta is now
     /// another's (a compactor that took the lease over and wrote the day again).
-    async fn take_back(&self, dir: &Path, written: &BlockMeta) {
-        if let Ok(now) = read_meta(self.objects.as_ref(), dir).await {
-            if now != *written {
-                tracing::warn!(block = %dir, "a day block that did not read back was written again by another; left to it");
+    async fn take_back(&self, dir: &Path, written: &BlockMeta, now_ms: i64) {
+        // Another compactor that took the lease over writes the same day block, with the
+        // same meta: only while the lease is still ours is it ours to take back, and only
+        // a meta that reads back as written (a missing or unreadable one may be the
+        // other's, half-written: nothing is deleted then; the next round judges).
+        if !matches!(self.lease(now_ms).await, Ok(None)) {
+            tracing::warn!(block = %dir, "a day block that did not read back is left: the lease is no longer ours");
+            return;
+        }
+        match read_meta(self.objects.as_ref(), dir).await {
+            Ok(now) if now == *written => {}
+            _ => {
+                tracing::warn!(block = %dir, "a day block that did not read back is left: its meta is not the one written");
                 return;
             }
         }
@@ -721,7 +736,7 @@ mod tests {
             .filter(|(_, m)| m.max_time <= T0 + 24 * HOUR)
             .collect();
         let refs: Vec<(&Path, &BlockMeta)> = day.iter().map(|(d, m)| (d, m)).collect();
-        c.compact_day(T0, &refs).await.unwrap();
+        c.compact_day(T0, &refs, T0 + 26 * HOUR).await.unwrap();
         // A day block damaged since lets go of nothing: the day halts.
         let data = crate::layout::block_dir(0, T0, T0 + 24 * HOUR).join(crate::layout::DATA);
         let good = objects.get(&data).await.unwrap().bytes().await.unwrap();
@@ -748,9 +763,14 @@ mod tests {
         let files =
             || async { objects.list(Some(&dir)).map_ok(|o| o.location).try_collect::<Vec<_>>().await.unwrap().len() };
         assert_eq!(files().await, 3);
-        c.take_back(&dir, &other).await;
+        let now = T0 + 26 * HOUR;
+        assert!(compactor(&objects, "b").lease(now).await.unwrap().is_none(), "b holds the lease");
+        c.take_back(&dir, &meta, now).await;
+        assert_eq!(files().await, 3, "not while another holds the lease");
+        let later = now + 100 * HOUR;
+        c.take_back(&dir, &other, later).await;
         assert_eq!(files().await, 3, "a meta not ours is left alone");
-        c.take_back(&dir, &meta).await;
+        c.take_back(&dir, &meta, later).await;
         assert_eq!(files().await, 0);
     }
 

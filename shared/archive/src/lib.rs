@@ -8,6 +8,8 @@
 //! block half uploaded is never read. [`BlockWriter`] writes a block from any `Store`;
 //! [`BlockReader`] reads one back. The format is documented in `docs/ARCHIVE.md`.
 
+mod aggregates;
+mod answer;
 pub mod archiver;
 mod chunk_cache;
 pub mod compactor;
@@ -23,12 +25,13 @@ pub mod writer;
 
 pub use archiver::{Archiver, ArchiverOptions, Coverage};
 pub use compactor::{Compactor, CompactorOptions};
+pub use object_store::path::Path as ObjectPath;
 pub use object_store::Error as ObjectStoreError;
 pub use object_store::{ObjectStore, ObjectStoreExt};
 pub use reader::{list_blocks, ArchivedSeries, BlockReader};
 use std::sync::Arc;
 pub use store::{ArchiveStore, ArchiveStoreOptions};
-pub use writer::{BlockWriter, EncodedBlock, WriteOptions};
+pub use writer::{BlockWriter, EncodedBlock, EncodedRange, WriteOptions};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {

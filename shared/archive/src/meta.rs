@@ -8,6 +8,10 @@ use serde::{Deserialize, Serialize};
 pub const FORMAT: &str = "strata-archive";
 pub const VERSION: u32 = 1;
 
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct BlockMeta {
     pub format: String,
@@ -21,6 +25,10 @@ pub struct BlockMeta {
     pub samples: u64,
     /// Rows whose value is in the DOUBLE column (not a decimal).
     pub double_values: u64,
+    /// An aggregate block: the raw samples its windows summarise (its `samples` are its
+    /// rows, a window each).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub raw_samples: u64,
     /// What the source could not give when the block was written (a store that did not
     /// answer): readers warn that answers over this block may be incomplete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

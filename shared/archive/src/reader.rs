@@ -277,7 +277,10 @@ impl BlockReader {
                 let sparse = SparseFile::new(file.bytes).with(tail.offset, bytes.clone());
                 let arrow = ArrowReaderMetadata::load(&sparse, ArrowReaderOptions::new())
                     .map_err(|e| corrupt(&path, e.to_string()))?;
-                let expected = crate::writer::data_schema();
+                let expected = match self.meta.resolution_ms {
+                    0 => crate::writer::data_schema(),
+                    _ => crate::aggregates::aggregate_schema(),
+                };
                 if arrow.schema().fields() != expected.fields() {
                     return Err(corrupt(&path, format!("columns {:?}, not the archive's", arrow.schema().fields())));
                 }
@@ -307,6 +310,65 @@ impl BlockReader {
         if ids.is_empty() {
             return Ok(out);
         }
+        if self.meta.resolution_ms != 0 {
+            return Err(ArchiveError::Invalid(format!("{}: an aggregate block has no raw samples", self.dir)));
+        }
+        let path = self.dir.clone().join(DATA);
+        self.scan(ids, start, end, |batch| match batch {
+            Some(batch) => self.data_rows(batch, &path, ids, start, end, &mut out),
+            None if out.values().map(|v| v.len() as u64).sum::<u64>() > max_samples => {
+                Err(ArchiveError::Limit { limit: max_samples })
+            }
+            None => Ok(()),
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// The windows of the series `ids` ending in `(from, to]`, by id, in time order; more
+    /// than `max_windows` is an error, met before more than a row group past it is decoded.
+    pub(crate) async fn windows(
+        &self,
+        ids: &BTreeSet<i64>,
+        (from, to): (i64, i64),
+        max_windows: u64,
+    ) -> Result<BTreeMap<i64, crate::aggregates::ReadWindows>, ArchiveError> {
+        let mut out = BTreeMap::new();
+        if ids.is_empty() {
+            return Ok(out);
+        }
+        let path = self.dir.clone().join(DATA);
+        let width = self.meta.resolution_ms;
+        if width <= 0 {
+            return Err(ArchiveError::Invalid(format!("{}: a raw block has no windows", self.dir)));
+        }
+        let bounds = crate::aggregates::Bounds {
+            width,
+            min_time: self.meta.min_time,
+            max_time: self.meta.max_time,
+            series: self.meta.series,
+        };
+        self.scan(ids, from.saturating_add(1), to, |batch| match batch {
+            Some(batch) => crate::aggregates::read_rows(batch, &path, &bounds, ids, (from, to), &mut out),
+            None if out.values().map(|v| v.windows.len() as u64).sum::<u64>() > max_windows => {
+                Err(ArchiveError::Limit { limit: max_windows })
+            }
+            None => Ok(()),
+        })
+        .await?;
+        Ok(out)
+    }
+
+    /// Hands `each` the batches of the row groups that may hold `ids` in `[start, end]`
+    /// (by their `series_id` and `timestamp` statistics), each fetched by byte range and
+    /// checked against its checksum; `None` after each row group (a limit's check).
+    async fn scan(
+        &self,
+        ids: &BTreeSet<i64>,
+        start: i64,
+        end: i64,
+        mut each: impl FnMut(Option<&RecordBatch>) -> Result<(), ArchiveError>,
+    ) -> Result<(), ArchiveError> {
         let path = self.dir.clone().join(DATA);
         let footer = self.footer().await?;
         for (i, g) in footer.arrow.metadata().row_groups().iter().enumerate() {
@@ -338,13 +400,11 @@ impl BlockReader {
                 .map_err(|e| corrupt(&path, e.to_string()))?;
             for batch in reader {
                 let batch = batch.map_err(|e| corrupt(&path, e.to_string()))?;
-                self.data_rows(&batch, &path, ids, start, end, &mut out)?;
+                each(Some(&batch))?;
             }
-            if out.values().map(|v| v.len() as u64).sum::<u64>() > max_samples {
-                return Err(ArchiveError::Limit { limit: max_samples });
-            }
+            each(None)?;
         }
-        Ok(out)
+        Ok(())
     }
 
     fn data_rows(

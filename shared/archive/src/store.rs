@@ -30,7 +30,7 @@ use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
 
 /// Blocks opened at once by a query.
-const OPEN_AT_ONCE: usize = 8;
+pub(crate) const OPEN_AT_ONCE: usize = 8;
 
 /// How an [`ArchiveStore`] reads.
 #[derive(Debug, Clone)]
@@ -52,12 +52,12 @@ impl Default for ArchiveStoreOptions {
 
 /// A block as the list shows it.
 #[derive(Clone)]
-struct Listed {
-    dir: Path,
+pub(crate) struct Listed {
+    pub(crate) dir: Path,
     /// The meta object's size, time and tag when it was read: unchanged, it is not read
     /// again at the next listing.
     stamp: String,
-    meta: Result<BlockMeta, String>,
+    pub(crate) meta: Result<BlockMeta, String>,
 }
 
 #[derive(Default)]
@@ -93,6 +93,12 @@ impl ArchiveStore {
             open: Mutex::new(OpenBlocks::default()),
             chunks: ChunkCache::new(opts.cache_chunk_bytes),
         }
+    }
+
+    /// Series' chunks the cache holds.
+    #[cfg(test)]
+    pub(crate) fn cached_series(&self) -> usize {
+        self.chunks.held().0
     }
 
     /// A store over exactly `blocks`, never listing the bucket: what compaction reads, so
@@ -184,7 +190,7 @@ impl ArchiveStore {
 
     /// A block, opened or from the cache (a cached one whose meta differs from the
     /// listed one was written again: opened afresh).
-    async fn open(&self, dir: &Path, meta: &BlockMeta) -> Result<Arc<BlockReader>, ArchiveError> {
+    pub(crate) async fn open(&self, dir: &Path, meta: &BlockMeta) -> Result<Arc<BlockReader>, ArchiveError> {
         if let Ok(mut open) = self.open.lock() {
             if let Some(i) = open.blocks.iter().position(|(d, _)| d == dir) {
                 let entry = open.blocks.remove(i);
@@ -212,7 +218,7 @@ impl ArchiveStore {
     }
 
     /// The listed blocks of `resolution_ms` that overlap `[start, end]`, oldest first.
-    async fn candidates(&self, resolution_ms: i64, start: i64, end: i64) -> Result<Vec<Listed>, StoreError> {
+    pub(crate) async fn candidates(&self, resolution_ms: i64, start: i64, end: i64) -> Result<Vec<Listed>, StoreError> {
         let mut listed: Vec<Listed> = self
             .listed()
             .await?
@@ -314,7 +320,10 @@ impl SeriesBuilder {
         if self.last.is_some_and(|l| first.t <= l) {
             // Only the chunks that reach into `more` are decoded: a series read from many
             // blocks overlapping one another costs each overlap, not the whole series again.
+            // Chunks wholly before or wholly after `more` stay as they are.
             let keep = self.chunks.partition_point(|c| c.max_t < first.t);
+            let after = keep + self.chunks[keep..].partition_point(|c| c.min_t <= newest);
+            let tail: Vec<Chunk> = self.chunks.drain(after..).collect();
             let mut all = Vec::new();
             for c in self.chunks.drain(keep..) {
                 c.decode_checked(&mut all)?;
@@ -322,8 +331,9 @@ impl SeriesBuilder {
             all.extend(more);
             all.sort_by_key(|s| s.t);
             all.dedup_by_key(|s| s.t);
-            self.last = self.chunks.last().map(|c| c.max_t).max(all.last().map(|s| s.t));
             self.chunks.extend(Chunk::encode_sealed(&all));
+            self.chunks.extend(tail);
+            self.last = self.chunks.last().map(|c| c.max_t);
             return Ok(());
         }
         self.chunks.extend(Chunk::encode_sealed(&more));
@@ -441,7 +451,27 @@ impl Store for ArchiveStore {
                 for (id, chunks) in cached {
                     let (start, end) = (req.start, req.end);
                     let some: Vec<Chunk> = chunks.iter().filter(|c| c.overlaps(start, end)).cloned().collect();
-                    read = read.saturating_add(some.iter().map(|c| c.samples_within(start, end)).sum::<u64>());
+                    // Counted exactly: a chunk reaching past the range is decoded to count
+                    // its samples inside, and a series with none there (a chunk spanning a
+                    // gap that holds the whole range) is no answer.
+                    let mut inside = 0u64;
+                    for c in &some {
+                        if c.min_t >= start && c.max_t <= end {
+                            inside = inside.saturating_add(u64::from(c.n));
+                            continue;
+                        }
+                        let mut decoded = Vec::new();
+                        if let Err(e) = c.decode_checked(&mut decoded) {
+                            let series = format!("{} (archive {})", b.series()[id as usize].labels, self.name);
+                            return Err(StoreError::Corrupt { series, reason: e });
+                        }
+                        inside =
+                            inside.saturating_add(decoded.iter().filter(|x| x.t >= start && x.t <= end).count() as u64);
+                    }
+                    if inside == 0 {
+                        continue;
+                    }
+                    read = read.saturating_add(inside);
                     if read > req.limits.max_samples {
                         return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
                     }
@@ -513,6 +543,15 @@ impl Store for ArchiveStore {
             );
         }
         Ok(values.into_iter().collect())
+    }
+
+    /// A leaf from the aggregate blocks when a resolution is asked for
+    /// ([`crate::answer`]); raw selections are the engine's.
+    async fn steps(&self, req: &strata_store::StepsRequest) -> Result<Option<strata_store::Steps>, StoreError> {
+        if req.resolution == 0 {
+            return Ok(None);
+        }
+        self.steps_from_aggregates(req).await.map(Some)
     }
 
     /// Families from the series tables: a histogram's or summary's series under their

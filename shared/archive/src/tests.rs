@@ -3,10 +3,13 @@
 use super::*;
 use object_store::local::LocalFileSystem;
 use object_store::{ObjectStore, ObjectStoreExt};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::time::Duration;
+use strata_model::Matcher;
 use strata_model::{Labels, Metadata, MetricType, Sample};
 use strata_store::memory::MemoryStore;
+use strata_store::{StepsRequest, Store, StoreError};
 
 /// A small deterministic generator (xorshift), so a failure reproduces.
 struct Rng(u64);
@@ -292,4 +295,203 @@ pub(crate) async fn objects_named(objects: &dyn ObjectStore, name: &str) -> Vec<
     use futures_util::TryStreamExt;
     let all: Vec<object_store::ObjectMeta> = objects.list(None).try_collect().await.unwrap();
     all.into_iter().filter(|o| o.location.filename() == Some(name)).map(|o| o.location.to_string()).collect()
+}
+
+/// Counters with resets, gauges with decimals and NaNs, staleness markers and gaps, every
+/// ~15 s with jitter over three hours, some samples exactly on window edges.
+fn aggregate_fleet(seed: u64) -> MemoryStore {
+    const T0: i64 = 1_764_547_200_000;
+    let mut r = Rng(seed);
+    let mut m = MemoryStore::default();
+    for i in 0..12 {
+        let name = ["gpu_power", "energy_total"][i % 2];
+        let labels = Labels::from_pairs([("__name__", name), ("gpu", &i.to_string())]);
+        let counter = name.ends_with("_total");
+        let (mut t, mut c, mut samples) = (T0 + r.below(15_000) as i64, 0.0, Vec::new());
+        while t < T0 + 3 * 3_600_000 {
+            let v = match r.below(60) {
+                0 if counter => {
+                    c = r.below(3) as f64;
+                    c
+                }
+                1 => strata_model::stale_nan(),
+                2 if !counter => f64::NAN,
+                _ if counter => {
+                    c += r.below(500) as f64 / 4.0;
+                    c
+                }
+                _ => 100.0 + r.below(3000) as f64 / 10.0,
+            };
+            samples.push(Sample::new(t, v));
+            // Now and then on an edge, now and then a gap of minutes.
+            t = match r.below(40) {
+                0 => (t / 300_000 + 1) * 300_000,
+                1 => t + 400_000,
+                _ => t + 15_000 + r.below(40) as i64 - 20,
+            };
+        }
+        m.add(labels, if counter { MetricType::Counter } else { MetricType::Gauge }, samples);
+    }
+    m
+}
+
+/// The archive's aggregate blocks answer every leaf the planner asks them for as the raw
+/// samples do: each function, at 5 m and 1 h, ranges and steps over several windows and
+/// across the blocks' edges.
+#[tokio::test]
+async fn aggregate_blocks_answer_as_the_raw_samples_do() {
+    const T0: i64 = 1_764_547_200_000;
+    const HOUR: i64 = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let source = aggregate_fleet(7);
+    let writer = BlockWriter::new(objects.clone(), WriteOptions { row_group_rows: 200, ..Default::default() });
+    let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
+    for h in -1..3 {
+        let (start, end) = (T0 + h * HOUR, T0 + (h + 1) * HOUR);
+        let encoded = writer.encode_range(&source, start, end, &widths, Vec::new(), None).await.unwrap();
+        for a in encoded.aggregates {
+            assert!(a.meta.raw_samples > 0 && a.meta.samples < a.meta.raw_samples, "{:?}", a.meta);
+            writer.publish(a).await.unwrap();
+        }
+        if let Some(raw) = encoded.raw {
+            writer.publish(raw).await.unwrap();
+        }
+    }
+    let store = ArchiveStore::new(objects, "test", ArchiveStoreOptions::default());
+    let ranges = store.time_ranges().await.unwrap();
+    assert!(ranges.contains_key(&300_000) && ranges.contains_key(&3_600_000), "{ranges:?}");
+    let functions = [
+        None,
+        Some("rate"),
+        Some("increase"),
+        Some("delta"),
+        Some("sum_over_time"),
+        Some("avg_over_time"),
+        Some("count_over_time"),
+        Some("min_over_time"),
+        Some("max_over_time"),
+        Some("last_over_time"),
+        Some("changes"),
+        Some("resets"),
+        Some("stddev_over_time"),
+    ];
+    let grids = [
+        (300_000, 300_000, 300_000),
+        (300_000, 900_000, 300_000),
+        (300_000, 3_600_000, 900_000),
+        (3_600_000, 3_600_000, 3_600_000),
+        (3_600_000, 7_200_000, 3_600_000),
+    ];
+    let (mut compared, mut values) = (0, 0);
+    for name in ["gpu_power", "energy_total"] {
+        let m = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", name).unwrap()];
+        for f in functions {
+            for (width, range, step) in grids {
+                let mut req = StepsRequest::new(m.clone(), (T0 + 2 * HOUR, T0 + 3 * HOUR, step), 300_000);
+                req.function = f.map(|f| (f.to_string(), range));
+                let raw = strata_promql::pushdown::evaluate(&source, &req, &|l| l.clone(), Duration::from_secs(60))
+                    .await
+                    .unwrap();
+                req.resolution = width;
+                let agg = match store.steps(&req).await {
+                    Ok(Some(a)) => a,
+                    // A counter keeps no moments, a gauge no reset correction: those leaves
+                    // read raw data, as the planner does on this error.
+                    Err(StoreError::InvalidRequest(e))
+                        if (name == "energy_total" && f == Some("stddev_over_time"))
+                            || (name == "gpu_power" && matches!(f, Some("rate" | "increase"))) =>
+                    {
+                        assert!(e.contains("keep no"), "{e}");
+                        continue;
+                    }
+                    other => panic!("{name} {f:?} {width} {range} {step}: {other:?}"),
+                };
+                let raw: BTreeMap<_, _> = raw.series.iter().map(|s| (&s.labels, s.values.to_options())).collect();
+                let agg: BTreeMap<_, _> = agg.series.iter().map(|s| (&s.labels, s.values.to_options())).collect();
+                let present = |m: &BTreeMap<&Labels, Vec<Option<f64>>>| {
+                    m.iter()
+                        .filter(|(_, v)| v.iter().any(Option::is_some))
+                        .map(|(l, _)| (*l).clone())
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(present(&raw), present(&agg), "{name} {f:?} {width} {range} {step}");
+                for (labels, want) in &raw {
+                    let Some(got) = agg.get(labels) else { continue };
+                    for (i, (w, g)) in want.iter().zip(got).enumerate() {
+                        let same = match (w, g) {
+                            (None, None) => true,
+                            (Some(a), Some(b)) => {
+                                (a.is_nan() && b.is_nan()) || a == b || (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+                            }
+                            _ => false,
+                        };
+                        assert!(same, "{name} {f:?} at {width} range {range} step {step}, {labels} step {i}: raw {w:?}, aggregates {g:?}");
+                        values += usize::from(w.is_some());
+                    }
+                }
+                compared += 1;
+            }
+        }
+    }
+    assert!(compared >= 110 && values > 1000, "{compared} leaves, {values} values");
+    // A grid the windows do not fit is refused, so the planner reads raw data.
+    let mut req = StepsRequest::new(vec![], (T0 + 2 * HOUR + 1, T0 + 3 * HOUR, 300_000), 300_000);
+    req.matchers = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", "gpu_power").unwrap()];
+    req.function = Some(("rate".into(), 300_000));
+    req.resolution = 300_000;
+    assert!(matches!(store.steps(&req).await, Err(StoreError::InvalidRequest(_))));
+}
+
+/// What a store answers for `name` over `[start, end]`: each series' samples in range.
+async fn answered(store: &ArchiveStore, name: &str, start: i64, end: i64) -> Vec<(Labels, Vec<(i64, u64)>)> {
+    let m = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", name).unwrap()];
+    let mut out = Vec::new();
+    for s in store.select(&strata_store::SelectRequest::new(m, start, end)).await.unwrap() {
+        out.push((s.labels.clone(), bits(&s.samples(start, end).unwrap())));
+    }
+    out
+}
+
+/// After a query over the whole block fills the chunk cache, narrower queries answer from
+/// it exactly as a store without the cache does, a series whose gap holds the whole range
+/// is no answer, and a block written again is never answered from the old one's chunks.
+#[tokio::test]
+async fn the_chunk_cache_answers_as_the_blocks_do() {
+    const T0: i64 = 1_764_547_200_000;
+    const MIN: i64 = 60_000;
+    let dir = tempfile::tempdir().unwrap();
+    let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let source = |offset: f64| {
+        let mut m = MemoryStore::default();
+        for gpu in ["0", "1"] {
+            let labels = Labels::from_pairs([("__name__", "gpu_temp"), ("gpu", gpu)]);
+            // GPU 1 is silent from minute 20 to 40: its chunk spans the gap.
+            let samples = (0..240)
+                .map(|k| Sample::new(T0 + k * 15_000 + 7, offset + (k % 17) as f64))
+                .filter(|s| gpu == "0" || s.t < T0 + 20 * MIN || s.t > T0 + 40 * MIN);
+            m.add(labels, MetricType::Gauge, samples);
+        }
+        m
+    };
+    let writer = BlockWriter::new(objects.clone(), WriteOptions::default());
+    writer.write_raw(&source(0.0), T0, T0 + 60 * MIN).await.unwrap().unwrap();
+    let opts = ArchiveStoreOptions { refresh: Duration::ZERO, ..Default::default() };
+    let cached = ArchiveStore::new(objects.clone(), "test", opts.clone());
+    let plain = ArchiveStore::new(objects.clone(), "test", ArchiveStoreOptions { cache_chunk_bytes: 0, ..opts });
+    let whole = answered(&cached, "gpu_temp", T0, T0 + 60 * MIN).await;
+    assert_eq!(cached.cached_series(), 2, "the whole block's range kept");
+    assert_eq!(whole, answered(&plain, "gpu_temp", T0, T0 + 60 * MIN).await);
+    for (a, b) in [(25, 35), (10, 12), (19, 21), (0, 1), (39, 60), (59, 70)] {
+        let (a, b) = (T0 + a * MIN, T0 + b * MIN);
+        let got = answered(&cached, "gpu_temp", a, b).await;
+        assert_eq!(got, answered(&plain, "gpu_temp", a, b).await, "[{a}, {b}]");
+        assert!(got.iter().all(|(_, s)| !s.is_empty()), "a series with no sample in range answered: {got:?}");
+    }
+    assert_eq!(answered(&cached, "gpu_temp", T0 + 25 * MIN, T0 + 35 * MIN).await.len(), 1, "GPU 1 is silent there");
+    // Written again with other values: read from the new files.
+    writer.write_raw(&source(1000.0), T0, T0 + 60 * MIN).await.unwrap().unwrap();
+    let again = answered(&cached, "gpu_temp", T0 + 10 * MIN, T0 + 12 * MIN).await;
+    assert_eq!(again, answered(&plain, "gpu_temp", T0 + 10 * MIN, T0 + 12 * MIN).await);
+    assert!(again[0].1.iter().all(|(_, v)| f64::from_bits(*v) >= 1000.0), "{again:?}");
 }

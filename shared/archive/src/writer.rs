@@ -229,6 +229,175 @@ pub struct EncodedBlock {
     series: bytes::Bytes,
 }
 
+/// A range's blocks encoded and not yet uploaded: its raw block, and its aggregate
+/// blocks (none where the range held nothing).
+pub struct EncodedRange {
+    pub raw: Option<EncodedBlock>,
+    pub aggregates: Vec<EncodedBlock>,
+}
+
+/// One block's data file as series are added, and its series table.
+struct FileBuilder {
+    resolution: i64,
+    start: i64,
+    end: i64,
+    dir: Path,
+    writer: ArrowWriter<Vec<u8>>,
+    series: Vec<SeriesRow>,
+    rows: u64,
+    doubles: u64,
+    raw_samples: u64,
+}
+
+impl FileBuilder {
+    fn new(resolution: i64, start: i64, end: i64, opts: &WriteOptions) -> Result<Self, ArchiveError> {
+        let dir = block_dir(resolution, start, end);
+        let (schema, props) = match resolution {
+            0 => (data_schema(), data_properties(opts)?),
+            _ => (crate::aggregates::aggregate_schema(), aggregate_properties(opts)?),
+        };
+        let writer = ArrowWriter::try_new(Vec::new(), schema, Some(props))
+            .map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
+        Ok(FileBuilder { resolution, start, end, dir, writer, series: Vec::new(), rows: 0, doubles: 0, raw_samples: 0 })
+    }
+
+    fn failed(&self, e: parquet::errors::ParquetError) -> ArchiveError {
+        ArchiveError::parquet(&self.dir.clone().join(DATA), e)
+    }
+
+    /// Closes the row group at a series boundary once it is long enough.
+    fn series_done(&mut self, row: SeriesRow, opts: &WriteOptions) -> Result<(), ArchiveError> {
+        self.series.push(row);
+        if self.writer.in_progress_rows() >= opts.row_group_rows {
+            self.writer.flush().map_err(|e| self.failed(e))?;
+        }
+        Ok(())
+    }
+
+    fn add_samples(
+        &mut self,
+        labels: &Labels,
+        metric_type: MetricType,
+        got: &[strata_model::Sample],
+        opts: &WriteOptions,
+    ) -> Result<(), ArchiveError> {
+        let (Some(first), Some(last)) = (got.first(), got.last()) else { return Ok(()) };
+        let (pages, d) = series_rows(self.series.len() as i64, got)?;
+        for page in &pages {
+            self.writer.write(page).map_err(|e| self.failed(e))?;
+        }
+        self.doubles += d;
+        self.rows += got.len() as u64;
+        self.raw_samples += got.len() as u64;
+        let row = SeriesRow {
+            labels: labels.clone(),
+            metric_type,
+            min_time: first.t,
+            max_time: last.t,
+            samples: got.len() as u64,
+        };
+        self.series_done(row, opts)
+    }
+
+    /// The windows of `got`, the series' samples in `(start, end]`.
+    fn add_windows(
+        &mut self,
+        labels: &Labels,
+        metric_type: MetricType,
+        got: &[strata_model::Sample],
+        opts: &WriteOptions,
+    ) -> Result<(), ArchiveError> {
+        let windows = strata_downsample::windows_of(got, self.resolution);
+        let (Some(first), Some(last)) = (windows.first(), windows.last()) else { return Ok(()) };
+        let kept = strata_downsample::Kept::of(metric_type, false);
+        let batch = crate::aggregates::window_rows(self.series.len() as i64, &windows, kept)?;
+        self.writer.write(&batch).map_err(|e| self.failed(e))?;
+        self.rows += windows.len() as u64;
+        self.raw_samples += got.len() as u64;
+        let row = SeriesRow {
+            labels: labels.clone(),
+            metric_type,
+            min_time: first.end,
+            max_time: last.end,
+            samples: windows.len() as u64,
+        };
+        self.series_done(row, opts)
+    }
+
+    fn finish(
+        self,
+        gaps: Vec<String>,
+        families: &HashMap<String, strata_model::Metadata>,
+        opts: &WriteOptions,
+    ) -> Result<Option<EncodedBlock>, ArchiveError> {
+        if self.series.is_empty() {
+            return Ok(None);
+        }
+        let dir = self.dir;
+        let failed = |e: parquet::errors::ParquetError| ArchiveError::parquet(&dir.clone().join(DATA), e);
+        let data = bytes::Bytes::from(self.writer.into_inner().map_err(failed)?);
+        let (tail, row_groups) = crate::ranged::segments_of(&data).map_err(failed)?;
+        let table = series_batch(&self.series, families)?;
+        let series_props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(ZstdLevel::try_new(opts.zstd_level).unwrap_or_default()))
+            .build();
+        let mut sw = ArrowWriter::try_new(Vec::new(), table.schema(), Some(series_props))
+            .map_err(|e| ArchiveError::parquet(&dir.clone().join(SERIES), e))?;
+        sw.write(&table).map_err(|e| ArchiveError::parquet(&dir.clone().join(SERIES), e))?;
+        let series_bytes = sw.into_inner().map_err(|e| ArchiveError::parquet(&dir.clone().join(SERIES), e))?;
+        let meta = BlockMeta {
+            format: FORMAT.into(),
+            version: VERSION,
+            resolution_ms: self.resolution,
+            min_time: self.start,
+            max_time: self.end,
+            series: self.series.len() as u64,
+            samples: self.rows,
+            double_values: self.doubles,
+            raw_samples: if self.resolution > 0 { self.raw_samples } else { 0 },
+            gaps,
+            compacted_from: Vec::new(),
+            files: vec![
+                FileMeta {
+                    path: DATA.into(),
+                    bytes: data.len() as u64,
+                    crc32: crc32fast::hash(&data),
+                    tail: Some(tail),
+                    row_groups,
+                },
+                FileMeta {
+                    path: SERIES.into(),
+                    bytes: series_bytes.len() as u64,
+                    crc32: crc32fast::hash(&series_bytes),
+                    tail: None,
+                    row_groups: Vec::new(),
+                },
+            ],
+        };
+        Ok(Some(EncodedBlock { dir, meta, data, series: series_bytes.into() }))
+    }
+}
+
+/// An aggregate data file's encodings: integers and times delta-coded, sorted by series
+/// and window.
+fn aggregate_properties(opts: &WriteOptions) -> Result<WriterProperties, ArchiveError> {
+    let zstd = ZstdLevel::try_new(opts.zstd_level).map_err(|e| ArchiveError::Invalid(format!("zstd level: {e}")))?;
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(zstd))
+        .set_statistics_enabled(EnabledStatistics::Page)
+        .set_max_row_group_row_count(None)
+        .set_sorting_columns(Some(vec![
+            parquet::file::metadata::SortingColumn { column_idx: 0, descending: false, nulls_first: false },
+            parquet::file::metadata::SortingColumn { column_idx: 1, descending: false, nulls_first: false },
+        ]));
+    for c in crate::aggregates::DELTA_COLUMNS {
+        b = b
+            .set_column_encoding(ColumnPath::from(c), Encoding::DELTA_BINARY_PACKED)
+            .set_column_dictionary_enabled(ColumnPath::from(c), false);
+    }
+    Ok(b.build())
+}
+
 /// Writes blocks into one object store.
 pub struct BlockWriter {
     store: Arc<dyn ObjectStore>,
@@ -260,102 +429,70 @@ impl BlockWriter {
         gaps: Vec<String>,
         families: Option<HashMap<String, strata_model::Metadata>>,
     ) -> Result<Option<EncodedBlock>, ArchiveError> {
+        Ok(self.encode_range(source, start, end, &[], gaps, families).await?.raw)
+    }
+
+    /// The raw block of `[start, end)` and, for each of `widths` that the range's edges
+    /// are multiples of, the aggregate block of the windows ending in `(start, end]`
+    /// (computed from the raw samples there, so the source is read up to `end` itself),
+    /// from one read of the source.
+    pub async fn encode_range(
+        &self,
+        source: &dyn Store,
+        start: i64,
+        end: i64,
+        widths: &[i64],
+        gaps: Vec<String>,
+        families: Option<HashMap<String, strata_model::Metadata>>,
+    ) -> Result<EncodedRange, ArchiveError> {
         if start >= end {
             return Err(ArchiveError::Invalid(format!("empty range [{start}, {end})")));
         }
-        let dir = block_dir(0, start, end);
+        let widths: Vec<i64> =
+            widths.iter().copied().filter(|&w| w > 0 && start.rem_euclid(w) == 0 && end.rem_euclid(w) == 0).collect();
+        let mut raw = FileBuilder::new(0, start, end, &self.opts)?;
+        let mut aggregates =
+            widths.iter().map(|&w| FileBuilder::new(w, start, end, &self.opts)).collect::<Result<Vec<_>, _>>()?;
+        let last = if widths.is_empty() { end - 1 } else { end };
         // Metric by metric, so that a metric's series are neighbours in the file and a query
         // for one metric reads its row groups only (stores sort series by all their labels,
         // which interleaves metrics: `Hostname` sorts before `__name__`). The names without
         // matchers: from the stores' indexes, not their series lists, which are limited.
-        let names = source.label_values("__name__", &[], start, end - 1).await?;
-        let mut writer = ArrowWriter::try_new(Vec::new(), data_schema(), Some(data_properties(&self.opts)?))
-            .map_err(|e| ArchiveError::parquet(&dir.clone().join(DATA), e))?;
-        let mut series = Vec::<SeriesRow>::new();
-        let (mut samples, mut doubles) = (0u64, 0u64);
-        let failed = |e: parquet::errors::ParquetError| ArchiveError::parquet(&dir.clone().join(DATA), e);
+        let names = source.label_values("__name__", &[], start, last).await?;
         for name in &names {
             let one = Matcher::new(strata_model::MatchOp::Equal, "__name__", name)
                 .map_err(|e| ArchiveError::Invalid(e.to_string()))?;
             // Bounded by the block: a block range is chosen to fit, and the series stream.
-            let mut req = SelectRequest::new(vec![one], start, end - 1);
+            let mut req = SelectRequest::new(vec![one], start, last);
             req.limits = strata_store::SelectLimits { max_series: usize::MAX, max_samples: u64::MAX };
             let mut batches = source.select_batches(&req).await?;
             while let Some(batch) = batches.next_batch().await? {
                 for s in batch {
                     let got = s
-                        .samples(start, end - 1)
+                        .samples(start, last)
                         .map_err(|e| ArchiveError::Source { series: s.labels.to_string(), reason: e.to_string() })?;
-                    if got.is_empty() {
-                        continue;
-                    }
-                    let (pages, d) = series_rows(series.len() as i64, &got)?;
-                    for page in &pages {
-                        writer.write(page).map_err(failed)?;
-                    }
-                    doubles += d;
-                    samples += got.len() as u64;
-                    let (min_time, max_time) = (got[0].t, got[got.len() - 1].t);
-                    let count = got.len() as u64;
-                    series.push(SeriesRow {
-                        labels: s.labels,
-                        metric_type: s.metric_type,
-                        min_time,
-                        max_time,
-                        samples: count,
-                    });
-                    if writer.in_progress_rows() >= self.opts.row_group_rows {
-                        writer.flush().map_err(failed)?;
+                    let before_end = got.partition_point(|x| x.t < end);
+                    raw.add_samples(&s.labels, s.metric_type, &got[..before_end], &self.opts)?;
+                    let after_start = got.partition_point(|x| x.t <= start);
+                    for agg in &mut aggregates {
+                        agg.add_windows(&s.labels, s.metric_type, &got[after_start..], &self.opts)?;
                     }
                 }
             }
         }
-        if series.is_empty() {
-            return Ok(None);
-        }
-        let data = bytes::Bytes::from(writer.into_inner().map_err(failed)?);
-        let (tail, row_groups) = crate::ranged::segments_of(&data).map_err(failed)?;
         let families = match families {
             Some(f) => f,
             None => source_families(source).await,
         };
-        let table = series_batch(&series, &families)?;
-        let series_props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::try_new(self.opts.zstd_level).unwrap_or_default()))
-            .build();
-        let mut sw = ArrowWriter::try_new(Vec::new(), table.schema(), Some(series_props))
-            .map_err(|e| ArchiveError::parquet(&dir.clone().join(SERIES), e))?;
-        sw.write(&table).map_err(|e| ArchiveError::parquet(&dir.clone().join(SERIES), e))?;
-        let series_bytes = sw.into_inner().map_err(|e| ArchiveError::parquet(&dir.clone().join(SERIES), e))?;
-        let meta = BlockMeta {
-            format: FORMAT.into(),
-            version: VERSION,
-            resolution_ms: 0,
-            min_time: start,
-            max_time: end,
-            series: series.len() as u64,
-            samples,
-            double_values: doubles,
-            gaps,
-            compacted_from: Vec::new(),
-            files: vec![
-                FileMeta {
-                    path: DATA.into(),
-                    bytes: data.len() as u64,
-                    crc32: crc32fast::hash(&data),
-                    tail: Some(tail),
-                    row_groups,
-                },
-                FileMeta {
-                    path: SERIES.into(),
-                    bytes: series_bytes.len() as u64,
-                    crc32: crc32fast::hash(&series_bytes),
-                    tail: None,
-                    row_groups: Vec::new(),
-                },
-            ],
-        };
-        Ok(Some(EncodedBlock { dir, meta, data, series: series_bytes.into() }))
+        let raw = raw.finish(gaps.clone(), &families, &self.opts)?;
+        let aggregates = aggregates
+            .into_iter()
+            .map(|a| a.finish(gaps.clone(), &families, &self.opts))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(EncodedRange { raw, aggregates })
     }
 
     /// Uploads a block: data and series files, then its meta.

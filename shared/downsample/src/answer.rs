@@ -2,7 +2,7 @@
 //! for a resolution: one value per step per series, exactly the raw answer, or an error
 //! saying why not (the caller then reads raw data).
 
-use crate::blocks::{AggregateBlocks, AggregateError};
+use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows};
 use crate::encoding::Wanted;
 use crate::leaf::{evaluate, Grid, Leaf, NotExact};
 use crate::range::RangeFn;
@@ -21,12 +21,23 @@ pub enum AnswerError {
     TooMany(u64),
 }
 
-/// `req` (a leaf, no aggregation over it) from `blocks`.
-pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, AnswerError> {
+/// What a request asks of aggregates `width` wide: checked before anything is read.
+pub struct Prepared {
+    pub leaf: Leaf,
+    pub grid: Grid,
+    /// Windows ending in `(from, last]` are read.
+    pub from: i64,
+    pub last: i64,
+    pub steps: usize,
+    width: i64,
+}
+
+/// Checks that `req` (a leaf, no aggregation over it) is answered exactly from windows
+/// `width` wide, and says which windows it reads.
+pub fn prepare(req: &StepsRequest, width: i64) -> Result<Prepared, AnswerError> {
     if req.aggregate.is_some() {
         return Err(AnswerError::Unsupported("an aggregation over a leaf".into()));
     }
-    let width = blocks.width();
     let leaf = match &req.function {
         None => Leaf::Selector { lookback: req.lookback },
         Some((name, range)) => match RangeFn::parse(name, None) {
@@ -46,34 +57,32 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
     let last = req.end.saturating_sub(req.offset);
     let first = req.start.saturating_sub(req.offset).saturating_sub(reach);
     let from = first.div_euclid(width).saturating_mul(width);
-    let started = std::time::Instant::now();
-    let series = blocks.count_series(&req.matchers, (from, last))?;
-    if series > req.limits.max_series {
-        return Err(AnswerError::TooMany(series as u64));
+    Ok(Prepared { leaf, grid, from, last, steps, width })
+}
+
+impl Prepared {
+    /// Fails when `series` series over the windows read, or their steps, would be more
+    /// than the request's limits.
+    pub fn check_limits(&self, req: &StepsRequest, series: usize) -> Result<(), AnswerError> {
+        if series > req.limits.max_series {
+            return Err(AnswerError::TooMany(series as u64));
+        }
+        let windows = (self.last.saturating_sub(self.from) / self.width).max(1) as u64;
+        let n = series as u64;
+        if n.saturating_mul(windows).saturating_add(n.saturating_mul(self.steps as u64)) > req.limits.max_samples {
+            return Err(AnswerError::TooMany(req.limits.max_samples));
+        }
+        Ok(())
     }
-    let windows = (last.saturating_sub(from) / width).max(1) as u64;
-    if (series as u64).saturating_mul(windows).saturating_add((series as u64).saturating_mul(steps as u64))
-        > req.limits.max_samples
-    {
-        return Err(AnswerError::TooMany(req.limits.max_samples));
-    }
-    let name_dropped = matches!(leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
-    let counter_fn = matches!(leaf, Leaf::Range { function: RangeFn::Rate | RangeFn::Increase, .. });
-    // Found before anything is decoded, and checked again: a slice written since the
-    // count may have added series.
-    let found = blocks.find(&req.matchers, (from, last), |l| req.wants(l))?;
-    if found.len() > req.limits.max_series {
-        return Err(AnswerError::TooMany(found.len() as u64));
-    }
-    let points = (found.len() as u64).saturating_mul(steps as u64);
-    if points > req.limits.max_samples {
-        return Err(AnswerError::TooMany(points));
-    }
-    let evaluated = found.map(Wanted::for_leaf(&leaf), |s| -> Result<_, AnswerError> {
-        let values = if req.values { evaluate(&s.windows, s.kept, width, &leaf, &grid)? } else { Vec::new() };
+
+    /// One series' steps from its windows.
+    pub fn evaluate(&self, req: &StepsRequest, s: SeriesWindows) -> Result<StepsSeries, AnswerError> {
+        let values =
+            if req.values { evaluate(&s.windows, s.kept, self.width, &self.leaf, &self.grid)? } else { Vec::new() };
         let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
         let values =
             if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
+        let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
         Ok(StepsSeries {
             labels: s.labels,
             metric_type: s.metric_type,
@@ -81,19 +90,44 @@ pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, Ans
             values,
             name_dropped,
         })
-    })?;
-    let mut out = Steps::default();
-    for s in evaluated {
-        if counter_fn {
-            if let Some(info) = might_not_be_a_counter(s.labels.metric_name().unwrap_or("")) {
-                if !out.infos.contains(&info) {
-                    out.infos.push(info);
+    }
+
+    /// The answer of the evaluated series, with the info a counter function gives over a
+    /// metric not named as a counter.
+    pub fn finish(&self, evaluated: Vec<StepsSeries>) -> Steps {
+        let counter_fn = matches!(self.leaf, Leaf::Range { function: RangeFn::Rate | RangeFn::Increase, .. });
+        let mut out = Steps::default();
+        for s in evaluated {
+            if counter_fn {
+                if let Some(info) = might_not_be_a_counter(s.labels.metric_name().unwrap_or("")) {
+                    if !out.infos.contains(&info) {
+                        out.infos.push(info);
+                    }
                 }
             }
+            out.samples += s.summary.samples;
+            out.series.push(s);
         }
-        out.samples += s.summary.samples;
-        out.series.push(s);
+        out
     }
+}
+
+/// `req` (a leaf, no aggregation over it) from `blocks`.
+pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, AnswerError> {
+    let p = prepare(req, blocks.width())?;
+    let started = std::time::Instant::now();
+    let series = blocks.count_series(&req.matchers, (p.from, p.last))?;
+    p.check_limits(req, series)?;
+    // Found before anything is decoded, and checked again: a slice written since the
+    // count may have added series.
+    let found = blocks.find(&req.matchers, (p.from, p.last), |l| req.wants(l))?;
+    p.check_limits(req, found.len())?;
+    let points = (found.len() as u64).saturating_mul(p.steps as u64);
+    if points > req.limits.max_samples {
+        return Err(AnswerError::TooMany(points));
+    }
+    let evaluated = found.map(Wanted::for_leaf(&p.leaf), |s| p.evaluate(req, s))?;
+    let out = p.finish(evaluated);
     tracing::debug!(
         series = out.series.len(),
         total_ms = started.elapsed().as_secs_f64() * 1e3,

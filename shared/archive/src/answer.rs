@@ -1,0 +1,130 @@
+//! `Steps` from the archive's aggregate blocks: a query's leaf answered from 5 m or 1 h
+//! windows when the global's planner asks for a resolution, with the downsampling crate's
+//! arithmetic ([`strata_downsample::answer`]), so the archive answers exactly as a
+//! regional's aggregates do. A block that cannot be read fails the request rather than
+//! leaving windows out: the planner then reads raw data, which says what it lacks.
+
+use crate::aggregates::ReadWindows;
+use crate::store::{ArchiveStore, OPEN_AT_ONCE};
+use crate::ArchiveError;
+use std::collections::{BTreeMap, BTreeSet};
+use strata_downsample::answer::{prepare, AnswerError};
+use strata_downsample::blocks::SeriesWindows;
+use strata_downsample::Kept;
+use strata_model::matcher::matches_all;
+use strata_model::{Labels, MetricType};
+use strata_store::{Steps, StepsRequest, StoreError};
+
+fn store_error(e: AnswerError) -> StoreError {
+    match e {
+        AnswerError::TooMany(n) => StoreError::LimitExceeded { what: "step values", limit: n },
+        // The caller asked for what the aggregates cannot give exactly: it reads raw data.
+        e => StoreError::InvalidRequest(format!("from aggregates: {e}")),
+    }
+}
+
+/// A series' windows gathered from block after block.
+struct Gathered {
+    metric_type: MetricType,
+    kept: Kept,
+    windows: Vec<strata_downsample::Window>,
+}
+
+impl Gathered {
+    /// Adds a block's windows; blocks overlap only for a moment after a compaction, and
+    /// then a window is kept once.
+    fn add(&mut self, more: ReadWindows) {
+        self.kept = self.kept.and(more.kept);
+        let Some(first) = more.windows.first() else { return };
+        if self.windows.last().is_some_and(|l| l.end >= first.end) {
+            self.windows.extend(more.windows);
+            self.windows.sort_by_key(|w| w.end);
+            self.windows.dedup_by_key(|w| w.end);
+        } else {
+            self.windows.extend(more.windows);
+        }
+    }
+}
+
+impl ArchiveStore {
+    pub(crate) async fn steps_from_aggregates(&self, req: &StepsRequest) -> Result<Steps, StoreError> {
+        let width = req.resolution;
+        let p = prepare(req, width).map_err(store_error)?;
+        let candidates = self.candidates(width, p.from, p.last).await?;
+        let mut found: BTreeMap<Labels, Gathered> = BTreeMap::new();
+        let mut read = 0u64;
+        for some in candidates.chunks(OPEN_AT_ONCE) {
+            for listed in some {
+                let unreadable = |e: &dyn std::fmt::Display| {
+                    StoreError::Unavailable(format!("archive: aggregate block {}: {e}", listed.dir))
+                };
+                let meta = listed.meta.as_ref().map_err(|e| unreadable(e))?;
+                if !meta.gaps.is_empty() {
+                    // Windows computed from incomplete data would be answered as exact.
+                    return Err(StoreError::InvalidRequest(format!(
+                        "from aggregates: block {} may be incomplete: {}",
+                        listed.dir,
+                        meta.gaps.join("; ")
+                    )));
+                }
+                let b = self.open(&listed.dir, meta).await.map_err(|e| unreadable(&e))?;
+                let ids: BTreeSet<i64> = b
+                    .series()
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, s)| {
+                        s.samples > 0
+                            && s.max_time > p.from
+                            && s.min_time <= p.last
+                            && matches_all(&req.matchers, &s.labels)
+                            && req.wants(&s.labels)
+                    })
+                    .map(|(i, _)| i as i64)
+                    .collect();
+                let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
+                p.check_limits(req, found.len().saturating_add(new)).map_err(store_error)?;
+                let left = req.limits.max_samples.saturating_sub(read);
+                let got = match b.windows(&ids, (p.from, p.last), left).await {
+                    Ok(got) => got,
+                    Err(ArchiveError::Limit { limit }) => {
+                        return Err(StoreError::LimitExceeded { what: "samples", limit: limit.saturating_add(read) })
+                    }
+                    Err(e) => return Err(unreadable(&e)),
+                };
+                for (id, windows) in got {
+                    read = read.saturating_add(windows.windows.len() as u64);
+                    let s = &b.series()[id as usize];
+                    found
+                        .entry(s.labels.clone())
+                        .or_insert_with(|| Gathered {
+                            metric_type: s.metric_type,
+                            kept: Kept::ALL,
+                            windows: Vec::new(),
+                        })
+                        .add(windows);
+                }
+            }
+        }
+        p.check_limits(req, found.len()).map_err(store_error)?;
+        let points = (found.len() as u64).saturating_mul(p.steps as u64);
+        if points > req.limits.max_samples {
+            return Err(StoreError::LimitExceeded { what: "step values", limit: req.limits.max_samples });
+        }
+        let req = req.clone();
+        let evaluated = tokio::task::spawn_blocking(move || {
+            found
+                .into_iter()
+                .map(|(labels, g)| {
+                    p.evaluate(
+                        &req,
+                        SeriesWindows { labels, metric_type: g.metric_type, kept: g.kept, windows: g.windows },
+                    )
+                })
+                .collect::<Result<Vec<_>, _>>()
+                .map(|series| p.finish(series))
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("answering from aggregates: {e}")))?;
+        evaluated.map_err(store_error)
+    }
+}
