@@ -51,6 +51,23 @@ impl ArchiveStore {
         let width = req.resolution;
         let p = prepare(req, width).map_err(store_error)?;
         let candidates = self.candidates(width, p.from, p.last).await?;
+        // The blocks must cover every window the grid reads, without a break: a block
+        // missing in the middle (a range archived before aggregates were, one being
+        // written again) would leave its windows out in silence. Then raw data answers.
+        let mut covered = p.from;
+        for b in &candidates {
+            let Ok(m) = &b.meta else { continue };
+            if m.min_time > covered {
+                break;
+            }
+            covered = covered.max(m.max_time);
+        }
+        if covered < p.last {
+            return Err(StoreError::InvalidRequest(format!(
+                "from aggregates: no {} ms aggregate block holds the windows ending after {covered} ms",
+                width
+            )));
+        }
         let mut found: BTreeMap<Labels, Gathered> = BTreeMap::new();
         let mut read = 0u64;
         for some in candidates.chunks(OPEN_AT_ONCE) {

@@ -403,16 +403,13 @@ impl Archiver {
         // (an HA replica stood in for one that failed, say) it fails the attempt; past
         // max_wait it joins the gaps.
         let warned = scope.warnings();
-        let (raw, mut aggregates) = encoded?;
-        let mut block = match raw {
-            Some(b) => b,
-            None => {
-                self.release(&claim_path).await;
-                let mut gaps = gaps;
-                gaps.extend(warned);
-                return Ok(Claimed::Empty { gaps });
-            }
-        };
+        let (mut raw, mut aggregates) = encoded?;
+        if raw.is_none() && aggregates.is_empty() {
+            self.release(&claim_path).await;
+            let mut gaps = gaps;
+            gaps.extend(warned);
+            return Ok(Claimed::Empty { gaps });
+        }
         if !warned.is_empty() {
             if !partial {
                 self.release(&claim_path).await;
@@ -421,9 +418,8 @@ impl Archiver {
                     warned.join("; ")
                 )));
             }
-            block.meta.gaps.extend(warned.iter().cloned());
-            for a in &mut aggregates {
-                a.meta.gaps.extend(warned.iter().cloned());
+            for b in raw.iter_mut().chain(aggregates.iter_mut()) {
+                b.meta.gaps.extend(warned.iter().cloned());
             }
         }
         // Read back just before the upload: an archiver that stalled past its lease and
@@ -433,9 +429,16 @@ impl Archiver {
             return Ok(Claimed::Elsewhere);
         }
         // The aggregates first: the raw block's meta is the record that the range is done.
+        // A range with no raw sample may still close a window with a sample at its end.
         for a in aggregates {
             self.writer.publish(a).await?;
         }
+        let Some(block) = raw else {
+            self.release(&claim_path).await;
+            let mut gaps = gaps;
+            gaps.extend(warned);
+            return Ok(Claimed::Empty { gaps });
+        };
         let meta = self.writer.publish(block).await?;
         // Done: the meta is the record now.
         self.release(&claim_path).await;

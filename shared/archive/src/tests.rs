@@ -441,6 +441,22 @@ async fn aggregate_blocks_answer_as_the_raw_samples_do() {
     req.function = Some(("rate".into(), 300_000));
     req.resolution = 300_000;
     assert!(matches!(store.steps(&req).await, Err(StoreError::InvalidRequest(_))));
+    // A block missing in the middle of the windows a grid reads: refused, not answered
+    // without its windows.
+    req.start = T0 + 2 * HOUR;
+    req.function = Some(("count_over_time".into(), HOUR));
+    assert!(matches!(store.steps(&req).await, Ok(Some(_))));
+    let middle = crate::layout::block_dir(300_000, T0 + HOUR, T0 + 2 * HOUR).join(crate::layout::META);
+    std::fs::remove_file(dir.path().join(middle.as_ref())).unwrap();
+    let fresh = ArchiveStore::new(
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+        "test",
+        ArchiveStoreOptions::default(),
+    );
+    match fresh.steps(&req).await {
+        Err(StoreError::InvalidRequest(e)) => assert!(e.contains("no 300000 ms aggregate block"), "{e}"),
+        other => panic!("answered without the middle block: {other:?}"),
+    }
 }
 
 /// What a store answers for `name` over `[start, end]`: each series' samples in range.

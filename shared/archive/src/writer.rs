@@ -265,9 +265,19 @@ impl FileBuilder {
         ArchiveError::parquet(&self.dir.clone().join(DATA), e)
     }
 
-    /// Closes the row group at a series boundary once it is long enough.
-    fn series_done(&mut self, row: SeriesRow, opts: &WriteOptions) -> Result<(), ArchiveError> {
-        self.series.push(row);
+    /// Lists a series whose rows were written: `rows` of them from `(min_time, max_time)`
+    /// out of `raw` samples; closes the row group at this series boundary once it is long
+    /// enough.
+    fn series_done(
+        &mut self,
+        (labels, metric_type): (&Labels, MetricType),
+        (min_time, max_time): (i64, i64),
+        (rows, raw): (u64, u64),
+        opts: &WriteOptions,
+    ) -> Result<(), ArchiveError> {
+        self.rows += rows;
+        self.raw_samples += raw;
+        self.series.push(SeriesRow { labels: labels.clone(), metric_type, min_time, max_time, samples: rows });
         if self.writer.in_progress_rows() >= opts.row_group_rows {
             self.writer.flush().map_err(|e| self.failed(e))?;
         }
@@ -287,16 +297,8 @@ impl FileBuilder {
             self.writer.write(page).map_err(|e| self.failed(e))?;
         }
         self.doubles += d;
-        self.rows += got.len() as u64;
-        self.raw_samples += got.len() as u64;
-        let row = SeriesRow {
-            labels: labels.clone(),
-            metric_type,
-            min_time: first.t,
-            max_time: last.t,
-            samples: got.len() as u64,
-        };
-        self.series_done(row, opts)
+        let n = got.len() as u64;
+        self.series_done((labels, metric_type), (first.t, last.t), (n, n), opts)
     }
 
     /// The windows of `got`, the series' samples in `(start, end]`.
@@ -312,16 +314,8 @@ impl FileBuilder {
         let kept = strata_downsample::Kept::of(metric_type, false);
         let batch = crate::aggregates::window_rows(self.series.len() as i64, &windows, kept)?;
         self.writer.write(&batch).map_err(|e| self.failed(e))?;
-        self.rows += windows.len() as u64;
-        self.raw_samples += got.len() as u64;
-        let row = SeriesRow {
-            labels: labels.clone(),
-            metric_type,
-            min_time: first.end,
-            max_time: last.end,
-            samples: windows.len() as u64,
-        };
-        self.series_done(row, opts)
+        let span = (first.end, last.end);
+        self.series_done((labels, metric_type), span, (windows.len() as u64, got.len() as u64), opts)
     }
 
     fn finish(
