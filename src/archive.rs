@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata_archive::{archive_store, list_blocks, BlockReader, BlockWriter, ObjectStoreExt, WriteOptions};
+use strata_archive::{archive_store, list_blocks, BlockReader, BlockWriter, WriteOptions};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::TsdbStore;
 
@@ -49,28 +49,30 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
     let source = TsdbStore(db.clone());
     let (mut blocks, mut bytes, mut samples) = (0, 0u64, 0u64);
     let (mut agg_blocks, mut agg_bytes) = (0, BTreeMap::<i64, u64>::new());
-    let mut kept = Vec::new();
+    let mut kept = std::collections::BTreeSet::new();
     // From the range before the first sample's when it sits on a range's start: its
     // window `(start − W, start]` is in that range's aggregate block.
     let mut start = min.saturating_sub(1).div_euclid(block_ms) * block_ms;
-    let exists = |dir: strata_archive::ObjectPath| {
-        let archive = archive.clone();
-        async move {
-            match archive.head(&dir.clone().join(strata_archive::layout::META)).await {
-                Ok(_) => Ok(true),
-                Err(strata_archive::ObjectStoreError::NotFound { .. }) => Ok(false),
-                Err(e) => Err(anyhow::anyhow!("{dir}: {e}")),
-            }
-        }
+    // Every block already there, by its folder (resolution and range), whatever its meta.
+    let existing: Vec<(String, i64, i64, String)> = list_blocks(archive.as_ref())
+        .await?
+        .into_iter()
+        .filter_map(|(dir, _)| {
+            strata_archive::layout::parse_block_dir(&dir).map(|(res, lo, hi)| (res, lo, hi, dir.to_string()))
+        })
+        .collect();
+    // A block there that overlaps the range at the resolution (the archiver's, a compacted
+    // day, an earlier import) is never written over nor beside: what it holds may not be in
+    // this file, and two blocks of one resolution over one time would answer twice.
+    let overlapping = |resolution_ms: i64, start: i64, end: i64| -> Option<String> {
+        let res = strata_archive::layout::resolution_dir(resolution_ms);
+        existing.iter().find(|(r, lo, hi, _)| *r == res && *lo < end && *hi > start).map(|e| e.3.clone())
     };
     while start <= max {
         let end = start.saturating_add(block_ms);
-        // A block already there (the archiver's, a compacted day, an earlier import) is
-        // never written over: what it holds may not be in this file.
-        let dir = strata_archive::layout::block_dir(0, start, end);
-        if exists(dir.clone()).await? {
-            eprintln!("\n  {dir} is already in the archive: left as it is, this file's samples in it not imported");
-            kept.push(dir.to_string());
+        if let Some(dir) = overlapping(0, start, end) {
+            eprintln!("\n  {dir} is already in the archive: left as it is, this file's samples in [{start}, {end}) not imported");
+            kept.insert(dir);
             start = end;
             continue;
         }
@@ -78,9 +80,9 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         let encoded = writer.encode_range(&source, start, end, &widths, Vec::new(), None).await?;
         // The aggregates first, as the archiver writes them.
         for a in encoded.aggregates {
-            if exists(a.dir.clone()).await? {
-                eprintln!("\n  {} is already in the archive: left as it is", a.dir);
-                kept.push(a.dir.to_string());
+            if let Some(dir) = overlapping(a.meta.resolution_ms, start, end) {
+                eprintln!("\n  {dir} is already in the archive: left as it is, {} not written", a.dir);
+                kept.insert(dir);
                 continue;
             }
             let meta = writer.publish(a).await?;
@@ -114,7 +116,7 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         kept.is_empty(),
         "{} blocks were already in the archive and were not written (this file's samples in their ranges not imported): {} (remove those blocks to import them)",
         kept.len(),
-        kept.join(", ")
+        kept.into_iter().collect::<Vec<_>>().join(", ")
     );
     Ok(())
 }

@@ -140,6 +140,12 @@ fn an_imported_archive_reads_in_duckdb_and_pyarrow_as_it_was_written() {
         assert_eq!(n, 4, "{res}aggregate blocks: {}", text(&listed.stdout));
     }
     assert!(text(&again.stdout).contains("imported 0 samples into 0 raw blocks"), "{}", text(&again.stdout));
+    // Imported in blocks of another size: none lands beside the blocks it overlaps.
+    let coarser = strata(&["archive", "import", "--openmetrics", &om, "--archive", &arch, "--block", "2h"]);
+    assert!(!coarser.status.success(), "{}", text(&coarser.stdout));
+    assert!(text(&coarser.stdout).contains("imported 0 samples into 0 raw blocks"), "{}", text(&coarser.stdout));
+    let relisted = strata(&["archive", "inspect", &arch]);
+    assert_eq!(text(&relisted.stdout), text(&listed.stdout), "nothing written beside the blocks there");
 
     let script = d.join("query.py");
     std::fs::write(&script, QUERY).unwrap();

@@ -141,8 +141,8 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> ArchiveError {
 
 /// The windows of the series `ids` ending in `(from, to]` from one batch of an aggregate
 /// data file, each row checked: a window's end on the block's grid and inside it, its
-/// samples' times inside the window, counts that fit. A crafted file is an error naming
-/// it, never a wrong answer.
+/// samples' times inside the window and consistent with its count, counts that fit. A
+/// crafted file is an error naming it, never a wrong answer. Returns the windows added.
 pub(crate) fn read_rows(
     batch: &RecordBatch,
     path: &Path,
@@ -150,7 +150,7 @@ pub(crate) fn read_rows(
     ids: &BTreeSet<i64>,
     (from, to): (i64, i64),
     out: &mut BTreeMap<i64, ReadWindows>,
-) -> Result<(), ArchiveError> {
+) -> Result<u64, ArchiveError> {
     let col = |i: usize| batch.columns().get(i).ok_or_else(|| corrupt(path, format!("no column {i}")));
     let bad = |i: usize| corrupt(path, format!("column {i} has the wrong type"));
     let int = |i: usize| col(i)?.as_primitive_opt::<Int64Type>().ok_or_else(|| bad(i));
@@ -170,6 +170,7 @@ pub(crate) fn read_rows(
     }
     let width = bounds.width;
     let ids_col = id.values();
+    let mut added = 0u64;
     for r in 0..batch.num_rows() {
         let s = ids_col[r];
         if s < 0 || s as u64 >= bounds.series {
@@ -193,6 +194,26 @@ pub(crate) fn read_rows(
         }
         if stale.is_some_and(|t| !inside(t)) {
             return Err(corrupt(path, format!("series {s}: a staleness marker outside its window ending at {e}")));
+        }
+        // What a window of `n` samples holds (as `Window::of` writes it): none but a
+        // marker; one, first and last; two or more, first before the one before last.
+        let consistent = match n {
+            0 => stale.is_some() && penult.is_none(),
+            1 => ft == lt && penult.is_none(),
+            _ => ft < lt && penult.is_some_and(|p| p.t >= ft && p.t < lt),
+        };
+        let pairs = i64::from(n.saturating_sub(1));
+        let halves = [
+            (penult_t.is_null(r), penult_v.is_null(r)),
+            (sx.is_null(r), sxx.is_null(r)),
+            (sx.is_null(r), sxy.is_null(r)),
+        ];
+        if !consistent
+            || !(0..=pairs).contains(&changes.value(r))
+            || !(0..=pairs).contains(&resets.value(r))
+            || halves.iter().any(|(a, b)| a != b)
+        {
+            return Err(corrupt(path, format!("series {s}: a window ending at {e} that contradicts its count {n}")));
         }
         let small = |v: i64| u32::try_from(v).map_err(|_| corrupt(path, format!("series {s}: a count out of range")));
         let kept = Kept { correction: !correction.is_null(r), moments: !m2n.is_null(r), least_squares: !sx.is_null(r) };
@@ -221,8 +242,9 @@ pub(crate) fn read_rows(
             return Err(corrupt(path, format!("series {s}: windows out of order at {e}")));
         }
         entry.windows.push(w);
+        added += 1;
     }
-    Ok(())
+    Ok(added)
 }
 
 #[cfg(test)]
@@ -261,5 +283,40 @@ mod tests {
         assert!(
             read_rows(&batch, &path, &few, &BTreeSet::from([3]), (i64::MIN, i64::MAX), &mut BTreeMap::new()).is_err()
         );
+    }
+
+    /// Rows that contradict themselves: each would answer some function wrongly.
+    #[test]
+    fn a_window_that_contradicts_its_count_is_refused() {
+        let raw: Vec<Sample> = (1..=20).map(|k| Sample::new(k * 15_000, (k % 4) as f64)).collect();
+        let good = windows_of(&raw, 300_000)[0];
+        assert_eq!(good.count, 20);
+        let all = Kept { correction: true, moments: true, least_squares: true };
+        let bounds = Bounds { width: 300_000, min_time: 0, max_time: 300_000, series: 1 };
+        let path = Path::from("5m/x/data.parquet");
+        let read = |batch: &RecordBatch| {
+            read_rows(batch, &path, &bounds, &BTreeSet::from([0]), (i64::MIN, i64::MAX), &mut BTreeMap::new())
+        };
+        assert_eq!(read(&window_rows(0, &[good], all).unwrap()).unwrap(), 1);
+        let crafted = [
+            Window { count: 0, stale: None, ..good },
+            Window { penult: None, ..good },
+            Window { count: 1, ..good },
+            Window { penult: Some(Sample::new(good.first.t - 1, 1.0)), ..good },
+            Window { changes: 20, ..good },
+            Window { resets: 20, ..good },
+        ];
+        for w in crafted {
+            let err = read(&window_rows(0, &[w], all).unwrap()).unwrap_err();
+            assert!(err.to_string().contains("contradicts its count"), "{w:?}: {err}");
+        }
+        // Half of a pair of columns: the least-squares sums, or the sample before last.
+        for column in [19, 20, 12] {
+            let batch = window_rows(0, &[good], all).unwrap();
+            let mut columns = batch.columns().to_vec();
+            columns[column] = arrow_array::new_null_array(columns[column].data_type(), 1);
+            let batch = RecordBatch::try_new(aggregate_schema(), columns).unwrap();
+            assert!(read(&batch).is_err(), "column {column} null alone");
+        }
     }
 }

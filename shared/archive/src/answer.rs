@@ -31,18 +31,30 @@ struct Gathered {
 }
 
 impl Gathered {
-    /// Adds a block's windows; blocks overlap only for a moment after a compaction, and
-    /// then a window is kept once.
-    fn add(&mut self, more: ReadWindows) {
+    /// Adds a block's windows. Blocks overlap only for a moment after a compaction, and
+    /// then a window is kept once; two blocks that disagree about a window (ranges cut on
+    /// different grids, written from different data) are an error, and raw data answers.
+    fn add(&mut self, more: ReadWindows) -> Result<(), String> {
         self.kept = self.kept.and(more.kept);
-        let Some(first) = more.windows.first() else { return };
-        if self.windows.last().is_some_and(|l| l.end >= first.end) {
+        let Some(first) = more.windows.first() else { return Ok(()) };
+        if self.windows.last().is_none_or(|l| l.end < first.end) {
             self.windows.extend(more.windows);
-            self.windows.sort_by_key(|w| w.end);
-            self.windows.dedup_by_key(|w| w.end);
-        } else {
-            self.windows.extend(more.windows);
+            return Ok(());
         }
+        self.windows.extend(more.windows);
+        self.windows.sort_by_key(|w| w.end);
+        let mut kept: Vec<strata_downsample::Window> = Vec::with_capacity(self.windows.len());
+        for w in self.windows.drain(..) {
+            match kept.last() {
+                Some(l) if l.end == w.end && !l.same_bits(&w) => {
+                    return Err(format!("two blocks hold different windows ending at {} ms", w.end))
+                }
+                Some(l) if l.end == w.end => {}
+                _ => kept.push(w),
+            }
+        }
+        self.windows = kept;
+        Ok(())
     }
 }
 
@@ -118,7 +130,8 @@ impl ArchiveStore {
                             kept: Kept::ALL,
                             windows: Vec::new(),
                         })
-                        .add(windows);
+                        .add(windows)
+                        .map_err(|e| StoreError::InvalidRequest(format!("from aggregates: {}: {e}", listed.dir)))?;
                 }
             }
         }
@@ -143,5 +156,30 @@ impl ArchiveStore {
         .await
         .map_err(|e| StoreError::Unavailable(format!("answering from aggregates: {e}")))?;
         evaluated.map_err(store_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_downsample::windows_of;
+    use strata_model::Sample;
+
+    #[test]
+    fn overlapping_blocks_agree_or_the_answer_is_refused() {
+        let raw: Vec<Sample> = (1..=240).map(|k| Sample::new(k * 15_000, (k % 9) as f64)).collect();
+        let windows = windows_of(&raw, 300_000);
+        let read = |w: &[strata_downsample::Window]| ReadWindows { kept: Kept::ALL, windows: w.to_vec() };
+        let mut g = Gathered { metric_type: MetricType::Gauge, kept: Kept::ALL, windows: Vec::new() };
+        g.add(read(&windows[..8])).unwrap();
+        // A compacted block beside the blocks it replaces: the same windows, kept once.
+        g.add(read(&windows[4..])).unwrap();
+        assert_eq!(g.windows.len(), windows.len());
+        assert!(g.windows.iter().zip(&windows).all(|(a, b)| a.same_bits(b)));
+        // A block from other data over the same windows.
+        let mut other = windows[5];
+        other.sum += 1.0;
+        let err = g.add(read(&[other])).unwrap_err();
+        assert!(err.contains("different windows"), "{err}");
     }
 }

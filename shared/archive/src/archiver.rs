@@ -266,7 +266,9 @@ impl Archiver {
                 start = end;
                 continue;
             }
-            let complete = cov.missing.is_empty() && end <= cov.complete_until;
+            // Past `end`, not at it: the range's aggregate windows end at `end` and read
+            // the samples there.
+            let complete = cov.missing.is_empty() && end < cov.complete_until;
             let overdue = now_ms.saturating_sub(end) >= max_wait;
             if !complete && !overdue {
                 round.waiting = Some(match cov.missing.is_empty() {

@@ -235,7 +235,7 @@ impl Compactor {
         let damaged: BTreeSet<i64> = folders
             .iter()
             .filter(|(_, f)| f.mark.is_none() && matches!(f.meta, Some(Err(_))))
-            .filter_map(|(d, _)| crate::store::block_range(d).map(|(_, lo, _)| lo.div_euclid(DAY) * DAY))
+            .filter_map(|(d, _)| crate::layout::parse_block_dir(d).map(|(_, lo, _)| lo.div_euclid(DAY) * DAY))
             .collect();
         let mut halted = 0;
         for (day, blocks) in days {
@@ -496,7 +496,7 @@ impl Compactor {
                 continue;
             }
             let dir: Path = parts[..3].iter().cloned().collect();
-            if crate::store::block_range(&dir).is_none() {
+            if crate::layout::parse_block_dir(&dir).is_none() {
                 continue;
             }
             let f = folders.entry(dir).or_insert(Folder { meta: None, mark: None, files: Vec::new() });

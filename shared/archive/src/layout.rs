@@ -30,6 +30,15 @@ pub fn block_dir(resolution_ms: i64, start: i64, end: i64) -> Path {
     Path::from(format!("{}/{}/{start}-{end}", resolution_dir(resolution_ms), day(start)))
 }
 
+/// `(resolution, start, end)` from a block folder `<resolution>/<day>/<start>-<end>`: what
+/// a block holds when its meta cannot be read.
+pub fn parse_block_dir(dir: &Path) -> Option<(String, i64, i64)> {
+    let parts: Vec<_> = dir.parts().collect();
+    let [res, _, name] = parts.as_slice() else { return None };
+    let (lo, hi) = name.as_ref().split_once('-')?;
+    Some((res.as_ref().to_string(), lo.parse().ok()?, hi.parse().ok()?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -44,5 +53,7 @@ mod tests {
         assert_eq!(p.as_ref(), "raw/2026-12-04/1796342400000-1796349600000");
         assert_eq!(resolution_dir(300_000), "5m");
         assert_eq!(resolution_dir(3_600_000), "1h");
+        assert_eq!(parse_block_dir(&p), Some(("raw".into(), 1_796_342_400_000, 1_796_349_600_000)));
+        assert_eq!(parse_block_dir(&Path::from("raw/x")), None);
     }
 }

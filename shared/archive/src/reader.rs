@@ -121,7 +121,7 @@ pub(crate) async fn read_meta(store: &dyn ObjectStore, dir: &Path) -> Result<Blo
         .map_err(|reason| ArchiveError::Corrupt { object: path.to_string(), reason })?;
     // A block's name is its range: a meta that says otherwise was not written by Strata
     // (and trusting it would let a crafted meta stand for blocks it does not hold).
-    if let Some((res, lo, hi)) = crate::store::block_range(dir) {
+    if let Some((res, lo, hi)) = crate::layout::parse_block_dir(dir) {
         if (res.as_str(), lo, hi)
             != (crate::layout::resolution_dir(meta.resolution_ms).as_str(), meta.min_time, meta.max_time)
         {
@@ -348,12 +348,16 @@ impl BlockReader {
             max_time: self.meta.max_time,
             series: self.meta.series,
         };
-        self.scan(ids, from.saturating_add(1), to, |batch| match batch {
-            Some(batch) => crate::aggregates::read_rows(batch, &path, &bounds, ids, (from, to), &mut out),
-            None if out.values().map(|v| v.windows.len() as u64).sum::<u64>() > max_windows => {
-                Err(ArchiveError::Limit { limit: max_windows })
+        // Counted batch by batch: a row group may hold far more windows than the limit.
+        let mut held = 0u64;
+        self.scan(ids, from.saturating_add(1), to, |batch| {
+            let Some(batch) = batch else { return Ok(()) };
+            let added = crate::aggregates::read_rows(batch, &path, &bounds, ids, (from, to), &mut out)?;
+            held = held.saturating_add(added);
+            match held > max_windows {
+                true => Err(ArchiveError::Limit { limit: max_windows }),
+                false => Ok(()),
             }
-            None => Ok(()),
         })
         .await?;
         Ok(out)

@@ -13,8 +13,8 @@
 
 use crate::chunk_cache::ChunkCache;
 use crate::compactor::DELETION_MARK;
-use crate::layout::resolution_dir;
 use crate::layout::META;
+use crate::layout::{parse_block_dir, resolution_dir};
 use crate::meta::BlockMeta;
 use crate::reader::{read_meta, ArchivedSeries, BlockReader};
 use crate::ArchiveError;
@@ -176,7 +176,7 @@ impl ArchiveStore {
             // its range must reach the archive, to be told it is left out.
             let range = match &b.meta {
                 Ok(m) => Some((m.resolution_ms, m.min_time, m.max_time)),
-                Err(_) => block_range(&b.dir).and_then(|(res, lo, hi)| {
+                Err(_) => parse_block_dir(&b.dir).and_then(|(res, lo, hi)| {
                     [0, 300_000, 3_600_000].into_iter().find(|r| resolution_dir(*r) == res).map(|r| (r, lo, hi))
                 }),
             };
@@ -226,7 +226,7 @@ impl ArchiveStore {
             .filter(|b| match &b.meta {
                 Ok(m) => m.resolution_ms == resolution_ms && m.min_time <= end && m.max_time > start,
                 // A damaged meta: its folder says its resolution and range.
-                Err(_) => block_range(&b.dir)
+                Err(_) => parse_block_dir(&b.dir)
                     .is_none_or(|(res, lo, hi)| res == resolution_dir(resolution_ms) && lo <= end && hi > start),
             })
             .collect();
@@ -287,14 +287,6 @@ impl ArchiveStore {
             s.samples > 0 && s.max_time >= start && s.min_time <= end && matches_all(&matchers, &s.labels)
         })
     }
-}
-
-/// `(resolution, start, end)` from a block folder `<resolution>/<day>/<start>-<end>`.
-pub(crate) fn block_range(dir: &Path) -> Option<(String, i64, i64)> {
-    let parts: Vec<_> = dir.parts().collect();
-    let [res, _, name] = parts.as_slice() else { return None };
-    let (lo, hi) = name.as_ref().split_once('-')?;
-    Some((res.as_ref().to_string(), lo.parse().ok()?, hi.parse().ok()?))
 }
 
 /// One series' samples from block after block, kept as chunks as they come (so a query
@@ -625,7 +617,5 @@ mod tests {
             c.decode_checked(&mut v).unwrap();
         }
         assert_eq!(v.iter().map(|x| x.t).collect::<Vec<_>>(), (0..1200).collect::<Vec<_>>());
-        assert_eq!(block_range(&Path::from("raw/2026-12-04/10-20")), Some(("raw".into(), 10, 20)));
-        assert_eq!(block_range(&Path::from("raw/x")), None);
     }
 }

@@ -132,12 +132,17 @@ impl ResolutionPlanner {
             let (lo, hi) =
                 relevant.iter().filter_map(holds).fold((i64::MIN, i64::MAX), |(lo, hi), r| (lo.max(r.1), hi.min(r.2)));
             // Raw data is there from the newest of the holders' oldest samples (a holder
-            // keeps the raw data of everything it aggregates).
+            // keeps the raw data of everything it aggregates). A holder asked for no raw
+            // time range (`(MIN, MIN)`: an archive with aggregates only, or whose raw data
+            // the live stores hold too) has none to prefer.
             let raw_from = match self.prefer {
                 Prefer::Coarsest => i64::MAX,
-                Prefer::RawWhereHeld => {
-                    relevant.iter().filter(|t| t.min_time <= t.max_time).map(|t| t.min_time).max().unwrap_or(i64::MAX)
-                }
+                Prefer::RawWhereHeld => relevant
+                    .iter()
+                    .filter(|t| t.min_time <= t.max_time && t.max_time > i64::MIN)
+                    .map(|t| t.min_time)
+                    .max()
+                    .unwrap_or(i64::MAX),
             };
             // One holder: two (HA regionals) could each hold part of a series' windows,
             // which the stitching below does not merge.

@@ -293,6 +293,17 @@ async fn by_default_aggregates_answer_only_what_raw_data_no_longer_holds() {
     let got = run(&planner, QUERIES[0], grid, scope.clone()).await;
     assert!(!got.is_empty());
     assert!(scope.resolutions().iter().all(|u| u.resolution == FIVE_MINUTES), "{:?}", scope.resolutions());
+    // A holder asked for no raw range at all (`(MIN, MIN)`, as an archive whose raw
+    // blocks are gone is): its aggregates answer, not an empty raw read.
+    let mut archive = StoreTarget::new("archive", s.regional.clone());
+    archive.resolutions = s.down.coverage();
+    (archive.min_time, archive.max_time) = (i64::MIN, i64::MIN);
+    s.fanout.set_targets(vec![archive]);
+    let scope = QueryScope::default();
+    let again = run(&planner, QUERIES[0], grid, scope.clone()).await;
+    assert_same(QUERIES[0], &got, &again);
+    assert!(scope.resolutions().iter().all(|u| u.resolution == FIVE_MINUTES), "{:?}", scope.resolutions());
+    assert!(!scope.resolutions().is_empty());
 }
 
 #[tokio::test]

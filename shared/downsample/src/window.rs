@@ -101,6 +101,26 @@ impl Window {
         Some(w)
     }
 
+    /// Equal bit for bit, NaNs included (`==` says a window holding a NaN differs from
+    /// itself): how a reader tells a window written twice from two that disagree.
+    pub fn same_bits(&self, o: &Window) -> bool {
+        let sample = |a: Sample, b: Sample| a.t == b.t && a.v.to_bits() == b.v.to_bits();
+        let floats = |w: &Window| [w.sum, w.min, w.max, w.m2n, w.correction, w.sx, w.sxx, w.sxy].map(f64::to_bits);
+        self.end == o.end
+            && self.count == o.count
+            && sample(self.first, o.first)
+            && sample(self.last, o.last)
+            && match (self.penult, o.penult) {
+                (Some(a), Some(b)) => sample(a, b),
+                (a, b) => a.is_none() && b.is_none(),
+            }
+            && self.stale == o.stale
+            && self.nan == o.nan
+            && self.changes == o.changes
+            && self.resets == o.resets
+            && floats(self) == floats(o)
+    }
+
     /// The newest sample of the window, staleness marker or not.
     pub fn newest(&self) -> (i64, bool) {
         match self.stale {
