@@ -93,8 +93,10 @@ async fn archive_target(a: &ArchiveBeside, now: SystemTime) -> (StoreTarget, Sto
                 // Nothing raw yet: asked for no time range until the next listing.
                 (target.min_time, target.max_time) = (i64::MIN, i64::MIN);
             }
+            // An aggregate block over `[lo, hi)` holds the windows ending in `(lo, hi]`:
+            // the sample times it covers, inclusive, are `lo + 1 ..= hi`.
             let res: Vec<(i64, i64, i64)> =
-                ranges.iter().filter(|(r, _)| **r > 0).map(|(r, (lo, hi))| (*r, *lo, hi.saturating_sub(1))).collect();
+                ranges.iter().filter(|(r, _)| **r > 0).map(|(r, (lo, hi))| (*r, lo.saturating_add(1), *hi)).collect();
             target.resolutions = res.clone();
             status.resolutions = res;
         }

@@ -4,16 +4,22 @@
 //! regional's aggregates do. A block that cannot be read fails the request rather than
 //! leaving windows out: the planner then reads raw data, which says what it lacks.
 
-use crate::aggregates::ReadWindows;
+use crate::block_cache::BlockWindows;
 use crate::store::{ArchiveStore, OPEN_AT_ONCE};
 use crate::ArchiveError;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+use std::sync::Arc;
 use strata_downsample::answer::{prepare, AnswerError};
-use strata_downsample::blocks::SeriesWindows;
-use strata_downsample::Kept;
+use strata_downsample::{Kept, Window};
 use strata_model::matcher::matches_all;
 use strata_model::{Labels, MetricType};
-use strata_store::{Steps, StepsRequest, StoreError};
+use strata_store::{Steps, StepsRequest, StepsSeries, StoreError};
+
+/// Step values past which an answer is evaluated on several threads, and how many.
+const PARALLEL_WORK: usize = 20_000;
+const MAX_THREADS: usize = 4;
 
 fn store_error(e: AnswerError) -> StoreError {
     match e {
@@ -23,28 +29,35 @@ fn store_error(e: AnswerError) -> StoreError {
     }
 }
 
-/// A series' windows gathered from block after block.
+/// A series' windows gathered from block after block: runs of cached or read windows,
+/// each already cut to the windows the grid reads, oldest block first.
 struct Gathered {
     metric_type: MetricType,
     kept: Kept,
-    windows: Vec<strata_downsample::Window>,
+    parts: Vec<(Arc<[Window]>, Range<usize>)>,
 }
 
 impl Gathered {
-    /// Adds a block's windows. Blocks overlap only for a moment after a compaction, and
-    /// then a window is kept once; two blocks that disagree about a window (ranges cut on
-    /// different grids, written from different data) are an error, and raw data answers.
-    fn add(&mut self, more: ReadWindows) -> Result<(), String> {
-        self.kept = self.kept.and(more.kept);
-        let Some(first) = more.windows.first() else { return Ok(()) };
-        if self.windows.last().is_none_or(|l| l.end < first.end) {
-            self.windows.extend(more.windows);
-            return Ok(());
+    fn add(&mut self, kept: Kept, windows: Arc<[Window]>, range: Range<usize>) {
+        self.kept = self.kept.and(kept);
+        self.parts.push((windows, range));
+    }
+
+    /// The windows in order, each once. Blocks overlap only for a moment after a
+    /// compaction, and then a window is kept once; two blocks that disagree about a window
+    /// (ranges cut on different grids, written from different data) are an error, and raw
+    /// data answers. One block's windows are lent as they are.
+    fn windows(&self) -> Result<Cow<'_, [Window]>, String> {
+        if let [(w, r)] = self.parts.as_slice() {
+            return Ok(Cow::Borrowed(&w[r.clone()]));
         }
-        self.windows.extend(more.windows);
-        self.windows.sort_by_key(|w| w.end);
-        let mut kept: Vec<strata_downsample::Window> = Vec::with_capacity(self.windows.len());
-        for w in self.windows.drain(..) {
+        let mut all: Vec<Window> = self.parts.iter().flat_map(|(w, r)| w[r.clone()].iter().copied()).collect();
+        if all.windows(2).all(|p| p[0].end < p[1].end) {
+            return Ok(Cow::Owned(all));
+        }
+        all.sort_by_key(|w| w.end);
+        let mut kept: Vec<Window> = Vec::with_capacity(all.len());
+        for w in all {
             match kept.last() {
                 Some(l) if l.end == w.end && !l.same_bits(&w) => {
                     return Err(format!("two blocks hold different windows ending at {} ms", w.end))
@@ -53,12 +66,32 @@ impl Gathered {
                 _ => kept.push(w),
             }
         }
-        self.windows = kept;
-        Ok(())
+        Ok(Cow::Owned(kept))
     }
 }
 
 impl ArchiveStore {
+    /// Whether no block of any resolution may hold a sample in `(from, to]`; a block
+    /// whose meta cannot be read counts by its folder's range, or as holding anything.
+    async fn nothing_held_in(&self, from: i64, to: i64) -> Result<bool, StoreError> {
+        for b in self.listed().await? {
+            // The sample times a block may hold, inclusive.
+            let (oldest, newest) = match &b.meta {
+                Ok(m) if m.resolution_ms == 0 => (m.first_sample.unwrap_or(m.min_time), m.max_time.saturating_sub(1)),
+                Ok(m) => (m.min_time.saturating_add(1), m.max_time),
+                Err(_) => match crate::layout::parse_block_dir(&b.dir) {
+                    Some((res, lo, hi)) if res == "raw" => (lo, hi.saturating_sub(1)),
+                    Some((_, lo, hi)) => (lo.saturating_add(1), hi),
+                    None => return Ok(false),
+                },
+            };
+            if oldest <= to && newest > from {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     pub(crate) async fn steps_from_aggregates(&self, req: &StepsRequest) -> Result<Steps, StoreError> {
         let width = req.resolution;
         let p = prepare(req, width).map_err(store_error)?;
@@ -67,6 +100,14 @@ impl ArchiveStore {
         // missing in the middle (a range archived before aggregates were, one being
         // written again) would leave its windows out in silence. Then raw data answers.
         let mut covered = p.from;
+        // Before the archive's oldest data every window is empty: a grid reaching back
+        // past it (a `[1h]` range at the archive's first hour) is answered as raw data
+        // would answer it. (The planner asks so only when no other store holds older data.)
+        if let Some(first) = candidates.iter().find_map(|b| b.meta.as_ref().ok()) {
+            if first.min_time > p.from && self.nothing_held_in(p.from, first.min_time).await? {
+                covered = first.min_time;
+            }
+        }
         for b in &candidates {
             let Ok(m) = &b.meta else { continue };
             if m.min_time > covered {
@@ -97,7 +138,7 @@ impl ArchiveStore {
                     )));
                 }
                 let b = self.open(&listed.dir, meta).await.map_err(|e| unreadable(&e))?;
-                let ids: BTreeSet<i64> = b
+                let mut ids: BTreeSet<i64> = b
                     .series()
                     .iter()
                     .enumerate()
@@ -113,25 +154,56 @@ impl ArchiveStore {
                 let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
                 p.check_limits(req, found.len().saturating_add(new)).map_err(store_error)?;
                 let left = req.limits.max_samples.saturating_sub(read);
-                let got = match b.windows(&ids, (p.from, p.last), left).await {
+                // Series whose windows the cache holds; the rest are read, the whole
+                // block's windows of them (and kept) when the query covers most of it.
+                let data_crc = b.meta.files.iter().find(|f| f.path == crate::layout::DATA).map_or(0, |f| f.crc32);
+                let key = |id: i64| (b.dir.clone(), data_crc, id);
+                let mut held: Vec<(i64, BlockWindows)> = Vec::new();
+                if self.windows.enabled() {
+                    held.extend(ids.iter().filter_map(|&id| self.windows.get(&key(id)).map(|w| (id, w))));
+                    for (id, _) in &held {
+                        ids.remove(id);
+                    }
+                }
+                // An aggregate block over [lo, hi) holds the windows ending in (lo, hi].
+                let (lo, hi) = (b.meta.min_time, b.meta.max_time);
+                let covered = p.last.min(hi).saturating_sub(p.from.max(lo));
+                let wanted: u64 = ids.iter().map(|&i| b.series()[i as usize].samples).sum();
+                let whole = self.windows.enabled()
+                    && !ids.is_empty()
+                    && covered.saturating_mul(2) >= hi.saturating_sub(lo)
+                    && wanted <= left;
+                let range = if whole { (lo, hi) } else { (p.from, p.last) };
+                let got = match b.windows(&ids, range, left).await {
                     Ok(got) => got,
                     Err(ArchiveError::Limit { limit }) => {
                         return Err(StoreError::LimitExceeded { what: "samples", limit: limit.saturating_add(read) })
                     }
                     Err(e) => return Err(unreadable(&e)),
                 };
-                for (id, windows) in got {
-                    read = read.saturating_add(windows.windows.len() as u64);
+                for (id, w) in got {
+                    let w = BlockWindows { kept: w.kept, windows: w.windows.into() };
+                    if whole {
+                        self.windows.insert(key(id), w.clone());
+                    }
+                    held.push((id, w));
+                }
+                held.sort_by_key(|(id, _)| *id);
+                for (id, w) in held {
+                    let first = w.windows.partition_point(|x| x.end <= p.from);
+                    let past = w.windows.partition_point(|x| x.end <= p.last);
+                    if first >= past {
+                        continue;
+                    }
+                    read = read.saturating_add((past - first) as u64);
+                    if read > req.limits.max_samples {
+                        return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
+                    }
                     let s = &b.series()[id as usize];
                     found
                         .entry(s.labels.clone())
-                        .or_insert_with(|| Gathered {
-                            metric_type: s.metric_type,
-                            kept: Kept::ALL,
-                            windows: Vec::new(),
-                        })
-                        .add(windows)
-                        .map_err(|e| StoreError::InvalidRequest(format!("from aggregates: {}: {e}", listed.dir)))?;
+                        .or_insert_with(|| Gathered { metric_type: s.metric_type, kept: Kept::ALL, parts: Vec::new() })
+                        .add(w.kept, w.windows, first..past);
                 }
             }
         }
@@ -142,20 +214,43 @@ impl ArchiveStore {
         }
         let req = req.clone();
         let evaluated = tokio::task::spawn_blocking(move || {
-            found
-                .into_iter()
-                .map(|(labels, g)| {
-                    p.evaluate(
-                        &req,
-                        SeriesWindows { labels, metric_type: g.metric_type, kept: g.kept, windows: g.windows },
-                    )
-                })
-                .collect::<Result<Vec<_>, _>>()
-                .map(|series| p.finish(series))
+            let found: Vec<(Labels, Gathered)> = found.into_iter().collect();
+            let one = |part: &[(Labels, Gathered)]| -> Result<Vec<StepsSeries>, StoreError> {
+                let mut series = Vec::with_capacity(part.len());
+                for (labels, g) in part {
+                    let windows = g
+                        .windows()
+                        .map_err(|e| StoreError::InvalidRequest(format!("from aggregates: series {labels}: {e}")))?;
+                    let s = (labels.clone(), g.metric_type, g.kept);
+                    series.push(p.evaluate_windows(&req, s, &windows).map_err(store_error)?);
+                }
+                Ok(series)
+            };
+            // A large answer on the machine's cores, its series in order.
+            let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_THREADS);
+            let work = found.len().saturating_mul(p.steps);
+            let parts = if work >= PARALLEL_WORK { threads } else { 1 };
+            let size = found.len().div_ceil(parts).max(1);
+            let answered: Vec<Result<Vec<StepsSeries>, StoreError>> = std::thread::scope(|scope| {
+                let handles: Vec<_> = found.chunks(size).map(|part| scope.spawn(move || one(part))).collect();
+                handles
+                    .into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(StoreError::Unavailable("answering from aggregates: a worker failed".into()))
+                        })
+                    })
+                    .collect()
+            });
+            let mut series = Vec::with_capacity(found.len());
+            for part in answered {
+                series.extend(part?);
+            }
+            Ok::<_, StoreError>(p.finish(series))
         })
         .await
         .map_err(|e| StoreError::Unavailable(format!("answering from aggregates: {e}")))?;
-        evaluated.map_err(store_error)
+        evaluated
     }
 }
 
@@ -168,18 +263,21 @@ mod tests {
     #[test]
     fn overlapping_blocks_agree_or_the_answer_is_refused() {
         let raw: Vec<Sample> = (1..=240).map(|k| Sample::new(k * 15_000, (k % 9) as f64)).collect();
-        let windows = windows_of(&raw, 300_000);
-        let read = |w: &[strata_downsample::Window]| ReadWindows { kept: Kept::ALL, windows: w.to_vec() };
-        let mut g = Gathered { metric_type: MetricType::Gauge, kept: Kept::ALL, windows: Vec::new() };
-        g.add(read(&windows[..8])).unwrap();
+        let windows: Arc<[Window]> = windows_of(&raw, 300_000).into();
+        let n = windows.len();
+        let mut g = Gathered { metric_type: MetricType::Gauge, kept: Kept::ALL, parts: Vec::new() };
+        g.add(Kept::ALL, windows.clone(), 0..8);
+        assert_eq!(g.windows().unwrap().len(), 8);
         // A compacted block beside the blocks it replaces: the same windows, kept once.
-        g.add(read(&windows[4..])).unwrap();
-        assert_eq!(g.windows.len(), windows.len());
-        assert!(g.windows.iter().zip(&windows).all(|(a, b)| a.same_bits(b)));
+        g.add(Kept::ALL, windows.clone(), 4..n);
+        let got = g.windows().unwrap();
+        assert_eq!(got.len(), n);
+        assert!(got.iter().zip(windows.iter()).all(|(a, b)| a.same_bits(b)));
         // A block from other data over the same windows.
         let mut other = windows[5];
         other.sum += 1.0;
-        let err = g.add(read(&[other])).unwrap_err();
+        g.add(Kept::ALL, Arc::from(vec![other]), 0..1);
+        let err = g.windows().unwrap_err();
         assert!(err.contains("different windows"), "{err}");
     }
 }

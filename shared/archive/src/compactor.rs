@@ -378,7 +378,7 @@ impl Compactor {
             self.objects.clone(),
             "compaction",
             blocks.iter().map(|(d, m)| ((*d).clone(), (*m).clone())).collect(),
-            ArchiveStoreOptions { cache_chunk_bytes: 0, ..Default::default() },
+            ArchiveStoreOptions { cache_chunk_bytes: 0, cache_window_bytes: 0, ..Default::default() },
         );
         let encoded = QueryScope::new(false, false)
             .run(self.writer.encode_raw(&reader, day, end, day_gaps(blocks), Some(families)))

@@ -11,7 +11,7 @@
 mod aggregates;
 mod answer;
 pub mod archiver;
-mod chunk_cache;
+mod block_cache;
 pub mod compactor;
 pub mod layout;
 pub mod meta;

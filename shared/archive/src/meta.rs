@@ -29,6 +29,10 @@ pub struct BlockMeta {
     /// rows, a window each).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub raw_samples: u64,
+    /// A raw block: its oldest sample's time. A planner learns from it that nothing in the
+    /// block is older (the range's start says only that nothing is before it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_sample: Option<i64>,
     /// What the source could not give when the block was written (a store that did not
     /// answer): readers warn that answers over this block may be incomplete.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -93,6 +97,9 @@ impl BlockMeta {
         }
         if m.min_time >= m.max_time || m.resolution_ms < 0 {
             return Err(format!("empty or inverted range [{}, {})", m.min_time, m.max_time));
+        }
+        if m.first_sample.is_some_and(|t| t < m.min_time || t >= m.max_time) {
+            return Err(format!("a first sample outside its range [{}, {})", m.min_time, m.max_time));
         }
         Ok(m)
     }

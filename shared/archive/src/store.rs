@@ -11,7 +11,7 @@
 //! says so in the request's warnings, or fails the request under `partial_response=false`:
 //! never a silent gap.
 
-use crate::chunk_cache::ChunkCache;
+use crate::block_cache::{ChunkCache, WindowCache};
 use crate::compactor::DELETION_MARK;
 use crate::layout::META;
 use crate::layout::{parse_block_dir, resolution_dir};
@@ -42,11 +42,18 @@ pub struct ArchiveStoreOptions {
     pub cache_series: usize,
     /// Bytes of series' chunks kept for the next query ([`ChunkCache`]); 0: none.
     pub cache_chunk_bytes: usize,
+    /// Bytes of series' aggregate windows kept for the next query ([`WindowCache`]); 0: none.
+    pub cache_window_bytes: usize,
 }
 
 impl Default for ArchiveStoreOptions {
     fn default() -> Self {
-        ArchiveStoreOptions { refresh: Duration::from_secs(60), cache_series: 2_000_000, cache_chunk_bytes: 256 << 20 }
+        ArchiveStoreOptions {
+            refresh: Duration::from_secs(60),
+            cache_series: 2_000_000,
+            cache_chunk_bytes: 256 << 20,
+            cache_window_bytes: 128 << 20,
+        }
     }
 }
 
@@ -81,6 +88,7 @@ pub struct ArchiveStore {
     catalog: tokio::sync::Mutex<Catalog>,
     open: Mutex<OpenBlocks>,
     chunks: ChunkCache,
+    pub(crate) windows: WindowCache,
 }
 
 impl ArchiveStore {
@@ -92,6 +100,7 @@ impl ArchiveStore {
             catalog: tokio::sync::Mutex::new(Catalog::default()),
             open: Mutex::new(OpenBlocks::default()),
             chunks: ChunkCache::new(opts.cache_chunk_bytes),
+            windows: WindowCache::new(opts.cache_window_bytes),
         }
     }
 
@@ -119,7 +128,7 @@ impl ArchiveStore {
 
     /// The blocks listed now (read again when older than `refresh`); a meta already read
     /// and unchanged is not fetched again, new ones are fetched a few at a time.
-    async fn listed(&self) -> Result<Vec<Listed>, StoreError> {
+    pub(crate) async fn listed(&self) -> Result<Vec<Listed>, StoreError> {
         use futures_util::{StreamExt, TryStreamExt};
         let mut c = self.catalog.lock().await;
         if c.listed_at.is_none_or(|t| t.elapsed() >= self.opts.refresh) {
@@ -175,7 +184,8 @@ impl ArchiveStore {
             // A block whose meta is damaged still counts, by its folder's name: queries over
             // its range must reach the archive, to be told it is left out.
             let range = match &b.meta {
-                Ok(m) => Some((m.resolution_ms, m.min_time, m.max_time)),
+                // Raw data from its oldest sample, where the meta says.
+                Ok(m) => Some((m.resolution_ms, m.first_sample.unwrap_or(m.min_time), m.max_time)),
                 Err(_) => parse_block_dir(&b.dir).and_then(|(res, lo, hi)| {
                     [0, 300_000, 3_600_000].into_iter().find(|r| resolution_dir(*r) == res).map(|r| (r, lo, hi))
                 }),

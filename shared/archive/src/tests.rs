@@ -345,7 +345,8 @@ async fn aggregate_blocks_answer_as_the_raw_samples_do() {
     let dir = tempfile::tempdir().unwrap();
     let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
     let source = aggregate_fleet(7);
-    let writer = BlockWriter::new(objects.clone(), WriteOptions { row_group_rows: 200, ..Default::default() });
+    let opts = WriteOptions { row_group_rows: 200, aggregate_row_group_rows: 30, ..Default::default() };
+    let writer = BlockWriter::new(objects.clone(), opts);
     let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
     for h in -1..3 {
         let (start, end) = (T0 + h * HOUR, T0 + (h + 1) * HOUR);
@@ -358,7 +359,43 @@ async fn aggregate_blocks_answer_as_the_raw_samples_do() {
             writer.publish(raw).await.unwrap();
         }
     }
-    let store = ArchiveStore::new(objects, "test", ArchiveStoreOptions::default());
+    // Twice over: windows kept by the cache (each query after the first of a block hits
+    // it), and read each time.
+    let uncached = ArchiveStoreOptions { cache_window_bytes: 0, ..Default::default() };
+    for store in [
+        ArchiveStore::new(objects.clone(), "test", ArchiveStoreOptions::default()),
+        ArchiveStore::new(objects.clone(), "test", uncached),
+    ] {
+        compare_aggregates_with_raw(&store, &source).await;
+    }
+    let store = ArchiveStore::new(objects.clone(), "test", ArchiveStoreOptions::default());
+    // A grid the windows do not fit is refused, so the planner reads raw data.
+    let mut req = StepsRequest::new(vec![], (T0 + 2 * HOUR + 1, T0 + 3 * HOUR, 300_000), 300_000);
+    req.matchers = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", "gpu_power").unwrap()];
+    req.function = Some(("rate".into(), 300_000));
+    req.resolution = 300_000;
+    assert!(matches!(store.steps(&req).await, Err(StoreError::InvalidRequest(_))));
+    // A block missing in the middle of the windows a grid reads: refused, not answered
+    // without its windows.
+    req.start = T0 + 2 * HOUR;
+    req.function = Some(("count_over_time".into(), HOUR));
+    assert!(matches!(store.steps(&req).await, Ok(Some(_))));
+    let middle = crate::layout::block_dir(300_000, T0 + HOUR, T0 + 2 * HOUR).join(crate::layout::META);
+    std::fs::remove_file(dir.path().join(middle.as_ref())).unwrap();
+    let fresh = ArchiveStore::new(
+        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
+        "test",
+        ArchiveStoreOptions::default(),
+    );
+    match fresh.steps(&req).await {
+        Err(StoreError::InvalidRequest(e)) => assert!(e.contains("no 300000 ms aggregate block"), "{e}"),
+        other => panic!("answered without the middle block: {other:?}"),
+    }
+}
+
+async fn compare_aggregates_with_raw(store: &ArchiveStore, source: &MemoryStore) {
+    const T0: i64 = 1_764_547_200_000;
+    const HOUR: i64 = 3_600_000;
     let ranges = store.time_ranges().await.unwrap();
     assert!(ranges.contains_key(&300_000) && ranges.contains_key(&3_600_000), "{ranges:?}");
     let functions = [
@@ -390,7 +427,7 @@ async fn aggregate_blocks_answer_as_the_raw_samples_do() {
             for (width, range, step) in grids {
                 let mut req = StepsRequest::new(m.clone(), (T0 + 2 * HOUR, T0 + 3 * HOUR, step), 300_000);
                 req.function = f.map(|f| (f.to_string(), range));
-                let raw = strata_promql::pushdown::evaluate(&source, &req, &|l| l.clone(), Duration::from_secs(60))
+                let raw = strata_promql::pushdown::evaluate(source, &req, &|l| l.clone(), Duration::from_secs(60))
                     .await
                     .unwrap();
                 req.resolution = width;
@@ -435,28 +472,6 @@ async fn aggregate_blocks_answer_as_the_raw_samples_do() {
         }
     }
     assert!(compared >= 110 && values > 1000, "{compared} leaves, {values} values");
-    // A grid the windows do not fit is refused, so the planner reads raw data.
-    let mut req = StepsRequest::new(vec![], (T0 + 2 * HOUR + 1, T0 + 3 * HOUR, 300_000), 300_000);
-    req.matchers = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", "gpu_power").unwrap()];
-    req.function = Some(("rate".into(), 300_000));
-    req.resolution = 300_000;
-    assert!(matches!(store.steps(&req).await, Err(StoreError::InvalidRequest(_))));
-    // A block missing in the middle of the windows a grid reads: refused, not answered
-    // without its windows.
-    req.start = T0 + 2 * HOUR;
-    req.function = Some(("count_over_time".into(), HOUR));
-    assert!(matches!(store.steps(&req).await, Ok(Some(_))));
-    let middle = crate::layout::block_dir(300_000, T0 + HOUR, T0 + 2 * HOUR).join(crate::layout::META);
-    std::fs::remove_file(dir.path().join(middle.as_ref())).unwrap();
-    let fresh = ArchiveStore::new(
-        Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap()),
-        "test",
-        ArchiveStoreOptions::default(),
-    );
-    match fresh.steps(&req).await {
-        Err(StoreError::InvalidRequest(e)) => assert!(e.contains("no 300000 ms aggregate block"), "{e}"),
-        other => panic!("answered without the middle block: {other:?}"),
-    }
 }
 
 /// What a store answers for `name` over `[start, end]`: each series' samples in range.
@@ -510,4 +525,76 @@ async fn the_chunk_cache_answers_as_the_blocks_do() {
     let again = answered(&cached, "gpu_temp", T0 + 10 * MIN, T0 + 12 * MIN).await;
     assert_eq!(again, answered(&plain, "gpu_temp", T0 + 10 * MIN, T0 + 12 * MIN).await);
     assert!(again[0].1.iter().all(|(_, v)| f64::from_bits(*v) >= 1000.0), "{again:?}");
+}
+
+/// A grid whose first steps reach back before the archive's oldest data: the windows
+/// there are empty, and the aggregates answer as the raw samples do; once a block holds
+/// older data, they refuse (and the planner reads raw data).
+#[tokio::test]
+async fn steps_reaching_back_before_the_archives_data_are_answered_from_aggregates() {
+    const T0: i64 = 1_764_547_200_000;
+    const HOUR: i64 = 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let source = aggregate_fleet(11);
+    let any = vec![Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap()];
+    let oldest = source.select(&strata_store::SelectRequest::new(any, i64::MIN, i64::MAX)).await.unwrap();
+    assert!(oldest.iter().all(|s| s.chunks.iter().all(|c| c.min_t > T0)), "no sample on the first window's end");
+    let writer = BlockWriter::new(objects.clone(), WriteOptions::default());
+    let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
+    for h in 0..3 {
+        let encoded = writer.encode_range(&source, T0 + h * HOUR, T0 + (h + 1) * HOUR, &widths, Vec::new(), None);
+        let encoded = encoded.await.unwrap();
+        assert!(encoded.raw.as_ref().unwrap().meta.first_sample.is_some_and(|t| t > T0 + h * HOUR - 1));
+        for b in encoded.aggregates.into_iter().chain(encoded.raw) {
+            writer.publish(b).await.unwrap();
+        }
+    }
+    let leaves = [
+        ("gpu_power", "max_over_time", HOUR),
+        ("energy_total", "increase", HOUR),
+        ("gpu_power", "count_over_time", 1_800_000),
+    ];
+    let request = |(name, f, range): (&str, &str, i64)| {
+        let m = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", name).unwrap()];
+        let mut req = StepsRequest::new(m, (T0 + 300_000, T0 + 3 * HOUR, 300_000), 300_000);
+        req.function = Some((f.to_string(), range));
+        req
+    };
+    let store = ArchiveStore::new(objects.clone(), "test", ArchiveStoreOptions::default());
+    for leaf in leaves {
+        let mut req = request(leaf);
+        let raw =
+            strata_promql::pushdown::evaluate(&source, &req, &|l| l.clone(), Duration::from_secs(60)).await.unwrap();
+        req.resolution = 300_000;
+        let agg = store.steps(&req).await.unwrap().unwrap();
+        let values = |s: &strata_store::Steps| -> BTreeMap<Labels, Vec<Option<u64>>> {
+            s.series
+                .iter()
+                .map(|x| {
+                    (
+                        x.labels.clone(),
+                        x.values.to_options().iter().map(|v| v.map(|v| (v * 1e6).round() as u64)).collect(),
+                    )
+                })
+                .collect()
+        };
+        assert_eq!(values(&raw), values(&agg), "{leaf:?}");
+        assert!(agg.series.iter().any(|s| s.values.to_options()[0].is_some()), "{leaf:?}: the first step has values");
+    }
+    // A raw block of the hour before: its samples fall in the windows the first steps read.
+    let mut older = MemoryStore::default();
+    older.add(
+        Labels::from_pairs([("__name__", "gpu_power"), ("gpu", "0")]),
+        MetricType::Gauge,
+        vec![Sample::new(T0 - 600_000, 1.0)],
+    );
+    writer.write_raw(&older, T0 - HOUR, T0).await.unwrap().unwrap();
+    let fresh = ArchiveStore::new(objects, "test", ArchiveStoreOptions::default());
+    let mut req = request(leaves[0]);
+    req.resolution = 300_000;
+    match fresh.steps(&req).await {
+        Err(StoreError::InvalidRequest(e)) => assert!(e.contains("aggregate block"), "{e}"),
+        other => panic!("answered though a block holds older data: {other:?}"),
+    }
 }

@@ -26,6 +26,10 @@ use strata_store::{SelectRequest, Store};
 pub struct WriteOptions {
     /// A row group is closed at the first series boundary past this many rows.
     pub row_group_rows: usize,
+    /// The same for aggregate blocks, whose rows are wide; their row groups are closed at
+    /// each metric's end too (past a few thousand rows), so that a query of one metric
+    /// reads and decodes that metric's windows only.
+    pub aggregate_row_group_rows: usize,
     pub zstd_level: i32,
     /// Files larger than this are uploaded in parts (16 MiB; parts of 8 MiB, or of this
     /// size when smaller).
@@ -34,13 +38,21 @@ pub struct WriteOptions {
 
 impl Default for WriteOptions {
     fn default() -> Self {
-        WriteOptions { row_group_rows: 1 << 20, zstd_level: 3, multipart_over: 16 << 20 }
+        WriteOptions {
+            row_group_rows: 1 << 20,
+            aggregate_row_group_rows: 1 << 17,
+            zstd_level: 3,
+            multipart_over: 16 << 20,
+        }
     }
 }
 
 /// The most rows of one series in one data page: a longer series is cut into pages this
 /// long (each restarts its deltas, which costs a few bytes).
 const PAGE_ROWS: usize = 1 << 16;
+/// Fewer rows than this are not a row group of their own at a metric's end: a metric of a
+/// few series shares one with the next.
+const MIN_METRIC_ROWS: usize = 4096;
 /// The size of a part of a multipart upload (S3's smallest is 5 MiB, but for the last).
 const MULTIPART_PART: usize = 8 << 20;
 
@@ -278,7 +290,16 @@ impl FileBuilder {
         self.rows += rows;
         self.raw_samples += raw;
         self.series.push(SeriesRow { labels: labels.clone(), metric_type, min_time, max_time, samples: rows });
-        if self.writer.in_progress_rows() >= opts.row_group_rows {
+        let limit = if self.resolution > 0 { opts.aggregate_row_group_rows } else { opts.row_group_rows };
+        if self.writer.in_progress_rows() >= limit {
+            self.writer.flush().map_err(|e| self.failed(e))?;
+        }
+        Ok(())
+    }
+
+    /// A metric's series are all added: an aggregate block's row group is closed here.
+    fn metric_done(&mut self) -> Result<(), ArchiveError> {
+        if self.resolution > 0 && self.writer.in_progress_rows() >= MIN_METRIC_ROWS {
             self.writer.flush().map_err(|e| self.failed(e))?;
         }
         Ok(())
@@ -349,6 +370,10 @@ impl FileBuilder {
             samples: self.rows,
             double_values: self.doubles,
             raw_samples: if self.resolution > 0 { self.raw_samples } else { 0 },
+            first_sample: match self.resolution {
+                0 => self.series.iter().filter(|s| s.samples > 0).map(|s| s.min_time).min(),
+                _ => None,
+            },
             gaps,
             compacted_from: Vec::new(),
             files: vec![
@@ -472,6 +497,9 @@ impl BlockWriter {
                         agg.add_windows(&s.labels, s.metric_type, &got[after_start..], &self.opts)?;
                     }
                 }
+            }
+            for agg in &mut aggregates {
+                agg.metric_done()?;
             }
         }
         let families = match families {

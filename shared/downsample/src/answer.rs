@@ -77,15 +77,24 @@ impl Prepared {
 
     /// One series' steps from its windows.
     pub fn evaluate(&self, req: &StepsRequest, s: SeriesWindows) -> Result<StepsSeries, AnswerError> {
-        let values =
-            if req.values { evaluate(&s.windows, s.kept, self.width, &self.leaf, &self.grid)? } else { Vec::new() };
-        let count: u64 = s.windows.iter().map(|w| u64::from(w.count)).sum();
+        self.evaluate_windows(req, (s.labels, s.metric_type, s.kept), &s.windows)
+    }
+
+    /// One series' steps from windows it does not own (a cache's).
+    pub fn evaluate_windows(
+        &self,
+        req: &StepsRequest,
+        (labels, metric_type, kept): (strata_model::Labels, strata_model::MetricType, crate::Kept),
+        windows: &[crate::Window],
+    ) -> Result<StepsSeries, AnswerError> {
+        let values = if req.values { evaluate(windows, kept, self.width, &self.leaf, &self.grid)? } else { Vec::new() };
+        let count: u64 = windows.iter().map(|w| u64::from(w.count)).sum();
         let values =
             if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
         let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
         Ok(StepsSeries {
-            labels: s.labels,
-            metric_type: s.metric_type,
+            labels,
+            metric_type,
             summary: SeriesSummary { samples: count, ..SeriesSummary::default() },
             values,
             name_dropped,

@@ -4,6 +4,7 @@
 use crate::range::{Combined, Needs, RangeFn};
 use crate::window::Window;
 use crate::Kept;
+use strata_model::arith::extrapolate;
 
 /// The steps `start, start + step, … ≤ end` (ms) of a query, read at `T − offset`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,6 +120,18 @@ pub fn evaluate(
                         RangeFn::CountOverTime => Some(f64::from(w.count)),
                         RangeFn::LastOverTime => Some(w.last.v),
                         RangeFn::PresentOverTime => Some(1.0),
+                        RangeFn::Changes => Some(f64::from(w.changes)),
+                        RangeFn::Resets => Some(f64::from(w.resets)),
+                        // A counter's increase within one window: its own reset correction.
+                        RangeFn::Rate | RangeFn::Increase if w.count >= 2 => {
+                            let increase = w.last.v - w.first.v + w.correction;
+                            let rate = function == RangeFn::Rate;
+                            Some(extrapolate(w.first, w.last, u64::from(w.count), increase, (lo, e), true, rate))
+                        }
+                        RangeFn::Delta if w.count >= 2 => {
+                            let delta = w.last.v - w.first.v;
+                            Some(extrapolate(w.first, w.last, u64::from(w.count), delta, (lo, e), false, false))
+                        }
                         _ => one_of(inside, t, e, lo, function),
                     },
                     _ => one_of(inside, t, e, lo, function),

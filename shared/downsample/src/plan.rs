@@ -52,9 +52,9 @@ pub enum Prefer {
 }
 
 /// Steps `first..=last` of a leaf's grid from windows `width` wide held by `holders`.
-struct Segment {
+pub(crate) struct Segment {
     width: i64,
-    first: usize,
+    pub(crate) first: usize,
     last: usize,
     holders: Vec<StoreTarget>,
 }
@@ -88,7 +88,7 @@ impl ResolutionPlanner {
 
     /// The segments of the grid aggregates answer, coarsest first where several could,
     /// in step order; empty when none can.
-    fn plan(&self, req: &StepsRequest, cap: Option<i64>) -> Vec<Segment> {
+    pub(crate) fn plan(&self, req: &StepsRequest, cap: Option<i64>) -> Vec<Segment> {
         let Some(leaf) = leaf_of(req) else { return Vec::new() };
         // Aggregates hold series without their replica labels: a selection by one cannot
         // be answered from them.
@@ -131,6 +131,13 @@ impl ResolutionPlanner {
                 .collect();
             let (lo, hi) =
                 relevant.iter().filter_map(holds).fold((i64::MIN, i64::MAX), |(lo, hi), r| (lo.max(r.1), hi.min(r.2)));
+            // Before the oldest data any store holds, raw or aggregated, every window is
+            // empty everywhere: the aggregates answer the steps that reach back there as
+            // raw data would (the first hour of an archive, a `[1h]` range at its start).
+            let lo = match oldest_held(&targets) {
+                Some(oldest) if lo <= oldest => i64::MIN,
+                _ => lo,
+            };
             // Raw data is there from the newest of the holders' oldest samples (a holder
             // keeps the raw data of everything it aggregates). A holder asked for no raw
             // time range (`(MIN, MIN)`: an archive with aggregates only, or whose raw data
@@ -158,7 +165,7 @@ impl ResolutionPlanner {
             let fits: Vec<bool> = (0..n)
                 .map(|i| {
                     let from = (e(i) - reach).div_euclid(width) * width;
-                    !taken[i] && from >= lo - 1 && e(i) <= hi && from < raw_from
+                    !taken[i] && from >= lo.saturating_sub(1) && e(i) <= hi && from < raw_from
                 })
                 .collect();
             let mut i = 0;
@@ -399,6 +406,20 @@ impl Store for ResolutionPlanner {
             parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
         }
         let leaf = leaf_text(req);
+        // One part for the whole grid (the usual case over older data): its answer as it is.
+        if let [(0, len, _, width)] = parts.as_slice() {
+            if *len == n {
+                let (width, end) = (*width, req.start + (n as i64 - 1) * req.step);
+                scope.used_resolution(ResolutionUsed { leaf, resolution: width, start: req.start, end });
+                let Some((_, _, mut whole, _)) = parts.pop() else { return Ok(None) };
+                for list in [&mut whole.series, &mut whole.groups] {
+                    if !list.is_sorted_by(|a, b| a.labels < b.labels) {
+                        list.sort_by(|a, b| a.labels.cmp(&b.labels));
+                    }
+                }
+                return Ok(Some(whole));
+            }
+        }
         let mut by: BTreeMap<Labels, Stitched> = BTreeMap::new();
         let mut out = Steps::default();
         for (offset, len, part, width) in parts {
@@ -446,4 +467,21 @@ impl Store for ResolutionPlanner {
         }
         Ok(Some(out))
     }
+}
+
+/// The oldest sample time any of `targets` holds, raw or aggregated; `None` when one of
+/// them does not say (its range unknown), so nothing can be claimed empty.
+fn oldest_held(targets: &[StoreTarget]) -> Option<i64> {
+    let mut oldest = i64::MAX;
+    for t in targets {
+        let no_raw = t.min_time == i64::MIN && t.max_time == i64::MIN;
+        if !no_raw {
+            if t.min_time > t.max_time {
+                return None;
+            }
+            oldest = oldest.min(t.min_time);
+        }
+        oldest = t.resolutions.iter().map(|r| r.1).fold(oldest, i64::min);
+    }
+    Some(oldest)
 }

@@ -367,3 +367,29 @@ async fn the_raw_steps_of_an_ha_pair_of_edges_are_evaluated_in_process_beside_th
         assert!(evaluator.evaluated() > before, "{q}: the raw steps were evaluated in process");
     }
 }
+
+/// The plan alone: a holder answers for its steps only if it accepts; here what the
+/// planner asks of it (the archive's store accepts it, `strata_archive`'s tests).
+#[tokio::test]
+async fn steps_reaching_back_before_any_data_are_planned_from_aggregates() {
+    let s = stack().await;
+    // The regional's oldest sample, as its Info says: nothing anywhere is older.
+    let mut regional = s.regional_target();
+    (regional.min_time, regional.max_time) = (s.t0 + 11, s.end);
+    s.fanout.set_targets(vec![regional.clone()]);
+    let mut req = strata_store::StepsRequest::new(
+        vec![strata_model::Matcher::new(strata_model::MatchOp::Equal, "__name__", "temp").unwrap()],
+        (s.t0 + FIVE_MINUTES, s.t0 + 6 * ONE_HOUR, FIVE_MINUTES),
+        300_000,
+    );
+    req.function = Some(("max_over_time".into(), ONE_HOUR));
+    let first = |segments: &[crate::plan::Segment]| segments.iter().map(|g| g.first).min();
+    assert_eq!(first(&s.planner.plan(&req, None)), Some(0), "the first step reaches back before any data");
+    // A store that may hold older data (or does not say when its data starts): the steps
+    // reaching back before the aggregates are not planned from them.
+    for min_time in [s.t0 - ONE_HOUR, i64::MIN] {
+        regional.min_time = min_time;
+        s.fanout.set_targets(vec![regional.clone()]);
+        assert_eq!(first(&s.planner.plan(&req, None)), Some(11), "min_time {min_time}");
+    }
+}
