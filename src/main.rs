@@ -40,6 +40,12 @@ struct ArchiveFlags {
     /// Raw blocks of the archive ending longer ago than this are deleted (0s: kept for ever).
     #[arg(long = "archive.retention.raw", default_value = "0s", value_parser = prom_duration)]
     archive_retention_raw: Duration,
+    /// MiB of series' raw chunks the reader keeps for the next query (0: none).
+    #[arg(long = "archive.chunk-cache-mb", default_value_t = 256)]
+    archive_chunk_cache_mb: usize,
+    /// MiB of series' decoded 5 m / 1 h windows the reader keeps for the next query (0: none).
+    #[arg(long = "archive.window-cache-mb", default_value_t = 256)]
+    archive_window_cache_mb: usize,
 }
 
 impl ArchiveFlags {
@@ -62,7 +68,11 @@ impl ArchiveFlags {
             read_only: self.archive_read_only,
             archiver,
             compactor,
-            reader: Default::default(),
+            reader: strata_archive::ArchiveStoreOptions {
+                cache_chunk_bytes: self.archive_chunk_cache_mb.saturating_mul(1 << 20),
+                cache_window_bytes: self.archive_window_cache_mb.saturating_mul(1 << 20),
+                ..Default::default()
+            },
         })
     }
 }

@@ -12,7 +12,7 @@
 //! store_timeout: 30s            # per store and call
 //! info_interval: 10s            # how often each store's Info is read, files and names resolved
 //! replica_labels: [replica]     # HA replica labels (also --query.replica-label)
-//! aggregates: raw_where_held    # or `coarsest`: where regionals' 5 m / 1 h aggregates answer
+//! aggregates: coarsest          # or `raw_where_held`: where regionals' 5 m / 1 h aggregates answer
 //! grpc_client_tls:              # connect to every store over TLS
 //!   ca_file: ca.crt             #   the CA the stores' certificates chain to
 //!   cert_file: client.crt       #   this global's certificate, for stores that verify clients
@@ -190,8 +190,8 @@ impl GlobalConfig {
             info_interval: positive(raw.info_interval, Duration::from_secs(10), "info_interval")?,
             replica_labels: raw.replica_labels.unwrap_or_else(|| vec!["replica".to_string()]),
             aggregates: match raw.aggregates.as_deref() {
-                None | Some("raw_where_held") => strata_downsample::Prefer::RawWhereHeld,
-                Some("coarsest") => strata_downsample::Prefer::Coarsest,
+                Some("raw_where_held") => strata_downsample::Prefer::RawWhereHeld,
+                None | Some("coarsest") => strata_downsample::Prefer::Coarsest,
                 Some(other) => return Err(format!("aggregates: {other:?} is neither raw_where_held nor coarsest")),
             },
             client_tls,
@@ -226,9 +226,9 @@ mod tests {
         assert_eq!(c.stores, ["127.0.0.1:10901"]);
         assert_eq!(c.sd_files, [PathBuf::from("/etc/strata/s.json")]);
         assert_eq!(c.dns, [("edges.local".to_string(), 10901)]);
-        assert_eq!(c.aggregates, strata_downsample::Prefer::RawWhereHeld);
-        let coarsest = GlobalConfig::parse("aggregates: coarsest\n", Path::new("/")).unwrap();
-        assert_eq!(coarsest.aggregates, strata_downsample::Prefer::Coarsest);
+        assert_eq!(c.aggregates, strata_downsample::Prefer::Coarsest);
+        let held = GlobalConfig::parse("aggregates: raw_where_held\n", Path::new("/")).unwrap();
+        assert_eq!(held.aggregates, strata_downsample::Prefer::RawWhereHeld);
         assert_eq!((c.store_timeout, c.replica_labels.clone()), (Duration::from_secs(30), vec!["replica".into()]));
         assert!(c.client_tls.is_none());
         assert!(c.rules.rule_files.is_empty());

@@ -13,7 +13,6 @@ use std::ops::Range;
 use std::sync::Arc;
 use strata_downsample::answer::{prepare, AnswerError};
 use strata_downsample::{Kept, Window};
-use strata_model::matcher::matches_all;
 use strata_model::{Labels, MetricType};
 use strata_store::{Steps, StepsRequest, StepsSeries, StoreError};
 
@@ -139,17 +138,12 @@ impl ArchiveStore {
                 }
                 let b = self.open(&listed.dir, meta).await.map_err(|e| unreadable(&e))?;
                 let mut ids: BTreeSet<i64> = b
-                    .series()
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, s)| {
-                        s.samples > 0
-                            && s.max_time > p.from
-                            && s.min_time <= p.last
-                            && matches_all(&req.matchers, &s.labels)
-                            && req.wants(&s.labels)
+                    .matching_ids(&req.matchers)
+                    .filter(|&i| {
+                        let s = &b.series()[i];
+                        s.samples > 0 && s.max_time > p.from && s.min_time <= p.last && req.wants(&s.labels)
                     })
-                    .map(|(i, _)| i as i64)
+                    .map(|i| i as i64)
                     .collect();
                 let new = ids.iter().filter(|&&i| !found.contains_key(&b.series()[i as usize].labels)).count();
                 p.check_limits(req, found.len().saturating_add(new)).map_err(store_error)?;
@@ -157,10 +151,10 @@ impl ArchiveStore {
                 // Series whose windows the cache holds; the rest are read, the whole
                 // block's windows of them (and kept) when the query covers most of it.
                 let data_crc = b.meta.files.iter().find(|f| f.path == crate::layout::DATA).map_or(0, |f| f.crc32);
-                let key = |id: i64| (b.dir.clone(), data_crc, id);
+                let block = (b.dir.clone(), data_crc);
                 let mut held: Vec<(i64, BlockWindows)> = Vec::new();
                 if self.windows.enabled() {
-                    held.extend(ids.iter().filter_map(|&id| self.windows.get(&key(id)).map(|w| (id, w))));
+                    held = self.windows.get_many(&block, ids.iter().copied());
                     for (id, _) in &held {
                         ids.remove(id);
                     }
@@ -184,7 +178,7 @@ impl ArchiveStore {
                 for (id, w) in got {
                     let w = BlockWindows { kept: w.kept, windows: w.windows.into() };
                     if whole {
-                        self.windows.insert(key(id), w.clone());
+                        self.windows.insert(&block, id, w.clone());
                     }
                     held.push((id, w));
                 }

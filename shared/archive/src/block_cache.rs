@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use strata_chunk::Chunk;
 use strata_downsample::{Kept, Window};
 
-/// A block (its folder and its data file's checksum) and a series id in it.
-pub(crate) type Key = (Path, u32, i64);
+/// A block: its folder and its data file's checksum.
+pub(crate) type BlockKey = (Path, u32);
 
 /// What an entry costs in memory, roughly.
 pub(crate) trait Weighed {
@@ -47,9 +47,10 @@ pub(crate) struct BlockCache<V> {
     inner: Mutex<Inner<V>>,
 }
 
+/// Entries by block, then series id: a query looks a block up once for all its series.
 struct Inner<V> {
-    entries: HashMap<Key, V>,
-    order: VecDeque<Key>,
+    entries: HashMap<BlockKey, HashMap<i64, V>>,
+    order: VecDeque<(BlockKey, i64)>,
     bytes: usize,
 }
 
@@ -62,27 +63,34 @@ impl<V: Weighed + Clone> BlockCache<V> {
         self.budget > 0
     }
 
-    pub(crate) fn get(&self, key: &Key) -> Option<V> {
-        self.inner.lock().ok()?.entries.get(key).cloned()
+    /// The entries held of `ids` in `block`.
+    pub(crate) fn get_many(&self, block: &BlockKey, ids: impl IntoIterator<Item = i64>) -> Vec<(i64, V)> {
+        let Ok(inner) = self.inner.lock() else { return Vec::new() };
+        let Some(held) = inner.entries.get(block) else { return Vec::new() };
+        ids.into_iter().filter_map(|id| held.get(&id).map(|v| (id, v.clone()))).collect()
     }
 
     /// Keeps `value` unless it alone would take more than an eighth of the budget.
-    pub(crate) fn insert(&self, key: Key, value: V) {
+    pub(crate) fn insert(&self, block: &BlockKey, id: i64, value: V) {
         let size = value.cost();
         if size > self.budget / 8 {
             return;
         }
         let Ok(mut inner) = self.inner.lock() else { return };
-        if let Some(old) = inner.entries.insert(key.clone(), value) {
-            inner.bytes = inner.bytes.saturating_sub(old.cost());
-        } else {
-            inner.order.push_back(key);
+        let inner = &mut *inner;
+        match inner.entries.entry(block.clone()).or_default().insert(id, value) {
+            Some(old) => inner.bytes = inner.bytes.saturating_sub(old.cost()),
+            None => inner.order.push_back((block.clone(), id)),
         }
         inner.bytes = inner.bytes.saturating_add(size);
         while inner.bytes > self.budget {
-            let Some(first) = inner.order.pop_front() else { break };
-            if let Some(gone) = inner.entries.remove(&first) {
+            let Some((b, first)) = inner.order.pop_front() else { break };
+            let Some(held) = inner.entries.get_mut(&b) else { continue };
+            if let Some(gone) = held.remove(&first) {
                 inner.bytes = inner.bytes.saturating_sub(gone.cost());
+            }
+            if held.is_empty() {
+                inner.entries.remove(&b);
             }
         }
     }
@@ -90,7 +98,7 @@ impl<V: Weighed + Clone> BlockCache<V> {
     #[cfg(test)]
     pub(crate) fn held(&self) -> (usize, usize) {
         let inner = self.inner.lock().unwrap();
-        (inner.entries.len(), inner.bytes)
+        (inner.entries.values().map(HashMap::len).sum(), inner.bytes)
     }
 }
 
@@ -105,18 +113,19 @@ mod tests {
             Chunk::encode_sealed(&(0..100).map(|i| Sample::new(i * 15_000, 1.0)).collect::<Vec<_>>()).into();
         let one = chunks.cost();
         let cache = ChunkCache::new(one * 8 + one / 2);
+        let block = (Path::from("raw/a"), 7);
         for id in 0..20 {
-            cache.insert((Path::from("raw/a"), 7, id), chunks.clone());
+            cache.insert(&block, id, chunks.clone());
         }
         let (n, bytes) = cache.held();
         assert_eq!(n, 8);
         assert!(bytes <= one * 8 + one / 2);
-        assert!(cache.get(&(Path::from("raw/a"), 7, 19)).is_some());
-        assert!(cache.get(&(Path::from("raw/a"), 7, 0)).is_none(), "the first in went first");
-        assert!(cache.get(&(Path::from("raw/a"), 8, 19)).is_none(), "another data file: another block");
+        assert_eq!(cache.get_many(&block, [19]).len(), 1);
+        assert!(cache.get_many(&block, [0]).is_empty(), "the first in went first");
+        assert!(cache.get_many(&(Path::from("raw/a"), 8), [19]).is_empty(), "another data file: another block");
         // An entry over an eighth of the budget is not kept.
         let small = ChunkCache::new(one * 4);
-        small.insert((Path::from("raw/a"), 7, 0), chunks);
+        small.insert(&block, 0, chunks);
         assert_eq!(small.held().0, 0);
     }
 }

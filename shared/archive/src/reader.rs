@@ -16,9 +16,10 @@ use object_store::path::Path;
 use object_store::{ObjectStore, ObjectStoreExt};
 use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder};
 use parquet::file::statistics::Statistics;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use strata_model::{Labels, MetricType, Sample};
+use strata_model::matcher::matches_all;
+use strata_model::{Labels, MatchOp, Matcher, MetricType, Sample};
 
 /// A series of a block.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +39,8 @@ pub struct BlockReader {
     pub dir: Path,
     pub meta: BlockMeta,
     series: Vec<ArchivedSeries>,
+    /// Series ids by metric name: a query names its metric, and a block holds many.
+    by_name: HashMap<String, Vec<usize>>,
     /// The data file's footer and page indexes, fetched at the first read.
     footer: tokio::sync::OnceCell<DataFooter>,
 }
@@ -173,7 +176,11 @@ impl BlockReader {
         if series.len() as u64 != meta.series {
             return Err(corrupt(&path, format!("{} series, the meta says {}", series.len(), meta.series)));
         }
-        Ok(BlockReader { store, dir, meta, series, footer: tokio::sync::OnceCell::new() })
+        let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
+        for (i, s) in series.iter().enumerate() {
+            by_name.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default().push(i);
+        }
+        Ok(BlockReader { store, dir, meta, series, by_name, footer: tokio::sync::OnceCell::new() })
     }
 
     fn series_rows(batch: &RecordBatch, path: &Path, out: &mut Vec<ArchivedSeries>) -> Result<(), ArchiveError> {
@@ -238,6 +245,17 @@ impl BlockReader {
 
     pub fn series(&self) -> &[ArchivedSeries] {
         &self.series
+    }
+
+    /// The ids of the series that match `matchers`, in order: those of the metric an
+    /// equality matcher names, else every series, each checked against all of them.
+    pub fn matching_ids<'a>(&'a self, matchers: &'a [Matcher]) -> impl Iterator<Item = usize> + 'a {
+        let named = matchers.iter().find(|m| m.name == "__name__" && m.op == MatchOp::Equal);
+        let ids: Box<dyn Iterator<Item = usize> + 'a> = match named {
+            Some(m) => Box::new(self.by_name.get(&m.value).into_iter().flatten().copied()),
+            None => Box::new(0..self.series.len()),
+        };
+        ids.filter(move |&i| matches_all(matchers, &self.series[i].labels))
     }
 
     /// A checked byte range of the data file.

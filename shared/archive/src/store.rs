@@ -25,7 +25,6 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use strata_chunk::Chunk;
-use strata_model::matcher::matches_all;
 use strata_model::{Labels, Matcher, Metadata, MetricType, Sample};
 use strata_store::{QueryScope, SelectBudget, SelectRequest, SeriesChunks, Store, StoreError};
 
@@ -52,7 +51,7 @@ impl Default for ArchiveStoreOptions {
             refresh: Duration::from_secs(60),
             cache_series: 2_000_000,
             cache_chunk_bytes: 256 << 20,
-            cache_window_bytes: 128 << 20,
+            cache_window_bytes: 256 << 20,
         }
     }
 }
@@ -293,8 +292,11 @@ impl ArchiveStore {
         end: i64,
     ) -> impl Iterator<Item = &'a ArchivedSeries> + 'a {
         let matchers = matchers.to_vec();
-        blocks.iter().flat_map(|b| b.series().iter()).filter(move |s| {
-            s.samples > 0 && s.max_time >= start && s.min_time <= end && matches_all(&matchers, &s.labels)
+        blocks.iter().flat_map(move |b| {
+            let ids: Vec<usize> = b.matching_ids(&matchers).collect();
+            ids.into_iter()
+                .map(|i| &b.series()[i])
+                .filter(move |s| s.samples > 0 && s.max_time >= start && s.min_time <= end)
         })
     }
 }
@@ -384,12 +386,9 @@ impl Store for ArchiveStore {
         for some in candidates.chunks(OPEN_AT_ONCE) {
             for b in &self.open_some(some).await? {
                 let mut ids = BTreeSet::new();
-                for (i, s) in b.series().iter().enumerate() {
-                    if s.samples > 0
-                        && s.max_time >= req.start
-                        && s.min_time <= req.end
-                        && matches_all(&req.matchers, &s.labels)
-                    {
+                for i in b.matching_ids(&req.matchers) {
+                    let s = &b.series()[i];
+                    if s.samples > 0 && s.max_time >= req.start && s.min_time <= req.end {
                         ids.insert(i as i64);
                     }
                 }
@@ -402,14 +401,10 @@ impl Store for ArchiveStore {
                 // Series whose chunks the cache holds; the rest are read, the whole block's
                 // range of them (and kept) when the query covers most of the block.
                 let data_crc = b.meta.files.iter().find(|f| f.path == crate::layout::DATA).map_or(0, |f| f.crc32);
-                let key = |id: i64| (b.dir.clone(), data_crc, id);
+                let block = (b.dir.clone(), data_crc);
                 let mut cached: Vec<(i64, Arc<[Chunk]>)> = Vec::new();
                 if self.chunks.enabled() {
-                    for &id in &ids {
-                        if let Some(c) = self.chunks.get(&key(id)) {
-                            cached.push((id, c));
-                        }
-                    }
+                    cached = self.chunks.get_many(&block, ids.iter().copied());
                     for (id, _) in &cached {
                         ids.remove(id);
                     }
@@ -437,7 +432,7 @@ impl Store for ArchiveStore {
                 for (id, samples) in got {
                     if whole {
                         let chunks: Arc<[Chunk]> = Chunk::encode_sealed(&samples).into();
-                        self.chunks.insert(key(id), chunks.clone());
+                        self.chunks.insert(&block, id, chunks.clone());
                         cached.push((id, chunks));
                         continue;
                     }

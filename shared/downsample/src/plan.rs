@@ -43,11 +43,11 @@ pub struct ResolutionPlanner {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Prefer {
     /// Raw data wherever a holder of the aggregates still keeps it; aggregates for older
-    /// steps. The default, which keeps recent ranges off the regionals; aggregates now
-    /// answer faster than raw data (docs/downsample.md), so `Coarsest` may become it.
-    #[default]
+    /// steps (keeps recent ranges off the regionals).
     RawWhereHeld,
-    /// The coarsest exact aggregates wherever they cover the steps.
+    /// The coarsest exact aggregates wherever they cover the steps: the default, since
+    /// aggregates answer faster than raw data (docs/downsample.md).
+    #[default]
     Coarsest,
 }
 

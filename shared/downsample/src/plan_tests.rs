@@ -264,7 +264,7 @@ async fn unaligned_steps_and_a_store_the_aggregates_lack_stay_raw() {
 }
 
 #[tokio::test]
-async fn by_default_aggregates_answer_only_what_raw_data_no_longer_holds() {
+async fn raw_where_held_aggregates_answer_only_what_raw_data_no_longer_holds() {
     let s = stack().await;
     // The regional keeps raw data from three hours in: older steps need the aggregates.
     let mut regional = StoreTarget::new("regional", s.regional.clone());
@@ -273,7 +273,8 @@ async fn by_default_aggregates_answer_only_what_raw_data_no_longer_holds() {
     regional.min_time = s.t0 + 3 * ONE_HOUR;
     s.fanout.set_targets(vec![regional]);
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]));
-    let planner = ResolutionPlanner::new(dedup, s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30));
+    let planner = ResolutionPlanner::new(dedup, s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
+        .with_preference(crate::plan::Prefer::RawWhereHeld);
     let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
     let scope = QueryScope::default();
     run(&planner, QUERIES[0], grid, scope.clone()).await;

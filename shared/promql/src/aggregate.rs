@@ -44,40 +44,111 @@ pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
 /// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays
 /// finite; once it would overflow, an incremental mean from there on (infinities kept).
 pub(crate) fn mean(vals: impl IntoIterator<Item = f64>) -> f64 {
-    let mut vals = vals.into_iter();
-    let Some(first) = vals.next() else { return f64::NAN };
-    // The first value starts the sum as it is, as a new group does in Prometheus.
-    let mut sum = KahanSum { sum: first, c: 0.0 };
-    let mut incremental: Option<KahanSum> = None;
-    let mut count = 1usize;
-    for x in vals {
-        count += 1;
-        let n = count as f64;
-        let m = match incremental.as_mut() {
+    let mut m = Mean::default();
+    vals.into_iter().for_each(|x| m.push(x));
+    m.value()
+}
+
+/// [`mean`] one value at a time.
+#[derive(Clone, Copy, Default)]
+struct Mean {
+    count: usize,
+    sum: KahanSum,
+    incremental: Option<KahanSum>,
+}
+
+impl Mean {
+    fn push(&mut self, x: f64) {
+        if self.count == 0 {
+            // The first value starts the sum as it is, as a new group does in Prometheus.
+            (self.count, self.sum) = (1, KahanSum { sum: x, c: 0.0 });
+            return;
+        }
+        self.count += 1;
+        let n = self.count as f64;
+        let m = match self.incremental.as_mut() {
             Some(m) => m,
             None => {
-                let mut next = sum;
+                let mut next = self.sum;
                 next.add(x);
                 if !next.sum.is_infinite() {
-                    sum = next;
-                    continue;
+                    self.sum = next;
+                    return;
                 }
-                incremental = Some(KahanSum { sum: sum.sum / (n - 1.0), c: sum.c / (n - 1.0) });
-                incremental.as_mut().expect("just set")
+                let sum = self.sum;
+                self.incremental.insert(KahanSum { sum: sum.sum / (n - 1.0), c: sum.c / (n - 1.0) })
             }
         };
         if m.sum.is_infinite() && ((x.is_infinite() && (m.sum > 0.0) == (x > 0.0)) || (!x.is_infinite() && !x.is_nan()))
         {
-            continue;
+            return;
         }
         let current = m.sum + m.c;
         m.add(x / n - current / n);
     }
-    match incremental {
-        Some(m) => m.sum + m.c,
-        None => sum.value() / count as f64,
+
+    fn value(&self) -> f64 {
+        match (self.count, self.incremental) {
+            (0, _) => f64::NAN,
+            (_, Some(m)) => m.sum + m.c,
+            (n, None) => self.sum.value() / n as f64,
+        }
     }
 }
+
+/// The running state of an aggregation that needs its values one at a time, in series
+/// order, and never all at once: what lets a group's steps fold series by series.
+#[derive(Clone, Copy)]
+enum Fold {
+    Sum(KahanSum),
+    Avg(Mean),
+    Min(f64),
+    Max(f64),
+    Count(f64),
+}
+
+impl Fold {
+    fn new(kind: Simple) -> Option<Fold> {
+        Some(match kind {
+            Simple::Sum => Fold::Sum(KahanSum::default()),
+            Simple::Avg => Fold::Avg(Mean::default()),
+            Simple::Min => Fold::Min(f64::NAN),
+            Simple::Max => Fold::Max(f64::NAN),
+            Simple::Count | Simple::Group => Fold::Count(0.0),
+            Simple::Stddev | Simple::Stdvar | Simple::Quantile => return None,
+        })
+    }
+
+    fn push(&mut self, x: f64) {
+        match self {
+            Fold::Sum(k) => k.add(x),
+            Fold::Avg(m) => m.push(x),
+            Fold::Min(m) => {
+                if m.is_nan() || x < *m {
+                    *m = x
+                }
+            }
+            Fold::Max(m) => {
+                if m.is_nan() || x > *m {
+                    *m = x
+                }
+            }
+            Fold::Count(n) => *n += 1.0,
+        }
+    }
+
+    fn value(&self, kind: Simple) -> f64 {
+        match (self, kind) {
+            (_, Simple::Group) => 1.0,
+            (Fold::Sum(k), _) => k.value(),
+            (Fold::Avg(m), _) => m.value(),
+            (Fold::Min(x) | Fold::Max(x) | Fold::Count(x), _) => *x,
+        }
+    }
+}
+
+/// Group × step states past which an aggregation gathers step by step instead of folding.
+const MAX_FOLD_STATES: usize = 1 << 20;
 
 /// Welford's running variance, as Prometheus.
 pub(crate) fn variance(vals: impl IntoIterator<Item = f64>) -> f64 {
@@ -262,9 +333,35 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         }
         _ => Vec::new(),
     };
+    let groups_n = group_labels_list.len();
+    // Sum, avg, min, max, count, group: each group's steps fold the series in order, read
+    // series by series (each series' values lie together), with the same arithmetic.
+    let states = groups_n.saturating_mul(ev.steps);
+    if let Some(start) = Fold::new(kind).filter(|_| states <= MAX_FOLD_STATES) {
+        let mut folds: Vec<(bool, Fold)> = vec![(false, start); states];
+        for (j, s) in input.iter().enumerate() {
+            let row = &mut folds[member[j] * ev.steps..(member[j] + 1) * ev.steps];
+            for (f, v) in row.iter_mut().zip(&s.vals) {
+                if let Some(x) = v {
+                    f.0 = true;
+                    f.1.push(*x);
+                }
+            }
+        }
+        let series = folds
+            .chunks(ev.steps.max(1))
+            .enumerate()
+            .filter(|(_, row)| row.iter().any(|f| f.0))
+            .map(|(gi, row)| StepSeries {
+                labels: group_labels_list[gi].clone(),
+                vals: row.iter().map(|f| f.0.then(|| f.1.value(kind))).collect(),
+                drop_name: group_marked[gi],
+            })
+            .collect();
+        return Ok(Val::Vector(series));
+    }
     // Steps are independent: each gathers its groups' values in series order and reduces
     // them; the steps run in parallel and are transposed into series at the end.
-    let groups_n = group_labels_list.len();
     let per_step: Vec<Vec<Option<f64>>> = (0..ev.steps)
         .into_par_iter()
         .map_init(
