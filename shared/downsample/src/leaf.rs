@@ -166,7 +166,7 @@ fn over_time(inside: &[Window], function: RangeFn) -> Option<Option<f64>> {
         RangeFn::MinOverTime => it.fold(first.min, |m, w| if m.is_nan() || w.min < m { w.min } else { m }),
         RangeFn::MaxOverTime => it.fold(first.max, |m, w| if m.is_nan() || w.max > m { w.max } else { m }),
         RangeFn::CountOverTime => it.fold(u64::from(first.count), |n, w| n + u64::from(w.count)) as f64,
-        RangeFn::LastOverTime => it.last().unwrap_or(first).last.v,
+        RangeFn::LastOverTime => it.next_back().unwrap_or(first).last.v,
         RangeFn::PresentOverTime => 1.0,
         _ => return None,
     }))
