@@ -40,6 +40,12 @@ struct ArchiveFlags {
     /// Raw blocks of the archive ending longer ago than this are deleted (0s: kept for ever).
     #[arg(long = "archive.retention.raw", default_value = "0s", value_parser = prom_duration)]
     archive_retention_raw: Duration,
+    /// 5 m aggregate blocks ending longer ago than this are deleted (0s: kept for ever).
+    #[arg(long = "archive.retention.5m", default_value = "0s", value_parser = prom_duration)]
+    archive_retention_5m: Duration,
+    /// 1 h aggregate blocks ending longer ago than this are deleted (0s: kept for ever).
+    #[arg(long = "archive.retention.1h", default_value = "0s", value_parser = prom_duration)]
+    archive_retention_1h: Duration,
     /// MiB of series' raw chunks the reader keeps for the next query (0: none).
     #[arg(long = "archive.chunk-cache-mb", default_value_t = 256)]
     archive_chunk_cache_mb: usize,
@@ -61,6 +67,8 @@ impl ArchiveFlags {
         };
         let compactor = strata_archive::CompactorOptions {
             retention_raw: Some(self.archive_retention_raw).filter(|d| !d.is_zero()),
+            retention_5m: Some(self.archive_retention_5m).filter(|d| !d.is_zero()),
+            retention_1h: Some(self.archive_retention_1h).filter(|d| !d.is_zero()),
             ..Default::default()
         };
         Some(strata_global::ArchiveOptions {

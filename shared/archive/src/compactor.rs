@@ -1,5 +1,6 @@
-//! [`Compactor`]: merges the raw blocks of each archived UTC day into one day block, and
-//! applies retention, one process at a time.
+//! [`Compactor`]: merges the blocks of each archived UTC day into one day block per
+//! resolution (raw samples read back and written again; 5 m and 1 h windows copied as
+//! they are, [`crate::merge`]), and applies retention per resolution, one process at a time.
 //!
 //! One compactor works on a bucket at a time: it holds `compaction/lease.json`, created
 //! only when absent and taken over once its lease has run out. A day is compacted once the
@@ -24,7 +25,7 @@
 //! outlasts its lease stops rather than writing beside the one that took over.
 
 use crate::archiver::read_progress;
-use crate::layout::META;
+use crate::layout::{resolution_dir, META};
 use crate::meta::{BlockMeta, Source};
 use crate::reader::{read_meta, BlockReader};
 use crate::writer::BlockWriter;
@@ -59,6 +60,9 @@ pub struct CompactorOptions {
     pub delete_delay: Duration,
     /// Raw blocks ending longer ago than this are deleted; `None`: kept for ever.
     pub retention_raw: Option<Duration>,
+    /// The same for 5 m and 1 h aggregate blocks (kept longer than raw data, usually).
+    pub retention_5m: Option<Duration>,
+    pub retention_1h: Option<Duration>,
     /// A day with more raw samples than this is not compacted (it is read whole into
     /// memory, about 4 bytes per sample).
     pub max_day_samples: u64,
@@ -72,6 +76,8 @@ impl Default for CompactorOptions {
             lease: Duration::from_secs(15 * 60),
             delete_delay: Duration::from_secs(15 * 60),
             retention_raw: None,
+            retention_5m: None,
+            retention_1h: None,
             max_day_samples: 100_000_000,
             owner: "strata".into(),
         }
@@ -191,158 +197,175 @@ impl Compactor {
                 round.deleted += 1;
             }
         }
-        let live: BTreeMap<&Path, &BlockMeta> = folders
-            .iter()
-            .filter(|(_, f)| f.mark.is_none())
-            .filter_map(|(d, f)| match &f.meta {
-                Some(Ok(m)) if m.resolution_ms == 0 => Some((d, m)),
-                _ => None,
-            })
-            .collect();
         let until = read_progress(self.objects.as_ref()).await?;
-        // 2. Retention, counted from the archive's progress when there is one (a clock
-        // that jumps ahead does not expire what was just archived).
-        let mut expired: BTreeSet<&Path> = BTreeSet::new();
-        if let Some(keep) = self.opts.retention_raw {
-            let before = now_ms.min(until.unwrap_or(now_ms)).saturating_sub(ms(keep));
-            for (dir, m) in &live {
-                if m.max_time <= before {
-                    self.mark(dir, now_ms, "past the raw retention").await?;
-                    round.marked += 1;
-                    expired.insert(dir);
-                }
-            }
-        }
-        // 3. Days wholly archived with more than their day block in them.
-        let until = until.unwrap_or(i64::MIN);
-        let mut days: BTreeMap<i64, Vec<(&Path, &BlockMeta)>> = BTreeMap::new();
-        // Days that a block crosses into are left as they are: their day block would hold
-        // samples of a block it does not replace.
-        let mut crossed: BTreeSet<i64> = BTreeSet::new();
-        for (dir, m) in &live {
-            let day = m.min_time.div_euclid(DAY).saturating_mul(DAY);
-            if m.max_time <= day.saturating_add(DAY) {
-                days.entry(day).or_default().push((dir, m));
-            } else {
-                let last = m.max_time.saturating_sub(1).div_euclid(DAY).saturating_mul(DAY);
-                let mut d = day;
-                while d <= last && crossed.len() < 10_000 {
-                    crossed.insert(d);
-                    d = d.saturating_add(DAY);
-                }
-            }
-        }
-        let damaged: BTreeSet<i64> = folders
-            .iter()
-            .filter(|(_, f)| f.mark.is_none() && matches!(f.meta, Some(Err(_))))
-            .filter_map(|(d, _)| crate::layout::parse_block_dir(d).map(|(_, lo, _)| lo.div_euclid(DAY) * DAY))
-            .collect();
         let mut halted = 0;
-        for (day, blocks) in days {
-            let end = day.saturating_add(DAY);
-            if end > until {
-                continue;
-            }
-            // A day on its way out is not worth compacting.
-            if blocks.iter().any(|(d, _)| expired.contains(d)) {
-                continue;
-            }
-            if let Some((whole_dir, whole)) = blocks.iter().find(|(_, m)| m.min_time == day && m.max_time == end) {
-                // Written before (a round cut short after the day block went up): what it
-                // lists as replaced is let go, once the day block reads back whole; anything
-                // else beside it stays.
-                let replaced = blocks
-                    .iter()
-                    .filter(|(d, _)| d != whole_dir && whole.compacted_from.iter().any(|s| s.dir == d.as_ref()))
-                    .count();
-                if replaced > 0 {
-                    let verified =
-                        async { BlockReader::open(self.objects.clone(), (*whole_dir).clone()).await?.verify().await };
-                    if let Err(e) = verified.await {
-                        halted += 1;
-                        tracing::error!(day, error = %e, "compaction halted for a day: its day block does not read back; the blocks it replaces are kept");
-                        round.halted.push(format!("day starting {day}: its day block does not read back: {e}"));
-                        continue;
-                    }
-                    // Verifying a day takes a while: the lease is checked again before marking.
-                    if let Some(other) = self.lease(clock()).await? {
-                        tracing::warn!(owner = %other, "the compaction lease was taken over during a round: stopping");
-                        round.elsewhere = Some(other);
-                        break;
-                    }
-                }
-                let mut others = 0;
-                for (dir, _) in blocks.iter().filter(|(d, _)| d != whole_dir) {
-                    if whole.compacted_from.iter().any(|s| s.dir == dir.as_ref()) {
-                        self.mark(dir, now_ms, "compacted into the day block").await?;
+        // Raw blocks, then each resolution of aggregates: compacted and expired alike.
+        for res in [0, strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR] {
+            let live: BTreeMap<&Path, &BlockMeta> = folders
+                .iter()
+                .filter(|(_, f)| f.mark.is_none())
+                .filter_map(|(d, f)| match &f.meta {
+                    Some(Ok(m)) if m.resolution_ms == res => Some((d, m)),
+                    _ => None,
+                })
+                .collect();
+            // 2. Retention, counted from the archive's progress when there is one (a clock
+            // that jumps ahead does not expire what was just archived).
+            let mut expired: BTreeSet<&Path> = BTreeSet::new();
+            if let Some(keep) = self.retention(res) {
+                let before = now_ms.min(until.unwrap_or(now_ms)).saturating_sub(ms(keep));
+                let why = format!("past the {} retention", resolution_dir(res));
+                for (dir, m) in &live {
+                    if m.max_time <= before {
+                        self.mark(dir, now_ms, &why).await?;
                         round.marked += 1;
-                    } else {
-                        others += 1;
+                        expired.insert(dir);
                     }
                 }
-                if others > 0 {
-                    round.skipped.push(format!("day starting {day}: {others} blocks beside its day block overlap it"));
-                }
-                continue;
             }
-            if blocks.len() < 2 {
-                continue;
-            }
-            if crossed.contains(&day) {
-                round.skipped.push(format!("day starting {day}: a block crosses into it"));
-                continue;
-            }
-            let mut ranges: Vec<(i64, i64)> = blocks.iter().map(|(_, m)| (m.min_time, m.max_time)).collect();
-            ranges.sort_unstable();
-            if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
-                round.skipped.push(format!("day starting {day}: its blocks overlap"));
-                continue;
-            }
-            let samples = blocks.iter().fold(0u64, |n, (_, m)| n.saturating_add(m.samples));
-            if samples > self.opts.max_day_samples {
-                round.skipped.push(format!(
-                    "day starting {day}: {samples} samples, over the budget of {}",
-                    self.opts.max_day_samples
-                ));
-                continue;
-            }
-            if damaged.contains(&day) {
-                halted += 1;
-                let why = format!("day starting {day}: a block of it is damaged (see `strata archive inspect`)");
-                tracing::error!(
-                    day,
-                    "compaction halted for a day: a block of it is damaged; its blocks are kept as they are"
-                );
-                round.halted.push(why);
-                continue;
-            }
-            // Still this compactor's bucket (a long round can outlast the lease).
-            if let Some(other) = self.lease(clock()).await? {
-                tracing::warn!(owner = %other, "the compaction lease was taken over during a round: stopping");
-                round.elsewhere = Some(other);
-                break;
-            }
-            match self.compact_day(day, &blocks, clock()).await {
-                Ok(()) => {
-                    // The day block went up under the lease; marking what it replaces waits
-                    // for the lease too (a new owner marks them, from the day block's list).
-                    if let Some(other) = self.lease(clock()).await? {
-                        tracing::warn!(owner = %other, "the compaction lease was taken over during a day: stopping");
-                        round.elsewhere = Some(other);
-                        break;
+            // 3. Days wholly archived with more than their day block in them.
+            let until = until.unwrap_or(i64::MIN);
+            let res_dir = resolution_dir(res);
+            let mut days: BTreeMap<i64, Vec<(&Path, &BlockMeta)>> = BTreeMap::new();
+            // Days that a block crosses into are left as they are: their day block would hold
+            // samples of a block it does not replace.
+            let mut crossed: BTreeSet<i64> = BTreeSet::new();
+            for (dir, m) in &live {
+                let day = m.min_time.div_euclid(DAY).saturating_mul(DAY);
+                if m.max_time <= day.saturating_add(DAY) {
+                    days.entry(day).or_default().push((dir, m));
+                } else {
+                    let last = m.max_time.saturating_sub(1).div_euclid(DAY).saturating_mul(DAY);
+                    let mut d = day;
+                    while d <= last && crossed.len() < 10_000 {
+                        crossed.insert(d);
+                        d = d.saturating_add(DAY);
                     }
-                    for (dir, _) in &blocks {
-                        self.mark(dir, now_ms, "compacted into the day block").await?;
-                        round.marked += 1;
-                    }
-                    self.metrics.compactions.inc();
-                    round.compacted.push(day);
                 }
-                Err(e) => {
+            }
+            let damaged: BTreeSet<i64> = folders
+                .iter()
+                .filter(|(_, f)| f.mark.is_none() && matches!(f.meta, Some(Err(_))))
+                .filter_map(|(d, _)| crate::layout::parse_block_dir(d))
+                .filter(|(r, ..)| *r == res_dir)
+                .map(|(_, lo, _)| lo.div_euclid(DAY) * DAY)
+                .collect();
+            for (day, blocks) in days {
+                let end = day.saturating_add(DAY);
+                if end > until {
+                    continue;
+                }
+                // A day on its way out is not worth compacting.
+                if blocks.iter().any(|(d, _)| expired.contains(d)) {
+                    continue;
+                }
+                if let Some((whole_dir, whole)) = blocks.iter().find(|(_, m)| m.min_time == day && m.max_time == end) {
+                    // Written before (a round cut short after the day block went up): what it
+                    // lists as replaced is let go, once the day block reads back whole; anything
+                    // else beside it stays.
+                    let replaced = blocks
+                        .iter()
+                        .filter(|(d, _)| d != whole_dir && whole.compacted_from.iter().any(|s| s.dir == d.as_ref()))
+                        .count();
+                    if replaced > 0 {
+                        let verified = async {
+                            BlockReader::open(self.objects.clone(), (*whole_dir).clone()).await?.verify().await
+                        };
+                        if let Err(e) = verified.await {
+                            halted += 1;
+                            tracing::error!(day, error = %e, "compaction halted for a day: its day block does not read back; the blocks it replaces are kept");
+                            round
+                                .halted
+                                .push(format!("{res_dir} day starting {day}: its day block does not read back: {e}"));
+                            continue;
+                        }
+                        // Verifying a day takes a while: the lease is checked again before marking.
+                        if let Some(other) = self.lease(clock()).await? {
+                            tracing::warn!(owner = %other, "the compaction lease was taken over during a round: stopping");
+                            round.elsewhere = Some(other);
+                            break;
+                        }
+                    }
+                    let mut others = 0;
+                    for (dir, _) in blocks.iter().filter(|(d, _)| d != whole_dir) {
+                        if whole.compacted_from.iter().any(|s| s.dir == dir.as_ref()) {
+                            self.mark(dir, now_ms, "compacted into the day block").await?;
+                            round.marked += 1;
+                        } else {
+                            others += 1;
+                        }
+                    }
+                    if others > 0 {
+                        round.skipped.push(format!(
+                            "{res_dir} day starting {day}: {others} blocks beside its day block overlap it"
+                        ));
+                    }
+                    continue;
+                }
+                if blocks.len() < 2 {
+                    continue;
+                }
+                if crossed.contains(&day) {
+                    round.skipped.push(format!("{res_dir} day starting {day}: a block crosses into it"));
+                    continue;
+                }
+                let mut ranges: Vec<(i64, i64)> = blocks.iter().map(|(_, m)| (m.min_time, m.max_time)).collect();
+                ranges.sort_unstable();
+                if ranges.windows(2).any(|w| w[1].0 < w[0].1) {
+                    round.skipped.push(format!("{res_dir} day starting {day}: its blocks overlap"));
+                    continue;
+                }
+                let samples = blocks.iter().fold(0u64, |n, (_, m)| n.saturating_add(m.samples));
+                if samples > self.opts.max_day_samples {
+                    round.skipped.push(format!(
+                        "{res_dir} day starting {day}: {samples} samples, over the budget of {}",
+                        self.opts.max_day_samples
+                    ));
+                    continue;
+                }
+                if damaged.contains(&day) {
                     halted += 1;
-                    tracing::error!(day, error = %e, "compaction halted for a day; its blocks are kept as they are");
-                    round.halted.push(format!("day starting {day}: {e}"));
+                    let why = format!(
+                        "{res_dir} day starting {day}: a block of it is damaged (see `strata archive inspect`)"
+                    );
+                    tracing::error!(
+                        day,
+                        "compaction halted for a day: a block of it is damaged; its blocks are kept as they are"
+                    );
+                    round.halted.push(why);
+                    continue;
                 }
+                // Still this compactor's bucket (a long round can outlast the lease).
+                if let Some(other) = self.lease(clock()).await? {
+                    tracing::warn!(owner = %other, "the compaction lease was taken over during a round: stopping");
+                    round.elsewhere = Some(other);
+                    break;
+                }
+                match self.compact_day(res, day, &blocks, clock()).await {
+                    Ok(()) => {
+                        // The day block went up under the lease; marking what it replaces waits
+                        // for the lease too (a new owner marks them, from the day block's list).
+                        if let Some(other) = self.lease(clock()).await? {
+                            tracing::warn!(owner = %other, "the compaction lease was taken over during a day: stopping");
+                            round.elsewhere = Some(other);
+                            break;
+                        }
+                        for (dir, _) in &blocks {
+                            self.mark(dir, now_ms, "compacted into the day block").await?;
+                            round.marked += 1;
+                        }
+                        self.metrics.compactions.inc();
+                        round.compacted.push(day);
+                    }
+                    Err(e) => {
+                        halted += 1;
+                        tracing::error!(day, error = %e, "compaction halted for a day; its blocks are kept as they are");
+                        round.halted.push(format!("{res_dir} day starting {day}: {e}"));
+                    }
+                }
+            }
+            if round.elsewhere.is_some() {
+                break;
             }
         }
         for why in &round.skipped {
@@ -353,11 +376,28 @@ impl Compactor {
         Ok(round)
     }
 
-    /// Writes the day block of `blocks`, checked against them before and after it goes up.
-    async fn compact_day(&self, day: i64, blocks: &[(&Path, &BlockMeta)], now_ms: i64) -> Result<(), ArchiveError> {
+    fn retention(&self, resolution: i64) -> Option<Duration> {
+        match resolution {
+            0 => self.opts.retention_raw,
+            strata_downsample::FIVE_MINUTES => self.opts.retention_5m,
+            strata_downsample::ONE_HOUR => self.opts.retention_1h,
+            _ => None,
+        }
+    }
+
+    /// Writes the day block of `blocks` (of `resolution`), checked against them before
+    /// and after it goes up.
+    async fn compact_day(
+        &self,
+        resolution: i64,
+        day: i64,
+        blocks: &[(&Path, &BlockMeta)],
+        now_ms: i64,
+    ) -> Result<(), ArchiveError> {
         let end = day.saturating_add(DAY);
         // Units and help as the blocks have them (not as the newest blocks do).
         let mut families = std::collections::HashMap::new();
+        let mut opened = Vec::with_capacity(blocks.len());
         for (dir, _) in blocks {
             let block = BlockReader::open(self.objects.clone(), (*dir).clone()).await?;
             for s in block.series() {
@@ -371,18 +411,25 @@ impl Compactor {
                     unit: s.unit.clone(),
                 });
             }
+            opened.push(block);
         }
-        // Every file read is checked against its checksum, and any failure fails the day.
-        // Exactly these blocks, listed once: a block landing meanwhile is not read into it.
-        let reader = ArchiveStore::over_blocks(
-            self.objects.clone(),
-            "compaction",
-            blocks.iter().map(|(d, m)| ((*d).clone(), (*m).clone())).collect(),
-            ArchiveStoreOptions { cache_chunk_bytes: 0, cache_window_bytes: 0, ..Default::default() },
-        );
-        let encoded = QueryScope::new(false, false)
-            .run(self.writer.encode_raw(&reader, day, end, day_gaps(blocks), Some(families)))
-            .await?;
+        let encoded = if resolution > 0 {
+            // Windows copied as they are, every file read checked against its checksum.
+            let opts = self.writer.options();
+            crate::merge::merge_aggregate_blocks(&opened, (day, end), day_gaps(blocks), &families, opts).await?
+        } else {
+            // Every file read is checked against its checksum, and any failure fails the
+            // day. Exactly these blocks, listed once: a block landing meanwhile is not read.
+            let reader = ArchiveStore::over_blocks(
+                self.objects.clone(),
+                "compaction",
+                blocks.iter().map(|(d, m)| ((*d).clone(), (*m).clone())).collect(),
+                ArchiveStoreOptions { cache_chunk_bytes: 0, cache_window_bytes: 0, ..Default::default() },
+            );
+            QueryScope::new(false, false)
+                .run(self.writer.encode_raw(&reader, day, end, day_gaps(blocks), Some(families)))
+                .await?
+        };
         let Some(mut block) = encoded else {
             return Err(ArchiveError::Invalid("its blocks read back empty".into()));
         };
@@ -736,7 +783,7 @@ mod tests {
             .filter(|(_, m)| m.max_time <= T0 + 24 * HOUR)
             .collect();
         let refs: Vec<(&Path, &BlockMeta)> = day.iter().map(|(d, m)| (d, m)).collect();
-        c.compact_day(T0, &refs, T0 + 26 * HOUR).await.unwrap();
+        c.compact_day(0, T0, &refs, T0 + 26 * HOUR).await.unwrap();
         // A day block damaged since lets go of nothing: the day halts.
         let data = crate::layout::block_dir(0, T0, T0 + 24 * HOUR).join(crate::layout::DATA);
         let good = objects.get(&data).await.unwrap().bytes().await.unwrap();
@@ -869,5 +916,77 @@ mod tests {
         let r = b.round(now + 16 * 60_000).await.unwrap();
         assert!(r.compacted.is_empty(), "{r:?}");
         assert_eq!(r.marked, 22, "{r:?}");
+    }
+
+    /// What the archive's 5 m and 1 h windows answer for a few leaves over the first day.
+    async fn from_aggregates(objects: &Arc<dyn ObjectStore>) -> Vec<Vec<(Labels, Vec<Option<u64>>)>> {
+        let store = ArchiveStore::new(
+            objects.clone(),
+            "t",
+            ArchiveStoreOptions { refresh: Duration::ZERO, ..Default::default() },
+        );
+        let mut out = Vec::new();
+        for (width, f, range) in [
+            (strata_downsample::FIVE_MINUTES, "avg_over_time", HOUR),
+            (strata_downsample::FIVE_MINUTES, "max_over_time", 300_000),
+            (strata_downsample::ONE_HOUR, "count_over_time", 3 * HOUR),
+        ] {
+            let m = vec![Matcher::new(strata_model::MatchOp::Equal, "__name__", "gpu_temp").unwrap()];
+            let mut req = strata_store::StepsRequest::new(m, (T0 + 3 * HOUR, T0 + 24 * HOUR, width), 300_000);
+            req.function = Some((f.to_string(), range));
+            req.resolution = width;
+            let got = store.steps(&req).await.unwrap().unwrap();
+            let bits = |v: Vec<Option<f64>>| v.into_iter().map(|x| x.map(f64::to_bits)).collect();
+            out.push(got.series.into_iter().map(|s| (s.labels, bits(s.values.to_options()))).collect());
+        }
+        out
+    }
+
+    #[tokio::test]
+    async fn aggregate_blocks_become_day_blocks_bit_for_bit_and_expire_by_their_own_retention() {
+        let (_dir, objects, source) = archived().await;
+        // The same hours' 5 m and 1 h blocks beside the raw ones, as the archiver writes them.
+        let writer = BlockWriter::new(objects.clone(), WriteOptions::default());
+        let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
+        for h in 0..26 {
+            let encoded = writer.encode_range(&source, T0 + h * HOUR, T0 + (h + 1) * HOUR, &widths, Vec::new(), None);
+            for a in encoded.await.unwrap().aggregates {
+                writer.publish(a).await.unwrap();
+            }
+        }
+        let before = from_aggregates(&objects).await;
+        assert!(before.iter().all(|leaf| leaf.len() == 2), "{before:?}");
+        let c = compactor(&objects, "a");
+        let now = T0 + 26 * HOUR + 60_000;
+        let r = c.round(now).await.unwrap();
+        assert_eq!((r.compacted.clone(), r.marked), (vec![T0, T0, T0], 72), "{r:?}");
+        assert_eq!(c.round(now + 16 * 60_000).await.unwrap().deleted, 72);
+        let blocks = list_blocks(objects.as_ref()).await.unwrap();
+        let days: Vec<(String, i64, i64, u64)> = blocks
+            .iter()
+            .map(|(d, m)| {
+                let m = m.as_ref().unwrap();
+                (d.parts().next().unwrap().as_ref().to_string(), m.min_time, m.max_time, m.raw_samples)
+            })
+            .filter(|b| b.1 == T0)
+            .collect();
+        assert_eq!(days.len(), 3, "{days:?}");
+        for (res, _, end, raw) in &days {
+            assert_eq!(*end, T0 + 24 * HOUR);
+            assert_eq!(*raw, if res == "raw" { 0 } else { 2 * 24 * 240 }, "{res}: raw samples summarised");
+        }
+        // The day blocks answer as the hours did, bit for bit.
+        assert_eq!(from_aggregates(&objects).await, before);
+        // 5 m blocks kept an hour past the archive's progress (T0 + 25 h), the rest for
+        // ever: the 5 m day block ends by T0 + 24 h and goes, nothing else.
+        let mut opts = CompactorOptions { owner: "a".into(), ..Default::default() };
+        opts.retention_5m = Some(Duration::from_secs(3600));
+        let c = Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), WriteOptions::default()), opts);
+        let r = c.round(now + 32 * 60_000).await.unwrap();
+        assert_eq!(r.marked, 1, "{r:?}");
+        let marked: Vec<Path> =
+            c.scan().await.unwrap().into_iter().filter(|(_, f)| f.mark.is_some()).map(|(d, _)| d).collect();
+        assert_eq!(marked.len(), 1);
+        assert!(marked[0].as_ref().starts_with("5m/"), "{marked:?}");
     }
 }

@@ -14,6 +14,7 @@ pub mod archiver;
 mod block_cache;
 pub mod compactor;
 pub mod layout;
+mod merge;
 pub mod meta;
 mod ranged;
 pub mod reader;

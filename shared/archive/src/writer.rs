@@ -249,7 +249,7 @@ pub struct EncodedRange {
 }
 
 /// One block's data file as series are added, and its series table.
-struct FileBuilder {
+pub(crate) struct FileBuilder {
     resolution: i64,
     start: i64,
     end: i64,
@@ -258,11 +258,12 @@ struct FileBuilder {
     series: Vec<SeriesRow>,
     rows: u64,
     doubles: u64,
-    raw_samples: u64,
+    /// An aggregate block: the raw samples its windows summarise.
+    pub(crate) raw_samples: u64,
 }
 
 impl FileBuilder {
-    fn new(resolution: i64, start: i64, end: i64, opts: &WriteOptions) -> Result<Self, ArchiveError> {
+    pub(crate) fn new(resolution: i64, start: i64, end: i64, opts: &WriteOptions) -> Result<Self, ArchiveError> {
         let dir = block_dir(resolution, start, end);
         let (schema, props) = match resolution {
             0 => (data_schema(), data_properties(opts)?),
@@ -298,7 +299,7 @@ impl FileBuilder {
     }
 
     /// A metric's series are all added: an aggregate block's row group is closed here.
-    fn metric_done(&mut self) -> Result<(), ArchiveError> {
+    pub(crate) fn metric_done(&mut self) -> Result<(), ArchiveError> {
         if self.resolution > 0 && self.writer.in_progress_rows() >= MIN_METRIC_ROWS {
             self.writer.flush().map_err(|e| self.failed(e))?;
         }
@@ -339,7 +340,23 @@ impl FileBuilder {
         self.series_done((labels, metric_type), span, (windows.len() as u64, got.len() as u64), opts)
     }
 
-    fn finish(
+    /// Windows read from aggregate blocks, written as they are (a merge of blocks); the
+    /// raw samples they summarise are the caller's to set.
+    pub(crate) fn add_read_windows(
+        &mut self,
+        labels: &Labels,
+        metric_type: MetricType,
+        windows: &[strata_downsample::Window],
+        kept: strata_downsample::Kept,
+        opts: &WriteOptions,
+    ) -> Result<(), ArchiveError> {
+        let (Some(first), Some(last)) = (windows.first(), windows.last()) else { return Ok(()) };
+        let batch = crate::aggregates::window_rows(self.series.len() as i64, windows, kept)?;
+        self.writer.write(&batch).map_err(|e| self.failed(e))?;
+        self.series_done((labels, metric_type), (first.end, last.end), (windows.len() as u64, 0), opts)
+    }
+
+    pub(crate) fn finish(
         self,
         gaps: Vec<String>,
         families: &HashMap<String, strata_model::Metadata>,
@@ -426,6 +443,10 @@ pub struct BlockWriter {
 impl BlockWriter {
     pub fn new(store: Arc<dyn ObjectStore>, opts: WriteOptions) -> Self {
         BlockWriter { store, opts }
+    }
+
+    pub(crate) fn options(&self) -> &WriteOptions {
+        &self.opts
     }
 
     /// The raw samples `source` holds in `[start, end)` as one block; `None` when it
