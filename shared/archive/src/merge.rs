@@ -12,6 +12,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use strata_downsample::Kept;
 use strata_model::{Labels, Metadata, MetricType};
 
+/// A series (by metric name, then labels) with its metric type and its id in each block.
+type Listed = BTreeMap<(String, Labels), (MetricType, Vec<Option<i64>>)>;
+
 /// Series read together: their windows of a day are held at once.
 const BATCH: usize = 1024;
 
@@ -30,7 +33,7 @@ pub(crate) async fn merge_aggregate_blocks(
     }
     // Every series of any block, metric by metric (a metric's series neighbours in the
     // file, as the writer keeps them), with its id in each block.
-    let mut all: BTreeMap<(String, Labels), (MetricType, Vec<Option<i64>>)> = BTreeMap::new();
+    let mut all: Listed = BTreeMap::new();
     for (bi, b) in blocks.iter().enumerate() {
         for (i, s) in b.series().iter().enumerate().filter(|(_, s)| s.samples > 0) {
             let name = s.labels.metric_name().unwrap_or_default().to_string();
