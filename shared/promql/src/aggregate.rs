@@ -32,13 +32,16 @@ pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
     if q > 1.0 {
         return f64::INFINITY;
     }
-    values.sort_by(|a, b| a.total_cmp(b));
     let n = values.len() as f64;
     let rank = q * (n - 1.0);
-    let lower = rank.floor().max(0.0) as usize;
-    let upper = (lower + 1).min(values.len() - 1);
+    let lower = (rank.floor().max(0.0) as usize).min(values.len() - 1);
     let w = rank - rank.floor();
-    values[lower] * (1.0 - w) + values[upper] * w
+    // The values at ranks `lower` and `lower + 1` of the sorted values, without sorting
+    // them all: a total order puts the same values there either way.
+    let (_, at_lower, above) = values.select_nth_unstable_by(lower, |a, b| a.total_cmp(b));
+    let at_lower = *at_lower;
+    let at_upper = above.iter().copied().min_by(|a, b| a.total_cmp(b)).unwrap_or(at_lower);
+    at_lower * (1.0 - w) + at_upper * w
 }
 
 /// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays
@@ -191,6 +194,17 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
     match op.as_str() {
         "topk" | "bottomk" | "limitk" => {
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
+            // A series' group never changes: numbered once, not hashed at every step.
+            let mut ids: HashMap<&Labels, usize> = HashMap::new();
+            let member: Vec<usize> = groups
+                .iter()
+                .map(|g| {
+                    let n = ids.len();
+                    *ids.entry(g).or_insert(n)
+                })
+                .collect();
+            let mut heaps: Vec<Option<KHeap>> = Vec::new();
+            heaps.resize_with(ids.len(), || None);
             // `i` is a step: it indexes a column of `keep` (`keep[series][step]`), not its rows.
             #[allow(clippy::needless_range_loop)]
             for i in 0..ev.steps {
@@ -202,10 +216,9 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                 let k = if k >= 1.0 { k.min(1e9) as usize } else { 0 };
                 // Prometheus keeps the k best in a heap per group, visiting series in order;
                 // replaying its heap exactly decides ties at the k-th place as it does.
-                let mut heaps: HashMap<&Labels, KHeap> = HashMap::new();
                 for (j, s) in input.iter().enumerate() {
                     let Some(x) = s.vals[i] else { continue };
-                    let heap = heaps.entry(&groups[j]).or_insert_with(|| KHeap::new(op.as_str() == "bottomk"));
+                    let heap = heaps[member[j]].get_or_insert_with(|| KHeap::new(op.as_str() == "bottomk"));
                     match op.as_str() {
                         "limitk" => {
                             if heap.items.len() < k {
@@ -215,7 +228,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
                         _ => heap.offer(k, (x, j)),
                     }
                 }
-                for heap in heaps.into_values() {
+                for heap in heaps.iter_mut().filter_map(Option::take) {
                     for (x, j) in heap.items {
                         keep[j][i] = Some(x);
                     }
@@ -526,6 +539,35 @@ fn ratio_hash(l: &Labels) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::KHeap;
+
+    /// The selection gives the sorted values' interpolation bit for bit, NaNs, signed
+    /// zeros, infinities and ties included.
+    #[test]
+    fn quantile_by_selection_equals_quantile_by_sorting() {
+        let pool = [f64::NAN, -f64::NAN, 0.0, -0.0, 1.5, -2.25, f64::INFINITY, f64::NEG_INFINITY, 7.0, 7.0, 1e300];
+        let mut seed = 7u64;
+        for n in 1..40 {
+            for _ in 0..50 {
+                let values: Vec<f64> = (0..n)
+                    .map(|_| {
+                        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                        pool[(seed >> 33) as usize % pool.len()]
+                    })
+                    .collect();
+                for q in [0.0, 0.1, 0.5, 0.9, 0.99, 1.0] {
+                    let mut sorted = values.clone();
+                    sorted.sort_by(|a, b| a.total_cmp(b));
+                    let rank = q * (n as f64 - 1.0);
+                    let lower = rank.floor() as usize;
+                    let upper = (lower + 1).min(n - 1);
+                    let w = rank - rank.floor();
+                    let want = sorted[lower] * (1.0 - w) + sorted[upper] * w;
+                    let got = super::quantile(q, &mut values.clone());
+                    assert_eq!(got.to_bits(), want.to_bits(), "{values:?} at {q}");
+                }
+            }
+        }
+    }
 
     fn kept(values: &[f64], k: usize, reverse: bool) -> Vec<usize> {
         let mut h = KHeap::new(reverse);
