@@ -70,21 +70,22 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
     };
     while start <= max {
         let end = start.saturating_add(block_ms);
-        if let Some(dir) = overlapping(0, start, end) {
-            eprintln!("\n  {dir} is already in the archive: left as it is, this file's samples in [{start}, {end}) not imported");
-            kept.insert(dir);
+        let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
+        // A range is written whole (raw and aggregates) or not at all: raw blocks beside
+        // aggregates that lack their samples would answer differently by resolution.
+        let there: Vec<String> = [0].iter().chain(&widths).filter_map(|&r| overlapping(r, start, end)).collect();
+        if !there.is_empty() {
+            eprintln!(
+                "\n  {} already in the archive: left as it is, this file's samples in [{start}, {end}) not imported",
+                there.join(", ")
+            );
+            kept.extend(there);
             start = end;
             continue;
         }
-        let widths = [strata_downsample::FIVE_MINUTES, strata_downsample::ONE_HOUR];
         let encoded = writer.encode_range(&source, start, end, &widths, Vec::new(), None).await?;
         // The aggregates first, as the archiver writes them.
         for a in encoded.aggregates {
-            if let Some(dir) = overlapping(a.meta.resolution_ms, start, end) {
-                eprintln!("\n  {dir} is already in the archive: left as it is, {} not written", a.dir);
-                kept.insert(dir);
-                continue;
-            }
             let meta = writer.publish(a).await?;
             agg_blocks += 1;
             *agg_bytes.entry(meta.resolution_ms).or_default() += meta.bytes();

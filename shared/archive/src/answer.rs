@@ -103,7 +103,7 @@ impl ArchiveStore {
         // past it (a `[1h]` range at the archive's first hour) is answered as raw data
         // would answer it. (The planner asks so only when no other store holds older data.)
         if let Some(first) = candidates.iter().find_map(|b| b.meta.as_ref().ok()) {
-            if first.min_time > p.from && self.nothing_held_in(p.from, first.min_time).await? {
+            if first.min_time > p.from && self.nothing_held_in(i64::MIN, first.min_time).await? {
                 covered = first.min_time;
             }
         }
@@ -177,6 +177,15 @@ impl ArchiveStore {
                 };
                 for (id, w) in got {
                     let w = BlockWindows { kept: w.kept, windows: w.windows.into() };
+                    // A whole block's windows are kept for later queries: they must be all
+                    // the series table lists (row groups skipped by crafted statistics
+                    // would otherwise leave windows out for as long as the cache holds it).
+                    let listed = b.series()[id as usize].samples;
+                    if whole && w.windows.len() as u64 != listed {
+                        let e =
+                            format!("series {id}: {} windows read, the series table lists {listed}", w.windows.len());
+                        return Err(unreadable(&e));
+                    }
                     if whole {
                         self.windows.insert(&block, id, w.clone());
                     }
@@ -225,6 +234,9 @@ impl ArchiveStore {
             let work = found.len().saturating_mul(p.steps);
             let parts = if work >= PARALLEL_WORK { threads } else { 1 };
             let size = found.len().div_ceil(parts).max(1);
+            if parts == 1 {
+                return Ok::<_, StoreError>(p.finish(one(&found)?));
+            }
             let answered: Vec<Result<Vec<StepsSeries>, StoreError>> = std::thread::scope(|scope| {
                 let handles: Vec<_> = found.chunks(size).map(|part| scope.spawn(move || one(part))).collect();
                 handles

@@ -315,6 +315,15 @@ impl Compactor {
                     round.skipped.push(format!("{res_dir} day starting {day}: its blocks overlap"));
                     continue;
                 }
+                // A day block of windows claims the whole day: its blocks must cover it (a
+                // day archived before aggregates were has hours without them).
+                let tiled = ranges.first().is_some_and(|r| r.0 == day)
+                    && ranges.last().is_some_and(|r| r.1 == end)
+                    && ranges.windows(2).all(|w| w[0].1 == w[1].0);
+                if res > 0 && !tiled {
+                    round.skipped.push(format!("{res_dir} day starting {day}: its blocks do not cover the whole day"));
+                    continue;
+                }
                 let samples = blocks.iter().fold(0u64, |n, (_, m)| n.saturating_add(m.samples));
                 if samples > self.opts.max_day_samples {
                     round.skipped.push(format!(
@@ -956,10 +965,18 @@ mod tests {
         }
         let before = from_aggregates(&objects).await;
         assert!(before.iter().all(|leaf| leaf.len() == 2), "{before:?}");
+        // An hour of the day without its 5 m block: that day is not compacted at 5 m.
+        let hour = crate::layout::block_dir(strata_downsample::FIVE_MINUTES, T0 + 5 * HOUR, T0 + 6 * HOUR);
+        let kept = objects.get(&hour.clone().join(META)).await.unwrap().bytes().await.unwrap();
+        objects.delete(&hour.clone().join(META)).await.unwrap();
+        let r = compactor(&objects, "a").round(T0 + 26 * HOUR).await.unwrap();
+        assert!(r.skipped.iter().any(|s| s.contains("5m day") && s.contains("whole day")), "{r:?}");
+        assert_eq!(r.compacted, vec![T0, T0], "raw and 1 h: {r:?}");
+        objects.put(&hour.clone().join(META), kept.into()).await.unwrap();
         let c = compactor(&objects, "a");
         let now = T0 + 26 * HOUR + 60_000;
         let r = c.round(now).await.unwrap();
-        assert_eq!((r.compacted.clone(), r.marked), (vec![T0, T0, T0], 72), "{r:?}");
+        assert_eq!((r.compacted.clone(), r.marked), (vec![T0], 24), "the 5 m day: {r:?}");
         assert_eq!(c.round(now + 16 * 60_000).await.unwrap().deleted, 72);
         let blocks = list_blocks(objects.as_ref()).await.unwrap();
         let days: Vec<(String, i64, i64, u64)> = blocks

@@ -176,6 +176,14 @@ impl BlockReader {
         if series.len() as u64 != meta.series {
             return Err(corrupt(&path, format!("{} series, the meta says {}", series.len(), meta.series)));
         }
+        // Planners trust the meta's oldest sample: it must be the series table's.
+        if let Some(first) = meta.first_sample {
+            let oldest = series.iter().filter(|s| s.samples > 0).map(|s| s.min_time).min();
+            if oldest != Some(first) {
+                let meta_path = dir.clone().join(META);
+                return Err(corrupt(&meta_path, format!("first sample {first}, the series table's {oldest:?}")));
+            }
+        }
         let mut by_name: HashMap<String, Vec<usize>> = HashMap::new();
         for (i, s) in series.iter().enumerate() {
             by_name.entry(s.labels.metric_name().unwrap_or_default().to_string()).or_default().push(i);

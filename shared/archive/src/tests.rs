@@ -598,3 +598,19 @@ async fn steps_reaching_back_before_the_archives_data_are_answered_from_aggregat
         other => panic!("answered though a block holds older data: {other:?}"),
     }
 }
+
+/// A meta whose oldest sample is not the series table's is damage, named, not a plan.
+#[tokio::test]
+async fn a_meta_lying_about_its_first_sample_is_damage() {
+    let (_dir, objects) = archived_fixture().await;
+    let blocks = crate::list_blocks(objects.as_ref()).await.unwrap();
+    let (dir, meta) = &blocks[0];
+    let mut meta = meta.as_ref().unwrap().clone();
+    let first = meta.first_sample.expect("a raw block records its first sample");
+    assert!(BlockReader::open(objects.clone(), dir.clone()).await.is_ok());
+    meta.first_sample = Some(first + 1);
+    let path = dir.clone().join(crate::layout::META);
+    objects.put(&path, serde_json::to_vec(&meta).unwrap().into()).await.unwrap();
+    let err = BlockReader::open(objects.clone(), dir.clone()).await.err().expect("refused");
+    assert!(err.to_string().contains("first sample") && err.to_string().contains("meta.json"), "{err}");
+}

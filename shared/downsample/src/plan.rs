@@ -88,7 +88,7 @@ impl ResolutionPlanner {
 
     /// The segments of the grid aggregates answer, coarsest first where several could,
     /// in step order; empty when none can.
-    pub(crate) fn plan(&self, req: &StepsRequest, cap: Option<i64>) -> Vec<Segment> {
+    pub(crate) fn plan(&self, req: &StepsRequest, cap: Option<i64>, before_data: bool) -> Vec<Segment> {
         let Some(leaf) = leaf_of(req) else { return Vec::new() };
         // Aggregates hold series without their replica labels: a selection by one cannot
         // be answered from them.
@@ -135,7 +135,7 @@ impl ResolutionPlanner {
             // empty everywhere: the aggregates answer the steps that reach back there as
             // raw data would (the first hour of an archive, a `[1h]` range at its start).
             let lo = match oldest_held(&targets) {
-                Some(oldest) if lo <= oldest => i64::MIN,
+                Some(oldest) if before_data && lo <= oldest => i64::MIN,
                 _ => lo,
             };
             // Raw data is there from the newest of the holders' oldest samples (a holder
@@ -345,11 +345,36 @@ impl Store for ResolutionPlanner {
         if req.resolution != 0 || !req.values || scope.max_source_resolution == Some(0) || !scope.dedup {
             return self.raw.steps(req).await;
         }
-        let segments = self.plan(req, scope.max_source_resolution);
-        if segments.is_empty() {
+        let cap = scope.max_source_resolution;
+        // Steps reaching back before any store's data planned from aggregates first; a
+        // holder that does not answer those (a regional) refuses, and the plan without
+        // them is asked instead.
+        let (extended, plain) = (self.plan(req, cap, true), self.plan(req, cap, false));
+        let spans = |s: &[Segment]| s.iter().map(|g| (g.width, g.first, g.last)).collect::<Vec<_>>();
+        if spans(&extended) != spans(&plain) {
+            if let Some(answer) = self.answer_planned(req, extended, true, &scope).await? {
+                return Ok(answer);
+            }
+        }
+        if plain.is_empty() {
             return self.raw.steps(req).await;
         }
-        let Some(n) = req.steps() else { return self.raw.steps(req).await };
+        Ok(self.answer_planned(req, plain, false, &scope).await?.flatten())
+    }
+}
+
+impl ResolutionPlanner {
+    /// The leaf's steps from `segments` of aggregates and raw data between them; `None`
+    /// when a holder refuses and `retry` (another plan is tried), `Some(None)` when the
+    /// engine is to select raw samples itself.
+    async fn answer_planned(
+        &self,
+        req: &StepsRequest,
+        segments: Vec<Segment>,
+        retry: bool,
+        scope: &QueryScope,
+    ) -> Result<Option<Option<Steps>>, StoreError> {
+        let Some(n) = req.steps() else { return self.raw.steps(req).await.map(Some) };
         // An aggregation over the leaf: each part's groups (a holder has every series of
         // each, the plan made sure), or, if a part cannot give them, none here and the
         // engine asks for the leaf next, which is planned the same way.
@@ -383,24 +408,27 @@ impl Store for ResolutionPlanner {
                         Some(s) if s.series.iter().all(|x| x.values.is_empty()) => {
                             parts.push((a, b - a, Steps { series: Vec::new(), ..s }, 0))
                         }
-                        _ => return Ok(None),
+                        _ => return Ok(Some(None)),
                     }
                 }
                 // No store evaluates the raw part: the engine selects samples for the leaf.
                 _ => {
-                    self.warn_if_past_raw(req, &segments, &scope);
-                    return Ok(None);
+                    self.warn_if_past_raw(req, &segments, scope);
+                    return Ok(Some(None));
                 }
             }
         }
         for seg in &segments {
             let started = std::time::Instant::now();
             let Some(agg) = self.ask_holders(req, seg).await else {
-                if grouped {
+                if retry {
                     return Ok(None);
                 }
-                self.warn_if_past_raw(req, &segments, &scope);
-                return self.raw.steps(req).await;
+                if grouped {
+                    return Ok(Some(None));
+                }
+                self.warn_if_past_raw(req, &segments, scope);
+                return self.raw.steps(req).await.map(Some);
             };
             tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "holders answered");
             parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
@@ -411,13 +439,13 @@ impl Store for ResolutionPlanner {
             if *len == n {
                 let (width, end) = (*width, req.start + (n as i64 - 1) * req.step);
                 scope.used_resolution(ResolutionUsed { leaf, resolution: width, start: req.start, end });
-                let Some((_, _, mut whole, _)) = parts.pop() else { return Ok(None) };
+                let Some((_, _, mut whole, _)) = parts.pop() else { return Ok(Some(None)) };
                 for list in [&mut whole.series, &mut whole.groups] {
                     if !list.is_sorted_by(|a, b| a.labels < b.labels) {
                         list.sort_by(|a, b| a.labels.cmp(&b.labels));
                     }
                 }
-                return Ok(Some(whole));
+                return Ok(Some(Some(whole)));
             }
         }
         let mut by: BTreeMap<Labels, Stitched> = BTreeMap::new();
@@ -465,7 +493,7 @@ impl Store for ResolutionPlanner {
         } else {
             out.series = stitched;
         }
-        Ok(Some(out))
+        Ok(Some(Some(out)))
     }
 }
 

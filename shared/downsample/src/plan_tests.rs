@@ -385,12 +385,24 @@ async fn steps_reaching_back_before_any_data_are_planned_from_aggregates() {
     );
     req.function = Some(("max_over_time".into(), ONE_HOUR));
     let first = |segments: &[crate::plan::Segment]| segments.iter().map(|g| g.first).min();
-    assert_eq!(first(&s.planner.plan(&req, None)), Some(0), "the first step reaches back before any data");
+    assert_eq!(first(&s.planner.plan(&req, None, true)), Some(0), "the first step reaches back before any data");
+    // A regional does not answer windows before its aggregates: the plan without those
+    // steps is asked then, and the aggregates still answer the rest.
+    let grid = (s.t0 + FIVE_MINUTES, s.t0 + 6 * ONE_HOUR, FIVE_MINUTES);
+    let scope = QueryScope::default();
+    let got = run(&s.planner, "max_over_time(temp[1h])", grid, scope.clone()).await;
+    assert_same(
+        "max_over_time(temp[1h])",
+        &run(&*s.reference, "max_over_time(temp[1h])", grid, QueryScope::default()).await,
+        &got,
+    );
+    let used = scope.resolutions();
+    assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES && u.start == grid.0 + 11 * FIVE_MINUTES), "{used:?}");
     // A store that may hold older data (or does not say when its data starts): the steps
     // reaching back before the aggregates are not planned from them.
     for min_time in [s.t0 - ONE_HOUR, i64::MIN] {
         regional.min_time = min_time;
         s.fanout.set_targets(vec![regional.clone()]);
-        assert_eq!(first(&s.planner.plan(&req, None)), Some(11), "min_time {min_time}");
+        assert_eq!(first(&s.planner.plan(&req, None, true)), Some(11), "min_time {min_time}");
     }
 }
