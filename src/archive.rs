@@ -45,11 +45,58 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
     );
     let (min, max) = (db.min_time(), db.max_time());
     anyhow::ensure!(min <= max, "{}: no samples", openmetrics.display());
+    let written = write_blocks(archive, &TsdbStore(db.clone()), (min, max), block_ms, true).await?;
+    println!(
+        "imported {} samples into {} raw blocks at {url}: {} bytes, {:.3} bytes per sample, in {:.1} s",
+        written.samples,
+        written.raw_blocks,
+        written.raw_bytes,
+        written.raw_bytes as f64 / written.samples.max(1) as f64,
+        started.elapsed().as_secs_f64()
+    );
+    for (width, b) in &written.aggregate_bytes {
+        println!(
+            "  and {} aggregate blocks: {} windows: {b} bytes, {:.3} bytes per raw sample",
+            written.aggregate_blocks,
+            strata_archive::layout::resolution_dir(*width),
+            *b as f64 / written.samples.max(1) as f64
+        );
+    }
+    anyhow::ensure!(
+        written.kept.is_empty(),
+        "{} blocks were already in the archive and were not written (this file's samples in their ranges not imported): {} (remove those blocks to import them)",
+        written.kept.len(),
+        written.kept.into_iter().collect::<Vec<_>>().join(", ")
+    );
+    Ok(())
+}
+
+/// What [`write_blocks`] wrote, and what it left alone.
+#[derive(Debug, Default)]
+pub struct Written {
+    pub raw_blocks: usize,
+    pub raw_bytes: u64,
+    pub samples: u64,
+    pub aggregate_blocks: usize,
+    /// Bytes of aggregate blocks per window width.
+    pub aggregate_bytes: BTreeMap<i64, u64>,
+    /// Blocks already in the archive over a range, whose range was therefore not written.
+    pub kept: std::collections::BTreeSet<String>,
+}
+
+/// Writes `source`'s samples in `[min, max]` to `archive` as raw, 5 m and 1 h blocks of
+/// `block_ms`, a range at a time, the aggregates before the raw block (as the archiver
+/// publishes them). A range where the archive already holds a block of any resolution is
+/// left whole (in [`Written::kept`]).
+pub async fn write_blocks(
+    archive: Arc<dyn strata_archive::ObjectStore>,
+    source: &dyn strata_store::Store,
+    (min, max): (i64, i64),
+    block_ms: i64,
+    progress: bool,
+) -> anyhow::Result<Written> {
     let writer = BlockWriter::new(archive.clone(), WriteOptions::default());
-    let source = TsdbStore(db.clone());
-    let (mut blocks, mut bytes, mut samples) = (0, 0u64, 0u64);
-    let (mut agg_blocks, mut agg_bytes) = (0, BTreeMap::<i64, u64>::new());
-    let mut kept = std::collections::BTreeSet::new();
+    let mut out = Written::default();
     // From the range before the first sample's when it sits on a range's start: its
     // window `(start − W, start]` is in that range's aggregate block.
     let mut start = min.saturating_sub(1).div_euclid(block_ms) * block_ms;
@@ -63,7 +110,7 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         .collect();
     // A block there that overlaps the range at the resolution (the archiver's, a compacted
     // day, an earlier import) is never written over nor beside: what it holds may not be in
-    // this file, and two blocks of one resolution over one time would answer twice.
+    // this source, and two blocks of one resolution over one time would answer twice.
     let overlapping = |resolution_ms: i64, start: i64, end: i64| -> Option<String> {
         let res = strata_archive::layout::resolution_dir(resolution_ms);
         existing.iter().find(|(r, lo, hi, _)| *r == res && *lo < end && *hi > start).map(|e| e.3.clone())
@@ -76,50 +123,34 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         let there: Vec<String> = [0].iter().chain(&widths).filter_map(|&r| overlapping(r, start, end)).collect();
         if !there.is_empty() {
             eprintln!(
-                "\n  {} already in the archive: left as it is, this file's samples in [{start}, {end}) not imported",
+                "\n  {} already in the archive: left as it is, the samples in [{start}, {end}) not imported",
                 there.join(", ")
             );
-            kept.extend(there);
+            out.kept.extend(there);
             start = end;
             continue;
         }
-        let encoded = writer.encode_range(&source, start, end, &widths, Vec::new(), None).await?;
-        // The aggregates first, as the archiver writes them.
+        let encoded = writer.encode_range(source, start, end, &widths, Vec::new(), None).await?;
         for a in encoded.aggregates {
             let meta = writer.publish(a).await?;
-            agg_blocks += 1;
-            *agg_bytes.entry(meta.resolution_ms).or_default() += meta.bytes();
+            out.aggregate_blocks += 1;
+            *out.aggregate_bytes.entry(meta.resolution_ms).or_default() += meta.bytes();
         }
         if let Some(raw) = encoded.raw {
             let meta = writer.publish(raw).await?;
-            blocks += 1;
-            bytes += meta.bytes();
-            samples += meta.samples;
-            eprint!("\r  wrote {blocks} blocks, {samples} samples");
+            out.raw_blocks += 1;
+            out.raw_bytes += meta.bytes();
+            out.samples += meta.samples;
+            if progress {
+                eprint!("\r  wrote {} blocks, {} samples", out.raw_blocks, out.samples);
+            }
         }
         start = end;
     }
-    eprintln!();
-    println!(
-        "imported {samples} samples into {blocks} raw blocks at {url}: {bytes} bytes, {:.3} bytes per sample, in {:.1} s",
-        bytes as f64 / samples.max(1) as f64,
-        started.elapsed().as_secs_f64()
-    );
-    for (width, b) in &agg_bytes {
-        println!(
-            "  and {} aggregate blocks: {} windows: {b} bytes, {:.3} bytes per raw sample",
-            agg_blocks,
-            strata_archive::layout::resolution_dir(*width),
-            *b as f64 / samples.max(1) as f64
-        );
+    if progress {
+        eprintln!();
     }
-    anyhow::ensure!(
-        kept.is_empty(),
-        "{} blocks were already in the archive and were not written (this file's samples in their ranges not imported): {} (remove those blocks to import them)",
-        kept.len(),
-        kept.into_iter().collect::<Vec<_>>().join(", ")
-    );
-    Ok(())
+    Ok(out)
 }
 
 /// Lists every block with what it holds, and what is damaged; exits non-zero when any is.
@@ -155,10 +186,12 @@ pub async fn inspect(url: &str) -> anyhow::Result<bool> {
                 Err(e) => Err(e),
             },
         };
+        // A shard's blocks (`shards/<name>/...`) say whose they are.
+        let shard = strata_archive::layout::shard_of(&dir).map(|s| format!(" (shard {s})")).unwrap_or_default();
         // An aggregate block: the raw samples its windows summarise, and bytes per one.
         match checked {
             Ok(m) => out!(
-                "{:<10} {:<24} {:<24} {:>9} {:>12} {:>12} {:>8.3}  ok{}",
+                "{:<10} {:<24} {:<24} {:>9} {:>12} {:>12} {:>8.3}  ok{}{shard}",
                 strata_archive::layout::resolution_dir(m.resolution_ms),
                 strata_rules::notifier::rfc3339(m.min_time),
                 strata_rules::notifier::rfc3339(m.max_time),

@@ -52,6 +52,20 @@ struct ArchiveFlags {
     /// MiB of series' decoded 5 m / 1 h windows the reader keeps for the next query (0: none).
     #[arg(long = "archive.window-cache-mb", default_value_t = 256)]
     archive_window_cache_mb: usize,
+    /// Archive one shard of the stores' series: `NAME={selector}` on external labels (for
+    /// example `eu={region="eu"}`), written under `shards/NAME/` with its own progress, so
+    /// that several globals split the work; the reader serves every shard.
+    #[arg(long = "archive.shard", value_parser = parse_shard)]
+    archive_shard: Option<Box<strata_global::ArchiveShard>>,
+}
+
+fn parse_shard(s: &str) -> Result<Box<strata_global::ArchiveShard>, String> {
+    let (name, selector) = s.split_once('=').ok_or("NAME={selector}, for example eu={region=\"eu\"}")?;
+    if !strata_archive::layout::valid_shard_name(name) {
+        return Err(format!("shard name {name:?}: letters, digits, `_`, `-` and `.` (not first), at most 64"));
+    }
+    let matchers = strata_promql::selector::parse_selector(selector).map_err(|e| format!("{selector}: {e}"))?;
+    Ok(Box::new(strata_global::ArchiveShard { name: name.to_string(), matchers }))
 }
 
 impl ArchiveFlags {
@@ -81,6 +95,7 @@ impl ArchiveFlags {
                 cache_window_bytes: self.archive_window_cache_mb.saturating_mul(1 << 20),
                 ..Default::default()
             },
+            shard: self.archive_shard.map(|s| *s),
         })
     }
 }

@@ -78,6 +78,17 @@ pub struct ArchiveOptions {
     pub archiver: strata_archive::ArchiverOptions,
     pub compactor: strata_archive::CompactorOptions,
     pub reader: strata_archive::ArchiveStoreOptions,
+    /// The one shard of the stores' series this global archives (several archivers split
+    /// the work by external labels); `None`: all of them.
+    pub shard: Option<ArchiveShard>,
+}
+
+/// A shard of the archive: the series matching `matchers` (on external labels), archived
+/// under `shards/<name>/`.
+#[derive(Debug, Clone)]
+pub struct ArchiveShard {
+    pub name: String,
+    pub matchers: Vec<strata_model::Matcher>,
 }
 
 impl GlobalOptions {
@@ -200,6 +211,18 @@ impl Global {
         };
         if !opts.replica_labels.is_empty() {
             cfg.replica_labels = opts.replica_labels.clone();
+        }
+        // The dedup takes the replica labels off before a shard's matchers are applied.
+        if let Some(m) = opts
+            .archive
+            .as_ref()
+            .and_then(|a| a.shard.as_ref())
+            .and_then(|s| s.matchers.iter().find(|m| cfg.replica_labels.contains(&m.name)))
+        {
+            return Err(GlobalError::Archive(strata_archive::ArchiveError::Invalid(format!(
+                "--archive.shard: {} is a replica label, which deduplicated series do not carry",
+                m.name
+            ))));
         }
         let (rules_cfg, rules_retention) = (cfg.rules.clone(), cfg.rules_retention);
         let (interval, replica_labels, store_timeout, prefer) =
@@ -325,10 +348,22 @@ impl Global {
             }
         };
         let (archiver, compactor) = match archive_objects {
-            Some((objects, a)) if !a.read_only => {
-                let source: Arc<dyn Store> = Arc::new(ReplicaDedup::new(live.clone(), rules_replicas.clone()));
+            Some((root, a)) if !a.read_only => {
+                let mut source: Arc<dyn Store> = Arc::new(ReplicaDedup::new(live.clone(), rules_replicas.clone()));
                 let coverage_of = stores.clone();
-                let coverage: strata_archive::archiver::CoverageFn = Arc::new(move || coverage_of.coverage());
+                // A shard's archiver reads its series alone, waits for its stores alone, and
+                // writes an archive of its own under the root.
+                let scope = a.shard.as_ref().map_or_else(Vec::new, |s| s.matchers.clone());
+                let coverage: strata_archive::archiver::CoverageFn =
+                    Arc::new(move || coverage_of.coverage_within(&scope));
+                let objects = match &a.shard {
+                    Some(shard) => {
+                        source = Arc::new(strata_store::Scoped::new(source, shard.matchers.clone()));
+                        strata_archive::shard_store(root.clone(), &shard.name)?
+                    }
+                    None => root.clone(),
+                };
+                strata_archive::check_sharding(root.as_ref(), a.shard.as_ref().map(|s| s.name.as_str())).await?;
                 let mut archiver_opts = a.archiver.clone();
                 archiver_opts.owner = format!("{}:{}:{}", host_name(), http_addr, std::process::id());
                 let writer = strata_archive::BlockWriter::new(objects.clone(), strata_archive::WriteOptions::default());

@@ -162,8 +162,18 @@ impl StoreSet {
     /// What the stores (not the archive) hold, for the archiver: a range is complete once
     /// every store answers and has data past its end.
     pub fn coverage(&self) -> Coverage {
+        self.coverage_within(&[])
+    }
+
+    /// [`coverage`](Self::coverage) over the stores whose label sets may hold series
+    /// matching `matchers` (a shard's), and those whose label sets are not known.
+    pub fn coverage_within(&self, matchers: &[strata_model::Matcher]) -> Coverage {
         let status = self.status();
-        let live: Vec<&StoreStatus> = status.iter().filter(|s| s.kind != ARCHIVE_KIND).collect();
+        let may_hold = |s: &&StoreStatus| {
+            s.label_sets.is_empty()
+                || s.label_sets.iter().any(|set| matchers.iter().all(|m| set.get(&m.name).is_none_or(|v| m.matches(v))))
+        };
+        let live: Vec<&StoreStatus> = status.iter().filter(|s| s.kind != ARCHIVE_KIND).filter(may_hold).collect();
         // An empty store says `i64::MIN`: it holds nothing to start from. A store that is
         // down counts with the range it last said it held, so its oldest data is visited.
         let holds = |s: &&&StoreStatus| s.min_time > i64::MIN && s.min_time <= s.max_time;

@@ -2,6 +2,7 @@
 //! issues. Each compares against its anchor in the same run where one exists.
 
 mod alert_latency;
+mod archive_month;
 mod attack;
 mod downsample;
 mod fleet_day;
@@ -245,6 +246,22 @@ pub enum BenchCommand {
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
         reps: u32,
     },
+    /// The archive reader's peak memory over a month of the fleet (simulated day by day and
+    /// written by the import's block writer), against the same reader over its first day.
+    ArchiveMonth {
+        /// GPUs simulated, the six fleet-day fields each (512: the fleet-day set's series).
+        #[arg(long, default_value_t = 512, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        gpus: u32,
+        /// Days of history, ending at the last midnight (UTC).
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=400))]
+        days: u32,
+        /// Seconds between samples.
+        #[arg(long, default_value_t = 15, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        interval: u64,
+        /// Keep the archive under this folder instead of a temporary one.
+        #[arg(long)]
+        keep: Option<PathBuf>,
+    },
     /// The fleet-day set's 5 m and 1 h window aggregates: bytes per raw sample per metric
     /// and per column, build and encode speed.
     Downsample {
@@ -304,6 +321,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Downsample { file, least_squares } => downsample::run(file, least_squares),
         BenchCommand::SeedScale { gpus, hours, interval, reps } => {
             seed_scale::run(gpus as usize, hours, interval, reps as usize).await
+        }
+        BenchCommand::ArchiveMonth { gpus, days, interval, keep } => {
+            archive_month::run(gpus as usize, days, interval, keep.as_deref()).await
         }
         BenchCommand::Global { series } => global_pair::fanout_memory(series).await,
         BenchCommand::GlobalServers { series, addr_file } => global_pair::serve_simulated_pair(series, &addr_file).await,

@@ -20,7 +20,7 @@ use strata_model::{Labels, Metadata, MetricType, Sample};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 
 /// The fleet-day benchmark's queries (`../shared/bench/queries.tsv`), each over the day.
-const QUERIES: [&str; 12] = [
+pub(super) const QUERIES: [&str; 12] = [
     "avg by (cluster) (avg_over_time(DCGM_FI_DEV_GPU_UTIL[5m]))",
     "max by (Hostname) (max_over_time(DCGM_FI_DEV_GPU_TEMP[5m]))",
     "sum by (cluster) (rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION[5m])) / 1000",
@@ -36,7 +36,7 @@ const QUERIES: [&str; 12] = [
 ];
 
 /// The six fields, as dcgm-exporter types them.
-const FIELDS: [(&str, MetricType); 6] = [
+pub(super) const FIELDS: [(&str, MetricType); 6] = [
     ("DCGM_FI_DEV_GPU_UTIL", MetricType::Gauge),
     ("DCGM_FI_DEV_GPU_TEMP", MetricType::Gauge),
     ("DCGM_FI_DEV_POWER_USAGE", MetricType::Gauge),
@@ -49,7 +49,7 @@ const DAY_MS: i64 = 86_400_000;
 
 /// Labels of field `f` of GPU `g`: eight GPUs a node, 250 nodes a cluster, a namespace per
 /// GPU (its job's team).
-fn labels(g: usize, f: usize) -> Labels {
+pub(super) fn labels(g: usize, f: usize) -> Labels {
     let (node, dev) = (g / 8, g % 8);
     let uuid = Rng((g as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1).next();
     Labels::from_pairs([
@@ -68,7 +68,7 @@ fn labels(g: usize, f: usize) -> Labels {
 
 /// The next value of field `f` from `v` (DCGM-like: integer gauges that drift, power in
 /// milliwatt-exact watts, an energy counter in mJ, XID errors mostly 0).
-fn next_value(f: usize, v: f64, r: u64) -> f64 {
+pub(super) fn next_value(f: usize, v: f64, r: u64) -> f64 {
     match f {
         0 => (v + (r % 21) as f64 - 10.0).clamp(0.0, 100.0),
         1 => (v + (r % 3) as f64 - 1.0).clamp(28.0, 92.0),

@@ -240,6 +240,98 @@ pub(crate) mod global {
         archive_edges_once(dir.path(), &arch, &[]);
     }
 
+    /// Two clusters' edges, each cluster archived by a global of its own
+    /// (`--archive.shard`) into one archive; a global on the archive alone answers for both
+    /// as the edges do, and a global that would archive the whole bucket beside the shards
+    /// refuses to start.
+    #[test]
+    fn two_globals_archive_a_shard_each_and_one_reader_serves_both() {
+        let dir = tempfile::tempdir().unwrap();
+        let arch = dir.path().join("archive").display().to_string();
+        let (mut edge_0, base_0, grpc_0) = crate::global::edge_of(dir.path(), "c0", "a", &[]);
+        let (mut edge_1, base_1, grpc_1) = crate::global::edge_of(dir.path(), "c1", "a", &[]);
+        let now = now_ms();
+        let first = (now - 5 * HOUR / 2) / 15_000 * 15_000;
+        for (base, offset) in [(&base_0, 0.0), (&base_1, 100.0)] {
+            let series: Vec<Series> = (0..2)
+                .map(|gpu| {
+                    let labels = vec![("__name__".into(), "gpu_temp".into()), ("gpu".into(), gpu.to_string())];
+                    let samples = (0..).map(|k| first + k * 15_000).take_while(|t| *t < now - 60_000);
+                    let value = move |t: i64| offset + 40.0 + ((t / 15_000) % 17) as f64 + gpu as f64;
+                    (labels, samples.map(|t| (t, value(t))).collect())
+                })
+                .collect();
+            remote_write_all(base, &series);
+        }
+        let cfg_path = dir.path().join("global.yml");
+        std::fs::write(&cfg_path, format!("stores: ['{grpc_0}', '{grpc_1}']\ninfo_interval: 1s\n")).unwrap();
+        let cfg_path = cfg_path.display().to_string();
+        let flags = |shard: &'static str| -> Vec<String> {
+            let mut f: Vec<String> = ["--config", &cfg_path, "--archive", &arch, "--archive.block", "1h"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+            f.extend(["--archive.settle", "1s", "--archive.interval", "1s"].map(String::from));
+            f.extend(["--archive.shard".to_string(), shard.to_string()]);
+            f
+        };
+        let complete = (now / HOUR - first / HOUR) as f64;
+        let mut globals = Vec::new();
+        for (name, shard) in [("global-c0", r#"c0={cluster="c0"}"#), ("global-c1", r#"c1={cluster="c1"}"#)] {
+            let f = flags(shard);
+            let args: Vec<&str> = f.iter().map(String::as_str).collect();
+            let (p, base) = global_with(dir.path(), name, &args, &[]);
+            globals.push((p, base));
+        }
+        for (_, base) in &globals {
+            let written = wait_metric(base, "strata_archive_blocks_written_total", complete, Duration::from_secs(90));
+            assert_eq!(written, complete, "{}", metrics(base));
+        }
+        // Each shard's blocks hold its cluster's two series, under its own folder.
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_strata")).args(["archive", "inspect", &arch]).output();
+        let listing = String::from_utf8_lossy(&out.unwrap().stdout).into_owned();
+        for shard in ["c0", "c1"] {
+            let blocks: Vec<&str> =
+                listing.lines().filter(|l| l.starts_with("raw ") && l.ends_with(&format!("(shard {shard})"))).collect();
+            assert_eq!(blocks.len() as f64, complete, "{shard}: {listing}");
+            assert!(blocks.iter().all(|l| l.split_whitespace().nth(3) == Some("2")), "two series: {listing}");
+        }
+        assert!(std::path::Path::new(&arch).join("shards/c0/progress/raw.json").exists());
+
+        // One reader of the root: both clusters, as the edges answer.
+        let (from, to) = (first / HOUR * HOUR + HOUR, now / HOUR * HOUR - 60_000);
+        let (mut reader, reader_base) =
+            global_with(dir.path(), "global-archive", &["--archive", &arch, "--archive.read-only"], &[]);
+        for q in ["gpu_temp", "sum by (cluster) (avg_over_time(gpu_temp[10m]))"] {
+            let live = range(&globals[0].1, q, from, to);
+            let archived = range(&reader_base, q, from, to);
+            assert_eq!(archived.as_array().map(Vec::len), Some(if q == "gpu_temp" { 4 } else { 2 }), "{q}");
+            assert_eq!(archived, live, "{q}: the archive's shards answer as the edges do");
+        }
+        reader.terminate();
+
+        // Archiving the whole bucket beside its shards is refused at start, saying why.
+        let http = format!("127.0.0.1:{}", free_port());
+        let whole = ["global", "--http-listen", &http, "--config", &cfg_path, "--archive", &arch];
+        let mut p = Proc::strata(&whole, dir.path(), "global-whole");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = p.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "a global archiving the whole bucket beside its shards kept running");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        assert!(!status.success());
+        let log = std::fs::read_to_string(&p.log).unwrap();
+        assert!(log.contains("archived in shards"), "{log}");
+        for (mut g, _) in globals {
+            g.terminate();
+        }
+        edge_0.terminate();
+        edge_1.terminate();
+    }
+
     /// A global with `extra` arguments and environment, waited for.
     fn global_with(dir: &std::path::Path, name: &str, args: &[&str], env: &[(&str, &str)]) -> (Proc, String) {
         let http = format!("127.0.0.1:{}", free_port());

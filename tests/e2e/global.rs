@@ -15,15 +15,23 @@ pub(crate) fn edge(dir: &std::path::Path, replica: &str) -> (Proc, String, Strin
 
 /// An edge of cluster `c0` with replica label `replica`, started with `extra` arguments.
 fn edge_with(dir: &std::path::Path, replica: &str, extra: &[&str]) -> (Proc, String, String) {
-    let cfg = dir.join(format!("edge-{replica}.yml"));
-    let text = format!("global:\n  external_labels:\n    cluster: c0\n    replica: {replica}\nscrape_configs: []\n");
+    edge_of(dir, "c0", replica, extra)
+}
+
+/// An edge of `cluster` with replica label `replica`, started with `extra` arguments.
+pub(crate) fn edge_of(dir: &std::path::Path, cluster: &str, replica: &str, extra: &[&str]) -> (Proc, String, String) {
+    // Files as before for cluster c0; the other clusters' beside them.
+    let name = if cluster == "c0" { replica.to_string() } else { format!("{cluster}-{replica}") };
+    let cfg = dir.join(format!("edge-{name}.yml"));
+    let text =
+        format!("global:\n  external_labels:\n    cluster: {cluster}\n    replica: {replica}\nscrape_configs: []\n");
     std::fs::write(&cfg, text).unwrap();
-    let data = dir.join(format!("data-{replica}"));
+    let data = dir.join(format!("data-{name}"));
     let (http, grpc) = (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
     let (cfg, data) = (cfg.display().to_string(), data.display().to_string());
     let mut args = vec!["edge", "--config", &cfg, "--data", &data, "--http-listen", &http, "--grpc-listen", &grpc];
     args.extend_from_slice(extra);
-    let mut p = Proc::strata(&args, dir, &format!("edge-{replica}"));
+    let mut p = Proc::strata(&args, dir, &format!("edge-{name}"));
     wait_ready(&format!("http://{http}/-/ready"), &mut p, Duration::from_secs(30));
     (p, format!("http://{http}"), grpc)
 }

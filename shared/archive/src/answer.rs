@@ -5,6 +5,7 @@
 //! leaving windows out: the planner then reads raw data, which says what it lacks.
 
 use crate::block_cache::BlockWindows;
+use crate::layout::shard_of;
 use crate::store::{ArchiveStore, OPEN_AT_ONCE};
 use crate::ArchiveError;
 use std::borrow::Cow;
@@ -70,10 +71,10 @@ impl Gathered {
 }
 
 impl ArchiveStore {
-    /// Whether no block of any resolution may hold a sample in `(from, to]`; a block
-    /// whose meta cannot be read counts by its folder's range, or as holding anything.
-    async fn nothing_held_in(&self, from: i64, to: i64) -> Result<bool, StoreError> {
-        for b in self.listed().await? {
+    /// Whether no block of `shard`, of any resolution, may hold a sample in `(from, to]`;
+    /// a block whose meta cannot be read counts by its folder's range, or as holding anything.
+    async fn nothing_held_in(&self, shard: &Option<String>, from: i64, to: i64) -> Result<bool, StoreError> {
+        for b in self.listed().await?.iter().filter(|b| shard_of(&b.dir) == *shard) {
             // The sample times a block may hold, inclusive.
             let (oldest, newest) = match &b.meta {
                 Ok(m) if m.resolution_ms == 0 => (m.first_sample.unwrap_or(m.min_time), m.max_time.saturating_sub(1)),
@@ -95,30 +96,38 @@ impl ArchiveStore {
         let width = req.resolution;
         let p = prepare(req, width).map_err(store_error)?;
         let candidates = self.candidates(width, p.from, p.last).await?;
-        // The blocks must cover every window the grid reads, without a break: a block
-        // missing in the middle (a range archived before aggregates were, one being
-        // written again) would leave its windows out in silence. Then raw data answers.
-        let mut covered = p.from;
-        // Before the archive's oldest data every window is empty: a grid reaching back
-        // past it (a `[1h]` range at the archive's first hour) is answered as raw data
-        // would answer it. (The planner asks so only when no other store holds older data.)
-        if let Some(first) = candidates.iter().find_map(|b| b.meta.as_ref().ok()) {
-            if first.min_time > p.from && self.nothing_held_in(i64::MIN, first.min_time).await? {
-                covered = first.min_time;
-            }
+        // Each shard's blocks (archivers that split the series by external labels write one
+        // each) must cover every window the grid reads, without a break: a block missing in
+        // the middle (a range archived before aggregates were, one being written again, a
+        // shard whose archiver is behind) would leave its windows out in silence. Then raw
+        // data answers.
+        let mut shards: BTreeSet<Option<String>> = self.listed().await?.iter().map(|b| shard_of(&b.dir)).collect();
+        if shards.is_empty() {
+            shards.insert(None);
         }
-        for b in &candidates {
-            let Ok(m) = &b.meta else { continue };
-            if m.min_time > covered {
-                break;
+        for shard in &shards {
+            let mine: Vec<&crate::store::Listed> = candidates.iter().filter(|b| shard_of(&b.dir) == *shard).collect();
+            let mut covered = p.from;
+            // Before the shard's oldest data every window is empty: a grid reaching back
+            // past it (a `[1h]` range at the archive's first hour) is answered as raw data
+            // would answer it. (The planner asks so only when no other store holds older data.)
+            let first = mine.iter().find_map(|b| b.meta.as_ref().ok()).map_or(i64::MAX, |m| m.min_time);
+            if first > p.from && self.nothing_held_in(shard, i64::MIN, first.min(p.last)).await? {
+                covered = first.min(p.last);
             }
-            covered = covered.max(m.max_time);
-        }
-        if covered < p.last {
-            return Err(StoreError::InvalidRequest(format!(
-                "from aggregates: no {} ms aggregate block holds the windows ending after {covered} ms",
-                width
-            )));
+            for b in &mine {
+                let Ok(m) = &b.meta else { continue };
+                if m.min_time > covered {
+                    break;
+                }
+                covered = covered.max(m.max_time);
+            }
+            if covered < p.last {
+                let of = shard.as_ref().map(|s| format!(" of shard {s}")).unwrap_or_default();
+                return Err(StoreError::InvalidRequest(format!(
+                    "from aggregates: no {width} ms aggregate block{of} holds the windows ending after {covered} ms"
+                )));
+            }
         }
         let mut found: BTreeMap<Labels, Gathered> = BTreeMap::new();
         let mut read = 0u64;
@@ -198,7 +207,19 @@ impl ArchiveStore {
                     if first >= past {
                         continue;
                     }
-                    read = read.saturating_add((past - first) as u64);
+                    // Only the windows some step reads are held when they are few (a step
+                    // longer than the range): a month at step 1 h over 5 m windows would
+                    // otherwise hold every block's windows, twelve times what it reads.
+                    let needed = w.windows[first..past].iter().filter(|x| p.reads(x.end)).count();
+                    let (windows, range) = match needed.saturating_mul(2) < past - first {
+                        true => {
+                            let some: Arc<[Window]> =
+                                w.windows[first..past].iter().filter(|x| p.reads(x.end)).copied().collect();
+                            (some, 0..needed)
+                        }
+                        false => (w.windows, first..past),
+                    };
+                    read = read.saturating_add(range.len() as u64);
                     if read > req.limits.max_samples {
                         return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
                     }
@@ -206,7 +227,7 @@ impl ArchiveStore {
                     found
                         .entry(s.labels.clone())
                         .or_insert_with(|| Gathered { metric_type: s.metric_type, kept: Kept::ALL, parts: Vec::new() })
-                        .add(w.kept, w.windows, first..past);
+                        .add(w.kept, windows, range);
                 }
             }
         }

@@ -3,6 +3,10 @@
 //! Paths sort by resolution, then time, so DuckDB's globs (`raw/2026-12-01/*/data.parquet`)
 //! and any pruning by path work, and a block's name is its range: written twice, a range
 //! lands on the same objects.
+//!
+//! Archivers that split the work by external labels each write a shard, a whole archive of
+//! its own under `shards/<name>/` (its blocks, progress record, claims and compaction
+//! lease); a reader of the root reads every shard beside the root's own blocks.
 
 use object_store::path::Path;
 
@@ -30,10 +34,38 @@ pub fn block_dir(resolution_ms: i64, start: i64, end: i64) -> Path {
     Path::from(format!("{}/{}/{start}-{end}", resolution_dir(resolution_ms), day(start)))
 }
 
-/// `(resolution, start, end)` from a block folder `<resolution>/<day>/<start>-<end>`: what
-/// a block holds when its meta cannot be read.
+/// The folder of the shards.
+pub const SHARDS: &str = "shards";
+
+/// Whether `name` may name a shard: its folder's name, so letters, digits, `_`, `-` and
+/// `.` (not first), at most 64.
+pub fn valid_shard_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && !name.starts_with('.')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// Where shard `name` keeps its archive.
+pub fn shard_root(name: &str) -> Path {
+    Path::from(format!("{SHARDS}/{name}"))
+}
+
+/// The shard a path is in (`shards/<name>/...`); `None` for the root's own objects.
+pub fn shard_of(path: &Path) -> Option<String> {
+    let mut parts = path.parts();
+    match (parts.next(), parts.next()) {
+        (Some(first), Some(name)) if first.as_ref() == SHARDS => Some(name.as_ref().to_string()),
+        _ => None,
+    }
+}
+
+/// `(resolution, start, end)` from a block folder `[shards/<name>/]<resolution>/<day>/<start>-<end>`:
+/// what a block holds when its meta cannot be read.
 pub fn parse_block_dir(dir: &Path) -> Option<(String, i64, i64)> {
-    let parts: Vec<_> = dir.parts().collect();
+    let mut parts: Vec<_> = dir.parts().collect();
+    if parts.len() == 5 && parts[0].as_ref() == SHARDS && valid_shard_name(parts[1].as_ref()) {
+        parts.drain(..2);
+    }
     let [res, _, name] = parts.as_slice() else { return None };
     let (lo, hi) = name.as_ref().split_once('-')?;
     Some((res.as_ref().to_string(), lo.parse().ok()?, hi.parse().ok()?))
@@ -55,5 +87,12 @@ mod tests {
         assert_eq!(resolution_dir(3_600_000), "1h");
         assert_eq!(parse_block_dir(&p), Some(("raw".into(), 1_796_342_400_000, 1_796_349_600_000)));
         assert_eq!(parse_block_dir(&Path::from("raw/x")), None);
+        let sharded = shard_root("c0").join("raw").join("2026-12-04").join("1-2");
+        assert_eq!(parse_block_dir(&sharded), Some(("raw".into(), 1, 2)));
+        assert_eq!(shard_of(&sharded).as_deref(), Some("c0"));
+        assert_eq!(shard_of(&p), None);
+        assert_eq!(parse_block_dir(&Path::from("other/c0/raw/2026-12-04/1-2")), None);
+        assert!(valid_shard_name("eu-west.1") && !valid_shard_name(".x") && !valid_shard_name("a/b"));
+        assert!(!valid_shard_name("") && !valid_shard_name(&"x".repeat(65)));
     }
 }

@@ -18,6 +18,8 @@ mod merge;
 pub mod meta;
 mod ranged;
 pub mod reader;
+#[cfg(test)]
+mod shard_tests;
 pub mod store;
 #[cfg(test)]
 mod tests;
@@ -107,6 +109,53 @@ pub fn archive_store(url: &str, create: bool) -> Result<Arc<dyn ObjectStore>, Ar
     }
     let store = object_store::local::LocalFileSystem::new_with_prefix(&path).map_err(|e| failed(&e))?;
     Ok(Arc::new(store))
+}
+
+/// The archive of shard `name` under `root` (`shards/<name>/`): an archiver and compactor
+/// of one shard work on it as on a whole archive of their own.
+pub fn shard_store(root: Arc<dyn ObjectStore>, name: &str) -> Result<Arc<dyn ObjectStore>, ArchiveError> {
+    if !layout::valid_shard_name(name) {
+        return Err(ArchiveError::Invalid(format!(
+            "shard name {name:?}: letters, digits, `_`, `-` and `.` (not first), at most 64"
+        )));
+    }
+    Ok(Arc::new(object_store::prefix::PrefixStore::new(root, layout::shard_root(name))))
+}
+
+/// Refuses to archive a bucket both whole and in shards: each would write every series of
+/// a shard again beside the other. `shard`: the shard this archiver would write, `None`
+/// for the whole. Told by the progress records (`progress/raw.json`, at the root and in
+/// each shard).
+pub async fn check_sharding(root: &dyn ObjectStore, shard: Option<&str>) -> Result<(), ArchiveError> {
+    let listing =
+        |e: object_store::Error| ArchiveError::Object { object: layout::SHARDS.into(), reason: e.to_string() };
+    match shard {
+        Some(name) => match archiver::read_progress(root).await? {
+            Some(_) => Err(ArchiveError::Invalid(format!(
+                "the archive is archived whole ({}): an archiver of shard {name} would write its series a second time",
+                archiver::PROGRESS
+            ))),
+            None => Ok(()),
+        },
+        None => {
+            // The shards' folders, then each one's record: not every object of every shard.
+            let prefix = object_store::path::Path::from(layout::SHARDS);
+            let listed = root.list_with_delimiter(Some(&prefix)).await.map_err(listing)?;
+            for folder in listed.common_prefixes {
+                let record = folder.clone().join("progress").join("raw.json");
+                match root.head(&record).await {
+                    Ok(_) => {
+                        return Err(ArchiveError::Invalid(format!(
+                            "the archive is archived in shards ({record}): an archiver of the whole would write their series a second time (give --archive.shard)"
+                        )))
+                    }
+                    Err(object_store::Error::NotFound { .. }) => {}
+                    Err(e) => return Err(ArchiveError::Object { object: record.to_string(), reason: e.to_string() }),
+                }
+            }
+            Ok(())
+        }
+    }
 }
 
 impl ArchiveError {

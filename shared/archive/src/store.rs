@@ -14,7 +14,7 @@
 use crate::block_cache::{ChunkCache, WindowCache};
 use crate::compactor::DELETION_MARK;
 use crate::layout::META;
-use crate::layout::{parse_block_dir, resolution_dir};
+use crate::layout::{parse_block_dir, resolution_dir, shard_of};
 use crate::meta::BlockMeta;
 use crate::reader::{read_meta, ArchivedSeries, BlockReader};
 use crate::ArchiveError;
@@ -195,6 +195,47 @@ impl ArchiveStore {
             }
         }
         Ok(out)
+    }
+
+    /// Per shard (`None`: the root's own blocks) of the listed blocks of `resolution_ms`,
+    /// the newest time it holds, when the blocks come from more than one: where each
+    /// shard's archiver has got to.
+    pub(crate) async fn shard_ends(&self, resolution_ms: i64) -> Result<BTreeMap<Option<String>, i64>, StoreError> {
+        let mut ends: BTreeMap<Option<String>, i64> = BTreeMap::new();
+        for b in self.listed().await? {
+            let Ok(m) = &b.meta else { continue };
+            if m.resolution_ms == resolution_ms {
+                let e = ends.entry(shard_of(&b.dir)).or_insert(m.max_time);
+                *e = (*e).max(m.max_time);
+            }
+        }
+        if ends.len() < 2 {
+            ends.clear();
+        }
+        Ok(ends)
+    }
+
+    /// A warning for every shard whose raw blocks end before `end` while another's go on:
+    /// its series are missing from the answer after that (its archiver is behind).
+    async fn warn_shards_behind(&self, end: i64) -> Result<(), StoreError> {
+        let ends = self.shard_ends(0).await?;
+        let Some(&furthest) = ends.values().max() else { return Ok(()) };
+        for (shard, &until) in &ends {
+            // The block ranges are half-open: `until` is past the newest sample held.
+            if until <= end && until < furthest {
+                let name = shard.as_deref().unwrap_or("(root)");
+                let message = format!(
+                    "archive {}: shard {name} is archived only up to {until} ms: its series are missing after that",
+                    self.name
+                );
+                let scope = QueryScope::current();
+                if !scope.partial_response {
+                    return Err(StoreError::Unavailable(message));
+                }
+                scope.warn(message);
+            }
+        }
+        Ok(())
     }
 
     /// A block, opened or from the cache (a cached one whose meta differs from the
@@ -381,6 +422,7 @@ impl Store for ArchiveStore {
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
         let candidates = self.candidates(0, req.start, req.end).await?;
+        self.warn_shards_behind(req.end).await?;
         let mut found: BTreeMap<Labels, SeriesBuilder> = BTreeMap::new();
         let mut read = 0u64;
         for some in candidates.chunks(OPEN_AT_ONCE) {

@@ -30,6 +30,8 @@ pub struct Prepared {
     pub last: i64,
     pub steps: usize,
     width: i64,
+    /// How far before a step its range (or lookback) reaches.
+    reach: i64,
 }
 
 /// Checks that `req` (a leaf, no aggregation over it) is answered exactly from windows
@@ -57,10 +59,30 @@ pub fn prepare(req: &StepsRequest, width: i64) -> Result<Prepared, AnswerError> 
     let last = req.end.saturating_sub(req.offset);
     let first = req.start.saturating_sub(req.offset).saturating_sub(reach);
     let from = first.div_euclid(width).saturating_mul(width);
-    Ok(Prepared { leaf, grid, from, last, steps, width })
+    Ok(Prepared { leaf, grid, from, last, steps, width, reach })
 }
 
 impl Prepared {
+    /// Whether some step reads the window ending at `end`: a step `t` reads those ending
+    /// in `(t − reach, t]` (the start rounded down to a window edge). A grid whose step is
+    /// longer than its range reads a few windows of each step's, and a caller that gathers
+    /// windows over a long span keeps only those.
+    pub fn reads(&self, end: i64) -> bool {
+        if end <= self.from || end > self.last {
+            return false;
+        }
+        let first = self.grid.start.saturating_sub(self.grid.offset);
+        // The first step at or after `end`: the one whose range reaches back furthest
+        // past it.
+        let k = match self.grid.step {
+            step if step > 0 => end.saturating_sub(first).max(0).saturating_add(step - 1) / step,
+            _ => 0,
+        };
+        let t = first.saturating_add(k.saturating_mul(self.grid.step.max(0)));
+        let reached = t.saturating_sub(self.reach).div_euclid(self.width).saturating_mul(self.width);
+        (k as u64) < self.steps as u64 && t >= end && reached < end
+    }
+
     /// Fails when `series` series over the windows read, or their steps, would be more
     /// than the request's limits.
     pub fn check_limits(&self, req: &StepsRequest, series: usize) -> Result<(), AnswerError> {

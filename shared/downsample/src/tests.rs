@@ -7,6 +7,7 @@ use super::*;
 use strata_model::{stale_nan, Labels, MetricType, Sample};
 use strata_promql::{Engine, EngineOptions, QueryValue};
 use strata_store::memory::MemoryStore;
+use strata_store::StepsRequest;
 
 /// xorshift64*: reproducible without a dependency.
 struct Rng(u64);
@@ -342,4 +343,54 @@ fn chunks_with_block_coded_columns_say_so_in_their_version() {
     let mut unknown = bytes.clone();
     unknown[0] = 3;
     assert!(decode(&unknown).is_err());
+}
+
+/// A grid whose step is longer than its range reads a few windows of each step's: the
+/// answer from those alone ([`answer::Prepared::reads`]) is the answer from them all, bit
+/// for bit, and leaving out one window it reads changes some answer.
+#[test]
+fn the_windows_a_sparse_grid_reads_answer_as_all_of_them() {
+    let matchers = vec![strata_model::Matcher::new(strata_model::MatchOp::Equal, "__name__", "x").unwrap()];
+    let mut sparse_seen = 0;
+    for (width, span) in [(FIVE_MINUTES, 8 * 3_600_000), (ONE_HOUR, 72 * 3_600_000)] {
+        for (i, shape) in [Shape::Counter, Shape::Gauge, Shape::Rough].iter().enumerate() {
+            let raw = series(*shape, 7 + i as u64, span);
+            let windows = windows_of(&raw, width);
+            let first = window_end(raw[0].t, width);
+            for (steps_of, offset) in [(3, 0), (12, 0), (4, width)] {
+                let step = steps_of * width;
+                let grid = (first + 2 * width, first + span, step);
+                let mut leaves: Vec<StepsRequest> = vec![StepsRequest::new(matchers.clone(), grid, 300_000)];
+                for name in FUNCTIONS {
+                    for r in [1, 2] {
+                        let mut req = StepsRequest::new(matchers.clone(), grid, 300_000);
+                        req.function = Some((name.to_string(), r * width));
+                        leaves.push(req);
+                    }
+                }
+                for mut req in leaves {
+                    req.offset = offset;
+                    let p = answer::prepare(&req, width).expect("an exact grid");
+                    let all: Vec<Window> =
+                        windows.iter().filter(|w| w.end > p.from && w.end <= p.last).copied().collect();
+                    let some: Vec<Window> = all.iter().filter(|w| p.reads(w.end)).copied().collect();
+                    assert!(some.len() < all.len(), "{req:?}: every window read");
+                    let s = || (Labels::from_pairs([("__name__", "x")]), MetricType::Counter, Kept::ALL);
+                    let want = p.evaluate_windows(&req, s(), &all).expect("evaluates").values;
+                    let got = p.evaluate_windows(&req, s(), &some).expect("evaluates").values;
+                    let bits = |v: &strata_store::StepValues| -> Vec<Option<u64>> {
+                        v.iter().map(|x| x.map(f64::to_bits)).collect()
+                    };
+                    assert_eq!(bits(&want), bits(&got), "{req:?}: sparse windows answer differently");
+                    // One read window fewer: some step answers otherwise.
+                    let missing: Vec<Window> = some.iter().skip(1).copied().collect();
+                    let short = p.evaluate_windows(&req, s(), &missing).expect("evaluates").values;
+                    if bits(&short) != bits(&want) {
+                        sparse_seen += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(sparse_seen > 100, "leaving out a window that is read changed only {sparse_seen} answers");
 }

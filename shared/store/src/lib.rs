@@ -13,11 +13,13 @@ pub mod conformance;
 pub mod limits;
 pub mod memory;
 pub mod scope;
+pub mod scoped;
 pub mod steps;
 
 pub use batches::{collect_batches, collect_within, selection_order, BoxBatches, OneBatch, SeriesBatches};
 pub use limits::{require_matchers, SelectBudget};
 pub use scope::{QueryScope, ResolutionUsed};
+pub use scoped::Scoped;
 pub use steps::{
     labels_hash, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries,
 };
