@@ -22,20 +22,46 @@ pub async fn import(openmetrics: &Path, url: &str, block: Duration) -> anyhow::R
         block_range: Duration::from_secs(100 * 365 * 86_400),
         ..Default::default()
     };
-    let db = Arc::new(Tsdb::open(scratch.path(), opts).context("opening the scratch database")?);
     let started = Instant::now();
-    let file = std::fs::File::open(openmetrics).with_context(|| format!("opening {}", openmetrics.display()))?;
-    let reader = std::io::BufReader::with_capacity(1 << 20, file);
-    let (db2, mut last) = (db.clone(), Instant::now());
-    let stats = tokio::task::spawn_blocking(move || {
-        strata_ingest::import::import_openmetrics(&db2, reader, |st| {
-            if last.elapsed() > Duration::from_secs(1) {
-                eprint!("\r  read {} samples of {} series ({:.0} MB)", st.samples, st.series, st.bytes as f64 / 1e6);
-                last = Instant::now();
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    fn every_second(st: &strata_ingest::import::ImportStats, last: &mut Instant) {
+        if last.elapsed() > Duration::from_secs(1) {
+            eprint!("\r  read {} samples of {} series ({:.0} MB)", st.samples, st.series, st.bytes as f64 / 1e6);
+            *last = Instant::now();
+        }
+    }
+    // In parts on every core; a file that cannot be read in parts (samples out of order,
+    // a bad line, whose number only one pass tells) is read again in one pass.
+    let db = Arc::new(Tsdb::open(&scratch.path().join("parts"), opts.clone()).context("opening the scratch database")?);
+    let (db2, path, last) = (db.clone(), openmetrics.to_path_buf(), std::sync::Mutex::new(Instant::now()));
+    let parallel = tokio::task::spawn_blocking(move || {
+        strata_ingest::import::import_openmetrics_file(&db2, &path, threads, |st| {
+            if let Ok(mut last) = last.lock() {
+                every_second(st, &mut last);
             }
         })
     })
-    .await??;
+    .await?;
+    let (db, stats) = match parallel {
+        Ok(stats) => (db, stats),
+        Err(strata_ingest::import::ImportError::Parallel(why)) => {
+            eprintln!("\n  {why}: reading the file again in one pass");
+            drop(db);
+            // The first attempt's samples make room for the second's.
+            let _ = std::fs::remove_dir_all(scratch.path().join("parts"));
+            let db = Arc::new(Tsdb::open(&scratch.path().join("one"), opts).context("opening the scratch database")?);
+            let file =
+                std::fs::File::open(openmetrics).with_context(|| format!("opening {}", openmetrics.display()))?;
+            let reader = std::io::BufReader::with_capacity(1 << 20, file);
+            let (db2, mut last) = (db.clone(), Instant::now());
+            let stats = tokio::task::spawn_blocking(move || {
+                strata_ingest::import::import_openmetrics(&db2, reader, |st| every_second(st, &mut last))
+            })
+            .await??;
+            (db, stats)
+        }
+        Err(e) => return Err(e.into()),
+    };
     eprintln!(
         "\r  read {} samples of {} series in {:.1} s ({} rejected)",
         stats.samples,

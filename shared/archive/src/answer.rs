@@ -70,6 +70,19 @@ impl Gathered {
     }
 }
 
+/// Whether the grid reads fewer than half of the windows ending in `(lo, hi]` that it
+/// reaches (a block's), counted up to a million windows (a block is a day or less).
+fn sparse_within(p: &strata_downsample::answer::Prepared, lo: i64, hi: i64) -> bool {
+    let width = p.width();
+    let (first, last) = (lo.max(p.from).div_euclid(width).saturating_add(1), hi.min(p.last).div_euclid(width));
+    if last < first || last.saturating_sub(first) > 1_000_000 {
+        return false;
+    }
+    let reached = (last - first + 1) as usize;
+    let read = (first..=last).filter(|k| p.reads(k.saturating_mul(width))).count();
+    read.saturating_mul(2) < reached
+}
+
 impl ArchiveStore {
     /// Whether no block of `shard`, of any resolution, may hold a sample in `(from, to]`;
     /// a block whose meta cannot be read counts by its folder's range, or as holding anything.
@@ -172,8 +185,12 @@ impl ArchiveStore {
                 let (lo, hi) = (b.meta.min_time, b.meta.max_time);
                 let covered = p.last.min(hi).saturating_sub(p.from.max(lo));
                 let wanted: u64 = ids.iter().map(|&i| b.series()[i as usize].samples).sum();
+                // A grid that reads few of the block's windows (a step longer than its range)
+                // decodes them a block at a time and keeps those: caching the whole block's
+                // would hold every window of a month to answer one in twelve.
                 let whole = self.windows.enabled()
                     && !ids.is_empty()
+                    && !sparse_within(&p, lo, hi)
                     && covered.saturating_mul(2) >= hi.saturating_sub(lo)
                     && wanted <= left;
                 let range = if whole { (lo, hi) } else { (p.from, p.last) };

@@ -416,8 +416,8 @@ impl Compactor {
                 let name = s.labels.metric_name().unwrap_or_default();
                 families.entry(name.to_string()).or_insert_with(|| Metadata {
                     metric_type: s.metric_type,
-                    help: s.help.clone(),
-                    unit: s.unit.clone(),
+                    help: s.help.to_string(),
+                    unit: s.unit.to_string(),
                 });
             }
             opened.push(block);

@@ -19,15 +19,15 @@ use parquet::file::statistics::Statistics;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use strata_model::matcher::matches_all;
-use strata_model::{Labels, MatchOp, Matcher, MetricType, Sample};
+use strata_model::{Label, Labels, MatchOp, Matcher, MetricType, Sample};
 
 /// A series of a block.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ArchivedSeries {
     pub labels: Labels,
     pub metric_type: MetricType,
-    pub unit: String,
-    pub help: String,
+    pub unit: Arc<str>,
+    pub help: Arc<str>,
     /// Its first and last sample in the block, and how many it has there.
     pub min_time: i64,
     pub max_time: i64,
@@ -144,6 +144,21 @@ fn corrupt(path: &Path, reason: impl Into<String>) -> ArchiveError {
     ArchiveError::Corrupt { object: path.to_string(), reason: reason.into() }
 }
 
+/// One copy of each string of a series table.
+#[derive(Default)]
+struct Interner(std::collections::HashSet<Arc<str>>);
+
+impl Interner {
+    fn get(&mut self, s: &str) -> Arc<str> {
+        if let Some(held) = self.0.get(s) {
+            return held.clone();
+        }
+        let held: Arc<str> = Arc::from(s);
+        self.0.insert(held.clone());
+        held
+    }
+}
+
 /// The min and max of an INT64 column chunk's statistics, if it has them.
 fn int_range(s: Option<&Statistics>) -> Option<(i64, i64)> {
     match s? {
@@ -169,9 +184,10 @@ impl BlockReader {
             .and_then(|b| b.build())
             .map_err(|e| corrupt(&path, e.to_string()))?;
         let mut series = Vec::new();
+        let mut strings = Interner::default();
         for batch in reader {
             let batch = batch.map_err(|e| corrupt(&path, e.to_string()))?;
-            Self::series_rows(&batch, &path, &mut series)?;
+            Self::series_rows(&batch, &path, &mut series, &mut strings)?;
         }
         if series.len() as u64 != meta.series {
             return Err(corrupt(&path, format!("{} series, the meta says {}", series.len(), meta.series)));
@@ -191,7 +207,12 @@ impl BlockReader {
         Ok(BlockReader { store, dir, meta, series, by_name, footer: tokio::sync::OnceCell::new() })
     }
 
-    fn series_rows(batch: &RecordBatch, path: &Path, out: &mut Vec<ArchivedSeries>) -> Result<(), ArchiveError> {
+    fn series_rows(
+        batch: &RecordBatch,
+        path: &Path,
+        out: &mut Vec<ArchivedSeries>,
+        strings: &mut Interner,
+    ) -> Result<(), ArchiveError> {
         let column = |name: &str| batch.column_by_name(name).ok_or_else(|| corrupt(path, format!("no column {name}")));
         let ids = column("series_id")?
             .as_primitive_opt::<Int64Type>()
@@ -218,23 +239,34 @@ impl BlockReader {
             if crate::writer::FIXED_SERIES_COLUMNS.contains(&f.name().as_str()) {
                 continue;
             }
-            let name = f.name().strip_prefix("label_").unwrap_or(f.name()).to_string();
+            let name = f.name().strip_prefix("label_").unwrap_or(f.name());
             let values = batch
                 .column(i)
                 .as_string_opt::<i32>()
                 .ok_or_else(|| corrupt(path, format!("label {name} is not a string")))?;
-            labels.push((name, values));
+            labels.push((strings.get(name), values));
         }
+        // In name order, once each (of two columns naming one label, the later wins, as
+        // `Labels::from_pairs` has it), so that each row's labels come out sorted.
+        labels.reverse();
+        labels.sort_by(|a, b| a.0.cmp(&b.0));
+        labels.dedup_by(|later, earlier| later.0 == earlier.0);
         for row in 0..batch.num_rows() {
             if ids.is_null(row) || ids.value(row) != out.len() as i64 {
                 return Err(corrupt(path, format!("series ids out of order at row {}", out.len())));
             }
-            let pairs = labels.iter().filter(|(_, v)| !v.is_null(row)).map(|(n, v)| (n.as_str(), v.value(row)));
+            // The strings of a block's series table repeat (a node's name in every series of
+            // it, a metric's in every series of the metric): each is held once.
+            let row_labels: Vec<Label> = labels
+                .iter()
+                .filter(|(_, v)| !v.is_null(row) && !v.value(row).is_empty())
+                .map(|(n, v)| Label { name: n.clone(), value: strings.get(v.value(row)) })
+                .collect();
             out.push(ArchivedSeries {
-                labels: Labels::from_pairs(pairs),
+                labels: Labels::from_sorted_unchecked(row_labels),
                 metric_type: MetricType::parse(types.value(row)).unwrap_or_default(),
-                unit: units.value(row).to_string(),
-                help: helps.value(row).to_string(),
+                unit: strings.get(units.value(row)),
+                help: strings.get(helps.value(row)),
                 min_time: min_times.value(row),
                 max_time: max_times.value(row),
                 samples: u64::try_from(counts.value(row)).map_err(|_| corrupt(path, "a negative sample count"))?,

@@ -36,8 +36,8 @@ pub(crate) const OPEN_AT_ONCE: usize = 8;
 pub struct ArchiveStoreOptions {
     /// The block list is read again once older than this.
     pub refresh: Duration,
-    /// Series of open blocks kept in memory (their labels and footers); past it the least
-    /// recently used blocks are closed.
+    /// Series of open blocks kept in memory (their labels and footers, about 1 KB each);
+    /// past it the least recently used blocks are closed.
     pub cache_series: usize,
     /// Bytes of series' chunks kept for the next query ([`ChunkCache`]); 0: none.
     pub cache_chunk_bytes: usize,
@@ -49,7 +49,7 @@ impl Default for ArchiveStoreOptions {
     fn default() -> Self {
         ArchiveStoreOptions {
             refresh: Duration::from_secs(60),
-            cache_series: 2_000_000,
+            cache_series: 250_000,
             cache_chunk_bytes: 256 << 20,
             cache_window_bytes: 256 << 20,
         }
@@ -630,7 +630,7 @@ impl ArchiveStore {
             }
             out.insert(
                 family.to_string(),
-                Metadata { metric_type: s.metric_type, help: s.help.clone(), unit: s.unit.clone() },
+                Metadata { metric_type: s.metric_type, help: s.help.to_string(), unit: s.unit.to_string() },
             );
         }
     }

@@ -118,7 +118,7 @@ async fn round_trip(row_group_rows: usize, multipart_over: usize) {
         let s = &block.series()[i];
         assert_eq!((&s.labels, s.metric_type), (labels, *metric_type));
         let (unit, help) = if labels.metric_name() == Some("gpu_temp") { ("celsius", "t") } else { ("", "") };
-        assert_eq!((s.unit.as_str(), s.help.as_str()), (unit, help));
+        assert_eq!((&*s.unit, &*s.help), (unit, help));
         assert_eq!(
             (s.min_time, s.max_time, s.samples),
             (samples[0].t, samples[samples.len() - 1].t, samples.len() as u64)

@@ -63,6 +63,11 @@ pub fn prepare(req: &StepsRequest, width: i64) -> Result<Prepared, AnswerError> 
 }
 
 impl Prepared {
+    /// The width of the windows it reads (ms).
+    pub fn width(&self) -> i64 {
+        self.width
+    }
+
     /// Whether some step reads the window ending at `end`: a step `t` reads those ending
     /// in `(t − reach, t]` (the start rounded down to a window edge). A grid whose step is
     /// longer than its range reads a few windows of each step's, and a caller that gathers

@@ -29,10 +29,17 @@ pub enum ImportError {
     LineTooLong(usize),
     #[error("the input ends without \"# EOF\" (cut off?): {samples} samples before line {line} were imported, the rest was not")]
     NoEof { line: usize, samples: u64 },
+    #[error("\"# EOF\" before the end of the input")]
+    EofInside,
+    /// The file cannot be imported in parts as it is (see [`import_openmetrics_file`]).
+    #[error("importing in parts: {0}")]
+    Parallel(String),
 }
 
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ImportStats {
+    /// Parts of the file read side by side (1: one pass).
+    pub parts: u64,
     pub samples: u64,
     pub rejected: u64,
     pub series: u64,
@@ -45,12 +52,39 @@ const BATCH: usize = 200_000;
 /// Imports everything `input` holds; `progress` is called with running totals.
 pub fn import_openmetrics(
     db: &Tsdb,
-    mut input: impl Read,
+    input: impl Read,
     mut progress: impl FnMut(&ImportStats),
 ) -> Result<ImportStats, ImportError> {
+    let (stats, meta) = import_part(db, input, &mut progress, Part::Whole)?;
+    for (family, m) in meta {
+        db.set_metadata(&family, m)?;
+    }
+    progress(&stats);
+    Ok(stats)
+}
+
+/// Which part of a file [`import_part`] reads.
+#[derive(Clone, Copy, PartialEq)]
+enum Part {
+    /// The whole file: it ends with `# EOF`.
+    Whole,
+    /// A part before the last: it ends where the next begins, and holds no `# EOF`.
+    Leading,
+    /// The last part: from a family's start to the end, `# EOF` included.
+    Trailing,
+}
+
+type Families = HashMap<String, Metadata>;
+
+fn import_part(
+    db: &Tsdb,
+    mut input: impl Read,
+    progress: &mut impl FnMut(&ImportStats),
+    part: Part,
+) -> Result<(ImportStats, Families), ImportError> {
     let mut stats = ImportStats::default();
     let mut cache: HashMap<Box<[u8]>, Arc<MemSeries>, foldhash::fast::RandomState> = HashMap::default();
-    let mut meta: HashMap<String, Metadata> = HashMap::new();
+    let mut meta: Families = HashMap::new();
     let mut batch: Vec<(Arc<MemSeries>, Sample)> = Vec::with_capacity(BATCH);
     let mut buf: Vec<u8> = Vec::with_capacity(PIECE * 2);
     let mut scratch = vec![0u8; 1 << 20];
@@ -109,20 +143,203 @@ pub fn import_openmetrics(
         line_no += lines;
         stats.bytes += cut as u64;
         buf.drain(..cut);
+        if saw_eof && part == Part::Leading {
+            flush(db, &mut batch, &mut stats)?;
+            return Err(ImportError::EofInside);
+        }
         if saw_eof {
             break;
         }
-        if eof {
+        if eof && part != Part::Leading {
             flush(db, &mut batch, &mut stats)?;
             return Err(ImportError::NoEof { line: line_no, samples: stats.samples });
         }
     }
     flush(db, &mut batch, &mut stats)?;
-    for (family, m) in meta {
+    Ok((stats, meta))
+}
+
+/// Where a part of `file` after `from` may begin: the start of the first metric family's
+/// `# HELP`, `# TYPE` or `# UNIT` line before `until`. Families are not interleaved
+/// (OpenMetrics requires it), so every series lies in one part.
+fn family_start(file: &mut std::fs::File, from: u64, until: u64) -> std::io::Result<Option<u64>> {
+    use std::io::{Seek, SeekFrom};
+    const MARKS: [&[u8]; 3] = [b"\n# HELP ", b"\n# TYPE ", b"\n# UNIT "];
+    let mut at = from;
+    let mut window = vec![0u8; 1 << 20];
+    while at < until {
+        file.seek(SeekFrom::Start(at))?;
+        let n = file.read(&mut window)?;
+        if n == 0 {
+            break;
+        }
+        let found = MARKS.iter().filter_map(|m| window[..n].windows(m.len()).position(|w| w == *m)).min();
+        if let Some(i) = found {
+            return Ok(Some(at + i as u64 + 1));
+        }
+        // The next window overlaps this one by a mark's length, so none is cut in two.
+        at += n.saturating_sub(MARKS[0].len()).max(1) as u64;
+    }
+    Ok(None)
+}
+
+/// The start of the last family (as [`family_start`]) that begins after `floor` and at or
+/// before `to`, searched backwards from `to`.
+fn family_start_before(file: &mut std::fs::File, floor: u64, to: u64) -> std::io::Result<Option<u64>> {
+    use std::io::{Seek, SeekFrom};
+    const MARKS: [&[u8]; 3] = [b"\n# HELP ", b"\n# TYPE ", b"\n# UNIT "];
+    const WINDOW: u64 = 1 << 20;
+    let mut end = to.saturating_add(MARKS[0].len() as u64);
+    let mut window = vec![0u8; WINDOW as usize];
+    while end > floor {
+        let start = end.saturating_sub(WINDOW).max(floor);
+        file.seek(SeekFrom::Start(start))?;
+        let want = (end - start) as usize;
+        let mut got = 0;
+        while got < want {
+            match file.read(&mut window[got..want])? {
+                0 => break,
+                n => got += n,
+            }
+        }
+        let found = MARKS.iter().filter_map(|m| window[..got].windows(m.len()).rposition(|w| w == *m)).max();
+        if let Some(i) = found {
+            let at = start + i as u64 + 1;
+            if at > floor && at <= to {
+                return Ok(Some(at));
+            }
+        }
+        if start == floor {
+            break;
+        }
+        // Overlapping by a mark's length, so none is cut in two.
+        end = start.saturating_add(MARKS[0].len() as u64).min(end.saturating_sub(1));
+    }
+    Ok(None)
+}
+
+/// [`import_openmetrics`] of a file on `threads` threads, each a part of it cut at a metric
+/// family's start. Every series is then appended by one thread, in the file's order, so
+/// the result is the one-thread import's, but for what the file gets wrong: samples the
+/// database refuses (out of order), a `# EOF` before the end, a bad line (whose number a
+/// part after the first cannot tell). For any of those the caller imports the file again
+/// in one pass ([`import_openmetrics`]), which answers as before: `Err` with
+/// [`ImportError::Parallel`] asks for that, the database then holding a partial import.
+pub fn import_openmetrics_file(
+    db: &Tsdb,
+    path: &std::path::Path,
+    threads: usize,
+    progress: impl Fn(&ImportStats) + Sync,
+) -> Result<ImportStats, ImportError> {
+    // Parts of at least 64 MiB: smaller files are not worth a thread.
+    import_in_parts(db, path, threads, 64 << 20, progress)
+}
+
+fn import_in_parts(
+    db: &Tsdb,
+    path: &std::path::Path,
+    threads: usize,
+    min_part: u64,
+    progress: impl Fn(&ImportStats) + Sync,
+) -> Result<ImportStats, ImportError> {
+    use std::io::{Seek, SeekFrom};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let mut file = std::fs::File::open(path)?;
+    let size = file.metadata()?.len();
+    let mut starts = vec![0u64];
+    let parts = threads.clamp(1, 16).min((size / min_part.max(1)).max(1) as usize);
+    for k in 1..parts {
+        let at = (size / parts as u64 * k as u64).max(*starts.last().unwrap_or(&0));
+        let until = size / parts as u64 * (k as u64 + 1);
+        // The family start nearest the even cut, after it or before it.
+        let previous = *starts.last().unwrap_or(&0);
+        let after = family_start(&mut file, at, until)?;
+        let before = family_start_before(&mut file, previous, at)?;
+        let nearest = match (before, after) {
+            (Some(b), Some(a)) => Some(if at - b <= a - at { b } else { a }),
+            (b, a) => b.or(a),
+        };
+        if let Some(start) = nearest.filter(|&s| s > previous && s < size) {
+            starts.push(start);
+        }
+    }
+    if starts.len() < 2 {
+        file.seek(SeekFrom::Start(0))?;
+        return import_openmetrics(db, std::io::BufReader::with_capacity(1 << 20, file), |s| progress(s));
+    }
+    let (samples, series, bytes) = (AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0));
+    let ranges: Vec<(u64, u64)> =
+        starts.iter().zip(starts.iter().skip(1).chain(std::iter::once(&size))).map(|(&a, &b)| (a, b)).collect();
+    let last = ranges.len() - 1;
+    let results: Vec<Result<(ImportStats, Families), ImportError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = ranges
+            .iter()
+            .enumerate()
+            .map(|(i, &(from, to))| {
+                let (samples, series, bytes) = (&samples, &series, &bytes);
+                let progress = &progress;
+                scope.spawn(move || {
+                    let mut f = std::fs::File::open(path)?;
+                    f.seek(SeekFrom::Start(from))?;
+                    let input = std::io::BufReader::with_capacity(1 << 20, f.take(to - from));
+                    let part = if i == last { Part::Trailing } else { Part::Leading };
+                    let mut seen = ImportStats::default();
+                    let mut report = |st: &ImportStats| {
+                        samples.fetch_add(st.samples - seen.samples, Ordering::Relaxed);
+                        series.fetch_add(st.series - seen.series, Ordering::Relaxed);
+                        bytes.fetch_add(st.bytes - seen.bytes, Ordering::Relaxed);
+                        seen = *st;
+                        if i == 0 {
+                            let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+                            let all = ImportStats {
+                                parts: (last + 1) as u64,
+                                samples: load(samples),
+                                series: load(series),
+                                bytes: load(bytes),
+                                rejected: 0,
+                            };
+                            progress(&all);
+                        }
+                    };
+                    import_part(db, input, &mut report, part)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(ImportError::Parallel("a part's thread failed".into()))))
+            .collect()
+    });
+    let mut total = ImportStats { parts: ranges.len() as u64, ..Default::default() };
+    let mut families: Families = HashMap::new();
+    for (i, r) in results.into_iter().enumerate() {
+        let (st, meta) = r.map_err(|e| ImportError::Parallel(format!("part {} of {}: {e}", i + 1, last + 1)))?;
+        total.samples += st.samples;
+        total.series += st.series;
+        total.bytes += st.bytes;
+        total.rejected += st.rejected;
+        // A family's `# HELP` and `# TYPE` may fall on both sides of a cut.
+        for (family, m) in meta {
+            let held = families.entry(family).or_default();
+            if m.metric_type != Default::default() {
+                held.metric_type = m.metric_type;
+            }
+            if !m.help.is_empty() {
+                held.help = m.help;
+            }
+            if !m.unit.is_empty() {
+                held.unit = m.unit;
+            }
+        }
+    }
+    if total.rejected > 0 {
+        return Err(ImportError::Parallel(format!("{} samples refused (out of order?)", total.rejected)));
+    }
+    for (family, m) in families {
         db.set_metadata(&family, m)?;
     }
-    progress(&stats);
-    Ok(stats)
+    progress(&total);
+    Ok(total)
 }
 
 fn flush(db: &Tsdb, batch: &mut Vec<(Arc<MemSeries>, Sample)>, stats: &mut ImportStats) -> Result<(), ImportError> {
@@ -186,6 +403,72 @@ mod tests {
         let got = db.head().select(&[Matcher::eq("gpu", "1")], i64::MIN, i64::MAX);
         let s: Vec<_> = got[0].1.iter().flat_map(|c| c.decode().unwrap()).collect();
         assert_eq!(s[4999], Sample::new((1_700_000_000 + 4999 * 15) * 1000 + 999, 49990.0));
+    }
+
+    /// `families` families of `series` series each, `per` samples a series.
+    fn families_file(dir: &std::path::Path, families: usize, series: usize, per: usize) -> std::path::PathBuf {
+        let mut text = String::new();
+        for f in 0..families {
+            text.push_str(&format!("# TYPE m{f} gauge\n# HELP m{f} metric {f}\n"));
+            for s in 0..series {
+                for i in 0..per {
+                    text.push_str(&format!("m{f}{{s=\"{s}\"}} {} {}\n", i * f, 1_700_000_000 + i * 15));
+                }
+            }
+        }
+        text.push_str("# EOF\n");
+        let path = dir.join("in.om");
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+
+    fn everything(db: &Tsdb) -> Vec<(String, Vec<Sample>)> {
+        let any = Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap();
+        let got = db.head().select(&[any], i64::MIN, i64::MAX);
+        let mut out: Vec<(String, Vec<Sample>)> = got
+            .into_iter()
+            .map(|(s, c)| (format!("{:?}", s.labels), c.iter().flat_map(|c| c.decode().unwrap()).collect()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+
+    #[test]
+    fn a_file_read_in_parts_imports_what_one_pass_does() {
+        let d = tempfile::tempdir().unwrap();
+        let path = families_file(d.path(), 7, 5, 300);
+        let size = std::fs::metadata(&path).unwrap().len();
+        let one = Tsdb::open(&d.path().join("one"), TsdbOptions::default()).unwrap();
+        let want = import_openmetrics(&one, std::fs::File::open(&path).unwrap(), |_| {}).unwrap();
+        let parts = Tsdb::open(&d.path().join("parts"), TsdbOptions::default()).unwrap();
+        let got = import_in_parts(&parts, &path, 3, size / 4, |_| {}).unwrap();
+        assert_eq!(got.parts, 3, "the file was not cut");
+        assert_eq!((got.samples, got.series, got.rejected), (want.samples, want.series, 0));
+        assert_eq!(everything(&parts), everything(&one));
+        for f in 0..7 {
+            assert_eq!(parts.head().metric_type(&format!("m{f}")), MetricType::Gauge);
+        }
+    }
+
+    /// What a part cannot judge alone asks for one pass: a family that comes back later
+    /// (samples out of order across parts), `# EOF` inside, a bad line after the first part.
+    #[test]
+    fn what_parts_cannot_import_asks_for_one_pass() {
+        let d = tempfile::tempdir().unwrap();
+        let path = families_file(d.path(), 6, 4, 300);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cases = [
+            ("a family back at the end", text.replace("# EOF\n", "m0{s=\"0\"} 1 1600000000\n# EOF\n")),
+            ("# EOF inside", text.replacen("# TYPE m4", "# EOF\n# TYPE m4", 1)),
+            ("a bad line", text.replacen("# TYPE m5 gauge\n", "# TYPE m5 gauge\ngarbage\n", 1)),
+        ];
+        for (what, body) in cases {
+            std::fs::write(&path, &body).unwrap();
+            let size = body.len() as u64;
+            let db = Tsdb::open(&d.path().join(what.replace(' ', "-")), TsdbOptions::default()).unwrap();
+            let e = import_in_parts(&db, &path, 2, size / 3, |_| {}).unwrap_err();
+            assert!(matches!(e, ImportError::Parallel(_)), "{what}: {e}");
+        }
     }
 
     #[test]
