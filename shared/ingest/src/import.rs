@@ -55,7 +55,7 @@ pub fn import_openmetrics(
     input: impl Read,
     mut progress: impl FnMut(&ImportStats),
 ) -> Result<ImportStats, ImportError> {
-    let (stats, meta) = import_part(db, input, &mut progress, Part::Whole)?;
+    let (stats, meta, _) = import_part(db, input, &mut progress, Part::Whole)?;
     for (family, m) in meta {
         db.set_metadata(&family, m)?;
     }
@@ -76,12 +76,16 @@ enum Part {
 
 type Families = HashMap<String, Metadata>;
 
+/// What a part read: its totals, its families' metadata, and the series it appended to
+/// (by address, to tell whether two parts shared one).
+type PartRead = (ImportStats, Families, Vec<usize>);
+
 fn import_part(
     db: &Tsdb,
     mut input: impl Read,
     progress: &mut impl FnMut(&ImportStats),
     part: Part,
-) -> Result<(ImportStats, Families), ImportError> {
+) -> Result<PartRead, ImportError> {
     let mut stats = ImportStats::default();
     let mut cache: HashMap<Box<[u8]>, Arc<MemSeries>, foldhash::fast::RandomState> = HashMap::default();
     let mut meta: Families = HashMap::new();
@@ -156,7 +160,8 @@ fn import_part(
         }
     }
     flush(db, &mut batch, &mut stats)?;
-    Ok((stats, meta))
+    let series = cache.values().map(|s| Arc::as_ptr(s) as usize).collect();
+    Ok((stats, meta, series))
 }
 
 /// Where a part of `file` after `from` may begin: the start of the first metric family's
@@ -271,7 +276,7 @@ fn import_in_parts(
     let ranges: Vec<(u64, u64)> =
         starts.iter().zip(starts.iter().skip(1).chain(std::iter::once(&size))).map(|(&a, &b)| (a, b)).collect();
     let last = ranges.len() - 1;
-    let results: Vec<Result<(ImportStats, Families), ImportError>> = std::thread::scope(|scope| {
+    let results: Vec<Result<PartRead, ImportError>> = std::thread::scope(|scope| {
         let handles: Vec<_> = ranges
             .iter()
             .enumerate()
@@ -312,8 +317,15 @@ fn import_in_parts(
     });
     let mut total = ImportStats { parts: ranges.len() as u64, ..Default::default() };
     let mut families: Families = HashMap::new();
+    let mut appended: std::collections::HashSet<usize> = std::collections::HashSet::new();
     for (i, r) in results.into_iter().enumerate() {
-        let (st, meta) = r.map_err(|e| ImportError::Parallel(format!("part {} of {}: {e}", i + 1, last + 1)))?;
+        let (st, meta, series) =
+            r.map_err(|e| ImportError::Parallel(format!("part {} of {}: {e}", i + 1, last + 1)))?;
+        // A series in two parts (a family that comes back later in the file) was appended
+        // by two threads in no set order: only one pass appends it as the file has it.
+        if series.into_iter().any(|s| !appended.insert(s)) {
+            return Err(ImportError::Parallel(format!("a series of part {} is in an earlier part too", i + 1)));
+        }
         total.samples += st.samples;
         total.series += st.series;
         total.bytes += st.bytes;
@@ -459,6 +471,7 @@ mod tests {
         let text = std::fs::read_to_string(&path).unwrap();
         let cases = [
             ("a family back at the end", text.replace("# EOF\n", "m0{s=\"0\"} 1 1600000000\n# EOF\n")),
+            ("a series back in order", text.replace("# EOF\n", "m0{s=\"0\"} 1 1800000000\n# EOF\n")),
             ("# EOF inside", text.replacen("# TYPE m4", "# EOF\n# TYPE m4", 1)),
             ("a bad line", text.replacen("# TYPE m5 gauge\n", "# TYPE m5 gauge\ngarbage\n", 1)),
         ];
