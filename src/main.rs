@@ -65,7 +65,7 @@ fn parse_shard(s: &str) -> Result<Box<strata_global::ArchiveShard>, String> {
         return Err(format!("shard name {name:?}: letters, digits, `_`, `-` and `.` (not first), at most 64"));
     }
     let matchers = strata_promql::selector::parse_selector(selector).map_err(|e| format!("{selector}: {e}"))?;
-    Ok(Box::new(strata_global::ArchiveShard { name: name.to_string(), matchers }))
+    Ok(Box::new(strata_global::ArchiveShard { name: name.to_string(), selector: selector.to_string(), matchers }))
 }
 
 impl ArchiveFlags {

@@ -88,6 +88,9 @@ pub struct ArchiveOptions {
 #[derive(Debug, Clone)]
 pub struct ArchiveShard {
     pub name: String,
+    /// As given: recorded in the shard's folder, so that another archiver of the name with
+    /// another selector is refused.
+    pub selector: String,
     pub matchers: Vec<strata_model::Matcher>,
 }
 
@@ -211,6 +214,11 @@ impl Global {
         };
         if !opts.replica_labels.is_empty() {
             cfg.replica_labels = opts.replica_labels.clone();
+        }
+        if opts.archive.as_ref().is_some_and(|a| a.read_only && a.shard.is_some()) {
+            return Err(GlobalError::Archive(strata_archive::ArchiveError::Invalid(
+                "--archive.shard with --archive.read-only: a reader serves every shard; the flag names the shard a global writes".into(),
+            )));
         }
         // The dedup takes the replica labels off before a shard's matchers are applied.
         if let Some(m) = opts
@@ -363,7 +371,8 @@ impl Global {
                     }
                     None => root.clone(),
                 };
-                strata_archive::check_sharding(root.as_ref(), a.shard.as_ref().map(|s| s.name.as_str())).await?;
+                let shard = a.shard.as_ref().map(|s| (s.name.as_str(), s.selector.as_str()));
+                strata_archive::check_sharding(root.as_ref(), shard).await?;
                 let mut archiver_opts = a.archiver.clone();
                 archiver_opts.owner = format!("{}:{}:{}", host_name(), http_addr, std::process::id());
                 let writer = strata_archive::BlockWriter::new(objects.clone(), strata_archive::WriteOptions::default());

@@ -421,6 +421,9 @@ impl StoreSet {
                 .filter(|s| s.healthy && s.min_time > i64::MIN && s.min_time <= s.max_time)
                 .map(|s| s.min_time)
                 .min();
+            // What the archive alone answers for ends where the stores' data begins: a
+            // shard behind past there is not missing from answers (the stores hold it).
+            a.store.set_served_until(live_from.map_or(i64::MAX, |from| from.saturating_sub(1)));
             if let Some(from) = live_from {
                 target.max_time = target.max_time.min(from.saturating_sub(1));
                 if target.min_time > target.max_time {

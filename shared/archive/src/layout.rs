@@ -54,7 +54,9 @@ pub fn shard_root(name: &str) -> Path {
 pub fn shard_of(path: &Path) -> Option<String> {
     let mut parts = path.parts();
     match (parts.next(), parts.next()) {
-        (Some(first), Some(name)) if first.as_ref() == SHARDS => Some(name.as_ref().to_string()),
+        (Some(first), Some(name)) if first.as_ref() == SHARDS && valid_shard_name(name.as_ref()) => {
+            Some(name.as_ref().to_string())
+        }
         _ => None,
     }
 }

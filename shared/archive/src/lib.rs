@@ -122,21 +122,56 @@ pub fn shard_store(root: Arc<dyn ObjectStore>, name: &str) -> Result<Arc<dyn Obj
     Ok(Arc::new(object_store::prefix::PrefixStore::new(root, layout::shard_root(name))))
 }
 
-/// Refuses to archive a bucket both whole and in shards: each would write every series of
-/// a shard again beside the other. `shard`: the shard this archiver would write, `None`
-/// for the whole. Told by the progress records (`progress/raw.json`, at the root and in
-/// each shard).
-pub async fn check_sharding(root: &dyn ObjectStore, shard: Option<&str>) -> Result<(), ArchiveError> {
+/// The marker at the root that says how the bucket is archived: `whole` or `shards`.
+pub const SHARDING: &str = "sharding.json";
+/// The marker in a shard's folder that records its selector.
+pub const SHARD_MARKER: &str = "shard.json";
+
+/// Writes `body` at `path` unless something is there; what is there (or what was written).
+async fn marker(root: &dyn ObjectStore, path: &object_store::path::Path, body: String) -> Result<String, ArchiveError> {
+    use object_store::{PutMode, PutOptions};
+    let failed = |e: &dyn std::fmt::Display| ArchiveError::Object { object: path.to_string(), reason: e.to_string() };
+    let create = PutOptions { mode: PutMode::Create, ..Default::default() };
+    match root.put_opts(path, body.clone().into(), create).await {
+        Ok(_) => return Ok(body),
+        Err(object_store::Error::AlreadyExists { .. }) => {}
+        Err(e) => return Err(failed(&e)),
+    }
+    let got = root.get(path).await.map_err(|e| failed(&e))?;
+    if got.meta.size > 64 << 10 {
+        return Err(failed(&"larger than a marker can be"));
+    }
+    let bytes = got.bytes().await.map_err(|e| failed(&e))?;
+    Ok(String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Refuses to archive a bucket both whole and in shards (either would write some series a
+/// second time), and a shard under a name another archiver gave another selector (each
+/// would take the other's ranges as done and leave its own series out). `shard`: the
+/// name and selector this archiver writes, `None` for the whole. Told by markers created
+/// only when absent (`sharding.json` at the root, `shard.json` in each shard's folder),
+/// written before anything is archived, and by the progress records of buckets archived
+/// before the markers.
+pub async fn check_sharding(root: &dyn ObjectStore, shard: Option<(&str, &str)>) -> Result<(), ArchiveError> {
     let listing =
         |e: object_store::Error| ArchiveError::Object { object: layout::SHARDS.into(), reason: e.to_string() };
+    let in_shards = |what: &str| {
+        ArchiveError::Invalid(format!(
+            "the archive is archived in shards ({what}): an archiver of the whole would write their series a second time (give --archive.shard)"
+        ))
+    };
+    let whole = |what: &str, name: &str| {
+        ArchiveError::Invalid(format!(
+            "the archive is archived whole ({what}): an archiver of shard {name} would write its series a second time"
+        ))
+    };
+    // Buckets archived before the markers: their progress records tell.
     match shard {
-        Some(name) => match archiver::read_progress(root).await? {
-            Some(_) => Err(ArchiveError::Invalid(format!(
-                "the archive is archived whole ({}): an archiver of shard {name} would write its series a second time",
-                archiver::PROGRESS
-            ))),
-            None => Ok(()),
-        },
+        Some((name, _)) => {
+            if archiver::read_progress(root).await?.is_some() {
+                return Err(whole(archiver::PROGRESS, name));
+            }
+        }
         None => {
             // The shards' folders, then each one's record: not every object of every shard.
             let prefix = object_store::path::Path::from(layout::SHARDS);
@@ -144,18 +179,33 @@ pub async fn check_sharding(root: &dyn ObjectStore, shard: Option<&str>) -> Resu
             for folder in listed.common_prefixes {
                 let record = folder.clone().join("progress").join("raw.json");
                 match root.head(&record).await {
-                    Ok(_) => {
-                        return Err(ArchiveError::Invalid(format!(
-                            "the archive is archived in shards ({record}): an archiver of the whole would write their series a second time (give --archive.shard)"
-                        )))
-                    }
+                    Ok(_) => return Err(in_shards(record.as_ref())),
                     Err(object_store::Error::NotFound { .. }) => {}
                     Err(e) => return Err(ArchiveError::Object { object: record.to_string(), reason: e.to_string() }),
                 }
             }
-            Ok(())
         }
     }
+    let mode = if shard.is_some() { "shards" } else { "whole" };
+    let body = serde_json::json!({ "mode": mode }).to_string();
+    let there = marker(root, &object_store::path::Path::from(SHARDING), body.clone()).await?;
+    if there != body {
+        return Err(match shard {
+            Some((name, _)) => whole(&format!("{SHARDING}: {there}"), name),
+            None => in_shards(&format!("{SHARDING}: {there}")),
+        });
+    }
+    if let Some((name, selector)) = shard {
+        let path = layout::shard_root(name).join(SHARD_MARKER);
+        let body = serde_json::json!({ "selector": selector }).to_string();
+        let recorded = marker(root, &path, body.clone()).await?;
+        if recorded != body {
+            return Err(ArchiveError::Invalid(format!(
+                "shard {name} is archived with another selector ({path}: {recorded}): two selectors under one name would each take the other's ranges as done"
+            )));
+        }
+    }
+    Ok(())
 }
 
 impl ArchiveError {

@@ -124,7 +124,12 @@ pub(crate) async fn read_meta(store: &dyn ObjectStore, dir: &Path) -> Result<Blo
         .map_err(|reason| ArchiveError::Corrupt { object: path.to_string(), reason })?;
     // A block's name is its range: a meta that says otherwise was not written by Strata
     // (and trusting it would let a crafted meta stand for blocks it does not hold).
-    if let Some((res, lo, hi)) = crate::layout::parse_block_dir(dir) {
+    // A folder that is not a block's (`[shards/<name>/]<resolution>/<day>/<start>-<end>`)
+    // has no range to hold its meta to: refused.
+    let Some((res, lo, hi)) = crate::layout::parse_block_dir(dir) else {
+        return Err(ArchiveError::Corrupt { object: path.to_string(), reason: "not in a block's folder".into() });
+    };
+    {
         if (res.as_str(), lo, hi)
             != (crate::layout::resolution_dir(meta.resolution_ms).as_str(), meta.min_time, meta.max_time)
         {

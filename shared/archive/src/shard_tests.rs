@@ -108,9 +108,20 @@ async fn shards_are_archived_apart_and_read_together_and_one_behind_is_said() {
     assert!(matches!(&err, StoreError::InvalidRequest(m) if m.contains("of shard c1")), "{err:?}");
 
     // A bucket archived in shards is not archived whole too, nor the reverse.
+    check_sharding(root.as_ref(), Some(("c0", "{cluster=\"c0\"}"))).await.unwrap();
+    check_sharding(root.as_ref(), Some(("c0", "{cluster=\"c0\"}"))).await.unwrap();
+    let typo = check_sharding(root.as_ref(), Some(("c0", "{cluster=\"c1\"}"))).await.unwrap_err().to_string();
+    assert!(typo.contains("another selector"), "{typo}");
     let whole = check_sharding(root.as_ref(), None).await.unwrap_err().to_string();
     assert!(whole.contains("archived in shards"), "{whole}");
-    check_sharding(root.as_ref(), Some("c2")).await.unwrap();
+    check_sharding(root.as_ref(), Some(("c2", "{cluster=\"c2\"}"))).await.unwrap();
+    // A whole archiver that started first (no progress record yet) keeps shards out too.
+    let early = tempfile::tempdir().unwrap();
+    let fresh: Arc<dyn ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(early.path()).unwrap());
+    check_sharding(fresh.as_ref(), None).await.unwrap();
+    let late = check_sharding(fresh.as_ref(), Some(("c0", "{}"))).await.unwrap_err().to_string();
+    assert!(late.contains("archived whole"), "{late}");
     let other = tempfile::tempdir().unwrap();
     let flat: Arc<dyn ObjectStore> =
         Arc::new(object_store::local::LocalFileSystem::new_with_prefix(other.path()).unwrap());
@@ -121,7 +132,7 @@ async fn shards_are_archived_apart_and_read_together_and_one_behind_is_said() {
         .round(T0 + 2 * HOUR)
         .await
         .unwrap();
-    let sharded = check_sharding(flat.as_ref(), Some("c0")).await.unwrap_err().to_string();
+    let sharded = check_sharding(flat.as_ref(), Some(("c0", "{}"))).await.unwrap_err().to_string();
     assert!(sharded.contains("archived whole"), "{sharded}");
     check_sharding(flat.as_ref(), None).await.unwrap();
 }

@@ -88,6 +88,8 @@ pub struct ArchiveStore {
     open: Mutex<OpenBlocks>,
     chunks: ChunkCache,
     pub(crate) windows: WindowCache,
+    /// See [`ArchiveStore::set_served_until`].
+    served_until: std::sync::atomic::AtomicI64,
 }
 
 impl ArchiveStore {
@@ -100,6 +102,7 @@ impl ArchiveStore {
             open: Mutex::new(OpenBlocks::default()),
             chunks: ChunkCache::new(opts.cache_chunk_bytes),
             windows: WindowCache::new(opts.cache_window_bytes),
+            served_until: std::sync::atomic::AtomicI64::new(i64::MAX),
         }
     }
 
@@ -218,6 +221,8 @@ impl ArchiveStore {
     /// A warning for every shard whose raw blocks end before `end` while another's go on:
     /// its series are missing from the answer after that (its archiver is behind).
     async fn warn_shards_behind(&self, end: i64) -> Result<(), StoreError> {
+        // Past where the archive alone answers, the stores beside it hold the data.
+        let end = end.min(self.served_until.load(std::sync::atomic::Ordering::Relaxed));
         let ends = self.shard_ends(0).await?;
         let Some(&furthest) = ends.values().max() else { return Ok(()) };
         for (shard, &until) in &ends {
@@ -236,6 +241,12 @@ impl ArchiveStore {
             }
         }
         Ok(())
+    }
+
+    /// The newest time that only the archive answers for (the stores beside it, in a
+    /// global, hold what is newer); `i64::MAX` when it stands alone.
+    pub fn set_served_until(&self, t: i64) {
+        self.served_until.store(t, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// A block, opened or from the cache (a cached one whose meta differs from the
