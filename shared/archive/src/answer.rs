@@ -86,8 +86,8 @@ fn sparse_within(p: &strata_downsample::answer::Prepared, lo: i64, hi: i64) -> b
 impl ArchiveStore {
     /// Whether no block of `shard`, of any resolution, may hold a sample in `(from, to]`;
     /// a block whose meta cannot be read counts by its folder's range, or as holding anything.
-    async fn nothing_held_in(&self, shard: &Option<String>, from: i64, to: i64) -> Result<bool, StoreError> {
-        for b in self.listed().await?.iter().filter(|b| shard_of(&b.dir) == *shard) {
+    fn nothing_held_in(listed: &[crate::store::Listed], shard: &Option<String>, from: i64, to: i64) -> bool {
+        for b in listed.iter().filter(|b| shard_of(&b.dir) == *shard) {
             // The sample times a block may hold, inclusive.
             let (oldest, newest) = match &b.meta {
                 Ok(m) if m.resolution_ms == 0 => (m.first_sample.unwrap_or(m.min_time), m.max_time.saturating_sub(1)),
@@ -95,14 +95,14 @@ impl ArchiveStore {
                 Err(_) => match crate::layout::parse_block_dir(&b.dir) {
                     Some((res, lo, hi)) if res == "raw" => (lo, hi.saturating_sub(1)),
                     Some((_, lo, hi)) => (lo.saturating_add(1), hi),
-                    None => return Ok(false),
+                    None => return false,
                 },
             };
             if oldest <= to && newest > from {
-                return Ok(false);
+                return false;
             }
         }
-        Ok(true)
+        true
     }
 
     pub(crate) async fn steps_from_aggregates(&self, req: &StepsRequest) -> Result<Steps, StoreError> {
@@ -114,7 +114,9 @@ impl ArchiveStore {
         // the middle (a range archived before aggregates were, one being written again, a
         // shard whose archiver is behind) would leave its windows out in silence. Then raw
         // data answers.
-        let mut shards: BTreeSet<Option<String>> = self.listed().await?.iter().map(|b| shard_of(&b.dir)).collect();
+        // One look at the block list for the whole request.
+        let listed = self.listed().await?;
+        let mut shards: BTreeSet<Option<String>> = listed.iter().map(|b| shard_of(&b.dir)).collect();
         if shards.is_empty() {
             shards.insert(None);
         }
@@ -125,7 +127,7 @@ impl ArchiveStore {
             // past it (a `[1h]` range at the archive's first hour) is answered as raw data
             // would answer it. (The planner asks so only when no other store holds older data.)
             let first = mine.iter().find_map(|b| b.meta.as_ref().ok()).map_or(i64::MAX, |m| m.min_time);
-            if first > p.from && self.nothing_held_in(shard, i64::MIN, first.min(p.last)).await? {
+            if first > p.from && Self::nothing_held_in(&listed, shard, i64::MIN, first.min(p.last)) {
                 covered = first.min(p.last);
             }
             for b in &mine {

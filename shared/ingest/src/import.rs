@@ -164,12 +164,14 @@ fn import_part(
     Ok((stats, meta, series))
 }
 
+/// The lines that open a metric family, with the newline before them.
+const MARKS: [&[u8]; 3] = [b"\n# HELP ", b"\n# TYPE ", b"\n# UNIT "];
+
 /// Where a part of `file` after `from` may begin: the start of the first metric family's
 /// `# HELP`, `# TYPE` or `# UNIT` line before `until`. Families are not interleaved
 /// (OpenMetrics requires it), so every series lies in one part.
 fn family_start(file: &mut std::fs::File, from: u64, until: u64) -> std::io::Result<Option<u64>> {
     use std::io::{Seek, SeekFrom};
-    const MARKS: [&[u8]; 3] = [b"\n# HELP ", b"\n# TYPE ", b"\n# UNIT "];
     let mut at = from;
     let mut window = vec![0u8; 1 << 20];
     while at < until {
@@ -192,7 +194,6 @@ fn family_start(file: &mut std::fs::File, from: u64, until: u64) -> std::io::Res
 /// before `to`, searched backwards from `to`.
 fn family_start_before(file: &mut std::fs::File, floor: u64, to: u64) -> std::io::Result<Option<u64>> {
     use std::io::{Seek, SeekFrom};
-    const MARKS: [&[u8]; 3] = [b"\n# HELP ", b"\n# TYPE ", b"\n# UNIT "];
     const WINDOW: u64 = 1 << 20;
     let mut end = to.saturating_add(MARKS[0].len() as u64);
     let mut window = vec![0u8; WINDOW as usize];
