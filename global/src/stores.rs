@@ -70,7 +70,9 @@ pub const ARCHIVE_KIND: &str = "archive";
 /// The archive as a target, with the time range of its raw blocks and its aggregates;
 /// asked for everything when its blocks cannot be listed.
 async fn archive_target(a: &ArchiveBeside, now: SystemTime) -> (StoreTarget, StoreStatus) {
-    let mut target = StoreTarget::new(a.name.clone(), a.store.clone());
+    // The reader answers leaves from aggregates; an aggregation over one is the engine's.
+    let grouping = strata_promql::pushdown::GroupingAggregates::new(a.store.clone());
+    let mut target = StoreTarget::new(a.name.clone(), Arc::new(grouping));
     let mut status = StoreStatus {
         address: a.name.clone(),
         kind: ARCHIVE_KIND.into(),

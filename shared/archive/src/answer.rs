@@ -8,12 +8,12 @@ use crate::block_cache::BlockWindows;
 use crate::layout::shard_of;
 use crate::store::{ArchiveStore, OPEN_AT_ONCE};
 use crate::ArchiveError;
-use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::sync::Arc;
 use strata_downsample::answer::{prepare, AnswerError};
-use strata_downsample::{Kept, Window};
+use strata_downsample::columns::Part;
+use strata_downsample::{Kept, Window, WindowColumns};
 use strata_model::{Labels, MetricType};
 use strata_store::{Steps, StepsRequest, StepsSeries, StoreError};
 
@@ -34,11 +34,56 @@ fn store_error(e: AnswerError) -> StoreError {
 struct Gathered {
     metric_type: MetricType,
     kept: Kept,
-    parts: Vec<(Arc<[Window]>, Range<usize>)>,
+    parts: Vec<(Arc<WindowColumns>, Range<usize>)>,
+}
+
+/// A series' windows to evaluate: one block's columns as they are, or the windows of
+/// several merged.
+enum Run<'a> {
+    One(Part<'a, WindowColumns>),
+    Merged(Vec<Window>),
+}
+
+/// A series' windows from one block: the cache's columns, or windows just read (made
+/// columns only if most of them are kept).
+enum Held {
+    Columns(Arc<WindowColumns>),
+    Windows(Vec<Window>),
+}
+
+impl Held {
+    /// The indexes of the windows ending in `(from, last]`.
+    fn between(&self, from: i64, last: i64) -> (usize, usize) {
+        match self {
+            Held::Columns(c) => (c.ends().partition_point(|&e| e <= from), c.ends().partition_point(|&e| e <= last)),
+            Held::Windows(w) => (w.partition_point(|x| x.end <= from), w.partition_point(|x| x.end <= last)),
+        }
+    }
+
+    fn end(&self, i: usize) -> i64 {
+        match self {
+            Held::Columns(c) => c.ends()[i],
+            Held::Windows(w) => w[i].end,
+        }
+    }
+
+    fn window(&self, i: usize) -> Window {
+        match self {
+            Held::Columns(c) => c.window(i),
+            Held::Windows(w) => w[i],
+        }
+    }
+
+    fn into_columns(self) -> Arc<WindowColumns> {
+        match self {
+            Held::Columns(c) => c,
+            Held::Windows(w) => Arc::new(WindowColumns::new(&w)),
+        }
+    }
 }
 
 impl Gathered {
-    fn add(&mut self, kept: Kept, windows: Arc<[Window]>, range: Range<usize>) {
+    fn add(&mut self, kept: Kept, windows: Arc<WindowColumns>, range: Range<usize>) {
         self.kept = self.kept.and(kept);
         self.parts.push((windows, range));
     }
@@ -47,13 +92,13 @@ impl Gathered {
     /// compaction, and then a window is kept once; two blocks that disagree about a window
     /// (ranges cut on different grids, written from different data) are an error, and raw
     /// data answers. One block's windows are lent as they are.
-    fn windows(&self) -> Result<Cow<'_, [Window]>, String> {
+    fn windows(&self) -> Result<Run<'_>, String> {
         if let [(w, r)] = self.parts.as_slice() {
-            return Ok(Cow::Borrowed(&w[r.clone()]));
+            return Ok(Run::One(Part { of: &**w, range: r.clone() }));
         }
-        let mut all: Vec<Window> = self.parts.iter().flat_map(|(w, r)| w[r.clone()].iter().copied()).collect();
+        let mut all: Vec<Window> = self.parts.iter().flat_map(|(w, r)| r.clone().map(|i| w.window(i))).collect();
         if all.windows(2).all(|p| p[0].end < p[1].end) {
-            return Ok(Cow::Owned(all));
+            return Ok(Run::Merged(all));
         }
         all.sort_by_key(|w| w.end);
         let mut kept: Vec<Window> = Vec::with_capacity(all.len());
@@ -66,13 +111,16 @@ impl Gathered {
                 _ => kept.push(w),
             }
         }
-        Ok(Cow::Owned(kept))
+        Ok(Run::Merged(kept))
     }
 }
 
 /// Whether the grid reads fewer than half of the windows ending in `(lo, hi]` that it
 /// reaches (a block's), counted up to a million windows (a block is a day or less).
 fn sparse_within(p: &strata_downsample::answer::Prepared, lo: i64, hi: i64) -> bool {
+    if p.reads_every_window() {
+        return false;
+    }
     let width = p.width();
     let (first, last) = (lo.max(p.from).div_euclid(width).saturating_add(1), hi.min(p.last).div_euclid(width));
     if last < first || last.saturating_sub(first) > 1_000_000 {
@@ -176,11 +224,11 @@ impl ArchiveStore {
                 // block's windows of them (and kept) when the query covers most of it.
                 let data_crc = b.meta.files.iter().find(|f| f.path == crate::layout::DATA).map_or(0, |f| f.crc32);
                 let block = (b.dir.clone(), data_crc);
-                let mut held: Vec<(i64, BlockWindows)> = Vec::new();
+                let mut held: Vec<(i64, Kept, Held)> = Vec::new();
                 if self.windows.enabled() {
-                    held = self.windows.get_many(&block, ids.iter().copied());
-                    for (id, _) in &held {
-                        ids.remove(id);
+                    for (id, w) in self.windows.get_many(&block, ids.iter().copied()) {
+                        ids.remove(&id);
+                        held.push((id, w.kept, Held::Columns(w.columns)));
                     }
                 }
                 // An aggregate block over [lo, hi) holds the windows ending in (lo, hi].
@@ -204,7 +252,6 @@ impl ArchiveStore {
                     Err(e) => return Err(unreadable(&e)),
                 };
                 for (id, w) in got {
-                    let w = BlockWindows { kept: w.kept, windows: w.windows.into() };
                     // A whole block's windows are kept for later queries: they must be all
                     // the series table lists (row groups skipped by crafted statistics
                     // would otherwise leave windows out for as long as the cache holds it).
@@ -214,29 +261,41 @@ impl ArchiveStore {
                             format!("series {id}: {} windows read, the series table lists {listed}", w.windows.len());
                         return Err(unreadable(&e));
                     }
-                    if whole {
-                        self.windows.insert(&block, id, w.clone());
-                    }
-                    held.push((id, w));
+                    let held_now = match whole {
+                        true => {
+                            let columns = Arc::new(WindowColumns::new(&w.windows));
+                            self.windows.insert(&block, id, BlockWindows { kept: w.kept, columns: columns.clone() });
+                            Held::Columns(columns)
+                        }
+                        false => Held::Windows(w.windows),
+                    };
+                    held.push((id, w.kept, held_now));
                 }
-                held.sort_by_key(|(id, _)| *id);
-                for (id, w) in held {
-                    let first = w.windows.partition_point(|x| x.end <= p.from);
-                    let past = w.windows.partition_point(|x| x.end <= p.last);
+                held.sort_by_key(|(id, ..)| *id);
+                for (id, kept, w) in held {
+                    let (first, past) = w.between(p.from, p.last);
                     if first >= past {
                         continue;
                     }
                     // Only the windows some step reads are held when they are few (a step
                     // longer than the range): a month at step 1 h over 5 m windows would
                     // otherwise hold every block's windows, twelve times what it reads.
-                    let needed = w.windows[first..past].iter().filter(|x| p.reads(x.end)).count();
+                    // (Counting them touches every window: a dense grid, the usual case,
+                    // skips it.)
+                    let needed = match p.reads_every_window() {
+                        true => past - first,
+                        false => (first..past).filter(|&i| p.reads(w.end(i))).count(),
+                    };
+                    if needed == 0 {
+                        continue;
+                    }
                     let (windows, range) = match needed.saturating_mul(2) < past - first {
                         true => {
-                            let some: Arc<[Window]> =
-                                w.windows[first..past].iter().filter(|x| p.reads(x.end)).copied().collect();
-                            (some, 0..needed)
+                            let some: Vec<Window> =
+                                (first..past).filter(|&i| p.reads(w.end(i))).map(|i| w.window(i)).collect();
+                            (Arc::new(WindowColumns::new(&some)), 0..needed)
                         }
-                        false => (w.windows, first..past),
+                        false => (w.into_columns(), first..past),
                     };
                     read = read.saturating_add(range.len() as u64);
                     if read > req.limits.max_samples {
@@ -246,7 +305,7 @@ impl ArchiveStore {
                     found
                         .entry(s.labels.clone())
                         .or_insert_with(|| Gathered { metric_type: s.metric_type, kept: Kept::ALL, parts: Vec::new() })
-                        .add(w.kept, windows, range);
+                        .add(kept, windows, range);
                 }
             }
         }
@@ -265,7 +324,11 @@ impl ArchiveStore {
                         .windows()
                         .map_err(|e| StoreError::InvalidRequest(format!("from aggregates: series {labels}: {e}")))?;
                     let s = (labels.clone(), g.metric_type, g.kept);
-                    series.push(p.evaluate_windows(&req, s, &windows).map_err(store_error)?);
+                    let evaluated = match &windows {
+                        Run::One(part) => p.evaluate_windows(&req, s, part),
+                        Run::Merged(all) => p.evaluate_windows(&req, s, &all[..]),
+                    };
+                    series.push(evaluated.map_err(store_error)?);
                 }
                 Ok(series)
             };
@@ -310,20 +373,25 @@ mod tests {
     fn overlapping_blocks_agree_or_the_answer_is_refused() {
         let raw: Vec<Sample> = (1..=240).map(|k| Sample::new(k * 15_000, (k % 9) as f64)).collect();
         let windows: Arc<[Window]> = windows_of(&raw, 300_000).into();
+        let columns = Arc::new(WindowColumns::new(&windows));
         let n = windows.len();
+        let all = |g: &Gathered| match g.windows().unwrap() {
+            Run::One(part) => part.range.map(|i| part.of.window(i)).collect(),
+            Run::Merged(all) => all,
+        };
         let mut g = Gathered { metric_type: MetricType::Gauge, kept: Kept::ALL, parts: Vec::new() };
-        g.add(Kept::ALL, windows.clone(), 0..8);
-        assert_eq!(g.windows().unwrap().len(), 8);
+        g.add(Kept::ALL, columns.clone(), 0..8);
+        assert_eq!(all(&g), windows[..8].to_vec());
         // A compacted block beside the blocks it replaces: the same windows, kept once.
-        g.add(Kept::ALL, windows.clone(), 4..n);
-        let got = g.windows().unwrap();
+        g.add(Kept::ALL, columns.clone(), 4..n);
+        let got = all(&g);
         assert_eq!(got.len(), n);
         assert!(got.iter().zip(windows.iter()).all(|(a, b)| a.same_bits(b)));
         // A block from other data over the same windows.
         let mut other = windows[5];
         other.sum += 1.0;
-        g.add(Kept::ALL, Arc::from(vec![other]), 0..1);
-        let err = g.windows().unwrap_err();
+        g.add(Kept::ALL, Arc::new(WindowColumns::new(&[other])), 0..1);
+        let Err(err) = g.windows() else { panic!("two blocks disagree and the answer stands") };
         assert!(err.contains("different windows"), "{err}");
     }
 }

@@ -145,16 +145,48 @@ pub const PROGRESS: &str = "progress/raw.json";
 /// Where every raw range before is archived or empty, from the bucket's progress record;
 /// `None` when there is none yet. A regional reads it to hold what is not archived.
 pub async fn read_progress(objects: &dyn ObjectStore) -> Result<Option<i64>, ArchiveError> {
-    let failed = |e: &dyn std::fmt::Display| ArchiveError::Object { object: PROGRESS.into(), reason: e.to_string() };
-    let got = match objects.get(&Path::from(PROGRESS)).await {
+    Ok(read_progress_at(objects, &Path::from(PROGRESS)).await?.map(|p| p.until))
+}
+
+/// The progress record at `path` (a shard's, read from the root), whole.
+pub(crate) async fn read_progress_at(
+    objects: &dyn ObjectStore,
+    path: &Path,
+) -> Result<Option<ProgressRecord>, ArchiveError> {
+    let failed = |e: &dyn std::fmt::Display| ArchiveError::Object { object: path.to_string(), reason: e.to_string() };
+    let got = match objects.get(path).await {
         Ok(got) if got.meta.size > SMALL_OBJECT => return Err(failed(&"larger than a progress record can be")),
         Ok(got) => got.bytes().await.map_err(|e| failed(&e))?,
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(failed(&e)),
     };
     let p: Progress = serde_json::from_slice(&got).map_err(|e| failed(&format!("not a progress record: {e}")))?;
-    Ok(Some(p.until))
+    if p.gaps.len() > MAX_GAPS {
+        return Err(failed(&format!("{} gap ranges, more than a record holds", p.gaps.len())));
+    }
+    Ok(Some(ProgressRecord { until: p.until, gaps: p.gaps }))
 }
+
+/// What a progress record says: where the archiver has got to, and the ranges it passed
+/// as empty while some store did not answer (their data may be missing from the archive,
+/// and no block is there to say so).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProgressRecord {
+    pub until: i64,
+    pub gaps: Vec<Gap>,
+}
+
+/// A range `[start, end)` archived as empty without every store, and why.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Gap {
+    pub start: i64,
+    pub end: i64,
+    pub why: String,
+}
+
+/// Gap ranges a record keeps: past it, the oldest two are merged into one (which says
+/// more may be missing, never less).
+const MAX_GAPS: usize = 256;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Progress {
@@ -162,6 +194,27 @@ struct Progress {
     until: i64,
     owner: String,
     updated: i64,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    gaps: Vec<Gap>,
+}
+
+/// Adds `gap` to `gaps`: joined to the newest when it follows it for the same reason, the
+/// oldest two merged when there are too many.
+fn add_gap(gaps: &mut Vec<Gap>, gap: Gap) {
+    match gaps.last_mut() {
+        Some(last) if last.end == gap.start && last.why == gap.why => last.end = gap.end,
+        _ => gaps.push(gap),
+    }
+    bound_gaps(gaps);
+}
+
+fn bound_gaps(gaps: &mut Vec<Gap>) {
+    while gaps.len() > MAX_GAPS {
+        let second = gaps.remove(1);
+        let first = &mut gaps[0];
+        first.end = first.end.max(second.end);
+        first.why = "stores did not answer (several ranges merged)".into();
+    }
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -190,6 +243,8 @@ pub struct Archiver {
     metrics: ArchiverMetrics,
     failures_in_row: AtomicU32,
     archived_until: AtomicI64,
+    /// The progress record's gap ranges, written with it each time.
+    gaps: parking_lot::Mutex<Vec<Gap>>,
 }
 
 impl Archiver {
@@ -211,6 +266,7 @@ impl Archiver {
             metrics,
             failures_in_row: AtomicU32::new(0),
             archived_until: AtomicI64::new(i64::MIN),
+            gaps: parking_lot::Mutex::new(Vec::new()),
         }
     }
 
@@ -311,9 +367,11 @@ impl Archiver {
                 }
                 Claimed::Empty { gaps } => {
                     if !gaps.is_empty() {
-                        // No block to carry them: the log and the counter do.
+                        // No block to carry them: the progress record does (readers warn
+                        // over the range), with the log and the counter.
                         self.metrics.incomplete.inc();
                         tracing::warn!(range_start = start, range_end = end, gaps = ?gaps, "a range archived as empty without every store");
+                        add_gap(&mut self.gaps.lock(), Gap { start, end, why: gaps.join("; ") });
                     }
                 }
                 Claimed::Done => round.skipped += 1,
@@ -462,11 +520,24 @@ impl Archiver {
     /// round, a restart or another archiver starts there and not at the stores' oldest
     /// sample; 0 when there is no record yet.
     async fn progress(&self) -> Result<i64, ArchiveError> {
-        Ok(read_progress(self.objects.as_ref()).await?.unwrap_or(i64::MIN))
+        let Some(record) = read_progress_at(self.objects.as_ref(), &Path::from(PROGRESS)).await? else {
+            return Ok(i64::MIN);
+        };
+        // Another archiver's (or an earlier life's) gaps are kept, with this one's.
+        let mut gaps = self.gaps.lock();
+        for g in record.gaps {
+            if !gaps.contains(&g) {
+                gaps.push(g);
+            }
+        }
+        gaps.sort_by_key(|g| g.start);
+        bound_gaps(&mut gaps);
+        Ok(record.until)
     }
 
     async fn record_progress(&self, until: i64, now_ms: i64) -> Result<(), ArchiveError> {
-        let p = Progress { until, owner: self.opts.owner.clone(), updated: now_ms };
+        let gaps = self.gaps.lock().clone();
+        let p = Progress { until, owner: self.opts.owner.clone(), updated: now_ms, gaps };
         let body = serde_json::to_vec(&p).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
         self.objects
             .put(&Path::from(PROGRESS), body.into())
@@ -743,6 +814,64 @@ mod tests {
         assert_eq!(got.unwrap().len(), 2);
         let warned = scope.warnings();
         assert!(warned.iter().any(|w| w.contains("may be incomplete") && w.contains("edge-b:10901")), "{warned:?}");
+    }
+
+    /// A range with no data passed as empty while a store did not answer leaves no block
+    /// to say so: the progress record keeps it, and readers over it warn.
+    #[tokio::test]
+    async fn a_range_passed_as_empty_without_every_store_is_recorded_and_readers_say_so() {
+        let s = setup();
+        {
+            let mut c = s.coverage.lock().unwrap();
+            c.min_time = Some(T0 - 2 * HOUR);
+            c.missing = vec!["edge-b:10901".into()];
+        }
+        let now = T0 + 5 * HOUR + 1;
+        let r = archiver(&s, "a").round(now).await.unwrap();
+        assert_eq!(ranges(&r), vec![(T0, T0 + HOUR)]);
+        let record = read_progress_at(s.objects.as_ref(), &Path::from(PROGRESS)).await.unwrap().unwrap();
+        assert_eq!(record.until, T0 + HOUR);
+        // The two empty hours, for one reason: one gap.
+        assert_eq!(record.gaps.len(), 1, "{record:?}");
+        assert_eq!((record.gaps[0].start, record.gaps[0].end), (T0 - 2 * HOUR, T0));
+        assert!(record.gaps[0].why.contains("edge-b:10901"), "{record:?}");
+        // A restart keeps them, once.
+        archiver(&s, "a").round(now).await.unwrap();
+        let again = read_progress_at(s.objects.as_ref(), &Path::from(PROGRESS)).await.unwrap().unwrap();
+        assert_eq!(again.gaps, record.gaps);
+
+        let store = ArchiveStore::new(s.objects.clone(), "bucket", ArchiveStoreOptions::default());
+        let all = || vec![Matcher::new(strata_model::MatchOp::Regex, "__name__", ".+").unwrap()];
+        let scope = QueryScope::new(true, true);
+        let got = scope.clone().run(store.select(&SelectRequest::new(all(), T0 - HOUR, T0 - 1))).await.unwrap();
+        assert!(got.is_empty());
+        let warned = scope.warnings();
+        assert!(warned.iter().any(|w| w.contains("archived as empty") && w.contains("edge-b:10901")), "{warned:?}");
+        let strict = QueryScope::new(false, true);
+        let err = strict.run(store.label_names(&all(), T0 - HOUR, T0 - 1)).await.unwrap_err();
+        assert!(matches!(&err, StoreError::Unavailable(m) if m.contains("archived as empty")), "{err:?}");
+        // Before the gap, nothing is said about it.
+        let scope = QueryScope::new(true, true);
+        scope.clone().run(store.select(&SelectRequest::new(all(), T0 - 5 * HOUR, T0 - 3 * HOUR))).await.unwrap();
+        assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
+    }
+
+    #[test]
+    fn gaps_join_when_they_follow_and_stay_bounded() {
+        let gap = |start: i64, why: &str| Gap { start, end: start + HOUR, why: why.into() };
+        let mut gaps = Vec::new();
+        add_gap(&mut gaps, gap(0, "a"));
+        add_gap(&mut gaps, gap(HOUR, "a"));
+        add_gap(&mut gaps, gap(2 * HOUR, "b"));
+        assert_eq!(gaps, vec![Gap { start: 0, end: 2 * HOUR, why: "a".into() }, gap(2 * HOUR, "b")]);
+        for k in 0..1000 {
+            add_gap(&mut gaps, gap((4 + 2 * k) * HOUR, "c"));
+        }
+        assert_eq!(gaps.len(), MAX_GAPS);
+        // The oldest merged: what they cover is still covered.
+        assert_eq!(gaps[0].start, 0);
+        assert_eq!(gaps.last().unwrap().end, (4 + 2 * 999) * HOUR + HOUR);
+        assert!(gaps.windows(2).all(|w| w[0].end <= w[1].start));
     }
 
     #[tokio::test]

@@ -10,7 +10,7 @@ use object_store::path::Path;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use strata_chunk::Chunk;
-use strata_downsample::{Kept, Window};
+use strata_downsample::{Kept, WindowColumns};
 
 /// A block: its folder and its data file's checksum.
 pub(crate) type BlockKey = (Path, u32);
@@ -26,16 +26,17 @@ impl Weighed for Arc<[Chunk]> {
     }
 }
 
-/// A series' windows in one aggregate block, with what its rows kept.
+/// A series' windows in one aggregate block, field by field (a query reads only the
+/// fields it needs), with what its rows kept.
 #[derive(Debug, Clone)]
 pub(crate) struct BlockWindows {
     pub kept: Kept,
-    pub windows: Arc<[Window]>,
+    pub columns: Arc<WindowColumns>,
 }
 
 impl Weighed for BlockWindows {
     fn cost(&self) -> usize {
-        self.windows.len() * std::mem::size_of::<Window>() + 96
+        self.columns.bytes() + 96
     }
 }
 
@@ -49,7 +50,8 @@ pub(crate) struct BlockCache<V> {
 
 /// Entries by block, then series id: a query looks a block up once for all its series.
 struct Inner<V> {
-    entries: HashMap<BlockKey, HashMap<i64, V>>,
+    // (Series ids are ours, not a client's: a fast hash.)
+    entries: HashMap<BlockKey, HashMap<i64, V, foldhash::fast::RandomState>>,
     order: VecDeque<(BlockKey, i64)>,
     bytes: usize,
 }
@@ -98,7 +100,7 @@ impl<V: Weighed + Clone> BlockCache<V> {
     #[cfg(test)]
     pub(crate) fn held(&self) -> (usize, usize) {
         let inner = self.inner.lock().unwrap();
-        (inner.entries.values().map(HashMap::len).sum(), inner.bytes)
+        (inner.entries.values().map(|h| h.len()).sum(), inner.bytes)
     }
 }
 

@@ -13,6 +13,8 @@ mod answer;
 pub mod archiver;
 mod block_cache;
 pub mod compactor;
+#[cfg(test)]
+mod crash_tests;
 pub mod layout;
 mod merge;
 pub mod meta;

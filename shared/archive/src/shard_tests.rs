@@ -4,6 +4,7 @@
 
 use crate::archiver::{Archiver, ArchiverOptions, Coverage};
 use crate::{check_sharding, shard_store, ArchiveStore, ArchiveStoreOptions, BlockWriter, ObjectStore, WriteOptions};
+use object_store::ObjectStoreExt;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Labels, MatchOp, Matcher, Metadata, MetricType, Sample};
@@ -94,6 +95,15 @@ async fn shards_are_archived_apart_and_read_together_and_one_behind_is_said() {
     let err = strict.run(async { reader.select(&req).await }).await.unwrap_err();
     assert!(matches!(&err, StoreError::Unavailable(m) if m.contains("shard c1")), "{err:?}");
 
+    // The series and label endpoints say so too.
+    let scope = QueryScope::new(true, true);
+    let names = [equal("__name__", "gpu_temp")];
+    let series = scope.clone().run(reader.series(&names, T0, T0 + 4 * HOUR - 1)).await.unwrap();
+    assert_eq!(series.len(), 4);
+    let values = scope.clone().run(reader.label_values("cluster", &names, T0, T0 + 4 * HOUR - 1)).await.unwrap();
+    assert_eq!(values, ["c0", "c1"]);
+    assert_eq!(scope.warnings().iter().filter(|w| w.contains("shard c1")).count(), 1, "{:?}", scope.warnings());
+
     // Aggregates: where both shards cover the windows they answer for all four series;
     // past c1's end they refuse (raw data then answers, with its warning).
     let steps = |end: i64| {
@@ -135,4 +145,67 @@ async fn shards_are_archived_apart_and_read_together_and_one_behind_is_said() {
     let sharded = check_sharding(flat.as_ref(), Some(("c0", "{}"))).await.unwrap_err().to_string();
     assert!(sharded.contains("archived whole"), "{sharded}");
     check_sharding(flat.as_ref(), None).await.unwrap();
+}
+
+/// A shard whose series stopped writes no blocks for its newest ranges, but its progress
+/// record goes on: it is not behind, and nothing is said. Without the record, its blocks
+/// alone would say it is.
+#[tokio::test]
+async fn a_shard_with_nothing_new_is_not_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let root: Arc<dyn ObjectStore> =
+        Arc::new(object_store::local::LocalFileSystem::new_with_prefix(dir.path()).unwrap());
+    let mut m = MemoryStore::default();
+    for (cluster, hours) in [("c0", 4), ("c1", 1)] {
+        let labels = Labels::from_pairs([("__name__", "gpu_temp"), ("cluster", cluster), ("gpu", "0")]);
+        let samples = (0..hours * HOUR / 15_000).map(|k| Sample::new(T0 + 7 + k * 15_000, 40.0 + (k % 17) as f64));
+        m.add(labels, MetricType::Gauge, samples);
+    }
+    let fleet = Arc::new(m);
+    let now = T0 + 4 * HOUR + 11 * 60_000;
+    let c0 = shard_archiver(&root, &fleet, "c0").round(now).await.unwrap();
+    let c1 = shard_archiver(&root, &fleet, "c1").round(now).await.unwrap();
+    assert_eq!((c0.written.len(), c1.written.len()), (4, 1));
+    let progress = object_store::path::Path::from(format!("shards/c1/{}", crate::archiver::PROGRESS));
+    assert!(root.head(&progress).await.is_ok(), "c1 recorded its progress");
+
+    let reader = ArchiveStore::new(root.clone(), "test", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    let got = scope.clone().run(samples_of(&reader, T0, T0 + 4 * HOUR - 1)).await;
+    assert_eq!(got, samples_of(fleet.as_ref(), T0, T0 + 4 * HOUR - 1).await);
+    assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
+
+    // A record of a shard with no blocks (one taken out of service, its blocks gone),
+    // and one from a clock far ahead: neither makes the others look behind.
+    let record = |until: i64| serde_json::json!({"until": until, "owner": "x", "updated": 0}).to_string();
+    let gone = object_store::path::Path::from(format!("shards/gone/{}", crate::archiver::PROGRESS));
+    root.put(&gone, record(T0 + 2 * HOUR).into()).await.unwrap();
+    let ahead = object_store::path::Path::from(format!("shards/c0/{}", crate::archiver::PROGRESS));
+    let c0_record = root.get(&ahead).await.unwrap().bytes().await.unwrap();
+    root.put(&ahead, record(T0 + 1000 * HOUR).into()).await.unwrap();
+    let reader = ArchiveStore::new(root.clone(), "test", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    scope.clone().run(samples_of(&reader, T0, T0 + 4 * HOUR - 1)).await;
+    assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
+    root.put(&ahead, c0_record.into()).await.unwrap();
+
+    // A backfill of the first hour into the root (`strata archive import`, no progress
+    // record of the root's) is not an archiver that stopped there.
+    let mut old = MemoryStore::default();
+    let labels = Labels::from_pairs([("__name__", "gpu_temp"), ("cluster", "c9"), ("gpu", "0")]);
+    old.add(labels, MetricType::Gauge, (0..240).map(|k| Sample::new(T0 + 7 + k * 15_000, 1.0)));
+    let backfill = BlockWriter::new(root.clone(), WriteOptions::default());
+    assert!(backfill.write_raw(&old, T0, T0 + HOUR).await.unwrap().is_some());
+    let reader = ArchiveStore::new(root.clone(), "test", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    let got = scope.clone().run(samples_of(&reader, T0, T0 + 4 * HOUR - 1)).await;
+    assert_eq!(got.len(), 3);
+    assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
+
+    // The record gone (an archiver that never got past its last block): c1 is behind.
+    root.delete(&progress).await.unwrap();
+    let reader = ArchiveStore::new(root.clone(), "test", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    scope.clone().run(samples_of(&reader, T0, T0 + 4 * HOUR - 1)).await;
+    assert!(scope.warnings().iter().any(|w| w.contains("shard c1")), "{:?}", scope.warnings());
 }

@@ -11,6 +11,7 @@
 //! says so in the request's warnings, or fails the request under `partial_response=false`:
 //! never a silent gap.
 
+use crate::archiver::ProgressRecord;
 use crate::block_cache::{ChunkCache, WindowCache};
 use crate::compactor::DELETION_MARK;
 use crate::layout::META;
@@ -69,7 +70,10 @@ pub(crate) struct Listed {
 #[derive(Default)]
 struct Catalog {
     listed_at: Option<Instant>,
-    blocks: Vec<Listed>,
+    blocks: Arc<[Listed]>,
+    /// Per shard (`None`: the root), its progress record (where every raw range before
+    /// is archived or held nothing, and the gaps passed), with the record's stamp.
+    progress: BTreeMap<Option<String>, (String, ProgressRecord)>,
 }
 
 /// Open blocks, least recently used first.
@@ -124,13 +128,20 @@ impl ArchiveStore {
         let mut blocks: Vec<Listed> =
             blocks.into_iter().map(|(dir, meta)| Listed { dir, stamp: String::new(), meta: Ok(meta) }).collect();
         blocks.sort_by(|a, b| a.dir.cmp(&b.dir));
-        store.catalog = tokio::sync::Mutex::new(Catalog { listed_at: Some(Instant::now()), blocks });
+        let progress = BTreeMap::new();
+        store.catalog =
+            tokio::sync::Mutex::new(Catalog { listed_at: Some(Instant::now()), blocks: blocks.into(), progress });
         store
     }
 
     /// The blocks listed now (read again when older than `refresh`); a meta already read
     /// and unchanged is not fetched again, new ones are fetched a few at a time.
-    pub(crate) async fn listed(&self) -> Result<Vec<Listed>, StoreError> {
+    pub(crate) async fn listed(&self) -> Result<Arc<[Listed]>, StoreError> {
+        Ok(self.catalog().await?.0)
+    }
+
+    /// The block list, and per shard its progress record.
+    async fn catalog(&self) -> Result<(Arc<[Listed]>, BTreeMap<Option<String>, ProgressRecord>), StoreError> {
         use futures_util::{StreamExt, TryStreamExt};
         let mut c = self.catalog.lock().await;
         if c.listed_at.is_none_or(|t| t.elapsed() >= self.opts.refresh) {
@@ -141,7 +152,7 @@ impl ArchiveStore {
                 .list(None)
                 .try_filter(|o| {
                     let name = o.location.filename();
-                    std::future::ready(name == Some(META) || name == Some(DELETION_MARK))
+                    std::future::ready(name == Some(META) || name == Some(DELETION_MARK) || is_progress(&o.location))
                 })
                 .try_collect()
                 .await
@@ -152,16 +163,39 @@ impl ArchiveStore {
             // A block marked for deletion (compacted, or past retention) is left out.
             let marked: BTreeSet<Path> =
                 all.iter().filter(|o| o.location.filename() == Some(DELETION_MARK)).map(folder).collect();
+            let stamp = |m: &object_store::ObjectMeta| format!("{} {} {:?}", m.size, m.last_modified, m.e_tag);
+            // Progress records are read again only when they changed. One that cannot be
+            // read now keeps what it said last (a failed read says nothing new); one never
+            // read counts as none (the shard's blocks alone say where it is).
+            let mut progress = BTreeMap::new();
+            for o in all.iter().filter(|o| is_progress(&o.location)) {
+                let (shard, stamp) = (shard_of(&o.location), stamp(o));
+                let known = c.progress.get(&shard);
+                let record = match known {
+                    Some((was, record)) if *was == stamp => Some((stamp, record.clone())),
+                    _ => match crate::archiver::read_progress_at(self.objects.as_ref(), &o.location).await {
+                        Ok(record) => record.map(|r| (stamp, r)),
+                        Err(e) => {
+                            tracing::warn!(archive = %self.name, error = %e, "reading a shard's progress record");
+                            known.cloned()
+                        }
+                    },
+                };
+                if let Some(record) = record {
+                    progress.insert(shard, record);
+                }
+            }
+            c.progress = progress;
             let metas: Vec<object_store::ObjectMeta> = all
                 .into_iter()
                 .filter(|o| o.location.filename() == Some(META) && !marked.contains(&folder(o)))
                 .collect();
-            let known = std::mem::take(&mut c.blocks);
+            let known = c.blocks.clone();
             let known = &known;
             let mut blocks: Vec<Listed> = futures_util::stream::iter(metas)
                 .map(|m| async move {
                     let dir: Path = m.location.parts().take(m.location.parts().count().saturating_sub(1)).collect();
-                    let stamp = format!("{} {} {:?}", m.size, m.last_modified, m.e_tag);
+                    let stamp = stamp(&m);
                     if let Some(k) = known.iter().find(|k| k.dir == dir && k.stamp == stamp) {
                         return k.clone();
                     }
@@ -172,17 +206,18 @@ impl ArchiveStore {
                 .collect()
                 .await;
             blocks.sort_by(|a, b| a.dir.cmp(&b.dir));
-            c.blocks = blocks;
+            c.blocks = blocks.into();
             c.listed_at = Some(Instant::now());
         }
-        Ok(c.blocks.clone())
+        let progress = c.progress.iter().map(|(shard, (_, record))| (shard.clone(), record.clone())).collect();
+        Ok((c.blocks.clone(), progress))
     }
 
     /// The time range each resolution holds, from the block list: what a global plans
     /// with and shows in its store list.
     pub async fn time_ranges(&self) -> Result<BTreeMap<i64, (i64, i64)>, StoreError> {
         let mut out: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-        for b in self.listed().await? {
+        for b in self.listed().await?.iter() {
             // A block whose meta is damaged still counts, by its folder's name: queries over
             // its range must reach the archive, to be told it is left out.
             let range = match &b.meta {
@@ -204,12 +239,34 @@ impl ArchiveStore {
     /// the newest time it holds, when the blocks come from more than one: where each
     /// shard's archiver has got to.
     pub(crate) async fn shard_ends(&self, resolution_ms: i64) -> Result<BTreeMap<Option<String>, i64>, StoreError> {
+        let (listed, progress) = self.catalog().await?;
         let mut ends: BTreeMap<Option<String>, i64> = BTreeMap::new();
-        for b in self.listed().await? {
+        for b in listed.iter() {
             let Ok(m) = &b.meta else { continue };
             if m.resolution_ms == resolution_ms {
                 let e = ends.entry(shard_of(&b.dir)).or_insert(m.max_time);
                 *e = (*e).max(m.max_time);
+            }
+        }
+        // The root's own blocks beside shards, with no progress record of the root's, are
+        // a backfill (`strata archive import`) of the ranges it covers, not an archiver
+        // that stopped: they are not behind anything.
+        let sharded = ends.keys().chain(progress.keys()).any(Option::is_some);
+        if !progress.contains_key(&None) && sharded {
+            ends.remove(&None);
+        }
+        // A shard whose series held nothing in its newest ranges wrote no blocks there,
+        // but its progress record went on: it is not behind. A record only excuses a
+        // shard with blocks, up to where the blocks of all go (a record from a clock
+        // ahead, or damaged, does not make the others look behind; one left by a shard
+        // whose blocks are all gone does not either). Raw progress: aggregates are
+        // written with the raw blocks of their range.
+        if resolution_ms == 0 {
+            let furthest = ends.values().copied().max().unwrap_or(i64::MIN);
+            for (shard, record) in progress {
+                if let Some(e) = ends.get_mut(&shard) {
+                    *e = (*e).max(record.until.min(furthest));
+                }
             }
         }
         if ends.len() < 2 {
@@ -218,27 +275,44 @@ impl ArchiveStore {
         Ok(ends)
     }
 
-    /// A warning for every shard whose raw blocks end before `end` while another's go on:
-    /// its series are missing from the answer after that (its archiver is behind).
-    async fn warn_shards_behind(&self, end: i64) -> Result<(), StoreError> {
+    /// A warning (an error under `partial_response=false`) for what the archive lacks in
+    /// `[start, end]`: every shard whose raw blocks end before `end` while another's go on
+    /// (its archiver is behind), and every range an archiver passed as empty while a store
+    /// did not answer (its data may never have reached the archive).
+    async fn warn_incomplete(&self, start: i64, end: i64) -> Result<(), StoreError> {
         // Past where the archive alone answers, the stores beside it hold the data.
         let end = end.min(self.served_until.load(std::sync::atomic::Ordering::Relaxed));
+        let mut messages = Vec::new();
         let ends = self.shard_ends(0).await?;
-        let Some(&furthest) = ends.values().max() else { return Ok(()) };
+        let furthest = ends.values().copied().max().unwrap_or(i64::MIN);
         for (shard, &until) in &ends {
             // The block ranges are half-open: `until` is past the newest sample held.
             if until <= end && until < furthest {
                 let name = shard.as_deref().unwrap_or("(root)");
-                let message = format!(
+                messages.push(format!(
                     "archive {}: shard {name} is archived only up to {until} ms: its series are missing after that",
                     self.name
-                );
-                let scope = QueryScope::current();
-                if !scope.partial_response {
-                    return Err(StoreError::Unavailable(message));
-                }
-                scope.warn(message);
+                ));
             }
+        }
+        let (_, progress) = self.catalog().await?;
+        for (shard, record) in &progress {
+            for gap in record.gaps.iter().filter(|g| g.start <= end && g.end > start) {
+                let of = shard.as_ref().map(|s| format!(" (shard {s})")).unwrap_or_default();
+                messages.push(format!(
+                    "archive {}{of}: [{}, {}) ms was archived as empty while {}: series may be missing there",
+                    self.name, gap.start, gap.end, gap.why
+                ));
+            }
+        }
+        let scope = QueryScope::current();
+        if let Some(first) = messages.first() {
+            if !scope.partial_response {
+                return Err(StoreError::Unavailable(first.clone()));
+            }
+        }
+        for m in messages {
+            scope.warn(m);
         }
         Ok(())
     }
@@ -283,13 +357,14 @@ impl ArchiveStore {
         let mut listed: Vec<Listed> = self
             .listed()
             .await?
-            .into_iter()
+            .iter()
             .filter(|b| match &b.meta {
                 Ok(m) => m.resolution_ms == resolution_ms && m.min_time <= end && m.max_time > start,
                 // A damaged meta: its folder says its resolution and range.
                 Err(_) => parse_block_dir(&b.dir)
                     .is_none_or(|(res, lo, hi)| res == resolution_dir(resolution_ms) && lo <= end && hi > start),
             })
+            .cloned()
             .collect();
         listed.sort_by_key(|b| b.meta.as_ref().map_or(i64::MIN, |m| m.min_time));
         Ok(listed)
@@ -433,7 +508,7 @@ impl Store for ArchiveStore {
         budget: &mut SelectBudget,
     ) -> Result<Vec<SeriesChunks>, StoreError> {
         let candidates = self.candidates(0, req.start, req.end).await?;
-        self.warn_shards_behind(req.end).await?;
+        self.warn_incomplete(req.start, req.end).await?;
         let mut found: BTreeMap<Labels, SeriesBuilder> = BTreeMap::new();
         let mut read = 0u64;
         for some in candidates.chunks(OPEN_AT_ONCE) {
@@ -554,6 +629,7 @@ impl Store for ArchiveStore {
         end: i64,
         budget: &mut SelectBudget,
     ) -> Result<Vec<Labels>, StoreError> {
+        self.warn_incomplete(start, end).await?;
         let mut out = BTreeSet::new();
         for some in self.candidates(0, start, end).await?.chunks(OPEN_AT_ONCE) {
             let blocks = self.open_some(some).await?;
@@ -568,6 +644,7 @@ impl Store for ArchiveStore {
     }
 
     async fn label_names(&self, matchers: &[Matcher], start: i64, end: i64) -> Result<Vec<String>, StoreError> {
+        self.warn_incomplete(start, end).await?;
         let mut names = BTreeSet::new();
         for some in self.candidates(0, start, end).await?.chunks(OPEN_AT_ONCE) {
             let blocks = self.open_some(some).await?;
@@ -585,6 +662,7 @@ impl Store for ArchiveStore {
         start: i64,
         end: i64,
     ) -> Result<Vec<String>, StoreError> {
+        self.warn_incomplete(start, end).await?;
         let mut values = BTreeSet::new();
         for some in self.candidates(0, start, end).await?.chunks(OPEN_AT_ONCE) {
             let blocks = self.open_some(some).await?;
@@ -645,6 +723,22 @@ impl ArchiveStore {
             );
         }
     }
+}
+
+/// Whether `path` is a progress record: the root's (`progress/raw.json`) or a shard's.
+fn is_progress(path: &Path) -> bool {
+    if path.filename() != crate::archiver::PROGRESS.rsplit('/').next() {
+        return false;
+    }
+    let parts: Vec<_> = path.parts().collect();
+    let tail = crate::archiver::PROGRESS.split('/').collect::<Vec<_>>();
+    let own = parts.len().checked_sub(tail.len()).map(|n| &parts[n..]);
+    let prefix_ok = match parts.len().saturating_sub(tail.len()) {
+        0 => true,
+        2 => shard_of(path).is_some(),
+        _ => false,
+    };
+    prefix_ok && own.is_some_and(|o| o.iter().map(|p| p.as_ref()).eq(tail.iter().copied()))
 }
 
 #[cfg(test)]

@@ -4,7 +4,7 @@
 
 use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows};
 use crate::encoding::Wanted;
-use crate::leaf::{evaluate, Grid, Leaf, NotExact};
+use crate::leaf::{Grid, Leaf, NotExact};
 use crate::range::RangeFn;
 use strata_model::arith::might_not_be_a_counter;
 use strata_store::{SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries};
@@ -88,6 +88,14 @@ impl Prepared {
         (k as u64) < self.steps as u64 && t >= end && reached < end
     }
 
+    /// Whether every window from `from` to the last step is read (those after it never
+    /// are): a step no longer than the reach
+    /// leaves no window between two steps' ranges (the next step's reach starts at or
+    /// before the previous step). Saves asking [`reads`](Self::reads) window by window.
+    pub fn reads_every_window(&self) -> bool {
+        self.steps <= 1 || (self.grid.step > 0 && self.grid.step <= self.reach)
+    }
+
     /// Fails when `series` series over the windows read, or their steps, would be more
     /// than the request's limits.
     pub fn check_limits(&self, req: &StepsRequest, series: usize) -> Result<(), AnswerError> {
@@ -104,20 +112,25 @@ impl Prepared {
 
     /// One series' steps from its windows.
     pub fn evaluate(&self, req: &StepsRequest, s: SeriesWindows) -> Result<StepsSeries, AnswerError> {
-        self.evaluate_windows(req, (s.labels, s.metric_type, s.kept), &s.windows)
+        self.evaluate_windows(req, (s.labels, s.metric_type, s.kept), &s.windows[..])
     }
 
     /// One series' steps from windows it does not own (a cache's).
-    pub fn evaluate_windows(
+    pub fn evaluate_windows<W: crate::columns::WindowRun + ?Sized>(
         &self,
         req: &StepsRequest,
         (labels, metric_type, kept): (strata_model::Labels, strata_model::MetricType, crate::Kept),
-        windows: &[crate::Window],
+        windows: &W,
     ) -> Result<StepsSeries, AnswerError> {
-        let values = if req.values { evaluate(windows, kept, self.width, &self.leaf, &self.grid)? } else { Vec::new() };
-        let count: u64 = windows.iter().map(|w| u64::from(w.count)).sum();
-        let values =
-            if values.iter().any(Option::is_some) { StepValues::from_options(&values) } else { StepValues::default() };
+        let values = match req.values {
+            true => {
+                let mut values = StepValues::builder(self.steps);
+                crate::leaf::evaluate_each(windows, kept, self.width, &self.leaf, &self.grid, |v| values.push(v))?;
+                values.finish()
+            }
+            false => StepValues::default(),
+        };
+        let count: u64 = (0..windows.len()).map(|w| u64::from(windows.count(w))).sum();
         let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
         Ok(StepsSeries {
             labels,

@@ -1,6 +1,7 @@
 //! A query's leaf on a grid of steps, answered from one series' windows, and the rules
 //! that say when that answer is exactly the raw one.
 
+use crate::columns::{Part, WindowRun};
 use crate::range::{Combined, Needs, RangeFn};
 use crate::window::Window;
 use crate::Kept;
@@ -80,93 +81,130 @@ pub fn check(leaf: &Leaf, grid: &Grid, width: i64, kept: Kept) -> Result<(), Not
 
 /// `leaf`'s value at every step of `grid` from one series' windows (time-ordered, every
 /// window that holds a sample in the ranges read), as [`check`] allows.
-pub fn evaluate(
-    windows: &[Window],
+pub fn evaluate<W: WindowRun + ?Sized>(
+    windows: &W,
     kept: Kept,
     width: i64,
     leaf: &Leaf,
     grid: &Grid,
 ) -> Result<Vec<Option<f64>>, NotExact> {
+    let mut out = Vec::with_capacity(grid.steps().unwrap_or(0));
+    evaluate_each(windows, kept, width, leaf, grid, |v| out.push(v))?;
+    Ok(out)
+}
+
+/// [`evaluate`], each step's value given to `emit` in order.
+pub fn evaluate_each<W: WindowRun + ?Sized>(
+    windows: &W,
+    kept: Kept,
+    width: i64,
+    leaf: &Leaf,
+    grid: &Grid,
+    mut emit: impl FnMut(Option<f64>),
+) -> Result<(), NotExact> {
     check(leaf, grid, width, kept)?;
     let steps = grid.steps().ok_or(NotExact::Grid)?;
     // The steps move forward, so the window bounds do too: two cursors, no searches.
     let (mut lo_i, mut hi_i) = (0usize, 0usize);
-    let mut out = Vec::with_capacity(steps);
+    let n = windows.len();
     for i in 0..steps {
         let t = grid.start + i as i64 * grid.step;
         let e = t - grid.offset;
-        while hi_i < windows.len() && windows[hi_i].end <= e {
+        while hi_i < n && windows.end(hi_i) <= e {
             hi_i += 1;
         }
-        out.push(match *leaf {
-            Leaf::Selector { lookback } => windows[..hi_i].last().and_then(|w| {
-                let (newest, stale) = w.newest();
-                (!stale && newest > e.saturating_sub(lookback)).then_some(w.last.v)
+        emit(match *leaf {
+            Leaf::Selector { lookback } => hi_i.checked_sub(1).and_then(|w| {
+                let (newest, stale) = windows.newest(w);
+                (!stale && newest > e.saturating_sub(lookback)).then(|| windows.last(w).v)
             }),
             Leaf::Range { function, range } => {
                 let lo = e.saturating_sub(range);
-                while lo_i < hi_i && windows[lo_i].end <= lo {
+                while lo_i < hi_i && windows.end(lo_i) <= lo {
                     lo_i += 1;
                 }
-                let inside = &windows[lo_i.min(hi_i)..hi_i];
-                match inside {
-                    [] => None,
+                let inside = lo_i.min(hi_i)..hi_i;
+                match inside.len() {
+                    0 => None,
                     // One window: the over-time functions read it as it is.
-                    [w] if w.count > 0 => match function {
-                        RangeFn::AvgOverTime => Some(w.sum / f64::from(w.count)),
-                        RangeFn::SumOverTime => Some(w.sum),
-                        RangeFn::MaxOverTime => Some(w.max),
-                        RangeFn::MinOverTime => Some(w.min),
-                        RangeFn::CountOverTime => Some(f64::from(w.count)),
-                        RangeFn::LastOverTime => Some(w.last.v),
-                        RangeFn::PresentOverTime => Some(1.0),
-                        RangeFn::Changes => Some(f64::from(w.changes)),
-                        RangeFn::Resets => Some(f64::from(w.resets)),
-                        // A counter's increase within one window: its own reset correction.
-                        RangeFn::Rate | RangeFn::Increase if w.count >= 2 => {
-                            let increase = w.last.v - w.first.v + w.correction;
-                            let rate = function == RangeFn::Rate;
-                            Some(extrapolate(w.first, w.last, u64::from(w.count), increase, (lo, e), true, rate))
+                    1 if windows.count(inside.start) > 0 => {
+                        let w = inside.start;
+                        let count = windows.count(w);
+                        match function {
+                            RangeFn::AvgOverTime => Some(windows.sum(w) / f64::from(count)),
+                            RangeFn::SumOverTime => Some(windows.sum(w)),
+                            RangeFn::MaxOverTime => Some(windows.max(w)),
+                            RangeFn::MinOverTime => Some(windows.min(w)),
+                            RangeFn::CountOverTime => Some(f64::from(count)),
+                            RangeFn::LastOverTime => Some(windows.last(w).v),
+                            RangeFn::PresentOverTime => Some(1.0),
+                            RangeFn::Changes => Some(f64::from(windows.changes(w))),
+                            RangeFn::Resets => Some(f64::from(windows.resets(w))),
+                            // A counter's increase within one window: its own reset correction.
+                            RangeFn::Rate | RangeFn::Increase if count >= 2 => {
+                                let (first, last) = (windows.first(w), windows.last(w));
+                                let increase = last.v - first.v + windows.correction(w);
+                                let rate = function == RangeFn::Rate;
+                                Some(extrapolate(first, last, u64::from(count), increase, (lo, e), true, rate))
+                            }
+                            RangeFn::Delta if count >= 2 => {
+                                let (first, last) = (windows.first(w), windows.last(w));
+                                let delta = last.v - first.v;
+                                Some(extrapolate(first, last, u64::from(count), delta, (lo, e), false, false))
+                            }
+                            _ => one_of(&windows.whole(inside), t, e, lo, function),
                         }
-                        RangeFn::Delta if w.count >= 2 => {
-                            let delta = w.last.v - w.first.v;
-                            Some(extrapolate(w.first, w.last, u64::from(w.count), delta, (lo, e), false, false))
+                    }
+                    _ => {
+                        let part = Part { of: windows, range: inside.clone() };
+                        match over_time(&part, function).or_else(|| counter_increase(&part, function, (lo, e))) {
+                            Some(v) => v,
+                            None => one_of(&windows.whole(inside), t, e, lo, function),
                         }
-                        _ => one_of(inside, t, e, lo, function),
-                    },
-                    _ => match over_time(inside, function).or_else(|| counter_increase(inside, function, (lo, e))) {
-                        Some(v) => v,
-                        None => one_of(inside, t, e, lo, function),
-                    },
+                    }
                 }
             }
         });
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The simple over-time functions over several windows in one pass, with `Combined`'s
 /// arithmetic (the same Kahan sum from the first window's, the same folds): a `[1h]` range
 /// at a 5 m step combines a dozen windows per step. `None`: not one of them.
-fn over_time(inside: &[Window], function: RangeFn) -> Option<Option<f64>> {
-    let mut it = inside.iter().filter(|w| w.count > 0);
+fn over_time<W: WindowRun + ?Sized>(inside: &W, function: RangeFn) -> Option<Option<f64>> {
+    let mut it = (0..inside.len()).filter(|&w| inside.count(w) > 0);
     let Some(first) = it.next() else { return Some(None) };
     Some(Some(match function {
         RangeFn::SumOverTime | RangeFn::AvgOverTime => {
-            let (mut sum, mut count) = (KahanSum { sum: first.sum, c: 0.0 }, u64::from(first.count));
+            let (mut sum, mut count) = (KahanSum { sum: inside.sum(first), c: 0.0 }, u64::from(inside.count(first)));
             for w in it {
-                sum.add(w.sum);
-                count += u64::from(w.count);
+                sum.add(inside.sum(w));
+                count += u64::from(inside.count(w));
             }
             match function {
                 RangeFn::SumOverTime => sum.value(),
                 _ => sum.value() / count as f64,
             }
         }
-        RangeFn::MinOverTime => it.fold(first.min, |m, w| if m.is_nan() || w.min < m { w.min } else { m }),
-        RangeFn::MaxOverTime => it.fold(first.max, |m, w| if m.is_nan() || w.max > m { w.max } else { m }),
-        RangeFn::CountOverTime => it.fold(u64::from(first.count), |n, w| n + u64::from(w.count)) as f64,
-        RangeFn::LastOverTime => it.next_back().unwrap_or(first).last.v,
+        RangeFn::MinOverTime => it.fold(inside.min(first), |m, w| {
+            let x = inside.min(w);
+            if m.is_nan() || x < m {
+                x
+            } else {
+                m
+            }
+        }),
+        RangeFn::MaxOverTime => it.fold(inside.max(first), |m, w| {
+            let x = inside.max(w);
+            if m.is_nan() || x > m {
+                x
+            } else {
+                m
+            }
+        }),
+        RangeFn::CountOverTime => it.fold(u64::from(inside.count(first)), |n, w| n + u64::from(inside.count(w))) as f64,
+        RangeFn::LastOverTime => inside.last(it.next_back().unwrap_or(first)).v,
         RangeFn::PresentOverTime => 1.0,
         _ => return None,
     }))
@@ -174,27 +212,28 @@ fn over_time(inside: &[Window], function: RangeFn) -> Option<Option<f64>> {
 
 /// `rate` and `increase` over several windows in one pass, with `Combined`'s arithmetic: a
 /// drop at a window's edge adds the value before it to the reset correction, in order.
-fn counter_increase(inside: &[Window], function: RangeFn, (lo, e): (i64, i64)) -> Option<Option<f64>> {
+fn counter_increase<W: WindowRun + ?Sized>(inside: &W, function: RangeFn, (lo, e): (i64, i64)) -> Option<Option<f64>> {
     if !matches!(function, RangeFn::Rate | RangeFn::Increase) {
         return None;
     }
-    let mut it = inside.iter().filter(|w| w.count > 0);
+    let mut it = (0..inside.len()).filter(|&w| inside.count(w) > 0);
     let Some(first) = it.next() else { return Some(None) };
-    let (mut corrections, mut count, mut last) = (KahanSum::default(), u64::from(first.count), first.last);
-    corrections.add(first.correction);
+    let (mut corrections, mut count, mut last) =
+        (KahanSum::default(), u64::from(inside.count(first)), inside.last(first));
+    corrections.add(inside.correction(first));
     for w in it {
-        if w.first.v < last.v {
+        if inside.first(w).v < last.v {
             corrections.add(last.v);
         }
-        corrections.add(w.correction);
-        count += u64::from(w.count);
-        last = w.last;
+        corrections.add(inside.correction(w));
+        count += u64::from(inside.count(w));
+        last = inside.last(w);
     }
     if count < 2 {
         return Some(None);
     }
-    let increase = last.v - first.first.v + corrections.value();
-    Some(Some(extrapolate(first.first, last, count, increase, (lo, e), true, function == RangeFn::Rate)))
+    let increase = last.v - inside.first(first).v + corrections.value();
+    Some(Some(extrapolate(inside.first(first), last, count, increase, (lo, e), true, function == RangeFn::Rate)))
 }
 
 /// A range function over the windows of `(lo, e]`, evaluated at step time `t`.

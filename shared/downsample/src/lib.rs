@@ -17,6 +17,7 @@
 
 pub mod answer;
 pub mod blocks;
+pub mod columns;
 pub mod downsampler;
 pub mod encoding;
 pub mod leaf;
@@ -26,6 +27,7 @@ pub mod range;
 pub mod store;
 pub mod window;
 
+pub use columns::{WindowColumns, WindowRun};
 pub use downsampler::{DownsampleOptions, Downsampler};
 pub use encoding::{column_sizes, decode, encode, DecodeError};
 pub use leaf::{check, evaluate, Grid, Leaf, NotExact};

@@ -12,73 +12,11 @@ use std::time::Duration;
 use strata_dedup::ReplicaDedup;
 use strata_fanout::{Fanout, StoreTarget};
 use strata_model::{Labels, Metadata, MetricType, Sample};
-use strata_promql::pushdown::Evaluating;
+use strata_promql::pushdown::{Evaluating, GroupingAggregates};
 use strata_promql::{Engine, EngineOptions, QueryValue};
 use strata_store::{QueryScope, Store};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::TsdbStore;
-
-/// What a regional's StoreAPI server does with an aggregation over a leaf asked at a
-/// resolution: the leaf from aggregates, the aggregation by the engine over its series.
-struct Grouping(Arc<dyn Store>);
-
-#[async_trait::async_trait]
-impl Store for Grouping {
-    async fn select_within(
-        &self,
-        req: &strata_store::SelectRequest,
-        budget: &mut strata_store::SelectBudget,
-    ) -> Result<Vec<strata_store::SeriesChunks>, strata_store::StoreError> {
-        self.0.select_within(req, budget).await
-    }
-
-    async fn series_within(
-        &self,
-        matchers: &[strata_model::Matcher],
-        start: i64,
-        end: i64,
-        budget: &mut strata_store::SelectBudget,
-    ) -> Result<Vec<Labels>, strata_store::StoreError> {
-        self.0.series_within(matchers, start, end, budget).await
-    }
-
-    async fn label_names(
-        &self,
-        matchers: &[strata_model::Matcher],
-        start: i64,
-        end: i64,
-    ) -> Result<Vec<String>, strata_store::StoreError> {
-        self.0.label_names(matchers, start, end).await
-    }
-
-    async fn label_values(
-        &self,
-        name: &str,
-        matchers: &[strata_model::Matcher],
-        start: i64,
-        end: i64,
-    ) -> Result<Vec<String>, strata_store::StoreError> {
-        self.0.label_values(name, matchers, start, end).await
-    }
-
-    async fn metadata(&self, metric: Option<&str>) -> Result<Vec<(String, Metadata)>, strata_store::StoreError> {
-        self.0.metadata(metric).await
-    }
-
-    async fn steps(
-        &self,
-        req: &strata_store::StepsRequest,
-    ) -> Result<Option<strata_store::Steps>, strata_store::StoreError> {
-        if req.resolution == 0 || req.aggregate.is_none() {
-            return self.0.steps(req).await;
-        }
-        let leaf = strata_store::StepsRequest { aggregate: None, ..req.clone() };
-        let Some(steps) = self.0.steps(&leaf).await? else { return Ok(None) };
-        strata_promql::pushdown::aggregate_evaluated(req, steps)
-            .map(Some)
-            .map_err(|e| strata_store::StoreError::InvalidRequest(e.to_string()))
-    }
-}
 
 struct Stack {
     _dir: tempfile::TempDir,
@@ -132,7 +70,7 @@ async fn stack() -> Stack {
     let source = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
     // Downsampled as if it were eight hours in: the ninth hour is raw data only.
     down.run(&source, Some(t0 + 1), t0 + 8 * ONE_HOUR).await.unwrap();
-    let regional: Arc<dyn Store> = Arc::new(Grouping(Arc::new(WithAggregates::new(
+    let regional: Arc<dyn Store> = Arc::new(GroupingAggregates::new(Arc::new(WithAggregates::new(
         Arc::new(Evaluating::new(TsdbStore(db.clone()))),
         down.clone(),
     ))));

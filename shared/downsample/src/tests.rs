@@ -183,6 +183,18 @@ fn mismatches_counted(
                 encoded.map(|b| encoding::decode_wanted(b, encoding::Wanted::for_leaf(&leaf)).expect("decodes").0);
             let got =
                 evaluate(decoded.as_deref().unwrap_or(windows), kept, width, &leaf, &grid).expect("exact on this grid");
+            // The columns a cache keeps answer as the windows do, bit for bit, whole and
+            // as a part of them.
+            let run: &[Window] = decoded.as_deref().unwrap_or(windows);
+            let columns = WindowColumns::new(run);
+            assert!((0..run.len()).all(|i| columns.window(i).same_bits(&run[i])), "{query}: columns lose a field");
+            let bits = |v: &[Option<f64>]| v.iter().map(|x| x.map(f64::to_bits)).collect::<Vec<_>>();
+            let by_columns = evaluate(&columns, kept, width, &leaf, &grid).expect("exact on this grid");
+            assert_eq!(bits(&got), bits(&by_columns), "{query}: from columns");
+            let part = columns::Part { of: &columns, range: 1.min(run.len())..run.len() };
+            let by_part = evaluate(&part, kept, width, &leaf, &grid).expect("exact on this grid");
+            let by_slice = evaluate(&run[1.min(run.len())..], kept, width, &leaf, &grid).expect("exact on this grid");
+            assert_eq!(bits(&by_slice), bits(&by_part), "{query}: from a part of the columns");
             for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                 let ok = match (w, g) {
                     (Some(a), Some(b)) => {
@@ -376,15 +388,15 @@ fn the_windows_a_sparse_grid_reads_answer_as_all_of_them() {
                     let some: Vec<Window> = all.iter().filter(|w| p.reads(w.end)).copied().collect();
                     assert!(some.len() < all.len(), "{req:?}: every window read");
                     let s = || (Labels::from_pairs([("__name__", "x")]), MetricType::Counter, Kept::ALL);
-                    let want = p.evaluate_windows(&req, s(), &all).expect("evaluates").values;
-                    let got = p.evaluate_windows(&req, s(), &some).expect("evaluates").values;
+                    let want = p.evaluate_windows(&req, s(), &all[..]).expect("evaluates").values;
+                    let got = p.evaluate_windows(&req, s(), &some[..]).expect("evaluates").values;
                     let bits = |v: &strata_store::StepValues| -> Vec<Option<u64>> {
                         v.iter().map(|x| x.map(f64::to_bits)).collect()
                     };
                     assert_eq!(bits(&want), bits(&got), "{req:?}: sparse windows answer differently");
                     // One read window fewer: some step answers otherwise.
                     let missing: Vec<Window> = some.iter().skip(1).copied().collect();
-                    let short = p.evaluate_windows(&req, s(), &missing).expect("evaluates").values;
+                    let short = p.evaluate_windows(&req, s(), &missing[..]).expect("evaluates").values;
                     if bits(&short) != bits(&want) {
                         sparse_seen += 1;
                     }
@@ -393,4 +405,36 @@ fn the_windows_a_sparse_grid_reads_answer_as_all_of_them() {
         }
     }
     assert!(sparse_seen > 100, "leaving out a window that is read changed only {sparse_seen} answers");
+}
+
+/// [`answer::Prepared::reads_every_window`] holds exactly when no window between the
+/// grid's first range and its last step is left unread, over steps and ranges of one to four windows.
+#[test]
+fn a_grid_reads_every_window_when_its_step_is_within_its_reach() {
+    let matchers = vec![strata_model::Matcher::new(strata_model::MatchOp::Equal, "__name__", "x").unwrap()];
+    let (mut dense, mut sparse) = (0, 0);
+    for width in [FIVE_MINUTES, ONE_HOUR] {
+        let first = 1_700_000_000_000i64.div_euclid(ONE_HOUR) * ONE_HOUR;
+        for steps_of in 1..=4 {
+            for ranges_of in 1..=4 {
+                for offset in [0, width] {
+                    let grid = (first + 8 * width, first + 40 * width, steps_of * width);
+                    let mut req = StepsRequest::new(matchers.clone(), grid, 300_000);
+                    req.function = Some(("sum_over_time".to_string(), ranges_of * width));
+                    req.offset = offset;
+                    let p = answer::prepare(&req, width).expect("an exact grid");
+                    // Up to the last step: windows after it are never read.
+                    let last_step = req.start + (p.steps as i64 - 1) * req.step - offset;
+                    let every = (p.from / width + 1..=last_step / width).all(|k| p.reads(k * width));
+                    assert_eq!(p.reads_every_window(), every, "{req:?}");
+                    if every {
+                        dense += 1;
+                    } else {
+                        sparse += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(dense > 10 && sparse > 10, "{dense} dense grids, {sparse} sparse");
 }

@@ -563,6 +563,12 @@ mod tests {
                     let w = rank - rank.floor();
                     let want = sorted[lower] * (1.0 - w) + sorted[upper] * w;
                     let got = super::quantile(q, &mut values.clone());
+                    // A NaN's sign and payload depend on how the arithmetic was compiled
+                    // (release builds fold differently) and no answer shows them.
+                    if want.is_nan() {
+                        assert!(got.is_nan(), "{values:?} at {q}: {got}");
+                        continue;
+                    }
                     assert_eq!(got.to_bits(), want.to_bits(), "{values:?} at {q}");
                 }
             }

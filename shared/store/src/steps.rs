@@ -130,6 +130,40 @@ pub struct StepValues {
     values: Vec<f64>,
 }
 
+/// [`StepValues`] a step at a time, in order, without a step list first.
+pub struct StepValuesBuilder {
+    at: usize,
+    present: Vec<u64>,
+    values: Vec<f64>,
+}
+
+impl StepValuesBuilder {
+    pub fn push(&mut self, v: Option<f64>) {
+        let word = self.at / 64;
+        if word >= self.present.len() {
+            self.present.resize(word + 1, 0);
+        }
+        if let Some(x) = v {
+            self.present[word] |= 1 << (self.at % 64);
+            self.values.push(x);
+        }
+        self.at += 1;
+    }
+
+    /// The values pushed; empty (as [`StepValues::default`]) when none has a value.
+    pub fn finish(mut self) -> StepValues {
+        if self.values.is_empty() {
+            return StepValues::default();
+        }
+        self.present.resize(self.at.div_ceil(64), 0);
+        // Sized for every step: a series with values at few of them keeps what it has.
+        if self.values.len() < self.values.capacity() / 2 {
+            self.values.shrink_to_fit();
+        }
+        StepValues { steps: self.at, present: self.present, values: self.values }
+    }
+}
+
 impl StepValues {
     pub fn from_options(v: &[Option<f64>]) -> Self {
         let mut present = vec![0u64; v.len().div_ceil(64)];
@@ -141,6 +175,11 @@ impl StepValues {
             }
         }
         StepValues { steps: v.len(), present, values }
+    }
+
+    /// A builder for about `steps` steps.
+    pub fn builder(steps: usize) -> StepValuesBuilder {
+        StepValuesBuilder { at: 0, present: vec![0u64; steps.div_ceil(64)], values: Vec::with_capacity(steps) }
     }
 
     /// From the wire: `present` holds a bit per step (least significant first, 8 a byte),
@@ -443,6 +482,24 @@ pub fn whole_replica(group: &[&SeriesSummary]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_builder_gives_what_the_step_list_does() {
+        for steps in [0usize, 1, 63, 64, 65, 300] {
+            for every in [1usize, 2, 7, 1000] {
+                let v: Vec<Option<f64>> = (0..steps).map(|i| (i % every == 0).then_some(i as f64)).collect();
+                // Sized for fewer steps than come: it grows.
+                let mut b = super::StepValues::builder(steps / 2);
+                v.iter().for_each(|x| b.push(*x));
+                let want = if v.iter().any(Option::is_some) {
+                    super::StepValues::from_options(&v)
+                } else {
+                    super::StepValues::default()
+                };
+                assert_eq!(b.finish(), want, "{steps} steps, every {every}");
+            }
+        }
+    }
+
     use super::*;
 
     #[test]

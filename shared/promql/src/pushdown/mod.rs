@@ -17,9 +17,11 @@ use strata_store::{AggregateSpec, SelectLimits, StepsRequest};
 
 mod evaluate;
 mod evaluating;
+mod grouping;
 
 pub use evaluate::{aggregate_evaluated, evaluate};
 pub use evaluating::Evaluating;
+pub use grouping::GroupingAggregates;
 
 /// Range functions whose value at a step is one series' window: the ones a store may
 /// evaluate.
