@@ -156,6 +156,8 @@ impl ArchiveStore {
     pub(crate) async fn steps_from_aggregates(&self, req: &StepsRequest) -> Result<Steps, StoreError> {
         let width = req.resolution;
         let p = prepare(req, width).map_err(store_error)?;
+        // What the archive lacks over the windows read is said here too.
+        self.warn_incomplete(p.from, p.last).await?;
         let candidates = self.candidates(width, p.from, p.last).await?;
         // Each shard's blocks (archivers that split the series by external labels write one
         // each) must cover every window the grid reads, without a break: a block missing in

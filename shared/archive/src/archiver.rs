@@ -148,6 +148,15 @@ pub async fn read_progress(objects: &dyn ObjectStore) -> Result<Option<i64>, Arc
     Ok(read_progress_at(objects, &Path::from(PROGRESS)).await?.map(|p| p.until))
 }
 
+/// What a record holds as written; its gaps are read one by one (one that does not
+/// parse is left out, and said), so a damaged gap never stops a reader of `until`.
+#[derive(Deserialize)]
+struct StoredProgress {
+    until: i64,
+    #[serde(default)]
+    gaps: Vec<serde_json::Value>,
+}
+
 /// The progress record at `path` (a shard's, read from the root), whole.
 pub(crate) async fn read_progress_at(
     objects: &dyn ObjectStore,
@@ -160,11 +169,23 @@ pub(crate) async fn read_progress_at(
         Err(object_store::Error::NotFound { .. }) => return Ok(None),
         Err(e) => return Err(failed(&e)),
     };
-    let p: Progress = serde_json::from_slice(&got).map_err(|e| failed(&format!("not a progress record: {e}")))?;
-    if p.gaps.len() > MAX_GAPS {
-        return Err(failed(&format!("{} gap ranges, more than a record holds", p.gaps.len())));
+    let p: StoredProgress = serde_json::from_slice(&got).map_err(|e| failed(&format!("not a progress record: {e}")))?;
+    let mut gaps = Vec::new();
+    for g in p.gaps {
+        match serde_json::from_value::<Gap>(g) {
+            Ok(mut g) if g.start < g.end => {
+                cut_why(&mut g);
+                gaps.push(g);
+            }
+            Ok(g) => {
+                tracing::warn!(object = %path, start = g.start, end = g.end, "a gap range that ends before it starts: left out")
+            }
+            Err(e) => tracing::warn!(object = %path, error = %e, "a gap range that does not parse: left out"),
+        }
     }
-    Ok(Some(ProgressRecord { until: p.until, gaps: p.gaps }))
+    let mut merged = Vec::new();
+    merge_gaps(&mut merged, gaps);
+    Ok(Some(ProgressRecord { until: p.until, gaps: merged }))
 }
 
 /// What a progress record says: where the archiver has got to, and the ranges it passed
@@ -184,9 +205,11 @@ pub struct Gap {
     pub why: String,
 }
 
-/// Gap ranges a record keeps: past it, the oldest two are merged into one (which says
-/// more may be missing, never less).
-const MAX_GAPS: usize = 256;
+/// Gap ranges a record keeps: past it, the two closest are merged into one (which says
+/// more may be missing, never less); and the bytes of a reason. Together they keep a
+/// record far below the size a reader accepts.
+const MAX_GAPS: usize = 64;
+const MAX_WHY: usize = 200;
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Progress {
@@ -200,7 +223,8 @@ struct Progress {
 
 /// Adds `gap` to `gaps`: joined to the newest when it follows it for the same reason, the
 /// oldest two merged when there are too many.
-fn add_gap(gaps: &mut Vec<Gap>, gap: Gap) {
+fn add_gap(gaps: &mut Vec<Gap>, mut gap: Gap) {
+    cut_why(&mut gap);
     match gaps.last_mut() {
         Some(last) if last.end == gap.start && last.why == gap.why => last.end = gap.end,
         _ => gaps.push(gap),
@@ -208,13 +232,46 @@ fn add_gap(gaps: &mut Vec<Gap>, gap: Gap) {
     bound_gaps(gaps);
 }
 
+fn cut_why(gap: &mut Gap) {
+    if gap.why.len() > MAX_WHY {
+        let mut cut = MAX_WHY;
+        while !gap.why.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        gap.why.truncate(cut);
+        gap.why.push_str(" [cut]");
+    }
+}
+
+/// Merges the two closest gaps (`gaps` in order of start) until at most [`MAX_GAPS`] are
+/// left: the healthy time between them is the least that can be.
 fn bound_gaps(gaps: &mut Vec<Gap>) {
     while gaps.len() > MAX_GAPS {
-        let second = gaps.remove(1);
-        let first = &mut gaps[0];
-        first.end = first.end.max(second.end);
-        first.why = "stores did not answer (several ranges merged)".into();
+        let Some(i) = (1..gaps.len()).min_by_key(|&i| gaps[i].start.saturating_sub(gaps[i - 1].end)) else { break };
+        let next = gaps.remove(i);
+        let prev = &mut gaps[i - 1];
+        prev.end = prev.end.max(next.end);
+        prev.why = "stores did not answer (several ranges merged)".into();
     }
+}
+
+/// `gaps` and `more` as one list in order of start, bounded: gaps that overlap (the same
+/// one recorded twice, or once joined to its neighbour) become one, as do neighbours
+/// for the same reason.
+fn merge_gaps(gaps: &mut Vec<Gap>, more: Vec<Gap>) {
+    gaps.extend(more);
+    gaps.sort_by_key(|g| g.start);
+    let mut out: Vec<Gap> = Vec::with_capacity(gaps.len());
+    for g in gaps.drain(..) {
+        match out.last_mut() {
+            Some(prev) if g.start < prev.end || (g.start == prev.end && g.why == prev.why) => {
+                prev.end = prev.end.max(g.end);
+            }
+            _ => out.push(g),
+        }
+    }
+    *gaps = out;
+    bound_gaps(gaps);
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -524,19 +581,25 @@ impl Archiver {
             return Ok(i64::MIN);
         };
         // Another archiver's (or an earlier life's) gaps are kept, with this one's.
-        let mut gaps = self.gaps.lock();
-        for g in record.gaps {
-            if !gaps.contains(&g) {
-                gaps.push(g);
-            }
-        }
-        gaps.sort_by_key(|g| g.start);
-        bound_gaps(&mut gaps);
+        merge_gaps(&mut self.gaps.lock(), record.gaps);
         Ok(record.until)
     }
 
     async fn record_progress(&self, until: i64, now_ms: i64) -> Result<(), ArchiveError> {
-        let gaps = self.gaps.lock().clone();
+        // Another archiver on the bucket may have recorded gaps (or got further) since
+        // this one read the record: read again and keep them. Gaps older than the
+        // lookback go: nothing there is archived or asked of the archiver any more.
+        let mut until = until;
+        if let Ok(Some(there)) = read_progress_at(self.objects.as_ref(), &Path::from(PROGRESS)).await {
+            until = until.max(there.until);
+            merge_gaps(&mut self.gaps.lock(), there.gaps);
+        }
+        let oldest = now_ms.saturating_sub(ms(self.opts.lookback));
+        let gaps = {
+            let mut gaps = self.gaps.lock();
+            gaps.retain(|g| g.end > oldest);
+            gaps.clone()
+        };
         let p = Progress { until, owner: self.opts.owner.clone(), updated: now_ms, gaps };
         let body = serde_json::to_vec(&p).map_err(|e| ArchiveError::Invalid(e.to_string()))?;
         self.objects
@@ -872,6 +935,35 @@ mod tests {
         assert_eq!(gaps[0].start, 0);
         assert_eq!(gaps.last().unwrap().end, (4 + 2 * 999) * HOUR + HOUR);
         assert!(gaps.windows(2).all(|w| w[0].end <= w[1].start));
+        // The same gaps again (a second archiver's record), and one joined since: one list.
+        let mut twice = gaps.clone();
+        merge_gaps(&mut twice, gaps.clone());
+        assert_eq!(twice, gaps);
+        let joined = Gap { start: 0, end: 2 * HOUR, why: "a".into() };
+        let mut one = vec![gap(0, "a")];
+        merge_gaps(&mut one, vec![joined.clone()]);
+        assert_eq!(one, vec![joined]);
+        // A reason is cut, on a character.
+        let mut long = Vec::new();
+        add_gap(&mut long, Gap { start: 0, end: 1, why: "é".repeat(500) });
+        assert!(long[0].why.len() <= MAX_WHY + 6 && long[0].why.ends_with("[cut]"));
+    }
+
+    /// A damaged gap is left out; the record, and its `until`, are still read.
+    #[tokio::test]
+    async fn a_record_with_damaged_gaps_still_reads() {
+        let s = setup();
+        let body = serde_json::json!({"until": T0, "owner": "a", "updated": 0, "gaps": [
+            {"start": "soon", "end": 1, "why": "x"},
+            {"start": 5, "end": 1, "why": "backwards"},
+            {"start": 0, "end": 10, "why": "y".repeat(5000)},
+        ]});
+        s.objects.put(&Path::from(PROGRESS), body.to_string().into()).await.unwrap();
+        assert_eq!(read_progress(s.objects.as_ref()).await.unwrap(), Some(T0));
+        let record = read_progress_at(s.objects.as_ref(), &Path::from(PROGRESS)).await.unwrap().unwrap();
+        assert_eq!(record.gaps.len(), 1);
+        assert_eq!((record.gaps[0].start, record.gaps[0].end), (0, 10));
+        assert!(record.gaps[0].why.len() < 300);
     }
 
     #[tokio::test]

@@ -209,7 +209,9 @@ async fn life(objects: Arc<dyn ObjectStore>, fleet: &Arc<MemoryStore>, now: i64)
         owner: "global-0".into(),
         ..Default::default()
     };
-    let writer = BlockWriter::new(objects.clone(), WriteOptions::default());
+    // Small files go up in parts too: a death mid multipart upload.
+    let write = WriteOptions { multipart_over: 4096, ..Default::default() };
+    let writer = BlockWriter::new(objects.clone(), write.clone());
     let archiver = Archiver::new(objects.clone(), writer, fleet.clone(), Arc::new(move || coverage.clone()), opts);
     loop {
         let round = archiver.round(now).await.map_err(|e| e.to_string())?;
@@ -219,7 +221,7 @@ async fn life(objects: Arc<dyn ObjectStore>, fleet: &Arc<MemoryStore>, now: i64)
     }
     let opts = CompactorOptions { owner: "global-0".into(), ..Default::default() };
     let delay = i64::try_from(opts.delete_delay.as_millis()).unwrap();
-    let compactor = Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), WriteOptions::default()), opts);
+    let compactor = Compactor::new(objects.clone(), BlockWriter::new(objects.clone(), write), opts);
     for at in [now, now + delay + 60_000] {
         let r = compactor.round(at).await.map_err(|e| e.to_string())?;
         if !r.halted.is_empty() {
@@ -300,6 +302,8 @@ async fn killed_at_any_write_the_archive_is_whole_after_a_restart() {
             life(local.clone(), &fleet, later).await.unwrap_or_else(|e| panic!("{case}: after the restart: {e}"));
             assert_eq!(everything(&local).await, want, "{case}");
             whole(&local, &case).await;
+            let until = crate::archiver::read_progress(local.as_ref()).await.unwrap();
+            assert_eq!(until, Some(T0 + HOURS * HOUR), "{case}");
         }
     }
     assert_eq!(killed, 2 * writes, "every cut life failed");

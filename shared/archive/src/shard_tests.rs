@@ -182,12 +182,23 @@ async fn a_shard_with_nothing_new_is_not_behind() {
     root.put(&gone, record(T0 + 2 * HOUR).into()).await.unwrap();
     let ahead = object_store::path::Path::from(format!("shards/c0/{}", crate::archiver::PROGRESS));
     let c0_record = root.get(&ahead).await.unwrap().bytes().await.unwrap();
-    root.put(&ahead, record(T0 + 1000 * HOUR).into()).await.unwrap();
+    let tomorrow = strata_model::time::now_ms() + 24 * HOUR;
+    root.put(&ahead, record(tomorrow).into()).await.unwrap();
     let reader = ArchiveStore::new(root.clone(), "test", ArchiveStoreOptions::default());
     let scope = QueryScope::new(true, true);
-    scope.clone().run(samples_of(&reader, T0, T0 + 4 * HOUR - 1)).await;
+    scope.clone().run(samples_of(&reader, T0, T0 + 10 * HOUR)).await;
     assert!(scope.warnings().is_empty(), "{:?}", scope.warnings());
     root.put(&ahead, c0_record.into()).await.unwrap();
+    // A quiet shard's record that has gone further shows the other one behind: c1's
+    // archiver went on to six hours, c0's stopped at four.
+    let c1_path = object_store::path::Path::from(format!("shards/c1/{}", crate::archiver::PROGRESS));
+    let c1_record = root.get(&c1_path).await.unwrap().bytes().await.unwrap();
+    root.put(&c1_path, record(T0 + 6 * HOUR).into()).await.unwrap();
+    let reader = ArchiveStore::new(root.clone(), "test", ArchiveStoreOptions::default());
+    let scope = QueryScope::new(true, true);
+    scope.clone().run(samples_of(&reader, T0, T0 + 10 * HOUR)).await;
+    assert!(scope.warnings().iter().any(|w| w.contains("shard c0 is archived only up to")), "{:?}", scope.warnings());
+    root.put(&c1_path, c1_record.into()).await.unwrap();
 
     // A backfill of the first hour into the root (`strata archive import`, no progress
     // record of the root's) is not an archiver that stopped there.

@@ -74,6 +74,9 @@ struct Catalog {
     /// Per shard (`None`: the root), its progress record (where every raw range before
     /// is archived or held nothing, and the gaps passed), with the record's stamp.
     progress: BTreeMap<Option<String>, (String, ProgressRecord)>,
+    /// Per shard, why its progress record could not be read, when it never was: the
+    /// ranges it passed as empty are then unknown, and queries say so.
+    unreadable: BTreeMap<Option<String>, String>,
 }
 
 /// Open blocks, least recently used first.
@@ -129,8 +132,12 @@ impl ArchiveStore {
             blocks.into_iter().map(|(dir, meta)| Listed { dir, stamp: String::new(), meta: Ok(meta) }).collect();
         blocks.sort_by(|a, b| a.dir.cmp(&b.dir));
         let progress = BTreeMap::new();
-        store.catalog =
-            tokio::sync::Mutex::new(Catalog { listed_at: Some(Instant::now()), blocks: blocks.into(), progress });
+        store.catalog = tokio::sync::Mutex::new(Catalog {
+            listed_at: Some(Instant::now()),
+            blocks: blocks.into(),
+            progress,
+            unreadable: BTreeMap::new(),
+        });
         store
     }
 
@@ -168,24 +175,54 @@ impl ArchiveStore {
             // read now keeps what it said last (a failed read says nothing new); one never
             // read counts as none (the shard's blocks alone say where it is).
             let mut progress = BTreeMap::new();
-            for o in all.iter().filter(|o| is_progress(&o.location)) {
-                let (shard, stamp) = (shard_of(&o.location), stamp(o));
-                let known = c.progress.get(&shard);
-                let record = match known {
-                    Some((was, record)) if *was == stamp => Some((stamp, record.clone())),
-                    _ => match crate::archiver::read_progress_at(self.objects.as_ref(), &o.location).await {
-                        Ok(record) => record.map(|r| (stamp, r)),
-                        Err(e) => {
-                            tracing::warn!(archive = %self.name, error = %e, "reading a shard's progress record");
-                            known.cloned()
+            let mut unreadable = BTreeMap::new();
+            // (Owned, so the reads may run a few at a time.)
+            let records: Vec<(Option<String>, String, Path, Option<ProgressRecord>)> = all
+                .iter()
+                .filter(|o| is_progress(&o.location))
+                .map(|o| {
+                    let (shard, stamp) = (shard_of(&o.location), stamp(o));
+                    let known = c.progress.get(&shard).filter(|(was, _)| *was == stamp).map(|(_, r)| r.clone());
+                    (shard, stamp, o.location.clone(), known)
+                })
+                .collect();
+            let objects = self.objects.clone();
+            let read: Vec<_> = futures_util::stream::iter(records)
+                .map(move |(shard, stamp, path, known)| {
+                    let objects = objects.clone();
+                    async move {
+                        let got = match known {
+                            Some(record) => Ok(Some(record)),
+                            None => crate::archiver::read_progress_at(objects.as_ref(), &path).await,
+                        };
+                        (shard, stamp, got)
+                    }
+                })
+                .buffered(OPEN_AT_ONCE)
+                .collect()
+                .await;
+            for (shard, stamp, got) in read {
+                match got {
+                    Ok(Some(record)) => {
+                        progress.insert(shard, (stamp, record));
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        tracing::warn!(archive = %self.name, error = %e, "reading a progress record");
+                        // A failed read says nothing new: what was read before stands.
+                        match c.progress.get(&shard) {
+                            Some(before) => {
+                                progress.insert(shard, before.clone());
+                            }
+                            None => {
+                                unreadable.insert(shard, e.to_string());
+                            }
                         }
-                    },
-                };
-                if let Some(record) = record {
-                    progress.insert(shard, record);
+                    }
                 }
             }
             c.progress = progress;
+            c.unreadable = unreadable;
             let metas: Vec<object_store::ObjectMeta> = all
                 .into_iter()
                 .filter(|o| o.location.filename() == Some(META) && !marked.contains(&folder(o)))
@@ -213,11 +250,23 @@ impl ArchiveStore {
         Ok((c.blocks.clone(), progress))
     }
 
+    /// The progress records that could not be read, by shard.
+    async fn unreadable_records(&self) -> BTreeMap<Option<String>, String> {
+        self.catalog.lock().await.unreadable.clone()
+    }
+
     /// The time range each resolution holds, from the block list: what a global plans
     /// with and shows in its store list.
     pub async fn time_ranges(&self) -> Result<BTreeMap<i64, (i64, i64)>, StoreError> {
         let mut out: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-        for b in self.listed().await?.iter() {
+        let (listed, progress) = self.catalog().await?;
+        // Ranges passed as empty without every store: queries over them must reach the
+        // archive, to be told so.
+        for g in progress.values().flat_map(|r| &r.gaps) {
+            let r = out.entry(0).or_insert((g.start, g.end));
+            *r = (r.0.min(g.start), r.1.max(g.end));
+        }
+        for b in listed.iter() {
             // A block whose meta is damaged still counts, by its folder's name: queries over
             // its range must reach the archive, to be told it is left out.
             let range = match &b.meta {
@@ -256,16 +305,18 @@ impl ArchiveStore {
             ends.remove(&None);
         }
         // A shard whose series held nothing in its newest ranges wrote no blocks there,
-        // but its progress record went on: it is not behind. A record only excuses a
-        // shard with blocks, up to where the blocks of all go (a record from a clock
-        // ahead, or damaged, does not make the others look behind; one left by a shard
-        // whose blocks are all gone does not either). Raw progress: aggregates are
-        // written with the raw blocks of their range.
+        // but its progress record went on: it is not behind, and the others are measured
+        // against it too. Only shards with blocks count (one whose blocks are all gone,
+        // taken out of service, is behind nothing), and a record past the reader's clock
+        // is not believed (a clock ahead, or damage, would make every other shard look
+        // behind). Raw progress: aggregates are written with the raw blocks of their range.
         if resolution_ms == 0 {
-            let furthest = ends.values().copied().max().unwrap_or(i64::MIN);
+            let believable = strata_model::time::now_ms().saturating_add(RECORD_CLOCK_SLACK_MS);
             for (shard, record) in progress {
                 if let Some(e) = ends.get_mut(&shard) {
-                    *e = (*e).max(record.until.min(furthest));
+                    if record.until <= believable {
+                        *e = (*e).max(record.until);
+                    }
                 }
             }
         }
@@ -279,7 +330,7 @@ impl ArchiveStore {
     /// `[start, end]`: every shard whose raw blocks end before `end` while another's go on
     /// (its archiver is behind), and every range an archiver passed as empty while a store
     /// did not answer (its data may never have reached the archive).
-    async fn warn_incomplete(&self, start: i64, end: i64) -> Result<(), StoreError> {
+    pub(crate) async fn warn_incomplete(&self, start: i64, end: i64) -> Result<(), StoreError> {
         // Past where the archive alone answers, the stores beside it hold the data.
         let end = end.min(self.served_until.load(std::sync::atomic::Ordering::Relaxed));
         let mut messages = Vec::new();
@@ -297,18 +348,39 @@ impl ArchiveStore {
         }
         let (_, progress) = self.catalog().await?;
         for (shard, record) in &progress {
-            for gap in record.gaps.iter().filter(|g| g.start <= end && g.end > start) {
-                let of = shard.as_ref().map(|s| format!(" (shard {s})")).unwrap_or_default();
-                messages.push(format!(
-                    "archive {}{of}: [{}, {}) ms was archived as empty while {}: series may be missing there",
-                    self.name, gap.start, gap.end, gap.why
-                ));
-            }
+            // One message per record, however many of its gaps the query meets.
+            let met: Vec<&crate::archiver::Gap> =
+                record.gaps.iter().filter(|g| g.start <= end && g.end > start).collect();
+            let Some(first) = met.first() else { continue };
+            let of = shard.as_ref().map(|s| format!(" (shard {s})")).unwrap_or_default();
+            let more = match met.len() {
+                1 => String::new(),
+                n => format!(" and {} more such ranges", n - 1),
+            };
+            messages.push(format!(
+                "archive {}{of}: [{}, {}) ms was archived as empty while {}{more}: series may be missing there",
+                self.name, first.start, first.end, first.why
+            ));
+        }
+        for (shard, e) in self.unreadable_records().await {
+            let of = shard.as_ref().map(|s| format!(" of shard {s}")).unwrap_or_default();
+            messages.push(format!(
+                "archive {}: the progress record{of} cannot be read ({e}): ranges archived as empty without every store are not known",
+                self.name
+            ));
         }
         let scope = QueryScope::current();
         if let Some(first) = messages.first() {
             if !scope.partial_response {
-                return Err(StoreError::Unavailable(first.clone()));
+                let mut first = first.clone();
+                if first.len() > 1024 {
+                    let mut cut = 1024;
+                    while !first.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    first.truncate(cut);
+                }
+                return Err(StoreError::Unavailable(first));
             }
         }
         for m in messages {
@@ -724,6 +796,9 @@ impl ArchiveStore {
         }
     }
 }
+
+/// How far past the reader's clock a progress record may reach and still be believed.
+const RECORD_CLOCK_SLACK_MS: i64 = 3_600_000;
 
 /// Whether `path` is a progress record: the root's (`progress/raw.json`) or a shard's.
 fn is_progress(path: &Path) -> bool {
