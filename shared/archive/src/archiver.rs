@@ -154,7 +154,7 @@ pub async fn read_progress(objects: &dyn ObjectStore) -> Result<Option<i64>, Arc
 struct StoredProgress {
     until: i64,
     #[serde(default)]
-    gaps: Vec<serde_json::Value>,
+    gaps: serde_json::Value,
 }
 
 /// The progress record at `path` (a shard's, read from the root), whole.
@@ -170,8 +170,16 @@ pub(crate) async fn read_progress_at(
         Err(e) => return Err(failed(&e)),
     };
     let p: StoredProgress = serde_json::from_slice(&got).map_err(|e| failed(&format!("not a progress record: {e}")))?;
+    let listed = match p.gaps {
+        serde_json::Value::Array(list) => list,
+        serde_json::Value::Null => Vec::new(),
+        other => {
+            tracing::warn!(object = %path, gaps = %other, "a record's gaps that are not a list: left out");
+            Vec::new()
+        }
+    };
     let mut gaps = Vec::new();
-    for g in p.gaps {
+    for g in listed {
         match serde_json::from_value::<Gap>(g) {
             Ok(mut g) if g.start < g.end => {
                 cut_why(&mut g);
@@ -225,15 +233,12 @@ struct Progress {
 /// oldest two merged when there are too many.
 fn add_gap(gaps: &mut Vec<Gap>, mut gap: Gap) {
     cut_why(&mut gap);
-    match gaps.last_mut() {
-        Some(last) if last.end == gap.start && last.why == gap.why => last.end = gap.end,
-        _ => gaps.push(gap),
-    }
-    bound_gaps(gaps);
+    merge_gaps(gaps, vec![gap]);
 }
 
 fn cut_why(gap: &mut Gap) {
-    if gap.why.len() > MAX_WHY {
+    // (Cut once: a reason cut already is left as it is.)
+    if gap.why.len() > MAX_WHY && !(gap.why.len() <= MAX_WHY + 6 && gap.why.ends_with(" [cut]")) {
         let mut cut = MAX_WHY;
         while !gap.why.is_char_boundary(cut) {
             cut -= 1;
@@ -250,6 +255,7 @@ fn bound_gaps(gaps: &mut Vec<Gap>) {
         let Some(i) = (1..gaps.len()).min_by_key(|&i| gaps[i].start.saturating_sub(gaps[i - 1].end)) else { break };
         let next = gaps.remove(i);
         let prev = &mut gaps[i - 1];
+        prev.start = prev.start.min(next.start);
         prev.end = prev.end.max(next.end);
         prev.why = "stores did not answer (several ranges merged)".into();
     }
@@ -487,8 +493,8 @@ impl Archiver {
         if end <= until || end > now_ms {
             return Ok(until);
         }
-        self.record_progress(end, now_ms).await?;
-        Ok(end)
+        // Another archiver may have got further: where the record now stands.
+        self.record_progress(end, now_ms).await
     }
 
     /// Writes `[start, end)` under a claim.
@@ -585,7 +591,9 @@ impl Archiver {
         Ok(record.until)
     }
 
-    async fn record_progress(&self, until: i64, now_ms: i64) -> Result<(), ArchiveError> {
+    /// Records `until` (or where another archiver got to, if further) with the gaps, and
+    /// says which it recorded.
+    async fn record_progress(&self, until: i64, now_ms: i64) -> Result<i64, ArchiveError> {
         // Another archiver on the bucket may have recorded gaps (or got further) since
         // this one read the record: read again and keep them. Gaps older than the
         // lookback go: nothing there is archived or asked of the archiver any more.
@@ -606,7 +614,7 @@ impl Archiver {
             .put(&Path::from(PROGRESS), body.into())
             .await
             .map_err(|e| ArchiveError::Object { object: PROGRESS.into(), reason: e.to_string() })?;
-        Ok(())
+        Ok(until)
     }
 
     /// Takes the claim at `path`: created when absent, taken over when stale (its lease
@@ -913,6 +921,10 @@ mod tests {
         let strict = QueryScope::new(false, true);
         let err = strict.run(store.label_names(&all(), T0 - HOUR, T0 - 1)).await.unwrap_err();
         assert!(matches!(&err, StoreError::Unavailable(m) if m.contains("archived as empty")), "{err:?}");
+        // The archive's raw range (what a global plans with) is its blocks': a gap before
+        // them does not make raw data look held there (gaps outlive raw retention).
+        let raw = store.time_ranges().await.unwrap()[&0];
+        assert!(raw.0 >= T0 && raw.1 == T0 + HOUR, "{raw:?}");
         // Before the gap, nothing is said about it.
         let scope = QueryScope::new(true, true);
         scope.clone().run(store.select(&SelectRequest::new(all(), T0 - 5 * HOUR, T0 - 3 * HOUR))).await.unwrap();

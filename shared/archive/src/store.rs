@@ -260,12 +260,6 @@ impl ArchiveStore {
     pub async fn time_ranges(&self) -> Result<BTreeMap<i64, (i64, i64)>, StoreError> {
         let mut out: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
         let (listed, progress) = self.catalog().await?;
-        // Ranges passed as empty without every store: queries over them must reach the
-        // archive, to be told so.
-        for g in progress.values().flat_map(|r| &r.gaps) {
-            let r = out.entry(0).or_insert((g.start, g.end));
-            *r = (r.0.min(g.start), r.1.max(g.end));
-        }
         for b in listed.iter() {
             // A block whose meta is damaged still counts, by its folder's name: queries over
             // its range must reach the archive, to be told it is left out.
@@ -279,6 +273,14 @@ impl ArchiveStore {
             if let Some((res, lo, hi)) = range.filter(|(_, lo, hi)| lo < hi) {
                 let r = out.entry(res).or_insert((lo, hi));
                 *r = (r.0.min(lo), r.1.max(hi));
+            }
+        }
+        // Ranges passed as empty without every store after the raw blocks' start: queries
+        // over them must reach the archive, to be told so. (Not before: gaps outlive raw
+        // retention, and an archive's raw range is what the planner takes as held.)
+        if let Some(raw) = out.get_mut(&0) {
+            for g in progress.values().flat_map(|r| &r.gaps).filter(|g| g.end > raw.0) {
+                raw.1 = raw.1.max(g.end);
             }
         }
         Ok(out)
@@ -362,7 +364,7 @@ impl ArchiveStore {
                 self.name, first.start, first.end, first.why
             ));
         }
-        for (shard, e) in self.unreadable_records().await {
+        for (shard, e) in self.unreadable_records().await.into_iter().filter(|_| start <= end) {
             let of = shard.as_ref().map(|s| format!(" of shard {s}")).unwrap_or_default();
             messages.push(format!(
                 "archive {}: the progress record{of} cannot be read ({e}): ranges archived as empty without every store are not known",
