@@ -144,11 +144,11 @@ impl ArchiveStore {
     /// The blocks listed now (read again when older than `refresh`); a meta already read
     /// and unchanged is not fetched again, new ones are fetched a few at a time.
     pub(crate) async fn listed(&self) -> Result<Arc<[Listed]>, StoreError> {
-        Ok(self.catalog().await?.0)
+        Ok(self.catalog().await?.blocks)
     }
 
-    /// The block list, and per shard its progress record.
-    async fn catalog(&self) -> Result<(Arc<[Listed]>, BTreeMap<Option<String>, ProgressRecord>), StoreError> {
+    /// The block list and the progress records, as listed now.
+    async fn catalog(&self) -> Result<Snapshot, StoreError> {
         use futures_util::{StreamExt, TryStreamExt};
         let mut c = self.catalog.lock().await;
         if c.listed_at.is_none_or(|t| t.elapsed() >= self.opts.refresh) {
@@ -247,20 +247,15 @@ impl ArchiveStore {
             c.listed_at = Some(Instant::now());
         }
         let progress = c.progress.iter().map(|(shard, (_, record))| (shard.clone(), record.clone())).collect();
-        Ok((c.blocks.clone(), progress))
-    }
-
-    /// The progress records that could not be read, by shard.
-    async fn unreadable_records(&self) -> BTreeMap<Option<String>, String> {
-        self.catalog.lock().await.unreadable.clone()
+        Ok(Snapshot { blocks: c.blocks.clone(), progress, unreadable: c.unreadable.clone() })
     }
 
     /// The time range each resolution holds, from the block list: what a global plans
     /// with and shows in its store list.
     pub async fn time_ranges(&self) -> Result<BTreeMap<i64, (i64, i64)>, StoreError> {
         let mut out: BTreeMap<i64, (i64, i64)> = BTreeMap::new();
-        let (listed, progress) = self.catalog().await?;
-        for b in listed.iter() {
+        let Snapshot { blocks, progress, .. } = self.catalog().await?;
+        for b in blocks.iter() {
             // A block whose meta is damaged still counts, by its folder's name: queries over
             // its range must reach the archive, to be told it is left out.
             let range = match &b.meta {
@@ -286,48 +281,6 @@ impl ArchiveStore {
         Ok(out)
     }
 
-    /// Per shard (`None`: the root's own blocks) of the listed blocks of `resolution_ms`,
-    /// the newest time it holds, when the blocks come from more than one: where each
-    /// shard's archiver has got to.
-    pub(crate) async fn shard_ends(&self, resolution_ms: i64) -> Result<BTreeMap<Option<String>, i64>, StoreError> {
-        let (listed, progress) = self.catalog().await?;
-        let mut ends: BTreeMap<Option<String>, i64> = BTreeMap::new();
-        for b in listed.iter() {
-            let Ok(m) = &b.meta else { continue };
-            if m.resolution_ms == resolution_ms {
-                let e = ends.entry(shard_of(&b.dir)).or_insert(m.max_time);
-                *e = (*e).max(m.max_time);
-            }
-        }
-        // The root's own blocks beside shards, with no progress record of the root's, are
-        // a backfill (`strata archive import`) of the ranges it covers, not an archiver
-        // that stopped: they are not behind anything.
-        let sharded = ends.keys().chain(progress.keys()).any(Option::is_some);
-        if !progress.contains_key(&None) && sharded {
-            ends.remove(&None);
-        }
-        // A shard whose series held nothing in its newest ranges wrote no blocks there,
-        // but its progress record went on: it is not behind, and the others are measured
-        // against it too. Only shards with blocks count (one whose blocks are all gone,
-        // taken out of service, is behind nothing), and a record past the reader's clock
-        // is not believed (a clock ahead, or damage, would make every other shard look
-        // behind). Raw progress: aggregates are written with the raw blocks of their range.
-        if resolution_ms == 0 {
-            let believable = strata_model::time::now_ms().saturating_add(RECORD_CLOCK_SLACK_MS);
-            for (shard, record) in progress {
-                if let Some(e) = ends.get_mut(&shard) {
-                    if record.until <= believable {
-                        *e = (*e).max(record.until);
-                    }
-                }
-            }
-        }
-        if ends.len() < 2 {
-            ends.clear();
-        }
-        Ok(ends)
-    }
-
     /// A warning (an error under `partial_response=false`) for what the archive lacks in
     /// `[start, end]`: every shard whose raw blocks end before `end` while another's go on
     /// (its archiver is behind), and every range an archiver passed as empty while a store
@@ -336,7 +289,8 @@ impl ArchiveStore {
         // Past where the archive alone answers, the stores beside it hold the data.
         let end = end.min(self.served_until.load(std::sync::atomic::Ordering::Relaxed));
         let mut messages = Vec::new();
-        let ends = self.shard_ends(0).await?;
+        let snapshot = self.catalog().await?;
+        let ends = snapshot.shard_ends(0);
         let furthest = ends.values().copied().max().unwrap_or(i64::MIN);
         for (shard, &until) in &ends {
             // The block ranges are half-open: `until` is past the newest sample held.
@@ -348,8 +302,7 @@ impl ArchiveStore {
                 ));
             }
         }
-        let (_, progress) = self.catalog().await?;
-        for (shard, record) in &progress {
+        for (shard, record) in &snapshot.progress {
             // One message per record, however many of its gaps the query meets.
             let met: Vec<&crate::archiver::Gap> =
                 record.gaps.iter().filter(|g| g.start <= end && g.end > start).collect();
@@ -364,7 +317,7 @@ impl ArchiveStore {
                 self.name, first.start, first.end, first.why
             ));
         }
-        for (shard, e) in self.unreadable_records().await.into_iter().filter(|_| start <= end) {
+        for (shard, e) in snapshot.unreadable.iter().filter(|_| start <= end) {
             let of = shard.as_ref().map(|s| format!(" of shard {s}")).unwrap_or_default();
             messages.push(format!(
                 "archive {}: the progress record{of} cannot be read ({e}): ranges archived as empty without every store are not known",
@@ -796,6 +749,58 @@ impl ArchiveStore {
                 Metadata { metric_type: s.metric_type, help: s.help.to_string(), unit: s.unit.to_string() },
             );
         }
+    }
+}
+
+/// The block list and the progress records at one listing: a request reads them once.
+pub(crate) struct Snapshot {
+    pub blocks: Arc<[Listed]>,
+    /// Per shard (`None`: the root's), its progress record.
+    pub progress: BTreeMap<Option<String>, ProgressRecord>,
+    /// Per shard, the error reading a record never read.
+    pub unreadable: BTreeMap<Option<String>, String>,
+}
+
+impl Snapshot {
+    /// Per shard (`None`: the root's own blocks) of the listed blocks of `resolution_ms`,
+    /// the newest time it holds, when the blocks come from more than one: where each
+    /// shard's archiver has got to.
+    pub fn shard_ends(&self, resolution_ms: i64) -> BTreeMap<Option<String>, i64> {
+        let mut ends: BTreeMap<Option<String>, i64> = BTreeMap::new();
+        for b in self.blocks.iter() {
+            let Ok(m) = &b.meta else { continue };
+            if m.resolution_ms == resolution_ms {
+                let e = ends.entry(shard_of(&b.dir)).or_insert(m.max_time);
+                *e = (*e).max(m.max_time);
+            }
+        }
+        // The root's own blocks beside shards, with no progress record of the root's, are
+        // a backfill (`strata archive import`) of the ranges it covers, not an archiver
+        // that stopped: they are not behind anything.
+        let sharded = ends.keys().chain(self.progress.keys()).any(Option::is_some);
+        if !self.progress.contains_key(&None) && sharded {
+            ends.remove(&None);
+        }
+        // A shard whose series held nothing in its newest ranges wrote no blocks there,
+        // but its progress record went on: it is not behind, and the others are measured
+        // against it too. Only shards with blocks count (one whose blocks are all gone,
+        // taken out of service, is behind nothing), and a record past the reader's clock
+        // is not believed (a clock ahead, or damage, would make every other shard look
+        // behind). Raw progress: aggregates are written with the raw blocks of their range.
+        if resolution_ms == 0 {
+            let believable = strata_model::time::now_ms().saturating_add(RECORD_CLOCK_SLACK_MS);
+            for (shard, record) in &self.progress {
+                if let Some(e) = ends.get_mut(shard) {
+                    if record.until <= believable {
+                        *e = (*e).max(record.until);
+                    }
+                }
+            }
+        }
+        if ends.len() < 2 {
+            ends.clear();
+        }
+        ends
     }
 }
 

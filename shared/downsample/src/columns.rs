@@ -39,42 +39,55 @@ pub trait WindowRun {
 }
 
 impl WindowRun for [Window] {
+    #[inline]
     fn len(&self) -> usize {
         <[Window]>::len(self)
     }
+    #[inline]
     fn end(&self, i: usize) -> i64 {
         self[i].end
     }
+    #[inline]
     fn count(&self, i: usize) -> u32 {
         self[i].count
     }
+    #[inline]
     fn sum(&self, i: usize) -> f64 {
         self[i].sum
     }
+    #[inline]
     fn min(&self, i: usize) -> f64 {
         self[i].min
     }
+    #[inline]
     fn max(&self, i: usize) -> f64 {
         self[i].max
     }
+    #[inline]
     fn first(&self, i: usize) -> Sample {
         self[i].first
     }
+    #[inline]
     fn last(&self, i: usize) -> Sample {
         self[i].last
     }
+    #[inline]
     fn correction(&self, i: usize) -> f64 {
         self[i].correction
     }
+    #[inline]
     fn changes(&self, i: usize) -> u32 {
         self[i].changes
     }
+    #[inline]
     fn resets(&self, i: usize) -> u32 {
         self[i].resets
     }
+    #[inline]
     fn newest(&self, i: usize) -> (i64, bool) {
         self[i].newest()
     }
+    #[inline]
     fn whole(&self, range: Range<usize>) -> Cow<'_, [Window]> {
         Cow::Borrowed(&self[range])
     }
@@ -172,39 +185,51 @@ impl WindowColumns {
 }
 
 impl WindowRun for WindowColumns {
+    #[inline]
     fn len(&self) -> usize {
         self.end.len()
     }
+    #[inline]
     fn end(&self, i: usize) -> i64 {
         self.end[i]
     }
+    #[inline]
     fn count(&self, i: usize) -> u32 {
         self.count[i]
     }
+    #[inline]
     fn sum(&self, i: usize) -> f64 {
         self.sum[i]
     }
+    #[inline]
     fn min(&self, i: usize) -> f64 {
         self.min[i]
     }
+    #[inline]
     fn max(&self, i: usize) -> f64 {
         self.max[i]
     }
+    #[inline]
     fn first(&self, i: usize) -> Sample {
         self.first[i]
     }
+    #[inline]
     fn last(&self, i: usize) -> Sample {
         self.last[i]
     }
+    #[inline]
     fn correction(&self, i: usize) -> f64 {
         self.correction[i]
     }
+    #[inline]
     fn changes(&self, i: usize) -> u32 {
         self.changes[i]
     }
+    #[inline]
     fn resets(&self, i: usize) -> u32 {
         self.resets[i]
     }
+    #[inline]
     fn newest(&self, i: usize) -> (i64, bool) {
         // As `Window::newest`, from the two fields it reads.
         match self.stale[i] {
@@ -212,6 +237,7 @@ impl WindowRun for WindowColumns {
             _ => (self.last[i].t, false),
         }
     }
+    #[inline]
     fn whole(&self, range: Range<usize>) -> Cow<'_, [Window]> {
         Cow::Owned(range.map(|i| self.window(i)).collect())
     }
@@ -224,42 +250,55 @@ pub struct Part<'a, W: WindowRun + ?Sized> {
 }
 
 impl<W: WindowRun + ?Sized> WindowRun for Part<'_, W> {
+    #[inline]
     fn len(&self) -> usize {
         self.range.len()
     }
+    #[inline]
     fn end(&self, i: usize) -> i64 {
         self.of.end(self.range.start + i)
     }
+    #[inline]
     fn count(&self, i: usize) -> u32 {
         self.of.count(self.range.start + i)
     }
+    #[inline]
     fn sum(&self, i: usize) -> f64 {
         self.of.sum(self.range.start + i)
     }
+    #[inline]
     fn min(&self, i: usize) -> f64 {
         self.of.min(self.range.start + i)
     }
+    #[inline]
     fn max(&self, i: usize) -> f64 {
         self.of.max(self.range.start + i)
     }
+    #[inline]
     fn first(&self, i: usize) -> Sample {
         self.of.first(self.range.start + i)
     }
+    #[inline]
     fn last(&self, i: usize) -> Sample {
         self.of.last(self.range.start + i)
     }
+    #[inline]
     fn correction(&self, i: usize) -> f64 {
         self.of.correction(self.range.start + i)
     }
+    #[inline]
     fn changes(&self, i: usize) -> u32 {
         self.of.changes(self.range.start + i)
     }
+    #[inline]
     fn resets(&self, i: usize) -> u32 {
         self.of.resets(self.range.start + i)
     }
+    #[inline]
     fn newest(&self, i: usize) -> (i64, bool) {
         self.of.newest(self.range.start + i)
     }
+    #[inline]
     fn whole(&self, range: Range<usize>) -> Cow<'_, [Window]> {
         self.of.whole(self.range.start + range.start..self.range.start + range.end)
     }

@@ -2,6 +2,7 @@
 //! that say when that answer is exactly the raw one.
 
 use crate::columns::{Part, WindowRun};
+use crate::counter_index::CounterIndex;
 use crate::range::{Combined, Needs, RangeFn};
 use crate::window::Window;
 use crate::Kept;
@@ -107,6 +108,8 @@ pub fn evaluate_each<W: WindowRun + ?Sized>(
     // The steps move forward, so the window bounds do too: two cursors, no searches.
     let (mut lo_i, mut hi_i) = (0usize, 0usize);
     let n = windows.len();
+    // Built at the first step that combines windows of a counter.
+    let mut counter: Option<CounterIndex> = None;
     for i in 0..steps {
         let t = grid.start + i as i64 * grid.step;
         let e = t - grid.offset;
@@ -155,13 +158,13 @@ pub fn evaluate_each<W: WindowRun + ?Sized>(
                             _ => one_of(&windows.whole(inside), t, e, lo, function),
                         }
                     }
-                    _ => {
-                        let part = Part { of: windows, range: inside.clone() };
-                        match over_time(&part, function).or_else(|| counter_increase(&part, function, (lo, e))) {
-                            Some(v) => v,
-                            None => one_of(&windows.whole(inside), t, e, lo, function),
-                        }
-                    }
+                    _ if matches!(function, RangeFn::Rate | RangeFn::Increase) => counter
+                        .get_or_insert_with(|| CounterIndex::new(windows))
+                        .increase(windows, inside, function, (lo, e)),
+                    _ => match over_time(&Part { of: windows, range: inside.clone() }, function) {
+                        Some(v) => v,
+                        None => one_of(&windows.whole(inside), t, e, lo, function),
+                    },
                 }
             }
         });
@@ -210,32 +213,6 @@ fn over_time<W: WindowRun + ?Sized>(inside: &W, function: RangeFn) -> Option<Opt
     }))
 }
 
-/// `rate` and `increase` over several windows in one pass, with `Combined`'s arithmetic: a
-/// drop at a window's edge adds the value before it to the reset correction, in order.
-fn counter_increase<W: WindowRun + ?Sized>(inside: &W, function: RangeFn, (lo, e): (i64, i64)) -> Option<Option<f64>> {
-    if !matches!(function, RangeFn::Rate | RangeFn::Increase) {
-        return None;
-    }
-    let mut it = (0..inside.len()).filter(|&w| inside.count(w) > 0);
-    let Some(first) = it.next() else { return Some(None) };
-    let (mut corrections, mut count, mut last) =
-        (KahanSum::default(), u64::from(inside.count(first)), inside.last(first));
-    corrections.add(inside.correction(first));
-    for w in it {
-        if inside.first(w).v < last.v {
-            corrections.add(last.v);
-        }
-        corrections.add(inside.correction(w));
-        count += u64::from(inside.count(w));
-        last = inside.last(w);
-    }
-    if count < 2 {
-        return Some(None);
-    }
-    let increase = last.v - inside.first(first).v + corrections.value();
-    Some(Some(extrapolate(inside.first(first), last, count, increase, (lo, e), true, function == RangeFn::Rate)))
-}
-
 /// A range function over the windows of `(lo, e]`, evaluated at step time `t`.
 fn one_of(inside: &[Window], t: i64, e: i64, lo: i64, function: RangeFn) -> Option<f64> {
     let reference = if matches!(function, RangeFn::PredictLinear(_)) { t } else { e };
@@ -282,13 +259,20 @@ mod tests {
         let mut compared = 0;
         for raw in [&counter, &gauge] {
             let windows = windows_of(raw, 300_000);
+            // Indexed once over the whole series, as `evaluate_each` does.
+            let index = CounterIndex::new(&windows[..]);
             for n in 2..14 {
                 for start in 0..windows.len().saturating_sub(n) {
                     let inside = &windows[start..start + n];
                     let e = inside[n - 1].end;
                     let lo = e - n as i64 * 300_000;
                     for f in functions {
-                        let fast = over_time(inside, f).or_else(|| counter_increase(inside, f, (lo, e)));
+                        let fast = match f {
+                            RangeFn::Rate | RangeFn::Increase => {
+                                Some(index.increase(&windows[..], start..start + n, f, (lo, e)))
+                            }
+                            _ => over_time(inside, f),
+                        };
                         let fast = fast.expect("a one-pass function");
                         assert_eq!(bits(fast), bits(one_of(inside, e, e, lo, f)), "{f:?} over {n} windows at {e}");
                         compared += 1;

@@ -18,6 +18,7 @@
 pub mod answer;
 pub mod blocks;
 pub mod columns;
+pub mod counter_index;
 pub mod downsampler;
 pub mod encoding;
 pub mod leaf;

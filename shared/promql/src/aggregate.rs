@@ -2,9 +2,9 @@
 
 use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
 use super::QueryError;
+use crate::HashMap;
 use promql_parser::parser::{AggregateExpr, LabelModifier};
 use rayon::prelude::*;
-use std::collections::HashMap;
 use strata_model::arith::KahanSum;
 use strata_model::value::format_value;
 use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
@@ -195,7 +195,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         "topk" | "bottomk" | "limitk" => {
             let mut keep: Vec<Vec<Option<f64>>> = input.iter().map(|s| vec![None; s.vals.len()]).collect();
             // A series' group never changes: numbered once, not hashed at every step.
-            let mut ids: HashMap<&Labels, usize> = HashMap::new();
+            let mut ids: HashMap<&Labels, usize> = HashMap::default();
             let member: Vec<usize> = groups
                 .iter()
                 .map(|g| {
@@ -292,7 +292,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
             }
             for i in 0..ev.steps {
                 ev.check_stop()?;
-                let mut counts: HashMap<Labels, (f64, bool)> = HashMap::new();
+                let mut counts: HashMap<Labels, (f64, bool)> = HashMap::default();
                 for (j, s) in input.iter().enumerate() {
                     if let Some(x) = s.vals[i] {
                         let mut b = groups[j].to_builder();
@@ -310,7 +310,7 @@ pub fn eval(ev: &Evaluator, a: &AggregateExpr) -> Result<Val, QueryError> {
         _ => {}
     }
     // A series' group never changes: number the groups once, then gather per step.
-    let mut group_ids: HashMap<&Labels, usize> = HashMap::new();
+    let mut group_ids: HashMap<&Labels, usize> = HashMap::default();
     let mut group_labels_list: Vec<&Labels> = Vec::new();
     let mut group_marked: Vec<bool> = Vec::new();
     let member: Vec<usize> = groups

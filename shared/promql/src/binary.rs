@@ -3,8 +3,8 @@
 
 use super::eval::{Evaluator, StepSeries, Val, VectorBuilder};
 use super::QueryError;
+use crate::HashMap;
 use promql_parser::parser::{BinaryExpr, LabelModifier, VectorMatchCardinality};
-use std::collections::HashMap;
 use strata_model::{Labels, LabelsBuilder, METRIC_NAME};
 
 fn arith(op: &str, a: f64, b: f64) -> Option<f64> {
@@ -194,7 +194,7 @@ fn vector_vector(
     let mut builder = VectorBuilder::new(ev);
     for i in 0..ev.steps {
         ev.check_stop()?;
-        let mut one_at: HashMap<&Labels, (usize, f64)> = HashMap::new();
+        let mut one_at: HashMap<&Labels, (usize, f64)> = HashMap::default();
         for (j, (s, sig)) in one.iter().zip(&one_sig).enumerate() {
             if let Some(x) = s.vals[i] {
                 if one_at.insert(sig, (j, x)).is_some() {
@@ -203,7 +203,7 @@ fn vector_vector(
                 }
             }
         }
-        let mut seen_many: HashMap<&Labels, ()> = HashMap::new();
+        let mut seen_many: HashMap<&Labels, ()> = HashMap::default();
         for (s, sig) in many.iter().zip(&many_sig) {
             let Some(x) = s.vals[i] else { continue };
             let Some(&(j, y)) = one_at.get(sig) else { continue };

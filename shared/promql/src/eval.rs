@@ -3,9 +3,9 @@
 use super::fetch::{self, Fetched};
 use super::{aggregate, binary, functions, QueryError, QueryValue, SeriesPoints};
 use crate::limits::PointBudget;
+use crate::HashMap;
 use promql_parser::parser::{Expr, SubqueryExpr, VectorSelector};
 use rayon::prelude::*;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use strata_model::{is_stale, Labels, LabelsBuilder, Sample, METRIC_NAME};
@@ -137,7 +137,7 @@ pub struct VectorBuilder {
 
 impl VectorBuilder {
     pub fn new(ev: &Evaluator) -> Self {
-        VectorBuilder { steps: ev.steps, points: ev.points.clone(), index: HashMap::new(), series: Vec::new() }
+        VectorBuilder { steps: ev.steps, points: ev.points.clone(), index: HashMap::default(), series: Vec::new() }
     }
 
     /// Sets a value; a second value for the same labels at the same step is Prometheus'
@@ -175,7 +175,7 @@ impl VectorBuilder {
 /// name is dropped, two series may coincide at a step.
 pub fn check_unique(v: &Val) -> Result<(), QueryError> {
     let Val::Vector(series) = v else { return Ok(()) };
-    let mut by_labels: HashMap<&Labels, usize> = HashMap::new();
+    let mut by_labels: HashMap<&Labels, usize> = HashMap::default();
     for (i, s) in series.iter().enumerate() {
         if let Some(&j) = by_labels.get(&s.labels) {
             if s.vals.iter().zip(&series[j].vals).any(|(a, b)| a.is_some() && b.is_some()) {
@@ -196,7 +196,7 @@ fn remove_marked_names(v: Val) -> Result<Val, QueryError> {
         s.labels = drop_name(&s.labels);
         s.drop_name = false;
     }
-    let mut seen = std::collections::HashSet::with_capacity(series.len());
+    let mut seen = crate::HashSet::with_capacity_and_hasher(series.len(), Default::default());
     if !series.iter().all(|s| seen.insert(&s.labels)) {
         return Err(QueryError::Execution("vector cannot contain metrics with the same labelset".into()));
     }

@@ -604,7 +604,7 @@ fn absent_labels(c: &Call) -> Labels {
 
 fn absent_labels_of(vs: Option<&promql_parser::parser::VectorSelector>) -> Labels {
     let mut b = strata_model::LabelsBuilder::default();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = crate::HashSet::default();
     if let Some(vs) = vs {
         for m in &vs.matchers.matchers {
             if m.name == METRIC_NAME {

@@ -5,9 +5,9 @@
 //! with an info annotation), then linear interpolation within the bucket the rank falls in.
 
 use crate::eval::{Evaluator, StepSeries, Val, VectorBuilder};
+use crate::HashMap;
 use crate::QueryError;
 use promql_parser::parser::Call;
-use std::collections::HashMap;
 use strata_model::{Labels, METRIC_NAME};
 
 const BUCKET_LABEL: &str = "le";
@@ -108,7 +108,7 @@ pub fn histogram_quantile(ev: &Evaluator, c: &Call, q: &[f64], input: Vec<StepSe
     let (q_arg, buckets_arg) = (&c.args.args[0], &c.args.args[1]);
     // Each series' histogram (its labels without `le`), the output labels (without the
     // metric name too) and its bound; series without a numeric `le` are ignored.
-    let mut keys: HashMap<Labels, usize> = HashMap::new();
+    let mut keys: HashMap<Labels, usize> = HashMap::default();
     let mut outputs: Vec<Labels> = Vec::new();
     let mut members: Vec<(usize, f64, &StepSeries)> = Vec::new();
     for s in &input {

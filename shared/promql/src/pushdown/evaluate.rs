@@ -166,7 +166,7 @@ pub async fn evaluate(
             let (warnings, infos) = ev.annotations.take();
             return Ok(Steps { series, groups, samples: ev.samples_touched(), warnings, infos });
         }
-        let mut by_labels: std::collections::HashMap<Labels, (Vec<Option<f64>>, bool)> =
+        let mut by_labels: crate::HashMap<Labels, (Vec<Option<f64>>, bool)> =
             out.into_iter().map(|s| (s.labels, (s.vals, s.drop_name))).collect();
         // Every selected series comes back, those without a value with none: the dedup
         // weighs each replica, whether or not the leaf gives it a value.
