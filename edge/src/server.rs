@@ -230,6 +230,7 @@ async fn spawn_store_api(
             kind: strata_grpc::pb::ComponentKind::Edge,
             label_sets: Vec::new(),
             resolutions: Vec::new(),
+            complete_until: None,
         }
     });
     let service = StoreService::new(Arc::new(TsdbStore(db.clone())), external, SelectLimits::default(), info);

@@ -447,6 +447,7 @@ impl Global {
                             kind: pb::ComponentKind::Global,
                             label_sets: Vec::new(),
                             resolutions: Vec::new(),
+                            complete_until: None,
                         };
                     }
                     let (lo, hi) = recorded_range.as_ref().map_or((i64::MAX, i64::MIN), |db| db.advertised_range());
@@ -456,6 +457,7 @@ impl Global {
                         kind: pb::ComponentKind::Global,
                         label_sets: st.iter().flat_map(|s| s.label_sets.clone()).chain(recorded.clone()).collect(),
                         resolutions: Vec::new(),
+                        complete_until: None,
                     }
                 });
                 let served: Arc<dyn Store> = match &rules_db {

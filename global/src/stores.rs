@@ -38,6 +38,9 @@ pub struct StoreStatus {
     pub last_check: Option<SystemTime>,
     /// The store was found by a DNS name whose last lookup failed: this is why.
     pub discovery_error: Option<String>,
+    /// A store fed by senders (a regional): up to when every sender has sent everything,
+    /// and the one furthest behind (`InfoResponse.complete_until`).
+    pub complete_until: Option<(i64, String)>,
 }
 
 pub struct StoreSet {
@@ -84,6 +87,7 @@ async fn archive_target(a: &ArchiveBeside, now: SystemTime) -> (StoreTarget, Sto
         last_error: None,
         last_check: Some(now),
         discovery_error: None,
+        complete_until: None,
     };
     match a.store.time_ranges().await {
         Ok(ranges) => {
@@ -180,10 +184,19 @@ impl StoreSet {
         // down counts with the range it last said it held, so its oldest data is visited.
         let holds = |s: &&&StoreStatus| s.min_time > i64::MIN && s.min_time <= s.max_time;
         let holding: Vec<&&StoreStatus> = live.iter().filter(holds).collect();
+        // A regional's data reaches as far as its most current edge; an edge behind it
+        // (an outage, a backlog on the way) holds it back at its watermark.
+        let whole_until = |s: &StoreStatus| s.complete_until.as_ref().map_or(s.max_time, |c| c.0.min(s.max_time));
+        let furthest_behind = holding.iter().filter(|s| s.healthy).min_by_key(|s| whole_until(s));
         Coverage {
             min_time: holding.iter().map(|s| s.min_time).min(),
-            complete_until: holding.iter().filter(|s| s.healthy).map(|s| s.max_time).min().unwrap_or(i64::MIN),
+            complete_until: furthest_behind.map_or(i64::MIN, |s| whole_until(s)),
             missing: live.iter().filter(|s| !s.healthy).map(|s| s.address.clone()).collect(),
+            behind: furthest_behind.and_then(|s| {
+                let (until, sender) = s.complete_until.as_ref()?;
+                (*until < s.max_time)
+                    .then(|| format!("store {}: sender {sender} had sent everything only up to {until} ms", s.address))
+            }),
         }
     }
 
@@ -380,6 +393,8 @@ impl StoreSet {
                         last_error: None,
                         last_check: Some(now),
                         discovery_error: found[i].1.clone(),
+                        // (The sender's name is the peer's: cut for logs and messages.)
+                        complete_until: info.complete_until.map(|t| (t, info.behind.chars().take(256).collect())),
                     });
                 }
                 Err((client, error)) => {
@@ -409,6 +424,7 @@ impl StoreSet {
                         last_error: Some(error),
                         last_check: Some(now),
                         discovery_error: found[i].1.clone(),
+                        complete_until: old.and_then(|o| o.complete_until.clone()),
                     });
                 }
             }
@@ -466,6 +482,8 @@ impl StoreSet {
                     "lastError": s.last_error,
                     "lastCheck": ts(s.last_check),
                     "discoveryError": s.discovery_error,
+                    "completeUntil": s.complete_until.as_ref().map(|c| c.0),
+                    "behind": s.complete_until.as_ref().map(|c| c.1.clone()),
                 })
             })
             .collect();
@@ -511,6 +529,7 @@ mod tests {
             kind: pb::ComponentKind::Edge,
             label_sets: vec![],
             resolutions: vec![],
+            complete_until: None,
         });
         let external = Labels::from_pairs([("cluster", "c0")]);
         let svc = StoreService::new(Arc::new(MemoryStore::default()), external, SelectLimits::default(), info);
@@ -578,6 +597,7 @@ mod tests {
             kind: pb::ComponentKind::Edge,
             label_sets: vec![],
             resolutions: vec![],
+            complete_until: None,
         });
         let svc = StoreService::new(Arc::new(MemoryStore::default()), Labels::default(), SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(
@@ -629,6 +649,60 @@ mod tests {
         assert!(page.contains("discoveryError") && page.contains("edges.test"), "{page}");
     }
 
+    /// A regional whose data reaches further than one of its edges has sent everything
+    /// (an outage, a backlog on the way): the archiver's coverage stops at that edge's
+    /// watermark and names it; a regional whose edges are all current counts to its data.
+    #[tokio::test]
+    async fn a_regional_edge_behind_holds_the_archive_coverage_at_its_watermark() {
+        async fn serve(max_time: i64, complete_until: Option<(i64, String)>) -> String {
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap().to_string();
+            let info = Arc::new(move || StoreInfo {
+                min_time: 1_000,
+                max_time,
+                kind: pb::ComponentKind::Regional,
+                label_sets: vec![],
+                resolutions: vec![],
+                complete_until: complete_until.clone(),
+            });
+            let svc =
+                StoreService::new(Arc::new(MemoryStore::default()), Labels::default(), SelectLimits::default(), info);
+            tokio::spawn(strata_grpc::serve(
+                listener,
+                svc,
+                strata_grpc::ServeOptions::new(Duration::from_secs(5)),
+                std::future::pending(),
+            ));
+            addr
+        }
+        let current = serve(9_000, Some((12_000, "{cluster=\"a\"}".into()))).await;
+        let behind = serve(10_000, Some((4_000, "{cluster=\"b\"}".into()))).await;
+        let dir = tempfile::tempdir().unwrap();
+        let set_of = |stores: &[&String]| {
+            let text = format!(
+                "stores: [{}]\nstore_timeout: 2s\n",
+                stores.iter().map(|s| format!("'{s}'")).collect::<Vec<_>>().join(", ")
+            );
+            StoreSet::new(
+                GlobalConfig::parse(&text, dir.path()).unwrap(),
+                Arc::new(Fanout::new(Vec::new(), Duration::from_secs(2))),
+            )
+        };
+        let set = set_of(&[&current, &behind]);
+        set.refresh().await;
+        let cov = set.coverage();
+        assert_eq!(cov.complete_until, 4_000, "{cov:?}");
+        let why = cov.behind.unwrap_or_default();
+        assert!(why.contains(&behind) && why.contains("cluster=\"b\"") && why.contains("4000"), "{why}");
+        let page = set.status_json().to_string();
+        assert!(page.contains("\"completeUntil\":4000"), "{page}");
+        // Its edges all current: the regional's own data sets the end.
+        let set = set_of(&[&current]);
+        set.refresh().await;
+        let cov = set.coverage();
+        assert_eq!((cov.complete_until, cov.behind), (9_000, None));
+    }
+
     /// A fast store over gRPC whose answer the querier reads slowly (150 ms a batch, more
     /// than the store's 300 ms timeout in all): neither the fan-out's timeout nor the
     /// server's stream limits cut it off.
@@ -647,6 +721,7 @@ mod tests {
             kind: pb::ComponentKind::Edge,
             label_sets: vec![],
             resolutions: vec![],
+            complete_until: None,
         });
         let svc = StoreService::new(Arc::new(m), Labels::default(), SelectLimits::default(), info);
         tokio::spawn(strata_grpc::serve(

@@ -174,7 +174,11 @@ impl Regional {
         let db = Arc::new(opened.map_err(|source| RegionalError::Open { dir: data_dir.clone(), source })?);
         let id = StorageId::load_or_create(&data_dir)?;
         let senders = Arc::new(strata_forward::Senders::open(&data_dir));
-        let mut receiver = ForwardReceiver::new(db.clone(), id.clone()).with_senders(senders.clone());
+        // How far each edge has sent everything: `Info` says so, and an archiver waits.
+        let watermarks = Arc::new(strata_forward::Watermarks::open(&data_dir));
+        let mut receiver = ForwardReceiver::new(db.clone(), id.clone())
+            .with_senders(senders.clone())
+            .with_watermarks(watermarks.clone());
         let mut arrivals_hook = None;
         let down = match cfg.downsample() {
             Some((replicas, dopts)) => {
@@ -278,6 +282,7 @@ impl Regional {
                     sets
                 },
                 resolutions: info_down.as_ref().map(|d| d.coverage()).unwrap_or_default(),
+                complete_until: watermarks.complete_until(),
             }
         });
         let raw: Arc<dyn Store> = Arc::new(TsdbStore(db.clone()));

@@ -68,6 +68,7 @@ async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
             kind: pb::ComponentKind::Edge,
             label_sets: vec![],
             resolutions: vec![],
+            complete_until: None,
         };
         addrs.push(start_server(local.clone(), external, info, &format!("edge-{replica}"))?);
     }
@@ -142,6 +143,7 @@ pub async fn serve_pair_with_aggregates(local: Arc<dyn Store>) -> anyhow::Result
         kind: pb::ComponentKind::Regional,
         label_sets: vec![Labels::from_pairs([("replica", "a")]), Labels::from_pairs([("replica", "b")])],
         resolutions: down.coverage(),
+        complete_until: None,
     };
     addrs.push(start_server(aggregates_only, Labels::default(), info.clone(), "regional")?);
     let mut targets = targets_of(&addrs[..2])?;

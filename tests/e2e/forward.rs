@@ -205,6 +205,22 @@ fn a_global_over_edges_and_their_regional_answers_as_over_the_edges_alone() {
     let t = (now_ms() - 3_000) / 1000;
     let data = api_data(&format!("{with_regional}/api/v1/stores"));
     assert_eq!(data.as_array().map(Vec::len), Some(3), "{data}");
+    // The regional says up to when both edges have sent it everything (what an archiver
+    // over it waits for): current edges, so within seconds of now, and which is last.
+    // (The global reads Info every 10 s.)
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let regional = loop {
+        let data = api_data(&format!("{with_regional}/api/v1/stores"));
+        let regional = data.as_array().unwrap().iter().find(|s| s["kind"] == "regional").cloned();
+        let regional = regional.expect("the regional listed");
+        if regional["completeUntil"].is_i64() || std::time::Instant::now() > deadline {
+            break regional;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    let until = regional["completeUntil"].as_i64().unwrap_or_else(|| panic!("no completeUntil: {regional}"));
+    assert!(until > now_ms() - 30_000 && until <= now_ms(), "{until}: {regional}");
+    assert!(regional["behind"].as_str().is_some_and(|b| b.contains("replica")), "{regional}");
     let regional_series = series_count(&rs.base(), "DCGM_FI_DEV_GPU_TEMP");
     // Both replicas' 16 GPUs, less one a node when the simulator has taken a GPU off the bus
     // (15 minutes in some hours): more than one replica's 16 either way.

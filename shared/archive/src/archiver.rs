@@ -43,6 +43,9 @@ pub struct Coverage {
     pub complete_until: i64,
     /// Stores that do not answer: a range is not complete while there are any.
     pub missing: Vec<String>,
+    /// What holds `complete_until` back when a store's sender is behind (a regional's
+    /// edge), said in a block's gaps when the range is written without it.
+    pub behind: Option<String>,
 }
 
 /// Called at each round for the stores' state.
@@ -391,7 +394,10 @@ impl Archiver {
             let overdue = now_ms.saturating_sub(end) >= max_wait;
             if !complete && !overdue {
                 round.waiting = Some(match cov.missing.is_empty() {
-                    true => format!("range ending {end} waits for the stores' data to reach it"),
+                    true => match &cov.behind {
+                        Some(b) => format!("range ending {end} waits for the stores' data to reach it ({b})"),
+                        None => format!("range ending {end} waits for the stores' data to reach it"),
+                    },
                     false => {
                         format!("range ending {end} waits for stores that do not answer: {}", cov.missing.join(", "))
                     }
@@ -400,9 +406,10 @@ impl Archiver {
             }
             let gaps = match complete {
                 true => Vec::new(),
-                false if cov.missing.is_empty() => {
-                    vec![format!("the stores' data ended at {} when this block was written", cov.complete_until)]
-                }
+                false if cov.missing.is_empty() => vec![match &cov.behind {
+                    Some(b) => format!("{b} when this block was written"),
+                    None => format!("the stores' data ended at {} when this block was written", cov.complete_until),
+                }],
                 false => cov
                     .missing
                     .iter()
@@ -799,7 +806,8 @@ mod tests {
     fn setup() -> Setup {
         let dir = tempfile::tempdir().unwrap();
         let objects: Arc<dyn ObjectStore> = Arc::new(LocalFileSystem::new_with_prefix(dir.path()).unwrap());
-        let coverage = Coverage { min_time: Some(T0), complete_until: T0 + 7 * HOUR / 2, missing: Vec::new() };
+        let coverage =
+            Coverage { min_time: Some(T0), complete_until: T0 + 7 * HOUR / 2, missing: Vec::new(), behind: None };
         Setup { _dir: dir, objects, source: source(), coverage: Arc::new(Mutex::new(coverage)) }
     }
 
@@ -885,6 +893,27 @@ mod tests {
         assert_eq!(got.unwrap().len(), 2);
         let warned = scope.warnings();
         assert!(warned.iter().any(|w| w.contains("may be incomplete") && w.contains("edge-b:10901")), "{warned:?}");
+    }
+
+    /// A regional's edge that is behind (the global's coverage names it) holds ranges
+    /// back as a store that does not answer does, and a range written without it past
+    /// `max_wait` names the edge in its gaps.
+    #[tokio::test]
+    async fn an_edge_behind_its_regional_holds_ranges_back_and_the_block_names_it() {
+        let s = setup();
+        let behind = "store regional:10901: sender {cluster=\"b\"} had sent everything only up to 1000 ms";
+        {
+            let mut c = s.coverage.lock().unwrap();
+            c.complete_until = T0 + HOUR / 2;
+            c.behind = Some(behind.into());
+        }
+        let a = archiver(&s, "a");
+        let held = a.round(T0 + 7 * HOUR / 2 + 60_000).await.unwrap();
+        assert!(held.written.is_empty(), "{held:?}");
+        assert!(held.waiting.as_deref().is_some_and(|w| w.contains("cluster=\"b\"")), "{held:?}");
+        let later = a.round(T0 + 5 * HOUR + 1).await.unwrap();
+        assert_eq!(ranges(&later), vec![(T0, T0 + HOUR)]);
+        assert!(later.written[0].gaps.iter().any(|g| g.contains(behind)), "{later:?}");
     }
 
     /// A range with no data passed as empty while a store did not answer leaves no block

@@ -202,7 +202,8 @@ fn fleet() -> Arc<MemoryStore> {
 /// A life of the process over `objects`: the archiver's rounds until it is done, a
 /// compaction round, and one after the deletion delay. The first error ends it.
 async fn life(objects: Arc<dyn ObjectStore>, fleet: &Arc<MemoryStore>, now: i64) -> Result<(), String> {
-    let coverage = Coverage { min_time: Some(T0), complete_until: T0 + HOURS * HOUR + 1, missing: Vec::new() };
+    let coverage =
+        Coverage { min_time: Some(T0), complete_until: T0 + HOURS * HOUR + 1, missing: Vec::new(), behind: None };
     let opts = ArchiverOptions {
         block: Duration::from_secs(6 * 3600),
         settle: Duration::from_secs(600),

@@ -36,7 +36,7 @@ fn equal(name: &str, value: &str) -> Matcher {
 fn shard_archiver(root: &Arc<dyn ObjectStore>, fleet: &Arc<MemoryStore>, name: &str) -> Archiver {
     let objects = shard_store(root.clone(), name).unwrap();
     let source = Arc::new(Scoped::new(fleet.clone(), vec![equal("cluster", name)]));
-    let coverage = Coverage { min_time: Some(T0), complete_until: T0 + 5 * HOUR, missing: Vec::new() };
+    let coverage = Coverage { min_time: Some(T0), complete_until: T0 + 5 * HOUR, missing: Vec::new(), behind: None };
     let opts = ArchiverOptions {
         block: Duration::from_secs(3600),
         settle: Duration::from_secs(600),
@@ -136,7 +136,7 @@ async fn shards_are_archived_apart_and_read_together_and_one_behind_is_said() {
     let flat: Arc<dyn ObjectStore> =
         Arc::new(object_store::local::LocalFileSystem::new_with_prefix(other.path()).unwrap());
     let writer = BlockWriter::new(flat.clone(), WriteOptions::default());
-    let coverage = Coverage { min_time: Some(T0), complete_until: T0 + 5 * HOUR, missing: Vec::new() };
+    let coverage = Coverage { min_time: Some(T0), complete_until: T0 + 5 * HOUR, missing: Vec::new(), behind: None };
     let opts = ArchiverOptions { block: Duration::from_secs(3600), ..Default::default() };
     Archiver::new(flat.clone(), writer, fleet.clone(), Arc::new(move || coverage.clone()), opts)
         .round(T0 + 2 * HOUR)

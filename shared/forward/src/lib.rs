@@ -30,6 +30,7 @@ mod source;
 #[cfg(test)]
 mod tests;
 mod upstream;
+mod watermarks;
 
 pub use backlog::{Backlog, BacklogEntry};
 pub use cursor::{Cursor, CursorFile, ReplayAt};
@@ -40,6 +41,7 @@ pub use sender::{Forwarder, ForwarderOptions};
 pub use senders::Senders;
 pub use strata_proto::forward as pb;
 pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};
+pub use watermarks::Watermarks;
 
 /// The maps on the forwarding paths, keyed by labels and references from the edge's own
 /// storage: hashed without SipHash's cost.

@@ -116,6 +116,8 @@ pub struct ForwardReceiver {
     arrivals: Option<Arrivals>,
     /// The edges that said hello, by their external labels.
     senders: Option<Arc<crate::senders::Senders>>,
+    /// How far each sender has sent everything.
+    watermarks: Option<Arc<crate::watermarks::Watermarks>>,
 }
 
 /// Told, before a batch is acknowledged, which sender (`PushRequest.upstream`) sent samples
@@ -185,7 +187,14 @@ impl ForwardReceiver {
             sessions: Arc::default(),
             arrivals: None,
             senders: None,
+            watermarks: None,
         }
+    }
+
+    /// Follows each sender's `complete_until` in `watermarks`, once its batch is durable.
+    pub fn with_watermarks(mut self, watermarks: Arc<crate::watermarks::Watermarks>) -> Self {
+        self.watermarks = Some(watermarks);
+        self
     }
 
     /// Records each sender's external labels in `senders`.
@@ -439,6 +448,9 @@ impl ForwardReceiver {
         if let (Some(arrived), Some((lo, hi))) = (&self.arrivals, span) {
             arrived(&req.upstream, lo, hi)
                 .map_err(|e| Status::unavailable(format!("recording the batch's arrival: {e}: send it again")))?;
+        }
+        if let (Some(w), Some(until)) = (&self.watermarks, req.complete_until) {
+            w.advance(&req.upstream, until);
         }
         let mut resp = pb::PushResponse {
             appended: (out.appended + late.written) as u64,

@@ -394,6 +394,7 @@ impl<U: Upstream> Forwarder<U> {
             request.storage_id = storage_id.clone();
             request.session = session.clone();
             request.upstream = upstream.clone();
+            request.complete_until = batch.complete_until;
             self.stats.batches_sent.inc();
             self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
             // A push may take long (a remote write retries inside it through an outage):

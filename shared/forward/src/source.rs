@@ -60,6 +60,9 @@ pub(crate) struct Batch {
     pub(crate) lost_range: (i64, i64),
     /// The samples went as chunks.
     pub(crate) chunks: bool,
+    /// Everything the edge stores up to here has been sent once this batch is
+    /// (`PushRequest.complete_until`); `None`: the batch carries no samples to say it by.
+    pub(crate) complete_until: Option<i64>,
 }
 
 /// Why a batch could not be read.
@@ -150,6 +153,8 @@ pub(crate) struct WalSource {
     backlog_ids: Vec<u64>,
     /// The upstream takes chunks: the backlog goes as chunks.
     pub(crate) chunks: bool,
+    /// The backlog's oldest sample: until it is all sent, nothing later is known sent.
+    backlog_oldest: i64,
     /// The metric families' metadata, sent with the backlog's first batches: the WAL
     /// records that carried it are not read again.
     backlog_metadata: Vec<(String, strata_model::Metadata)>,
@@ -164,9 +169,13 @@ impl WalSource {
             BacklogAt::Here(b) => Ok(b),
             BacklogAt::File(path) => Backlog::load(&path),
         });
+        let mut backlog_oldest = i64::MAX;
         let replay = match (c.replay, loaded) {
             (Some(r), Some(loaded)) => match loaded {
-                Ok(b) => Some(BacklogReader::new(db.clone(), b, r)),
+                Ok(b) => {
+                    backlog_oldest = b.summary().1;
+                    Some(BacklogReader::new(db.clone(), b, r))
+                }
                 Err(BacklogError::Io(e)) => return Err(ReadError::Storage(strata_store::StoreError::Unavailable(e))),
                 Err(BacklogError::Damaged(e)) => {
                     tracing::error!(error = %e, "forward: a backlog file is damaged: what it listed is not sent");
@@ -195,6 +204,7 @@ impl WalSource {
             replay,
             backlog_ids: Vec::new(),
             chunks: false,
+            backlog_oldest,
         })
     }
 
@@ -346,7 +356,20 @@ impl WalSource {
             }
         }
         let chunks = self.chunks && n > 0;
-        Ok(Batch { request: req, next: self.at, samples: n as u64, oldest, newest, unknown, lost, lost_range, chunks })
+        // A backlog goes series by series: its oldest time stands until it is all sent.
+        let complete_until = (n > 0).then(|| self.backlog_oldest.saturating_sub(1));
+        Ok(Batch {
+            request: req,
+            next: self.at,
+            samples: n as u64,
+            oldest,
+            newest,
+            unknown,
+            lost,
+            lost_range,
+            chunks,
+            complete_until,
+        })
     }
 
     /// The backlog's metadata not sent yet, as much as a batch takes.
@@ -470,6 +493,10 @@ impl WalSource {
             lost: 0,
             lost_range: (i64::MAX, i64::MIN),
             chunks: false,
+            // The WAL holds samples about in time order: everything older than this
+            // batch's oldest went before it (a slow scrape's older samples, stored later,
+            // aside: consumers wait a settle time).
+            complete_until: (n > 0).then(|| oldest.saturating_sub(1)),
         })
     }
 }

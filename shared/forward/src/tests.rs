@@ -243,6 +243,7 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         metadata: vec![],
         session: String::new(),
         upstream: String::new(),
+        complete_until: None,
     };
     let by_ref = |session: &str, r: u64| pb::PushRequest {
         storage_id: id.clone(),
@@ -256,6 +257,7 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         metadata: vec![],
         session: session.into(),
         upstream: String::new(),
+        complete_until: None,
     };
     assert_eq!(c.push(push(&id, vec![good.clone()])).await.unwrap().into_inner().appended, 1);
     let before = all(&regional.db);
@@ -857,4 +859,89 @@ async fn a_regional_that_refuses_chunks_gets_samples_and_nothing_is_dropped() {
     assert_eq!(stats.samples_acked.get(), 4000);
     assert!(stats.retries.get() >= 1);
     assert_eq!(all(&regional_db), expected(&edge));
+}
+
+/// Every batch says up to when the edge has sent everything (`complete_until`), and says
+/// no more than is true: no later batch carries a sample at or before it. A backlog from
+/// storage goes series by series, so its batches hold the watermark at its oldest sample
+/// however late their own samples are; the WAL's batches move it on. The regional keeps
+/// the furthest each sender got, which its StoreAPI `Info` gives an archiver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_batch_says_up_to_when_everything_was_sent_and_never_more() {
+    use pb::forward_server::Forward;
+    type Seen = Arc<parking_lot::Mutex<Vec<(Option<i64>, Vec<i64>)>>>;
+    struct Recording(ForwardReceiver, Seen);
+    #[tonic::async_trait]
+    impl Forward for Recording {
+        async fn hello(
+            &self,
+            r: tonic::Request<pb::HelloRequest>,
+        ) -> Result<tonic::Response<pb::HelloResponse>, tonic::Status> {
+            self.0.hello(r).await
+        }
+        async fn push(
+            &self,
+            r: tonic::Request<pb::PushRequest>,
+        ) -> Result<tonic::Response<pb::PushResponse>, tonic::Status> {
+            let mut copy = r.get_ref().clone();
+            let times: Vec<i64> = copy.series.iter_mut().flat_map(|s| samples_of(s).unwrap()).map(|x| x.t).collect();
+            let answer = self.0.push(r).await;
+            if answer.is_ok() {
+                self.1.lock().push((copy.complete_until, times));
+            }
+            answer
+        }
+    }
+    let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let edge = Arc::new(Tsdb::open(e.path(), cutting_options(1200, 100 * 86400)).unwrap());
+    let s = gpu_series(&edge, 20);
+    let t0 = strata_model::time::now_ms() - 2 * 3600 * 1000;
+    // History in blocks (its WAL gone), then more in the WAL.
+    write_steps(&edge, &s, t0, 0, 200);
+    let out = edge.maintain().unwrap();
+    assert!(out.blocks_cut > 0 && out.wal_segments_deleted > 0, "{out:?}");
+    write_steps(&edge, &s, t0, 200, 60);
+
+    let regional_db = Arc::new(Tsdb::open(r.path(), TsdbOptions::default()).unwrap());
+    let watermarks = Arc::new(Watermarks::open(r.path()));
+    let receiver = ForwardReceiver::new(regional_db.clone(), StorageId::load_or_create(r.path()).unwrap())
+        .with_watermarks(watermarks.clone());
+    let seen: Seen = Arc::default();
+    let (addr, server) = serve_forward(Recording(receiver, seen.clone())).await;
+    let holds = WalHolds::new(edge.clone());
+    let f = Forwarder::new(edge.clone(), holds.clone(), options("regional", addr, 700), ForwarderStats::default());
+    let stats = run_until(f, |stats| stats.samples_acked.get() >= 20 * 260).await;
+    assert_eq!(stats.samples_acked.get(), 20 * 260);
+    // First contact sent everything stored as a backlog; what is stored next goes from
+    // the WAL.
+    write_steps(&edge, &s, t0, 260, 40);
+    let f = Forwarder::new(edge.clone(), holds, options("regional", addr, 300), ForwarderStats::default());
+    let stats = run_until(f, |stats| stats.samples_acked.get() >= 20 * 40).await;
+    server.abort();
+    assert_eq!(stats.samples_acked.get(), 20 * 40);
+    assert_eq!(all(&regional_db), expected(&edge));
+
+    let seen = seen.lock().clone();
+    assert!(seen.len() >= 8, "{} batches", seen.len());
+    let mut backlog_batches = 0;
+    for (i, (until, times)) in seen.iter().enumerate() {
+        let Some(until) = *until else {
+            assert!(times.is_empty(), "batch {i} carries samples and no watermark");
+            continue;
+        };
+        let later = seen[i + 1..].iter().flat_map(|(_, t)| t).min();
+        assert!(
+            later.is_none_or(|&t| t > until),
+            "batch {i} says everything up to {until} was sent; {later:?} came later"
+        );
+        // The backlog's batches: samples well past a watermark held before the history.
+        if until < t0 && times.iter().any(|&t| t >= t0 + 100 * 15_000) {
+            backlog_batches += 1;
+        }
+    }
+    assert!(backlog_batches >= 2, "{backlog_batches} batches of the backlog");
+    // The WAL's batches moved it on, past the history.
+    let furthest = seen.iter().filter_map(|(u, _)| *u).max().unwrap();
+    assert!(furthest >= t0 + 260 * 15_000, "{}", furthest.saturating_sub(t0));
+    assert_eq!(watermarks.complete_until(), Some((furthest, "{cluster=\"a\"}".to_string())));
 }

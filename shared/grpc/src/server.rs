@@ -36,6 +36,9 @@ pub struct StoreInfo {
     pub label_sets: Vec<Labels>,
     /// Aggregates held: (window width, first and last sample time covered), ms.
     pub resolutions: Vec<(i64, i64, i64)>,
+    /// A store fed by senders: the time up to which every sender heard from lately has
+    /// sent everything, and the one furthest behind (`InfoResponse.complete_until`).
+    pub complete_until: Option<(i64, String)>,
 }
 
 pub struct StoreService {
@@ -198,6 +201,8 @@ impl StoreRpc for StoreService {
                 .iter()
                 .map(|&(resolution_ms, min_time, max_time)| pb::ResolutionRange { resolution_ms, min_time, max_time })
                 .collect(),
+            complete_until: i.complete_until.as_ref().map(|c| c.0),
+            behind: i.complete_until.map(|c| c.1).unwrap_or_default(),
         }))
     }
 

@@ -51,6 +51,7 @@ fn service(store: impl Store + 'static, external: Labels) -> StoreService {
         kind: pb::ComponentKind::Edge,
         label_sets: vec![],
         resolutions: vec![],
+        complete_until: None,
     });
     StoreService::new(Arc::new(store), external, SelectLimits::default(), info)
 }
