@@ -69,6 +69,13 @@ fn fleet(end: i64) -> Vec<Series> {
                 energy = if Some(k) == reset_at { 3.0 } else { energy + (200.0 + 100.0 * rng.unit()).round() };
                 e.push((t, energy));
             }
+            // A reading the exporter could not take now and then: NaN (Prometheus sorts NaNs
+            // before every number for a quantile).
+            if node == "0" {
+                let g: usize = gpu.parse().unwrap_or(0);
+                let power = u.iter().enumerate().map(|(k, &(t, v))| (t, if k % 5 == g { f64::NAN } else { v * 3.0 }));
+                out.push((labels(&[("__name__", "gpu_power"), ("node", &node), ("gpu", &gpu)]), power.collect()));
+            }
             out.push((labels(&[("__name__", "gpu_util"), ("node", &node), ("gpu", &gpu)]), u));
             out.push((labels(&[("__name__", "gpu_energy_joules_total"), ("node", &node), ("gpu", &gpu)]), e));
         }
@@ -194,6 +201,11 @@ fn queries() -> Vec<String> {
     }
     for e in [
         "quantile(0.9, gpu_util)",
+        "quantile(0, gpu_power)",
+        "quantile(0.5, gpu_power)",
+        "quantile(1, gpu_power)",
+        "quantile_over_time(0, gpu_power[1m])",
+        "quantile_over_time(0.9, gpu_power[5m])",
         "quantile by (node) (0.25, gpu_util)",
         "topk(3, gpu_util)",
         "bottomk by (node) (1, gpu_util)",

@@ -38,10 +38,21 @@ pub(crate) fn quantile(q: f64, values: &mut [f64]) -> f64 {
     let w = rank - rank.floor();
     // The values at ranks `lower` and `lower + 1` of the sorted values, without sorting
     // them all: a total order puts the same values there either way.
-    let (_, at_lower, above) = values.select_nth_unstable_by(lower, |a, b| a.total_cmp(b));
+    let (_, at_lower, above) = values.select_nth_unstable_by(lower, nan_first);
     let at_lower = *at_lower;
-    let at_upper = above.iter().copied().min_by(|a, b| a.total_cmp(b)).unwrap_or(at_lower);
+    let at_upper = above.iter().copied().min_by(nan_first).unwrap_or(at_lower);
     at_lower * (1.0 - w) + at_upper * w
+}
+
+/// Prometheus' order for a quantile: every NaN before every number (Go's float sort),
+/// the numbers in their order.
+pub(crate) fn nan_first(a: &f64, b: &f64) -> std::cmp::Ordering {
+    match (a.is_nan(), b.is_nan()) {
+        (true, true) => std::cmp::Ordering::Equal,
+        (true, false) => std::cmp::Ordering::Less,
+        (false, true) => std::cmp::Ordering::Greater,
+        _ => a.total_cmp(b),
+    }
 }
 
 /// Prometheus' mean: a Kahan-compensated sum divided by the count while the sum stays
@@ -541,7 +552,8 @@ mod tests {
     use super::KHeap;
 
     /// The selection gives the sorted values' interpolation bit for bit, NaNs, signed
-    /// zeros, infinities and ties included.
+    /// zeros, infinities and ties included; NaNs sort first, as in Prometheus: the lowest
+    /// quantile of values with a NaN is NaN, the highest the largest number.
     #[test]
     fn quantile_by_selection_equals_quantile_by_sorting() {
         let pool = [f64::NAN, -f64::NAN, 0.0, -0.0, 1.5, -2.25, f64::INFINITY, f64::NEG_INFINITY, 7.0, 7.0, 1e300];
@@ -556,7 +568,7 @@ mod tests {
                     .collect();
                 for q in [0.0, 0.1, 0.5, 0.9, 0.99, 1.0] {
                     let mut sorted = values.clone();
-                    sorted.sort_by(|a, b| a.total_cmp(b));
+                    sorted.sort_by(super::nan_first);
                     let rank = q * (n as f64 - 1.0);
                     let lower = rank.floor() as usize;
                     let upper = (lower + 1).min(n - 1);
@@ -573,6 +585,9 @@ mod tests {
                 }
             }
         }
+        assert!(super::quantile(0.0, &mut [2.0, f64::NAN, 1.0]).is_nan());
+        assert_eq!(super::quantile(1.0, &mut [f64::NAN, 2.0, 1.0]), 2.0);
+        assert_eq!(super::quantile(0.75, &mut [f64::NAN, 2.0, 1.0]), 1.5);
     }
 
     fn kept(values: &[f64], k: usize, reverse: bool) -> Vec<usize> {
