@@ -362,8 +362,9 @@ impl Global {
                 // A shard's archiver reads its series alone, waits for its stores alone, and
                 // writes an archive of its own under the root.
                 let scope = a.shard.as_ref().map_or_else(Vec::new, |s| s.matchers.clone());
+                let settle_ms = i64::try_from(a.archiver.settle.as_millis()).unwrap_or(i64::MAX);
                 let coverage: strata_archive::archiver::CoverageFn =
-                    Arc::new(move || coverage_of.coverage_within(&scope));
+                    Arc::new(move || coverage_of.coverage_within(&scope, settle_ms));
                 let objects = match &a.shard {
                     Some(shard) => {
                         source = Arc::new(strata_store::Scoped::new(source, shard.matchers.clone()));

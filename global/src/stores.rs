@@ -168,12 +168,16 @@ impl StoreSet {
     /// What the stores (not the archive) hold, for the archiver: a range is complete once
     /// every store answers and has data past its end.
     pub fn coverage(&self) -> Coverage {
-        self.coverage_within(&[])
+        self.coverage_within(&[], 0)
     }
 
     /// [`coverage`](Self::coverage) over the stores whose label sets may hold series
     /// matching `matchers` (a shard's), and those whose label sets are not known.
-    pub fn coverage_within(&self, matchers: &[strata_model::Matcher]) -> Coverage {
+    ///
+    /// A regional's data counts as whole up to `settle_ms` before its edges' oldest
+    /// watermark: a sample stored at an edge after it with an older time (a slow scrape,
+    /// a remote write) still reaches the regional within that.
+    pub fn coverage_within(&self, matchers: &[strata_model::Matcher], settle_ms: i64) -> Coverage {
         let status = self.status();
         let may_hold = |s: &&StoreStatus| {
             s.label_sets.is_empty()
@@ -186,7 +190,9 @@ impl StoreSet {
         let holding: Vec<&&StoreStatus> = live.iter().filter(holds).collect();
         // A regional's data reaches as far as its most current edge; an edge behind it
         // (an outage, a backlog on the way) holds it back at its watermark.
-        let whole_until = |s: &StoreStatus| s.complete_until.as_ref().map_or(s.max_time, |c| c.0.min(s.max_time));
+        let whole_until = |s: &StoreStatus| {
+            s.complete_until.as_ref().map_or(s.max_time, |c| c.0.saturating_sub(settle_ms).min(s.max_time))
+        };
         let furthest_behind = holding.iter().filter(|s| s.healthy).min_by_key(|s| whole_until(s));
         Coverage {
             min_time: holding.iter().map(|s| s.min_time).min(),
@@ -194,7 +200,8 @@ impl StoreSet {
             missing: live.iter().filter(|s| !s.healthy).map(|s| s.address.clone()).collect(),
             behind: furthest_behind.and_then(|s| {
                 let (until, sender) = s.complete_until.as_ref()?;
-                (*until < s.max_time)
+                // (Behind the regional's own data by more than the settle time.)
+                (*until < s.max_time.saturating_sub(settle_ms))
                     .then(|| format!("store {}: sender {sender} had sent everything only up to {until} ms", s.address))
             }),
         }
@@ -690,6 +697,8 @@ mod tests {
         };
         let set = set_of(&[&current, &behind]);
         set.refresh().await;
+        // An archiver waits a settle time past the watermark too.
+        assert_eq!(set.coverage_within(&[], 1_000).complete_until, 3_000);
         let cov = set.coverage();
         assert_eq!(cov.complete_until, 4_000, "{cov:?}");
         let why = cov.behind.unwrap_or_default();

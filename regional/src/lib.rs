@@ -175,7 +175,8 @@ impl Regional {
         let id = StorageId::load_or_create(&data_dir)?;
         let senders = Arc::new(strata_forward::Senders::open(&data_dir));
         // How far each edge has sent everything: `Info` says so, and an archiver waits.
-        let watermarks = Arc::new(strata_forward::Watermarks::open(&data_dir));
+        let known = senders.label_sets().iter().map(|l| l.to_string()).collect::<Vec<_>>();
+        let watermarks = Arc::new(strata_forward::Watermarks::open(&data_dir, known));
         let mut receiver = ForwardReceiver::new(db.clone(), id.clone())
             .with_senders(senders.clone())
             .with_watermarks(watermarks.clone());

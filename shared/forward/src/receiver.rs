@@ -449,8 +449,8 @@ impl ForwardReceiver {
             arrived(&req.upstream, lo, hi)
                 .map_err(|e| Status::unavailable(format!("recording the batch's arrival: {e}: send it again")))?;
         }
-        if let (Some(w), Some(until)) = (&self.watermarks, req.complete_until) {
-            w.advance(&req.upstream, until);
+        if let Some(w) = &self.watermarks {
+            w.advance(&req.upstream, req.complete_until);
         }
         let mut resp = pb::PushResponse {
             appended: (out.appended + late.written) as u64,

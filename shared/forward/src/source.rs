@@ -130,6 +130,8 @@ pub(crate) enum BacklogAt {
 /// reference to another.
 pub(crate) struct WalSource {
     reader: WalReader,
+    /// What the WAL holds past the batch read, for the batch's watermark.
+    db: Arc<Tsdb>,
     /// The labels the current segment named, and that segment.
     labels: HashMap<SeriesRef, Labels>,
     /// How many series the previous segment named (the current one is still being read).
@@ -190,6 +192,7 @@ impl WalSource {
         };
         Ok(WalSource {
             reader: WalReader::new(&db.wal_dir(), c.wal),
+            db: db.clone(),
             labels,
             previous_segment_series: 0,
             resolved: HashMap::default(),
@@ -493,10 +496,15 @@ impl WalSource {
             lost: 0,
             lost_range: (i64::MAX, i64::MIN),
             chunks: false,
-            // The WAL holds samples about in time order: everything older than this
-            // batch's oldest went before it (a slow scrape's older samples, stored later,
-            // aside: consumers wait a settle time).
-            complete_until: (n > 0).then(|| oldest.saturating_sub(1)),
+            // Everything older than both this batch's oldest and the oldest of what the WAL
+            // holds past it (a slow scrape or a remote write stores older samples after
+            // newer ones) has gone; not known (the WAL past it was written before the
+            // database opened, or long ago): no claim.
+            complete_until: if n > 0 {
+                self.db.wal_oldest_after(self.at.wal).map(|later| later.min(oldest).saturating_sub(1))
+            } else {
+                None
+            },
         })
     }
 }

@@ -6,10 +6,14 @@
 //! says nothing of an edge that is an hour behind (an outage, a backlog sent series by
 //! series). An archiver that took the range as whole would archive the regional's copy of
 //! that hour short, and never write it again. The regional therefore says, in its StoreAPI
-//! `Info`, the oldest watermark of the senders it has heard from within [`FORGET_AFTER`]
-//! and which sender that is. Watermarks are kept in `watermarks.json` (written when a
-//! sender is new, otherwise at most every [`SAVE_EVERY`]: a stale file says less than was
-//! sent, never more), so a restart still waits for an edge that was behind before it.
+//! `Info`, the oldest watermark of its senders and which sender that is. A sender that has
+//! said nothing yet (an older edge, or one known from its `Hello` alone) counts as having
+//! sent nothing: it holds the archive back, which then writes its ranges after the maximum
+//! wait with a gap naming it, rather than short in silence. Watermarks are kept in
+//! `watermarks.json`, written at most every [`SAVE_EVERY`] (`fsync`ed, then renamed): a
+//! stale file says less than was sent, never more, and a sender the file lacks but
+//! `senders.json` knows starts as having sent nothing. A sender silent for
+//! [`FORGET_AFTER`] is dropped, with a warning.
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -19,14 +23,14 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// A sender not heard from for this long is taken as gone (an edge taken out of service
-/// would otherwise hold the archive back for ever).
-pub const FORGET_AFTER: Duration = Duration::from_secs(24 * 3600);
+/// would otherwise hold the archive back for ever); until then it holds it back.
+pub const FORGET_AFTER: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// How often the watermarks are written out at most.
 pub const SAVE_EVERY: Duration = Duration::from_secs(10);
 
-/// Senders followed at most (the name comes from the peer); the one heard from longest
-/// ago goes first.
+/// Senders followed at most (the name comes from the peer): past it a new name is not
+/// followed (logged), and none already followed is dropped for it.
 const MAX_SENDERS: usize = 10_000;
 
 /// A sender's name is cut to this many bytes.
@@ -43,67 +47,78 @@ struct Mark {
 pub struct Watermarks {
     path: PathBuf,
     marks: Mutex<(BTreeMap<String, Mark>, Option<Instant>)>,
+    /// Held for a whole write of the file: one writer at a time, the newest last.
+    saving: Mutex<()>,
 }
 
 impl Watermarks {
-    /// Those saved in `data_dir`, if any (a damaged file is logged and left out: the
-    /// senders report again with their next batch).
-    pub fn open(data_dir: &Path) -> Watermarks {
+    /// Those saved in `data_dir`, if any (a damaged file is logged and left out), and the
+    /// `known` senders (from their `Hello`) the file lacks, as having sent nothing yet.
+    pub fn open(data_dir: &Path, known: impl IntoIterator<Item = String>) -> Watermarks {
         let path = data_dir.join("watermarks.json");
-        let marks = match std::fs::read(&path) {
+        let mut marks: BTreeMap<String, Mark> = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
                 tracing::warn!(file = %path.display(), error = %e, "forward: damaged watermarks file left out");
                 BTreeMap::new()
             }),
             Err(_) => BTreeMap::new(),
         };
-        Watermarks { path, marks: Mutex::new((marks, None)) }
+        let now = strata_model::time::now_ms();
+        for name in known {
+            if marks.len() < MAX_SENDERS {
+                marks.entry(cut(&name).to_string()).or_insert(Mark { until: i64::MIN, heard: now });
+            }
+        }
+        Watermarks { path, marks: Mutex::new((marks, None)), saving: Mutex::new(()) }
     }
 
-    /// `sender`'s batch up to `until` is durable here. A watermark never goes back: a
-    /// sender that starts again from older data sends what is already here.
-    pub fn advance(&self, sender: &str, until: i64) {
-        if sender.is_empty() {
-            return;
-        }
-        let mut name = sender;
-        if name.len() > MAX_NAME {
-            let mut cut = MAX_NAME;
-            while !name.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            name = &name[..cut];
-        }
+    /// A batch of `sender`'s is durable here, saying it has sent everything up to `until`
+    /// (`None`: it says nothing, and counts as having sent nothing until it does). A
+    /// watermark never goes back: a sender that starts again from older data sends what
+    /// is already here.
+    pub fn advance(&self, sender: &str, until: Option<i64>) {
+        let name = cut(if sender.is_empty() { "(unnamed)" } else { sender });
         let now = strata_model::time::now_ms();
-        let save = {
+        let forget = i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(i64::MAX);
+        let due = {
             let mut g = self.marks.lock();
             let (marks, saved) = &mut *g;
-            if !marks.contains_key(name) && marks.len() >= MAX_SENDERS {
-                if let Some(k) = marks.iter().min_by_key(|(_, m)| m.heard).map(|(k, _)| k.clone()) {
-                    marks.remove(&k);
+            if !marks.contains_key(name) {
+                marks.retain(|k, m| {
+                    let keep = m.heard >= now.saturating_sub(forget);
+                    if !keep {
+                        tracing::warn!(sender = %k, until_ms = m.until, "forward: a sender silent for a week is no longer waited for");
+                    }
+                    keep
+                });
+                if marks.len() >= MAX_SENDERS {
+                    tracing::warn!(sender = %name, "forward: too many senders to follow another's watermark");
+                    return;
                 }
             }
-            let new = !marks.contains_key(name);
-            let m = marks.entry(name.to_string()).or_insert(Mark { until, heard: now });
-            m.until = m.until.max(until);
+            let m = marks.entry(name.to_string()).or_insert(Mark { until: i64::MIN, heard: now });
+            m.until = m.until.max(until.unwrap_or(i64::MIN));
             m.heard = now;
-            // A sender missing from the file would count for nothing after a restart:
-            // a new one is written at once.
-            let due = new || saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY);
+            let due = saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY);
             if due {
                 *saved = Some(Instant::now());
             }
-            due.then(|| marks.clone())
+            due
         };
-        if let Some(marks) = save {
+        if due {
+            // One writer at a time, each taking the marks as they are when it writes: the
+            // newest is written last.
+            let _writing = self.saving.lock();
+            let marks = self.marks.lock().0.clone();
             if let Err(e) = save_to(&self.path, &marks) {
                 tracing::warn!(file = %self.path.display(), error = %e, "forward: could not save the senders' watermarks");
             }
         }
     }
 
-    /// The oldest watermark of the senders heard from within [`FORGET_AFTER`], and whose
-    /// it is; `None` when no sender has reported one.
+    /// The oldest watermark of the senders heard from within [`FORGET_AFTER`] (a silent
+    /// one included: its data is on the way, or lost), and whose it is; `None` when there
+    /// is no sender.
     pub fn complete_until(&self) -> Option<(i64, String)> {
         let forget = i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(i64::MAX);
         let since = strata_model::time::now_ms().saturating_sub(forget);
@@ -112,11 +127,25 @@ impl Watermarks {
     }
 }
 
+/// `name` cut to [`MAX_NAME`] bytes.
+fn cut(name: &str) -> &str {
+    let mut at = name.len().min(MAX_NAME);
+    while !name.is_char_boundary(at) {
+        at -= 1;
+    }
+    &name[..at]
+}
+
 fn save_to(path: &Path, marks: &BTreeMap<String, Mark>) -> std::io::Result<()> {
     let tmp = path.with_extension("tmp");
     let mut f = std::fs::File::create(&tmp)?;
     f.write_all(&serde_json::to_vec(marks).map_err(std::io::Error::other)?)?;
-    std::fs::rename(&tmp, path)
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Some(dir) = path.parent() {
+        std::fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -126,37 +155,53 @@ mod tests {
     #[test]
     fn the_sender_furthest_behind_holds_the_regional_back_and_a_restart_remembers_it() {
         let dir = tempfile::tempdir().unwrap();
-        let w = Watermarks::open(dir.path());
+        let w = Watermarks::open(dir.path(), []);
         assert_eq!(w.complete_until(), None);
-        w.advance("{cluster=\"a\"}", 5_000);
-        w.advance("{cluster=\"b\"}", 2_000);
-        w.advance("{cluster=\"a\"}", 9_000);
+        w.advance("{cluster=\"a\"}", Some(5_000));
+        w.advance("{cluster=\"b\"}", Some(2_000));
+        w.advance("{cluster=\"a\"}", Some(9_000));
         // Never back: b sending older data again keeps where it got to.
-        w.advance("{cluster=\"b\"}", 3_000);
-        w.advance("{cluster=\"b\"}", 1_000);
-        w.advance("", 0);
+        w.advance("{cluster=\"b\"}", Some(3_000));
+        w.advance("{cluster=\"b\"}", Some(1_000));
         assert_eq!(w.complete_until(), Some((3_000, "{cluster=\"b\"}".to_string())));
-        // Saved when each sender was new; later advances wait for SAVE_EVERY, so what a
-        // restart reads says no more than was sent.
-        let again = Watermarks::open(dir.path());
-        let (until, _) = again.complete_until().unwrap();
-        assert!(until <= 3_000, "{until}");
-        // A damaged file is left out, not a failure.
+        // A batch that says nothing keeps what was said.
+        w.advance("{cluster=\"b\"}", None);
+        assert_eq!(w.complete_until(), Some((3_000, "{cluster=\"b\"}".to_string())));
+        // Saved with the first advance only (later ones wait for SAVE_EVERY): a restart
+        // knows a from the file and b from its hello, as having sent nothing yet.
+        let again = Watermarks::open(dir.path(), ["{cluster=\"b\"}".to_string()]);
+        assert_eq!(again.complete_until(), Some((i64::MIN, "{cluster=\"b\"}".to_string())));
+        // A damaged file is left out, not a failure; the hello registry still holds.
         std::fs::write(dir.path().join("watermarks.json"), b"{not json").unwrap();
-        assert_eq!(Watermarks::open(dir.path()).complete_until(), None);
+        assert_eq!(Watermarks::open(dir.path(), []).complete_until(), None);
+        let seeded = Watermarks::open(dir.path(), ["{cluster=\"a\"}".to_string()]);
+        assert_eq!(seeded.complete_until().map(|c| c.0), Some(i64::MIN));
     }
 
     #[test]
-    fn a_sender_gone_for_a_day_no_longer_counts_and_names_are_bounded() {
+    fn a_sender_that_says_nothing_holds_back_and_one_gone_a_week_is_dropped() {
         let dir = tempfile::tempdir().unwrap();
-        let w = Watermarks::open(dir.path());
-        w.advance("current", 10_000);
-        w.advance("gone", 1_000);
-        let day_ago = strata_model::time::now_ms() - FORGET_AFTER.as_millis() as i64 - 1;
-        w.marks.lock().0.get_mut("gone").unwrap().heard = day_ago;
+        let w = Watermarks::open(dir.path(), []);
+        w.advance("current", Some(10_000));
+        w.advance("older version", None);
+        assert_eq!(w.complete_until(), Some((i64::MIN, "older version".to_string())));
+        w.advance("", Some(5));
+        assert!(w.marks.lock().0.contains_key("(unnamed)"));
+        let week_ago = strata_model::time::now_ms() - FORGET_AFTER.as_millis() as i64 - 1;
+        for m in w.marks.lock().0.values_mut().filter(|m| m.until < 10_000) {
+            m.heard = week_ago;
+        }
         assert_eq!(w.complete_until(), Some((10_000, "current".to_string())));
         let long = "x".repeat(5000);
-        w.advance(&long, 0);
+        w.advance(&long, Some(0));
         assert_eq!(w.complete_until().unwrap().1.len(), MAX_NAME);
+        // The gone are dropped when a new sender comes; a full list takes no more, and
+        // drops none it follows.
+        assert!(!w.marks.lock().0.contains_key("older version"));
+        for i in 0..MAX_SENDERS + 5 {
+            w.advance(&format!("s{i}"), Some(20_000));
+        }
+        assert_eq!(w.marks.lock().0.len(), MAX_SENDERS);
+        assert!(w.marks.lock().0.contains_key(&long[..MAX_NAME]), "a sender followed was dropped for a new name");
     }
 }

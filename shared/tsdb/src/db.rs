@@ -119,6 +119,8 @@ struct Writer {
     wal: Wal,
     /// Newest accepted sample per series within the batch being committed.
     pending: HashMap<SeriesRef, Sample, foldhash::fast::RandomState>,
+    /// Each commit's oldest sample, for a forwarder's watermark.
+    times: crate::wal_times::WalTimes,
 }
 
 pub struct Tsdb {
@@ -286,7 +288,11 @@ impl Tsdb {
             maintenance_failed: AtomicBool::new(false),
             from_checkpoint: from.is_some(),
             layout: parking_lot::RwLock::new(()),
-            wal: Mutex::new(Writer { wal, pending: HashMap::default() }),
+            wal: Mutex::new(Writer {
+                times: crate::wal_times::WalTimes::new(wal.cursor()),
+                wal,
+                pending: HashMap::default(),
+            }),
             dir: dir.to_path_buf(),
             opts,
             metrics,
@@ -561,7 +567,7 @@ impl Tsdb {
             return Ok(());
         }
         let out = &mut CommitOutcome::default();
-        let Writer { wal, pending } = writer;
+        let Writer { wal, pending, times } = writer;
         pending.clear();
         let rotated = wal.rotate_if_full()?;
         let segment = wal.current_segment();
@@ -642,11 +648,14 @@ impl Tsdb {
         if !accepted.is_empty() {
             records.push(WalRecord::Samples(accepted));
         }
+        let start = wal.cursor();
         if let Err(e) = wal.log(&records) {
             self.wal_failed.store(true, Ordering::Relaxed);
             return Err(e.into());
         }
         self.wal_failed.store(false, Ordering::Relaxed);
+        let oldest = accepted_idx.iter().map(|&i| batch[i].1.t).min().unwrap_or(i64::MAX);
+        times.note(start, wal.cursor(), oldest);
         let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         let range = self.block_range_ms();
         for &i in &accepted_idx {
@@ -766,6 +775,13 @@ impl Tsdb {
     /// before the first checkpoint (the head needs every segment).
     pub fn wal_needed_from(&self) -> Option<u32> {
         self.checkpoint_at.lock().map(|c| c.segment)
+    }
+
+    /// The oldest sample time of the records that end past `at` (`i64::MAX`: none yet);
+    /// `None` when that is not known (written before the database opened, or longer ago
+    /// than the last [`crate::wal_times::MAX_COMMITS`] commits).
+    pub fn wal_oldest_after(&self, at: wal::WalCursor) -> Option<i64> {
+        self.wal.lock().times.oldest_after(at)
     }
 
     /// Where the next WAL record will be written.

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod settings;
 mod store;
 pub mod wal;
+pub mod wal_times;
 
 pub use db::{MaintenanceOutcome, Tsdb, TsdbError, TsdbOptions};
 pub use store::TsdbStore;

@@ -107,11 +107,22 @@ impl Tsdb {
             taken.push(lasts);
         }
         if !records.is_empty() {
+            let start = wal.cursor();
             if let Err(e) = wal.log(&records) {
                 self.wal_failed.store(true, Ordering::Relaxed);
                 return Err(e.into());
             }
             self.wal_failed.store(false, Ordering::Relaxed);
+            let oldest = records
+                .iter()
+                .filter_map(|r| match r {
+                    WalRecord::Chunk { chunk, .. } => Some(chunk.min_t),
+                    _ => None,
+                })
+                .min()
+                .unwrap_or(i64::MAX);
+            let end = wal.cursor();
+            writer.times.note(start, end, oldest);
         }
         for (w, lasts) in batch.into_iter().zip(taken) {
             let (mut stored, chunks_taken) = (0, lasts.len());
