@@ -13,7 +13,8 @@
 //! `watermarks.json`, written at most every [`SAVE_EVERY`] (`fsync`ed, then renamed): a
 //! stale file says less than was sent, never more, and a sender the file lacks but
 //! `senders.json` knows starts as having sent nothing. A sender silent for
-//! [`FORGET_AFTER`] is dropped, with a warning.
+//! [`FORGET_AFTER`] is no longer waited for (logged), and stays so across restarts until
+//! it is heard from again.
 
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
@@ -42,6 +43,10 @@ struct Mark {
     until: i64,
     /// When it was last heard from (ms since the epoch, the regional's clock).
     heard: i64,
+    /// Silent for [`FORGET_AFTER`]: not waited for (kept, so that `senders.json` does not
+    /// bring it back at a restart).
+    #[serde(default)]
+    gone: bool,
 }
 
 pub struct Watermarks {
@@ -66,7 +71,7 @@ impl Watermarks {
         let now = strata_model::time::now_ms();
         for name in known {
             if marks.len() < MAX_SENDERS {
-                marks.entry(cut(&name).to_string()).or_insert(Mark { until: i64::MIN, heard: now });
+                marks.entry(cut(&name).to_string()).or_insert(Mark { until: i64::MIN, heard: now, gone: false });
             }
         }
         Watermarks { path, marks: Mutex::new((marks, None)), saving: Mutex::new(()) }
@@ -84,21 +89,23 @@ impl Watermarks {
             let mut g = self.marks.lock();
             let (marks, saved) = &mut *g;
             if !marks.contains_key(name) {
-                marks.retain(|k, m| {
-                    let keep = m.heard >= now.saturating_sub(forget);
-                    if !keep {
-                        tracing::warn!(sender = %k, until_ms = m.until, "forward: a sender silent for a week is no longer waited for");
-                    }
-                    keep
-                });
+                for (k, m) in marks.iter_mut().filter(|(_, m)| !m.gone && m.heard < now.saturating_sub(forget)) {
+                    tracing::warn!(sender = %k, until_ms = m.until, "forward: a sender silent for a week is no longer waited for");
+                    m.gone = true;
+                }
+                if marks.len() >= MAX_SENDERS {
+                    // Room is made from the gone alone.
+                    marks.retain(|_, m| !m.gone);
+                }
                 if marks.len() >= MAX_SENDERS {
                     tracing::warn!(sender = %name, "forward: too many senders to follow another's watermark");
                     return;
                 }
             }
-            let m = marks.entry(name.to_string()).or_insert(Mark { until: i64::MIN, heard: now });
+            let m = marks.entry(name.to_string()).or_insert(Mark { until: i64::MIN, heard: now, gone: false });
             m.until = m.until.max(until.unwrap_or(i64::MIN));
             m.heard = now;
+            m.gone = false;
             let due = saved.is_none_or(|t| t.elapsed() >= SAVE_EVERY);
             if due {
                 *saved = Some(Instant::now());
@@ -123,7 +130,10 @@ impl Watermarks {
         let forget = i64::try_from(FORGET_AFTER.as_millis()).unwrap_or(i64::MAX);
         let since = strata_model::time::now_ms().saturating_sub(forget);
         let g = self.marks.lock();
-        g.0.iter().filter(|(_, m)| m.heard >= since).min_by_key(|(_, m)| m.until).map(|(k, m)| (m.until, k.clone()))
+        g.0.iter()
+            .filter(|(_, m)| !m.gone && m.heard >= since)
+            .min_by_key(|(_, m)| m.until)
+            .map(|(k, m)| (m.until, k.clone()))
     }
 }
 
@@ -195,9 +205,18 @@ mod tests {
         let long = "x".repeat(5000);
         w.advance(&long, Some(0));
         assert_eq!(w.complete_until().unwrap().1.len(), MAX_NAME);
-        // The gone are dropped when a new sender comes; a full list takes no more, and
-        // drops none it follows.
-        assert!(!w.marks.lock().0.contains_key("older version"));
+        // The gone are marked when a new sender comes, and stay gone across a restart
+        // that knows them from their hello.
+        assert!(w.marks.lock().0.get("older version").is_some_and(|m| m.gone));
+        w.marks.lock().1 = None; // the next advance saves
+        w.advance("current", Some(10_002));
+        let again = Watermarks::open(dir.path(), ["older version".to_string()]);
+        assert_eq!(again.complete_until().map(|c| c.0), Some(0), "{:?}", again.complete_until());
+        // Heard from again: waited for again.
+        w.advance("older version", None);
+        assert_eq!(w.complete_until().map(|c| c.0), Some(i64::MIN));
+        w.advance("older version", Some(30_000));
+        // A full list takes no more, and drops none it follows for a new name.
         for i in 0..MAX_SENDERS + 5 {
             w.advance(&format!("s{i}"), Some(20_000));
         }

@@ -649,13 +649,18 @@ impl Tsdb {
             records.push(WalRecord::Samples(accepted));
         }
         let start = wal.cursor();
-        if let Err(e) = wal.log(&records) {
+        let oldest = accepted_idx.iter().map(|&i| batch[i].1.t).min().unwrap_or(i64::MAX);
+        let logged = wal.log(&records);
+        // Written but not synced (a failed `fsync`), the records are in the file and a
+        // forwarder reads them: noted all the same.
+        if wal.cursor() != start {
+            times.note(start, wal.cursor(), oldest);
+        }
+        if let Err(e) = logged {
             self.wal_failed.store(true, Ordering::Relaxed);
             return Err(e.into());
         }
         self.wal_failed.store(false, Ordering::Relaxed);
-        let oldest = accepted_idx.iter().map(|&i| batch[i].1.t).min().unwrap_or(i64::MAX);
-        times.note(start, wal.cursor(), oldest);
         let (mut lo, mut hi) = (i64::MAX, i64::MIN);
         let range = self.block_range_ms();
         for &i in &accepted_idx {

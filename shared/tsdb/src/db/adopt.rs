@@ -108,11 +108,7 @@ impl Tsdb {
         }
         if !records.is_empty() {
             let start = wal.cursor();
-            if let Err(e) = wal.log(&records) {
-                self.wal_failed.store(true, Ordering::Relaxed);
-                return Err(e.into());
-            }
-            self.wal_failed.store(false, Ordering::Relaxed);
+            let logged = wal.log(&records);
             let oldest = records
                 .iter()
                 .filter_map(|r| match r {
@@ -121,8 +117,16 @@ impl Tsdb {
                 })
                 .min()
                 .unwrap_or(i64::MAX);
+            // Written but not synced, the records are in the file: noted all the same.
             let end = wal.cursor();
-            writer.times.note(start, end, oldest);
+            if end != start {
+                writer.times.note(start, end, oldest);
+            }
+            if let Err(e) = logged {
+                self.wal_failed.store(true, Ordering::Relaxed);
+                return Err(e.into());
+            }
+            self.wal_failed.store(false, Ordering::Relaxed);
         }
         for (w, lasts) in batch.into_iter().zip(taken) {
             let (mut stored, chunks_taken) = (0, lasts.len());
