@@ -12,10 +12,10 @@ use std::sync::Arc;
 /// An open chunk that accepts samples in time order.
 #[derive(Debug, Clone)]
 pub struct ChunkAppender {
-    w: BitWriter,
-    ts: TsState,
-    vs: ValueState,
-    n: u16,
+    pub(crate) w: BitWriter,
+    pub(crate) ts: TsState,
+    pub(crate) vs: ValueState,
+    pub(crate) n: u16,
 }
 
 impl Default for ChunkAppender {

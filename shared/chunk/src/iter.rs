@@ -13,11 +13,11 @@ use strata_model::Sample;
 pub struct ChunkIter<'a> {
     /// A block-encoded chunk, decoded whole up front.
     block: Option<std::vec::IntoIter<Sample>>,
-    r: BitReader<'a>,
+    pub(crate) r: BitReader<'a>,
     n: u16,
-    read: u16,
-    ts: TsState,
-    vs: ValueState,
+    pub(crate) read: u16,
+    pub(crate) ts: TsState,
+    pub(crate) vs: ValueState,
     pub(crate) err: Option<ChunkError>,
 }
 
@@ -38,6 +38,12 @@ impl<'a> ChunkIter<'a> {
             it.block = Some(samples.into_iter());
         }
         it
+    }
+
+    /// A streaming-encoded chunk's decoder positioned after its first `read` samples: at
+    /// bit `pos`, in the state an appender had there (see [`crate::resume`]).
+    pub(crate) fn resumed(bytes: &'a [u8], n: u16, read: u16, pos: usize, ts: TsState, vs: ValueState) -> Self {
+        ChunkIter { block: None, r: BitReader { bytes, pos }, n, read, ts, vs, err: None }
     }
 
     pub fn error(&self) -> Option<ChunkError> {
@@ -149,6 +155,54 @@ impl ChunkIter<'_> {
             Some(s) if !self.r.overrun() => {
                 self.read += 1;
                 Some(s)
+            }
+            _ => {
+                self.err = Some(ChunkError::Truncated(self.read));
+                None
+            }
+        }
+    }
+}
+
+impl ChunkIter<'_> {
+    /// Like [`step`](Self::step) on a streaming-encoded chunk, but stops before the first
+    /// sample later than `through` (the position and timestamp state left as they were
+    /// before it), and takes a timestamp that does not increase as damage.
+    pub(crate) fn step_through(&mut self, through: i64) -> Option<Sample> {
+        if self.read >= self.n || self.err.is_some() {
+            return None;
+        }
+        if self.read == 0 {
+            let s = self.read_first().filter(|_| !self.r.overrun());
+            return match s {
+                Some(s) if s.t <= through => {
+                    self.read = 1;
+                    Some(s)
+                }
+                Some(_) => None,
+                None => {
+                    self.err = Some(ChunkError::Truncated(0));
+                    None
+                }
+            };
+        }
+        let (pos, ts) = (self.r.pos, self.ts.clone());
+        let prev = self.ts.prev_t;
+        let t = match self.ts.decode(&mut self.r) {
+            Some(t) if t > prev && !self.r.overrun() => t,
+            _ => {
+                self.err = Some(ChunkError::Truncated(self.read));
+                return None;
+            }
+        };
+        if t > through {
+            (self.r.pos, self.ts) = (pos, ts);
+            return None;
+        }
+        match read_value(&mut self.r, &mut self.vs) {
+            Some(v) if !self.r.overrun() => {
+                self.read += 1;
+                Some(Sample { t, v })
             }
             _ => {
                 self.err = Some(ChunkError::Truncated(self.read));

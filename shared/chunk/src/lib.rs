@@ -31,7 +31,8 @@
 //! (adaptive Rice codes), [`value`] and [`timestamp`] (the predictors both sides share),
 //! [`appender`] (the open chunk), [`sealed`] and [`iter`] (the sealed chunk and its
 //! decoder), [`block`] (the batch encoding sealed chunks are transcoded into), [`column`]
-//! (the value coding alone, for columns whose times are implied).
+//! (the value coding alone, for columns whose times are implied), [`resume`] (an open chunk
+//! continued by a longer copy of itself, decoding only what it lacks).
 
 mod appender;
 mod bits;
@@ -39,6 +40,7 @@ mod block;
 pub mod column;
 mod iter;
 pub mod merge;
+pub mod resume;
 mod rice;
 mod scale;
 mod sealed;
@@ -48,6 +50,7 @@ mod value;
 
 pub use appender::ChunkAppender;
 pub use iter::ChunkIter;
+pub use resume::Continued;
 pub use scale::{from_decimal, to_decimal};
 pub use sealed::Chunk;
 

@@ -818,6 +818,18 @@ fn adopt_replayed(
     let r = aliases.get(&series_ref).copied().unwrap_or(series_ref);
     if let Some(series) = head.series(r) {
         let mut g = series.samples.lock();
+        // An open chunk continued (see `commit_chunks`): continued again, or, when the head
+        // holds it already (a segment replayed twice), done.
+        if chunk.min_t >= floor && chunk.max_t <= max_valid && !chunk.is_block() {
+            if let Ok(Some(k)) = g.continuation(&chunk, chunk.max_t, range) {
+                if let (Some(f), Some(l)) = (k.samples.first(), k.samples.last()) {
+                    head.note_time(f.t);
+                    head.note_time(l.t);
+                }
+                g.continue_open(k);
+                return None;
+            }
+        }
         if chunk.min_t >= floor && chunk.max_t <= max_valid && g.can_adopt(&chunk, range) {
             head.note_time(chunk.min_t);
             head.note_time(chunk.max_t);

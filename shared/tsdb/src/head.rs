@@ -10,7 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
-use strata_chunk::{Chunk, ChunkAppender};
+use strata_chunk::{Chunk, ChunkAppender, CHUNK_MAX_SAMPLES};
 use strata_model::matcher::Matcher;
 use strata_model::{Labels, Metadata, MetricType, Sample, METRIC_NAME};
 
@@ -55,15 +55,27 @@ pub fn block_end(t: i64, block_range: i64) -> i64 {
     t.div_euclid(r).saturating_add(1).saturating_mul(r)
 }
 
+/// A series' open chunk continued by a chunk from another head (see
+/// [`SeriesSamples::continuation`]).
+pub struct OpenContinuation {
+    /// The chunk starts after the newest sample: the open chunk is sealed before it.
+    pub fresh: bool,
+    pub appender: ChunkAppender,
+    /// The samples it adds, in order.
+    pub samples: Vec<Sample>,
+}
+
 pub struct SeriesSamples {
     sealed: Vec<Chunk>,
     open: ChunkAppender,
     last: Option<Sample>,
+    /// Restored from a head snapshot and not appended to since (see `reopen`).
+    restored: bool,
 }
 
 impl SeriesSamples {
     fn new() -> Self {
-        SeriesSamples { sealed: Vec::new(), open: ChunkAppender::new(), last: None }
+        SeriesSamples { sealed: Vec::new(), open: ChunkAppender::new(), last: None, restored: false }
     }
 
     /// Checks a sample against this series' newest one: `Some(Ok(true))` is newer,
@@ -113,6 +125,7 @@ impl SeriesSamples {
     /// of `block_range`: the head cuts blocks at those times, so every chunk belongs wholly
     /// to one block and goes to disk as it is.
     pub fn append(&mut self, s: Sample, block_range: i64) {
+        self.reopen(s.t, block_range);
         if !self.open.is_empty() && s.t >= block_end(self.open.min_t(), block_range) {
             let sealed = self.open.seal();
             self.open = ChunkAppender::new();
@@ -143,6 +156,7 @@ impl SeriesSamples {
     /// appending its samples one by one. The open chunk is sealed first, so chunks stay
     /// in time order and apart.
     pub fn adopt(&mut self, chunk: Chunk, last: Sample) {
+        self.restored = false;
         if !self.open.is_empty() {
             // Not transcoded now (a catching-up backlog seals one per series and batch):
             // a block cut takes it in the block encoding (see `chunks_within`).
@@ -158,17 +172,87 @@ impl SeriesSamples {
         self.last
     }
 
+    /// After a restore from a head snapshot (which holds the open chunk sealed, in the
+    /// block encoding), makes the newest chunk the open one again when it ends at the newest
+    /// sample, is not full, and `t` falls in its block window: appended again in the
+    /// streaming encoding, it is the chunk appending without the restart would have made
+    /// (the coder is deterministic), so a regional's open chunk stays the bits of its
+    /// edge's (see [`continuation`](Self::continuation)). Once per restore.
+    fn reopen(&mut self, t: i64, block_range: i64) {
+        if !std::mem::take(&mut self.restored) || !self.open.is_empty() {
+            return;
+        }
+        let Some(c) = self.sealed.last() else { return };
+        if c.n >= CHUNK_MAX_SAMPLES || t >= block_end(c.min_t, block_range) || self.last.is_none_or(|l| l.t != c.max_t)
+        {
+            return;
+        }
+        let Ok(samples) = c.decode() else { return };
+        let mut open = ChunkAppender::with_capacity(c.data.len() + c.data.len() / 4);
+        for s in &samples {
+            open.append(s.t, s.v);
+        }
+        self.sealed.pop();
+        self.open = open;
+    }
+
+    /// What taking `c`'s samples up to `through` as this series' open chunk would give,
+    /// without decoding what the series holds: `c` continues the open chunk (its first
+    /// bits are the open chunk's: the sender's head appended the same samples), or starts
+    /// after the newest sample (`fresh`). `Ok(None)` when neither holds, or when the
+    /// samples would cross the open chunk's block window; an error when the bits after
+    /// the shared ones do not decode.
+    pub fn continuation(
+        &mut self,
+        c: &Chunk,
+        through: i64,
+        block_range: i64,
+    ) -> Result<Option<OpenContinuation>, strata_chunk::ChunkError> {
+        self.reopen(c.min_t, block_range);
+        if through >= block_end(c.min_t, block_range) {
+            return Ok(None);
+        }
+        let fresh = !self.open.is_continued_by(c);
+        if fresh && self.last.is_some_and(|l| c.min_t <= l.t) {
+            return Ok(None);
+        }
+        let k =
+            if fresh { ChunkAppender::new().continued_by(c, through)? } else { self.open.continued_by(c, through)? };
+        let Some(k) = k else { return Ok(None) };
+        if k.samples.first().zip(self.last).is_some_and(|(f, l)| f.t <= l.t) {
+            return Ok(None);
+        }
+        Ok(Some(OpenContinuation { fresh, appender: k.appender, samples: k.samples }))
+    }
+
+    /// Takes what [`continuation`](Self::continuation) gave, the series unchanged since.
+    pub fn continue_open(&mut self, k: OpenContinuation) {
+        let Some(&newest) = k.samples.last() else { return };
+        if k.fresh && !self.open.is_empty() {
+            let sealed = self.open.seal();
+            self.sealed.push(sealed.compact());
+        }
+        self.open = k.appender;
+        self.last = Some(newest);
+        if self.open.is_full() {
+            let sealed = self.open.seal();
+            self.open = ChunkAppender::with_capacity(sealed.data.len() / 4);
+            self.sealed.push(sealed.compact());
+        }
+    }
+
     /// Every chunk, the open one sealed as a snapshot: what a head snapshot writes.
     pub fn all_chunks(&self) -> Vec<Chunk> {
         self.chunks(i64::MIN, i64::MAX)
     }
 
     /// Puts back what a head snapshot held: sealed chunks (the open one among them, sealed)
-    /// and the newest sample. Appends continue in a new open chunk.
+    /// and the newest sample. Appends continue the open one (see `reopen`).
     pub fn restore(&mut self, sealed: Vec<Chunk>, last: Option<Sample>) {
         self.sealed = sealed;
         self.open = ChunkAppender::new();
         self.last = last;
+        self.restored = true;
     }
 
     /// Chunks overlapping `[mint, maxt]`, the open one sealed as a snapshot.

@@ -15,6 +15,8 @@ pub struct TsdbMetrics {
     pub samples_appended: Counter,
     /// Chunks the head took as they came (a forwarded backlog), not sample by sample.
     pub chunks_adopted: Counter,
+    /// A sender's open chunks that continued the head's own (only their new bits decoded).
+    pub chunks_continued: Counter,
     pub head_series: Gauge,
     pub head_chunk_bytes: Gauge,
     pub wal_bytes: Gauge,
@@ -47,6 +49,7 @@ impl Default for TsdbMetrics {
         TsdbMetrics {
             samples_appended: Counter::default(),
             chunks_adopted: Counter::default(),
+            chunks_continued: Counter::default(),
             head_series: Gauge::default(),
             head_chunk_bytes: Gauge::default(),
             wal_bytes: Gauge::default(),
@@ -81,6 +84,11 @@ impl TsdbMetrics {
             "head_chunks_adopted",
             "Chunks the head took whole as they came (a forwarded backlog; their samples count as appended)",
             self.chunks_adopted.clone(),
+        );
+        registry.register(
+            "head_chunks_continued",
+            "A sender's open chunks that continued a series' open chunk as they came (their new samples count as appended)",
+            self.chunks_continued.clone(),
         );
         registry.register("head_series", "Series held in the head", self.head_series.clone());
         registry.register(

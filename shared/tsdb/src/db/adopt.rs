@@ -8,7 +8,7 @@
 //! judged exactly as for samples.
 
 use super::{Tsdb, TsdbError};
-use crate::head::MemSeries;
+use crate::head::{MemSeries, OpenContinuation};
 use crate::wal::WalRecord;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,6 +40,11 @@ pub struct WholeChunks {
     pub series: Arc<MemSeries>,
     pub chunks: Vec<Chunk>,
     pub samples: Vec<Sample>,
+    /// After the chunks: the sender's open chunk as it holds it, of which the samples up
+    /// to the bound are sent (see [`SeriesSamples::continuation`]); not decoded yet.
+    ///
+    /// [`SeriesSamples::continuation`]: crate::head::SeriesSamples::continuation
+    pub open: Option<(Chunk, i64)>,
 }
 
 /// What [`Tsdb::commit_chunks`] did.
@@ -51,6 +56,11 @@ pub struct AdoptOutcome {
     pub chunks: usize,
     /// The samples of the chunks not taken, for [`Tsdb::commit`].
     pub rest: Vec<(Arc<MemSeries>, Sample)>,
+    /// Open chunks that continued a series' open chunk (or began a new one).
+    pub continued: usize,
+    /// Open chunks whose bits do not decode: the series and why. Nothing of them is
+    /// stored.
+    pub damaged: Vec<(Arc<MemSeries>, String)>,
 }
 
 impl Tsdb {
@@ -67,12 +77,17 @@ impl Tsdb {
         let (min_valid, max_valid) = (self.min_valid_time(now), self.max_valid_time(now));
         let range = self.block_range_ms();
         let mut records = self.segment_start_records(rotated);
-        // Per series: how many of its chunks are taken, and their newest samples.
+        // Per series: how many of its chunks are taken, and their newest samples; its open
+        // chunk's continuation.
         let mut taken: Vec<Vec<Sample>> = Vec::with_capacity(batch.len());
+        // Per series: its open chunk's continuation, or `(None, true)` when the open chunk
+        // holds nothing new up to its bound.
+        let mut continuations: Vec<(Option<OpenContinuation>, bool)> = Vec::with_capacity(batch.len());
         for w in &batch {
             let mut lasts = Vec::new();
+            let (mut continuation, mut nothing_new) = (None, false);
             if !w.series.is_removed() {
-                let g = w.series.samples.lock();
+                let mut g = w.series.samples.lock();
                 // The WAL lock is held: nothing appends to the series until this is done,
                 // so each chunk is judged against the newest sample before it.
                 let mut newest = g.last();
@@ -103,8 +118,36 @@ impl Tsdb {
                         records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk: c.clone(), last });
                     }
                 }
+                if let Some((c, through)) = w.open.as_ref().filter(|_| lasts.len() == w.chunks.len()) {
+                    // After chunks taken in this batch the open chunk can only begin anew.
+                    let after_taken = lasts.last().is_none_or(|l| c.min_t > l.t);
+                    let k = if after_taken { g.continuation(c, (*through).min(max_valid), range) } else { Ok(None) };
+                    match k {
+                        Ok(Some(k)) if !lasts.is_empty() && !k.fresh => {}
+                        Ok(Some(k)) if k.samples.is_empty() => nothing_new = true,
+                        Ok(Some(k)) if k.samples.first().is_some_and(|f| f.t >= min_valid) => {
+                            if let Some(&last) = k.samples.last() {
+                                if lasts.is_empty() && self.labels_due(&w.series, segment) {
+                                    records.push(WalRecord::Series {
+                                        series_ref: w.series.series_ref,
+                                        labels: w.series.labels.clone(),
+                                    });
+                                }
+                                let chunk = k.appender.seal();
+                                records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk, last });
+                                continuation = Some(k);
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(e) => out.damaged.push((w.series.clone(), format!("its open chunk: {e}"))),
+                    }
+                }
             }
             taken.push(lasts);
+            continuations.push((continuation, nothing_new));
+        }
+        if !out.damaged.is_empty() {
+            return Ok(out);
         }
         if !records.is_empty() {
             let start = wal.cursor();
@@ -128,25 +171,47 @@ impl Tsdb {
             }
             self.wal_failed.store(false, Ordering::Relaxed);
         }
-        for (w, lasts) in batch.into_iter().zip(taken) {
+        for ((w, lasts), (continuation, nothing_new)) in batch.into_iter().zip(taken).zip(continuations) {
             let (mut stored, chunks_taken) = (0, lasts.len());
-            if !lasts.is_empty() {
+            if !lasts.is_empty() || continuation.is_some() {
                 w.series.logged_segment.store(segment, Ordering::Relaxed);
-                let mut g = w.series.samples.lock();
-                for (c, last) in w.chunks.into_iter().zip(lasts) {
-                    stored += usize::from(c.n);
-                    self.head.note_time(c.min_t);
-                    self.head.note_time(c.max_t);
-                    g.adopt(c, last);
-                }
+            }
+            let mut g = w.series.samples.lock();
+            for (c, last) in w.chunks.into_iter().zip(lasts) {
+                stored += usize::from(c.n);
+                self.head.note_time(c.min_t);
+                self.head.note_time(c.max_t);
+                g.adopt(c, last);
             }
             out.adopted += stored;
             out.chunks += chunks_taken;
             out.rest.extend(w.samples.into_iter().skip(stored).map(|s| (w.series.clone(), s)));
+            match (continuation, w.open.filter(|_| !nothing_new)) {
+                (Some(k), _) => {
+                    if let (Some(f), Some(l)) = (k.samples.first(), k.samples.last()) {
+                        self.head.note_time(f.t);
+                        self.head.note_time(l.t);
+                    }
+                    out.adopted += k.samples.len();
+                    out.continued += 1;
+                    g.continue_open(k);
+                }
+                // Not continued: its samples up to the bound, judged one by one.
+                (None, Some((c, through))) => {
+                    drop(g);
+                    let mut samples = Vec::new();
+                    match c.decode_into(i64::MIN, through, &mut samples) {
+                        Ok(()) => out.rest.extend(samples.into_iter().map(|s| (w.series.clone(), s))),
+                        Err(e) => out.damaged.push((w.series.clone(), format!("its open chunk: {e}"))),
+                    }
+                }
+                (None, None) => {}
+            }
         }
         drop(writer);
         self.metrics.samples_appended.inc_by(out.adopted as u64);
         self.metrics.chunks_adopted.inc_by(out.chunks as u64);
+        self.metrics.chunks_continued.inc_by(out.continued as u64);
         Ok(out)
     }
 }
@@ -164,7 +229,7 @@ mod tests {
         for c in &chunks {
             c.decode_checked(&mut decoded).unwrap();
         }
-        WholeChunks { series: series.clone(), chunks, samples: decoded }
+        WholeChunks { series: series.clone(), chunks, samples: decoded, open: None }
     }
 
     fn stored(db: &Tsdb) -> (Vec<Sample>, usize) {
@@ -229,6 +294,95 @@ mod tests {
         let mut want = at(0, 300, value);
         want.push(Sample::new(1_000_000 + 300 * 5000, 1.0));
         assert_eq!(stored(&db).0, want);
+    }
+
+    /// The open chunk of a head that appended what this one did, and more: only its new
+    /// bits are decoded, and this head's open chunk goes on from it as if it had appended
+    /// those samples itself, after a restart too (from the WAL, and from a checkpoint).
+    #[test]
+    fn an_open_chunk_continues_the_one_this_head_holds() {
+        let d = tempfile::tempdir().unwrap();
+        let labels = gpu0();
+        let value = |i: i64| ((i * 37) % 101) as f64 / 10.0;
+        let mut sender = strata_chunk::ChunkAppender::new();
+        for s in at(0, 400, value) {
+            sender.append(s.t, s.v);
+        }
+        let theirs = sender.seal();
+        let through = |i: i64| 1_000_000 + i * 5000;
+        let open_chunk = |s: &Arc<MemSeries>, upto: i64| WholeChunks {
+            series: s.clone(),
+            chunks: Vec::new(),
+            samples: Vec::new(),
+            open: Some((theirs.clone(), through(upto))),
+        };
+        {
+            let db = open(d.path());
+            let s = db.series(&labels).unwrap();
+            let first: Vec<_> = at(0, 100, value).into_iter().map(|x| (s.clone(), x)).collect();
+            db.commit(&first).unwrap();
+            let out = db.commit_chunks(vec![open_chunk(&s, 199)]).unwrap();
+            assert_eq!((out.adopted, out.continued, out.rest.len()), (100, 1, 0));
+            assert_eq!(stored(&db), (at(0, 200, value), 1));
+            // Sent again: nothing new, nothing counted.
+            let out = db.commit_chunks(vec![open_chunk(&s, 199)]).unwrap();
+            assert_eq!((out.adopted, out.rest.len()), (0, 0));
+        }
+        // Replayed from the WAL: the open chunk continues.
+        let db = open(d.path());
+        assert_eq!(stored(&db), (at(0, 200, value), 1));
+        let s = db.series(&labels).unwrap();
+        assert_eq!(db.commit_chunks(vec![open_chunk(&s, 299)]).unwrap().continued, 1);
+        db.checkpoint().unwrap();
+        drop(db);
+        // From a checkpoint, which holds the open chunk sealed: reopened.
+        let db = open(d.path());
+        assert!(db.restored_from_checkpoint());
+        let s = db.series(&labels).unwrap();
+        let out = db.commit_chunks(vec![open_chunk(&s, 349)]).unwrap();
+        assert_eq!((out.adopted, out.continued), (50, 1));
+        let last: Vec<_> = at(350, 400, value).into_iter().map(|x| (s.clone(), x)).collect();
+        assert_eq!(db.commit(&last).unwrap().appended, 50);
+        // The head holds the sender's chunk bit for bit.
+        let found = db.head().select(&[Matcher::eq("gpu", "0")], i64::MIN, i64::MAX);
+        assert_eq!(found[0].1, vec![theirs.clone()]);
+    }
+
+    /// An open chunk that does not continue this head's (another value inside, another
+    /// start) comes back as its samples up to the bound, judged one by one; one whose bits
+    /// after the shared ones do not decode is refused, nothing of it stored.
+    #[test]
+    fn an_open_chunk_that_does_not_continue_comes_back_as_samples_and_damage_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let db = open(d.path());
+        let s = db.series(&gpu0()).unwrap();
+        let value = |i: i64| (i % 13) as f64;
+        let mut other = at(0, 200, value);
+        other[50].v = 99.0;
+        let mut sender = strata_chunk::ChunkAppender::new();
+        for x in &other {
+            sender.append(x.t, x.v);
+        }
+        let theirs = sender.seal();
+        db.commit(&at(0, 100, value).into_iter().map(|x| (s.clone(), x)).collect::<Vec<_>>()).unwrap();
+        let w = WholeChunks {
+            series: s.clone(),
+            chunks: Vec::new(),
+            samples: Vec::new(),
+            open: Some((theirs.clone(), i64::MAX)),
+        };
+        let out = db.commit_chunks(vec![w]).unwrap();
+        assert_eq!((out.adopted, out.continued, out.rest.len()), (0, 0, 200));
+        let c = db.commit(&out.rest).unwrap();
+        assert_eq!((c.appended, c.ignored_duplicates, c.rejected.len()), (100, 99, 1));
+        let cut = strata_chunk::Chunk { data: theirs.data[..theirs.data.len() / 2].into(), n: 300, ..theirs.clone() };
+        let mut longer = at(0, 300, value);
+        longer[50].v = 99.0;
+        let _ = longer;
+        let w = WholeChunks { series: s.clone(), chunks: Vec::new(), samples: Vec::new(), open: Some((cut, i64::MAX)) };
+        let out = db.commit_chunks(vec![w]).unwrap();
+        assert_eq!(out.damaged.len(), 1, "{:?}", out.damaged.iter().map(|d| &d.1).collect::<Vec<_>>());
+        assert_eq!(stored(&db).0.len(), 200);
     }
 
     /// A chunk across a block-range boundary, or older than the head admits, is not taken
