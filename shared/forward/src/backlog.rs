@@ -561,6 +561,10 @@ pub(crate) struct Piece {
     /// The entry's index in the backlog (see [`BacklogReader::labels`]).
     pub entry: usize,
     pub samples: Vec<Sample>,
+    /// Or the entry's samples as the head's open chunk holds them: the chunk, the entry's
+    /// last sample, how many samples of the chunk after those sent before that is (see
+    /// [`BacklogReader::open_chunk_of`]).
+    pub open: Option<(Chunk, i64, u64)>,
     /// Of what the entry counted, how many storage no longer holds (known at the entry's
     /// last slice, when its earlier slices were read by this reader), and the entry's range.
     pub lost: u64,
@@ -591,6 +595,12 @@ pub(crate) struct BacklogReader {
     /// The slice of the oldest data storage held when the reader started: nothing before
     /// it is there to read.
     origin: i64,
+    /// The upstream takes open chunks (see [`open_chunk_of`](Self::open_chunk_of)).
+    pub open_chunks: bool,
+    /// Entries sent whole that way, skipped in later slices. (A reader started again
+    /// after a restart does not know them, and sends their later slices again: stored
+    /// once, counted as duplicates.)
+    sent_whole: std::collections::HashSet<usize>,
 }
 
 fn slice_of(t: i64) -> i64 {
@@ -631,7 +641,35 @@ impl BacklogReader {
             found: HashMap::default(),
             started: at,
             origin: slice_of(stored_from),
+            open_chunks: false,
+            sent_whole: Default::default(),
         }
+    }
+
+    /// Entry `i`'s samples, from the slice at the reader's position to its last, when they
+    /// can go at once as the chunk that holds them, not decoded (see `strata_chunk::resume`):
+    /// the chunk, the entry's last sample, and how many samples that is (what the WAL
+    /// counted). So when the entry begins in this slice, this reader counts it, and one
+    /// chunk in the streaming encoding (the head's open chunk, or one not transcoded yet)
+    /// holds all of its samples; the chunk's samples before them, if any, were
+    /// acknowledged before the backlog (the upstream's open chunk holds them, sent one by
+    /// one as the edge appended them, or it takes them one by one again).
+    fn open_chunk_of(&self, i: usize) -> Option<(Chunk, i64, u64)> {
+        if !self.open_chunks || self.at.after != i64::MIN {
+            return None;
+        }
+        let slice = self.at.slice;
+        let e = self.backlog.entries.get(i)?;
+        let first_slice = slice_of(e.first.max(i64::MIN + SLICE_MS)).max(self.origin);
+        if first_slice != slice || !self.counts(i, first_slice) {
+            return None;
+        }
+        let count = e.samples.filter(|&n| n > 0)?;
+        let from = e.first.max(slice);
+        let mut within = self.chunks.get(&i)?.iter().filter(|c| c.overlaps(from, e.last));
+        let c = within.next()?;
+        let holds_all = within.next().is_none() && c.max_t >= e.last && !c.is_block();
+        holds_all.then(|| (c.clone(), e.last, count))
     }
 
     /// Where the reader stands: what is acknowledged once everything read so far is.
@@ -678,7 +716,7 @@ impl BacklogReader {
                 continue;
             };
             let (first, last, counted) = (entry.first, entry.last, entry.samples);
-            if last < slice || first >= slice_end {
+            if last < slice || first >= slice_end || self.sent_whole.contains(&i) {
                 self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN, ..self.at };
                 continue;
             }
@@ -686,6 +724,14 @@ impl BacklogReader {
             if self.current.as_ref().is_none_or(|c| c.0 != i) {
                 if i >= self.group_end {
                     self.load_group(i, slice, slice_end - 1)?;
+                }
+                if let Some((c, through, left)) = self.open_chunk_of(i).filter(|o| o.2 <= room.max(1) as u64) {
+                    self.decoded.remove(&i);
+                    self.found.remove(&i);
+                    self.sent_whole.insert(i);
+                    self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN, ..self.at };
+                    let open = Some((c, through, left));
+                    return Ok(Some(Piece { entry: i, samples: Vec::new(), open, lost: 0, range: (first, last) }));
                 }
                 if !self.decoded.contains_key(&i) {
                     self.decode_from(i, slice, slice_end - 1);
@@ -724,7 +770,7 @@ impl BacklogReader {
             if piece.is_empty() && lost == 0 {
                 continue;
             }
-            return Ok(Some(Piece { entry: i, samples: piece, lost, range: (first, last) }));
+            return Ok(Some(Piece { entry: i, samples: piece, open: None, lost, range: (first, last) }));
         }
     }
 
@@ -756,6 +802,10 @@ impl BacklogReader {
                 break;
             }
             let Some(e) = self.backlog.entries.get(i) else { continue };
+            // Sent, or likely to go as its open chunk: decoded when it comes, if at all.
+            if self.sent_whole.contains(&i) || (i != start && self.open_chunk_of(i).is_some()) {
+                continue;
+            }
             let Some(c) = self.chunks.remove(&i) else {
                 // Nothing of it in the slice (a series with a gap there): known to be empty,
                 // so that reaching it does not scan the group again (quadratic in a group

@@ -51,6 +51,10 @@ pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, foldhash::fast::
 /// sample on the wire keeps a batch well under the gRPC message limit.
 pub const MAX_BATCH_SAMPLES: usize = 200_000;
 
+/// The most samples a batch's open chunks may declare (`ForwardSeries.open_chunk`): most
+/// of them the receiver holds already and does not decode.
+pub const MAX_BATCH_OPEN_SAMPLES: usize = 4 * MAX_BATCH_SAMPLES;
+
 /// The most series one batch may carry.
 pub const MAX_BATCH_SERIES: usize = 50_000;
 

@@ -1,6 +1,6 @@
 //! The regional's side: batches appended to its database and acknowledged once durable.
 
-use crate::{pb, ForwardError, MAX_BATCH_METADATA, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
+use crate::{pb, ForwardError, MAX_BATCH_METADATA, MAX_BATCH_OPEN_SAMPLES, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use pb::forward_server::{Forward, ForwardServer};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -316,6 +316,17 @@ impl ForwardReceiver {
         if total > MAX_BATCH_SAMPLES as u64 {
             return Err(Status::invalid_argument(format!("{total} samples in one batch, at most {MAX_BATCH_SAMPLES}")));
         }
+        let open_total = req
+            .series
+            .iter()
+            .flat_map(|s| s.open_chunk.as_ref())
+            .map(|c| u64::from(c.samples))
+            .fold(0u64, u64::saturating_add);
+        if open_total > MAX_BATCH_OPEN_SAMPLES as u64 {
+            return Err(Status::invalid_argument(format!(
+                "open chunks of {open_total} samples in one batch, at most {MAX_BATCH_OPEN_SAMPLES}"
+            )));
+        }
         if req.session.len() > MAX_SESSION_NAME {
             return Err(Status::invalid_argument(format!(
                 "a session name of {} bytes, at most {MAX_SESSION_NAME}",
@@ -338,11 +349,11 @@ impl ForwardReceiver {
         let mut decoded = Vec::with_capacity(req.series.len());
         for (i, mut s) in req.series.into_iter().enumerate() {
             let whole = s.timestamps.is_empty();
-            let (samples, chunks) = samples_and_chunks_of(&mut s)
+            let (samples, chunks, open) = samples_and_chunks_of(&mut s, whole)
                 .map_err(|r| Status::invalid_argument(format!("series {i} of the batch: {r}")))?;
             // Chunks alone may be stored as they came (see `Tsdb::commit_chunks`).
             let chunks = if whole { chunks } else { Vec::new() };
-            decoded.push((s, (samples, chunks)));
+            decoded.push((s, (samples, chunks, open)));
         }
         // One lock for the batch's lookups of numbered series.
         let mut sessions = self.sessions.0.lock();
@@ -400,12 +411,14 @@ impl ForwardReceiver {
             resolved.push((series, samples));
         }
         resolved.extend(known);
+        // An open chunk's new samples lie somewhere after its first (not decoded yet).
         let span = resolved
             .iter()
-            .flat_map(|(_, (samples, _))| samples.first().zip(samples.last()))
-            .fold(None, |acc: Option<(i64, i64)>, (a, z)| {
-                Some(acc.map_or((a.t, z.t), |(lo, hi)| (lo.min(a.t), hi.max(z.t))))
-            });
+            .flat_map(|(_, (samples, _, open))| {
+                let sent = samples.first().zip(samples.last()).map(|(a, z)| (a.t, z.t));
+                sent.into_iter().chain(open.as_ref().map(|(c, through)| (c.min_t, (*through).min(c.max_t))))
+            })
+            .fold(None, |acc: Option<(i64, i64)>, (a, z)| Some(acc.map_or((a, z), |(lo, hi)| (lo.min(a), hi.max(z)))));
         // A series named twice in one batch (the protocol sends each once) goes in as
         // samples, in the batch's order.
         let mut seen: HashMap<SeriesRef, usize> = HashMap::with_capacity(resolved.len());
@@ -414,11 +427,17 @@ impl ForwardReceiver {
         }
         let mut batch = Vec::with_capacity(total as usize);
         let mut whole = Vec::new();
-        for (series, (samples, chunks)) in resolved {
-            if !chunks.is_empty() && seen.get(&series.series_ref) == Some(&1) {
-                whole.push(WholeChunks { series, chunks, samples });
+        for (series, (samples, chunks, open)) in resolved {
+            if (!chunks.is_empty() || open.is_some()) && seen.get(&series.series_ref) == Some(&1) {
+                whole.push(WholeChunks { series, chunks, samples, open });
             } else {
                 batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
+                if let Some((c, through)) = open {
+                    let mut rest = Vec::new();
+                    c.decode_into(i64::MIN, through, &mut rest)
+                        .map_err(|e| Status::invalid_argument(format!("{}: its open chunk: {e}", series.labels)))?;
+                    batch.extend(rest.into_iter().map(|s| (series.clone(), s)));
+                }
             }
         }
         if !named.is_empty() {
@@ -437,6 +456,13 @@ impl ForwardReceiver {
         } else {
             self.db.commit_chunks(whole).map_err(|e| self.broken(format!("writing the WAL: {e}")))?
         };
+        if let Some((series, why)) = adopted.damaged.first() {
+            return Err(Status::invalid_argument(format!(
+                "{} series with damaged chunks, the first {}: {why}",
+                adopted.damaged.len(),
+                series.labels
+            )));
+        }
         batch.extend(adopted.rest);
         let mut out = self.db.commit(&batch).map_err(|e| self.broken(format!("writing the WAL: {e}")))?;
         out.appended += adopted.adopted;
@@ -502,12 +528,19 @@ impl ForwardReceiver {
 /// decoded (each must hold the samples and range it declares), every timestamp after the
 /// one before. The batch's total was bounded by what the chunks declare before this runs.
 pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
-    samples_and_chunks_of(s).map(|(samples, _)| samples)
+    samples_and_chunks_of(s, false).map(|(samples, _, _)| samples)
 }
 
+/// A series' open chunk and the bound of what it sends, not decoded.
+type OpenChunk = Option<(Chunk, i64)>;
+
 /// [`samples_of`], and the chunks they came in (checked): all of the samples when the
-/// series came as chunks alone.
-fn samples_and_chunks_of(s: &mut pb::ForwardSeries) -> Result<(Vec<Sample>, Vec<Chunk>), String> {
+/// series came as chunks alone. With `keep_open`, an open chunk comes back as it came (its
+/// samples are not among those returned), else decoded up to its bound with the rest.
+fn samples_and_chunks_of(
+    s: &mut pb::ForwardSeries,
+    keep_open: bool,
+) -> Result<(Vec<Sample>, Vec<Chunk>, OpenChunk), String> {
     if s.timestamps.len() != s.values.len() {
         return Err(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len()));
     }
@@ -519,13 +552,32 @@ fn samples_and_chunks_of(s: &mut pb::ForwardSeries) -> Result<(Vec<Sample>, Vec<
         c.decode_checked(&mut out).map_err(|e| format!("chunk {k}: {e}"))?;
         chunks.push(c);
     }
-    if out.is_empty() {
+    let mut open = None;
+    if let Some(c) = s.open_chunk.take() {
+        let c = strata_grpc::chunk_from_pb(c).map_err(|e| format!("its open chunk: {e}"))?;
+        if c.n > strata_chunk::CHUNK_MAX_SAMPLES {
+            return Err(format!("an open chunk of {} samples, at most {}", c.n, strata_chunk::CHUNK_MAX_SAMPLES));
+        }
+        // It must follow what came before it in the series.
+        if out.last().is_some_and(|l| s.open_through <= l.t) {
+            return Err("an open chunk that sends nothing after the series' other samples".into());
+        }
+        if keep_open {
+            open = Some((c, s.open_through));
+        } else {
+            // Its first samples may be older than others sent with it (ones the receiver
+            // holds): only those after the others are taken here.
+            let after = out.last().map_or(i64::MIN, |l| l.t.saturating_add(1));
+            c.decode_into(after, s.open_through, &mut out).map_err(|e| format!("its open chunk: {e}"))?;
+        }
+    }
+    if out.is_empty() && open.is_none() {
         return Err("no samples".into());
     }
     if out.windows(2).any(|w| w[0].t >= w[1].t) {
         return Err("timestamps not increasing".into());
     }
-    Ok((out, chunks))
+    Ok((out, chunks, open))
 }
 
 #[tonic::async_trait]
@@ -545,6 +597,7 @@ impl Forward for ForwardReceiver {
             storage_id: self.id.0.clone(),
             max_batch_samples: MAX_BATCH_SAMPLES as u64,
             takes_chunks: true,
+            takes_open_chunks: true,
         }))
     }
 

@@ -323,6 +323,7 @@ impl<U: Upstream> Forwarder<U> {
         let mut source = Some(opened.map_err(|e| e.into_forward(&self.opts.upstream))?);
         if let Some(s) = source.as_mut() {
             s.chunks = hello.takes_chunks && !self.chunks_refused.load(std::sync::atomic::Ordering::Relaxed);
+            s.open_chunks = hello.takes_open_chunks;
         }
         // Series numbers are the session's: a new session (this one) names every series
         // again with its labels.

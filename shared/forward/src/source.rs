@@ -155,6 +155,9 @@ pub(crate) struct WalSource {
     backlog_ids: Vec<u64>,
     /// The upstream takes chunks: the backlog goes as chunks.
     pub(crate) chunks: bool,
+    /// The upstream takes open chunks: a backlog's samples that one streaming chunk holds
+    /// go as that chunk (see `BacklogReader::open_chunk_of`).
+    pub(crate) open_chunks: bool,
     /// The backlog's oldest sample: until it is all sent, nothing later is known sent.
     backlog_oldest: i64,
     /// The metric families' metadata, sent with the backlog's first batches: the WAL
@@ -207,6 +210,7 @@ impl WalSource {
             replay,
             backlog_ids: Vec::new(),
             chunks: false,
+            open_chunks: false,
             backlog_oldest,
         })
     }
@@ -307,12 +311,44 @@ impl WalSource {
         let (mut n, mut bytes, mut oldest, mut newest, mut unknown) = (0usize, 0usize, i64::MAX, i64::MIN, 0u64);
         let (mut lost, mut lost_range) = (0u64, (i64::MAX, i64::MIN));
         self.take_backlog_metadata(&mut req, &mut bytes);
+        // Samples the batch's open chunks declare (most of them the upstream holds).
+        let mut open_declared = 0usize;
+        let open_max = crate::MAX_BATCH_OPEN_SAMPLES - usize::from(strata_chunk::CHUNK_MAX_SAMPLES);
         while n < limit && bytes < MAX_BATCH_BYTES && req.series.len() < MAX_BATCH_SERIES {
             let Some(reader) = self.replay.as_mut() else { break };
+            reader.open_chunks = self.chunks && self.open_chunks && open_declared <= open_max;
             let Some(piece) = reader.next_piece(limit - n).map_err(ReadError::Storage)? else { break };
             if piece.lost > 0 {
                 lost += piece.lost;
                 lost_range = (lost_range.0.min(piece.range.0), lost_range.1.max(piece.range.1));
+            }
+            if let Some((chunk, through, count)) = piece.open {
+                let Some(id) = self.backlog_id(piece.entry, external) else {
+                    unknown += count;
+                    continue;
+                };
+                // Once per batch: the entry's last piece, after any of its earlier ones.
+                let i = match index.get(&id) {
+                    Some(&i) => i,
+                    None => {
+                        let fs = self.series_entry(id, &mut bytes);
+                        req.series.push(fs);
+                        samples.push(Vec::new());
+                        index.insert(id, req.series.len() - 1);
+                        req.series.len() - 1
+                    }
+                };
+                let count = usize::try_from(count).unwrap_or(usize::MAX);
+                n = n.saturating_add(count);
+                bytes += chunk.data.len() + 24;
+                open_declared += usize::from(chunk.n);
+                oldest = oldest.min(piece.range.0.max(chunk.min_t));
+                newest = newest.max(through);
+                if let Some(fs) = req.series.get_mut(i) {
+                    fs.open_chunk = Some(chunk_to_pb(&chunk));
+                    fs.open_through = through;
+                }
+                continue;
             }
             if piece.samples.is_empty() {
                 continue;

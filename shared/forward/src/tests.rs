@@ -501,6 +501,7 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
                 storage_id: "refusing".into(),
                 max_batch_samples: 100,
                 takes_chunks: true,
+                takes_open_chunks: true,
             }))
         }
         async fn push(
@@ -773,6 +774,11 @@ async fn an_upstream_far_behind_gets_its_backlog_from_storage_as_chunks_exactly(
     assert_eq!(stats.pending_bytes.get(), 0);
     let bytes_per_sample = (part.sent_bytes.get() + stats.sent_bytes.get()) as f64 / sent as f64;
     assert!(bytes_per_sample < 6.0, "{bytes_per_sample:.1} bytes a sample: the backlog was not sent as chunks");
+    // The 50 series forwarded before the outage went as the edge's open chunks, which
+    // continued the regional's own (only their new bits decoded there).
+    let continued = regional.db.metrics().chunks_continued.get();
+    assert!(continued >= 50, "{continued} open chunks continued at the regional, of the 50 series it followed");
+    assert_eq!(regional.stats.samples("duplicate"), 0);
     let cursor = CursorFile::new(edge.dir(), "regional").load().unwrap();
     assert!(cursor.replay.is_none(), "the backlog is done: {cursor:?}");
 
@@ -832,12 +838,19 @@ async fn a_regional_that_refuses_chunks_gets_samples_and_nothing_is_dropped() {
             &self,
             r: tonic::Request<pb::HelloRequest>,
         ) -> Result<tonic::Response<pb::HelloResponse>, tonic::Status> {
-            self.0.hello(r).await
+            // Older than open chunks too.
+            let mut h = self.0.hello(r).await?;
+            h.get_mut().takes_open_chunks = false;
+            Ok(h)
         }
         async fn push(
             &self,
             r: tonic::Request<pb::PushRequest>,
         ) -> Result<tonic::Response<pb::PushResponse>, tonic::Status> {
+            assert!(
+                r.get_ref().series.iter().all(|s| s.open_chunk.is_none()),
+                "an open chunk to a regional that did not say it takes them"
+            );
             if r.get_ref().series.iter().any(|s| !s.chunks.is_empty()) {
                 return Err(tonic::Status::invalid_argument("series 0 of the batch: no samples"));
             }

@@ -23,6 +23,8 @@ pub struct Greeting {
     pub max_batch_samples: u64,
     /// It decodes `ForwardSeries.chunks` (a backlog from storage is sent as chunks).
     pub takes_chunks: bool,
+    /// It takes `ForwardSeries.open_chunk`.
+    pub takes_open_chunks: bool,
 }
 
 /// How a batch failed.
@@ -103,6 +105,7 @@ impl Upstream for GrpcUpstream {
             storage_id: hello.storage_id,
             max_batch_samples: hello.max_batch_samples,
             takes_chunks: hello.takes_chunks,
+            takes_open_chunks: hello.takes_open_chunks,
         };
         Ok((GrpcSession { client }, greeting))
     }

@@ -184,6 +184,7 @@ impl Upstream for RemoteWriteUpstream {
             storage_id: String::new(),
             max_batch_samples: strata_forward::MAX_BATCH_SAMPLES as u64,
             takes_chunks: false,
+            takes_open_chunks: false,
         };
         Ok((RemoteWriteSession::new(self.shared.clone()), greeting))
     }
