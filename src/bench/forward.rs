@@ -188,18 +188,13 @@ pub async fn run(
     }
     // Nothing lost: the regional's own count of what it stored.
     let page = super::vs_prometheus::get(&format!("http://127.0.0.1:{http}/metrics")).await?;
-    let stored: f64 = ["appended", "duplicate"]
-        .iter()
-        .map(|r| {
-            super::vs_prometheus::counter_sum(
-                &page,
-                &format!("strata_forward_received_samples_total{{result=\"{r}\"}}"),
-            )
-        })
-        .sum();
+    let received = |r: &str| {
+        super::vs_prometheus::counter_sum(&page, &format!("strata_forward_received_samples_total{{result=\"{r}\"}}"))
+    };
+    let (stored, duplicates) = (received("appended"), received("duplicate"));
     let everything = sent_before + total + fresh_written;
     println!(
-        "  the regional stored {stored:.0} of the {everything} samples written ({} lost)",
+        "  the regional stored {stored:.0} of the {everything} samples written ({} lost; {duplicates:.0} more received again, stored once)",
         everything as f64 - stored
     );
     let _ = stop.send(true);
