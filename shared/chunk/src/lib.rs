@@ -61,6 +61,8 @@ pub const CHUNK_MAX_SAMPLES: u16 = 960;
 pub enum ChunkError {
     #[error("chunk data ends early after {0} samples")]
     Truncated(u16),
+    #[error("the chunk's data does not match its header: {0}")]
+    Header(&'static str),
 }
 
 #[cfg(test)]

@@ -70,9 +70,15 @@ impl ChunkAppender {
         if let Some(e) = it.error() {
             return Err(e);
         }
+        // The header's first timestamp places the chunk (its block window, whether it
+        // starts after what is stored): it must be the data's.
+        if self.n == 0 && samples.first().is_some_and(|f| f.t != c.min_t) {
+            return Err(ChunkError::Header("its first timestamp"));
+        }
         let end = it.r.pos;
         let (full, rest) = (end / 8, (end % 8) as u32);
-        let mut w = BitWriter { bytes: Vec::with_capacity(c.data.len()), acc: 0, nacc: 0 };
+        // Room for what was decoded and some appends, not for bytes after them.
+        let mut w = BitWriter { bytes: Vec::with_capacity(full + 1 + full / 8), acc: 0, nacc: 0 };
         w.bytes.extend_from_slice(&c.data[..full]);
         if rest > 0 {
             w.acc = (u64::from(c.data[full]) >> (8 - rest)) & low_mask(rest);
@@ -207,6 +213,9 @@ mod tests {
         assert!(mine.continued_by(&cut, i64::MAX).is_err());
         let liar = Chunk { n: 960, ..whole.clone() };
         assert!(mine.continued_by(&liar, i64::MAX).is_err());
+        // A header whose first timestamp is not the data's would misplace the chunk.
+        let moved = Chunk { min_t: whole.min_t + 1, ..whole.clone() };
+        assert!(ChunkAppender::new().continued_by(&moved, i64::MAX).is_err());
         let mut x = 7u64;
         for _ in 0..200 {
             let mut bytes = whole.data.to_vec();

@@ -561,14 +561,21 @@ pub(crate) struct Piece {
     /// The entry's index in the backlog (see [`BacklogReader::labels`]).
     pub entry: usize,
     pub samples: Vec<Sample>,
-    /// Or the entry's samples as the head's open chunk holds them: the chunk, the entry's
-    /// last sample, how many samples of the chunk after those sent before that is (see
-    /// [`BacklogReader::open_chunk_of`]).
-    pub open: Option<(Chunk, i64, u64)>,
+    /// Or the entry's samples as a chunk holds them (see [`BacklogReader::open_chunk_of`]).
+    pub open: Option<OpenPiece>,
     /// Of what the entry counted, how many storage no longer holds (known at the entry's
     /// last slice, when its earlier slices were read by this reader), and the entry's range.
     pub lost: u64,
     pub range: (i64, i64),
+}
+
+/// An entry's samples as the chunk that holds them: those within `[from, through]`,
+/// `count` of them.
+pub(crate) struct OpenPiece {
+    pub chunk: Chunk,
+    pub from: i64,
+    pub through: i64,
+    pub count: u64,
 }
 
 /// Reads a backlog's samples from storage in its order: slice by slice, and in a slice one
@@ -654,7 +661,7 @@ impl BacklogReader {
     /// holds all of its samples; the chunk's samples before them, if any, were
     /// acknowledged before the backlog (the upstream's open chunk holds them, sent one by
     /// one as the edge appended them, or it takes them one by one again).
-    fn open_chunk_of(&self, i: usize) -> Option<(Chunk, i64, u64)> {
+    fn open_chunk_of(&self, i: usize) -> Option<OpenPiece> {
         if !self.open_chunks || self.at.after != i64::MIN {
             return None;
         }
@@ -669,7 +676,7 @@ impl BacklogReader {
         let mut within = self.chunks.get(&i)?.iter().filter(|c| c.overlaps(from, e.last));
         let c = within.next()?;
         let holds_all = within.next().is_none() && c.max_t >= e.last && !c.is_block();
-        holds_all.then(|| (c.clone(), e.last, count))
+        holds_all.then(|| OpenPiece { chunk: c.clone(), from, through: e.last, count })
     }
 
     /// Where the reader stands: what is acknowledged once everything read so far is.
@@ -725,13 +732,13 @@ impl BacklogReader {
                 if i >= self.group_end {
                     self.load_group(i, slice, slice_end - 1)?;
                 }
-                if let Some((c, through, left)) = self.open_chunk_of(i).filter(|o| o.2 <= room.max(1) as u64) {
+                if let Some(o) = self.open_chunk_of(i).filter(|o| o.count <= room.max(1) as u64) {
                     self.decoded.remove(&i);
                     self.found.remove(&i);
                     self.sent_whole.insert(i);
                     self.at = ReplayAt { entry: self.at.entry + 1, after: i64::MIN, ..self.at };
-                    let open = Some((c, through, left));
-                    return Ok(Some(Piece { entry: i, samples: Vec::new(), open, lost: 0, range: (first, last) }));
+                    let range = (first, last);
+                    return Ok(Some(Piece { entry: i, samples: Vec::new(), open: Some(o), lost: 0, range }));
                 }
                 if !self.decoded.contains_key(&i) {
                     self.decode_from(i, slice, slice_end - 1);

@@ -14,7 +14,7 @@ use strata_chunk::Chunk;
 use strata_grpc::{labels_from_pb, metadata_from_pb, StringPool, MAX_MESSAGE_BYTES};
 use strata_model::Labels;
 use strata_model::{Sample, METRIC_NAME};
-use strata_tsdb::db::{LateOutcome, Tsdb, WholeChunks};
+use strata_tsdb::db::{LateOutcome, OpenChunk, Tsdb, WholeChunks};
 use strata_tsdb::head::{MemSeries, SampleError};
 use strata_tsdb::index::SeriesRef;
 use tonic::codec::CompressionEncoding;
@@ -416,7 +416,8 @@ impl ForwardReceiver {
             .iter()
             .flat_map(|(_, (samples, _, open))| {
                 let sent = samples.first().zip(samples.last()).map(|(a, z)| (a.t, z.t));
-                sent.into_iter().chain(open.as_ref().map(|(c, through)| (c.min_t, (*through).min(c.max_t))))
+                let open = open.as_ref().map(|o| (o.from.max(o.chunk.min_t), o.through.min(o.chunk.max_t)));
+                sent.into_iter().chain(open)
             })
             .fold(None, |acc: Option<(i64, i64)>, (a, z)| Some(acc.map_or((a, z), |(lo, hi)| (lo.min(a), hi.max(z)))));
         // A series named twice in one batch (the protocol sends each once) goes in as
@@ -432,9 +433,10 @@ impl ForwardReceiver {
                 whole.push(WholeChunks { series, chunks, samples, open });
             } else {
                 batch.extend(samples.into_iter().map(|s| (series.clone(), s)));
-                if let Some((c, through)) = open {
+                if let Some(o) = open {
                     let mut rest = Vec::new();
-                    c.decode_into(i64::MIN, through, &mut rest)
+                    o.chunk
+                        .decode_into(o.from, o.through, &mut rest)
                         .map_err(|e| Status::invalid_argument(format!("{}: its open chunk: {e}", series.labels)))?;
                     batch.extend(rest.into_iter().map(|s| (series.clone(), s)));
                 }
@@ -531,16 +533,13 @@ pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
     samples_and_chunks_of(s, false).map(|(samples, _, _)| samples)
 }
 
-/// A series' open chunk and the bound of what it sends, not decoded.
-type OpenChunk = Option<(Chunk, i64)>;
-
 /// [`samples_of`], and the chunks they came in (checked): all of the samples when the
 /// series came as chunks alone. With `keep_open`, an open chunk comes back as it came (its
 /// samples are not among those returned), else decoded up to its bound with the rest.
 fn samples_and_chunks_of(
     s: &mut pb::ForwardSeries,
     keep_open: bool,
-) -> Result<(Vec<Sample>, Vec<Chunk>, OpenChunk), String> {
+) -> Result<(Vec<Sample>, Vec<Chunk>, Option<OpenChunk>), String> {
     if s.timestamps.len() != s.values.len() {
         return Err(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len()));
     }
@@ -559,16 +558,14 @@ fn samples_and_chunks_of(
             return Err(format!("an open chunk of {} samples, at most {}", c.n, strata_chunk::CHUNK_MAX_SAMPLES));
         }
         // It must follow what came before it in the series.
-        if out.last().is_some_and(|l| s.open_through <= l.t) {
+        let from = out.last().map_or(s.open_from, |l| s.open_from.max(l.t.saturating_add(1)));
+        if s.open_through < from {
             return Err("an open chunk that sends nothing after the series' other samples".into());
         }
         if keep_open {
-            open = Some((c, s.open_through));
+            open = Some(OpenChunk { chunk: c, from, through: s.open_through });
         } else {
-            // Its first samples may be older than others sent with it (ones the receiver
-            // holds): only those after the others are taken here.
-            let after = out.last().map_or(i64::MIN, |l| l.t.saturating_add(1));
-            c.decode_into(after, s.open_through, &mut out).map_err(|e| format!("its open chunk: {e}"))?;
+            c.decode_into(from, s.open_through, &mut out).map_err(|e| format!("its open chunk: {e}"))?;
         }
     }
     if out.is_empty() && open.is_none() {

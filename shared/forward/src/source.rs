@@ -322,7 +322,7 @@ impl WalSource {
                 lost += piece.lost;
                 lost_range = (lost_range.0.min(piece.range.0), lost_range.1.max(piece.range.1));
             }
-            if let Some((chunk, through, count)) = piece.open {
+            if let Some(crate::backlog::OpenPiece { chunk, from, through, count }) = piece.open {
                 let Some(id) = self.backlog_id(piece.entry, external) else {
                     unknown += count;
                     continue;
@@ -342,10 +342,11 @@ impl WalSource {
                 n = n.saturating_add(count);
                 bytes += chunk.data.len() + 24;
                 open_declared += usize::from(chunk.n);
-                oldest = oldest.min(piece.range.0.max(chunk.min_t));
+                oldest = oldest.min(from.max(chunk.min_t));
                 newest = newest.max(through);
                 if let Some(fs) = req.series.get_mut(i) {
                     fs.open_chunk = Some(chunk_to_pb(&chunk));
+                    fs.open_from = from;
                     fs.open_through = through;
                 }
                 continue;

@@ -818,8 +818,9 @@ fn adopt_replayed(
     let r = aliases.get(&series_ref).copied().unwrap_or(series_ref);
     if let Some(series) = head.series(r) {
         let mut g = series.samples.lock();
-        // An open chunk continued (see `commit_chunks`): continued again, or, when the head
-        // holds it already (a segment replayed twice), done.
+        // An open chunk continued (see `commit_chunks`): continued again. One the head holds
+        // already (a segment replayed twice) or cannot continue comes back as samples below,
+        // of which those not newer than the series' last are skipped.
         if chunk.min_t >= floor && chunk.max_t <= max_valid && !chunk.is_block() {
             if let Ok(Some(k)) = g.continuation(&chunk, chunk.max_t, range) {
                 if let (Some(f), Some(l)) = (k.samples.first(), k.samples.last()) {
@@ -878,7 +879,7 @@ mod checkpoint;
 mod compact;
 mod floor;
 mod late;
-pub use adopt::{AdoptOutcome, WholeChunks};
+pub use adopt::{AdoptOutcome, OpenChunk, WholeChunks};
 pub use checkpoint::{CheckpointStats, CHECKPOINT_FILE};
 pub use compact::{release_free_memory, MaintenanceOutcome};
 pub use late::LateOutcome;

@@ -40,11 +40,28 @@ pub struct WholeChunks {
     pub series: Arc<MemSeries>,
     pub chunks: Vec<Chunk>,
     pub samples: Vec<Sample>,
-    /// After the chunks: the sender's open chunk as it holds it, of which the samples up
-    /// to the bound are sent (see [`SeriesSamples::continuation`]); not decoded yet.
+    /// After the chunks: the sender's open chunk as it holds it (see
+    /// [`SeriesSamples::continuation`]); not decoded yet.
     ///
     /// [`SeriesSamples::continuation`]: crate::head::SeriesSamples::continuation
-    pub open: Option<(Chunk, i64)>,
+    pub open: Option<OpenChunk>,
+}
+
+/// A sender's open chunk, of which the samples within `[from, through]` are sent: those
+/// before `from` its receiver holds already.
+pub struct OpenChunk {
+    pub chunk: Chunk,
+    pub from: i64,
+    pub through: i64,
+}
+
+/// What becomes of a series' open chunk.
+enum OpenOutcome {
+    Continue(OpenContinuation),
+    /// Its samples, judged one by one.
+    Samples(Vec<Sample>),
+    /// It holds nothing new up to its bound.
+    Nothing,
 }
 
 /// What [`Tsdb::commit_chunks`] did.
@@ -61,6 +78,13 @@ pub struct AdoptOutcome {
     /// Open chunks whose bits do not decode: the series and why. Nothing of them is
     /// stored.
     pub damaged: Vec<(Arc<MemSeries>, String)>,
+}
+
+/// An open chunk's samples within its bounds, decoded whole (it did not continue).
+fn open_samples(o: &OpenChunk) -> Result<Vec<Sample>, strata_chunk::ChunkError> {
+    let mut v = Vec::new();
+    o.chunk.decode_into(o.from, o.through, &mut v)?;
+    Ok(v)
 }
 
 impl Tsdb {
@@ -80,12 +104,12 @@ impl Tsdb {
         // Per series: how many of its chunks are taken, and their newest samples; its open
         // chunk's continuation.
         let mut taken: Vec<Vec<Sample>> = Vec::with_capacity(batch.len());
-        // Per series: its open chunk's continuation, or `(None, true)` when the open chunk
-        // holds nothing new up to its bound.
-        let mut continuations: Vec<(Option<OpenContinuation>, bool)> = Vec::with_capacity(batch.len());
+        // Per series: what becomes of its open chunk (decided, and decoded, before anything
+        // is written).
+        let mut opens: Vec<OpenOutcome> = Vec::with_capacity(batch.len());
         for w in &batch {
             let mut lasts = Vec::new();
-            let (mut continuation, mut nothing_new) = (None, false);
+            let mut open = OpenOutcome::Nothing;
             if !w.series.is_removed() {
                 let mut g = w.series.samples.lock();
                 // The WAL lock is held: nothing appends to the series until this is done,
@@ -118,14 +142,17 @@ impl Tsdb {
                         records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk: c.clone(), last });
                     }
                 }
-                if let Some((c, through)) = w.open.as_ref().filter(|_| lasts.len() == w.chunks.len()) {
+                if let Some(o) = w.open.as_ref().filter(|_| lasts.len() == w.chunks.len()) {
                     // After chunks taken in this batch the open chunk can only begin anew.
-                    let after_taken = lasts.last().is_none_or(|l| c.min_t > l.t);
-                    let k = if after_taken { g.continuation(c, (*through).min(max_valid), range) } else { Ok(None) };
-                    match k {
-                        Ok(Some(k)) if !lasts.is_empty() && !k.fresh => {}
-                        Ok(Some(k)) if k.samples.is_empty() => nothing_new = true,
-                        Ok(Some(k)) if k.samples.first().is_some_and(|f| f.t >= min_valid) => {
+                    let after_taken = lasts.last().is_none_or(|l| o.chunk.min_t > l.t);
+                    let k = if after_taken { g.continuation(&o.chunk, o.through, range) } else { Ok(None) };
+                    open = match k {
+                        Ok(Some(k)) if k.samples.is_empty() => OpenOutcome::Nothing,
+                        Ok(Some(k))
+                            if (lasts.is_empty() || k.fresh)
+                                && k.samples.first().is_some_and(|f| f.t >= min_valid)
+                                && k.samples.last().is_some_and(|l| l.t <= max_valid) =>
+                        {
                             if let Some(&last) = k.samples.last() {
                                 if lasts.is_empty() && self.labels_due(&w.series, segment) {
                                     records.push(WalRecord::Series {
@@ -135,16 +162,36 @@ impl Tsdb {
                                 }
                                 let chunk = k.appender.seal();
                                 records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk, last });
-                                continuation = Some(k);
                             }
+                            OpenOutcome::Continue(k)
                         }
-                        Ok(_) => {}
-                        Err(e) => out.damaged.push((w.series.clone(), format!("its open chunk: {e}"))),
-                    }
+                        // Too old or too new for the head: judged one by one (so counted).
+                        Ok(Some(k)) => OpenOutcome::Samples(k.samples),
+                        Ok(None) => match open_samples(o) {
+                            Ok(v) => OpenOutcome::Samples(v),
+                            Err(e) => {
+                                out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
+                                OpenOutcome::Nothing
+                            }
+                        },
+                        Err(e) => {
+                            out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
+                            OpenOutcome::Nothing
+                        }
+                    };
+                } else if let Some(o) = &w.open {
+                    // Its chunks were not all taken: its samples follow theirs, one by one.
+                    open = match open_samples(o) {
+                        Ok(v) => OpenOutcome::Samples(v),
+                        Err(e) => {
+                            out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
+                            OpenOutcome::Nothing
+                        }
+                    };
                 }
             }
             taken.push(lasts);
-            continuations.push((continuation, nothing_new));
+            opens.push(open);
         }
         if !out.damaged.is_empty() {
             return Ok(out);
@@ -171,9 +218,9 @@ impl Tsdb {
             }
             self.wal_failed.store(false, Ordering::Relaxed);
         }
-        for ((w, lasts), (continuation, nothing_new)) in batch.into_iter().zip(taken).zip(continuations) {
+        for ((w, lasts), open) in batch.into_iter().zip(taken).zip(opens) {
             let (mut stored, chunks_taken) = (0, lasts.len());
-            if !lasts.is_empty() || continuation.is_some() {
+            if !lasts.is_empty() || matches!(open, OpenOutcome::Continue(_)) {
                 w.series.logged_segment.store(segment, Ordering::Relaxed);
             }
             let mut g = w.series.samples.lock();
@@ -186,8 +233,8 @@ impl Tsdb {
             out.adopted += stored;
             out.chunks += chunks_taken;
             out.rest.extend(w.samples.into_iter().skip(stored).map(|s| (w.series.clone(), s)));
-            match (continuation, w.open.filter(|_| !nothing_new)) {
-                (Some(k), _) => {
+            match open {
+                OpenOutcome::Continue(k) => {
                     if let (Some(f), Some(l)) = (k.samples.first(), k.samples.last()) {
                         self.head.note_time(f.t);
                         self.head.note_time(l.t);
@@ -196,16 +243,8 @@ impl Tsdb {
                     out.continued += 1;
                     g.continue_open(k);
                 }
-                // Not continued: its samples up to the bound, judged one by one.
-                (None, Some((c, through))) => {
-                    drop(g);
-                    let mut samples = Vec::new();
-                    match c.decode_into(i64::MIN, through, &mut samples) {
-                        Ok(()) => out.rest.extend(samples.into_iter().map(|s| (w.series.clone(), s))),
-                        Err(e) => out.damaged.push((w.series.clone(), format!("its open chunk: {e}"))),
-                    }
-                }
-                (None, None) => {}
+                OpenOutcome::Samples(v) => out.rest.extend(v.into_iter().map(|s| (w.series.clone(), s))),
+                OpenOutcome::Nothing => {}
             }
         }
         drop(writer);
@@ -314,7 +353,7 @@ mod tests {
             series: s.clone(),
             chunks: Vec::new(),
             samples: Vec::new(),
-            open: Some((theirs.clone(), through(upto))),
+            open: Some(OpenChunk { chunk: theirs.clone(), from: i64::MIN, through: through(upto) }),
         };
         {
             let db = open(d.path());
@@ -369,20 +408,56 @@ mod tests {
             series: s.clone(),
             chunks: Vec::new(),
             samples: Vec::new(),
-            open: Some((theirs.clone(), i64::MAX)),
+            open: Some(OpenChunk { chunk: theirs.clone(), from: i64::MIN, through: i64::MAX }),
         };
         let out = db.commit_chunks(vec![w]).unwrap();
         assert_eq!((out.adopted, out.continued, out.rest.len()), (0, 0, 200));
         let c = db.commit(&out.rest).unwrap();
         assert_eq!((c.appended, c.ignored_duplicates, c.rejected.len()), (100, 99, 1));
+        // Its samples before `from` the sender knows are held: they do not come back.
+        let open = Some(OpenChunk { chunk: theirs.clone(), from: other[150].t, through: other[179].t });
+        let w = WholeChunks { series: s.clone(), chunks: Vec::new(), samples: Vec::new(), open };
+        let out = db.commit_chunks(vec![w]).unwrap();
+        assert_eq!(out.rest.iter().map(|r| r.1).collect::<Vec<_>>(), other[150..180].to_vec());
+        // A header that misplaces the chunk (its first timestamp not the data's) is refused.
+        let liar = strata_chunk::Chunk { min_t: theirs.max_t + 1, ..theirs.clone() };
+        let open = Some(OpenChunk { chunk: liar, from: i64::MIN, through: theirs.max_t });
+        let fresh = db.series(&Labels::from_pairs([("__name__", "m"), ("gpu", "1")])).unwrap();
+        let out = db
+            .commit_chunks(vec![WholeChunks { series: fresh, chunks: Vec::new(), samples: Vec::new(), open }])
+            .unwrap();
+        assert_eq!(out.damaged.len(), 1);
         let cut = strata_chunk::Chunk { data: theirs.data[..theirs.data.len() / 2].into(), n: 300, ..theirs.clone() };
         let mut longer = at(0, 300, value);
         longer[50].v = 99.0;
         let _ = longer;
-        let w = WholeChunks { series: s.clone(), chunks: Vec::new(), samples: Vec::new(), open: Some((cut, i64::MAX)) };
+        let open = Some(OpenChunk { chunk: cut, from: i64::MIN, through: i64::MAX });
+        let w = WholeChunks { series: s.clone(), chunks: Vec::new(), samples: Vec::new(), open };
         let out = db.commit_chunks(vec![w]).unwrap();
         assert_eq!(out.damaged.len(), 1, "{:?}", out.damaged.iter().map(|d| &d.1).collect::<Vec<_>>());
         assert_eq!(stored(&db).0.len(), 200);
+    }
+
+    /// Samples past what the head admits in the future are not taken with the chunk: they
+    /// come back to be refused, and counted, one by one.
+    #[test]
+    fn an_open_chunk_reaching_into_the_future_comes_back_as_samples() {
+        let d = tempfile::tempdir().unwrap();
+        let db = open(d.path());
+        let s = db.series(&gpu0()).unwrap();
+        let now = now_ms();
+        let samples: Vec<_> = (0..100).map(|i| Sample::new(now - 10 * 60_000 + i * 60_000, i as f64)).collect();
+        let mut sender = strata_chunk::ChunkAppender::new();
+        for x in &samples {
+            sender.append(x.t, x.v);
+        }
+        let open = Some(OpenChunk { chunk: sender.seal(), from: i64::MIN, through: i64::MAX });
+        let out =
+            db.commit_chunks(vec![WholeChunks { series: s, chunks: Vec::new(), samples: Vec::new(), open }]).unwrap();
+        assert_eq!((out.continued, out.rest.len()), (0, 100));
+        let c = db.commit(&out.rest).unwrap();
+        assert!(!c.rejected.is_empty(), "samples far in the future were stored");
+        assert_eq!(c.appended + c.rejected.len(), 100);
     }
 
     /// A chunk across a block-range boundary, or older than the head admits, is not taken
