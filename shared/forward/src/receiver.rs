@@ -533,13 +533,13 @@ pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
     samples_and_chunks_of(s, false).map(|(samples, _, _)| samples)
 }
 
+/// A series' samples as sent, the chunks they came in, and its open chunk (not decoded).
+type SeriesParts = (Vec<Sample>, Vec<Chunk>, Option<OpenChunk>);
+
 /// [`samples_of`], and the chunks they came in (checked): all of the samples when the
 /// series came as chunks alone. With `keep_open`, an open chunk comes back as it came (its
 /// samples are not among those returned), else decoded up to its bound with the rest.
-fn samples_and_chunks_of(
-    s: &mut pb::ForwardSeries,
-    keep_open: bool,
-) -> Result<(Vec<Sample>, Vec<Chunk>, Option<OpenChunk>), String> {
+fn samples_and_chunks_of(s: &mut pb::ForwardSeries, keep_open: bool) -> Result<SeriesParts, String> {
     if s.timestamps.len() != s.values.len() {
         return Err(format!("{} timestamps, {} values", s.timestamps.len(), s.values.len()));
     }

@@ -57,7 +57,7 @@ pub struct OpenChunk {
 
 /// What becomes of a series' open chunk.
 enum OpenOutcome {
-    Continue(OpenContinuation),
+    Continue(Box<OpenContinuation>),
     /// Its samples, judged one by one.
     Samples(Vec<Sample>),
     /// It holds nothing new up to its bound.
@@ -163,7 +163,7 @@ impl Tsdb {
                                 let chunk = k.appender.seal();
                                 records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk, last });
                             }
-                            OpenOutcome::Continue(k)
+                            OpenOutcome::Continue(Box::new(k))
                         }
                         // Too old or too new for the head: judged one by one (so counted).
                         Ok(Some(k)) => OpenOutcome::Samples(k.samples),
@@ -241,7 +241,7 @@ impl Tsdb {
                     }
                     out.adopted += k.samples.len();
                     out.continued += 1;
-                    g.continue_open(k);
+                    g.continue_open(*k);
                 }
                 OpenOutcome::Samples(v) => out.rest.extend(v.into_iter().map(|s| (w.series.clone(), s))),
                 OpenOutcome::Nothing => {}
