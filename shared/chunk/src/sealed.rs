@@ -160,6 +160,19 @@ impl Chunk {
         }
     }
 
+    /// Appends the samples within `[from, through]` to `out`, after checking that the first
+    /// sample is where the header says the chunk starts (a header that lies would place
+    /// the chunk wrongly); decodes nothing past `through`.
+    pub fn decode_bounded(&self, from: i64, through: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
+        let mut all = Vec::new();
+        self.decode_into(i64::MIN, through, &mut all)?;
+        if all.first().is_some_and(|f| f.t != self.min_t) {
+            return Err(ChunkError::Header("its first timestamp"));
+        }
+        out.extend(all.into_iter().filter(|s| s.t >= from));
+        Ok(())
+    }
+
     /// About how many samples fall in `[mint, maxt]`, without decoding: all of them when
     /// the chunk lies inside, else its sample count in proportion to the time covered
     /// (rounded up). For limits, which must not count a whole chunk when a query needs a

@@ -436,7 +436,7 @@ impl ForwardReceiver {
                 if let Some(o) = open {
                     let mut rest = Vec::new();
                     o.chunk
-                        .decode_into(o.from, o.through, &mut rest)
+                        .decode_bounded(o.from, o.through, &mut rest)
                         .map_err(|e| Status::invalid_argument(format!("{}: its open chunk: {e}", series.labels)))?;
                     batch.extend(rest.into_iter().map(|s| (series.clone(), s)));
                 }
@@ -565,7 +565,7 @@ fn samples_and_chunks_of(s: &mut pb::ForwardSeries, keep_open: bool) -> Result<S
         if keep_open {
             open = Some(OpenChunk { chunk: c, from, through: s.open_through });
         } else {
-            c.decode_into(from, s.open_through, &mut out).map_err(|e| format!("its open chunk: {e}"))?;
+            c.decode_bounded(from, s.open_through, &mut out).map_err(|e| format!("its open chunk: {e}"))?;
         }
     }
     if out.is_empty() && open.is_none() {

@@ -331,6 +331,34 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
             vec![strata_grpc::pb::Chunk { samples: 960, data: vec![0xe0].into(), ..chunk.clone() }; 210],
         ),
     ];
+    // Open chunks: at most a chunk's samples each, and a bounded total per batch declared
+    // before anything is decoded; bounds that send something; a header whose first
+    // timestamp is not its data's (it would place the chunk); none leaves anything stored.
+    let mut appender = strata_chunk::ChunkAppender::new();
+    for x in &samples {
+        appender.append(x.t, x.v);
+    }
+    let open = strata_grpc::chunk_to_pb(&appender.seal());
+    let with_open = |name: &str, c: strata_grpc::pb::Chunk, from: i64, through: i64| {
+        let mut s = series(vec![label("__name__", name)], vec![], vec![]);
+        (s.open_chunk, s.open_from, s.open_through) = (Some(c), from, through);
+        s
+    };
+    let open_cases = [
+        push(&id, vec![with_open("m", strata_grpc::pb::Chunk { samples: 961, ..open.clone() }, now, now + 40_000)]),
+        push(&id, vec![with_open("m", open.clone(), now + 40_000, now + 1000)]),
+        push(
+            &id,
+            vec![with_open("m", strata_grpc::pb::Chunk { min_time: now + 1001, ..open.clone() }, now, now + 40_000)],
+        ),
+        push(
+            &id,
+            (0..=crate::MAX_BATCH_OPEN_SAMPLES / 960)
+                .map(|i| with_open(&format!("m{i}"), strata_grpc::pb::Chunk { samples: 960, ..open.clone() }, now, now))
+                .collect(),
+        ),
+    ];
+    let chunk_cases: Vec<_> = chunk_cases.into_iter().chain(open_cases).collect();
     // A series by number: without a session, or one this regional does not know.
     let cases: Vec<_> = cases
         .into_iter()

@@ -83,7 +83,7 @@ pub struct AdoptOutcome {
 /// An open chunk's samples within its bounds, decoded whole (it did not continue).
 fn open_samples(o: &OpenChunk) -> Result<Vec<Sample>, strata_chunk::ChunkError> {
     let mut v = Vec::new();
-    o.chunk.decode_into(o.from, o.through, &mut v)?;
+    o.chunk.decode_bounded(o.from, o.through, &mut v)?;
     Ok(v)
 }
 
