@@ -75,6 +75,9 @@ impl ChunkAppender {
         if self.n == 0 && samples.first().is_some_and(|f| f.t != c.min_t) {
             return Err(ChunkError::Header("its first timestamp"));
         }
+        if samples.last().is_some_and(|l| l.t > c.max_t) {
+            return Err(ChunkError::Header("its last timestamp"));
+        }
         let end = it.r.pos;
         let (full, rest) = (end / 8, (end % 8) as u32);
         // Room for what was decoded and some appends, not for bytes after them.
@@ -213,9 +216,11 @@ mod tests {
         assert!(mine.continued_by(&cut, i64::MAX).is_err());
         let liar = Chunk { n: 960, ..whole.clone() };
         assert!(mine.continued_by(&liar, i64::MAX).is_err());
-        // A header whose first timestamp is not the data's would misplace the chunk.
+        // A header whose first or last timestamp is not the data's would misplace the chunk.
         let moved = Chunk { min_t: whole.min_t + 1, ..whole.clone() };
         assert!(ChunkAppender::new().continued_by(&moved, i64::MAX).is_err());
+        let short = Chunk { max_t: whole.max_t - 1, ..whole.clone() };
+        assert!(mine.continued_by(&short, i64::MAX).is_err());
         let mut x = 7u64;
         for _ in 0..200 {
             let mut bytes = whole.data.to_vec();

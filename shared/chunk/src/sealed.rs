@@ -160,14 +160,20 @@ impl Chunk {
         }
     }
 
-    /// Appends the samples within `[from, through]` to `out`, after checking that the first
-    /// sample is where the header says the chunk starts (a header that lies would place
-    /// the chunk wrongly); decodes nothing past `through`.
+    /// Appends the samples within `[from, through]` to `out`, after checking that they lie
+    /// where the header says the chunk does (a header that lies would place the chunk
+    /// wrongly) and increase; decodes nothing past `through`.
     pub fn decode_bounded(&self, from: i64, through: i64, out: &mut Vec<Sample>) -> Result<(), ChunkError> {
         let mut all = Vec::new();
         self.decode_into(i64::MIN, through, &mut all)?;
         if all.first().is_some_and(|f| f.t != self.min_t) {
             return Err(ChunkError::Header("its first timestamp"));
+        }
+        if all.last().is_some_and(|l| l.t > self.max_t) {
+            return Err(ChunkError::Header("its last timestamp"));
+        }
+        if all.windows(2).any(|w| w[0].t >= w[1].t) {
+            return Err(ChunkError::Header("timestamps that do not increase"));
         }
         out.extend(all.into_iter().filter(|s| s.t >= from));
         Ok(())

@@ -662,13 +662,17 @@ impl BacklogReader {
     /// acknowledged before the backlog (the upstream's open chunk holds them, sent one by
     /// one as the edge appended them, or it takes them one by one again).
     fn open_chunk_of(&self, i: usize) -> Option<OpenPiece> {
-        if !self.open_chunks || self.at.after != i64::MIN {
+        // (The entry the reader stands in, partly sent: read on from where it is.)
+        let partly_sent = self.at.entry == i as u64 && self.at.after != i64::MIN;
+        if !self.open_chunks || partly_sent {
             return None;
         }
         let slice = self.at.slice;
         let e = self.backlog.entries.get(i)?;
         let first_slice = slice_of(e.first.max(i64::MIN + SLICE_MS)).max(self.origin);
-        if first_slice != slice || !self.counts(i, first_slice) {
+        // (An entry that began before the oldest data storage holds is read slice by
+        // slice, so that what storage lost of it is counted.)
+        if first_slice != slice || e.first < slice || !self.counts(i, first_slice) {
             return None;
         }
         let count = e.samples.filter(|&n| n > 0)?;

@@ -416,7 +416,9 @@ impl ForwardReceiver {
             .iter()
             .flat_map(|(_, (samples, _, open))| {
                 let sent = samples.first().zip(samples.last()).map(|(a, z)| (a.t, z.t));
-                let open = open.as_ref().map(|o| (o.from.max(o.chunk.min_t), o.through.min(o.chunk.max_t)));
+                // From the chunk's start: where the regional lacked them, samples before
+                // `from` are stored too. Up to its last, which decoding checks.
+                let open = open.as_ref().map(|o| (o.chunk.min_t, o.through.min(o.chunk.max_t)));
                 sent.into_iter().chain(open)
             })
             .fold(None, |acc: Option<(i64, i64)>, (a, z)| Some(acc.map_or((a, z), |(lo, hi)| (lo.min(a), hi.max(z)))));

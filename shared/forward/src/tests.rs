@@ -773,7 +773,11 @@ async fn an_upstream_far_behind_gets_its_backlog_from_storage_as_chunks_exactly(
     let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
     let holds = WalHolds::new(edge.clone());
     let regional = Regional::start(r.path()).await;
-    let t0 = strata_model::time::now_ms() - 7_200_000;
+    // The start of a 2 h block window 100 to 220 minutes ago, and a minute: everything
+    // written lies in that window, which no block cut takes (the heads' newest sample is
+    // never an hour past its end), so the series' newest chunks stay open.
+    let window = 2 * 3600 * 1000;
+    let t0 = (strata_model::time::now_ms() - 6_000_000).div_euclid(window) * window + 60_000;
     write(&edge, 50, t0, 10);
     forward_until_equal(&edge, &holds, options("regional", regional.addr, 1000), &regional.db).await;
 

@@ -165,8 +165,9 @@ impl Tsdb {
                             }
                             OpenOutcome::Continue(Box::new(k))
                         }
-                        // Too old or too new for the head: judged one by one (so counted).
-                        Ok(Some(k)) => OpenOutcome::Samples(k.samples),
+                        // Too old or too new for the head: judged one by one (so counted),
+                        // from the sender's bound on.
+                        Ok(Some(k)) => OpenOutcome::Samples(k.samples.into_iter().filter(|s| s.t >= o.from).collect()),
                         Ok(None) => match open_samples(o) {
                             Ok(v) => OpenOutcome::Samples(v),
                             Err(e) => {
@@ -181,6 +182,18 @@ impl Tsdb {
                     };
                 } else if let Some(o) = &w.open {
                     // Its chunks were not all taken: its samples follow theirs, one by one.
+                    open = match open_samples(o) {
+                        Ok(v) => OpenOutcome::Samples(v),
+                        Err(e) => {
+                            out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
+                            OpenOutcome::Nothing
+                        }
+                    };
+                }
+            }
+            if w.series.is_removed() {
+                // Gone from the head meanwhile: its samples revive it in `commit`.
+                if let Some(o) = &w.open {
                     open = match open_samples(o) {
                         Ok(v) => OpenOutcome::Samples(v),
                         Err(e) => {
