@@ -192,6 +192,12 @@ pub async fn run(
         super::vs_prometheus::counter_sum(&page, &format!("strata_forward_received_samples_total{{result=\"{r}\"}}"))
     };
     let (stored, duplicates) = (received("appended"), received("duplicate"));
+    let head = |name: &str| super::vs_prometheus::counter_sum(&page, name);
+    println!(
+        "  the regional's head: {:.0} chunks taken whole, {:.0} open chunks continued",
+        head("strata_head_chunks_adopted_total"),
+        head("strata_head_chunks_continued_total")
+    );
     let everything = sent_before + total + fresh_written;
     println!(
         "  the regional stored {stored:.0} of the {everything} samples written ({} lost; {duplicates:.0} more received again, stored once)",

@@ -670,16 +670,18 @@ impl BacklogReader {
         let slice = self.at.slice;
         let e = self.backlog.entries.get(i)?;
         let first_slice = slice_of(e.first.max(i64::MIN + SLICE_MS)).max(self.origin);
-        // (An entry that began before the oldest data storage holds is read slice by
-        // slice, so that what storage lost of it is counted.)
-        if first_slice != slice || e.first < slice || !self.counts(i, first_slice) {
+        if first_slice != slice || !self.counts(i, first_slice) {
             return None;
         }
         let count = e.samples.filter(|&n| n > 0)?;
         let from = e.first.max(slice);
         let mut within = self.chunks.get(&i)?.iter().filter(|c| c.overlaps(from, e.last));
         let c = within.next()?;
-        let holds_all = within.next().is_none() && c.max_t >= e.last && !c.is_block();
+        // The chunk holds the entry's first sample too, so what the WAL counted is all there
+        // (an entry whose oldest samples storage lost goes slice by slice, the loss
+        // counted); or the entry is everything stored up to its last.
+        let from_first = c.min_t <= e.first || e.first == i64::MIN;
+        let holds_all = within.next().is_none() && from_first && c.max_t >= e.last && !c.is_block();
         holds_all.then(|| OpenPiece { chunk: c.clone(), from, through: e.last, count })
     }
 

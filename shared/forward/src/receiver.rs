@@ -411,17 +411,11 @@ impl ForwardReceiver {
             resolved.push((series, samples));
         }
         resolved.extend(known);
-        // An open chunk's new samples lie somewhere after its first (not decoded yet).
-        let span = resolved
+        // (Open chunks' samples are added once decoded: `commit_chunks` says what it took.)
+        let mut span = resolved
             .iter()
-            .flat_map(|(_, (samples, _, open))| {
-                let sent = samples.first().zip(samples.last()).map(|(a, z)| (a.t, z.t));
-                // From the chunk's start: where the regional lacked them, samples before
-                // `from` are stored too. Up to its last, which decoding checks.
-                let open = open.as_ref().map(|o| (o.chunk.min_t, o.through.min(o.chunk.max_t)));
-                sent.into_iter().chain(open)
-            })
-            .fold(None, |acc: Option<(i64, i64)>, (a, z)| Some(acc.map_or((a, z), |(lo, hi)| (lo.min(a), hi.max(z)))));
+            .flat_map(|(_, (samples, _, _))| samples.first().zip(samples.last()).map(|(a, z)| (a.t, z.t)))
+            .fold(None, widen);
         // A series named twice in one batch (the protocol sends each once) goes in as
         // samples, in the batch's order.
         let mut seen: HashMap<SeriesRef, usize> = HashMap::with_capacity(resolved.len());
@@ -440,6 +434,9 @@ impl ForwardReceiver {
                     o.chunk
                         .decode_bounded(o.from, o.through, &mut rest)
                         .map_err(|e| Status::invalid_argument(format!("{}: its open chunk: {e}", series.labels)))?;
+                    if let (Some(a), Some(z)) = (rest.first(), rest.last()) {
+                        span = widen(span, (a.t, z.t));
+                    }
                     batch.extend(rest.into_iter().map(|s| (series.clone(), s)));
                 }
             }
@@ -460,6 +457,9 @@ impl ForwardReceiver {
         } else {
             self.db.commit_chunks(whole).map_err(|e| self.broken(format!("writing the WAL: {e}")))?
         };
+        if let Some(open) = adopted.open_span {
+            span = widen(span, open);
+        }
         if let Some((series, why)) = adopted.damaged.first() {
             return Err(Status::invalid_argument(format!(
                 "{} series with damaged chunks, the first {}: {why}",
@@ -533,6 +533,11 @@ impl ForwardReceiver {
 /// one before. The batch's total was bounded by what the chunks declare before this runs.
 pub fn samples_of(s: &mut pb::ForwardSeries) -> Result<Vec<Sample>, String> {
     samples_and_chunks_of(s, false).map(|(samples, _, _)| samples)
+}
+
+/// `acc` widened to take in `(a, z)`.
+fn widen(acc: Option<(i64, i64)>, (a, z): (i64, i64)) -> Option<(i64, i64)> {
+    Some(acc.map_or((a, z), |(lo, hi)| (lo.min(a), hi.max(z))))
 }
 
 /// A series' samples as sent, the chunks they came in, and its open chunk (not decoded).

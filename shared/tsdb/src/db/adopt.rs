@@ -75,9 +75,17 @@ pub struct AdoptOutcome {
     pub rest: Vec<(Arc<MemSeries>, Sample)>,
     /// Open chunks that continued a series' open chunk (or began a new one).
     pub continued: usize,
+    /// The first and last timestamps of the open chunks' samples taken or handed back.
+    pub open_span: Option<(i64, i64)>,
     /// Open chunks whose bits do not decode: the series and why. Nothing of them is
     /// stored.
     pub damaged: Vec<(Arc<MemSeries>, String)>,
+}
+
+impl AdoptOutcome {
+    fn widen_open_span(&mut self, first: i64, last: i64) {
+        self.open_span = Some(self.open_span.map_or((first, last), |(a, z)| (a.min(first), z.max(last))));
+    }
 }
 
 /// An open chunk's samples within its bounds, decoded whole (it did not continue).
@@ -251,12 +259,18 @@ impl Tsdb {
                     if let (Some(f), Some(l)) = (k.samples.first(), k.samples.last()) {
                         self.head.note_time(f.t);
                         self.head.note_time(l.t);
+                        out.widen_open_span(f.t, l.t);
                     }
                     out.adopted += k.samples.len();
                     out.continued += 1;
                     g.continue_open(*k);
                 }
-                OpenOutcome::Samples(v) => out.rest.extend(v.into_iter().map(|s| (w.series.clone(), s))),
+                OpenOutcome::Samples(v) => {
+                    if let (Some(f), Some(l)) = (v.first(), v.last()) {
+                        out.widen_open_span(f.t, l.t);
+                    }
+                    out.rest.extend(v.into_iter().map(|s| (w.series.clone(), s)));
+                }
                 OpenOutcome::Nothing => {}
             }
         }
