@@ -300,6 +300,25 @@ impl WalSource {
         pb::ForwardSeries { labels, r#ref: id, ..Default::default() }
     }
 
+    /// Series `id`'s place in a batch being built (its request, its samples, the places
+    /// by id), added the first time: a series once per batch, as a receiver resolves its
+    /// number once.
+    fn batch_slot(
+        &mut self,
+        id: u64,
+        (req, samples, index): (&mut pb::PushRequest, &mut Vec<Vec<Sample>>, &mut HashMap<u64, usize>),
+        bytes: &mut usize,
+    ) -> usize {
+        if let Some(&i) = index.get(&id) {
+            return i;
+        }
+        let fs = self.series_entry(id, bytes);
+        req.series.push(fs);
+        samples.push(Vec::new());
+        index.insert(id, req.series.len() - 1);
+        req.series.len() - 1
+    }
+
     /// A batch of the backlog; once it is read, the position moves on to the WAL.
     fn backlog_batch(&mut self, limit: usize, external: &(Labels, bool)) -> Result<Batch, ReadError> {
         let mut req = pb::PushRequest::default();
@@ -327,17 +346,8 @@ impl WalSource {
                     unknown += count;
                     continue;
                 };
-                // Once per batch: the entry's last piece, after any of its earlier ones.
-                let i = match index.get(&id) {
-                    Some(&i) => i,
-                    None => {
-                        let fs = self.series_entry(id, &mut bytes);
-                        req.series.push(fs);
-                        samples.push(Vec::new());
-                        index.insert(id, req.series.len() - 1);
-                        req.series.len() - 1
-                    }
-                };
+                // The entry's last piece, after any of its earlier ones.
+                let i = self.batch_slot(id, (&mut req, &mut samples, &mut index), &mut bytes);
                 let count = usize::try_from(count).unwrap_or(usize::MAX);
                 n = n.saturating_add(count);
                 bytes += chunk.data.len() + 24;
@@ -358,18 +368,8 @@ impl WalSource {
                 unknown += piece.samples.len() as u64;
                 continue;
             };
-            // A series once per batch (a receiver resolves its number once): its pieces of
-            // later slices join the earlier ones, in time order.
-            let i = match index.get(&id) {
-                Some(&i) => i,
-                None => {
-                    let fs = self.series_entry(id, &mut bytes);
-                    req.series.push(fs);
-                    samples.push(Vec::new());
-                    index.insert(id, req.series.len() - 1);
-                    req.series.len() - 1
-                }
-            };
+            // Its pieces of later slices join the earlier ones, in time order.
+            let i = self.batch_slot(id, (&mut req, &mut samples, &mut index), &mut bytes);
             n += piece.samples.len();
             bytes += per_sample * piece.samples.len();
             oldest = oldest.min(piece.samples[0].t);
