@@ -127,19 +127,13 @@ impl SeriesSamples {
     pub fn append(&mut self, s: Sample, block_range: i64) {
         self.reopen(s.t, block_range);
         if !self.open.is_empty() && s.t >= block_end(self.open.min_t(), block_range) {
-            let sealed = self.open.seal();
-            self.open = ChunkAppender::new();
-            self.sealed.push(sealed.compact());
+            self.seal_open(false);
         }
         self.open.append(s.t, s.v);
         self.last = Some(s);
         if self.open.is_full() {
             // Sealed as soon as it fills, so queries of the recent past meet the block form.
-            let sealed = self.open.seal();
-            // A quarter of the last chunk: the buffer then grows by eighths (see the chunk
-            // crate's `BitWriter`), so a fresh chunk does not hold a full one's memory.
-            self.open = ChunkAppender::with_capacity(sealed.data.len() / 4);
-            self.sealed.push(sealed.compact());
+            self.seal_open(true);
         }
     }
 
@@ -229,16 +223,23 @@ impl SeriesSamples {
     pub fn continue_open(&mut self, k: OpenContinuation) {
         let Some(&newest) = k.samples.last() else { return };
         if k.fresh && !self.open.is_empty() {
-            let sealed = self.open.seal();
-            self.sealed.push(sealed.compact());
+            self.seal_open(false);
         }
         self.open = k.appender;
         self.last = Some(newest);
         if self.open.is_full() {
-            let sealed = self.open.seal();
-            self.open = ChunkAppender::with_capacity(sealed.data.len() / 4);
-            self.sealed.push(sealed.compact());
+            self.seal_open(true);
         }
+    }
+
+    /// Seals the open chunk (in the block encoding when that is no larger) and begins a new
+    /// one: after a full chunk with a quarter of its bytes (the buffer then grows by
+    /// eighths, see the chunk crate's `BitWriter`, so a fresh chunk does not hold a full
+    /// one's memory), else empty.
+    fn seal_open(&mut self, full: bool) {
+        let sealed = self.open.seal();
+        self.open = ChunkAppender::with_capacity(if full { sealed.data.len() / 4 } else { 0 });
+        self.sealed.push(sealed.compact());
     }
 
     /// Every chunk, the open one sealed as a snapshot: what a head snapshot writes.

@@ -88,11 +88,17 @@ impl AdoptOutcome {
     }
 }
 
-/// An open chunk's samples within its bounds, decoded whole (it did not continue).
-fn open_samples(o: &OpenChunk) -> Result<Vec<Sample>, strata_chunk::ChunkError> {
+/// An open chunk that is not continued: its samples within its bounds, decoded whole and
+/// judged one by one; a chunk that does not decode is noted as damaged.
+fn one_by_one(o: &OpenChunk, series: &Arc<MemSeries>, damaged: &mut Vec<(Arc<MemSeries>, String)>) -> OpenOutcome {
     let mut v = Vec::new();
-    o.chunk.decode_bounded(o.from, o.through, &mut v)?;
-    Ok(v)
+    match o.chunk.decode_bounded(o.from, o.through, &mut v) {
+        Ok(()) => OpenOutcome::Samples(v),
+        Err(e) => {
+            damaged.push((series.clone(), format!("its open chunk: {e}")));
+            OpenOutcome::Nothing
+        }
+    }
 }
 
 impl Tsdb {
@@ -109,8 +115,7 @@ impl Tsdb {
         let (min_valid, max_valid) = (self.min_valid_time(now), self.max_valid_time(now));
         let range = self.block_range_ms();
         let mut records = self.segment_start_records(rotated);
-        // Per series: how many of its chunks are taken, and their newest samples; its open
-        // chunk's continuation.
+        // Per series: how many of its chunks are taken, and their newest samples.
         let mut taken: Vec<Vec<Sample>> = Vec::with_capacity(batch.len());
         // Per series: what becomes of its open chunk (decided, and decoded, before anything
         // is written).
@@ -176,13 +181,7 @@ impl Tsdb {
                         // Too old or too new for the head: judged one by one (so counted),
                         // from the sender's bound on.
                         Ok(Some(k)) => OpenOutcome::Samples(k.samples.into_iter().filter(|s| s.t >= o.from).collect()),
-                        Ok(None) => match open_samples(o) {
-                            Ok(v) => OpenOutcome::Samples(v),
-                            Err(e) => {
-                                out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
-                                OpenOutcome::Nothing
-                            }
-                        },
+                        Ok(None) => one_by_one(o, &w.series, &mut out.damaged),
                         Err(e) => {
                             out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
                             OpenOutcome::Nothing
@@ -190,26 +189,11 @@ impl Tsdb {
                     };
                 } else if let Some(o) = &w.open {
                     // Its chunks were not all taken: its samples follow theirs, one by one.
-                    open = match open_samples(o) {
-                        Ok(v) => OpenOutcome::Samples(v),
-                        Err(e) => {
-                            out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
-                            OpenOutcome::Nothing
-                        }
-                    };
+                    open = one_by_one(o, &w.series, &mut out.damaged);
                 }
-            }
-            if w.series.is_removed() {
+            } else if let Some(o) = &w.open {
                 // Gone from the head meanwhile: its samples revive it in `commit`.
-                if let Some(o) = &w.open {
-                    open = match open_samples(o) {
-                        Ok(v) => OpenOutcome::Samples(v),
-                        Err(e) => {
-                            out.damaged.push((w.series.clone(), format!("its open chunk: {e}")));
-                            OpenOutcome::Nothing
-                        }
-                    };
-                }
+                open = one_by_one(o, &w.series, &mut out.damaged);
             }
             taken.push(lasts);
             opens.push(open);
@@ -241,15 +225,19 @@ impl Tsdb {
         }
         for ((w, lasts), open) in batch.into_iter().zip(taken).zip(opens) {
             let (mut stored, chunks_taken) = (0, lasts.len());
-            if !lasts.is_empty() || matches!(open, OpenOutcome::Continue(_)) {
+            let continued = matches!(open, OpenOutcome::Continue(_));
+            // Only a series something is applied to is locked.
+            let mut g = (!lasts.is_empty() || continued).then(|| {
                 w.series.logged_segment.store(segment, Ordering::Relaxed);
-            }
-            let mut g = w.series.samples.lock();
-            for (c, last) in w.chunks.into_iter().zip(lasts) {
-                stored += usize::from(c.n);
-                self.head.note_time(c.min_t);
-                self.head.note_time(c.max_t);
-                g.adopt(c, last);
+                w.series.samples.lock()
+            });
+            if let Some(g) = g.as_mut() {
+                for (c, last) in w.chunks.into_iter().zip(lasts) {
+                    stored += usize::from(c.n);
+                    self.head.note_time(c.min_t);
+                    self.head.note_time(c.max_t);
+                    g.adopt(c, last);
+                }
             }
             out.adopted += stored;
             out.chunks += chunks_taken;
@@ -263,7 +251,9 @@ impl Tsdb {
                     }
                     out.adopted += k.samples.len();
                     out.continued += 1;
-                    g.continue_open(*k);
+                    if let Some(g) = g.as_mut() {
+                        g.continue_open(*k);
+                    }
                 }
                 OpenOutcome::Samples(v) => {
                     if let (Some(f), Some(l)) = (v.first(), v.last()) {
