@@ -78,6 +78,8 @@ pub struct RawDownsample {
     /// How long aggregates are kept (defaults 90d and 2y, against raw data's 15d).
     pub retention_5m: Option<PromDuration>,
     pub retention_1h: Option<PromDuration>,
+    /// Decoded windows kept for the queries to come (default 256MiB; `0` keeps none).
+    pub window_cache_size: Option<ByteSize>,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]
@@ -172,6 +174,9 @@ impl RegionalConfig {
         if let Some(x) = d.retention_1h {
             o.retention_1h = x.0;
         }
+        if let Some(x) = d.window_cache_size {
+            o.window_cache_bytes = usize::try_from(x.0).unwrap_or(usize::MAX);
+        }
         Some((d.replica_labels.clone().unwrap_or_else(|| vec!["replica".into()]), o))
     }
 
@@ -222,6 +227,8 @@ mod tests {
         let cfg =
             RegionalConfig::parse("strata:\n  downsample:\n    replica_labels: [r]\n    max_delay: 2m\n", p).unwrap();
         assert_eq!(cfg.downsample().unwrap().1.max_delay, Duration::from_secs(120));
+        let cfg = RegionalConfig::parse("strata:\n  downsample:\n    window_cache_size: 1MiB\n", p).unwrap();
+        assert_eq!(cfg.downsample().unwrap().1.window_cache_bytes, 1 << 20);
         assert!(RegionalConfig::parse("strata:\n  downsample:\n    enabled: false\n", p)
             .unwrap()
             .downsample()

@@ -288,7 +288,10 @@ impl Regional {
         });
         let raw: Arc<dyn Store> = Arc::new(TsdbStore(db.clone()));
         let served: Arc<dyn Store> = match &down {
-            Some((d, _)) => Arc::new(WithAggregates::new(raw, d.clone())),
+            Some((d, _)) => {
+                let oldest_db = db.clone();
+                Arc::new(WithAggregates::new(raw, d.clone()).with_oldest_raw(Arc::new(move || oldest_db.min_time())))
+            }
             None => raw,
         };
         // No external labels of its own: every series carries its edge's.

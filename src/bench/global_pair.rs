@@ -133,28 +133,31 @@ pub async fn serve_pair_with_aggregates(local: Arc<dyn Store>) -> anyhow::Result
         bytes as f64 / 1e6
     );
     let mut addrs = start_servers(local).await?;
-    let aggregates_only: Arc<dyn Store> = Arc::new(strata_downsample::WithAggregates::new(
-        Arc::new(strata_store::memory::MemoryStore::default()),
-        down.clone(),
-    ));
+    // It holds no raw data (the pair does): it says so, as an archive of aggregates does.
+    let aggregates_only: Arc<dyn Store> = Arc::new(
+        strata_downsample::WithAggregates::new(Arc::new(strata_store::memory::MemoryStore::default()), down.clone())
+            .with_oldest_raw(Arc::new(|| i64::MAX)),
+    );
     let info = StoreInfo {
         min_time: i64::MIN,
-        max_time: i64::MAX,
+        max_time: i64::MIN,
         kind: pb::ComponentKind::Regional,
         label_sets: vec![Labels::from_pairs([("replica", "a")]), Labels::from_pairs([("replica", "b")])],
         resolutions: down.coverage(),
         complete_until: None,
     };
     addrs.push(start_server(aggregates_only, Labels::default(), info.clone(), "regional")?);
-    let mut targets = targets_of(&addrs[..2])?;
+    // The pair says what its data spans, as an edge's `Info` does: steps whose ranges reach
+    // back before it are then answered from aggregates whole.
+    let mut targets = targets_of(&addrs[..2], Some((first, last)))?;
     let remote =
         RemoteStore::new(&addrs[2], RemoteStoreOptions { timeout: Duration::from_secs(600), ..Default::default() })?;
     targets.push(StoreTarget {
         name: addrs[2].clone(),
         store: Arc::new(remote),
         label_sets: info.label_sets,
-        min_time: i64::MIN,
-        max_time: i64::MAX,
+        min_time: info.min_time,
+        max_time: info.max_time,
         resolutions: info.resolutions,
     });
     let fanout = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
@@ -182,7 +185,10 @@ async fn sample_span(store: &Arc<dyn Store>) -> anyhow::Result<(i64, i64)> {
 }
 
 /// The fan-out's targets for the pair at `addrs` (replicas a and b).
-fn targets_of(addrs: &[String]) -> anyhow::Result<Vec<StoreTarget>> {
+/// The pair's targets; `span`: the time range their data covers, as their `Info` says
+/// (unknown without it).
+fn targets_of(addrs: &[String], span: Option<(i64, i64)>) -> anyhow::Result<Vec<StoreTarget>> {
+    let (min_time, max_time) = span.unwrap_or((i64::MIN, i64::MAX));
     let mut targets = Vec::new();
     for (addr, replica) in addrs.iter().zip(["a", "b"]) {
         let remote =
@@ -191,8 +197,8 @@ fn targets_of(addrs: &[String]) -> anyhow::Result<Vec<StoreTarget>> {
             name: addr.clone(),
             store: Arc::new(remote),
             label_sets: vec![Labels::from_pairs([("replica", replica)])],
-            min_time: i64::MIN,
-            max_time: i64::MAX,
+            min_time,
+            max_time,
             resolutions: vec![],
         });
     }
@@ -201,7 +207,7 @@ fn targets_of(addrs: &[String]) -> anyhow::Result<Vec<StoreTarget>> {
 
 /// The global's store over the pair at `addrs` (replicas a and b): dedup over the fan-out.
 fn global_over(addrs: &[String]) -> anyhow::Result<(Arc<dyn Store>, Layers)> {
-    let targets = targets_of(addrs)?;
+    let targets = targets_of(addrs, None)?;
     let one_replica = targets[0].store.clone();
     let fanout: Arc<dyn Store> = Arc::new(Fanout::new(targets, Duration::from_secs(600)));
     let global = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));

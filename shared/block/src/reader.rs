@@ -25,6 +25,9 @@ const MAX_CHUNK_BYTES: u64 = 64 << 10;
 pub struct BlockSeries {
     pub labels: Labels,
     pub chunks: Vec<Chunk>,
+    /// The series' number in this block: with [`BlockReader::number`], a key for what a
+    /// caller derives from its chunks.
+    pub id: u64,
 }
 
 /// Where a chunk lies in the `chunks` file, and what it holds.
@@ -209,6 +212,12 @@ impl BlockReader {
 
     pub fn id(&self) -> &str {
         &self.meta.id
+    }
+
+    /// This reader's number, unique in the process and never reused (a block written
+    /// again is opened under another): with a series' id, a cache key.
+    pub fn number(&self) -> u64 {
+        self.number
     }
 
     /// Drops this block's series from the shared cache (before the block is deleted).
@@ -399,7 +408,7 @@ impl BlockReader {
                 }
             };
             charge(&chunks)?;
-            out.push(BlockSeries { labels, chunks });
+            out.push(BlockSeries { labels, chunks, id: u64::from(id) });
         }
         Ok(out)
     }
@@ -421,7 +430,7 @@ impl BlockReader {
     pub fn series_at(&self, id: usize) -> Result<BlockSeries, BlockError> {
         let (labels, refs) = self.series_entry(id as SeriesId)?;
         let chunks = self.read_chunks(&labels, &refs)?;
-        Ok(BlockSeries { labels, chunks })
+        Ok(BlockSeries { labels, chunks, id: id as u64 })
     }
 
     pub fn label_names(&self) -> Vec<String> {

@@ -2,7 +2,7 @@
 //! for a resolution: one value per step per series, exactly the raw answer, or an error
 //! saying why not (the caller then reads raw data).
 
-use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows};
+use crate::blocks::{AggregateBlocks, AggregateError};
 use crate::encoding::Wanted;
 use crate::leaf::{Grid, Leaf, NotExact};
 use crate::range::RangeFn;
@@ -111,11 +111,6 @@ impl Prepared {
     }
 
     /// One series' steps from its windows.
-    pub fn evaluate(&self, req: &StepsRequest, s: SeriesWindows) -> Result<StepsSeries, AnswerError> {
-        self.evaluate_windows(req, (s.labels, s.metric_type, s.kept), &s.windows[..])
-    }
-
-    /// One series' steps from windows it does not own (a cache's).
     pub fn evaluate_windows<W: crate::columns::WindowRun + ?Sized>(
         &self,
         req: &StepsRequest,
@@ -163,19 +158,28 @@ impl Prepared {
 
 /// `req` (a leaf, no aggregation over it) from `blocks`.
 pub fn answer(blocks: &AggregateBlocks, req: &StepsRequest) -> Result<Steps, AnswerError> {
+    answer_after(blocks, req, i64::MIN)
+}
+
+/// [`answer`], the windows ending at or before `empty_until` known to be empty (the
+/// store held no data there): blocks are looked for after it only.
+pub fn answer_after(blocks: &AggregateBlocks, req: &StepsRequest, empty_until: i64) -> Result<Steps, AnswerError> {
     let p = prepare(req, blocks.width())?;
     let started = std::time::Instant::now();
-    let series = blocks.count_series(&req.matchers, (p.from, p.last))?;
+    let read = (p.from.max(empty_until).min(p.last), p.last);
+    let series = blocks.count_series(&req.matchers, read)?;
     p.check_limits(req, series)?;
     // Found before anything is decoded, and checked again: a slice written since the
     // count may have added series.
-    let found = blocks.find(&req.matchers, (p.from, p.last), |l| req.wants(l))?;
+    let found = blocks.find(&req.matchers, read, |l| req.wants(l))?;
     p.check_limits(req, found.len())?;
     let points = (found.len() as u64).saturating_mul(p.steps as u64);
     if points > req.limits.max_samples {
         return Err(AnswerError::TooMany(points));
     }
-    let evaluated = found.map(Wanted::for_leaf(&p.leaf), |s| p.evaluate(req, s))?;
+    let evaluated = found.map_columns(Wanted::for_leaf(&p.leaf), blocks.window_cache(), |s| {
+        p.evaluate_windows(req, (s.labels, s.metric_type, s.kept), &s.windows)
+    })?;
     let out = p.finish(evaluated);
     tracing::debug!(
         series = out.series.len(),

@@ -5,10 +5,13 @@
 //! crash between the two leaves the old one to be deleted at the next open, never both
 //! read.
 
-use crate::encoding::{decode_wanted, encode, Wanted};
+use crate::cache::{BlockCache, Weighed};
+use crate::columns::{Part, WindowColumns};
+use crate::encoding::{decode_columns, decode_wanted, encode, Wanted};
 use crate::window::Window;
 use crate::Kept;
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::Path;
 use std::sync::Arc;
 use strata_block::{BlockError, BlockReader, BlockWriter};
@@ -26,12 +29,43 @@ pub struct SeriesWindows {
     pub windows: Vec<Window>,
 }
 
-/// A series' chunks of windows from the blocks read (by their index, newest first),
-/// not yet decoded.
+/// A series' chunks of windows from the blocks read (by their index, newest first, and
+/// the series' id in that block), not yet decoded.
 struct Found {
     labels: Labels,
     metric_type: MetricType,
-    chunks: Vec<(usize, Chunk)>,
+    chunks: Vec<(usize, u64, Chunk)>,
+}
+
+/// A chunk's windows decoded as columns: those the `wanted` columns fill, and what its
+/// series kept.
+#[derive(Debug, Clone)]
+pub struct CachedWindows {
+    pub wanted: Wanted,
+    pub kept: Kept,
+    pub columns: Arc<WindowColumns>,
+}
+
+impl Weighed for CachedWindows {
+    fn cost(&self) -> usize {
+        self.columns.bytes() + 64
+    }
+}
+
+/// Decoded windows by (block reader's number, series id): shared by a regional's
+/// resolutions, since reader numbers are unique in the process.
+pub type WindowCache = BlockCache<u64, CachedWindows>;
+
+/// Default budget of a [`WindowCache`]: a fleet day's 5 m windows of the fields a
+/// dashboard's dozen queries read (about 50 MB for 3,000 series) several times over.
+pub const DEFAULT_WINDOW_CACHE_BYTES: usize = 256 << 20;
+
+/// What a leaf evaluates: a series' windows in the range, as columns.
+pub struct SeriesColumns<'a> {
+    pub labels: Labels,
+    pub metric_type: MetricType,
+    pub kept: Kept,
+    pub windows: Part<'a, WindowColumns>,
 }
 
 /// Series found in aggregate blocks and not yet decoded (see [`AggregateBlocks::find`]).
@@ -60,7 +94,7 @@ impl FoundSeries {
         wanted: Wanted,
         f: impl Fn(SeriesWindows) -> Result<R, E> + Sync,
     ) -> Result<Vec<R>, E> {
-        let weight = |s: &Found| s.chunks.iter().map(|(_, c)| usize::from(c.n)).sum::<usize>();
+        let weight = |s: &Found| s.chunks.iter().map(|(_, _, c)| usize::from(c.n)).sum::<usize>();
         let (blocks, (from, to)) = (&self.blocks, self.range);
         let decoded = map_in_parts(self.found, weight, |s| -> Result<R, E> {
             let corrupt = |b: usize, reason: String| {
@@ -73,8 +107,8 @@ impl FoundSeries {
             let mut kept = Kept::ALL;
             let mut windows: Vec<Window> = Vec::new();
             // Windows from more than one block may interleave or repeat an end.
-            let several = s.chunks.first().is_some_and(|(b0, _)| s.chunks.iter().any(|(b, _)| b != b0));
-            for (b, c) in &s.chunks {
+            let several = s.chunks.first().is_some_and(|(b0, ..)| s.chunks.iter().any(|(b, ..)| b != b0));
+            for (b, _, c) in &s.chunks {
                 let (ws, width, k) = decode_wanted(&c.data, wanted).map_err(|e| corrupt(*b, e.to_string()))?;
                 if width != self.width {
                     return Err(corrupt(*b, format!("windows of {width} ms among {} ms ones", self.width)));
@@ -99,12 +133,103 @@ impl FoundSeries {
         });
         decoded.into_iter().collect()
     }
+
+    /// [`map`](Self::map) through `cache`: each chunk's `wanted` columns are decoded once
+    /// and kept for the queries to come (dashboards repeat themselves), and a series'
+    /// windows are handed to `f` as columns, lent from the cache when one block holds
+    /// them. Without a cache, decoded for this call only.
+    pub fn map_columns<R: Send, E: From<AggregateError> + Send>(
+        self,
+        wanted: Wanted,
+        cache: Option<&WindowCache>,
+        f: impl Fn(SeriesColumns<'_>) -> Result<R, E> + Sync,
+    ) -> Result<Vec<R>, E> {
+        let weight = |s: &Found| s.chunks.iter().map(|(_, _, c)| usize::from(c.n)).sum::<usize>();
+        let (blocks, (from, to)) = (&self.blocks, self.range);
+        let decoded = map_in_parts(self.found, weight, |s| -> Result<R, E> {
+            let mut kept = Kept::ALL;
+            // (columns, the windows in the range), newest block first.
+            let mut parts: Vec<(Arc<WindowColumns>, Range<usize>)> = Vec::with_capacity(s.chunks.len());
+            for (b, id, c) in &s.chunks {
+                let held = columns_of(self.width, &blocks[*b], *id, c, wanted, cache).map_err(|reason| {
+                    E::from(AggregateError::Corrupt {
+                        series: s.labels.to_string(),
+                        block: blocks[*b].id().to_string(),
+                        reason,
+                    })
+                })?;
+                kept = kept.and(held.kept);
+                let ends = held.columns.ends();
+                let range = ends.partition_point(|&e| e <= from)..ends.partition_point(|&e| e <= to);
+                parts.push((held.columns, range));
+            }
+            let merged;
+            let windows = match parts.as_slice() {
+                [(one, range)] => Part { of: &**one, range: range.clone() },
+                _ => {
+                    merged = merge_parts(parts, wanted);
+                    Part { of: &merged, range: 0..merged.ends().len() }
+                }
+            };
+            f(SeriesColumns { labels: s.labels, metric_type: s.metric_type, kept, windows })
+        });
+        decoded.into_iter().collect()
+    }
+}
+
+/// A chunk's windows with the `wanted` columns: the cache's, or decoded (with what the
+/// cache held of it too, so that queries reading different fields do not evict each
+/// other's) and kept.
+fn columns_of(
+    width: i64,
+    block: &BlockReader,
+    id: u64,
+    c: &Chunk,
+    wanted: Wanted,
+    cache: Option<&WindowCache>,
+) -> Result<CachedWindows, String> {
+    let key = (block.number(), i64::try_from(id).unwrap_or(i64::MAX));
+    let held = cache.and_then(|cache| cache.get(&key.0, key.1));
+    if let Some(h) = held.as_ref().filter(|h| h.wanted.covers(wanted)) {
+        return Ok(h.clone());
+    }
+    let wanted = held.map_or(wanted, |h| h.wanted.and(wanted));
+    let (columns, got, kept) = decode_columns(&c.data, wanted).map_err(|e| e.to_string())?;
+    if got != width {
+        return Err(format!("windows of {got} ms among {width} ms ones"));
+    }
+    let decoded = CachedWindows { wanted, kept, columns: Arc::new(columns) };
+    if let Some(cache) = cache {
+        cache.insert(&key.0, key.1, decoded.clone());
+    }
+    Ok(decoded)
+}
+
+/// A series' windows from several blocks (newest first) as one run: copied field by
+/// field when the blocks follow each other in time (the usual case: a day's block, then
+/// the slices since), else window by window, the newer block's window kept where two
+/// hold one end.
+fn merge_parts(mut parts: Vec<(Arc<WindowColumns>, Range<usize>)>, wanted: Wanted) -> WindowColumns {
+    parts.retain(|(_, r)| !r.is_empty());
+    let mut ordered = parts.clone();
+    ordered.sort_by_key(|(c, r)| c.ends()[r.start]);
+    let follows = ordered.windows(2).all(|p| p[0].0.ends()[p[0].1.end - 1] < p[1].0.ends()[p[1].1.start]);
+    if follows {
+        let lent: Vec<(&WindowColumns, Range<usize>)> = ordered.iter().map(|(c, r)| (&**c, r.clone())).collect();
+        return WindowColumns::concat(&lent);
+    }
+    let mut windows: Vec<Window> = parts.iter().flat_map(|(c, r)| r.clone().map(|i| c.window(i))).collect();
+    // Stable: of two windows with one end, the newer block's (first) stays.
+    windows.sort_by_key(|w| w.end);
+    windows.dedup_by_key(|w| w.end);
+    WindowColumns::with_fields(&windows, wanted.fields())
 }
 
 /// The blocks of one resolution.
 pub struct AggregateBlocks {
     width: i64,
     set: BlockSet,
+    cache: Option<Arc<WindowCache>>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,7 +245,17 @@ pub enum AggregateError {
 impl AggregateBlocks {
     /// The blocks of windows `width` ms wide under `dir`.
     pub fn open(dir: &Path, width: i64, cache_bytes: usize) -> Result<AggregateBlocks, AggregateError> {
-        Ok(AggregateBlocks { width, set: BlockSet::open(dir, cache_bytes)? })
+        Ok(AggregateBlocks { width, set: BlockSet::open(dir, cache_bytes)?, cache: None })
+    }
+
+    /// Keeps decoded windows in `cache` for the queries to come.
+    pub fn with_window_cache(mut self, cache: Arc<WindowCache>) -> Self {
+        self.cache = Some(cache).filter(|c| c.enabled());
+        self
+    }
+
+    pub fn window_cache(&self) -> Option<&WindowCache> {
+        self.cache.as_deref()
     }
 
     pub fn width(&self) -> i64 {
@@ -256,7 +391,8 @@ impl AggregateBlocks {
                 if !keep(&s.labels) {
                     continue;
                 }
-                let chunks = s.chunks.into_iter().map(|c| (b, c));
+                let id = s.id;
+                let chunks = s.chunks.into_iter().map(|c| (b, id, c));
                 // One block's series come sorted and once each: no lookups needed.
                 let i = match blocks.len() {
                     1 => None,

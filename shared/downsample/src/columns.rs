@@ -93,7 +93,46 @@ impl WindowRun for [Window] {
     }
 }
 
-/// Windows kept field by field: about the bytes of the windows themselves.
+/// Which of a [`WindowColumns`]' fields it holds besides the ends and counts: a cache
+/// keeps those the queries read (an `avg_over_time` reads 20 of a window's 160 bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fields {
+    pub first: bool,
+    pub last: bool,
+    pub penult: bool,
+    pub stale: bool,
+    pub sum: bool,
+    pub min: bool,
+    pub max: bool,
+    pub nan: bool,
+    pub m2n: bool,
+    pub changes: bool,
+    pub resets: bool,
+    pub correction: bool,
+    pub least_squares: bool,
+}
+
+impl Fields {
+    pub const ALL: Fields = Fields {
+        first: true,
+        last: true,
+        penult: true,
+        stale: true,
+        sum: true,
+        min: true,
+        max: true,
+        nan: true,
+        m2n: true,
+        changes: true,
+        resets: true,
+        correction: true,
+        least_squares: true,
+    };
+}
+
+/// Windows kept field by field: about the bytes of the windows themselves, or less when
+/// only some fields are held ([`Fields`]). A field not held reads as a window without it
+/// (NaN, zero, none): the caller holds what its leaf reads.
 #[derive(Debug, Default)]
 pub struct WindowColumns {
     end: Box<[i64]>,
@@ -115,52 +154,102 @@ pub struct WindowColumns {
     sxy: Box<[f64]>,
 }
 
+/// Field `f` of window `i`, or `none` when the field is not held.
+#[inline]
+fn at<T: Copy>(column: &[T], i: usize, none: T) -> T {
+    column.get(i).copied().unwrap_or(none)
+}
+
 impl WindowColumns {
     pub fn new(w: &[Window]) -> Self {
-        fn column<T>(w: &[Window], f: impl Fn(&Window) -> T) -> Box<[T]> {
-            w.iter().map(f).collect()
+        Self::with_fields(w, Fields::ALL)
+    }
+
+    /// The ends, counts and `fields` of `w`.
+    pub fn with_fields(w: &[Window], fields: Fields) -> Self {
+        fn column<T>(w: &[Window], held: bool, f: impl Fn(&Window) -> T) -> Box<[T]> {
+            match held {
+                true => w.iter().map(f).collect(),
+                false => Box::default(),
+            }
         }
+        let f = fields;
         WindowColumns {
-            end: column(w, |x| x.end),
-            count: column(w, |x| x.count),
-            first: column(w, |x| x.first),
-            last: column(w, |x| x.last),
-            penult: column(w, |x| x.penult),
-            stale: column(w, |x| x.stale),
-            sum: column(w, |x| x.sum),
-            min: column(w, |x| x.min),
-            max: column(w, |x| x.max),
-            nan: column(w, |x| x.nan),
-            m2n: column(w, |x| x.m2n),
-            changes: column(w, |x| x.changes),
-            resets: column(w, |x| x.resets),
-            correction: column(w, |x| x.correction),
-            sx: column(w, |x| x.sx),
-            sxx: column(w, |x| x.sxx),
-            sxy: column(w, |x| x.sxy),
+            end: column(w, true, |x| x.end),
+            count: column(w, true, |x| x.count),
+            first: column(w, f.first, |x| x.first),
+            last: column(w, f.last, |x| x.last),
+            penult: column(w, f.penult, |x| x.penult),
+            stale: column(w, f.stale, |x| x.stale),
+            sum: column(w, f.sum, |x| x.sum),
+            min: column(w, f.min, |x| x.min),
+            max: column(w, f.max, |x| x.max),
+            nan: column(w, f.nan, |x| x.nan),
+            m2n: column(w, f.m2n, |x| x.m2n),
+            changes: column(w, f.changes, |x| x.changes),
+            resets: column(w, f.resets, |x| x.resets),
+            correction: column(w, f.correction, |x| x.correction),
+            sx: column(w, f.least_squares, |x| x.sx),
+            sxx: column(w, f.least_squares, |x| x.sxx),
+            sxy: column(w, f.least_squares, |x| x.sxy),
         }
     }
 
-    /// Window `i` whole.
+    /// The fields every part holds, their windows in `parts`' order: a series' windows
+    /// from several blocks in a row, copied field by field (no window is built).
+    pub fn concat(parts: &[(&WindowColumns, Range<usize>)]) -> WindowColumns {
+        fn column<T: Copy>(parts: &[(&WindowColumns, Range<usize>)], f: impl Fn(&WindowColumns) -> &[T]) -> Box<[T]> {
+            if !parts.iter().all(|(c, _)| f(c).len() == c.end.len()) {
+                return Box::default();
+            }
+            let mut out = Vec::with_capacity(parts.iter().map(|(_, r)| r.len()).sum());
+            for (c, r) in parts {
+                out.extend_from_slice(&f(c)[r.clone()]);
+            }
+            out.into_boxed_slice()
+        }
+        WindowColumns {
+            end: column(parts, |c| &c.end),
+            count: column(parts, |c| &c.count),
+            first: column(parts, |c| &c.first),
+            last: column(parts, |c| &c.last),
+            penult: column(parts, |c| &c.penult),
+            stale: column(parts, |c| &c.stale),
+            sum: column(parts, |c| &c.sum),
+            min: column(parts, |c| &c.min),
+            max: column(parts, |c| &c.max),
+            nan: column(parts, |c| &c.nan),
+            m2n: column(parts, |c| &c.m2n),
+            changes: column(parts, |c| &c.changes),
+            resets: column(parts, |c| &c.resets),
+            correction: column(parts, |c| &c.correction),
+            sx: column(parts, |c| &c.sx),
+            sxx: column(parts, |c| &c.sxx),
+            sxy: column(parts, |c| &c.sxy),
+        }
+    }
+
+    /// Window `i` whole (the fields not held as a window without them).
     pub fn window(&self, i: usize) -> Window {
+        let nothing = Sample { t: self.end[i], v: f64::NAN };
         Window {
             end: self.end[i],
             count: self.count[i],
-            first: self.first[i],
-            last: self.last[i],
-            penult: self.penult[i],
-            stale: self.stale[i],
-            sum: self.sum[i],
-            min: self.min[i],
-            max: self.max[i],
-            nan: self.nan[i],
-            m2n: self.m2n[i],
-            changes: self.changes[i],
-            resets: self.resets[i],
-            correction: self.correction[i],
-            sx: self.sx[i],
-            sxx: self.sxx[i],
-            sxy: self.sxy[i],
+            first: at(&self.first, i, nothing),
+            last: at(&self.last, i, nothing),
+            penult: at(&self.penult, i, None),
+            stale: at(&self.stale, i, None),
+            sum: at(&self.sum, i, f64::NAN),
+            min: at(&self.min, i, f64::NAN),
+            max: at(&self.max, i, f64::NAN),
+            nan: at(&self.nan, i, false),
+            m2n: at(&self.m2n, i, f64::NAN),
+            changes: at(&self.changes, i, 0),
+            resets: at(&self.resets, i, 0),
+            correction: at(&self.correction, i, f64::NAN),
+            sx: at(&self.sx, i, f64::NAN),
+            sxx: at(&self.sxx, i, f64::NAN),
+            sxy: at(&self.sxy, i, f64::NAN),
         }
     }
 
@@ -173,14 +262,28 @@ impl WindowColumns {
     /// its 17 allocations costs the allocator (a series with a window or two in a block
     /// is mostly that).
     pub fn bytes(&self) -> usize {
-        const PER_WINDOW: usize = 8 * 9
-            + 4 * 3
-            + 1
-            + 2 * std::mem::size_of::<Sample>()
-            + std::mem::size_of::<Option<Sample>>()
-            + std::mem::size_of::<Option<i64>>();
+        fn size<T>(c: &[T]) -> usize {
+            std::mem::size_of_val(c)
+        }
+        let columns = size(&self.end)
+            + size(&self.count)
+            + size(&self.first)
+            + size(&self.last)
+            + size(&self.penult)
+            + size(&self.stale)
+            + size(&self.sum)
+            + size(&self.min)
+            + size(&self.max)
+            + size(&self.nan)
+            + size(&self.m2n)
+            + size(&self.changes)
+            + size(&self.resets)
+            + size(&self.correction)
+            + size(&self.sx)
+            + size(&self.sxx)
+            + size(&self.sxy);
         const FIXED: usize = std::mem::size_of::<WindowColumns>() + 17 * 32;
-        self.end.len().saturating_mul(PER_WINDOW).saturating_add(FIXED)
+        columns.saturating_add(FIXED)
     }
 }
 
@@ -199,42 +302,43 @@ impl WindowRun for WindowColumns {
     }
     #[inline]
     fn sum(&self, i: usize) -> f64 {
-        self.sum[i]
+        at(&self.sum, i, f64::NAN)
     }
     #[inline]
     fn min(&self, i: usize) -> f64 {
-        self.min[i]
+        at(&self.min, i, f64::NAN)
     }
     #[inline]
     fn max(&self, i: usize) -> f64 {
-        self.max[i]
+        at(&self.max, i, f64::NAN)
     }
     #[inline]
     fn first(&self, i: usize) -> Sample {
-        self.first[i]
+        at(&self.first, i, Sample { t: self.end[i], v: f64::NAN })
     }
     #[inline]
     fn last(&self, i: usize) -> Sample {
-        self.last[i]
+        at(&self.last, i, Sample { t: self.end[i], v: f64::NAN })
     }
     #[inline]
     fn correction(&self, i: usize) -> f64 {
-        self.correction[i]
+        at(&self.correction, i, f64::NAN)
     }
     #[inline]
     fn changes(&self, i: usize) -> u32 {
-        self.changes[i]
+        at(&self.changes, i, 0)
     }
     #[inline]
     fn resets(&self, i: usize) -> u32 {
-        self.resets[i]
+        at(&self.resets, i, 0)
     }
     #[inline]
     fn newest(&self, i: usize) -> (i64, bool) {
         // As `Window::newest`, from the two fields it reads.
-        match self.stale[i] {
-            Some(t) if self.count[i] == 0 || t > self.last[i].t => (t, true),
-            _ => (self.last[i].t, false),
+        let last = self.last(i).t;
+        match at(&self.stale, i, None) {
+            Some(t) if self.count[i] == 0 || t > last => (t, true),
+            _ => (last, false),
         }
     }
     #[inline]

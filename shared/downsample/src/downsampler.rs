@@ -7,7 +7,7 @@
 //! longer). Slices late data touched are computed again first; then the next one after
 //! the frontier. Each run does a bounded number of slices.
 
-use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows};
+use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows, WindowCache};
 use crate::progress::{Progress, Slicing};
 use crate::window::windows_of;
 use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
@@ -30,7 +30,10 @@ pub struct DownsampleOptions {
     pub retention_1h: Duration,
     /// Slices computed per run at most.
     pub slices_per_run: usize,
+    /// The block readers' cache of aggregate chunks (encoded).
     pub cache_bytes: usize,
+    /// Decoded windows kept for the queries to come ([`crate::blocks::WindowCache`]).
+    pub window_cache_bytes: usize,
 }
 
 impl Default for DownsampleOptions {
@@ -42,6 +45,7 @@ impl Default for DownsampleOptions {
             retention_1h: Duration::from_secs(730 * 86400),
             slices_per_run: 24,
             cache_bytes: 64 << 20,
+            window_cache_bytes: crate::blocks::DEFAULT_WINDOW_CACHE_BYTES,
         }
     }
 }
@@ -85,9 +89,12 @@ impl Downsampler {
     /// The aggregates under `dir` (`5m/`, `1h/`, `progress.json`).
     pub fn open(dir: &Path, opts: DownsampleOptions) -> Result<Downsampler, DownsampleError> {
         let mut resolutions = Vec::new();
+        // One for both resolutions: what is read most gets the room.
+        let cache = Arc::new(WindowCache::new(opts.window_cache_bytes));
         for sl in SLICINGS {
             let sub = dir.join(if sl.width == FIVE_MINUTES { "5m" } else { "1h" });
-            resolutions.push((sl, Arc::new(AggregateBlocks::open(&sub, sl.width, opts.cache_bytes / 2)?)));
+            let blocks = AggregateBlocks::open(&sub, sl.width, opts.cache_bytes / 2)?.with_window_cache(cache.clone());
+            resolutions.push((sl, Arc::new(blocks)));
         }
         let progress = Arc::new(Progress::open(dir, SLICINGS.to_vec())?);
         Ok(Downsampler { resolutions, progress, opts })

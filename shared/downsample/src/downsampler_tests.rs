@@ -154,6 +154,40 @@ async fn compare_all(s: &Setup, from: i64, to: i64) {
     }
 }
 
+/// A grid over several slices' blocks answers what the slices' grids answer one by one:
+/// the blocks' windows are joined (from the decoded-window cache, which the slices'
+/// queries filled first).
+fn assert_joined(s: &Setup, from: i64, to: i64) {
+    let (width, slice) = (FIVE_MINUTES, 2 * ONE_HOUR);
+    for (f, name) in [
+        (Some(("rate", width)), "gpu_energy_total"),
+        (Some(("max_over_time", width)), "gpu_temp"),
+        (Some(("stddev_over_time", width)), "gpu_temp"),
+        (None, "gpu_temp"),
+    ] {
+        let mut joined: Vec<(Labels, Vec<Option<u64>>)> = Vec::new();
+        for a in (from..to).step_by(slice as usize) {
+            for (i, (l, v)) in
+                from_aggregates(&s.down, width, f, name, (a + width, a + slice, width)).into_iter().enumerate()
+            {
+                if joined.len() <= i {
+                    joined.push((l.clone(), Vec::new()));
+                }
+                assert_eq!(joined[i].0, l);
+                joined[i].1.extend(v.iter().map(|x| x.map(f64::to_bits)));
+            }
+        }
+        let whole: Vec<(Labels, Vec<Option<u64>>)> =
+            from_aggregates(&s.down, width, f, name, (from + width, to, width))
+                .into_iter()
+                .map(|(l, v)| (l, v.iter().map(|x| x.map(f64::to_bits)).collect()))
+                .collect();
+        assert_eq!(whole, joined, "{f:?} {name} over ({from}, {to}]");
+    }
+    let (entries, bytes) = s.down.blocks(width).unwrap().window_cache().expect("a cache by default").held();
+    assert!(entries > 0 && bytes > 0, "decoded windows are kept");
+}
+
 /// One replica's worth of samples in every 5 m window that has any: the pair is counted
 /// once, and where one replica died the other fills in.
 fn assert_counted_once(s: &Setup, from: i64, to: i64) {
@@ -202,6 +236,14 @@ async fn a_backlog_arriving_after_its_windows_were_computed_recomputes_them() {
     }
     let now = end + 2 * ONE_HOUR;
     s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
+    // Queried before the backlog: what the cache keeps of these blocks must not answer
+    // once their slices are computed again.
+    for (f, name) in
+        [(Some(("rate", FIVE_MINUTES)), "gpu_energy_total"), (Some(("avg_over_time", FIVE_MINUTES)), "gpu_temp")]
+    {
+        let before = from_aggregates(&s.down, FIVE_MINUTES, f, name, (s.t0 + FIVE_MINUTES, end, FIVE_MINUTES));
+        assert!(before.iter().all(|(_, v)| v.iter().any(Option::is_none)), "the gap shows before the backlog");
+    }
     // Replica b's backlog is stored, and the receiver says so before acknowledging it.
     for (name, f) in both {
         write(&s.db, &labels(name, "b"), s.t0, end, 4_031, f);
@@ -214,6 +256,7 @@ async fn a_backlog_arriving_after_its_windows_were_computed_recomputes_them() {
     assert!(s.down.progress().dirty(FIVE_MINUTES).is_empty());
     compare_all(&s, s.t0, end).await;
     assert_counted_once(&s, s.t0, end);
+    assert_joined(&s, s.t0, end);
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 //! others, so a damaged or hostile chunk is an error, never a window that lies about its
 //! times, and nothing is allocated that the bytes cannot fill.
 
+use crate::columns::{Fields, WindowColumns};
 use crate::leaf::Leaf;
 use crate::range::RangeFn;
 use crate::window::Window;
@@ -213,6 +214,37 @@ impl Wanted {
         self.0 & (1 << c as u32) != 0
     }
 
+    /// The columns either wants.
+    pub fn and(self, o: Wanted) -> Wanted {
+        Wanted(self.0 | o.0)
+    }
+
+    /// Whether every column `o` wants is among these.
+    pub fn covers(self, o: Wanted) -> bool {
+        o.0 & !self.0 == 0
+    }
+
+    /// The fields of [`WindowColumns`] these columns fill.
+    pub fn fields(self) -> Fields {
+        use Col::*;
+        let any = |cs: &[Col]| cs.iter().any(|c| self.has(*c));
+        Fields {
+            first: any(&[FirstOffset, First]),
+            last: any(&[LastOffset, Last]),
+            penult: any(&[GapBeforeLast, BeforeLast]),
+            stale: any(&[MarkerOffset]),
+            sum: any(&[Sum]),
+            min: any(&[Min]),
+            max: any(&[Max]),
+            nan: any(&[Nan]),
+            m2n: any(&[M2n]),
+            changes: any(&[Changes]),
+            resets: any(&[Resets]),
+            correction: any(&[Correction]),
+            least_squares: any(&[Sx, Sxx, Sxy]),
+        }
+    }
+
     /// The columns a leaf reads.
     pub fn for_leaf(leaf: &Leaf) -> Wanted {
         use Col::*;
@@ -235,6 +267,13 @@ impl Wanted {
 /// The windows, width and kept aggregates [`encode`] wrote.
 pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
     decode_wanted(bytes, Wanted::ALL)
+}
+
+/// [`decode_wanted`] kept as columns, the fields the `wanted` columns fill and no others:
+/// what a cache holds of a chunk for the queries to come.
+pub fn decode_columns(bytes: &[u8], wanted: Wanted) -> Result<(WindowColumns, i64, Kept), DecodeError> {
+    let (windows, width, kept) = decode_wanted(bytes, wanted)?;
+    Ok((WindowColumns::with_fields(&windows, wanted.fields()), width, kept))
 }
 
 /// [`decode`] of the `wanted` columns only (and those they are stored relative to); the

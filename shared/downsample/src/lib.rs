@@ -17,6 +17,7 @@
 
 pub mod answer;
 pub mod blocks;
+pub mod cache;
 pub mod columns;
 pub mod counter_index;
 pub mod downsampler;
@@ -30,7 +31,7 @@ pub mod window;
 
 pub use columns::{WindowColumns, WindowRun};
 pub use downsampler::{DownsampleOptions, Downsampler};
-pub use encoding::{column_sizes, decode, encode, DecodeError};
+pub use encoding::{column_sizes, decode, decode_columns, encode, DecodeError, Wanted};
 pub use leaf::{check, evaluate, Grid, Leaf, NotExact};
 pub use plan::{Prefer, ResolutionPlanner};
 pub use range::RangeFn;

@@ -25,6 +25,7 @@ struct Stack {
     fanout: Arc<Fanout>,
     down: Arc<Downsampler>,
     regional: Arc<dyn Store>,
+    db: Arc<Tsdb>,
     t0: i64,
     end: i64,
 }
@@ -70,16 +71,17 @@ async fn stack() -> Stack {
     let source = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
     // Downsampled as if it were eight hours in: the ninth hour is raw data only.
     down.run(&source, Some(t0 + 1), t0 + 8 * ONE_HOUR).await.unwrap();
-    let regional: Arc<dyn Store> = Arc::new(GroupingAggregates::new(Arc::new(WithAggregates::new(
-        Arc::new(Evaluating::new(TsdbStore(db.clone()))),
-        down.clone(),
-    ))));
+    let oldest_db = db.clone();
+    let regional: Arc<dyn Store> = Arc::new(GroupingAggregates::new(Arc::new(
+        WithAggregates::new(Arc::new(Evaluating::new(TsdbStore(db.clone()))), down.clone())
+            .with_oldest_raw(Arc::new(move || oldest_db.min_time())),
+    )));
     let fanout = Arc::new(Fanout::new(Vec::new(), Duration::from_secs(30)));
     let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(fanout.clone(), vec!["replica".into()]));
     let planner =
         ResolutionPlanner::new(dedup.clone(), fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
             .with_preference(crate::plan::Prefer::Coarsest);
-    let s = Stack { _dir: dir, planner, reference: dedup, fanout, down, regional, t0, end };
+    let s = Stack { _dir: dir, planner, reference: dedup, fanout, down, regional, db, t0, end };
     s.targets(false);
     s
 }
@@ -324,17 +326,26 @@ async fn steps_reaching_back_before_any_data_are_planned_from_aggregates() {
     req.function = Some(("max_over_time".into(), ONE_HOUR));
     let first = |segments: &[crate::plan::Segment]| segments.iter().map(|g| g.first).min();
     assert_eq!(first(&s.planner.plan(&req, None, true)), Some(0), "the first step reaches back before any data");
-    // A regional does not answer windows before its aggregates: the plan without those
-    // steps is asked then, and the aggregates still answer the rest.
+    // The regional holds no raw data before its aggregates either: it answers every step,
+    // the windows before its first empty, as raw data would.
     let grid = (s.t0 + FIVE_MINUTES, s.t0 + 6 * ONE_HOUR, FIVE_MINUTES);
+    let query = "max_over_time(temp[1h])";
     let scope = QueryScope::default();
-    let got = run(&s.planner, "max_over_time(temp[1h])", grid, scope.clone()).await;
-    assert_same(
-        "max_over_time(temp[1h])",
-        &run(&*s.reference, "max_over_time(temp[1h])", grid, QueryScope::default()).await,
-        &got,
-    );
+    let got = run(&s.planner, query, grid, scope.clone()).await;
+    assert_same(query, &run(&*s.reference, query, grid, QueryScope::default()).await, &got);
     let used = scope.resolutions();
+    assert!(used.iter().all(|u| u.resolution == FIVE_MINUTES) && used[0].start == grid.0, "{used:?}");
+    // Raw data older than its aggregates arrives (a backlog, not yet downsampled): it
+    // refuses the steps before them, and the plan without those is asked instead.
+    let older = Labels::from_pairs([("__name__", "temp"), ("cluster", "c0"), ("gpu", "2"), ("replica", "a")]);
+    let older = s.db.series(&older).unwrap();
+    let batch: Vec<_> = (0..60).map(|i| (older.clone(), Sample::new(s.t0 - ONE_HOUR + i * 15_000, 40.0))).collect();
+    assert!(s.db.commit(&batch).unwrap().rejected.is_empty());
+    let scope = QueryScope::default();
+    let got = run(&s.planner, query, grid, scope.clone()).await;
+    assert_same(query, &run(&*s.reference, query, grid, QueryScope::default()).await, &got);
+    let used = scope.resolutions();
+    assert!(used.iter().any(|u| u.resolution == 0 && u.start == grid.0), "{used:?}");
     assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES && u.start == grid.0 + 11 * FIVE_MINUTES), "{used:?}");
     // A store that may hold older data (or does not say when its data starts): the steps
     // reaching back before the aggregates are not planned from them.

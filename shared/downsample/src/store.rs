@@ -2,7 +2,7 @@
 //! for a resolution (`StepsRequest::resolution`), and passes everything else to the store
 //! it wraps. Raw selections never see aggregate chunks.
 
-use crate::answer::{answer, AnswerError};
+use crate::answer::{answer_after, AnswerError};
 use crate::downsampler::Downsampler;
 use async_trait::async_trait;
 use std::sync::Arc;
@@ -12,11 +12,23 @@ use strata_store::{SelectBudget, SelectRequest, SeriesChunks, Steps, StepsReques
 pub struct WithAggregates {
     inner: Arc<dyn Store>,
     down: Arc<Downsampler>,
+    oldest_raw: Option<OldestRaw>,
 }
+
+/// The time of the oldest raw sample the wrapped store holds now (`i64::MAX`: none).
+pub type OldestRaw = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 impl WithAggregates {
     pub fn new(inner: Arc<dyn Store>, down: Arc<Downsampler>) -> Self {
-        WithAggregates { inner, down }
+        WithAggregates { inner, down, oldest_raw: None }
+    }
+
+    /// Lets a grid reach back before the first window computed when the store holds no
+    /// raw data there either: those windows are empty (the global asks so only when no
+    /// store holds data there; a `[1h]` range at the start of a day's data).
+    pub fn with_oldest_raw(mut self, oldest: OldestRaw) -> Self {
+        self.oldest_raw = Some(oldest);
+        self
     }
 }
 
@@ -71,14 +83,22 @@ impl Store for WithAggregates {
         let reach = req.function.as_ref().map_or(req.lookback, |f| f.1);
         let from = req.start.saturating_sub(req.offset).saturating_sub(reach);
         let to = req.end.saturating_sub(req.offset);
-        if !covered.is_some_and(|(w, lo, hi)| from.div_euclid(w).saturating_mul(w) >= lo - 1 && to <= hi) {
-            return Err(StoreError::InvalidRequest(format!(
-                "from aggregates: ({from}, {to}] is not all computed at {} ms (covered: {covered:?})",
-                req.resolution
-            )));
-        }
+        // Before the first window computed, nothing is held when no raw sample is older
+        // (a backlog older than that marks its slices to be computed again, which ends
+        // the coverage before them until they are).
+        let nothing_before = |lo: i64| self.oldest_raw.as_ref().is_some_and(|oldest| oldest() >= lo);
+        let empty_until = match covered {
+            Some((w, lo, hi)) if to <= hi && from.div_euclid(w).saturating_mul(w) >= lo - 1 => i64::MIN,
+            Some((_, lo, hi)) if to <= hi && to >= lo && nothing_before(lo) => lo - 1,
+            _ => {
+                return Err(StoreError::InvalidRequest(format!(
+                    "from aggregates: ({from}, {to}] is not all computed at {} ms (covered: {covered:?})",
+                    req.resolution
+                )))
+            }
+        };
         let req = req.clone();
-        let answered = tokio::task::spawn_blocking(move || answer(&blocks, &req))
+        let answered = tokio::task::spawn_blocking(move || answer_after(&blocks, &req, empty_until))
             .await
             .map_err(|e| StoreError::Unavailable(format!("answering from aggregates: {e}")))?;
         match answered {

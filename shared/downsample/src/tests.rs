@@ -195,6 +195,18 @@ fn mismatches_counted(
             let by_part = evaluate(&part, kept, width, &leaf, &grid).expect("exact on this grid");
             let by_slice = evaluate(&run[1.min(run.len())..], kept, width, &leaf, &grid).expect("exact on this grid");
             assert_eq!(bits(&by_slice), bits(&by_part), "{query}: from a part of the columns");
+            // What the regional's cache keeps of a chunk (only the fields the leaf's
+            // columns fill), whole and as two blocks' runs put end to end, answers the same.
+            if let Some(b) = encoded {
+                let wanted = encoding::Wanted::for_leaf(&leaf);
+                let (sparse, ..) = encoding::decode_columns(b, wanted).expect("decodes");
+                let by_sparse = evaluate(&sparse, kept, width, &leaf, &grid).expect("exact on this grid");
+                assert_eq!(bits(&got), bits(&by_sparse), "{query}: from the fields its columns fill");
+                let half = sparse.ends().len() / 2;
+                let joined = WindowColumns::concat(&[(&sparse, 0..half), (&sparse, half..sparse.ends().len())]);
+                let by_joined = evaluate(&joined, kept, width, &leaf, &grid).expect("exact on this grid");
+                assert_eq!(bits(&got), bits(&by_joined), "{query}: from two runs joined");
+            }
             for (i, (w, g)) in want.iter().zip(&got).enumerate() {
                 let ok = match (w, g) {
                     (Some(a), Some(b)) => {
