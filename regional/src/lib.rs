@@ -289,8 +289,13 @@ impl Regional {
         let raw: Arc<dyn Store> = Arc::new(TsdbStore(db.clone()));
         let served: Arc<dyn Store> = match &down {
             Some((d, _)) => {
-                let oldest_db = db.clone();
-                Arc::new(WithAggregates::new(raw, d.clone()).with_oldest_raw(Arc::new(move || oldest_db.min_time())))
+                let held = db.clone();
+                // Damaged blocks count (with their range, else anything may be missing).
+                let oldest = move || match held.blocks().damaged().iter().any(|d| d.range.is_none()) {
+                    true => i64::MIN,
+                    false => held.min_time().min(held.blocks().min_time()),
+                };
+                Arc::new(WithAggregates::new(raw, d.clone()).with_oldest_raw(Arc::new(oldest)))
             }
             None => raw,
         };

@@ -408,7 +408,7 @@ impl BlockReader {
                 }
             };
             charge(&chunks)?;
-            out.push(BlockSeries { labels, chunks, id: u64::from(id) });
+            out.push(BlockSeries { labels, chunks, id });
         }
         Ok(out)
     }

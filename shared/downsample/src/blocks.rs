@@ -151,6 +151,10 @@ impl FoundSeries {
             // (columns, the windows in the range), newest block first.
             let mut parts: Vec<(Arc<WindowColumns>, Range<usize>)> = Vec::with_capacity(s.chunks.len());
             for (b, id, c) in &s.chunks {
+                // The key names a series in a block: one chunk of it (as blocks of windows
+                // are written), else none is kept.
+                let one = s.chunks.iter().filter(|(x, ..)| x == b).count() == 1;
+                let cache = cache.filter(|_| one);
                 let held = columns_of(self.width, &blocks[*b], *id, c, wanted, cache).map_err(|reason| {
                     E::from(AggregateError::Corrupt {
                         series: s.labels.to_string(),
@@ -494,6 +498,15 @@ impl AggregateBlocks {
 
     pub fn disk_bytes(&self) -> u64 {
         self.set.disk_bytes()
+    }
+
+    /// The oldest time any block covers, damaged ones included (`i64::MAX` when empty);
+    /// `None` when a damaged block's range is unknown.
+    pub fn oldest_held(&self) -> Option<i64> {
+        if self.set.damaged().iter().any(|d| d.range.is_none()) {
+            return None;
+        }
+        Some(self.set.min_time())
     }
 
     /// The oldest sample time covered (`i64::MAX` when empty).

@@ -100,6 +100,12 @@ impl Downsampler {
         Ok(Downsampler { resolutions, progress, opts })
     }
 
+    /// The oldest time any resolution's blocks cover, damaged ones included; `None` when
+    /// a damaged block's range is unknown.
+    pub fn oldest_held(&self) -> Option<i64> {
+        self.resolutions.iter().try_fold(i64::MAX, |oldest, (_, b)| Some(oldest.min(b.oldest_held()?)))
+    }
+
     pub fn progress(&self) -> Arc<Progress> {
         self.progress.clone()
     }

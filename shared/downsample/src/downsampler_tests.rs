@@ -335,3 +335,21 @@ async fn a_day_completed_is_merged_and_still_covers_only_what_was_computed() {
     assert!(answer(&five, &req).is_err(), "windows before the first slice were never computed");
     compare_all(&s, s.t0, end).await;
 }
+
+/// What a regional claims empty before its first window rests on this: a damaged block
+/// counts, and one whose range cannot be read leaves nothing claimable.
+#[tokio::test]
+async fn the_oldest_time_held_counts_every_block_and_is_unknown_with_an_unreadable_one() {
+    let s = setup();
+    let end = s.t0 + 6 * ONE_HOUR;
+    write(&s.db, &labels("gpu_temp", "a"), s.t0, end, 17, temp);
+    s.down.run(&s.dedup, Some(s.t0 + 1), end + 2 * ONE_HOUR).await.unwrap();
+    assert_eq!(s.down.oldest_held(), Some(s.t0 + 1), "the first slice's block starts just after t0");
+    let blocks = s._dir.path().join("downsample").join("5m").join(strata_tsdb::blocks::BLOCKS_DIR);
+    let junk = blocks.join("01JUNKJUNKJUNKJUNKJUNKJUNK");
+    std::fs::create_dir_all(&junk).unwrap();
+    std::fs::write(junk.join("meta.json"), b"{not json").unwrap();
+    let opts = DownsampleOptions { max_delay: std::time::Duration::from_secs(60), ..Default::default() };
+    let reopened = Downsampler::open(&s._dir.path().join("downsample"), opts).unwrap();
+    assert_eq!(reopened.oldest_held(), None);
+}

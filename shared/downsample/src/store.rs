@@ -15,7 +15,8 @@ pub struct WithAggregates {
     oldest_raw: Option<OldestRaw>,
 }
 
-/// The time of the oldest raw sample the wrapped store holds now (`i64::MAX`: none).
+/// The time of the oldest raw sample the wrapped store holds now, damaged blocks
+/// included (`i64::MAX`: none; `i64::MIN`: unknown).
 pub type OldestRaw = Arc<dyn Fn() -> i64 + Send + Sync>;
 
 impl WithAggregates {
@@ -85,8 +86,12 @@ impl Store for WithAggregates {
         let to = req.end.saturating_sub(req.offset);
         // Before the first window computed, nothing is held when no raw sample is older
         // (a backlog older than that marks its slices to be computed again, which ends
-        // the coverage before them until they are).
-        let nothing_before = |lo: i64| self.oldest_raw.as_ref().is_some_and(|oldest| oldest() >= lo);
+        // the coverage before them until they are) and no block of either resolution,
+        // damaged ones included, starts earlier.
+        let nothing_before = |lo: i64| {
+            self.oldest_raw.as_ref().is_some_and(|oldest| oldest() >= lo)
+                && self.down.oldest_held().is_some_and(|oldest| oldest >= lo)
+        };
         let empty_until = match covered {
             Some((w, lo, hi)) if to <= hi && from.div_euclid(w).saturating_mul(w) >= lo - 1 => i64::MIN,
             Some((_, lo, hi)) if to <= hi && to >= lo && nothing_before(lo) => lo - 1,
