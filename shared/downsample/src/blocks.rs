@@ -252,6 +252,17 @@ impl AggregateBlocks {
         Ok(AggregateBlocks { width, set: BlockSet::open(dir, cache_bytes)?, cache: None })
     }
 
+    /// Deletes the blocks `ids` and what the window cache holds of them.
+    fn delete(&self, ids: &[String]) -> Result<(), AggregateError> {
+        let numbers: Vec<u64> =
+            self.set.healthy().iter().filter(|r| ids.iter().any(|i| i == r.id())).map(|r| r.number()).collect();
+        self.set.delete(ids)?;
+        if let Some(cache) = &self.cache {
+            numbers.iter().for_each(|n| cache.forget(n));
+        }
+        Ok(())
+    }
+
     /// Keeps decoded windows in `cache` for the queries to come.
     pub fn with_window_cache(mut self, cache: Arc<WindowCache>) -> Self {
         self.cache = Some(cache).filter(|c| c.enabled());
@@ -305,7 +316,7 @@ impl AggregateBlocks {
             self.set.discard(&id);
             return Err(e.into());
         }
-        self.set.delete(&old)?;
+        self.delete(&old)?;
         Ok(())
     }
 
@@ -492,7 +503,7 @@ impl AggregateBlocks {
     pub fn delete_before(&self, before: i64) -> Result<usize, AggregateError> {
         let old: Vec<String> =
             self.set.healthy().iter().filter(|r| r.meta().max_time <= before).map(|r| r.id().to_string()).collect();
-        self.set.delete(&old)?;
+        self.delete(&old)?;
         Ok(old.len())
     }
 

@@ -82,6 +82,16 @@ impl<K: Hash + Eq + Clone, V: Weighed + Clone> BlockCache<K, V> {
         }
     }
 
+    /// Drops what is held of `block` (deleted: nothing will ask for it again).
+    pub fn forget(&self, block: &K) {
+        let Ok(mut inner) = self.inner.lock() else { return };
+        let inner = &mut *inner;
+        let Some(held) = inner.entries.remove(block) else { return };
+        let freed: usize = held.values().map(Weighed::cost).sum();
+        inner.bytes = inner.bytes.saturating_sub(freed);
+        inner.order.retain(|(b, _)| b != block);
+    }
+
     /// (entries, bytes) held.
     pub fn held(&self) -> (usize, usize) {
         match self.inner.lock() {
@@ -112,6 +122,11 @@ mod tests {
         assert_eq!(cache.get_many(&block, [19]).len(), 1);
         assert!(cache.get(&block, 0).is_none(), "the first in went first");
         assert!(cache.get(&("raw/a".to_string(), 8), 19).is_none(), "another data file: another block");
+        // A block deleted is forgotten, and its room given back.
+        cache.forget(&block);
+        assert_eq!(cache.held(), (0, 0));
+        cache.insert(&block, 1, chunks.clone());
+        assert_eq!(cache.held().0, 1, "a block inserted again after being forgotten");
         // An entry over an eighth of the budget is not kept.
         let small: BlockCache<u64, Arc<[Chunk]>> = BlockCache::new(one * 4);
         small.insert(&1, 0, chunks);

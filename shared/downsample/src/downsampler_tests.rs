@@ -293,7 +293,12 @@ async fn merged_slices_answer_the_same_and_a_slice_computed_again_wins_over_its_
     let now = end + 2 * ONE_HOUR;
     s.down.run(&s.dedup, Some(s.t0 + 1), now).await.unwrap();
     let blocks = s.down.blocks(FIVE_MINUTES).unwrap();
+    compare_all(&s, s.t0, end).await;
+    let cache = blocks.window_cache().expect("a cache by default");
+    let held = cache.held();
     assert!(blocks.compact((s.t0, end)).unwrap(), "three slices merged");
+    // The slices' blocks are gone, and what the cache held of them with them.
+    assert!(cache.held().0 < held.0 && cache.held().1 < held.1, "{held:?} then {:?}", cache.held());
     assert!(!blocks.compact((s.t0, end)).unwrap(), "one block left: nothing to merge");
     compare_all(&s, s.t0, end).await;
     // Replica b's backlog fills the gap: its slices are computed again beside the merged
