@@ -256,11 +256,13 @@ impl AggregateBlocks {
     fn delete(&self, ids: &[String]) -> Result<(), AggregateError> {
         let numbers: Vec<u64> =
             self.set.healthy().iter().filter(|r| ids.iter().any(|i| i == r.id())).map(|r| r.number()).collect();
-        self.set.delete(ids)?;
+        // Forgotten even when a folder could not be removed: the readers are out of
+        // queries by then.
+        let deleted = self.set.delete(ids);
         if let Some(cache) = &self.cache {
-            numbers.iter().for_each(|n| cache.forget(n));
+            cache.forget(&numbers);
         }
-        Ok(())
+        Ok(deleted?)
     }
 
     /// Keeps decoded windows in `cache` for the queries to come.

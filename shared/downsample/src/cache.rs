@@ -82,14 +82,22 @@ impl<K: Hash + Eq + Clone, V: Weighed + Clone> BlockCache<K, V> {
         }
     }
 
-    /// Drops what is held of `block` (deleted: nothing will ask for it again).
-    pub fn forget(&self, block: &K) {
+    /// Drops what is held of `blocks` (deleted: nothing will ask for them again), in one
+    /// pass over the eviction order.
+    pub fn forget(&self, blocks: &[K]) {
         let Ok(mut inner) = self.inner.lock() else { return };
         let inner = &mut *inner;
-        let Some(held) = inner.entries.remove(block) else { return };
-        let freed: usize = held.values().map(Weighed::cost).sum();
-        inner.bytes = inner.bytes.saturating_sub(freed);
-        inner.order.retain(|(b, _)| b != block);
+        let mut any = false;
+        for block in blocks {
+            let Some(held) = inner.entries.remove(block) else { continue };
+            let freed: usize = held.values().map(Weighed::cost).sum();
+            inner.bytes = inner.bytes.saturating_sub(freed);
+            any = true;
+        }
+        if any {
+            let entries = &inner.entries;
+            inner.order.retain(|(b, id)| entries.get(b).is_some_and(|h| h.contains_key(id)));
+        }
     }
 
     /// (entries, bytes) held.
@@ -123,10 +131,17 @@ mod tests {
         assert!(cache.get(&block, 0).is_none(), "the first in went first");
         assert!(cache.get(&("raw/a".to_string(), 8), 19).is_none(), "another data file: another block");
         // A block deleted is forgotten, and its room given back.
-        cache.forget(&block);
+        cache.forget(std::slice::from_ref(&block));
         assert_eq!(cache.held(), (0, 0));
         cache.insert(&block, 1, chunks.clone());
         assert_eq!(cache.held().0, 1, "a block inserted again after being forgotten");
+        // The eviction order forgot the old entries too: the oldest left goes first.
+        let other = ("raw/b".to_string(), 7);
+        for id in 0..8 {
+            cache.insert(&other, id, chunks.clone());
+        }
+        assert!(cache.get(&block, 1).is_none(), "the oldest entry went first");
+        assert_eq!(cache.held().0, 8);
         // An entry over an eighth of the budget is not kept.
         let small: BlockCache<u64, Arc<[Chunk]>> = BlockCache::new(one * 4);
         small.insert(&1, 0, chunks);
