@@ -5,10 +5,10 @@
 //! crash between the two leaves the old one to be deleted at the next open, never both
 //! read.
 
-use crate::cache::{BlockCache, Weighed};
 use crate::columns::{Part, WindowColumns};
-use crate::encoding::{decode_columns, decode_wanted, encode, Wanted};
+use crate::encoding::{decode_wanted, encode, Wanted};
 use crate::window::Window;
+use crate::window_cache::{columns_of, merge_parts, SeriesColumns, WindowCache};
 use crate::Kept;
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -35,37 +35,6 @@ struct Found {
     labels: Labels,
     metric_type: MetricType,
     chunks: Vec<(usize, u64, Chunk)>,
-}
-
-/// A chunk's windows decoded as columns: those the `wanted` columns fill, and what its
-/// series kept.
-#[derive(Debug, Clone)]
-pub struct CachedWindows {
-    pub wanted: Wanted,
-    pub kept: Kept,
-    pub columns: Arc<WindowColumns>,
-}
-
-impl Weighed for CachedWindows {
-    fn cost(&self) -> usize {
-        self.columns.bytes() + 64
-    }
-}
-
-/// Decoded windows by (block reader's number, series id): shared by a regional's
-/// resolutions, since reader numbers are unique in the process.
-pub type WindowCache = BlockCache<u64, CachedWindows>;
-
-/// Default budget of a [`WindowCache`]: a fleet day's 5 m windows of the fields a
-/// dashboard's dozen queries read (about 50 MB for 3,000 series) several times over.
-pub const DEFAULT_WINDOW_CACHE_BYTES: usize = 256 << 20;
-
-/// What a leaf evaluates: a series' windows in the range, as columns.
-pub struct SeriesColumns<'a> {
-    pub labels: Labels,
-    pub metric_type: MetricType,
-    pub kept: Kept,
-    pub windows: Part<'a, WindowColumns>,
 }
 
 /// Series found in aggregate blocks and not yet decoded (see [`AggregateBlocks::find`]).
@@ -179,54 +148,6 @@ impl FoundSeries {
         });
         decoded.into_iter().collect()
     }
-}
-
-/// A chunk's windows with the `wanted` columns: the cache's, or decoded (with what the
-/// cache held of it too, so that queries reading different fields do not evict each
-/// other's) and kept.
-fn columns_of(
-    width: i64,
-    block: &BlockReader,
-    id: u64,
-    c: &Chunk,
-    wanted: Wanted,
-    cache: Option<&WindowCache>,
-) -> Result<CachedWindows, String> {
-    let key = (block.number(), i64::try_from(id).unwrap_or(i64::MAX));
-    let held = cache.and_then(|cache| cache.get(&key.0, key.1));
-    if let Some(h) = held.as_ref().filter(|h| h.wanted.covers(wanted)) {
-        return Ok(h.clone());
-    }
-    let wanted = held.map_or(wanted, |h| h.wanted.and(wanted));
-    let (columns, got, kept) = decode_columns(&c.data, wanted).map_err(|e| e.to_string())?;
-    if got != width {
-        return Err(format!("windows of {got} ms among {width} ms ones"));
-    }
-    let decoded = CachedWindows { wanted, kept, columns: Arc::new(columns) };
-    if let Some(cache) = cache {
-        cache.insert(&key.0, key.1, decoded.clone());
-    }
-    Ok(decoded)
-}
-
-/// A series' windows from several blocks (newest first) as one run: copied field by
-/// field when the blocks follow each other in time (the usual case: a day's block, then
-/// the slices since), else window by window, the newer block's window kept where two
-/// hold one end.
-fn merge_parts(mut parts: Vec<(Arc<WindowColumns>, Range<usize>)>, wanted: Wanted) -> WindowColumns {
-    parts.retain(|(_, r)| !r.is_empty());
-    let mut ordered = parts.clone();
-    ordered.sort_by_key(|(c, r)| c.ends()[r.start]);
-    let follows = ordered.windows(2).all(|p| p[0].0.ends()[p[0].1.end - 1] < p[1].0.ends()[p[1].1.start]);
-    if follows {
-        let lent: Vec<(&WindowColumns, Range<usize>)> = ordered.iter().map(|(c, r)| (&**c, r.clone())).collect();
-        return WindowColumns::concat(&lent);
-    }
-    let mut windows: Vec<Window> = parts.iter().flat_map(|(c, r)| r.clone().map(|i| c.window(i))).collect();
-    // Stable: of two windows with one end, the newer block's (first) stays.
-    windows.sort_by_key(|w| w.end);
-    windows.dedup_by_key(|w| w.end);
-    WindowColumns::with_fields(&windows, wanted.fields())
 }
 
 /// The blocks of one resolution.

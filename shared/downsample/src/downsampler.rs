@@ -7,9 +7,10 @@
 //! longer). Slices late data touched are computed again first; then the next one after
 //! the frontier. Each run does a bounded number of slices.
 
-use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows, WindowCache};
+use crate::blocks::{AggregateBlocks, AggregateError, SeriesWindows};
 use crate::progress::{Progress, Slicing};
 use crate::window::windows_of;
+use crate::window_cache::WindowCache;
 use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
 use std::path::Path;
 use std::sync::Arc;
@@ -32,7 +33,7 @@ pub struct DownsampleOptions {
     pub slices_per_run: usize,
     /// The block readers' cache of aggregate chunks (encoded).
     pub cache_bytes: usize,
-    /// Decoded windows kept for the queries to come ([`crate::blocks::WindowCache`]).
+    /// Decoded windows kept for the queries to come ([`crate::window_cache::WindowCache`]).
     pub window_cache_bytes: usize,
 }
 
@@ -45,7 +46,7 @@ impl Default for DownsampleOptions {
             retention_1h: Duration::from_secs(730 * 86400),
             slices_per_run: 24,
             cache_bytes: 64 << 20,
-            window_cache_bytes: crate::blocks::DEFAULT_WINDOW_CACHE_BYTES,
+            window_cache_bytes: crate::window_cache::DEFAULT_WINDOW_CACHE_BYTES,
         }
     }
 }

@@ -11,7 +11,8 @@
 //! (`strata_model::arith`), so counts, extremes, first, last, changes and resets are bit
 //! for bit the raw answer and sums agree to rounding. [`leaf`] says when a query's leaf
 //! may be answered this way and answers it; [`encoding`] stores a series' windows as
-//! columns in the chunk crate's value coding, the columns a metric type needs and no more.
+//! columns in the chunk crate's value coding, the columns a metric type needs and no more;
+//! [`window_cache`] keeps what queries decoded of them for the queries to come.
 //! `quantile_over_time` and the like do not decompose: [`RangeFn::parse`] refuses them and
 //! the caller reads finer data.
 
@@ -28,6 +29,7 @@ pub mod progress;
 pub mod range;
 pub mod store;
 pub mod window;
+pub mod window_cache;
 
 pub use columns::{WindowColumns, WindowRun};
 pub use downsampler::{DownsampleOptions, Downsampler};
