@@ -290,11 +290,7 @@ impl Regional {
         let served: Arc<dyn Store> = match &down {
             Some((d, _)) => {
                 let held = db.clone();
-                // Damaged blocks count (with their range, else anything may be missing).
-                let oldest = move || match held.blocks().damaged().iter().any(|d| d.range.is_none()) {
-                    true => i64::MIN,
-                    false => held.min_time().min(held.blocks().min_time()),
-                };
+                let oldest = move || held.oldest_held().unwrap_or(i64::MIN);
                 Arc::new(WithAggregates::new(raw, d.clone()).with_oldest_raw(Arc::new(oldest)))
             }
             None => raw,

@@ -184,9 +184,8 @@ async fn sample_span(store: &Arc<dyn Store>) -> anyhow::Result<(i64, i64)> {
     first.zip(last).ok_or_else(|| anyhow::anyhow!("no DCGM_FI_DEV_GPU_UTIL in the data"))
 }
 
-/// The fan-out's targets for the pair at `addrs` (replicas a and b).
-/// The pair's targets; `span`: the time range their data covers, as their `Info` says
-/// (unknown without it).
+/// The fan-out's targets for the pair at `addrs` (replicas a and b); `span`: the time
+/// range their data covers, as their `Info` says (unknown without it).
 fn targets_of(addrs: &[String], span: Option<(i64, i64)>) -> anyhow::Result<Vec<StoreTarget>> {
     let (min_time, max_time) = span.unwrap_or((i64::MIN, i64::MAX));
     let mut targets = Vec::new();

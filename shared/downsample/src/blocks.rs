@@ -437,10 +437,7 @@ impl AggregateBlocks {
     /// The oldest time any block covers, damaged ones included (`i64::MAX` when empty);
     /// `None` when a damaged block's range is unknown.
     pub fn oldest_held(&self) -> Option<i64> {
-        if self.set.damaged().iter().any(|d| d.range.is_none()) {
-            return None;
-        }
-        Some(self.set.min_time())
+        self.set.oldest_held()
     }
 
     /// The oldest sample time covered (`i64::MAX` when empty).

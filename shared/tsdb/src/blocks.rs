@@ -239,6 +239,15 @@ impl BlockSet {
         self.damaged().iter().map(|d| tree_bytes(&self.dir.join(&d.id))).sum()
     }
 
+    /// [`min_time`](Self::min_time), or `None` when a damaged block's range is unknown
+    /// (it may hold anything): what a caller claiming "nothing older is held" reads.
+    pub fn oldest_held(&self) -> Option<i64> {
+        if self.damaged().iter().any(|d| d.range.is_none()) {
+            return None;
+        }
+        Some(self.min_time())
+    }
+
     /// The oldest time any block covers, those that could not be opened included (their
     /// meta's range, when it was readable); `i64::MAX` without blocks.
     pub fn min_time(&self) -> i64 {

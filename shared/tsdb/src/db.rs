@@ -409,6 +409,12 @@ impl Tsdb {
         duration_ms(self.opts.block_range).max(1)
     }
 
+    /// The oldest time held, in the head or in blocks, damaged blocks included; `None`
+    /// when a damaged block's range is unknown (see [`crate::blocks::BlockSet::oldest_held`]).
+    pub fn oldest_held(&self) -> Option<i64> {
+        Some(self.head.min_time().min(self.blocks.oldest_held()?))
+    }
+
     /// The oldest sample held, in blocks or the head; `i64::MAX` when empty.
     pub fn min_time(&self) -> i64 {
         self.blocks.min_sample_time().min(self.head.min_time())
