@@ -119,11 +119,11 @@ impl FoundSeries {
             let mut kept = Kept::ALL;
             // (columns, the windows in the range), newest block first.
             let mut parts: Vec<(Arc<WindowColumns>, Range<usize>)> = Vec::with_capacity(s.chunks.len());
+            // The key names a series in a block: one chunk of it in each block (as blocks
+            // of windows are written), else none is kept.
+            let one_each = s.chunks.windows(2).all(|p| p[0].0 != p[1].0);
+            let cache = cache.filter(|_| one_each);
             for (b, id, c) in &s.chunks {
-                // The key names a series in a block: one chunk of it (as blocks of windows
-                // are written), else none is kept.
-                let one = s.chunks.iter().filter(|(x, ..)| x == b).count() == 1;
-                let cache = cache.filter(|_| one);
                 let held = columns_of(self.width, &blocks[*b], *id, c, wanted, cache).map_err(|reason| {
                     E::from(AggregateError::Corrupt {
                         series: s.labels.to_string(),

@@ -54,7 +54,8 @@ impl<K: Hash + Eq + Clone, V: Weighed + Clone> BlockCache<K, V> {
 
     /// The entry held of `id` in `block`.
     pub fn get(&self, block: &K, id: i64) -> Option<V> {
-        self.get_many(block, [id]).pop().map(|(_, v)| v)
+        let inner = self.inner.lock().ok()?;
+        inner.entries.get(block)?.get(&id).cloned()
     }
 
     /// Keeps `value` unless it alone would take more than an eighth of the budget.

@@ -258,12 +258,15 @@ impl WindowColumns {
         &self.end
     }
 
-    /// The bytes it holds, for a cache's budget: its columns, itself, and what each of
-    /// its 17 allocations costs the allocator (a series with a window or two in a block
-    /// is mostly that).
+    /// The bytes it holds, for a cache's budget: its columns, itself, and what each
+    /// column held costs the allocator (a series with a window or two in a block is
+    /// mostly that).
     pub fn bytes(&self) -> usize {
         fn size<T>(c: &[T]) -> usize {
-            std::mem::size_of_val(c)
+            match c.len() {
+                0 => 0,
+                _ => std::mem::size_of_val(c) + 32,
+            }
         }
         let columns = size(&self.end)
             + size(&self.count)
@@ -282,8 +285,7 @@ impl WindowColumns {
             + size(&self.sx)
             + size(&self.sxx)
             + size(&self.sxy);
-        const FIXED: usize = std::mem::size_of::<WindowColumns>() + 17 * 32;
-        columns.saturating_add(FIXED)
+        columns.saturating_add(std::mem::size_of::<WindowColumns>())
     }
 }
 
