@@ -116,9 +116,12 @@ fn serve(mut conn: TcpStream, upstream: u16, every: usize, count: &AtomicUsize, 
             0 => {
                 spoiled.fetch_add(1, Ordering::Relaxed);
                 let msg = "<Error><Code>InternalError</Code><Message>injected</Message></Error>";
+                // An answer to HEAD has no body (RFC 9110 9.3.2): bytes after its head would be
+                // read by the client as the start of the next answer on this connection.
+                let body = if head.starts_with(b"HEAD ") { "" } else { msg };
                 let _ = write!(
                     conn,
-                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{msg}",
+                    "HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/xml\r\nContent-Length: {}\r\n\r\n{body}",
                     msg.len()
                 );
                 continue;
