@@ -154,6 +154,10 @@ pub enum BenchCommand {
         /// little behind (the anchor for the backlog from storage).
         #[arg(long)]
         from_wal: bool,
+        /// Batches pushed before the first is acknowledged (the edge's default; 1 is how
+        /// earlier versions sent, one at a time).
+        #[arg(long, default_value_t = 2)]
+        in_flight: usize,
     },
     /// From a simulated GPU's memory overheating to its alert in Alertmanager, through an
     /// HA pair of edges and a regional running the GPU pack, against Prometheus 2.42 with
@@ -330,8 +334,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
-        BenchCommand::Forward { series, seconds, before, interval, batch, no_gzip, from_wal } => {
-            forward::run(series, seconds, before, interval, batch, !no_gzip, from_wal).await
+        BenchCommand::Forward { series, seconds, before, interval, batch, no_gzip, from_wal, in_flight } => {
+            forward::run(series, seconds, before, interval, batch, !no_gzip, from_wal, in_flight).await
         }
         BenchCommand::AlertLatency { nodes, prometheus, alertmanager } => {
             alert_latency::run(nodes, &prometheus, &alertmanager).await

@@ -23,6 +23,7 @@ mod conversion;
 mod cursor;
 mod holds;
 mod metrics;
+mod order;
 mod receiver;
 mod sender;
 mod senders;

@@ -1,5 +1,6 @@
 //! The regional's side: batches appended to its database and acknowledged once durable.
 
+use crate::order::{BatchOrder, MAX_IN_FLIGHT};
 use crate::{pb, ForwardError, MAX_BATCH_METADATA, MAX_BATCH_OPEN_SAMPLES, MAX_BATCH_SAMPLES, MAX_BATCH_SERIES};
 use pb::forward_server::{Forward, ForwardServer};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -118,6 +119,8 @@ pub struct ForwardReceiver {
     senders: Option<Arc<crate::senders::Senders>>,
     /// How far each sender has sent everything.
     watermarks: Option<Arc<crate::watermarks::Watermarks>>,
+    /// Each session's numbered batches, stored in order.
+    order: Arc<BatchOrder>,
 }
 
 /// Told, before a batch is acknowledged, which sender (`PushRequest.upstream`) sent samples
@@ -188,6 +191,7 @@ impl ForwardReceiver {
             arrivals: None,
             senders: None,
             watermarks: None,
+            order: Arc::default(),
         }
     }
 
@@ -227,7 +231,6 @@ impl ForwardReceiver {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    /// Checks, stores and syncs one batch (blocking: the WAL write and its `fsync`).
     /// Storage failed: nothing more is acknowledged until a restart. After a failed
     /// `fsync` the kernel may have dropped pages a later `fsync` would not write again, and
     /// a resent batch would read as duplicates of samples the head holds but the disk may
@@ -286,12 +289,19 @@ impl ForwardReceiver {
         Ok(late)
     }
 
-    fn store(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
+    fn storage_failed(&self) -> Result<(), Status> {
         if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Status::unavailable(
                 "the regional's storage failed earlier: it takes no batch until restarted",
             ));
         }
+        Ok(())
+    }
+
+    /// Checks a batch and decodes its chunks: nothing is looked up or stored yet, so two
+    /// batches of one session are prepared at once (see [`crate::order`]).
+    fn prepare(&self, mut req: pb::PushRequest) -> Result<Prepared, Status> {
+        self.storage_failed()?;
         if req.storage_id != self.id.0 {
             return Err(Status::failed_precondition(format!(
                 "batch for storage {:?}, this regional's storage is {:?} (its data directory was replaced): \
@@ -340,48 +350,58 @@ impl ForwardReceiver {
             )));
         }
         // Everything is checked before anything is created: a refused batch leaves no
-        // series behind.
+        // series behind. Labels are read and chunks decoded before the sessions' lock is
+        // taken (other edges' batches wait for it), and before the batch's turn.
         let mut pool = StringPool::default();
-        let mut checked = Vec::with_capacity(req.series.len());
-        let mut known = Vec::new();
-        // Chunks are decoded before the sessions' lock is taken: other edges' batches wait
-        // for it.
         let mut decoded = Vec::with_capacity(req.series.len());
-        for (i, mut s) in req.series.into_iter().enumerate() {
+        for (i, mut s) in std::mem::take(&mut req.series).into_iter().enumerate() {
+            let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
             let whole = s.timestamps.is_empty();
-            let (samples, chunks, open) = samples_and_chunks_of(&mut s, whole)
-                .map_err(|r| Status::invalid_argument(format!("series {i} of the batch: {r}")))?;
+            let (samples, chunks, open) = samples_and_chunks_of(&mut s, whole).map_err(bad)?;
             // Chunks alone may be stored as they came (see `Tsdb::commit_chunks`).
-            let chunks = if whole { chunks } else { Vec::new() };
-            decoded.push((s, (samples, chunks, open)));
+            let parts = (samples, if whole { chunks } else { Vec::new() }, open);
+            if s.labels.is_empty() {
+                // A series the session named before, by its number.
+                if s.r#ref == 0 || req.session.is_empty() {
+                    return Err(bad("no labels, and no session reference".into()));
+                }
+                decoded.push((Named::Before(s.r#ref), parts));
+                continue;
+            }
+            let labels = labels_from_pb(std::mem::take(&mut s.labels), &mut pool).map_err(bad)?;
+            if labels.get(METRIC_NAME).is_none() {
+                return Err(bad(format!("no metric name in {labels}")));
+            }
+            decoded.push((Named::Here(labels, s.r#ref), parts));
         }
+        Ok(Prepared { req, decoded, total })
+    }
+
+    /// Stores a prepared batch and syncs it (blocking: the WAL write and its `fsync`).
+    fn apply(&self, prepared: Prepared) -> Result<pb::PushResponse, Status> {
+        self.storage_failed()?;
+        let Prepared { req, decoded, total } = prepared;
+        let mut checked = Vec::with_capacity(decoded.len());
+        let mut known = Vec::new();
         // One lock for the batch's lookups of numbered series.
         let mut sessions = self.sessions.0.lock();
         let mut session = sessions.get_mut(&req.session);
         if let Some(s) = session.as_mut() {
             s.used = std::time::Instant::now();
         }
-        for (i, (s, samples)) in decoded.into_iter().enumerate() {
-            let bad = |reason: String| Status::invalid_argument(format!("series {i} of the batch: {reason}"));
-            if s.labels.is_empty() {
-                // A series the session named before, by its number.
-                if s.r#ref == 0 || req.session.is_empty() {
-                    return Err(bad("no labels, and no session reference".into()));
+        for (named, samples) in decoded {
+            match named {
+                Named::Before(r) => {
+                    let Some(series) = session.as_ref().and_then(|x| x.refs.get(&r)).cloned() else {
+                        return Err(Status::failed_precondition(format!(
+                            "series reference {r} of session {:?} is not known here (a restart forgets sessions): start a new session",
+                            req.session
+                        )));
+                    };
+                    known.push((series, samples));
                 }
-                let Some(series) = session.as_ref().and_then(|x| x.refs.get(&s.r#ref)).cloned() else {
-                    return Err(Status::failed_precondition(format!(
-                        "series reference {} of session {:?} is not known here (a restart forgets sessions): start a new session",
-                        s.r#ref, req.session
-                    )));
-                };
-                known.push((series, samples));
-                continue;
+                Named::Here(labels, r) => checked.push((labels, r, samples)),
             }
-            let labels = labels_from_pb(s.labels, &mut pool).map_err(bad)?;
-            if labels.get(METRIC_NAME).is_none() {
-                return Err(bad(format!("no metric name in {labels}")));
-            }
-            checked.push((labels, s.r#ref, samples));
         }
         drop(sessions);
         // A batch that would pass the series limit creates none of its series: the sender
@@ -543,6 +563,23 @@ fn widen(acc: Option<(i64, i64)>, (a, z): (i64, i64)) -> Option<(i64, i64)> {
 /// A series' samples as sent, the chunks they came in, and its open chunk (not decoded).
 type SeriesParts = (Vec<Sample>, Vec<Chunk>, Option<OpenChunk>);
 
+/// How a batch names a series.
+enum Named {
+    /// With its labels, and the number the session gives it (0: none).
+    Here(Labels, u64),
+    /// By the number an earlier batch of the session gave it.
+    Before(u64),
+}
+
+/// A batch checked and decoded, not stored yet.
+struct Prepared {
+    /// The request, its series taken out.
+    req: pb::PushRequest,
+    decoded: Vec<(Named, SeriesParts)>,
+    /// The samples it carries (chunks by what they declare).
+    total: u64,
+}
+
 /// [`samples_of`], and the chunks they came in (checked): all of the samples when the
 /// series came as chunks alone. With `keep_open`, an open chunk comes back as it came (its
 /// samples are not among those returned), else decoded up to its bound with the rest.
@@ -602,19 +639,54 @@ impl Forward for ForwardReceiver {
             max_batch_samples: MAX_BATCH_SAMPLES as u64,
             takes_chunks: true,
             takes_open_chunks: true,
+            max_in_flight: MAX_IN_FLIGHT as u32,
         }))
     }
 
     async fn push(&self, req: Request<pb::PushRequest>) -> Result<Response<pb::PushResponse>, Status> {
         let _call = self.connections.as_ref().and_then(|c| c.call(req.remote_addr()));
-        let me = self.clone();
-        let req = req.into_inner();
-        let out = tokio::task::spawn_blocking(move || me.store(req))
-            .await
-            .map_err(|e| Status::internal(format!("storing the batch: {e}")))?;
+        let out = self.receive(req.into_inner()).await;
         if out.is_err() {
             self.stats.batches_refused.inc();
         }
         out.map(Response::new)
+    }
+}
+
+impl ForwardReceiver {
+    /// Prepares a batch, waits for its turn when it is numbered, and stores it.
+    async fn receive(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
+        let ordered = (req.seq > 0 && !req.session.is_empty()).then(|| (req.session.clone(), req.seq));
+        let me = self.clone();
+        let prepared = tokio::task::spawn_blocking(move || me.prepare(req))
+            .await
+            .map_err(|e| Status::internal(format!("decoding the batch: {e}")))?;
+        let (prepared, turn) = match (prepared, ordered) {
+            (Ok(p), None) => (p, None),
+            (Ok(p), Some((session, seq))) => match self.order.turn(&session, seq).await {
+                Ok(turn) => (p, Some(turn)),
+                Err(e) => {
+                    self.order.failed(&session, seq);
+                    return Err(e);
+                }
+            },
+            (Err(e), ordered) => {
+                if let Some((session, seq)) = ordered {
+                    self.order.failed(&session, seq);
+                }
+                return Err(e);
+            }
+        };
+        let me = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let out = me.apply(prepared);
+            // Dropped unstored, the turn fails the session's later batches.
+            if let (Ok(_), Some(turn)) = (&out, turn) {
+                turn.stored();
+            }
+            out
+        })
+        .await
+        .map_err(|e| Status::internal(format!("storing the batch: {e}")))?
     }
 }

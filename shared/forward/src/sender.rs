@@ -50,6 +50,9 @@ pub struct ForwarderOptions {
     /// An upstream met for the first time gets everything the edge holds (a regional);
     /// without, what the WAL holds from its start on (remote write, as Prometheus').
     pub history_on_first_contact: bool,
+    /// Batches pushed before the first of them is acknowledged, when the upstream stores
+    /// a session's batches in order (a regional says how many it takes).
+    pub max_in_flight: usize,
 }
 
 impl ForwarderOptions {
@@ -71,6 +74,7 @@ impl ForwarderOptions {
             refusals_before_drop: 3,
             storage_backlog_bytes: 8 << 20,
             history_on_first_contact: true,
+            max_in_flight: 2,
         }
     }
 }
@@ -330,84 +334,135 @@ impl<U: Upstream> Forwarder<U> {
         let session = session_id();
         let upstream = self.opts.external_labels.to_string();
         let mut prefetched: Option<tokio::task::JoinHandle<(WalSource, Result<Batch, ReadError>)>> = None;
+        // Batches pushed and not yet acknowledged, oldest first. An upstream that stores a
+        // session's batches in order takes more than one (see `Greeting::max_in_flight`);
+        // acknowledgements then come in that order, and the cursor moves past each.
+        let depth = if hello.max_in_flight > 1 {
+            self.opts.max_in_flight.clamp(1, usize::try_from(hello.max_in_flight).unwrap_or(usize::MAX))
+        } else {
+            1
+        };
+        let mut in_flight: std::collections::VecDeque<InFlight> = std::collections::VecDeque::new();
+        // The last read found nothing to send: the next waits until what is in flight is
+        // acknowledged (then, if it finds nothing again, the poll interval).
+        let mut drained = false;
+        let mut seq = 0u64;
         loop {
-            if *stop.borrow() {
+            // Stopping, what is in flight is waited for: its acknowledgements are kept, so
+            // the next start sends none of it again.
+            let stopping = *stop.borrow();
+            if stopping && in_flight.is_empty() {
                 return Ok(SessionEnd::Stopped);
             }
             // Moving the backlog to storage moves the persisted cursor: a new session
-            // starts from it.
+            // starts from it (what is in flight is abandoned; acknowledged or not, it is
+            // sent again from there, and the upstream ignores what it holds already).
             let checkpointed = self.db.wal_needed_from().is_some_and(|n| n > cursor.wal.segment);
             if checkpointed && self.take_backlog_from_storage(Until::Checkpoint).await? {
                 return Ok(SessionEnd::Rotate);
             }
-            // The batch read while the previous one was in flight, or one read now.
-            let (mut src, read) = match prefetched.take() {
-                Some(h) => h.await.map_err(|e| self.fail(format!("reading the WAL: {e}")))?,
-                None => {
-                    let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
-                    if src.outgrown() {
-                        // Series that left long ago still hold numbers: a new session forgets them.
-                        return Ok(SessionEnd::Rotate);
+            if in_flight.is_empty() {
+                drained = false;
+            }
+            if in_flight.len() < depth && !drained && !stopping {
+                // The batch read while the previous one was in flight, or one read now.
+                let (mut src, read) = match prefetched.take() {
+                    Some(h) => h.await.map_err(|e| self.fail(format!("reading the WAL: {e}")))?,
+                    None => {
+                        let Some(mut src) = source.take() else { return Err(self.fail("lost the WAL reader")) };
+                        if src.outgrown() {
+                            if !in_flight.is_empty() {
+                                // Rotated once what is in flight is acknowledged.
+                                source = Some(src);
+                                drained = true;
+                                continue;
+                            }
+                            // Series that left long ago still hold numbers: a new session forgets them.
+                            return Ok(SessionEnd::Rotate);
+                        }
+                        let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
+                        tokio::task::spawn_blocking(move || {
+                            let read = src.next_batch(limit, &external);
+                            (src, read)
+                        })
+                        .await
+                        .map_err(|e| self.fail(format!("reading the WAL: {e}")))?
                     }
+                };
+                let mut batch = read.map_err(|e| e.into_forward(&self.opts.upstream))?;
+                // The next batch is read while this one is in flight (the WAL reader and the
+                // upstream work at once); a session that ends discards it unsent, and the next
+                // one reads again from the persisted cursor.
+                let more = !batch.request.series.is_empty() || !batch.request.metadata.is_empty();
+                if more && !src.outgrown() {
                     let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
-                    tokio::task::spawn_blocking(move || {
+                    prefetched = Some(tokio::task::spawn_blocking(move || {
                         let read = src.next_batch(limit, &external);
                         (src, read)
-                    })
-                    .await
-                    .map_err(|e| self.fail(format!("reading the WAL: {e}")))?
+                    }));
+                } else {
+                    source = Some(src);
                 }
-            };
-            let mut batch = read.map_err(|e| e.into_forward(&self.opts.upstream))?;
-            // The next batch is read while this one is in flight (the WAL reader and the
-            // upstream work at once); a session that ends discards it unsent, and the next
-            // one reads again from the persisted cursor.
-            let more = !batch.request.series.is_empty() || !batch.request.metadata.is_empty();
-            if more && !src.outgrown() {
-                let external = (self.opts.external_labels.clone(), self.opts.series_labels_win);
-                prefetched = Some(tokio::task::spawn_blocking(move || {
-                    let read = src.next_batch(limit, &external);
-                    (src, read)
-                }));
-            } else {
-                source = Some(src);
-            }
-            if batch.unknown > 0 {
-                self.stats.unsendable_samples.inc_by(batch.unknown);
-                tracing::warn!(upstream = %self.opts.upstream, samples = batch.unknown, "forward: samples of series the WAL does not name: not sent");
-            }
-            // Pending is what the upstream has not acknowledged: from the cursor, not the read.
-            self.stats.pending_bytes.set(i64::try_from(self.pending(cursor.wal)).unwrap_or(i64::MAX));
-            if batch.request.series.is_empty() && batch.request.metadata.is_empty() {
-                if batch.next != At::of(&cursor) {
-                    // Only records that carry nothing to send (labels), or backlog storage
-                    // no longer holds: move past them.
-                    cursor = self.advance(cursor, &batch).await?;
+                if batch.unknown > 0 {
+                    self.stats.unsendable_samples.inc_by(batch.unknown);
+                    tracing::warn!(upstream = %self.opts.upstream, samples = batch.unknown, "forward: samples of series the WAL does not name: not sent");
                 }
-                self.stats.lag_seconds.set(0.0);
-                tokio::select! {
-                    _ = tokio::time::sleep(self.opts.poll) => {}
-                    _ = stop.changed() => {}
+                // Pending is what the upstream has not acknowledged: from the cursor, not the read.
+                self.stats.pending_bytes.set(i64::try_from(self.pending(cursor.wal)).unwrap_or(i64::MAX));
+                if !more {
+                    if !in_flight.is_empty() {
+                        // Records that carry nothing to send (labels), or backlog storage no
+                        // longer holds: passed once what is before them is acknowledged.
+                        in_flight.push_back(InFlight { batch, push: None });
+                        drained = true;
+                        continue;
+                    }
+                    if batch.next != At::of(&cursor) {
+                        // Only records that carry nothing to send (labels), or backlog storage
+                        // no longer holds: move past them.
+                        cursor = self.advance(cursor, &batch).await?;
+                    }
+                    self.stats.lag_seconds.set(0.0);
+                    tokio::select! {
+                        _ = tokio::time::sleep(self.opts.poll) => {}
+                        _ = stop.changed() => {}
+                    }
+                    continue;
                 }
+                let mut request = std::mem::take(&mut batch.request);
+                request.storage_id = storage_id.clone();
+                request.session = session.clone();
+                request.upstream = upstream.clone();
+                request.complete_until = batch.complete_until;
+                if depth > 1 {
+                    seq += 1;
+                    request.seq = seq;
+                }
+                self.stats.batches_sent.inc();
+                self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
+                // Its own task, so that it goes on while an earlier one is awaited; aborted
+                // when the session ends.
+                let push = PushTask(tokio::spawn(client.push(request)));
+                in_flight.push_back(InFlight { batch, push: Some(push) });
                 continue;
             }
-            let mut request = std::mem::take(&mut batch.request);
-            request.storage_id = storage_id.clone();
-            request.session = session.clone();
-            request.upstream = upstream.clone();
-            request.complete_until = batch.complete_until;
-            self.stats.batches_sent.inc();
-            self.stats.sent_bytes.inc_by(prost::Message::encoded_len(&request) as u64);
+            let Some(InFlight { batch, push }) = in_flight.pop_front() else {
+                return Err(self.fail("nothing in flight to wait for"));
+            };
+            let Some(mut push) = push else {
+                if batch.next != At::of(&cursor) {
+                    cursor = self.advance(cursor, &batch).await?;
+                }
+                continue;
+            };
             // A push may take long (a remote write retries inside it through an outage):
             // meanwhile lag and pending go on growing in /metrics.
-            let push = client.push(request);
-            tokio::pin!(push);
             let pushed_at = std::time::Instant::now();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             let result = loop {
                 tokio::select! {
-                    r = &mut push => break r,
+                    r = &mut push.0 => break r.unwrap_or_else(|e| Err(PushError::Failed(format!("the push's task failed: {e}")))),
                     _ = tick.tick() => {
                         self.note_in_flight(cursor.wal, batch.oldest);
                         // An upstream may be out for long inside one push: the budget
@@ -455,6 +510,11 @@ impl<U: Upstream> Forwarder<U> {
                         "forward: the upstream refuses a batch for good: its samples are dropped for this upstream"
                     );
                     cursor = self.advance(cursor, &batch).await?;
+                    if !in_flight.is_empty() {
+                        // The batches after it were refused with it (the upstream fails a
+                        // session's later batches): a new session sends them again.
+                        return Ok(SessionEnd::Rotate);
+                    }
                     continue;
                 }
                 Err(PushError::Failed(reason)) => return Err(self.fail(reason)),
@@ -548,6 +608,22 @@ enum SessionEnd {
     Stopped,
     /// Start a new one at once (the session's series table outgrew the live series).
     Rotate,
+}
+
+/// A batch pushed and not acknowledged yet; without a push, records that carry nothing to
+/// send, passed once the batches before them are acknowledged.
+struct InFlight {
+    batch: Batch,
+    push: Option<PushTask>,
+}
+
+/// A push's task, aborted when dropped (its session ended).
+struct PushTask(tokio::task::JoinHandle<Result<crate::upstream::PushAck, PushError>>);
+
+impl Drop for PushTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// A push in flight this long is retrying through an outage: the disk budget applies.

@@ -221,6 +221,60 @@ async fn a_conflicting_value_is_counted_and_the_stored_one_kept() {
     regional.stop().await;
 }
 
+/// Numbered batches of a session pushed at once are stored in their order: the second,
+/// which names its series by the number the first gave, arrives first and waits; one whose
+/// predecessor is refused is refused too, and stores nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn numbered_batches_are_stored_in_order_whatever_order_they_arrive_in() {
+    use pb::forward_client::ForwardClient;
+    let r = tempfile::tempdir().unwrap();
+    let regional = Regional::start(r.path()).await;
+    let mut c = ForwardClient::connect(format!("http://{}", regional.addr)).await.unwrap();
+    let hello = c.hello(pb::HelloRequest::default()).await.unwrap().into_inner();
+    assert!(hello.max_in_flight > 1, "the receiver says it takes batches in flight");
+    let now = strata_model::time::now_ms();
+    let batch = |session: &str, seq: u64, labels: bool, t: i64| pb::PushRequest {
+        storage_id: hello.storage_id.clone(),
+        series: vec![pb::ForwardSeries {
+            labels: if labels {
+                vec![strata_grpc::pb::Label { name: "__name__".into(), value: format!("m_{session}") }]
+            } else {
+                vec![]
+            },
+            timestamps: vec![t],
+            values: vec![(t as f64).to_bits()],
+            r#ref: 1,
+            ..Default::default()
+        }],
+        session: session.into(),
+        seq,
+        ..Default::default()
+    };
+    let mut later = c.clone();
+    let second = tokio::spawn({
+        let b = batch("ok", 2, false, now + 1);
+        async move { later.push(b).await.map(|r| r.into_inner().appended).map_err(|e| e.to_string()) }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_finished(), "batch 2 was answered before batch 1 came");
+    assert_eq!(c.push(batch("ok", 1, true, now)).await.unwrap().into_inner().appended, 1);
+    assert_eq!(second.await.unwrap(), Ok(1));
+    let stored = all(&regional.db).into_iter().find(|(l, _)| l.contains("m_ok")).map(|(_, s)| s.len());
+    assert_eq!(stored, Some(2));
+    // Batch 1 refused (a series without a metric name): batch 2, waiting, fails with it.
+    let mut later = c.clone();
+    let second = tokio::spawn({
+        let b = batch("bad", 2, false, now + 1);
+        async move { later.push(b).await.map(|r| r.into_inner().appended).map_err(|e| e.code()) }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut first = batch("bad", 1, true, now);
+    first.series[0].labels[0].name = "job".into();
+    assert_eq!(c.push(first).await.map(|_| ()).map_err(|e| e.code()), Err(tonic::Code::InvalidArgument));
+    assert_eq!(second.await.unwrap(), Err(tonic::Code::FailedPrecondition));
+    assert!(all(&regional.db).iter().all(|(l, _)| !l.contains("bad")), "a refused session stored something");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
     use pb::forward_client::ForwardClient;
@@ -244,6 +298,7 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         session: String::new(),
         upstream: String::new(),
         complete_until: None,
+        seq: 0,
     };
     let by_ref = |session: &str, r: u64| pb::PushRequest {
         storage_id: id.clone(),
@@ -258,7 +313,9 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         session: session.into(),
         upstream: String::new(),
         complete_until: None,
+        seq: 0,
     };
+    let numbered = |session: &str, seq: u64| pb::PushRequest { seq, ..by_ref(session, 1) };
     assert_eq!(c.push(push(&id, vec![good.clone()])).await.unwrap().into_inner().appended, 1);
     let before = all(&regional.db);
     let cases = [
@@ -368,6 +425,8 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
             (by_ref("s", 0), tonic::Code::InvalidArgument),
             (by_ref("never-seen", 7), tonic::Code::FailedPrecondition),
             (by_ref(&"s".repeat(65), 1), tonic::Code::InvalidArgument),
+            // A numbered batch further ahead than a sender is told it may run.
+            (numbered("ahead", 1 + crate::order::MAX_IN_FLIGHT), tonic::Code::FailedPrecondition),
         ])
         .collect();
     for (i, (req, code)) in cases.into_iter().enumerate() {
@@ -518,6 +577,8 @@ async fn serve_forward(service: impl pb::forward_server::Forward) -> (SocketAddr
 /// forwarding moves on and the WAL is let go.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
+    // It says it takes batches in flight, so the sender pushes the next ones before each
+    // refusal: each is still tried three times and dropped once.
     struct Refusing;
     #[tonic::async_trait]
     impl pb::forward_server::Forward for Refusing {
@@ -530,6 +591,7 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
                 max_batch_samples: 100,
                 takes_chunks: true,
                 takes_open_chunks: true,
+                max_in_flight: 4,
             }))
         }
         async fn push(

@@ -25,6 +25,9 @@ pub struct Greeting {
     pub takes_chunks: bool,
     /// It takes `ForwardSeries.open_chunk`.
     pub takes_open_chunks: bool,
+    /// Numbered batches of a session it takes in flight at once, storing them in order
+    /// (`PushRequest.seq`); 0 or 1: one at a time.
+    pub max_in_flight: u64,
 }
 
 /// How a batch failed.
@@ -58,8 +61,10 @@ pub trait Upstream: Send + Sync + 'static {
 /// One session with an upstream. A batch names a series with its labels the first time
 /// the session sends it (`ForwardSeries.labels`), and by its number (`ref`) alone after.
 pub trait UpstreamSession: Send {
-    /// Delivers the batch; `Ok` only once the upstream holds it durably.
-    fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send;
+    /// Delivers the batch; `Ok` only once the upstream holds it durably. The future owns
+    /// what it needs, so that, with an upstream whose [`Greeting::max_in_flight`] allows
+    /// it, the next batch is pushed while this one is in flight.
+    fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send + 'static;
 }
 
 /// A regional's `Forward` gRPC service.
@@ -106,6 +111,7 @@ impl Upstream for GrpcUpstream {
             max_batch_samples: hello.max_batch_samples,
             takes_chunks: hello.takes_chunks,
             takes_open_chunks: hello.takes_open_chunks,
+            max_in_flight: u64::from(hello.max_in_flight),
         };
         Ok((GrpcSession { client }, greeting))
     }
@@ -116,14 +122,18 @@ pub struct GrpcSession {
 }
 
 impl UpstreamSession for GrpcSession {
-    async fn push(&mut self, batch: pb::PushRequest) -> Result<PushAck, PushError> {
-        match self.client.push(batch).await {
-            Ok(a) => {
-                let a = a.into_inner();
-                Ok(PushAck { conflicts: a.conflicts, out_of_order: a.out_of_order, out_of_bounds: a.out_of_bounds })
+    fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send + 'static {
+        // A clone shares the connection: batches in flight at once are streams of it.
+        let mut client = self.client.clone();
+        async move {
+            match client.push(batch).await {
+                Ok(a) => {
+                    let a = a.into_inner();
+                    Ok(PushAck { conflicts: a.conflicts, out_of_order: a.out_of_order, out_of_bounds: a.out_of_bounds })
+                }
+                Err(s) if s.code() == tonic::Code::InvalidArgument => Err(PushError::Refused(s.message().to_string())),
+                Err(s) => Err(PushError::Failed(format!("push: {:?}: {}", s.code(), s.message()))),
             }
-            Err(s) if s.code() == tonic::Code::InvalidArgument => Err(PushError::Refused(s.message().to_string())),
-            Err(s) => Err(PushError::Failed(format!("push: {:?}: {}", s.code(), s.message()))),
         }
     }
 }

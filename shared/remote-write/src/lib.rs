@@ -185,6 +185,9 @@ impl Upstream for RemoteWriteUpstream {
             max_batch_samples: strata_forward::MAX_BATCH_SAMPLES as u64,
             takes_chunks: false,
             takes_open_chunks: false,
+            // Prometheus' receiver appends as requests come: one at a time keeps each
+            // series' samples in order.
+            max_in_flight: 1,
         };
         Ok((RemoteWriteSession::new(self.shared.clone()), greeting))
     }

@@ -7,6 +7,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use prost::Message;
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use strata_forward::{pb, PushAck, PushError, UpstreamSession};
@@ -322,41 +323,47 @@ fn metric_type(t: MetricType) -> prompb::metric_metadata::MetricType {
 }
 
 impl UpstreamSession for RemoteWriteSession {
-    async fn push(&mut self, batch: pb::PushRequest) -> Result<PushAck, PushError> {
-        let stats = self.shared.stats.clone();
+    fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send + 'static {
+        // Sharding numbers the session's series: done here, in order, before the future.
         let (shards, dropped) = self.shard(batch);
-        if dropped > 0 {
-            stats.samples_dropped.inc_by(dropped);
-        }
-        let pending: u64 = shards.iter().flatten().map(|p| p.samples).sum();
-        stats.samples_pending.set(i64::try_from(pending).unwrap_or(i64::MAX));
-        stats.shards.set(shards.len() as i64);
-        stats.shards_desired.set(shards.len() as f64);
-        let mut tasks = tokio::task::JoinSet::new();
-        for shard in shards.into_iter().filter(|s| !s.is_empty()) {
-            let shared = self.shared.clone();
-            tasks.spawn(async move {
-                for part in shard {
-                    send(&shared, part).await?;
-                }
-                Ok::<(), String>(())
-            });
-        }
-        let mut failure = None;
-        while let Some(done) = tasks.join_next().await {
-            match done {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => failure = Some(e),
-                Err(e) => failure = Some(format!("a shard's task failed: {e}")),
+        send_shards(self.shared.clone(), shards, dropped)
+    }
+}
+
+/// Sends a batch's shards at once, each shard's parts in order.
+async fn send_shards(shared: Arc<Shared>, shards: Vec<Vec<Part>>, dropped: u64) -> Result<PushAck, PushError> {
+    let stats = shared.stats.clone();
+    if dropped > 0 {
+        stats.samples_dropped.inc_by(dropped);
+    }
+    let pending: u64 = shards.iter().flatten().map(|p| p.samples).sum();
+    stats.samples_pending.set(i64::try_from(pending).unwrap_or(i64::MAX));
+    stats.shards.set(shards.len() as i64);
+    stats.shards_desired.set(shards.len() as f64);
+    let mut tasks = tokio::task::JoinSet::new();
+    for shard in shards.into_iter().filter(|s| !s.is_empty()) {
+        let shared = shared.clone();
+        tasks.spawn(async move {
+            for part in shard {
+                send(&shared, part).await?;
             }
+            Ok::<(), String>(())
+        });
+    }
+    let mut failure = None;
+    while let Some(done) = tasks.join_next().await {
+        match done {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failure = Some(e),
+            Err(e) => failure = Some(format!("a shard's task failed: {e}")),
         }
-        stats.samples_pending.set(0);
-        match failure {
-            // The whole batch goes again (what was acknowledged is resent: receivers
-            // ignore an identical sample).
-            Some(e) => Err(PushError::Failed(e)),
-            None => Ok(PushAck::default()),
-        }
+    }
+    stats.samples_pending.set(0);
+    match failure {
+        // The whole batch goes again (what was acknowledged is resent: receivers
+        // ignore an identical sample).
+        Some(e) => Err(PushError::Failed(e)),
+        None => Ok(PushAck::default()),
     }
 }
 
