@@ -63,12 +63,15 @@ pub enum BacklogError {
 }
 
 /// What a WAL scan found besides the backlog.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Scanned {
     /// Samples of references their segment does not name (damage): not in the backlog.
     pub unnamed: u64,
     /// The position after the last record read.
     pub reached: WalCursor,
+    /// The labels `reached`'s segment named before it, by reference: a reader going on
+    /// from there needs them, and need not read the segment again to find them.
+    pub labels_before: HashMap<SeriesRef, Labels>,
 }
 
 const HEADER: &[u8] = b"strata forward backlog v1\n";
@@ -89,7 +92,7 @@ impl Backlog {
         for (r, labels) in labels_before(db, from)? {
             by_ref.insert(r, entries.find_or_add(labels));
         }
-        let mut scanned = Scanned { unnamed: 0, reached: from };
+        let mut scanned = Scanned { unnamed: 0, reached: from, labels_before: HashMap::default() };
         let mut skip = usize::try_from(skip).unwrap_or(usize::MAX);
         while let Some((rec, after)) = reader.next_record()? {
             if after > until {
@@ -128,6 +131,7 @@ impl Backlog {
                 }
             }
         }
+        scanned.labels_before = by_ref.labels(&entries.entries);
         // Series named but without a sample after `from`.
         let mut entries = entries.entries;
         entries.retain(|e| e.last != i64::MIN);
@@ -413,6 +417,14 @@ impl RefSlots {
         self.dense.clear();
         self.sparse.clear();
     }
+
+    /// Each reference's labels.
+    fn labels(&self, entries: &[BacklogEntry]) -> HashMap<SeriesRef, Labels> {
+        let dense =
+            self.dense.iter().enumerate().filter(|(_, &i)| i != Self::NONE).map(|(r, &i)| (r as u64, i as usize));
+        let sparse = self.sparse.iter().map(|(&r, &i)| (r, i));
+        dense.chain(sparse).filter_map(|(r, i)| Some((r, entries.get(i)?.labels.clone()))).collect()
+    }
 }
 
 /// The labels a WAL segment named before `at` (a reader starting mid-segment needs them).
@@ -530,7 +542,8 @@ pub(crate) fn labels_before(db: &Tsdb, at: WalCursor) -> Result<HashMap<SeriesRe
     }
     let path = wal::segment_path(&db.wal_dir(), at.segment);
     if path.exists() {
-        let mut r = wal::SegmentReader::open(&path, 0)?;
+        // Records before the cursor end at it: nothing after it is read.
+        let mut r = wal::SegmentReader::open_range(&path, 0, at.offset)?;
         while r.offset() < at.offset {
             match r.next_series_record() {
                 // A record at or past the cursor is not "before" it.

@@ -7,10 +7,13 @@
 use crate::backlog::{Backlog, BacklogError};
 use crate::cursor::ReplayAt;
 use crate::sender::oldest;
+use crate::FastMap as HashMap;
 use crate::{Cursor, CursorFile, ForwardError};
 use prometheus_client::metrics::counter::Counter;
 use std::sync::Arc;
+use strata_model::Labels;
 use strata_tsdb::db::Tsdb;
+use strata_tsdb::index::SeriesRef;
 use strata_tsdb::wal::WalCursor;
 
 /// How much of the WAL a conversion to a storage backlog takes.
@@ -121,7 +124,11 @@ fn backlog_from_wal(
         }
         Until::Now => "forward: the upstream is far behind: its backlog is sent from storage, series by series",
     };
-    store_backlog(file, upstream, backlog, Cursor { wal: next_wal, skip: 0, ..cursor }, why)
+    let mut stored = store_backlog(file, upstream, backlog, Cursor { wal: next_wal, skip: 0, ..cursor }, why)?;
+    if let Some(s) = stored.as_mut().filter(|_| next_wal == scanned.reached) {
+        s.labels_before = Some((next_wal, scanned.labels_before));
+    }
+    Ok(stored)
 }
 
 const EVERYTHING: &str = "forward: sending the upstream everything the edge holds, from storage, then the WAL";
@@ -144,7 +151,7 @@ fn store_backlog(
     remove_backlogs_but(file, Some(replay.generation));
     let (samples, oldest, newest) = backlog.summary();
     tracing::info!(upstream, series = backlog.entries.len(), samples, from_ms = oldest, to_ms = newest, "{why}");
-    Ok(Some(Stored { cursor: next, oldest, backlog }))
+    Ok(Some(Stored { cursor: next, oldest, backlog, labels_before: None }))
 }
 
 /// A backlog just stored, and the cursor that replays it: the session that reads it next
@@ -153,6 +160,8 @@ pub(crate) struct Stored {
     pub(crate) cursor: Cursor,
     pub(crate) oldest: i64,
     pub(crate) backlog: Backlog,
+    /// The labels the cursor's WAL segment named before it, when the listing found them.
+    pub(crate) labels_before: Option<(WalCursor, HashMap<SeriesRef, Labels>)>,
 }
 
 /// A backlog generation after `previous`'s (the clock, so one never meets an old file).

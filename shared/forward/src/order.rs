@@ -5,14 +5,19 @@
 //! while the regional stores and syncs. So a sender may push batch k+1 before batch k is
 //! acknowledged (`PushRequest.seq`, up to [`MAX_IN_FLIGHT`] ahead). The receiver checks and
 //! decodes both at once, but stores k+1 only after k: k+1 may name series by the numbers k
-//! gave them, and its samples follow k's. A batch waits for its turn without holding a
-//! thread, for at most [`TURN_WAIT`]; one that runs further ahead than the sender was
-//! told it may, or whose predecessor failed, is refused, and the sender starts a new
-//! session from its persisted cursor (which only ever moves past acknowledged batches).
+//! gave them, and its samples follow k's.
+//!
+//! A batch is admitted ([`BatchOrder::admit`]) before it is decoded: one that runs further
+//! ahead than the sender was told it may, that repeats a number already taken, or that
+//! follows a failed batch is refused at once, and at most [`MAX_WAITING`] batches wait
+//! over all sessions. It then waits for its turn without holding a thread, for at most
+//! [`TURN_WAIT`]. A refused batch ends its sender's session, which starts again from its
+//! persisted cursor (which only ever moves past acknowledged batches).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tokio::sync::Notify;
 use tonic::Status;
 
 /// Batches of one session the receiver takes in flight at once (said in `Hello`).
@@ -22,75 +27,85 @@ pub const MAX_IN_FLIGHT: u64 = 4;
 /// comes (its sender gave up on it) ends the session this long after.
 pub(crate) const TURN_WAIT: Duration = Duration::from_secs(30);
 
-/// Sessions followed at once; past that the least recently used one is forgotten (a batch
-/// of it then waits for a predecessor that counts from 0 again, and its sender starts a
-/// new session).
+/// Sessions followed at once. Past that, one with no batch in flight is forgotten (a batch
+/// of it then finds its predecessors unknown and its sender starts a new session); when
+/// every one has batches in flight, a new session's batch is refused.
 const MAX_SESSIONS: usize = 256;
+
+/// Batches admitted and not yet stored or failed, over all sessions: each holds its
+/// decoded samples while it waits.
+pub(crate) const MAX_WAITING: usize = 128;
 
 #[derive(Default)]
 pub(crate) struct BatchOrder {
-    sessions: parking_lot::Mutex<HashMap<String, Turns>>,
-    changed: tokio::sync::Notify,
+    sessions: parking_lot::Mutex<Sessions>,
+}
+
+#[derive(Default)]
+struct Sessions {
+    by_name: HashMap<String, Turns>,
+    /// Batches admitted and not released, over all sessions.
+    admitted: usize,
 }
 
 struct Turns {
     /// The last batch stored.
     stored: u64,
-    /// A batch of the session failed: every later one fails too.
-    failed: bool,
+    /// The first batch that failed: it and every later one fail.
+    failed_from: Option<u64>,
+    /// Batches admitted and not released yet.
+    admitted: BTreeSet<u64>,
     used: Instant,
+    /// Woken when a batch of the session is stored or fails.
+    changed: Arc<Notify>,
 }
 
-/// What becomes of a waiting batch.
-enum Wait {
-    Go,
-    Later,
+impl Turns {
+    fn new() -> Turns {
+        Turns {
+            stored: 0,
+            failed_from: None,
+            admitted: BTreeSet::new(),
+            used: Instant::now(),
+            changed: Arc::new(Notify::new()),
+        }
+    }
+
+    fn fails(&self, seq: u64) -> bool {
+        self.failed_from.is_some_and(|f| seq >= f)
+    }
 }
 
 impl BatchOrder {
-    /// Waits until batch `seq` of `session` is next to be stored. The returned [`Turn`]
-    /// lets the next batch go once dropped: stored ([`Turn::stored`]) or failed.
-    pub async fn turn(self: &Arc<Self>, session: &str, seq: u64) -> Result<Turn, Status> {
-        self.turn_within(session, seq, TURN_WAIT).await
-    }
-
-    async fn turn_within(self: &Arc<Self>, session: &str, seq: u64, wait: Duration) -> Result<Turn, Status> {
-        let deadline = tokio::time::Instant::now() + wait;
-        loop {
-            // Registered before the state is read, so a change in between is not missed.
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            match self.check(session, seq)? {
-                Wait::Go => return Ok(Turn { order: self.clone(), session: session.to_string(), seq, stored: false }),
-                Wait::Later => {}
-            }
-            if tokio::time::timeout_at(deadline, changed).await.is_err() {
-                return Err(Status::unavailable(format!(
-                    "batch {seq} of session {session:?} waited {wait:?} for the batch before it: start a new session"
-                )));
-            }
-        }
-    }
-
-    fn check(&self, session: &str, seq: u64) -> Result<Wait, Status> {
-        let mut all = self.sessions.lock();
-        if !all.contains_key(session) && all.len() >= MAX_SESSIONS {
-            let oldest = all.iter().min_by_key(|(_, t)| t.used).map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                all.remove(&k);
-            }
-        }
-        let t = all.entry(session.to_string()).or_insert(Turns { stored: 0, failed: false, used: Instant::now() });
-        t.used = Instant::now();
+    /// Admits batch `seq` of `session`, before it is decoded: refused when it cannot be
+    /// stored (see the module's documentation). Dropped without [`Admitted::turn`], the
+    /// batch failed, and so do the session's later ones.
+    pub fn admit(self: &Arc<Self>, session: &str, seq: u64) -> Result<Admitted, Status> {
         let refuse = |why: String| {
             Err(Status::failed_precondition(format!("batch {seq} of session {session:?}: {why}: start a new session")))
         };
-        if t.failed {
+        let mut all = self.sessions.lock();
+        if all.admitted >= MAX_WAITING {
+            return Err(Status::unavailable(format!(
+                "{MAX_WAITING} batches are waiting for the batches before them: send this one again later"
+            )));
+        }
+        if !all.by_name.contains_key(session) && all.by_name.len() >= MAX_SESSIONS {
+            let idle = all.by_name.iter().filter(|(_, t)| t.admitted.is_empty()).min_by_key(|(_, t)| t.used);
+            let Some(oldest) = idle.map(|(k, _)| k.clone()) else {
+                return Err(Status::unavailable(format!(
+                    "{MAX_SESSIONS} sessions have batches in flight: send this one again later"
+                )));
+            };
+            all.by_name.remove(&oldest);
+        }
+        let t = all.by_name.entry(session.to_string()).or_insert_with(Turns::new);
+        t.used = Instant::now();
+        if t.fails(seq) {
             return refuse("a batch before it failed".into());
         }
-        if seq <= t.stored {
-            return refuse(format!("batch {} was stored already", t.stored));
+        if seq <= t.stored || t.admitted.contains(&seq) {
+            return refuse("its number was taken already".into());
         }
         if seq - t.stored > MAX_IN_FLIGHT {
             return refuse(format!(
@@ -99,48 +114,96 @@ impl BatchOrder {
                 t.stored
             ));
         }
-        Ok(if seq == t.stored + 1 { Wait::Go } else { Wait::Later })
+        t.admitted.insert(seq);
+        let changed = t.changed.clone();
+        all.admitted += 1;
+        Ok(Admitted { order: self.clone(), session: session.to_string(), seq, changed, done: None })
     }
 
-    /// Batch `seq` of `session` failed before its turn: the batches after it fail too.
-    pub fn failed(&self, session: &str, seq: u64) {
-        if let Some(t) = self.sessions.lock().get_mut(session) {
-            if seq > t.stored {
-                t.failed = true;
+    /// Ends batch `seq`'s admission: stored, or failed (with every later one).
+    fn release(&self, session: &str, seq: u64, stored: bool) {
+        let mut all = self.sessions.lock();
+        all.admitted = all.admitted.saturating_sub(1);
+        if let Some(t) = all.by_name.get_mut(session) {
+            t.admitted.remove(&seq);
+            if stored {
+                t.stored = t.stored.max(seq);
+            } else {
+                t.failed_from = Some(t.failed_from.map_or(seq, |f| f.min(seq)));
+            }
+            t.changed.notify_waiters();
+        }
+    }
+
+    /// Whether batch `seq` goes now (`Some(true)`), waits (`Some(false)`), or fails (`None`:
+    /// a batch before it failed, or the session was forgotten).
+    fn ready(&self, session: &str, seq: u64) -> Option<bool> {
+        let all = self.sessions.lock();
+        let t = all.by_name.get(session)?;
+        if t.fails(seq) || !t.admitted.contains(&seq) {
+            return None;
+        }
+        Some(seq == t.stored + 1)
+    }
+}
+
+/// A batch admitted: it waits for its [`turn`](Admitted::turn), then is stored or fails.
+pub(crate) struct Admitted {
+    order: Arc<BatchOrder>,
+    session: String,
+    seq: u64,
+    changed: Arc<Notify>,
+    /// Set once the outcome is recorded.
+    done: Option<bool>,
+}
+
+impl Admitted {
+    /// Waits until every batch before this one is stored.
+    pub async fn turn(self) -> Result<Turn, Status> {
+        self.turn_within(TURN_WAIT).await
+    }
+
+    async fn turn_within(self, wait: Duration) -> Result<Turn, Status> {
+        let deadline = tokio::time::Instant::now() + wait;
+        let notify = self.changed.clone();
+        loop {
+            // Registered before the state is read, so a change in between is not missed.
+            let changed = notify.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            match self.order.ready(&self.session, self.seq) {
+                Some(true) => return Ok(Turn(self)),
+                Some(false) => {}
+                None => {
+                    return Err(Status::failed_precondition(format!(
+                        "batch {} of session {:?}: a batch before it failed: start a new session",
+                        self.seq, self.session
+                    )))
+                }
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return Err(Status::unavailable(format!(
+                    "batch {} of session {:?} waited {wait:?} for the batch before it: start a new session",
+                    self.seq, self.session
+                )));
             }
         }
-        self.changed.notify_waiters();
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.order.release(&self.session, self.seq, self.done == Some(true));
     }
 }
 
 /// A batch's turn to be stored. Dropped without [`stored`](Turn::stored), the batch
 /// failed, and so do the session's later ones.
-pub(crate) struct Turn {
-    order: Arc<BatchOrder>,
-    session: String,
-    seq: u64,
-    stored: bool,
-}
+pub(crate) struct Turn(Admitted);
 
 impl Turn {
     pub fn stored(mut self) {
-        self.stored = true;
-    }
-}
-
-impl Drop for Turn {
-    fn drop(&mut self) {
-        {
-            let mut all = self.order.sessions.lock();
-            if let Some(t) = all.get_mut(&self.session) {
-                if self.stored {
-                    t.stored = t.stored.max(self.seq);
-                } else {
-                    t.failed = true;
-                }
-            }
-        }
-        self.order.changed.notify_waiters();
+        self.0.done = Some(true);
     }
 }
 
@@ -148,49 +211,72 @@ impl Drop for Turn {
 mod tests {
     use super::*;
 
+    fn code<T>(r: Result<T, Status>) -> Result<(), tonic::Code> {
+        r.map(|_| ()).map_err(|e| e.code())
+    }
+
     #[tokio::test]
     async fn batches_go_in_order_and_a_failure_fails_the_rest() {
         let order = Arc::new(BatchOrder::default());
         // Batch 2 waits for batch 1.
-        let o = order.clone();
-        let second = tokio::spawn(async move { o.turn("s", 2).await.map(|t| t.seq) });
-        tokio::task::yield_now().await;
-        assert!(!second.is_finished());
-        let first = order.turn("s", 1).await.map_err(|e| e.to_string()).unwrap();
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        assert!(!second.is_finished(), "batch 2 went before batch 1 was stored");
+        let second = order.admit("s", 2).unwrap();
+        let waiting = tokio::spawn(async move { second.turn().await.map(|t| t.0.seq) });
+        let first = order.admit("s", 1).unwrap().turn().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiting.is_finished(), "batch 2 went before batch 1 was stored");
         first.stored();
-        let t2 = tokio::time::timeout(Duration::from_secs(5), second).await.unwrap().unwrap();
+        let t2 = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
         assert_eq!(t2.map_err(|e| e.to_string()), Ok(2));
-        // (batch 2's turn was dropped unstored: it failed.)
-        let after = order.turn("s", 3).await.map(|_| ()).map_err(|e| e.code());
-        assert_eq!(after, Err(tonic::Code::FailedPrecondition));
+        // (batch 2's turn was dropped unstored: it failed, and so does what follows.)
+        assert_eq!(code(order.admit("s", 3)), Err(tonic::Code::FailedPrecondition));
         // Another session is not held up by it.
-        order.turn("t", 1).await.map_err(|e| e.to_string()).unwrap().stored();
-        // Too far ahead, or again: refused at once.
-        assert_eq!(
-            order.turn("t", 2 + MAX_IN_FLIGHT).await.map(|_| ()).map_err(|e| e.code()),
-            Err(tonic::Code::FailedPrecondition)
-        );
-        assert_eq!(order.turn("t", 1).await.map(|_| ()).map_err(|e| e.code()), Err(tonic::Code::FailedPrecondition));
-        order.turn("t", 2).await.map_err(|e| e.to_string()).unwrap().stored();
+        order.admit("t", 1).unwrap().turn().await.unwrap().stored();
+        // Too far ahead, or a number taken already: refused at once.
+        assert_eq!(code(order.admit("t", 2 + MAX_IN_FLIGHT)), Err(tonic::Code::FailedPrecondition));
+        assert_eq!(code(order.admit("t", 1)), Err(tonic::Code::FailedPrecondition));
+        let held = order.admit("t", 3).unwrap();
+        assert_eq!(code(order.admit("t", 3)), Err(tonic::Code::FailedPrecondition), "batch 3 admitted twice");
+        drop(held);
     }
 
+    /// A later batch that fails (say, refused while being decoded) fails those after it,
+    /// never one before it: that one is stored, and the sender moves past it.
     #[tokio::test]
-    async fn a_batch_whose_predecessor_fails_before_its_turn_fails() {
+    async fn a_failed_batch_fails_only_the_batches_after_it() {
         let order = Arc::new(BatchOrder::default());
-        let o = order.clone();
-        let second = tokio::spawn(async move { o.turn("s", 2).await.map(|_| ()).map_err(|e| e.code()) });
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        order.failed("s", 1);
-        let r = tokio::time::timeout(Duration::from_secs(5), second).await.unwrap().unwrap();
-        assert_eq!(r, Err(tonic::Code::FailedPrecondition));
+        let first = order.admit("s", 1).unwrap();
+        let second = order.admit("s", 2).unwrap();
+        let third = order.admit("s", 3).unwrap();
+        let waiting = tokio::spawn(async move { code(third.turn().await) });
+        drop(second);
+        let r = tokio::time::timeout(Duration::from_secs(5), waiting).await.unwrap().unwrap();
+        assert_eq!(r, Err(tonic::Code::FailedPrecondition), "batch 3 waited for a batch that failed");
+        first.turn().await.unwrap().stored();
+        assert_eq!(code(order.admit("s", 2)), Err(tonic::Code::FailedPrecondition));
     }
 
     #[tokio::test]
     async fn a_predecessor_that_never_comes_ends_the_wait() {
         let order = Arc::new(BatchOrder::default());
-        let r = order.turn_within("s", 2, Duration::from_millis(50)).await.map(|_| ()).map_err(|e| e.code());
-        assert_eq!(r, Err(tonic::Code::Unavailable));
+        let r = order.admit("s", 2).unwrap().turn_within(Duration::from_millis(50)).await;
+        assert_eq!(code(r), Err(tonic::Code::Unavailable));
+        // What waits is bounded over all sessions, and released when done.
+        let held: Vec<_> = (0..MAX_WAITING).map(|i| order.admit(&format!("w{i}"), 1).unwrap()).collect();
+        assert_eq!(code(order.admit("one-more", 1)), Err(tonic::Code::Unavailable));
+        drop(held);
+        order.admit("one-more", 1).unwrap().turn().await.unwrap().stored();
+    }
+
+    /// A session with a batch in flight is never forgotten to make room for another.
+    #[tokio::test]
+    async fn a_session_with_a_batch_in_flight_is_kept() {
+        let order = Arc::new(BatchOrder::default());
+        let held = order.admit("busy", 1).unwrap();
+        for i in 0..MAX_SESSIONS {
+            order.admit(&format!("idle{i}"), 1).unwrap().turn().await.unwrap().stored();
+        }
+        // Room was made by forgetting idle sessions, not the busy one.
+        held.turn().await.unwrap().stored();
+        order.admit("busy", 2).unwrap().turn().await.unwrap().stored();
     }
 }

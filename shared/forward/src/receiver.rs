@@ -406,14 +406,11 @@ impl ForwardReceiver {
         drop(sessions);
         // A batch that would pass the series limit creates none of its series: the sender
         // retries it (its lag shows) until the limit is raised or series go.
+        // One lookup per series: those the head holds are resolved here, the others are
+        // created below once the limit has room for all of them.
         let head = self.db.head();
-        let missing = checked
-            .iter()
-            .filter(|(l, _, _)| {
-                let pairs: Vec<(&[u8], &[u8])> = l.iter().map(|x| (x.name.as_bytes(), x.value.as_bytes())).collect();
-                head.find_pairs(&pairs).is_none()
-            })
-            .count();
+        let held: Vec<Option<Arc<MemSeries>>> = checked.iter().map(|(l, _, _)| head.get(l)).collect();
+        let missing = held.iter().filter(|s| s.is_none()).count();
         let max = self.db.options().max_series;
         if head.num_series().saturating_add(missing) > max {
             return Err(Status::resource_exhausted(format!(
@@ -423,8 +420,11 @@ impl ForwardReceiver {
         }
         let mut named = Vec::new();
         let mut resolved = Vec::with_capacity(checked.len() + known.len());
-        for (labels, r, samples) in checked {
-            let series = self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?;
+        for ((labels, r, samples), held) in checked.into_iter().zip(held) {
+            let series = match held {
+                Some(s) => s,
+                None => self.db.series(&labels).map_err(|e| Status::resource_exhausted(e.to_string()))?,
+            };
             if r != 0 && !req.session.is_empty() {
                 named.push((r, series.clone()));
             }
@@ -656,26 +656,25 @@ impl Forward for ForwardReceiver {
 impl ForwardReceiver {
     /// Prepares a batch, waits for its turn when it is numbered, and stores it.
     async fn receive(&self, req: pb::PushRequest) -> Result<pb::PushResponse, Status> {
-        let ordered = (req.seq > 0 && !req.session.is_empty()).then(|| (req.session.clone(), req.seq));
+        if req.session.len() > MAX_SESSION_NAME {
+            return Err(Status::invalid_argument(format!(
+                "a session name of {} bytes, at most {MAX_SESSION_NAME}",
+                req.session.len()
+            )));
+        }
+        // Admitted before anything is decoded (see `crate::order`); dropped unstored, the
+        // admission fails the session's later batches.
+        let admitted = match (req.seq, req.session.is_empty()) {
+            (0, _) | (_, true) => None,
+            (seq, false) => Some(self.order.admit(&req.session, seq)?),
+        };
         let me = self.clone();
         let prepared = tokio::task::spawn_blocking(move || me.prepare(req))
             .await
-            .map_err(|e| Status::internal(format!("decoding the batch: {e}")))?;
-        let (prepared, turn) = match (prepared, ordered) {
-            (Ok(p), None) => (p, None),
-            (Ok(p), Some((session, seq))) => match self.order.turn(&session, seq).await {
-                Ok(turn) => (p, Some(turn)),
-                Err(e) => {
-                    self.order.failed(&session, seq);
-                    return Err(e);
-                }
-            },
-            (Err(e), ordered) => {
-                if let Some((session, seq)) = ordered {
-                    self.order.failed(&session, seq);
-                }
-                return Err(e);
-            }
+            .map_err(|e| Status::internal(format!("decoding the batch: {e}")))??;
+        let turn = match admitted {
+            Some(a) => Some(a.turn().await?),
+            None => None,
         };
         let me = self.clone();
         tokio::task::spawn_blocking(move || {

@@ -116,6 +116,7 @@ impl Forwarder<GrpcUpstream> {
             gzip: opts.gzip,
             timeout: opts.timeout,
             external_labels: opts.external_labels.clone(),
+            max_in_flight: opts.max_in_flight,
         };
         Forwarder::with_upstream(db, holds, opts, stats, upstream)
     }
@@ -316,7 +317,7 @@ impl<U: Upstream> Forwarder<U> {
             let kept =
                 self.stored.lock().take().filter(|s| s.cursor.replay.map(|x| x.generation) == Some(r.generation));
             match kept {
-                Some(s) => BacklogAt::Here(s.backlog),
+                Some(s) => BacklogAt::Here(s.backlog, s.labels_before),
                 None => BacklogAt::File(self.cursor_file.backlog_path(r.generation)),
             }
         });
@@ -337,11 +338,7 @@ impl<U: Upstream> Forwarder<U> {
         // Batches pushed and not yet acknowledged, oldest first. An upstream that stores a
         // session's batches in order takes more than one (see `Greeting::max_in_flight`);
         // acknowledgements then come in that order, and the cursor moves past each.
-        let depth = if hello.max_in_flight > 1 {
-            self.opts.max_in_flight.clamp(1, usize::try_from(hello.max_in_flight).unwrap_or(usize::MAX))
-        } else {
-            1
-        };
+        let depth = usize::try_from(hello.max_in_flight).unwrap_or(1).clamp(1, self.opts.max_in_flight.max(1));
         let mut in_flight: std::collections::VecDeque<InFlight> = std::collections::VecDeque::new();
         // The last read found nothing to send: the next waits until what is in flight is
         // acknowledged (then, if it finds nothing again, the poll interval).
@@ -413,7 +410,7 @@ impl<U: Upstream> Forwarder<U> {
                     if !in_flight.is_empty() {
                         // Records that carry nothing to send (labels), or backlog storage no
                         // longer holds: passed once what is before them is acknowledged.
-                        in_flight.push_back(InFlight { batch, push: None });
+                        in_flight.push_back(InFlight { batch, push: None, pushed_at: std::time::Instant::now() });
                         drained = true;
                         continue;
                     }
@@ -443,10 +440,10 @@ impl<U: Upstream> Forwarder<U> {
                 // Its own task, so that it goes on while an earlier one is awaited; aborted
                 // when the session ends.
                 let push = PushTask(tokio::spawn(client.push(request)));
-                in_flight.push_back(InFlight { batch, push: Some(push) });
+                in_flight.push_back(InFlight { batch, push: Some(push), pushed_at: std::time::Instant::now() });
                 continue;
             }
-            let Some(InFlight { batch, push }) = in_flight.pop_front() else {
+            let Some(InFlight { batch, push, pushed_at }) = in_flight.pop_front() else {
                 return Err(self.fail("nothing in flight to wait for"));
             };
             let Some(mut push) = push else {
@@ -457,7 +454,6 @@ impl<U: Upstream> Forwarder<U> {
             };
             // A push may take long (a remote write retries inside it through an outage):
             // meanwhile lag and pending go on growing in /metrics.
-            let pushed_at = std::time::Instant::now();
             let mut tick = tokio::time::interval(Duration::from_secs(1));
             tick.tick().await;
             let result = loop {
@@ -615,6 +611,7 @@ enum SessionEnd {
 struct InFlight {
     batch: Batch,
     push: Option<PushTask>,
+    pushed_at: std::time::Instant,
 }
 
 /// A push's task, aborted when dropped (its session ended).

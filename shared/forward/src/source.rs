@@ -120,7 +120,8 @@ fn encode_chunks(series: &mut [pb::ForwardSeries], samples: Vec<Vec<Sample>>) {
 
 /// The backlog a session replays: just stored, or in its file.
 pub(crate) enum BacklogAt {
-    Here(Backlog),
+    /// As listed, with the labels the cursor's segment named before it if known.
+    Here(Backlog, Option<(WalCursor, HashMap<SeriesRef, Labels>)>),
     File(std::path::PathBuf),
 }
 
@@ -167,13 +168,19 @@ pub(crate) struct WalSource {
 
 impl WalSource {
     pub(crate) fn new(db: Arc<Tsdb>, c: &Cursor, backlog: Option<BacklogAt>) -> Result<WalSource, ReadError> {
-        // Resuming mid-segment: the labels named before the cursor.
-        let labels = labels_before(&db, c.wal)?;
+        // Resuming mid-segment: the labels named before the cursor (found by the listing
+        // that just read up to it, or read again).
+        let (backlog, known) = match backlog {
+            Some(BacklogAt::Here(b, known)) => (Some(Ok(b)), known),
+            Some(BacklogAt::File(path)) => (Some(Backlog::load(&path)), None),
+            None => (None, None),
+        };
+        let labels = match known {
+            Some((at, labels)) if at == c.wal => labels,
+            _ => labels_before(&db, c.wal)?,
+        };
         let mut at = At::of(c);
-        let loaded = backlog.map(|b| match b {
-            BacklogAt::Here(b) => Ok(b),
-            BacklogAt::File(path) => Backlog::load(&path),
-        });
+        let loaded = backlog;
         let mut backlog_oldest = i64::MAX;
         let replay = match (c.replay, loaded) {
             (Some(r), Some(loaded)) => match loaded {

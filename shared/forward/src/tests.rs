@@ -315,7 +315,9 @@ async fn hostile_batches_get_errors_and_leave_stored_data_intact() {
         complete_until: None,
         seq: 0,
     };
-    let numbered = |session: &str, seq: u64| pb::PushRequest { seq, ..by_ref(session, 1) };
+    // A batch naming its series by labels: refused for its number alone.
+    let numbered =
+        |session: &str, seq: u64| pb::PushRequest { seq, session: session.into(), ..push(&id, vec![good.clone()]) };
     assert_eq!(c.push(push(&id, vec![good.clone()])).await.unwrap().into_inner().appended, 1);
     let before = all(&regional.db);
     let cases = [

@@ -74,9 +74,12 @@ pub struct GrpcUpstream {
     pub tls: Option<ClientTlsConfig>,
     /// Gzip batches (the receiver takes both): on for links slower than the CPU.
     pub gzip: bool,
+    /// For each call; a push also waits for the batches in flight before it.
     pub timeout: Duration,
     /// Sent in `Hello`.
     pub external_labels: Labels,
+    /// Batches pushed before the first is acknowledged, at most (the regional may take fewer).
+    pub max_in_flight: usize,
 }
 
 impl GrpcUpstream {
@@ -84,7 +87,6 @@ impl GrpcUpstream {
         let mut ep = Endpoint::from_shared(self.endpoint.clone())
             .map_err(|e| format!("invalid address: {e}"))?
             .connect_timeout(Duration::from_secs(5))
-            .timeout(self.timeout)
             .tcp_nodelay(true);
         if let Some(tls) = &self.tls {
             ep = ep.tls_config(tls.clone()).map_err(|e| format!("TLS: {e}"))?;
@@ -101,32 +103,52 @@ impl Upstream for GrpcUpstream {
 
     async fn open(&self) -> Result<(GrpcSession, Greeting), String> {
         let mut client = self.connect().await?;
-        let hello = client
-            .hello(pb::HelloRequest { external_labels: labels_to_pb(&self.external_labels) })
+        let hello = pb::HelloRequest { external_labels: labels_to_pb(&self.external_labels) };
+        let hello = tokio::time::timeout(self.timeout, client.hello(with_deadline(hello, self.timeout)))
             .await
+            .map_err(|_| format!("hello: no answer in {:?}", self.timeout))?
             .map_err(|s| format!("hello: {}", s.message()))?
             .into_inner();
+        // An older regional says 0: one at a time.
+        let in_flight = u64::from(hello.max_in_flight).min(self.max_in_flight as u64).max(1);
         let greeting = Greeting {
             storage_id: hello.storage_id,
             max_batch_samples: hello.max_batch_samples,
             takes_chunks: hello.takes_chunks,
             takes_open_chunks: hello.takes_open_chunks,
-            max_in_flight: u64::from(hello.max_in_flight),
+            max_in_flight: in_flight,
         };
-        Ok((GrpcSession { client }, greeting))
+        // A batch waits at the regional for those in flight before it: the timeout is for
+        // each of them.
+        let deadline = self.timeout.saturating_mul(u32::try_from(in_flight).unwrap_or(u32::MAX));
+        Ok((GrpcSession { client, deadline }, greeting))
     }
+}
+
+/// `message` with a deadline the server sees (`grpc-timeout`); the client bounds its own
+/// wait separately.
+fn with_deadline<T>(message: T, deadline: Duration) -> tonic::Request<T> {
+    let mut r = tonic::Request::new(message);
+    r.set_timeout(deadline);
+    r
 }
 
 pub struct GrpcSession {
     client: ForwardClient<Channel>,
+    /// How long a push may take, its wait for the batches before it included.
+    deadline: Duration,
 }
 
 impl UpstreamSession for GrpcSession {
     fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send + 'static {
         // A clone shares the connection: batches in flight at once are streams of it.
-        let mut client = self.client.clone();
+        let (mut client, deadline) = (self.client.clone(), self.deadline);
         async move {
-            match client.push(batch).await {
+            let pushed = tokio::time::timeout(deadline, client.push(with_deadline(batch, deadline))).await;
+            let Ok(pushed) = pushed else {
+                return Err(PushError::Failed(format!("push: no acknowledgement in {deadline:?}")));
+            };
+            match pushed {
                 Ok(a) => {
                     let a = a.into_inner();
                     Ok(PushAck { conflicts: a.conflicts, out_of_order: a.out_of_order, out_of_bounds: a.out_of_bounds })

@@ -406,6 +406,12 @@ impl HeadBlock {
         table.by_hash.get(&hash)?.iter().filter_map(|r| table.series.get(r)).find(|s| &s.labels == labels).cloned()
     }
 
+    /// The series with exactly these labels, if the head holds it.
+    pub fn get(&self, labels: &Labels) -> Option<Arc<MemSeries>> {
+        let hash = series_hash(&self.label_hasher, labels.iter().map(|l| (l.name.as_bytes(), l.value.as_bytes())));
+        Self::find(&self.table.read(), hash, labels)
+    }
+
     /// The series with exactly these labels, given as (name, value) pairs sorted by name and
     /// without empty values, if the head holds it: a lookup that allocates nothing, for a
     /// receiver that reads labels in place. Stored labels are valid, so bytes that match

@@ -404,6 +404,12 @@ pub enum ReadOutcome {
 
 impl SegmentReader {
     pub fn open(path: &Path, offset: u64) -> Result<Self, WalError> {
+        Self::open_range(path, offset, u64::MAX)
+    }
+
+    /// [`open`](Self::open), reading no bytes at or past `end`: the records that end by
+    /// then (a reader after what precedes a position need not read the rest).
+    pub fn open_range(path: &Path, offset: u64, end: u64) -> Result<Self, WalError> {
         use std::io::{Seek, SeekFrom};
         let mut f = File::open(path).map_err(io_err(path))?;
         let mut head = Vec::with_capacity(SEGMENT_MAGIC.len());
@@ -413,7 +419,7 @@ impl SegmentReader {
         let mut data = Vec::new();
         if magic == Some(true) {
             f.seek(SeekFrom::Start(base as u64)).map_err(io_err(path))?;
-            f.read_to_end(&mut data).map_err(io_err(path))?;
+            f.take(end.saturating_sub(base as u64)).read_to_end(&mut data).map_err(io_err(path))?;
         }
         Ok(SegmentReader { path: path.to_path_buf(), magic, data, base, pos: 0 })
     }
