@@ -32,9 +32,13 @@ pub(crate) const TURN_WAIT: Duration = Duration::from_secs(30);
 /// every one has batches in flight, a new session's batch is refused.
 const MAX_SESSIONS: usize = 256;
 
-/// Batches admitted and not yet stored or failed, over all sessions: each holds its
-/// decoded samples while it waits.
+/// Batches admitted behind another of their session (that will wait for it), over all
+/// sessions: each holds its decoded samples while it waits.
 pub(crate) const MAX_WAITING: usize = 128;
+
+/// Sessions forgotten to make room, remembered by name so that a batch of one is refused
+/// at once rather than left waiting for predecessors that were stored before.
+const MAX_FORGOTTEN: usize = 1024;
 
 #[derive(Default)]
 pub(crate) struct BatchOrder {
@@ -44,8 +48,10 @@ pub(crate) struct BatchOrder {
 #[derive(Default)]
 struct Sessions {
     by_name: HashMap<String, Turns>,
-    /// Batches admitted and not released, over all sessions.
-    admitted: usize,
+    /// Batches admitted behind another and not released, over all sessions.
+    waiting: usize,
+    /// Sessions forgotten, oldest first.
+    forgotten: std::collections::VecDeque<String>,
 }
 
 struct Turns {
@@ -85,7 +91,33 @@ impl BatchOrder {
             Err(Status::failed_precondition(format!("batch {seq} of session {session:?}: {why}: start a new session")))
         };
         let mut all = self.sessions.lock();
-        if all.admitted >= MAX_WAITING {
+        let (stored, failed) = match all.by_name.get(session) {
+            Some(t) => {
+                if t.admitted.contains(&seq) {
+                    return refuse("its number was taken already".into());
+                }
+                (t.stored, t.fails(seq))
+            }
+            None if all.forgotten.iter().any(|f| f == session) => {
+                return refuse("the session was forgotten to make room for others".into())
+            }
+            None => (0, false),
+        };
+        if failed {
+            return refuse("a batch before it failed".into());
+        }
+        if seq <= stored {
+            return refuse("its number was taken already".into());
+        }
+        if seq - stored > MAX_IN_FLIGHT {
+            return refuse(format!(
+                "{} batches ahead of the last stored ({stored}), at most {MAX_IN_FLIGHT}",
+                seq - stored
+            ));
+        }
+        // Only a batch behind another of its session waits (and holds its samples).
+        let waits = seq > stored + 1;
+        if waits && all.waiting >= MAX_WAITING {
             return Err(Status::unavailable(format!(
                 "{MAX_WAITING} batches are waiting for the batches before them: send this one again later"
             )));
@@ -98,32 +130,27 @@ impl BatchOrder {
                 )));
             };
             all.by_name.remove(&oldest);
+            if all.forgotten.len() >= MAX_FORGOTTEN {
+                all.forgotten.pop_front();
+            }
+            all.forgotten.push_back(oldest);
         }
         let t = all.by_name.entry(session.to_string()).or_insert_with(Turns::new);
         t.used = Instant::now();
-        if t.fails(seq) {
-            return refuse("a batch before it failed".into());
-        }
-        if seq <= t.stored || t.admitted.contains(&seq) {
-            return refuse("its number was taken already".into());
-        }
-        if seq - t.stored > MAX_IN_FLIGHT {
-            return refuse(format!(
-                "{} batches ahead of the last stored ({}), at most {MAX_IN_FLIGHT}",
-                seq - t.stored,
-                t.stored
-            ));
-        }
         t.admitted.insert(seq);
         let changed = t.changed.clone();
-        all.admitted += 1;
-        Ok(Admitted { order: self.clone(), session: session.to_string(), seq, changed, done: None })
+        if waits {
+            all.waiting += 1;
+        }
+        Ok(Admitted { order: self.clone(), session: session.to_string(), seq, changed, waits, done: None })
     }
 
     /// Ends batch `seq`'s admission: stored, or failed (with every later one).
-    fn release(&self, session: &str, seq: u64, stored: bool) {
+    fn release(&self, session: &str, seq: u64, waited: bool, stored: bool) {
         let mut all = self.sessions.lock();
-        all.admitted = all.admitted.saturating_sub(1);
+        if waited {
+            all.waiting = all.waiting.saturating_sub(1);
+        }
         if let Some(t) = all.by_name.get_mut(session) {
             t.admitted.remove(&seq);
             if stored {
@@ -153,6 +180,8 @@ pub(crate) struct Admitted {
     session: String,
     seq: u64,
     changed: Arc<Notify>,
+    /// It was admitted behind another batch of its session (counted as waiting).
+    waits: bool,
     /// Set once the outcome is recorded.
     done: Option<bool>,
 }
@@ -193,7 +222,7 @@ impl Admitted {
 
 impl Drop for Admitted {
     fn drop(&mut self) {
-        self.order.release(&self.session, self.seq, self.done == Some(true));
+        self.order.release(&self.session, self.seq, self.waits, self.done == Some(true));
     }
 }
 
@@ -260,11 +289,13 @@ mod tests {
         let order = Arc::new(BatchOrder::default());
         let r = order.admit("s", 2).unwrap().turn_within(Duration::from_millis(50)).await;
         assert_eq!(code(r), Err(tonic::Code::Unavailable));
-        // What waits is bounded over all sessions, and released when done.
-        let held: Vec<_> = (0..MAX_WAITING).map(|i| order.admit(&format!("w{i}"), 1).unwrap()).collect();
-        assert_eq!(code(order.admit("one-more", 1)), Err(tonic::Code::Unavailable));
-        drop(held);
+        // What waits is bounded over all sessions, and released when done; a batch next in
+        // its session's order never waits, and is not counted.
+        let held: Vec<_> = (0..MAX_WAITING).map(|i| order.admit(&format!("w{i}"), 2).unwrap()).collect();
+        assert_eq!(code(order.admit("one-more", 2)), Err(tonic::Code::Unavailable));
         order.admit("one-more", 1).unwrap().turn().await.unwrap().stored();
+        drop(held);
+        order.admit("one-more", 2).unwrap().turn().await.unwrap().stored();
     }
 
     /// A session with a batch in flight is never forgotten to make room for another.
@@ -278,5 +309,14 @@ mod tests {
         // Room was made by forgetting idle sessions, not the busy one.
         held.turn().await.unwrap().stored();
         order.admit("busy", 2).unwrap().turn().await.unwrap().stored();
+        // A forgotten session's next batch is refused at once, not left waiting for
+        // predecessors stored before it was forgotten.
+        let r = tokio::time::timeout(Duration::from_secs(5), async { code(order.admit("idle0", 2)) }).await;
+        assert_eq!(r, Ok(Err(tonic::Code::FailedPrecondition)));
+        // A refused batch makes no entry: a name that is never admitted forgets nobody.
+        for i in 0..2 * MAX_SESSIONS {
+            assert!(order.admit(&format!("junk{i}"), 1 + MAX_IN_FLIGHT + 1).is_err());
+        }
+        order.admit("busy", 3).unwrap().turn().await.unwrap().stored();
     }
 }

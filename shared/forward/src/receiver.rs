@@ -337,12 +337,6 @@ impl ForwardReceiver {
                 "open chunks of {open_total} samples in one batch, at most {MAX_BATCH_OPEN_SAMPLES}"
             )));
         }
-        if req.session.len() > MAX_SESSION_NAME {
-            return Err(Status::invalid_argument(format!(
-                "a session name of {} bytes, at most {MAX_SESSION_NAME}",
-                req.session.len()
-            )));
-        }
         if req.metadata.len() > MAX_BATCH_METADATA {
             return Err(Status::invalid_argument(format!(
                 "{} metadata entries in one batch, at most {MAX_BATCH_METADATA}",

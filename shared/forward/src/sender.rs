@@ -506,9 +506,9 @@ impl<U: Upstream> Forwarder<U> {
                         "forward: the upstream refuses a batch for good: its samples are dropped for this upstream"
                     );
                     cursor = self.advance(cursor, &batch).await?;
-                    if !in_flight.is_empty() {
-                        // The batches after it were refused with it (the upstream fails a
-                        // session's later batches): a new session sends them again.
+                    if depth > 1 {
+                        // An upstream that orders a session's batches fails those after
+                        // a refused one: a new session sends them (and the next) again.
                         return Ok(SessionEnd::Rotate);
                     }
                     continue;

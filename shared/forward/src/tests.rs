@@ -268,6 +268,7 @@ async fn numbered_batches_are_stored_in_order_whatever_order_they_arrive_in() {
         async move { later.push(b).await.map(|r| r.into_inner().appended).map_err(|e| e.code()) }
     });
     tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!second.is_finished(), "batch 2 was answered before batch 1 came");
     let mut first = batch("bad", 1, true, now);
     first.series[0].labels[0].name = "job".into();
     assert_eq!(c.push(first).await.map(|_| ()).map_err(|e| e.code()), Err(tonic::Code::InvalidArgument));
