@@ -111,7 +111,7 @@ impl Backlog {
                 // Chunks were made samples above.
                 WalRecord::Metadata { .. } | WalRecord::Chunk { .. } => {}
                 WalRecord::Samples(samples) => {
-                    for (r, s) in samples.into_iter().skip(skip_here) {
+                    for &(r, s) in samples.iter().skip(skip_here) {
                         let Some(e) = by_ref.get(r).and_then(|i| entries.entries.get_mut(i)) else {
                             scanned.unnamed += 1;
                             continue;
@@ -128,6 +128,7 @@ impl Backlog {
                             e.samples = e.samples.map(|n| n + 1);
                         }
                     }
+                    reader.recycle(samples);
                 }
             }
         }

@@ -199,7 +199,15 @@ impl WalRecord {
         out.extend_from_slice(&payload);
     }
 
+    #[cfg(test)]
     fn decode(ty: u8, payload: &[u8]) -> Option<WalRecord> {
+        Self::decode_into(ty, payload, &mut Vec::new())
+    }
+
+    /// [`decode`](Self::decode), a samples record decoded into `spare` (cleared first): a
+    /// reader that hands each record's samples back ([`WalReader::recycle`]) allocates them
+    /// once, not once per record (a record may hold a million samples).
+    fn decode_into(ty: u8, payload: &[u8], spare: &mut Vec<(SeriesRef, Sample)>) -> Option<WalRecord> {
         let mut d = Dec::new(payload);
         let rec = match ty {
             REC_SERIES => {
@@ -227,8 +235,8 @@ impl WalRecord {
                 }
                 WalRecord::Samples(v)
             }
-            REC_SAMPLES_COMPACT => WalRecord::Samples(decode_samples(&mut d, false)?),
-            REC_SAMPLES_DECIMAL => WalRecord::Samples(decode_samples(&mut d, true)?),
+            REC_SAMPLES_COMPACT => WalRecord::Samples(decode_samples(&mut d, false, spare)?),
+            REC_SAMPLES_DECIMAL => WalRecord::Samples(decode_samples(&mut d, true, spare)?),
             REC_SAMPLES_SNAPPY => {
                 // The length is checked before anything is allocated: damage never asks
                 // for more than a record may hold.
@@ -237,7 +245,7 @@ impl WalRecord {
                 let got = snap::raw::Decoder::new().decompress(payload, &mut raw).ok()?;
                 raw.truncate(got);
                 let mut inner = Dec::new(&raw);
-                let v = decode_samples(&mut inner, false)?;
+                let v = decode_samples(&mut inner, false, spare)?;
                 return (inner.i == raw.len()).then_some(WalRecord::Samples(v));
             }
             REC_CHUNK => {
@@ -312,13 +320,19 @@ fn unzigzag(z: u64) -> i64 {
 
 /// Decodes [`encode_samples`]' payload; `decimals: false` reads the earlier form, whose
 /// first value form is a whole number without a scale.
-fn decode_samples(d: &mut Dec, decimals: bool) -> Option<Vec<(SeriesRef, Sample)>> {
+fn decode_samples(
+    d: &mut Dec,
+    decimals: bool,
+    spare: &mut Vec<(SeriesRef, Sample)>,
+) -> Option<Vec<(SeriesRef, Sample)>> {
     let n = d.uvarint()? as usize;
     // Every sample takes at least three bytes: a count past that is damage.
     if n > d.b.len().saturating_sub(d.i) / 3 + 1 {
         return None;
     }
-    let mut v = Vec::with_capacity(n);
+    let mut v = std::mem::take(spare);
+    v.clear();
+    v.reserve(n);
     let (mut r, mut t) = (0u64, 0i64);
     for _ in 0..n {
         r = r.wrapping_add(d.varint()? as u64);
@@ -390,6 +404,8 @@ pub struct SegmentReader {
     data: Vec<u8>,
     base: usize,
     pos: usize,
+    /// A samples record's vector handed back, for the next one.
+    spare: Vec<(SeriesRef, Sample)>,
 }
 
 pub enum ReadOutcome {
@@ -419,9 +435,16 @@ impl SegmentReader {
         let mut data = Vec::new();
         if magic == Some(true) {
             f.seek(SeekFrom::Start(base as u64)).map_err(io_err(path))?;
+            // Sized from the file up front: grown by doubling, a segment's bytes would be
+            // copied again at each step (into fresh pages, with an allocator that does not
+            // remap).
+            let len = f.metadata().map_err(io_err(path))?.len();
+            let want = len.min(end).saturating_sub(base as u64);
+            // (A reservation only: a file past a gigabyte is not taken at its word.)
+            data.reserve_exact(usize::try_from(want.min(1 << 30)).unwrap_or(0));
             f.take(end.saturating_sub(base as u64)).read_to_end(&mut data).map_err(io_err(path))?;
         }
-        Ok(SegmentReader { path: path.to_path_buf(), magic, data, base, pos: 0 })
+        Ok(SegmentReader { path: path.to_path_buf(), magic, data, base, pos: 0, spare: Vec::new() })
     }
 
     pub fn path(&self) -> &Path {
@@ -480,7 +503,7 @@ impl SegmentReader {
             self.pos = start + 8 + len as usize;
             return None;
         }
-        match WalRecord::decode(body[0], &body[1..]) {
+        match WalRecord::decode_into(body[0], &body[1..], &mut self.spare) {
             Some(r) => {
                 self.pos = start + 8 + len as usize;
                 Some(ReadOutcome::Record(r))
@@ -831,6 +854,14 @@ pub struct WalReader {
 impl WalReader {
     pub fn new(dir: &Path, from: WalCursor) -> Self {
         WalReader { dir: dir.to_path_buf(), cursor: from, current: None }
+    }
+
+    /// Hands a samples record's vector back, so the next samples record is decoded into
+    /// it rather than into a new allocation.
+    pub fn recycle(&mut self, samples: Vec<(SeriesRef, Sample)>) {
+        if let Some(r) = self.current.as_mut() {
+            r.spare = samples;
+        }
     }
 
     pub fn cursor(&self) -> WalCursor {
