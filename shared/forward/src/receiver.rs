@@ -289,6 +289,7 @@ impl ForwardReceiver {
         Ok(late)
     }
 
+    /// Refuses every batch once storing failed (see [`broken`](Self::broken)).
     fn storage_failed(&self) -> Result<(), Status> {
         if self.failed.load(std::sync::atomic::Ordering::SeqCst) {
             return Err(Status::unavailable(

@@ -250,25 +250,22 @@ async fn numbered_batches_are_stored_in_order_whatever_order_they_arrive_in() {
         seq,
         ..Default::default()
     };
-    let mut later = c.clone();
-    let second = tokio::spawn({
-        let b = batch("ok", 2, false, now + 1);
-        async move { later.push(b).await.map(|r| r.into_inner().appended).map_err(|e| e.to_string()) }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!second.is_finished(), "batch 2 was answered before batch 1 came");
+    // Batch 2 of a session, pushed first: it must still be waiting 200 ms later.
+    type Answer = tokio::task::JoinHandle<Result<u64, tonic::Code>>;
+    async fn pushed_first(mut client: ForwardClient<tonic::transport::Channel>, b: pb::PushRequest) -> Answer {
+        let second =
+            tokio::spawn(async move { client.push(b).await.map(|r| r.into_inner().appended).map_err(|e| e.code()) });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(!second.is_finished(), "batch 2 was answered before batch 1 came");
+        second
+    }
+    let second = pushed_first(c.clone(), batch("ok", 2, false, now + 1)).await;
     assert_eq!(c.push(batch("ok", 1, true, now)).await.unwrap().into_inner().appended, 1);
     assert_eq!(second.await.unwrap(), Ok(1));
     let stored = all(&regional.db).into_iter().find(|(l, _)| l.contains("m_ok")).map(|(_, s)| s.len());
     assert_eq!(stored, Some(2));
     // Batch 1 refused (a series without a metric name): batch 2, waiting, fails with it.
-    let mut later = c.clone();
-    let second = tokio::spawn({
-        let b = batch("bad", 2, false, now + 1);
-        async move { later.push(b).await.map(|r| r.into_inner().appended).map_err(|e| e.code()) }
-    });
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(!second.is_finished(), "batch 2 was answered before batch 1 came");
+    let second = pushed_first(c.clone(), batch("bad", 2, false, now + 1)).await;
     let mut first = batch("bad", 1, true, now);
     first.series[0].labels[0].name = "job".into();
     assert_eq!(c.push(first).await.map(|_| ()).map_err(|e| e.code()), Err(tonic::Code::InvalidArgument));
