@@ -173,8 +173,22 @@ pub struct RawForward {
     pub batch_samples: Option<usize>,
     /// TLS to the regional (`https`), with a client certificate when it asks for one.
     pub tls_config: Option<RawForwardTls>,
-    /// Gzip the batches (default true; off saves CPU on a fast link).
+    /// How batches are compressed: `zstd` (the default; gzip to a regional that does not
+    /// take zstd), `gzip` or `none` (saves CPU on a fast link).
+    pub compression: Option<strata_forward::BatchCompression>,
+    /// The older key: `false` is `compression: none`.
     pub gzip: Option<bool>,
+}
+
+impl RawForward {
+    /// `compression`, or the older `gzip: false` (none); zstd when neither is set.
+    pub fn batch_compression(&self) -> strata_forward::BatchCompression {
+        match (self.compression, self.gzip) {
+            (Some(c), _) => c,
+            (None, Some(false)) => strata_forward::BatchCompression::None,
+            (None, _) => strata_forward::BatchCompression::default(),
+        }
+    }
 }
 
 /// One `remote_write` entry, with Prometheus' keys.
@@ -670,9 +684,26 @@ mod forward_tests {
             "    - address: ftp://r:1\n",
             "    - address: ''\n",
             "    - address: r:9492\n      batch_samples: 0\n",
+            "    - address: r:9492\n      compression: brotli\n",
         ] {
             assert!(load(bad).is_err(), "accepted: {bad}");
         }
+    }
+
+    /// zstd by default; `compression` says otherwise, and the older `gzip: false` still
+    /// means none.
+    #[test]
+    fn batch_compression_defaults_to_zstd_and_the_older_key_still_works() {
+        use strata_forward::BatchCompression;
+        let of = |extra: &str| {
+            load(&format!("    - address: r:9492\n{extra}")).unwrap().strata.forward[0].batch_compression()
+        };
+        assert_eq!(of(""), BatchCompression::Zstd);
+        assert_eq!(of("      compression: gzip\n"), BatchCompression::Gzip);
+        assert_eq!(of("      compression: none\n"), BatchCompression::None);
+        assert_eq!(of("      gzip: false\n"), BatchCompression::None);
+        assert_eq!(of("      gzip: true\n"), BatchCompression::Zstd);
+        assert_eq!(of("      gzip: false\n      compression: zstd\n"), BatchCompression::Zstd);
     }
 }
 

@@ -269,7 +269,7 @@ async fn spawn_forwarders(
         if let Some(n) = f.batch_samples {
             o.batch_samples = n;
         }
-        o.gzip = f.gzip.unwrap_or(true);
+        o.compression = f.batch_compression();
         if let Some(t) = &f.tls_config {
             let files = strata_grpc::ClientTlsFiles {
                 ca: t.ca_file.clone(),

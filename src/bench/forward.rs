@@ -3,7 +3,7 @@
 //! process on loopback. Prints the catch-up time against the outage (the goal is at least
 //! 20× real time), samples per second, the CPU each side spent per million samples (the
 //! edge's forwarder in this process, the regional from `/proc`), and the bytes per sample
-//! of the batches (protobuf, before gzip).
+//! of the batches (protobuf, before compression).
 
 use super::vs_prometheus::{free_port, proc_stats, wait_ready};
 use std::sync::Arc;
@@ -74,7 +74,7 @@ pub async fn run(
     before: u64,
     interval: u64,
     batch: usize,
-    gzip: bool,
+    compression: strata_forward::BatchCompression,
     from_wal: bool,
     in_flight: usize,
 ) -> anyhow::Result<()> {
@@ -93,7 +93,7 @@ pub async fn run(
     let holds = WalHolds::new(edge.clone());
     let mut o = ForwarderOptions::new(&format!("127.0.0.1:{grpc}"));
     o.batch_samples = batch;
-    o.gzip = gzip;
+    o.compression = compression;
     o.max_in_flight = in_flight;
     if from_wal {
         o.storage_backlog_bytes = u64::MAX;
@@ -178,6 +178,9 @@ pub async fn run(
     let took = started.elapsed().as_secs_f64();
     scraping.abort();
     let (me1, r1) = (proc_stats(std::process::id())?, proc_stats(rpid)?);
+    // The session's connection was opened for the catch-up: all it carried is the backlog
+    // and the fresh scrapes.
+    let wire = bytes_received_on(grpc);
     let fresh_written = fresh.load(std::sync::atomic::Ordering::SeqCst);
     let db = edge.clone();
     let wal_after = tokio::task::spawn_blocking(move || db.maintain().map(|_| db.wal_disk_bytes())).await??;
@@ -232,8 +235,21 @@ pub async fn run(
         stats.batches_acked.get()
     );
     println!(
-        "  batch bytes per sample (protobuf, before gzip): {:.2}",
-        stats.sent_bytes.get() as f64 / (total + fresh_written) as f64
+        "  bytes per sample: {:.2} in the batches (protobuf), {} on the wire ({compression:?}, the regional's TCP payload)",
+        stats.sent_bytes.get() as f64 / (total + fresh_written) as f64,
+        wire.map_or("unknown".to_string(), |b| format!("{:.2}", b as f64 / (total + fresh_written) as f64))
     );
     Ok(())
+}
+
+/// The payload bytes the connections open to local port `port` have received (the
+/// kernel's `tcp_info`, through `ss`); `None` when `ss` is missing.
+fn bytes_received_on(port: u16) -> Option<u64> {
+    let out = std::process::Command::new("ss")
+        .args(["-tinH", "state", "established", &format!("( sport = :{port} )")])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let counts = text.split_whitespace().filter_map(|w| w.strip_prefix("bytes_received:")?.parse::<u64>().ok());
+    Some(counts.sum())
 }

@@ -147,9 +147,10 @@ pub enum BenchCommand {
         /// Samples per forwarded batch (the edge's default).
         #[arg(long, default_value_t = 200_000)]
         batch: usize,
-        /// Send batches uncompressed (the edge's `gzip: false`).
-        #[arg(long)]
-        no_gzip: bool,
+        /// How batches are compressed: zstd (the edge's default), gzip (earlier versions'),
+        /// none.
+        #[arg(long, default_value = "zstd")]
+        compression: String,
         /// Read the backlog from the WAL, record by record, as for an upstream only a
         /// little behind (the anchor for the backlog from storage).
         #[arg(long)]
@@ -334,8 +335,14 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::WalDay { file, edge_binary, vm, keep, ingest_only } => {
             wal_day::run(file, edge_binary, vm, keep, ingest_only).await
         }
-        BenchCommand::Forward { series, seconds, before, interval, batch, no_gzip, from_wal, in_flight } => {
-            forward::run(series, seconds, before, interval, batch, !no_gzip, from_wal, in_flight).await
+        BenchCommand::Forward { series, seconds, before, interval, batch, compression, from_wal, in_flight } => {
+            let compression = match compression.as_str() {
+                "zstd" => strata_forward::BatchCompression::Zstd,
+                "gzip" => strata_forward::BatchCompression::Gzip,
+                "none" => strata_forward::BatchCompression::None,
+                other => anyhow::bail!("--compression {other}: zstd, gzip or none"),
+            };
+            forward::run(series, seconds, before, interval, batch, compression, from_wal, in_flight).await
         }
         BenchCommand::AlertLatency { nodes, prometheus, alertmanager } => {
             alert_latency::run(nodes, &prometheus, &alertmanager).await

@@ -41,7 +41,9 @@ pub use receiver::{samples_of, Arrivals, ForwardReceiver, ReceiverStats, ResultL
 pub use sender::{Forwarder, ForwarderOptions};
 pub use senders::Senders;
 pub use strata_proto::forward as pb;
-pub use upstream::{Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession};
+pub use upstream::{
+    BatchCompression, Greeting, GrpcSession, GrpcUpstream, PushAck, PushError, Upstream, UpstreamSession,
+};
 pub use watermarks::Watermarks;
 
 /// The maps on the forwarding paths, keyed by labels and references from the edge's own

@@ -223,10 +223,11 @@ impl ForwardReceiver {
         self.stats.clone()
     }
 
-    /// The tonic service, with the StoreAPI's message bound and gzip both ways.
+    /// The tonic service, with the StoreAPI's message bound, gzip both ways and zstd taken.
     pub fn into_server(self) -> ForwardServer<ForwardReceiver> {
         ForwardServer::new(self)
             .accept_compressed(CompressionEncoding::Gzip)
+            .accept_compressed(CompressionEncoding::Zstd)
             .send_compressed(CompressionEncoding::Gzip)
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
     }
@@ -635,6 +636,7 @@ impl Forward for ForwardReceiver {
             takes_chunks: true,
             takes_open_chunks: true,
             max_in_flight: MAX_IN_FLIGHT as u32,
+            takes_zstd: true,
         }))
     }
 

@@ -4,7 +4,7 @@
 use crate::backlog::Backlog;
 use crate::conversion::{backlog_from_storage, everything_backlog, remove_backlogs_but, Stored, Until};
 use crate::source::{At, BacklogAt, Batch, ReadError, WalSource};
-use crate::upstream::{GrpcUpstream, PushError, Upstream, UpstreamSession};
+use crate::upstream::{BatchCompression, GrpcUpstream, PushError, Upstream, UpstreamSession};
 use crate::{Cursor, CursorFile, ForwardError, ForwarderStats, WalHolds, MAX_BATCH_SAMPLES};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,8 +22,8 @@ pub struct ForwarderOptions {
     /// For [`Forwarder::new`]'s gRPC upstream: `http://host:port`, or `https://` with `tls`.
     pub endpoint: String,
     pub tls: Option<ClientTlsConfig>,
-    /// For the gRPC upstream: gzip batches (the receiver takes both).
-    pub gzip: bool,
+    /// For the gRPC upstream: how batches are compressed.
+    pub compression: BatchCompression,
     /// Samples per batch (the upstream may ask for fewer).
     pub batch_samples: usize,
     /// Added to every series: replacing a label of the same name the series has (the
@@ -62,7 +62,7 @@ impl ForwarderOptions {
             upstream: upstream.to_string(),
             endpoint,
             tls: None,
-            gzip: true,
+            compression: BatchCompression::default(),
             batch_samples: 200_000,
             external_labels: Labels::default(),
             series_labels_win: false,
@@ -113,7 +113,7 @@ impl Forwarder<GrpcUpstream> {
         let upstream = GrpcUpstream {
             endpoint: opts.endpoint.clone(),
             tls: opts.tls.clone(),
-            gzip: opts.gzip,
+            compression: opts.compression,
             timeout: opts.timeout,
             external_labels: opts.external_labels.clone(),
             max_in_flight: opts.max_in_flight,

@@ -557,17 +557,25 @@ async fn a_backlog_older_than_the_regionals_head_is_stored_not_refused() {
 
 /// Serves `service` as the `Forward` gRPC service on a free loopback port until aborted.
 async fn serve_forward(service: impl pb::forward_server::Forward) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    serve_forward_taking(service, true).await
+}
+
+/// [`serve_forward`], taking batches compressed with zstd only when `zstd` (an older
+/// regional takes gzip alone).
+async fn serve_forward_taking(
+    service: impl pb::forward_server::Forward,
+    zstd: bool,
+) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+    use tonic::codec::CompressionEncoding;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let mut service = pb::forward_server::ForwardServer::new(service).accept_compressed(CompressionEncoding::Gzip);
+    if zstd {
+        service = service.accept_compressed(CompressionEncoding::Zstd);
+    }
     let server = tokio::spawn(async move {
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-        let _ = tonic::transport::Server::builder()
-            .add_service(
-                pb::forward_server::ForwardServer::new(service)
-                    .accept_compressed(tonic::codec::CompressionEncoding::Gzip),
-            )
-            .serve_with_incoming(incoming)
-            .await;
+        let _ = tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming).await;
     });
     (addr, server)
 }
@@ -592,6 +600,7 @@ async fn a_batch_refused_for_good_is_dropped_and_counted_after_three_tries() {
                 takes_chunks: true,
                 takes_open_chunks: true,
                 max_in_flight: 4,
+                takes_zstd: false,
             }))
         }
         async fn push(
@@ -932,9 +941,11 @@ async fn a_regional_that_refuses_chunks_gets_samples_and_nothing_is_dropped() {
             &self,
             r: tonic::Request<pb::HelloRequest>,
         ) -> Result<tonic::Response<pb::HelloResponse>, tonic::Status> {
-            // Older than open chunks too.
+            // Older than open chunks and zstd too: it is served taking gzip only, so a
+            // batch sent as zstd would fail.
             let mut h = self.0.hello(r).await?;
             h.get_mut().takes_open_chunks = false;
+            h.get_mut().takes_zstd = false;
             Ok(h)
         }
         async fn push(
@@ -954,7 +965,7 @@ async fn a_regional_that_refuses_chunks_gets_samples_and_nothing_is_dropped() {
     let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let regional_db = Arc::new(Tsdb::open(r.path(), TsdbOptions::default()).unwrap());
     let receiver = ForwardReceiver::new(regional_db.clone(), StorageId::load_or_create(r.path()).unwrap());
-    let (addr, server) = serve_forward(Older(receiver)).await;
+    let (addr, server) = serve_forward_taking(Older(receiver), false).await;
     let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
     let holds = WalHolds::new(edge.clone());
     // First contact: everything goes as a backlog from storage, as chunks at first.

@@ -67,13 +67,26 @@ pub trait UpstreamSession: Send {
     fn push(&mut self, batch: pb::PushRequest) -> impl Future<Output = Result<PushAck, PushError>> + Send + 'static;
 }
 
+/// How forwarded batches are compressed on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BatchCompression {
+    /// zstd where the regional says it takes it, gzip otherwise: zstd compresses a batch
+    /// several times faster than gzip, to fewer bytes.
+    #[default]
+    Zstd,
+    Gzip,
+    /// For a link faster than the CPU.
+    None,
+}
+
 /// A regional's `Forward` gRPC service.
 pub struct GrpcUpstream {
     /// `http://host:port`, or `https://` with `tls`.
     pub endpoint: String,
     pub tls: Option<ClientTlsConfig>,
-    /// Gzip batches (the receiver takes both): on for links slower than the CPU.
-    pub gzip: bool,
+    /// How batches are compressed (the receiver takes each).
+    pub compression: BatchCompression,
     /// For each call; a push also waits for the batches in flight before it.
     pub timeout: Duration,
     /// Sent in `Hello`.
@@ -93,7 +106,11 @@ impl GrpcUpstream {
         }
         let ch = ep.connect().await.map_err(|e| format!("connecting: {e}"))?;
         let client = ForwardClient::new(ch).accept_compressed(CompressionEncoding::Gzip);
-        let client = if self.gzip { client.send_compressed(CompressionEncoding::Gzip) } else { client };
+        // `Hello` goes as gzip, which every regional takes; its answer says whether zstd is.
+        let client = match self.compression {
+            BatchCompression::None => client,
+            BatchCompression::Gzip | BatchCompression::Zstd => client.send_compressed(CompressionEncoding::Gzip),
+        };
         Ok(client.max_decoding_message_size(MAX_MESSAGE_BYTES).max_encoding_message_size(MAX_MESSAGE_BYTES))
     }
 }
@@ -109,6 +126,9 @@ impl Upstream for GrpcUpstream {
             .map_err(|_| format!("hello: no answer in {:?}", self.timeout))?
             .map_err(|s| format!("hello: {}", s.message()))?
             .into_inner();
+        if self.compression == BatchCompression::Zstd && hello.takes_zstd {
+            client = client.send_compressed(CompressionEncoding::Zstd);
+        }
         // An older regional says 0: one at a time.
         let in_flight = u64::from(hello.max_in_flight).min(self.max_in_flight as u64).max(1);
         let greeting = Greeting {
