@@ -333,6 +333,7 @@ impl Global {
                     "global",
                     query_store.clone(),
                     db.clone(),
+                    None,
                     rule_opts,
                     shutdown_rx.clone(),
                 )

@@ -206,7 +206,7 @@ impl Regional {
         let receive = Arc::new(strata_receive::ReceiveMetrics::default());
         receive.register(&mut registry);
         let mut remote_write = strata_receive::RemoteWrite::new(db.clone(), receive.clone(), Default::default());
-        if let Some(f) = arrivals_hook {
+        if let Some(f) = arrivals_hook.clone() {
             remote_write = remote_write.with_on_stored(f);
         }
         let remote_write = Arc::new(remote_write);
@@ -243,7 +243,8 @@ impl Regional {
         let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
         let mut rule_opts = opts.rules.clone();
         rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
-        let tier_rules = rules::start(&cfg, db.clone(), replicas, rule_opts, shutdown_rx.clone())
+        // Rule output stored behind windows already computed has them computed again.
+        let tier_rules = rules::start(&cfg, db.clone(), replicas, arrivals_hook, rule_opts, shutdown_rx.clone())
             .await
             .map_err(RegionalError::Rules)?;
         let rules = tier_rules.as_ref().map(|r| r.manager().clone());

@@ -22,6 +22,7 @@ pub async fn start(
     cfg: &RegionalConfig,
     db: Arc<Tsdb>,
     replicas: Vec<String>,
+    on_stored: Option<strata_rules::tier::OnStored>,
     opts: RuleOptions,
     stopped: tokio::sync::watch::Receiver<bool>,
 ) -> Result<Option<Arc<TierRules>>, String> {
@@ -30,7 +31,7 @@ pub async fn start(
     let store = Arc::new(strata_dedup::ReplicaDedup::new(raw, replicas));
     let read: strata_rules::tier::ReadConfig =
         Arc::new(|p| RegionalConfig::load(p).map(|c| c.rules_config()).map_err(|e| e.to_string()));
-    TierRules::start(cfg.rules_config(), read, "regional", store, db, opts, stopped).await
+    TierRules::start(cfg.rules_config(), read, "regional", store, db, on_stored, opts, stopped).await
 }
 
 #[derive(Clone)]

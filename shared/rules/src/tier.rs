@@ -77,22 +77,33 @@ impl RulesConfig {
 /// Reads the tier's configuration file again (its own format) for a reload.
 pub type ReadConfig = Arc<dyn Fn(&Path) -> Result<RulesConfig, String> + Send + Sync>;
 
+/// Told what a write stored: by whom (`rules`) and over which times (`min_t`, `max_t`).
+/// A regional's downsampler marks the windows already computed there to compute again,
+/// since a rule's output may land behind them (`query_offset`, a group evaluated late).
+pub type OnStored = Arc<dyn Fn(&str, i64, i64) -> Result<(), String> + Send + Sync>;
+
 /// Rule output into a database, the external labels added where a result lacks them.
 pub struct TsdbSink {
     db: Arc<Tsdb>,
     external: Labels,
+    on_stored: Option<OnStored>,
 }
 
 impl TsdbSink {
     pub fn new(db: Arc<Tsdb>, external: Labels) -> Self {
-        TsdbSink { db, external }
+        TsdbSink { db, external, on_stored: None }
+    }
+
+    pub fn with_on_stored(mut self, f: Option<OnStored>) -> Self {
+        self.on_stored = f;
+        self
     }
 }
 
 #[async_trait]
 impl RuleSink for TsdbSink {
     async fn append(&self, samples: Vec<(Labels, Sample)>) -> Result<usize, String> {
-        let (db, external) = (self.db.clone(), self.external.clone());
+        let (db, external, on_stored) = (self.db.clone(), self.external.clone(), self.on_stored.clone());
         tokio::task::spawn_blocking(move || {
             let mut batch = Vec::with_capacity(samples.len());
             // A series storage will not create (its series limit reached) refuses its
@@ -111,6 +122,12 @@ impl RuleSink for TsdbSink {
                 }
             }
             let out = db.commit(&batch).map_err(|e| e.to_string())?;
+            let times = batch.iter().map(|(_, s)| s.t);
+            if let (Some(f), Some(lo), Some(hi)) = (&on_stored, times.clone().min(), times.max()) {
+                // The samples are stored; windows computed over them must be told, or
+                // they would answer without them.
+                f("rules", lo, hi).map_err(|e| format!("rule output stored, but recording it failed: {e}"))?;
+            }
             Ok(out.rejected.len() + refused)
         })
         .await
@@ -138,13 +155,16 @@ impl TierRules {
     /// none): loads them (an error at start is fatal, as in Prometheus) and runs their
     /// groups over `query`, writing into `db`, whose raw series are where `for` state is
     /// read back after a restart (with every external label, a replica label included).
-    /// SIGHUP reloads until `stopped` changes.
+    /// SIGHUP reloads until `stopped` changes. `on_stored` is told what each write of
+    /// rule output stored.
+    #[allow(clippy::too_many_arguments)]
     pub async fn start(
         cfg: RulesConfig,
         read: ReadConfig,
         tier: &'static str,
         query: Arc<dyn Store>,
         db: Arc<Tsdb>,
+        on_stored: Option<OnStored>,
         mut opts: RuleOptions,
         stopped: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Option<Arc<TierRules>>, String> {
@@ -166,7 +186,7 @@ impl TierRules {
         if let Some(o) = cfg.global.rule_query_offset {
             opts.default_query_offset = o.0;
         }
-        let sink = Arc::new(TsdbSink::new(db.clone(), external));
+        let sink = Arc::new(TsdbSink::new(db.clone(), external).with_on_stored(on_stored));
         let m = RuleManager::new(opts, cfg.rule_files.clone(), cfg.base(), query, sink, notifier, metrics);
         m.set_state_store(Arc::new(TsdbStore(db)));
         m.reload().await.map_err(joined)?;
@@ -238,5 +258,45 @@ pub async fn reload_answer(rules: Option<&TierRules>, lifecycle: bool, tier: &st
             Ok(()) => (200, "rules reloaded\n".into()),
             Err(msg) => (500, format!("failed to reload rules, the previous rules stay: {msg}\n")),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use strata_tsdb::db::TsdbOptions;
+
+    /// Rule output tells who stored what over which times, after it is stored (a
+    /// regional's downsampler computes those windows again); when that cannot be recorded,
+    /// the write fails loudly rather than leaving windows that lack it.
+    #[tokio::test]
+    async fn rule_output_says_what_it_stored_and_fails_when_that_cannot_be_recorded() {
+        let dir = tempfile::tempdir().unwrap();
+        let db = Arc::new(Tsdb::open(dir.path(), TsdbOptions::default()).unwrap());
+        let told: Arc<parking_lot::Mutex<Vec<(String, i64, i64)>>> = Arc::default();
+        let record = told.clone();
+        let on_stored: OnStored = Arc::new(move |who: &str, lo: i64, hi: i64| {
+            record.lock().push((who.to_string(), lo, hi));
+            Ok(())
+        });
+        let now = strata_model::time::now_ms();
+        let sink = TsdbSink::new(db.clone(), Labels::from_pairs([("region", "eu")])).with_on_stored(Some(on_stored));
+        let out = vec![
+            (Labels::from_pairs([("__name__", "job:up:sum"), ("job", "a")]), Sample::new(now - 60_000, 1.0)),
+            (Labels::from_pairs([("__name__", "job:up:sum"), ("job", "b")]), Sample::new(now - 180_000, 2.0)),
+        ];
+        assert_eq!(sink.append(out.clone()).await.unwrap(), 0);
+        assert_eq!(*told.lock(), vec![("rules".to_string(), now - 180_000, now - 60_000)]);
+        assert_eq!(db.head().num_series(), 2, "the output was not stored");
+
+        let failing: OnStored = Arc::new(|_: &str, _: i64, _: i64| Err("disk full".to_string()));
+        let sink = TsdbSink::new(db.clone(), Labels::default()).with_on_stored(Some(failing));
+        let later = vec![(out[0].0.clone(), Sample::new(now - 30_000, 3.0))];
+        let err = sink.append(later).await.unwrap_err();
+        assert!(err.contains("disk full"), "{err}");
+        // Nothing to record: not called.
+        let silent = TsdbSink::new(db, Labels::default())
+            .with_on_stored(Some(Arc::new(|_: &str, _: i64, _: i64| Err("called for nothing".to_string()))));
+        assert_eq!(silent.append(Vec::new()).await.unwrap(), 0);
     }
 }
