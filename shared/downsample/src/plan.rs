@@ -12,6 +12,8 @@
 //! the steps older than the raw data their holders keep. Each slice's resolution is recorded in the
 //! request's scope for `stats`.
 
+mod approx;
+
 use crate::leaf::{check, Grid, Leaf};
 use crate::range::RangeFn;
 use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
@@ -105,32 +107,7 @@ impl ResolutionPlanner {
             if cap.is_some_and(|c| c < width) || check(&leaf, &grid, width, Kept::ALL).is_err() {
                 continue;
             }
-            let holds = |t: &StoreTarget| t.resolutions.iter().find(|r| r.0 == width).copied();
-            let holders: Vec<&StoreTarget> = targets.iter().filter(|t| holds(t).is_some()).collect();
-            let covered = |t: &StoreTarget| {
-                holds(t).is_some()
-                    || (!t.label_sets.is_empty()
-                        && t.label_sets.iter().all(|l| holders.iter().any(|h| h.label_sets.contains(l))))
-            };
-            if !targets.iter().filter(|t| t.may_match(&sel.matchers, sel.start, sel.end)).all(covered) {
-                continue;
-            }
-            // A holder is weighed by the times its aggregates cover, not its raw data's: a
-            // range older than the raw data it keeps is what its aggregates are for.
-            let relevant: Vec<StoreTarget> = holders
-                .iter()
-                .filter(|t| {
-                    let Some((_, lo, hi)) = holds(t) else { return false };
-                    StoreTarget { min_time: lo, max_time: hi, ..StoreTarget::clone(t) }.may_match(
-                        &sel.matchers,
-                        sel.start,
-                        sel.end,
-                    )
-                })
-                .map(|t| (*t).clone())
-                .collect();
-            let (lo, hi) =
-                relevant.iter().filter_map(holds).fold((i64::MIN, i64::MAX), |(lo, hi), r| (lo.max(r.1), hi.min(r.2)));
+            let Some((relevant, lo, hi)) = holder_of(width, &sel, &targets) else { continue };
             // Before the oldest data any store holds, raw or aggregated, every window is
             // empty everywhere: the aggregates answer the steps that reach back there as
             // raw data would (the first hour of an archive, a `[1h]` range at its start).
@@ -138,6 +115,9 @@ impl ResolutionPlanner {
                 Some(oldest) if before_data && lo <= oldest => i64::MIN,
                 _ => lo,
             };
+            if lo > hi {
+                continue;
+            }
             // Raw data is there from the newest of the holders' oldest samples (a holder
             // keeps the raw data of everything it aggregates). A holder asked for no raw
             // time range (`(MIN, MIN)`: an archive with aggregates only, or whose raw data
@@ -151,11 +131,6 @@ impl ResolutionPlanner {
                     .max()
                     .unwrap_or(i64::MAX),
             };
-            // One holder: two (HA regionals) could each hold part of a series' windows,
-            // which the stitching below does not merge.
-            if relevant.len() != 1 || lo > hi {
-                continue;
-            }
             // Step i reads the windows ending in (from_i, E_i]: all must be covered.
             let reach = match leaf {
                 Leaf::Selector { lookback } => lookback,
@@ -236,6 +211,45 @@ impl ResolutionPlanner {
         }
         Some(out)
     }
+}
+
+/// The store holding the aggregates of `width` for the series `sel` selects, and the
+/// span they cover (their first window's start, their last's end; `lo > hi`: none), when it covers every
+/// store that may hold those series: it holds their aggregates itself, or they forward to
+/// it (their label sets are among its senders'). One holder only: two (HA regionals) could
+/// each hold part of a series' windows, which the stitching does not merge.
+pub(crate) fn holder_of(
+    width: i64,
+    sel: &SelectRequest,
+    targets: &[StoreTarget],
+) -> Option<(Vec<StoreTarget>, i64, i64)> {
+    let holds = |t: &StoreTarget| t.resolutions.iter().find(|r| r.0 == width).copied();
+    let holders: Vec<&StoreTarget> = targets.iter().filter(|t| holds(t).is_some()).collect();
+    let covered = |t: &StoreTarget| {
+        holds(t).is_some()
+            || (!t.label_sets.is_empty()
+                && t.label_sets.iter().all(|l| holders.iter().any(|h| h.label_sets.contains(l))))
+    };
+    if !targets.iter().filter(|t| t.may_match(&sel.matchers, sel.start, sel.end)).all(covered) {
+        return None;
+    }
+    // A holder is weighed by the times its aggregates cover, not its raw data's: a range
+    // older than the raw data it keeps is what its aggregates are for.
+    let relevant: Vec<StoreTarget> = holders
+        .iter()
+        .filter(|t| {
+            let Some((_, lo, hi)) = holds(t) else { return false };
+            StoreTarget { min_time: lo, max_time: hi, ..StoreTarget::clone(t) }.may_match(
+                &sel.matchers,
+                sel.start,
+                sel.end,
+            )
+        })
+        .map(|t| (*t).clone())
+        .collect();
+    let (lo, hi) =
+        relevant.iter().filter_map(holds).fold((i64::MIN, i64::MAX), |(lo, hi), r| (lo.max(r.1), hi.min(r.2)));
+    (relevant.len() == 1).then_some((relevant, lo, hi))
 }
 
 /// Runs the futures at once and gathers their outputs in order; `None` if one failed to
@@ -357,6 +371,10 @@ impl Store for ResolutionPlanner {
             }
         }
         if plain.is_empty() {
+            // Steps raw data no longer reaches: from the closest aggregates, said so.
+            if let Some(answer) = self.approximate(req, cap, &scope).await? {
+                return Ok(answer);
+            }
             return self.raw.steps(req).await;
         }
         Ok(self.answer_planned(req, plain, false, &scope).await?.flatten())
@@ -433,68 +451,82 @@ impl ResolutionPlanner {
             tracing::debug!(ms = started.elapsed().as_secs_f64() * 1e3, "holders answered");
             parts.push((seg.first, seg.last + 1 - seg.first, agg, seg.width));
         }
-        let leaf = leaf_text(req);
-        // One part for the whole grid (the usual case over older data): its answer as it is.
-        if let [(0, len, _, width)] = parts.as_slice() {
-            if *len == n {
-                let (width, end) = (*width, req.start + (n as i64 - 1) * req.step);
-                scope.used_resolution(ResolutionUsed { leaf, resolution: width, start: req.start, end });
-                let Some((_, _, mut whole, _)) = parts.pop() else { return Ok(Some(None)) };
+        Ok(Some(Some(stitch(req, n, parts, scope))))
+    }
+}
+
+/// Parts of a leaf's grid, each `(first step, steps, answer, resolution)`, as one answer
+/// over the whole grid, series (or groups) merged by labels; each part's resolution noted
+/// in `scope` for `stats`.
+pub(crate) fn stitch(
+    req: &StepsRequest,
+    n: usize,
+    mut parts: Vec<(usize, usize, Steps, i64)>,
+    scope: &QueryScope,
+) -> Steps {
+    let grouped = req.aggregate.is_some();
+    let leaf = leaf_text(req);
+    // One part for the whole grid (the usual case over older data): its answer as it is.
+    if let [(0, len, _, width)] = parts.as_slice() {
+        if *len == n {
+            let (width, end) = (*width, req.start + (n as i64 - 1) * req.step);
+            scope.used_resolution(ResolutionUsed { leaf: leaf.clone(), resolution: width, start: req.start, end });
+            if let Some((_, _, mut whole, _)) = parts.pop() {
                 for list in [&mut whole.series, &mut whole.groups] {
                     if !list.is_sorted_by(|a, b| a.labels < b.labels) {
                         list.sort_by(|a, b| a.labels.cmp(&b.labels));
                     }
                 }
-                return Ok(Some(Some(whole)));
+                return whole;
             }
         }
-        let mut by: BTreeMap<Labels, Stitched> = BTreeMap::new();
-        let mut out = Steps::default();
-        for (offset, len, part, width) in parts {
-            let first = req.start + offset as i64 * req.step;
-            let end = first + (len as i64 - 1) * req.step;
-            scope.used_resolution(ResolutionUsed { leaf: leaf.clone(), resolution: width, start: first, end });
-            out.samples += part.samples;
-            out.warnings.extend(part.warnings);
-            for i in part.infos {
-                if !out.infos.contains(&i) {
-                    out.infos.push(i);
-                }
+    }
+    let mut by: BTreeMap<Labels, Stitched> = BTreeMap::new();
+    let mut out = Steps::default();
+    for (offset, len, part, width) in parts {
+        let first = req.start + offset as i64 * req.step;
+        let end = first + (len as i64 - 1) * req.step;
+        scope.used_resolution(ResolutionUsed { leaf: leaf.clone(), resolution: width, start: first, end });
+        out.samples += part.samples;
+        out.warnings.extend(part.warnings);
+        for i in part.infos {
+            if !out.infos.contains(&i) {
+                out.infos.push(i);
             }
-            for s in if grouped { part.groups } else { part.series } {
-                let e = by.entry(s.labels).or_insert_with(|| Stitched {
-                    metric_type: s.metric_type,
-                    name_dropped: s.name_dropped,
-                    values: vec![None; n],
-                    samples: 0,
-                });
-                e.samples += s.summary.samples;
-                for (i, v) in s.values.iter().enumerate() {
-                    if let Some(slot) = e.values.get_mut(offset + i) {
-                        if v.is_some() {
-                            *slot = v;
-                        }
+        }
+        for s in if grouped { part.groups } else { part.series } {
+            let e = by.entry(s.labels).or_insert_with(|| Stitched {
+                metric_type: s.metric_type,
+                name_dropped: s.name_dropped,
+                values: vec![None; n],
+                samples: 0,
+            });
+            e.samples += s.summary.samples;
+            for (i, v) in s.values.iter().enumerate() {
+                if let Some(slot) = e.values.get_mut(offset + i) {
+                    if v.is_some() {
+                        *slot = v;
                     }
                 }
             }
         }
-        let stitched: Vec<StepsSeries> = by
-            .into_iter()
-            .map(|(labels, s)| StepsSeries {
-                labels,
-                metric_type: s.metric_type,
-                summary: SeriesSummary { samples: s.samples, ..SeriesSummary::default() },
-                values: StepValues::from_options(&s.values),
-                name_dropped: s.name_dropped,
-            })
-            .collect();
-        if grouped {
-            out.groups = stitched;
-        } else {
-            out.series = stitched;
-        }
-        Ok(Some(Some(out)))
     }
+    let stitched: Vec<StepsSeries> = by
+        .into_iter()
+        .map(|(labels, s)| StepsSeries {
+            labels,
+            metric_type: s.metric_type,
+            summary: SeriesSummary { samples: s.samples, ..SeriesSummary::default() },
+            values: StepValues::from_options(&s.values),
+            name_dropped: s.name_dropped,
+        })
+        .collect();
+    if grouped {
+        out.groups = stitched;
+    } else {
+        out.series = stitched;
+    }
+    out
 }
 
 /// The oldest sample time any of `targets` holds, raw or aggregated; `None` when one of

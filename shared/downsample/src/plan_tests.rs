@@ -355,3 +355,67 @@ async fn steps_reaching_back_before_any_data_are_planned_from_aggregates() {
         assert_eq!(first(&s.planner.plan(&req, None, true)), Some(11), "min_time {min_time}");
     }
 }
+
+/// Raw data gone from the older steps and no exact resolution for the leaf (a range of
+/// 5m15s, steps a minute apart): those steps come from the 5 m aggregates, the range the
+/// nearest whole number of windows and each step read at the window end before it, with
+/// an info saying so; the newer steps stay raw and exact. Not empty (Thanos 4634), not
+/// silently approximate. A leaf the aggregates cannot give gets a warning instead.
+#[tokio::test]
+async fn steps_raw_data_no_longer_reaches_come_from_the_closest_aggregates_and_say_so() {
+    let s = stack().await;
+    let raw_from = s.t0 + 5 * ONE_HOUR;
+    let mut regional = s.regional_target();
+    (regional.min_time, regional.max_time) = (raw_from, s.end);
+    s.fanout.set_targets(vec![regional.clone()]);
+    let (start, end, step) = (s.t0 + ONE_HOUR + 60_000, s.t0 + 7 * ONE_HOUR, 60_000);
+    let floor = |t: i64| t.div_euclid(FIVE_MINUTES) * FIVE_MINUTES;
+    // What the aggregates give exactly: the 5 m range at the window ends.
+    let aligned =
+        run(&*s.reference, "avg_over_time(temp[5m])", (floor(start), floor(end), FIVE_MINUTES), QueryScope::default())
+            .await;
+    let exact = run(&*s.reference, "avg_over_time(temp[5m15s])", (start, end, step), QueryScope::default()).await;
+    for q in ["avg_over_time(temp[5m15s])", "avg by (cluster, gpu) (avg_over_time(temp[5m15s]))"] {
+        let scope = QueryScope::default();
+        let got = run(&s.planner, q, (start, end, step), scope.clone()).await;
+        assert_eq!(got.len(), 1, "{q}: {got:?}");
+        let mut approximated = 0;
+        for &(t, v) in &got[0].1 {
+            let want = if t - 315_000 < raw_from - 1 {
+                approximated += 1;
+                aligned[0].1.iter().find(|p| p.0 == floor(t)).map(|p| p.1)
+            } else {
+                exact[0].1.iter().find(|p| p.0 == t).map(|p| p.1)
+            };
+            let want = want.unwrap_or_else(|| panic!("{q} at {t}: a value where there should be none"));
+            assert!((v - want).abs() <= 1e-12 * v.abs().max(want.abs()), "{q} at {t}: {v} against {want}");
+        }
+        let before = ((raw_from - 1 + 315_000 - start) / step) as usize;
+        assert!(
+            approximated >= before - 1 && approximated <= before + 1,
+            "{q}: {approximated} approximated, ~{before} expected"
+        );
+        assert_eq!(got[0].1.len() as i64, (end - start) / step + 1, "{q}: every step answered");
+        let infos = scope.infos();
+        assert!(
+            infos.iter().any(|i| i.contains("approximately from 5m aggregates") && i.contains("5m15s")),
+            "{q}: {infos:?}"
+        );
+        let used = scope.resolutions();
+        assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES && u.start == start), "{q}: {used:?}");
+        assert!(used.iter().any(|u| u.resolution == 0 && u.start > raw_from), "{q}: {used:?}");
+    }
+    // A selection by replica: the aggregates hold neither replica; the raw answer, warned.
+    let scope = QueryScope::default();
+    run(&s.planner, "avg_over_time(temp{replica=\"a\"}[5m15s])", (start, end, step), scope.clone()).await;
+    assert!(scope.infos().is_empty(), "{:?}", scope.infos());
+    let warnings = scope.warnings();
+    assert!(warnings.iter().any(|w| w.contains("no longer kept") && w.contains("replica")), "{warnings:?}");
+    // Raw data as old as the aggregates (nothing lost): the raw answer, exact, unannotated.
+    (regional.min_time, regional.max_time) = (s.t0 + 11, s.end);
+    s.fanout.set_targets(vec![regional]);
+    let scope = QueryScope::default();
+    let got = run(&s.planner, "avg_over_time(temp[5m15s])", (start, end, step), scope.clone()).await;
+    assert_same("all raw", &exact, &got);
+    assert!(scope.infos().is_empty() && scope.warnings().is_empty(), "{:?} {:?}", scope.infos(), scope.warnings());
+}

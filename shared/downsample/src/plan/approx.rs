@@ -1,0 +1,206 @@
+//! The answer for steps that raw data no longer reaches, when no resolution is exact for
+//! the leaf (a range such as Grafana's `$__rate_interval` of 5m15s, steps off the window
+//! ends). Thanos' auto-downsampling answers those steps empty (thanos-io/thanos#4634);
+//! answering them from aggregates as if exact would be a silent approximation. Here they
+//! come from the finest aggregates that cover them, the leaf made exact for them: its range
+//! (or lookback) the nearest whole number of windows, each step read at the window end at
+//! or before it. An info annotation names the resolution and why. The other steps stay raw.
+//! Where nothing can stand in (a function the aggregates cannot give, a store not covered),
+//! a warning says which steps lack data.
+
+use super::{holder_of, leaf_of, leaf_text, stitch, ResolutionPlanner, Segment};
+use crate::leaf::{check, Grid, Leaf};
+use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
+use strata_fanout::StoreTarget;
+use strata_model::duration::format_duration_ms;
+use strata_store::{QueryScope, SelectRequest, StepValues, Steps, StepsRequest, StoreError};
+
+/// The most steps of the aligned leaf asked for (one window apart over the approximated
+/// steps: 50,000 is 173 days of 5 m windows).
+const MAX_ALIGNED_STEPS: usize = 50_000;
+
+impl ResolutionPlanner {
+    /// `None`: raw data reaches every step of `req` (or nothing older is held), so the raw
+    /// answer stands. `Some(None)`: the engine is to select raw samples itself (an
+    /// aggregation over the leaf: its leaf is asked next, and approximated then).
+    pub(crate) async fn approximate(
+        &self,
+        req: &StepsRequest,
+        cap: Option<i64>,
+        scope: &QueryScope,
+    ) -> Result<Option<Option<Steps>>, StoreError> {
+        let Some(n) = req.steps() else { return Ok(None) };
+        let targets = self.fanout.targets();
+        let sel = req.selection();
+        let Some(raw_from) = oldest_raw(&targets, &sel) else { return Ok(None) };
+        // Only where aggregates reach back before the raw data was raw data lost there (a
+        // young installation's first sample is no loss).
+        let lost =
+            targets.iter().flat_map(|t| &t.resolutions).any(|r| r.1 <= r.2 && r.1.saturating_add(r.0) <= raw_from);
+        if !lost {
+            return Ok(None);
+        }
+        let reach = match &req.function {
+            Some((_, range)) => *range,
+            None => req.lookback,
+        };
+        let e = |i: usize| req.start + i as i64 * req.step - req.offset;
+        // Steps reading from before the raw data kept: a prefix of the grid.
+        let short = (0..n).take_while(|&i| e(i).saturating_sub(reach) < raw_from.saturating_sub(1)).count();
+        if short == 0 {
+            return Ok(None);
+        }
+        let mut why_not = "no store keeps aggregates of the series for those times".to_string();
+        let by_replica = req.matchers.iter().any(|m| self.replica_labels.contains(&m.name));
+        let leaf = leaf_of(req);
+        for width in [FIVE_MINUTES, ONE_HOUR] {
+            if cap.is_some_and(|c| c < width) {
+                continue;
+            }
+            let Some((holders, lo, hi)) = holder_of(width, &sel, &targets) else { continue };
+            // Aggregates older than the raw data: what they hold there is what raw data lost.
+            if lo > hi || lo.saturating_add(width) > raw_from {
+                continue;
+            }
+            let (Some(leaf), false) = (leaf, by_replica) else {
+                why_not = if by_replica {
+                    "aggregates hold series without their replica labels".into()
+                } else {
+                    "the aggregates cannot give this function".into()
+                };
+                break;
+            };
+            let Some(aligned) = Aligned::new(req, &leaf, width, short, (lo, hi)) else { continue };
+            let why = match check(
+                &leaf,
+                &Grid { start: req.start, end: req.end, step: req.step, offset: req.offset },
+                width,
+                Kept::ALL,
+            ) {
+                Err(e) => e.to_string(),
+                Ok(()) => "the aggregates did not cover every step".into(),
+            };
+            if check(&aligned.leaf, &aligned.grid, width, Kept::ALL).is_err() {
+                continue;
+            }
+            if req.aggregate.is_some() {
+                return Ok(Some(None));
+            }
+            let mut sub = req.clone();
+            (sub.start, sub.end, sub.step) = (aligned.grid.start, aligned.grid.end, aligned.grid.step);
+            match aligned.leaf {
+                Leaf::Range { range, .. } => sub.function = req.function.clone().map(|(f, _)| (f, range)),
+                Leaf::Selector { lookback } => sub.lookback = lookback,
+            }
+            let segment = Segment { width, first: 0, last: aligned.steps - 1, holders };
+            let Some(mut approx) = self.ask_holders(&sub, &segment).await else {
+                why_not = format!("the store holding the {} aggregates did not answer", format_duration_ms(width));
+                continue;
+            };
+            for s in &mut approx.series {
+                let values = s.values.to_options();
+                let at = |i: usize| aligned.index(i).and_then(|j| values.get(j).copied().flatten());
+                s.values = StepValues::from_options(&(aligned.first..short).map(at).collect::<Vec<_>>());
+            }
+            let mut parts = vec![(aligned.first, short - aligned.first, approx, width)];
+            if short < n {
+                let mut rest = req.clone();
+                rest.start = req.start + short as i64 * req.step;
+                let Some(raw) = self.raw_part(&rest).await? else {
+                    why_not = "no store evaluates the newer steps beside them".into();
+                    break;
+                };
+                parts.push((short, n - short, raw, 0));
+            }
+            let last = req.start + (short as i64 - 1) * req.step;
+            scope.info(format!(
+                "PromQL info: {} answered approximately from {} aggregates for the steps up to {last} ms: raw data before {raw_from} ms is no longer kept, and no resolution is exact ({why}); the range read is {}, each step at the window end at or before it",
+                leaf_text(req),
+                format_duration_ms(width),
+                format_duration_ms(aligned.reach()),
+            ));
+            return Ok(Some(Some(stitch(req, n, parts, scope))));
+        }
+        let last = req.start + (short as i64 - 1) * req.step;
+        scope.warn(format!(
+            "{}: raw data before {raw_from} ms is no longer kept and {why_not}: the steps up to {last} ms may lack data",
+            leaf_text(req)
+        ));
+        Ok(None)
+    }
+}
+
+/// The leaf made exact at `width` for steps `first..short` of a request's grid.
+struct Aligned {
+    leaf: Leaf,
+    grid: Grid,
+    /// Steps of `grid`.
+    steps: usize,
+    /// The first step of the request answered (before it, no window is held).
+    first: usize,
+    /// The request's grid: its start less offset, step.
+    at: (i64, i64),
+    width: i64,
+}
+
+impl Aligned {
+    fn new(req: &StepsRequest, leaf: &Leaf, width: i64, short: usize, (lo, hi): (i64, i64)) -> Option<Aligned> {
+        let round = |r: i64| (r.saturating_add(width / 2) / width).max(1).saturating_mul(width);
+        let leaf = match *leaf {
+            Leaf::Range { function, range } => Leaf::Range { function, range: round(range) },
+            Leaf::Selector { lookback } => Leaf::Selector { lookback: round(lookback) },
+        };
+        let reach = match leaf {
+            Leaf::Range { range, .. } => range,
+            Leaf::Selector { lookback } => lookback,
+        };
+        let first_t = req.start.checked_sub(req.offset)?;
+        let end_of = |i: usize| (first_t + i as i64 * req.step).div_euclid(width) * width;
+        // Steps whose windows all lie where the aggregates are.
+        let first = (0..short).find(|&i| end_of(i) - reach >= lo.saturating_sub(1))?;
+        let last = (first..short).rev().find(|&i| end_of(i) <= hi)?;
+        if last + 1 != short {
+            // The newest of these steps past the aggregates: not this resolution.
+            return None;
+        }
+        let step = if req.step % width == 0 { req.step } else { width };
+        let (a, b) = (end_of(first), end_of(last));
+        let steps = usize::try_from((b - a) / step).ok()?.checked_add(1)?;
+        if steps > MAX_ALIGNED_STEPS {
+            return None;
+        }
+        let grid = Grid { start: a + req.offset, end: b + req.offset, step, offset: req.offset };
+        Some(Aligned { leaf, grid, steps, first, at: (first_t, req.step), width })
+    }
+
+    /// The aligned step that request step `i` reads.
+    fn index(&self, i: usize) -> Option<usize> {
+        let t = (self.at.0 + i as i64 * self.at.1).div_euclid(self.width) * self.width;
+        usize::try_from((t - (self.grid.start - self.grid.offset)) / self.grid.step).ok()
+    }
+
+    fn reach(&self) -> i64 {
+        match self.leaf {
+            Leaf::Range { range, .. } => range,
+            Leaf::Selector { lookback } => lookback,
+        }
+    }
+}
+
+/// The oldest raw sample kept by any store that may hold the selection's series (by
+/// their labels, whatever their times); `None` when one of them does not say (its range
+/// unknown) or none keeps raw data.
+fn oldest_raw(targets: &[StoreTarget], sel: &SelectRequest) -> Option<i64> {
+    let mut oldest: Option<i64> = None;
+    for t in targets.iter().filter(|t| t.may_match(&sel.matchers, i64::MIN, i64::MAX)) {
+        let no_raw = t.min_time == i64::MIN && t.max_time == i64::MIN;
+        if no_raw {
+            continue;
+        }
+        if t.min_time > t.max_time {
+            return None;
+        }
+        oldest = Some(oldest.map_or(t.min_time, |o| o.min(t.min_time)));
+    }
+    oldest
+}
