@@ -1079,3 +1079,45 @@ async fn each_batch_says_up_to_when_everything_was_sent_and_never_more() {
     assert!(furthest >= t0 + 300 * 15_000, "{}", furthest.saturating_sub(t0));
     assert_eq!(watermarks.complete_until(), Some((furthest, "{cluster=\"a\"}".to_string())));
 }
+
+/// What was forwarded before an outage spanned a block boundary, so the edge sent it as
+/// samples sealed again (its head held two chunks), and the regional's newest chunk is a
+/// sealed copy of the edge's open one: after the outage the edge's open chunk still
+/// continues it (the regional reopens it), rather than its samples going one by one,
+/// which halved the catch-up's speed at the regional.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_chunk_continues_one_the_regional_took_sealed_before_an_outage() {
+    for before_boundary in [false, true] {
+        let (e, r) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let edge = Arc::new(Tsdb::open(e.path(), edge_options()).unwrap());
+        let holds = WalHolds::new(edge.clone());
+        let regional = Regional::start(r.path()).await;
+        let window = 2 * 3600 * 1000;
+        let boundary = (strata_model::time::now_ms() - 3 * 3600 * 1000).div_euclid(window) * window + window;
+        let t0 = if before_boundary { boundary - 120_000 } else { boundary + 60_000 };
+        let s = gpu_series(&edge, 50);
+        let at5 = |k0: i64, n: i64| {
+            for k in k0..k0 + n {
+                let batch: Vec<_> =
+                    s.iter().map(|x| (x.clone(), Sample::new(t0 + k * 5_000, (k % 90) as f64))).collect();
+                edge.commit(&batch).unwrap();
+            }
+        };
+        at5(0, 180);
+        forward_until_equal(&edge, &holds, options("regional", regional.addr, 200_000), &regional.db).await;
+        let first = regional.db.metrics().chunks_continued.get();
+        at5(180, 120);
+        edge.maintain().unwrap();
+        let mut o = options("regional", regional.addr, 200_000);
+        o.storage_backlog_bytes = 1;
+        forward_until_equal(&edge, &holds, o, &regional.db).await;
+        let m = regional.db.metrics();
+        let (continued, adopted) = (m.chunks_continued.get() - first, m.chunks_adopted.get());
+        assert!(
+            continued >= 50,
+            "boundary {before_boundary}: {continued} continued after the outage ({adopted} adopted)"
+        );
+        assert_eq!(regional.stats.samples("duplicate"), 0);
+        regional.stop().await;
+    }
+}

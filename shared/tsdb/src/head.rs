@@ -190,6 +190,37 @@ impl SeriesSamples {
         self.open = open;
     }
 
+    /// Makes the newest chunk the open one again when `c`, an open chunk, begins where it
+    /// does and continues its samples: that chunk came whole (a backlog's samples, sealed
+    /// again by its sender) while the sender went on appending to its own open chunk, and
+    /// appended again in the streaming encoding it is the chunk the sender has been
+    /// continuing (the coder is deterministic). Without this, `c`'s samples would go one
+    /// by one until it ends. Unchanged when the bits do not agree.
+    fn reopen_continued_by(&mut self, c: &Chunk, block_range: i64) {
+        if !self.open.is_empty() || c.is_block() {
+            return;
+        }
+        let Some(s) = self.sealed.last() else { return };
+        let candidate = s.min_t == c.min_t
+            && s.n < c.n
+            && s.n < CHUNK_MAX_SAMPLES
+            && s.max_t < c.max_t
+            && c.max_t < block_end(s.min_t, block_range)
+            && self.last.is_some_and(|l| l.t == s.max_t);
+        if !candidate {
+            return;
+        }
+        let Ok(samples) = s.decode() else { return };
+        let mut open = ChunkAppender::with_capacity(c.data.len() + c.data.len() / 4);
+        for x in &samples {
+            open.append(x.t, x.v);
+        }
+        if open.is_continued_by(c) {
+            self.sealed.pop();
+            self.open = open;
+        }
+    }
+
     /// What taking `c`'s samples up to `through` as this series' open chunk would give,
     /// without decoding what the series holds: `c` continues the open chunk (its first
     /// bits are the open chunk's: the sender's head appended the same samples), or starts
@@ -206,6 +237,7 @@ impl SeriesSamples {
         if through >= block_end(c.min_t, block_range) {
             return Ok(None);
         }
+        self.reopen_continued_by(c, block_range);
         let fresh = !self.open.is_continued_by(c);
         if fresh && self.last.is_some_and(|l| c.min_t <= l.t) {
             return Ok(None);
