@@ -181,6 +181,7 @@ impl Regional {
             .with_senders(senders.clone())
             .with_watermarks(watermarks.clone());
         let mut arrivals_hook = None;
+        let mut rules_hook: Option<strata_rules::tier::OnStored> = None;
         let down = match cfg.downsample() {
             Some((replicas, dopts)) => {
                 let dir = data_dir.join("downsample");
@@ -194,6 +195,13 @@ impl Regional {
                 });
                 receiver = receiver.with_arrivals(arrivals.clone());
                 arrivals_hook = Some(arrivals);
+                // Rule output stored behind computed windows has them computed again; being
+                // the regional's own, it is no sender whose progress makes a slice due.
+                let (progress, rules_db) = (d.progress(), db.clone());
+                rules_hook = Some(Arc::new(move |_: &str, lo: i64, hi: i64| {
+                    let oldest = rules_db.min_valid_time(strata_model::time::now_ms());
+                    progress.changed(lo, hi, oldest).map_err(|e| e.to_string())
+                }));
                 Some((d, replicas))
             }
             None => None,
@@ -206,7 +214,7 @@ impl Regional {
         let receive = Arc::new(strata_receive::ReceiveMetrics::default());
         receive.register(&mut registry);
         let mut remote_write = strata_receive::RemoteWrite::new(db.clone(), receive.clone(), Default::default());
-        if let Some(f) = arrivals_hook.clone() {
+        if let Some(f) = arrivals_hook {
             remote_write = remote_write.with_on_stored(f);
         }
         let remote_write = Arc::new(remote_write);
@@ -243,8 +251,7 @@ impl Regional {
         let replicas = down.as_ref().map(|d| d.1.clone()).unwrap_or_else(|| vec!["replica".into()]);
         let mut rule_opts = opts.rules.clone();
         rule_opts.external_url = opts.external_url.clone().unwrap_or_else(|| format!("{scheme}://{http_addr}"));
-        // Rule output stored behind windows already computed has them computed again.
-        let tier_rules = rules::start(&cfg, db.clone(), replicas, arrivals_hook, rule_opts, shutdown_rx.clone())
+        let tier_rules = rules::start(&cfg, db.clone(), replicas, rules_hook, rule_opts, shutdown_rx.clone())
             .await
             .map_err(RegionalError::Rules)?;
         let rules = tier_rules.as_ref().map(|r| r.manager().clone());

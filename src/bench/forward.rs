@@ -248,8 +248,11 @@ fn bytes_received_on(port: u16) -> Option<u64> {
     let out = std::process::Command::new("ss")
         .args(["-tinH", "state", "established", &format!("( sport = :{port} )")])
         .output()
-        .ok()?;
+        .ok()
+        .filter(|o| o.status.success())?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let counts = text.split_whitespace().filter_map(|w| w.strip_prefix("bytes_received:")?.parse::<u64>().ok());
-    Some(counts.sum())
+    let counts: Vec<u64> =
+        text.split_whitespace().filter_map(|w| w.strip_prefix("bytes_received:")?.parse().ok()).collect();
+    // No connection found (an `ss` without these fields): not measured, rather than 0.
+    (!counts.is_empty()).then(|| counts.iter().sum())
 }

@@ -130,6 +130,15 @@ impl Progress {
             e.0 = e.0.max(max_t);
             e.1 = Instant::now();
         }
+        self.changed(min_t, max_t, oldest)
+    }
+
+    /// Samples over `[min_t, max_t]` were stored by the tier itself (its recording rules):
+    /// slices already computed over them are marked for computing again, durably, as for
+    /// [`arrived`](Self::arrived), but no sender's progress moves. The tier's own output,
+    /// written at about the present, must never make a slice due on its own (after a
+    /// restart, before the edges are back with their backlogs).
+    pub fn changed(&self, min_t: i64, max_t: i64, oldest: i64) -> std::io::Result<()> {
         let min_t = min_t.max(oldest);
         if min_t > max_t {
             return Ok(());
@@ -269,5 +278,24 @@ mod tests {
         // Marked durably: a reopened progress knows.
         let again = Progress::open(dir.path(), vec![sl]).unwrap();
         assert_eq!(again.dirty(sl.width), d);
+    }
+
+    /// The tier's own output (its rules) marks computed slices like a sender's late
+    /// samples, durably, but moves no sender: alone, as after a restart before the edges
+    /// are back, it never makes a slice due.
+    #[test]
+    fn the_tiers_own_output_marks_slices_but_makes_none_due() {
+        let dir = tempfile::tempdir().unwrap();
+        let sl = Slicing { width: 300_000, slice: 7_200_000 };
+        let p = Progress::open(dir.path(), vec![sl]).unwrap();
+        p.start_at(sl.width, 0);
+        p.begin(sl.width, 0, sl.slice);
+        p.done(sl, 0).unwrap();
+        p.changed(7_000_000, 30_000_000, 0).unwrap();
+        assert_eq!(p.dirty(sl.width), vec![0]);
+        assert!(!p.senders_past(2 * sl.slice, 60_000), "the tier's own output counted as a sender");
+        assert_eq!(Progress::open(dir.path(), vec![sl]).unwrap().dirty(sl.width), vec![0]);
+        p.arrived("edge", 7_000_000, 30_000_000, 0).unwrap();
+        assert!(p.senders_past(2 * sl.slice, 60_000));
     }
 }

@@ -62,7 +62,7 @@ impl ForwardMetrics {
             "Samples the upstream still needed that the edge no longer held when they were due (deleted past retention and forward_max_disk, or in a damaged block): dropped for it, oldest first, logged with their range",
             self.budget_dropped_samples.clone(),
         );
-        r.register("sent_bytes", "Bytes of batches sent, as protobuf before gzip", self.sent_bytes.clone());
+        r.register("sent_bytes", "Bytes of batches sent, as protobuf before compression", self.sent_bytes.clone());
         r.register(
             "pending_bytes",
             "WAL bytes after the upstream's cursor, and about 2 bytes for each sample of a backlog from storage not yet acknowledged",
@@ -110,7 +110,7 @@ pub struct ForwarderStats {
     pub dropped_samples: Counter,
     /// Samples of a backlog storage no longer held when due (logged with their range).
     pub budget_dropped_samples: Counter,
-    /// Bytes of batches sent, as protobuf before gzip.
+    /// Bytes of batches sent, as protobuf before compression.
     pub sent_bytes: Counter,
     /// WAL bytes after the cursor, and what is left of a backlog from storage.
     pub pending_bytes: Gauge,
