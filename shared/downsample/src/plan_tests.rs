@@ -405,6 +405,36 @@ async fn steps_raw_data_no_longer_reaches_come_from_the_closest_aggregates_and_s
         assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES && u.start == start), "{q}: {used:?}");
         assert!(used.iter().any(|u| u.resolution == 0 && u.start > raw_from), "{q}: {used:?}");
     }
+    // 5 m windows kept for less time than 1 h ones: the steps before them from 1 h windows
+    // (the range then one window), the rest as before; the info says each.
+    let five_from = s.t0 + 3 * ONE_HOUR;
+    let mut shorter = regional.clone();
+    for r in shorter.resolutions.iter_mut().filter(|r| r.0 == FIVE_MINUTES) {
+        r.1 = five_from;
+    }
+    s.fanout.set_targets(vec![shorter]);
+    let hourly = run(
+        &*s.reference,
+        "avg_over_time(temp[1h])",
+        (start.div_euclid(ONE_HOUR) * ONE_HOUR, end, ONE_HOUR),
+        QueryScope::default(),
+    )
+    .await;
+    let scope = QueryScope::default();
+    let got = run(&s.planner, "avg_over_time(temp[5m15s])", (start, end, step), scope.clone()).await;
+    let used = scope.resolutions();
+    assert!(used.iter().any(|u| u.resolution == ONE_HOUR && u.start == start), "{used:?}");
+    assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES), "{used:?}");
+    for &(t, v) in &got[0].1 {
+        // (The 5 m part reads whole windows from the one ending at or before the step.)
+        if floor(t) - FIVE_MINUTES < five_from - 1 {
+            let want = hourly[0].1.iter().find(|p| p.0 == t.div_euclid(ONE_HOUR) * ONE_HOUR).map(|p| p.1);
+            assert_eq!(Some(v), want, "at {t}, from the 1 h windows");
+        }
+    }
+    assert_eq!(got[0].1.len() as i64, (end - start) / step + 1, "every step answered");
+    assert!(scope.infos().iter().any(|i| i.contains("from 1h aggregates")), "{:?}", scope.infos());
+    s.fanout.set_targets(vec![regional.clone()]);
     // A selection by replica: the aggregates hold neither replica; the raw answer, warned.
     let scope = QueryScope::default();
     run(&s.planner, "avg_over_time(temp{replica=\"a\"}[5m15s])", (start, end, step), scope.clone()).await;

@@ -9,6 +9,7 @@
 //! a warning says which steps lack data.
 
 use super::{holder_of, leaf_of, leaf_text, stitch, ResolutionPlanner, Segment};
+use crate::downsampler::SLICINGS;
 use crate::leaf::{check, Grid, Leaf};
 use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
 use strata_fanout::StoreTarget;
@@ -20,9 +21,10 @@ use strata_store::{QueryScope, SelectRequest, StepValues, Steps, StepsRequest, S
 const MAX_ALIGNED_STEPS: usize = 50_000;
 
 impl ResolutionPlanner {
-    /// `None`: raw data reaches every step of `req` (or nothing older is held), so the raw
-    /// answer stands. `Some(None)`: the engine is to select raw samples itself (an
-    /// aggregation over the leaf: its leaf is asked next, and approximated then).
+    /// `None`: raw data reaches every step of `req` (or nothing older is known lost), so
+    /// the raw answer stands (with a warning when it lacks steps nothing could stand in
+    /// for). `Some(None)`: the engine is to select raw samples itself (an aggregation over
+    /// the leaf a part cannot group: its leaf is asked next, and approximated then).
     pub(crate) async fn approximate(
         &self,
         req: &StepsRequest,
@@ -33,10 +35,14 @@ impl ResolutionPlanner {
         let targets = self.fanout.targets();
         let sel = req.selection();
         let Some(raw_from) = oldest_raw(&targets, &sel) else { return Ok(None) };
-        // Only where aggregates reach back before the raw data was raw data lost there (a
-        // young installation's first sample is no loss).
-        let lost =
-            targets.iter().flat_map(|t| &t.resolutions).any(|r| r.1 <= r.2 && r.1.saturating_add(r.0) <= raw_from);
+        // Raw data was lost only where aggregates reach back a whole slice before it (the
+        // first slice starts before the first sample: a young installation lost nothing).
+        let lost = targets.iter().filter(|t| t.may_match(&sel.matchers, i64::MIN, i64::MAX)).any(|t| {
+            t.resolutions.iter().any(|r| {
+                let slice = SLICINGS.iter().find(|s| s.width == r.0).map_or(r.0, |s| s.slice);
+                r.1 <= r.2 && r.1.saturating_add(slice) <= raw_from
+            })
+        });
         if !lost {
             return Ok(None);
         }
@@ -44,83 +50,106 @@ impl ResolutionPlanner {
             Some((_, range)) => *range,
             None => req.lookback,
         };
-        let e = |i: usize| req.start + i as i64 * req.step - req.offset;
+        let e = |i: usize| (req.start + i as i64 * req.step).saturating_sub(req.offset);
         // Steps reading from before the raw data kept: a prefix of the grid.
         let short = (0..n).take_while(|&i| e(i).saturating_sub(reach) < raw_from.saturating_sub(1)).count();
         if short == 0 {
             return Ok(None);
         }
-        let mut why_not = "no store keeps aggregates of the series for those times".to_string();
-        let by_replica = req.matchers.iter().any(|m| self.replica_labels.contains(&m.name));
-        let leaf = leaf_of(req);
-        for width in [FIVE_MINUTES, ONE_HOUR] {
-            if cap.is_some_and(|c| c < width) {
-                continue;
+        let grouped = req.aggregate.is_some();
+        let why_not = match leaf_of(req) {
+            _ if req.matchers.iter().any(|m| self.replica_labels.contains(&m.name)) => {
+                "a selection by a replica label, which the aggregates drop, cannot be answered from them".to_string()
             }
-            let Some((holders, lo, hi)) = holder_of(width, &sel, &targets) else { continue };
-            // Aggregates older than the raw data: what they hold there is what raw data lost.
-            if lo > hi || lo.saturating_add(width) > raw_from {
-                continue;
-            }
-            let (Some(leaf), false) = (leaf, by_replica) else {
-                why_not = if by_replica {
-                    "aggregates hold series without their replica labels".into()
+            None => "the aggregates cannot give this function".to_string(),
+            Some(leaf) => {
+                let grid = Grid { start: req.start, end: req.end, step: req.step, offset: req.offset };
+                // The finest resolution for the newest of these steps, coarser ones for what
+                // it does not reach back to (5 m windows are kept for less time than 1 h).
+                let (mut parts, mut end, mut why_not) = (Vec::new(), short, String::new());
+                for width in [FIVE_MINUTES, ONE_HOUR] {
+                    if end == 0 || cap.is_some_and(|c| c < width) {
+                        continue;
+                    }
+                    let Some((holders, lo, hi)) = holder_of(width, &sel, &targets) else {
+                        why_not =
+                            format!("no single store holds {} aggregates of every series", format_duration_ms(width));
+                        continue;
+                    };
+                    let Some(aligned) = (lo <= hi).then(|| Aligned::new(req, &leaf, width, end, (lo, hi))).flatten()
+                    else {
+                        why_not = format!("the {} aggregates do not cover those steps yet", format_duration_ms(width));
+                        continue;
+                    };
+                    let exact = check(&leaf, &grid, width, Kept::ALL).err().map(|e| e.to_string());
+                    let mut sub = req.clone();
+                    (sub.start, sub.end, sub.step) = (aligned.grid.start, aligned.grid.end, aligned.grid.step);
+                    match aligned.leaf {
+                        Leaf::Range { range, .. } => sub.function = req.function.clone().map(|(f, _)| (f, range)),
+                        Leaf::Selector { lookback } => sub.lookback = lookback,
+                    }
+                    let segment = Segment { width, first: 0, last: aligned.steps - 1, holders };
+                    let Some(mut part) = self.ask_holders(&sub, &segment).await else {
+                        why_not =
+                            format!("the store holding the {} aggregates did not answer", format_duration_ms(width));
+                        continue;
+                    };
+                    if grouped && part.groups.is_empty() && !part.series.is_empty() {
+                        return Ok(Some(None));
+                    }
+                    for s in part.series.iter_mut().chain(part.groups.iter_mut()) {
+                        let values = s.values.to_options();
+                        let at = |i: usize| aligned.index(i).and_then(|j| values.get(j).copied().flatten());
+                        s.values = StepValues::from_options(&(aligned.first..end).map(at).collect::<Vec<_>>());
+                    }
+                    let (from, to) =
+                        (req.start + aligned.first as i64 * req.step, req.start + (end as i64 - 1) * req.step);
+                    scope.info(format!(
+                        "PromQL info: {} answered approximately from {} aggregates for the steps from {from} to {to} ms: raw data before {raw_from} ms is no longer kept, and no resolution is exact ({}); the range read is {}, each step at the window end at or before it",
+                        leaf_text(req),
+                        format_duration_ms(width),
+                        exact.unwrap_or_else(|| "the aggregates do not cover every step".into()),
+                        format_duration_ms(aligned.reach()),
+                    ));
+                    parts.push((aligned.first, end - aligned.first, part, width));
+                    end = aligned.first;
+                }
+                if !parts.is_empty() {
+                    if short < n {
+                        let mut rest = req.clone();
+                        rest.start = req.start + short as i64 * req.step;
+                        match self.raw_part(&rest).await? {
+                            Some(s) if !grouped || !s.groups.is_empty() || s.series.is_empty() => {
+                                parts.push((short, n - short, s, 0))
+                            }
+                            // The newer steps cannot be grouped or evaluated by a store: the
+                            // engine selects them itself (its leaf is asked next).
+                            _ if grouped => return Ok(Some(None)),
+                            _ => {
+                                scope.warn(format!(
+                                    "{}: no store evaluates the steps after {raw_from} ms beside the aggregates' approximation: raw data only, which lacks the steps before",
+                                    leaf_text(req)
+                                ));
+                                return Ok(None);
+                            }
+                        }
+                    }
+                    if end > 0 {
+                        let last = req.start + (end as i64 - 1) * req.step;
+                        scope.warn(format!(
+                            "{}: raw data before {raw_from} ms is no longer kept and no aggregates reach back that far: the steps up to {last} ms lack data",
+                            leaf_text(req)
+                        ));
+                    }
+                    return Ok(Some(Some(stitch(req, n, parts, scope))));
+                }
+                if why_not.is_empty() {
+                    "raw data only was asked for (max_source_resolution)".into()
                 } else {
-                    "the aggregates cannot give this function".into()
-                };
-                break;
-            };
-            let Some(aligned) = Aligned::new(req, &leaf, width, short, (lo, hi)) else { continue };
-            let why = match check(
-                &leaf,
-                &Grid { start: req.start, end: req.end, step: req.step, offset: req.offset },
-                width,
-                Kept::ALL,
-            ) {
-                Err(e) => e.to_string(),
-                Ok(()) => "the aggregates did not cover every step".into(),
-            };
-            if check(&aligned.leaf, &aligned.grid, width, Kept::ALL).is_err() {
-                continue;
+                    why_not
+                }
             }
-            if req.aggregate.is_some() {
-                return Ok(Some(None));
-            }
-            let mut sub = req.clone();
-            (sub.start, sub.end, sub.step) = (aligned.grid.start, aligned.grid.end, aligned.grid.step);
-            match aligned.leaf {
-                Leaf::Range { range, .. } => sub.function = req.function.clone().map(|(f, _)| (f, range)),
-                Leaf::Selector { lookback } => sub.lookback = lookback,
-            }
-            let segment = Segment { width, first: 0, last: aligned.steps - 1, holders };
-            let Some(mut approx) = self.ask_holders(&sub, &segment).await else {
-                why_not = format!("the store holding the {} aggregates did not answer", format_duration_ms(width));
-                continue;
-            };
-            for s in &mut approx.series {
-                let values = s.values.to_options();
-                let at = |i: usize| aligned.index(i).and_then(|j| values.get(j).copied().flatten());
-                s.values = StepValues::from_options(&(aligned.first..short).map(at).collect::<Vec<_>>());
-            }
-            let mut parts = vec![(aligned.first, short - aligned.first, approx, width)];
-            if short < n {
-                let mut rest = req.clone();
-                rest.start = req.start + short as i64 * req.step;
-                let Some(raw) = self.raw_part(&rest).await? else {
-                    why_not = "no store evaluates the newer steps beside them".into();
-                    break;
-                };
-                parts.push((short, n - short, raw, 0));
-            }
-            let last = req.start + (short as i64 - 1) * req.step;
-            scope.info(format!(
-                "PromQL info: {} answered approximately from {} aggregates for the steps up to {last} ms: raw data before {raw_from} ms is no longer kept, and no resolution is exact ({why}); the range read is {}, each step at the window end at or before it",
-                leaf_text(req),
-                format_duration_ms(width),
-                format_duration_ms(aligned.reach()),
-            ));
-            return Ok(Some(Some(stitch(req, n, parts, scope))));
-        }
+        };
         let last = req.start + (short as i64 - 1) * req.step;
         scope.warn(format!(
             "{}: raw data before {raw_from} ms is no longer kept and {why_not}: the steps up to {last} ms may lack data",
@@ -166,7 +195,9 @@ impl Aligned {
         let step = if req.step % width == 0 { req.step } else { width };
         let (a, b) = (end_of(first), end_of(last));
         let steps = usize::try_from((b - a) / step).ok()?.checked_add(1)?;
-        if steps > MAX_ALIGNED_STEPS {
+        // Never many more steps than were asked for (two steps half a year apart, a step
+        // off the windows, would be 50,000 of them).
+        if steps > MAX_ALIGNED_STEPS || steps > (short - first).saturating_mul(2).saturating_add(2) {
             return None;
         }
         let grid = Grid { start: a + req.offset, end: b + req.offset, step, offset: req.offset };
