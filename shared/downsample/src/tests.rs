@@ -258,9 +258,14 @@ fn every_function_from_aggregates_equals_the_raw_answer() {
 
 #[test]
 fn a_window_boundary_moved_by_a_millisecond_is_caught() {
+    for (width, span) in [(FIVE_MINUTES, 3 * 3_600_000), (ONE_HOUR, 30 * 3_600_000)] {
+        window_boundary_moved_is_caught(width, span);
+    }
+}
+
+fn window_boundary_moved_is_caught(width: i64, span: i64) {
     // Samples on the exact 5 s grid fall on window ends: moving the boundary moves them.
-    let raw = series(Shape::Regular, 7, 3 * 3_600_000);
-    let width = FIVE_MINUTES;
+    let raw = series(Shape::Regular, 7, span);
     let shifted: Vec<Window> = windows_of(&raw.iter().map(|s| Sample::new(s.t + 1, s.v)).collect::<Vec<_>>(), width)
         .into_iter()
         .map(|mut w| {
@@ -274,7 +279,7 @@ fn a_window_boundary_moved_by_a_millisecond_is_caught() {
             w
         })
         .collect();
-    assert!(mismatches(&raw, &shifted, width, Kept::ALL) > 0);
+    assert!(mismatches(&raw, &shifted, width, Kept::ALL) > 0, "{width} ms windows");
 }
 
 #[test]
@@ -293,6 +298,47 @@ fn an_aggregate_dropped_is_caught() {
     assert!(drop(|w| w.changes = 0) > 0, "changes");
     assert!(drop(|w| w.m2n = 0.0) > 0, "the moments");
     assert!(drop(|w| w.sxy = 0.0) > 0, "the least-squares sums");
+}
+
+/// Every aggregate a window keeps answers some function: losing any one of them (set to
+/// what it would read as had it not been kept) changes an answer for some series shape.
+#[test]
+fn every_aggregate_dropped_is_caught() {
+    let shapes = [Shape::Counter, Shape::Gauge, Shape::Regular, Shape::Rough];
+    let width = FIVE_MINUTES;
+    let mut raws: Vec<Vec<Sample>> =
+        shapes.iter().enumerate().map(|(i, s)| series(*s, 40 + i as u64, 4 * 3_600_000)).collect();
+    // A flat gauge with a NaN now and then: its windows' values are all equal but for the
+    // NaN, which only `nan` tells (a constant's `deriv` is 0, with a NaN it is NaN).
+    raws.push((1..960).map(|i| Sample::new(i * 15_000, if i % 13 == 0 { f64::NAN } else { 5.0 })).collect());
+    let caught = |f: fn(&mut Window)| {
+        raws.iter().any(|raw| {
+            let mut ws = windows_of(raw, width);
+            ws.iter_mut().for_each(f);
+            mismatches(raw, &ws, width, Kept::ALL) > 0
+        })
+    };
+    let drops: [(&str, fn(&mut Window)); 16] = [
+        ("count", |w| w.count = 1),
+        ("sum", |w| w.sum = 0.0),
+        ("min", |w| w.min = w.max),
+        ("max", |w| w.max = w.min),
+        ("first", |w| w.first = w.last),
+        ("last", |w| w.last = w.first),
+        ("penult", |w| w.penult = None),
+        ("stale", |w| w.stale = None),
+        ("nan", |w| w.nan = false),
+        ("m2n", |w| w.m2n = 0.0),
+        ("changes", |w| w.changes = 0),
+        ("resets", |w| w.resets = 0),
+        ("correction", |w| w.correction = 0.0),
+        ("sx", |w| w.sx = 0.0),
+        ("sxx", |w| w.sxx = 0.0),
+        ("sxy", |w| w.sxy = 0.0),
+    ];
+    for (name, f) in drops {
+        assert!(caught(f), "dropping {name} changed no answer");
+    }
 }
 
 #[test]
