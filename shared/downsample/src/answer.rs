@@ -126,7 +126,9 @@ impl Prepared {
             false => StepValues::default(),
         };
         let count: u64 = (0..windows.len()).map(|w| u64::from(windows.count(w))).sum();
-        let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if function != RangeFn::LastOverTime);
+        // A sample moved in time keeps its name, as in Prometheus.
+        let keeps = |f: RangeFn| matches!(f, RangeFn::LastOverTime | RangeFn::FirstOverTime);
+        let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if !keeps(function));
         Ok(StepsSeries {
             labels,
             metric_type,

@@ -115,7 +115,14 @@ enum OverTime {
     Min,
     Max,
     Count,
+    First,
     Last,
+    /// `ts_of_*_over_time`: the time (seconds) of the first, last, (last) minimum and
+    /// (last) maximum sample.
+    TsOfFirst,
+    TsOfLast,
+    TsOfMin,
+    TsOfMax,
     Present,
     Stddev,
     Stdvar,
@@ -132,7 +139,12 @@ impl OverTime {
             "min_over_time" => OverTime::Min,
             "max_over_time" => OverTime::Max,
             "count_over_time" => OverTime::Count,
+            "first_over_time" => OverTime::First,
             "last_over_time" => OverTime::Last,
+            "ts_of_first_over_time" => OverTime::TsOfFirst,
+            "ts_of_last_over_time" => OverTime::TsOfLast,
+            "ts_of_min_over_time" => OverTime::TsOfMin,
+            "ts_of_max_over_time" => OverTime::TsOfMax,
             "present_over_time" => OverTime::Present,
             "stddev_over_time" => OverTime::Stddev,
             "stdvar_over_time" => OverTime::Stdvar,
@@ -152,7 +164,14 @@ impl OverTime {
             OverTime::Min => vals().fold(f64::NAN, |m, x| if m.is_nan() || x < m { x } else { m }),
             OverTime::Max => vals().fold(f64::NAN, |m, x| if m.is_nan() || x > m { x } else { m }),
             OverTime::Count => s.len() as f64,
+            OverTime::First => s[0].v,
             OverTime::Last => s[s.len() - 1].v,
+            OverTime::TsOfFirst => s[0].t as f64 / 1000.0,
+            OverTime::TsOfLast => s[s.len() - 1].t as f64 / 1000.0,
+            // Prometheus' compareOverTime: `<=` and `>=`, so the last of equal extremes; a
+            // NaN held is replaced by whatever comes next (all NaN: the last sample).
+            OverTime::TsOfMin => extremum_time(s, |x, m| x <= m),
+            OverTime::TsOfMax => extremum_time(s, |x, m| x >= m),
             OverTime::Present => 1.0,
             OverTime::Stddev => variance(vals()).sqrt(),
             OverTime::Stdvar => variance(vals()),
@@ -165,6 +184,18 @@ impl OverTime {
     }
 }
 
+/// The time (seconds) of the sample `better` picks over the one held so far, or over a
+/// NaN held.
+fn extremum_time(s: &[Sample], better: impl Fn(f64, f64) -> bool) -> f64 {
+    let (mut m, mut t) = (s[0].v, s[0].t);
+    for x in s {
+        if better(x.v, m) || m.is_nan() {
+            (m, t) = (x.v, x.t);
+        }
+    }
+    t as f64 / 1000.0
+}
+
 /// `*_over_time`, `changes` and `resets`.
 fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, QueryError> {
     match kind {
@@ -173,8 +204,10 @@ fn over_time_call(ev: &Evaluator, c: &Call, kind: OverTime) -> Result<Val, Query
             q.iter().for_each(|&x| ev.annotations.check_quantile(x, &c.args.args[0]));
             ev.range_windows(range_arg(c, 1)?, false, |i, s, _, _| Some(kind.apply(s, q[i])))
         }
-        // The only one that keeps the metric name.
-        OverTime::Last => ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| Some(kind.apply(s, 0.0))),
+        // The only ones that keep the metric name: a sample of the series, moved in time.
+        OverTime::Last | OverTime::First => {
+            ev.range_windows(range_arg(c, 0)?, true, |_, s, _, _| Some(kind.apply(s, 0.0)))
+        }
         OverTime::Avg | OverTime::Sum => {
             ev.range_windows_with(range_arg(c, 0)?, false, IntegerPrefix::new, |prefix, w| match prefix {
                 Some(p) if kind == OverTime::Avg => Some(p.sum(w.a, w.b) / (w.b - w.a) as f64),
@@ -303,8 +336,17 @@ fn double_exponential_smoothing(s: &[Sample], sf: f64, tf: f64) -> Option<f64> {
 }
 
 /// Functions behind Prometheus 3's experimental flag that Strata evaluates.
-const EXPERIMENTAL_IMPLEMENTED: [&str; 4] =
-    ["sort_by_label", "sort_by_label_desc", "mad_over_time", "double_exponential_smoothing"];
+const EXPERIMENTAL_IMPLEMENTED: [&str; 9] = [
+    "sort_by_label",
+    "sort_by_label_desc",
+    "mad_over_time",
+    "double_exponential_smoothing",
+    "first_over_time",
+    "ts_of_first_over_time",
+    "ts_of_last_over_time",
+    "ts_of_min_over_time",
+    "ts_of_max_over_time",
+];
 
 /// Orders label sets by the values of `names` in natural order (`2` before `10`), then by
 /// the whole label set, as `sort_by_label` does.
@@ -619,4 +661,78 @@ fn absent_labels_of(vs: Option<&promql_parser::parser::VectorSelector>) -> Label
         }
     }
     b.build()
+}
+
+#[cfg(all(test, feature = "testfile"))]
+mod tests {
+    use crate::testfile::{run_file, Report};
+
+    /// Prometheus 3's `first_over_time` and `ts_of_*_over_time`: the first keeps the
+    /// metric name (a sample moved in time, as `last_over_time`), the others give seconds;
+    /// of equal extremes the last counts, a NaN is passed over, all NaN gives the last
+    /// sample; staleness markers are not samples of a range.
+    #[test]
+    fn first_over_time_and_the_times_of_samples_as_prometheus() {
+        let text = r#"
+load 10s
+  data{type="numbers"} 2 0 3
+  data{type="ties"} 1 1 1
+  data{type="some_nan"} 2 0 NaN
+  data{type="some_nan2"} 2 NaN 1
+  data{type="some_nan3"} NaN 0 1
+  data{type="only_nan"} NaN NaN NaN
+  data{type="stale"} 4 5 stale
+
+eval instant at 1m first_over_time(data[2m])
+  data{type="numbers"} 2
+  data{type="ties"} 1
+  data{type="some_nan"} 2
+  data{type="some_nan2"} 2
+  data{type="some_nan3"} NaN
+  data{type="only_nan"} NaN
+  data{type="stale"} 4
+
+eval instant at 1m ts_of_first_over_time(data[2m])
+  {type="numbers"} 0
+  {type="ties"} 0
+  {type="some_nan"} 0
+  {type="some_nan2"} 0
+  {type="some_nan3"} 0
+  {type="only_nan"} 0
+  {type="stale"} 0
+
+eval instant at 1m ts_of_last_over_time(data[2m])
+  {type="numbers"} 20
+  {type="ties"} 20
+  {type="some_nan"} 20
+  {type="some_nan2"} 20
+  {type="some_nan3"} 20
+  {type="only_nan"} 20
+  {type="stale"} 10
+
+eval instant at 1m ts_of_min_over_time(data[2m])
+  {type="numbers"} 10
+  {type="ties"} 20
+  {type="some_nan"} 10
+  {type="some_nan2"} 20
+  {type="some_nan3"} 10
+  {type="only_nan"} 20
+  {type="stale"} 0
+
+eval instant at 1m ts_of_max_over_time(data[2m])
+  {type="numbers"} 20
+  {type="ties"} 20
+  {type="some_nan"} 0
+  {type="some_nan2"} 0
+  {type="some_nan3"} 20
+  {type="only_nan"} 20
+  {type="stale"} 10
+
+eval instant at 5m first_over_time(data[1m])
+"#;
+        let mut r = Report::default();
+        run_file("inline", text, &mut r);
+        assert!(r.failed.is_empty(), "{:#?}", r.failed);
+        assert_eq!(r.passed, 6);
+    }
 }
