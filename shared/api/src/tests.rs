@@ -394,3 +394,20 @@ fn annotations_are_capped_at_ten_with_a_count() {
     assert_eq!(capped[10], "3 more info annotations omitted");
     assert_eq!(super::capped(&many[..10], "info").len(), 10);
 }
+
+/// Thanos' `max_source_resolution` values: `auto` (or none) lets the planner choose,
+/// `raw` and `0s` mean raw data, `5m` and `1h` cap the aggregates; anything else is a 400.
+#[test]
+fn max_source_resolution_takes_thanos_values() {
+    let of = |q: &str| {
+        let p = Params::from_request(&Method::GET, &HeaderMap::new(), Some(q), &Bytes::new()).unwrap();
+        max_source_resolution(&p)
+    };
+    assert_eq!(of("query=up").unwrap(), None);
+    assert_eq!(of("max_source_resolution=auto").unwrap(), None);
+    assert_eq!(of("max_source_resolution=raw").unwrap(), Some(0));
+    assert_eq!(of("max_source_resolution=0s").unwrap(), Some(0));
+    assert_eq!(of("max_source_resolution=5m").unwrap(), Some(300_000));
+    assert_eq!(of("max_source_resolution=1h").unwrap(), Some(3_600_000));
+    assert!(of("max_source_resolution=fine").is_err());
+}

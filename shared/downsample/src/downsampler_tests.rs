@@ -358,3 +358,36 @@ async fn the_oldest_time_held_counts_every_block_and_is_unknown_with_an_unreadab
     let reopened = Downsampler::open(&s._dir.path().join("downsample"), opts).unwrap();
     assert_eq!(reopened.oldest_held(), None);
 }
+
+/// Retention per resolution: past its own, a resolution's blocks go and its coverage with
+/// them, while the longer-kept 1 h windows of the same times stay and still answer.
+#[tokio::test]
+async fn each_resolution_is_kept_for_its_own_retention() {
+    let today = strata_model::time::now_ms().div_euclid(DAY) * DAY;
+    let t0 = today - 2 * DAY;
+    let dir = tempfile::tempdir().unwrap();
+    let db = Arc::new(Tsdb::open(&dir.path().join("db"), TsdbOptions::default()).unwrap());
+    db.set_metadata("gpu_temp", Metadata { metric_type: MetricType::Gauge, ..Default::default() }).unwrap();
+    write(&db, &labels("gpu_temp", "a"), t0, t0 + 6 * ONE_HOUR, 17, temp);
+    let dedup = ReplicaDedup::new(Arc::new(TsdbStore(db.clone())), vec!["replica".into()]);
+    let opts = DownsampleOptions {
+        max_delay: std::time::Duration::from_secs(60),
+        retention_5m: std::time::Duration::from_secs(3 * 86400),
+        retention_1h: std::time::Duration::from_secs(30 * 86400),
+        ..Default::default()
+    };
+    let down = Downsampler::open(&dir.path().join("downsample"), opts).unwrap();
+    down.run(&dedup, Some(t0 + 1), t0 + 8 * ONE_HOUR).await.unwrap();
+    let held = |width: i64| down.coverage().iter().any(|c| c.0 == width && c.1 <= t0 + ONE_HOUR);
+    assert!(held(FIVE_MINUTES) && held(ONE_HOUR), "{:?}", down.coverage());
+    // Five days on: the 5 m windows of that day are past their three days.
+    down.run(&dedup, Some(t0 + 1), t0 + 5 * DAY).await.unwrap();
+    assert!(!held(FIVE_MINUTES), "5 m windows kept past their retention: {:?}", down.coverage());
+    assert!(held(ONE_HOUR), "1 h windows gone with the 5 m ones: {:?}", down.coverage());
+    let hourly = down.blocks(ONE_HOUR).unwrap();
+    let m = Matcher::new(MatchOp::Equal, "__name__", "gpu_temp").unwrap();
+    let mut req = StepsRequest::new(vec![m], (t0 + 2 * ONE_HOUR, t0 + 5 * ONE_HOUR, ONE_HOUR), 300_000);
+    req.function = Some(("avg_over_time".into(), ONE_HOUR));
+    let got = answer(&hourly, &req).expect("the 1 h windows still answer");
+    assert!(!got.series.is_empty(), "{got:?}");
+}

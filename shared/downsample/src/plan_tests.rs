@@ -169,6 +169,17 @@ async fn aligned_steps_come_from_aggregates_the_newest_from_raw_data_and_answers
             assert!(used.iter().any(|u| u.resolution == 0), "{q}: the newest steps from raw data: {used:?}");
         }
     }
+    // `max_source_resolution=5m` at an hour's step: 5 m windows, never 1 h ones.
+    let grid = (start, s.end.div_euclid(ONE_HOUR) * ONE_HOUR, ONE_HOUR);
+    for q in ["max_over_time(temp[1h])", "increase(energy_total[1h])", "temp"] {
+        let mut scope = QueryScope::default();
+        scope.max_source_resolution = Some(FIVE_MINUTES);
+        let got = run(&s.planner, q, grid, scope.clone()).await;
+        assert_same(q, &run(&*s.reference, q, grid, QueryScope::default()).await, &got);
+        let used = scope.resolutions();
+        assert!(used.iter().all(|u| u.resolution <= FIVE_MINUTES), "{q}: {used:?}");
+        assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES), "{q}: {used:?}");
+    }
 }
 
 #[tokio::test]
@@ -441,6 +452,15 @@ async fn steps_raw_data_no_longer_reaches_come_from_the_closest_aggregates_and_s
     assert!(scope.infos().is_empty(), "{:?}", scope.infos());
     let warnings = scope.warnings();
     assert!(warnings.iter().any(|w| w.contains("no longer kept") && w.contains("replica")), "{warnings:?}");
+    // No raw data kept at all (a cluster gone, its aggregates kept): every step from them.
+    let mut gone = regional.clone();
+    (gone.min_time, gone.max_time) = (i64::MIN, i64::MIN);
+    s.fanout.set_targets(vec![gone]);
+    let scope = QueryScope::default();
+    let got = run(&s.planner, "avg_over_time(temp[5m15s])", (start, s.t0 + 7 * ONE_HOUR, step), scope.clone()).await;
+    assert!(!got.is_empty() && !got[0].1.is_empty());
+    assert!(scope.resolutions().iter().all(|u| u.resolution > 0), "{:?}", scope.resolutions());
+    assert!(scope.infos().iter().any(|i| i.contains("approximately")), "{:?}", scope.infos());
     // Raw data as old as the aggregates (nothing lost): the raw answer, exact, unannotated.
     (regional.min_time, regional.max_time) = (s.t0 + 11, s.end);
     s.fanout.set_targets(vec![regional]);

@@ -321,7 +321,8 @@ fn every_aggregate_dropped_is_caught() {
             mismatches(raw, &ws, width, Kept::ALL) > 0
         })
     };
-    let drops: [(&str, fn(&mut Window)); 16] = [
+    type Drop = (&'static str, fn(&mut Window));
+    let drops: [Drop; 16] = [
         ("count", |w| w.count = 1),
         ("sum", |w| w.sum = 0.0),
         ("min", |w| w.min = w.max),

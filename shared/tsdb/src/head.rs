@@ -63,6 +63,8 @@ pub struct OpenContinuation {
     pub appender: ChunkAppender,
     /// The samples it adds, in order.
     pub samples: Vec<Sample>,
+    /// It continues the newest sealed chunk (see `reopened_for`), which it replaces.
+    pub replaces_sealed: bool,
 }
 
 pub struct SeriesSamples {
@@ -190,17 +192,19 @@ impl SeriesSamples {
         self.open = open;
     }
 
-    /// Makes the newest chunk the open one again when `c`, an open chunk, begins where it
+    /// The newest chunk as the open one again, when `c`, an open chunk, begins where it
     /// does and continues its samples: that chunk came whole (a backlog's samples, sealed
     /// again by its sender) while the sender went on appending to its own open chunk, and
     /// appended again in the streaming encoding it is the chunk the sender has been
     /// continuing (the coder is deterministic). Without this, `c`'s samples would go one
-    /// by one until it ends. Unchanged when the bits do not agree.
-    fn reopen_continued_by(&mut self, c: &Chunk, block_range: i64) {
+    /// by one until it ends. `None` when the bits do not agree. Nothing changes here:
+    /// [`continue_open`](Self::continue_open) replaces the sealed chunk, once the batch is
+    /// taken.
+    fn reopened_for(&self, c: &Chunk, block_range: i64) -> Option<ChunkAppender> {
         if !self.open.is_empty() || c.is_block() {
-            return;
+            return None;
         }
-        let Some(s) = self.sealed.last() else { return };
+        let s = self.sealed.last()?;
         let candidate = s.min_t == c.min_t
             && s.n < c.n
             && s.n < CHUNK_MAX_SAMPLES
@@ -208,17 +212,15 @@ impl SeriesSamples {
             && c.max_t < block_end(s.min_t, block_range)
             && self.last.is_some_and(|l| l.t == s.max_t);
         if !candidate {
-            return;
+            return None;
         }
-        let Ok(samples) = s.decode() else { return };
-        let mut open = ChunkAppender::with_capacity(c.data.len() + c.data.len() / 4);
+        let samples = s.decode().ok()?;
+        // Sized from what is stored, never from what the sender sent.
+        let mut open = ChunkAppender::with_capacity(s.data.len().saturating_mul(2));
         for x in &samples {
             open.append(x.t, x.v);
         }
-        if open.is_continued_by(c) {
-            self.sealed.pop();
-            self.open = open;
-        }
+        open.is_continued_by(c).then_some(open)
     }
 
     /// What taking `c`'s samples up to `through` as this series' open chunk would give,
@@ -237,18 +239,26 @@ impl SeriesSamples {
         if through >= block_end(c.min_t, block_range) {
             return Ok(None);
         }
-        self.reopen_continued_by(c, block_range);
-        let fresh = !self.open.is_continued_by(c);
+        let reopened = self.reopened_for(c, block_range);
+        let fresh = reopened.is_none() && !self.open.is_continued_by(c);
         if fresh && self.last.is_some_and(|l| c.min_t <= l.t) {
             return Ok(None);
         }
-        let k =
-            if fresh { ChunkAppender::new().continued_by(c, through)? } else { self.open.continued_by(c, through)? };
+        let k = match (&reopened, fresh) {
+            (Some(r), _) => r.continued_by(c, through)?,
+            (None, true) => ChunkAppender::new().continued_by(c, through)?,
+            (None, false) => self.open.continued_by(c, through)?,
+        };
         let Some(k) = k else { return Ok(None) };
         if k.samples.first().zip(self.last).is_some_and(|(f, l)| f.t <= l.t) {
             return Ok(None);
         }
-        Ok(Some(OpenContinuation { fresh, appender: k.appender, samples: k.samples }))
+        Ok(Some(OpenContinuation {
+            fresh,
+            appender: k.appender,
+            samples: k.samples,
+            replaces_sealed: reopened.is_some(),
+        }))
     }
 
     /// Takes what [`continuation`](Self::continuation) gave, the series unchanged since.
@@ -256,6 +266,11 @@ impl SeriesSamples {
         let Some(&newest) = k.samples.last() else { return };
         if k.fresh && !self.open.is_empty() {
             self.seal_open(false);
+        }
+        // The newest sealed chunk is the continued one's beginning (`reopened_for`; nothing
+        // appended to the series since: the WAL's lock is held throughout).
+        if k.replaces_sealed && self.sealed.last().is_some_and(|s| s.min_t == k.appender.min_t()) {
+            self.sealed.pop();
         }
         self.open = k.appender;
         self.last = Some(newest);

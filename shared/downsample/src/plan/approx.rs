@@ -50,7 +50,7 @@ impl ResolutionPlanner {
             Some((_, range)) => *range,
             None => req.lookback,
         };
-        let e = |i: usize| (req.start + i as i64 * req.step).saturating_sub(req.offset);
+        let e = |i: usize| step_time(req.start, i, req.step).saturating_sub(req.offset);
         // Steps reading from before the raw data kept: a prefix of the grid.
         let short = (0..n).take_while(|&i| e(i).saturating_sub(reach) < raw_from.saturating_sub(1)).count();
         if short == 0 {
@@ -67,6 +67,8 @@ impl ResolutionPlanner {
                 // The finest resolution for the newest of these steps, coarser ones for what
                 // it does not reach back to (5 m windows are kept for less time than 1 h).
                 let (mut parts, mut end, mut why_not) = (Vec::new(), short, String::new());
+                // Said once the answer is sure to be made from them.
+                let mut infos = Vec::new();
                 for width in [FIVE_MINUTES, ONE_HOUR] {
                     if end == 0 || cap.is_some_and(|c| c < width) {
                         continue;
@@ -76,10 +78,16 @@ impl ResolutionPlanner {
                             format!("no single store holds {} aggregates of every series", format_duration_ms(width));
                         continue;
                     };
-                    let Some(aligned) = (lo <= hi).then(|| Aligned::new(req, &leaf, width, end, (lo, hi))).flatten()
-                    else {
-                        why_not = format!("the {} aggregates do not cover those steps yet", format_duration_ms(width));
-                        continue;
+                    let aligned = match Aligned::new(req, &leaf, width, end, (lo, hi)) {
+                        Ok(a) if lo <= hi => a,
+                        Ok(_) => {
+                            why_not = format!("the {} aggregates hold nothing", format_duration_ms(width));
+                            continue;
+                        }
+                        Err(why) => {
+                            why_not = format!("the {} aggregates {why}", format_duration_ms(width));
+                            continue;
+                        }
                     };
                     let exact = check(&leaf, &grid, width, Kept::ALL).err().map(|e| e.to_string());
                     let mut sub = req.clone();
@@ -104,7 +112,7 @@ impl ResolutionPlanner {
                     }
                     let (from, to) =
                         (req.start + aligned.first as i64 * req.step, req.start + (end as i64 - 1) * req.step);
-                    scope.info(format!(
+                    infos.push(format!(
                         "PromQL info: {} answered approximately from {} aggregates for the steps from {from} to {to} ms: raw data before {raw_from} ms is no longer kept, and no resolution is exact ({}); the range read is {}, each step at the window end at or before it",
                         leaf_text(req),
                         format_duration_ms(width),
@@ -134,8 +142,11 @@ impl ResolutionPlanner {
                             }
                         }
                     }
+                    for i in infos {
+                        scope.info(i);
+                    }
                     if end > 0 {
-                        let last = req.start + (end as i64 - 1) * req.step;
+                        let last = step_time(req.start, end - 1, req.step);
                         scope.warn(format!(
                             "{}: raw data before {raw_from} ms is no longer kept and no aggregates reach back that far: the steps up to {last} ms lack data",
                             leaf_text(req)
@@ -173,7 +184,16 @@ struct Aligned {
 }
 
 impl Aligned {
-    fn new(req: &StepsRequest, leaf: &Leaf, width: i64, short: usize, (lo, hi): (i64, i64)) -> Option<Aligned> {
+    /// `Err`: why the aggregates of `width` cannot stand in for those steps.
+    fn new(
+        req: &StepsRequest,
+        leaf: &Leaf,
+        width: i64,
+        short: usize,
+        (lo, hi): (i64, i64),
+    ) -> Result<Aligned, &'static str> {
+        const NOT_YET: &str = "do not cover those steps yet";
+        const BAD: &str = "cannot place steps that far apart or that far out";
         let round = |r: i64| (r.saturating_add(width / 2) / width).max(1).saturating_mul(width);
         let leaf = match *leaf {
             Leaf::Range { function, range } => Leaf::Range { function, range: round(range) },
@@ -183,31 +203,35 @@ impl Aligned {
             Leaf::Range { range, .. } => range,
             Leaf::Selector { lookback } => lookback,
         };
-        let first_t = req.start.checked_sub(req.offset)?;
-        let end_of = |i: usize| (first_t + i as i64 * req.step).div_euclid(width) * width;
+        let first_t = req.start.checked_sub(req.offset).ok_or(BAD)?;
+        // (Saturating: a query's times and ranges are bounded far inside i64, see the
+        // engine's limits; at the bounds a step lands on no window rather than wrapping.)
+        let end_of = |i: usize| step_time(first_t, i, req.step).div_euclid(width).saturating_mul(width);
         // Steps whose windows all lie where the aggregates are.
-        let first = (0..short).find(|&i| end_of(i) - reach >= lo.saturating_sub(1))?;
-        let last = (first..short).rev().find(|&i| end_of(i) <= hi)?;
+        let first = (0..short).find(|&i| end_of(i).saturating_sub(reach) >= lo.saturating_sub(1)).ok_or(NOT_YET)?;
+        let last = (first..short).rev().find(|&i| end_of(i) <= hi).ok_or(NOT_YET)?;
         if last + 1 != short {
             // The newest of these steps past the aggregates: not this resolution.
-            return None;
+            return Err(NOT_YET);
         }
         let step = if req.step % width == 0 { req.step } else { width };
         let (a, b) = (end_of(first), end_of(last));
-        let steps = usize::try_from((b - a) / step).ok()?.checked_add(1)?;
+        let steps = usize::try_from(b.saturating_sub(a) / step).ok().and_then(|n| n.checked_add(1)).ok_or(BAD)?;
         // Never many more steps than were asked for (two steps half a year apart, a step
         // off the windows, would be 50,000 of them).
         if steps > MAX_ALIGNED_STEPS || steps > (short - first).saturating_mul(2).saturating_add(2) {
-            return None;
+            return Err(BAD);
         }
-        let grid = Grid { start: a + req.offset, end: b + req.offset, step, offset: req.offset };
-        Some(Aligned { leaf, grid, steps, first, at: (first_t, req.step), width })
+        let (start, end) = (a.checked_add(req.offset).ok_or(BAD)?, b.checked_add(req.offset).ok_or(BAD)?);
+        let grid = Grid { start, end, step, offset: req.offset };
+        Ok(Aligned { leaf, grid, steps, first, at: (first_t, req.step), width })
     }
 
     /// The aligned step that request step `i` reads.
     fn index(&self, i: usize) -> Option<usize> {
-        let t = (self.at.0 + i as i64 * self.at.1).div_euclid(self.width) * self.width;
-        usize::try_from((t - (self.grid.start - self.grid.offset)) / self.grid.step).ok()
+        let t = step_time(self.at.0, i, self.at.1).div_euclid(self.width).saturating_mul(self.width);
+        let from = self.grid.start.checked_sub(self.grid.offset)?;
+        usize::try_from(t.checked_sub(from)? / self.grid.step).ok()
     }
 
     fn reach(&self) -> i64 {
@@ -218,20 +242,27 @@ impl Aligned {
     }
 }
 
+/// Step `i`'s time of a grid from `t0`, `step` apart (saturating).
+fn step_time(t0: i64, i: usize, step: i64) -> i64 {
+    t0.saturating_add(i64::try_from(i).unwrap_or(i64::MAX).saturating_mul(step))
+}
+
 /// The oldest raw sample kept by any store that may hold the selection's series (by
-/// their labels, whatever their times); `None` when one of them does not say (its range
-/// unknown) or none keeps raw data.
+/// their labels, whatever their times): `i64::MAX` when none keeps raw data (aggregates
+/// alone, a cluster long gone); stores holding nothing yet do not count. `None` when one
+/// of them does not say when its data starts (its range unknown): raw data may reach back
+/// anywhere.
 fn oldest_raw(targets: &[StoreTarget], sel: &SelectRequest) -> Option<i64> {
-    let mut oldest: Option<i64> = None;
+    let mut oldest = i64::MAX;
     for t in targets.iter().filter(|t| t.may_match(&sel.matchers, i64::MIN, i64::MAX)) {
         let no_raw = t.min_time == i64::MIN && t.max_time == i64::MIN;
-        if no_raw {
+        if no_raw || t.min_time > t.max_time {
             continue;
         }
-        if t.min_time > t.max_time {
+        if t.min_time == i64::MIN {
             return None;
         }
-        oldest = Some(oldest.map_or(t.min_time, |o| o.min(t.min_time)));
+        oldest = oldest.min(t.min_time);
     }
-    oldest
+    Some(oldest)
 }
