@@ -8,9 +8,11 @@
 //! series. The steps before and after what the aggregates cover (the newest hours, which
 //! are not downsampled yet) come from the raw path, deduplicated as always. A holder that
 //! cannot answer (a series that keeps no aggregate the function needs, a store down) sends
-//! the whole leaf back to the raw path. By default ([`Prefer`]) aggregates answer only
-//! the steps older than the raw data their holders keep. Each slice's resolution is recorded in the
-//! request's scope for `stats`.
+//! the whole leaf back to the raw path. By default ([`Prefer::Coarsest`]) aggregates answer
+//! every step they cover exactly (`RawWhereHeld`: only those older than the raw data their
+//! holders keep). Steps raw data no longer reaches, for a leaf no resolution is exact for,
+//! are answered approximately and said to be (`plan/approx.rs`). Each slice's resolution is
+//! recorded in the request's scope for `stats`.
 
 mod approx;
 
