@@ -256,14 +256,20 @@ fn save(path: &Path, saved: &Saved) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn hostile_spans_mark_a_bounded_number_of_slices_and_old_ones_nothing() {
+    /// A progress of 5 m windows in two-hour slices whose first slice is computed.
+    fn first_slice_computed() -> (tempfile::TempDir, Slicing, Progress) {
         let dir = tempfile::tempdir().unwrap();
         let sl = Slicing { width: 300_000, slice: 7_200_000 };
         let p = Progress::open(dir.path(), vec![sl]).unwrap();
         p.start_at(sl.width, 0);
         p.begin(sl.width, 0, sl.slice);
         p.done(sl, 0).unwrap();
+        (dir, sl, p)
+    }
+
+    #[test]
+    fn hostile_spans_mark_a_bounded_number_of_slices_and_old_ones_nothing() {
+        let (dir, sl, p) = first_slice_computed();
         // Before what storage admits: nothing to compute again.
         p.arrived("a", 10, 20, 1_000).unwrap();
         assert!(p.dirty(sl.width).is_empty());
@@ -285,12 +291,7 @@ mod tests {
     /// are back, it never makes a slice due.
     #[test]
     fn the_tiers_own_output_marks_slices_but_makes_none_due() {
-        let dir = tempfile::tempdir().unwrap();
-        let sl = Slicing { width: 300_000, slice: 7_200_000 };
-        let p = Progress::open(dir.path(), vec![sl]).unwrap();
-        p.start_at(sl.width, 0);
-        p.begin(sl.width, 0, sl.slice);
-        p.done(sl, 0).unwrap();
+        let (dir, sl, p) = first_slice_computed();
         p.changed(7_000_000, 30_000_000, 0).unwrap();
         assert_eq!(p.dirty(sl.width), vec![0]);
         assert!(!p.senders_past(2 * sl.slice, 60_000), "the tier's own output counted as a sender");
