@@ -126,9 +126,7 @@ impl Prepared {
             false => StepValues::default(),
         };
         let count: u64 = (0..windows.len()).map(|w| u64::from(windows.count(w))).sum();
-        // A sample moved in time keeps its name, as in Prometheus.
-        let keeps = |f: RangeFn| matches!(f, RangeFn::LastOverTime | RangeFn::FirstOverTime);
-        let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if !keeps(function));
+        let name_dropped = matches!(self.leaf, Leaf::Range { function, .. } if !function.keeps_name());
         Ok(StepsSeries {
             labels,
             metric_type,

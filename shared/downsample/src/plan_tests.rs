@@ -144,6 +144,9 @@ const QUERIES: &[&str] = &[
     "count_over_time(temp[10m])",
     "max by (gpu) (max_over_time(temp[5m]))",
     "count by (cluster) (avg_over_time(temp[5m]) > 40)",
+    // Keeps the metric name from aggregates as from raw data; a time in seconds.
+    "first_over_time(temp[1h])",
+    "ts_of_last_over_time(energy_total[5m])",
 ];
 
 #[tokio::test]

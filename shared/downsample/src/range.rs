@@ -76,6 +76,12 @@ impl RangeFn {
         })
     }
 
+    /// Whether the answer keeps the metric name: a sample moved in time, as Prometheus
+    /// treats `last_over_time` and `first_over_time`.
+    pub fn keeps_name(self) -> bool {
+        matches!(self, RangeFn::LastOverTime | RangeFn::FirstOverTime)
+    }
+
     pub fn needs(self) -> Needs {
         match self {
             RangeFn::Rate | RangeFn::Increase => Needs::Correction,

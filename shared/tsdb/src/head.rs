@@ -269,8 +269,15 @@ impl SeriesSamples {
         }
         // The newest sealed chunk is the continued one's beginning (`reopened_for`; nothing
         // appended to the series since: the WAL's lock is held throughout).
-        if k.replaces_sealed && self.sealed.last().is_some_and(|s| s.min_t == k.appender.min_t()) {
-            self.sealed.pop();
+        if k.replaces_sealed {
+            if self.sealed.last().is_some_and(|s| s.min_t == k.appender.min_t()) {
+                self.sealed.pop();
+            } else {
+                // Cannot happen while the WAL's lock spans the two calls; if it did, the
+                // head would hold those samples twice (the same values), not lose them.
+                debug_assert!(false, "the reopened chunk is no longer the newest sealed one");
+                tracing::error!(min_t = k.appender.min_t(), "head: a reopened chunk was not the newest sealed one");
+            }
         }
         self.open = k.appender;
         self.last = Some(newest);

@@ -11,6 +11,7 @@
 use super::{holder_of, leaf_of, leaf_text, stitch, ResolutionPlanner, Segment};
 use crate::downsampler::SLICINGS;
 use crate::leaf::{check, Grid, Leaf};
+use crate::range::RangeFn;
 use crate::{Kept, FIVE_MINUTES, ONE_HOUR};
 use strata_fanout::StoreTarget;
 use strata_model::duration::format_duration_ms;
@@ -56,12 +57,20 @@ impl ResolutionPlanner {
         if short == 0 {
             return Ok(None);
         }
+        let gone = match raw_from {
+            i64::MAX => "no store keeps raw data of these series".to_string(),
+            t => format!("raw data before {t} ms is no longer kept"),
+        };
         let grouped = req.aggregate.is_some();
         let why_not = match leaf_of(req) {
             _ if req.matchers.iter().any(|m| self.replica_labels.contains(&m.name)) => {
                 "a selection by a replica label, which the aggregates drop, cannot be answered from them".to_string()
             }
             None => "the aggregates cannot give this function".to_string(),
+            // A sample's time read from wider windows could lie outside the range asked for.
+            Some(Leaf::Range { function: RangeFn::TsOfFirstOverTime | RangeFn::TsOfLastOverTime, .. }) => {
+                "a sample's time cannot be approximated from wider windows".to_string()
+            }
             Some(leaf) => {
                 let grid = Grid { start: req.start, end: req.end, step: req.step, offset: req.offset };
                 // The finest resolution for the newest of these steps, coarser ones for what
@@ -78,12 +87,12 @@ impl ResolutionPlanner {
                             format!("no single store holds {} aggregates of every series", format_duration_ms(width));
                         continue;
                     };
+                    if lo > hi {
+                        why_not = format!("the {} aggregates hold nothing", format_duration_ms(width));
+                        continue;
+                    }
                     let aligned = match Aligned::new(req, &leaf, width, end, (lo, hi)) {
-                        Ok(a) if lo <= hi => a,
-                        Ok(_) => {
-                            why_not = format!("the {} aggregates hold nothing", format_duration_ms(width));
-                            continue;
-                        }
+                        Ok(a) => a,
                         Err(why) => {
                             why_not = format!("the {} aggregates {why}", format_duration_ms(width));
                             continue;
@@ -113,7 +122,7 @@ impl ResolutionPlanner {
                     let (from, to) =
                         (req.start + aligned.first as i64 * req.step, req.start + (end as i64 - 1) * req.step);
                     infos.push(format!(
-                        "PromQL info: {} answered approximately from {} aggregates for the steps from {from} to {to} ms: raw data before {raw_from} ms is no longer kept, and no resolution is exact ({}); the range read is {}, each step at the window end at or before it",
+                        "PromQL info: {} answered approximately from {} aggregates for the steps from {from} to {to} ms: {gone}, and no resolution is exact ({}); the range read is {}, each step at the window end at or before it",
                         leaf_text(req),
                         format_duration_ms(width),
                         exact.unwrap_or_else(|| "the aggregates do not cover every step".into()),
@@ -148,7 +157,7 @@ impl ResolutionPlanner {
                     if end > 0 {
                         let last = step_time(req.start, end - 1, req.step);
                         scope.warn(format!(
-                            "{}: raw data before {raw_from} ms is no longer kept and no aggregates reach back that far: the steps up to {last} ms lack data",
+                            "{}: {gone} and no aggregates reach back that far: the steps up to {last} ms lack data",
                             leaf_text(req)
                         ));
                     }
@@ -162,10 +171,7 @@ impl ResolutionPlanner {
             }
         };
         let last = req.start + (short as i64 - 1) * req.step;
-        scope.warn(format!(
-            "{}: raw data before {raw_from} ms is no longer kept and {why_not}: the steps up to {last} ms may lack data",
-            leaf_text(req)
-        ));
+        scope.warn(format!("{}: {gone} and {why_not}: the steps up to {last} ms may lack data", leaf_text(req)));
         Ok(None)
     }
 }
