@@ -104,7 +104,10 @@ fn one_by_one(o: &OpenChunk, series: &Arc<MemSeries>, damaged: &mut Vec<(Arc<Mem
 impl Tsdb {
     /// Stores each chunk it can take whole (see the module) and hands back the samples of
     /// the others. A series' chunks are taken in order up to the first that cannot be;
-    /// that one and the ones after it go back as samples, so their order is kept.
+    /// that one and the ones after it go back as samples, so their order is kept. A chunk
+    /// in order but not worth keeping as it came (a few samples its sender cut at a block
+    /// boundary) has its samples appended in its place, so the chunks after it are still
+    /// taken whole.
     pub fn commit_chunks(&self, batch: Vec<WholeChunks>) -> Result<AdoptOutcome, TsdbError> {
         let mut out = AdoptOutcome::default();
         let mut writer = self.wal.lock();
@@ -115,8 +118,9 @@ impl Tsdb {
         let (min_valid, max_valid) = (self.min_valid_time(now), self.max_valid_time(now));
         let range = self.block_range_ms();
         let mut records = self.segment_start_records(rotated);
-        // Per series: how many of its chunks are taken, and their newest samples.
-        let mut taken: Vec<Vec<Sample>> = Vec::with_capacity(batch.len());
+        // Per series: how many of its chunks are taken, their newest samples, and whether
+        // each is kept whole (else its samples are appended).
+        let mut taken: Vec<Vec<(Sample, bool)>> = Vec::with_capacity(batch.len());
         // Per series: what becomes of its open chunk (decided, and decoded, before anything
         // is written).
         let mut opens: Vec<OpenOutcome> = Vec::with_capacity(batch.len());
@@ -130,19 +134,25 @@ impl Tsdb {
                 let mut newest = g.last();
                 let mut end = 0;
                 for c in &w.chunks {
+                    let start = end;
                     end += usize::from(c.n);
                     let Some(&last) = w.samples.get(end.wrapping_sub(1)) else { break };
                     let fits = newest.is_none_or(|l| c.min_t > l.t)
                         && last.t == c.max_t
-                        && worth_keeping(c)
                         && c.min_t >= min_valid
                         && c.max_t <= max_valid
                         && g.can_adopt(c, range);
-                    if !fits {
+                    let whole = worth_keeping(c);
+                    // Appended one by one, its samples must be in order (as its header says).
+                    let in_order = whole
+                        || w.samples.get(start..end).is_some_and(|s| {
+                            s.first().is_some_and(|f| f.t == c.min_t) && s.windows(2).all(|p| p[0].t < p[1].t)
+                        });
+                    if !fits || !in_order {
                         break;
                     }
                     newest = Some(last);
-                    lasts.push(last);
+                    lasts.push((last, whole));
                 }
                 if !lasts.is_empty() {
                     if self.labels_due(&w.series, segment) {
@@ -151,13 +161,21 @@ impl Tsdb {
                             labels: w.series.labels.clone(),
                         });
                     }
-                    for (c, &last) in w.chunks.iter().zip(&lasts) {
-                        records.push(WalRecord::Chunk { series_ref: w.series.series_ref, chunk: c.clone(), last });
+                    let mut start = 0;
+                    for (c, &(last, whole)) in w.chunks.iter().zip(&lasts) {
+                        let end = start + usize::from(c.n);
+                        let series_ref = w.series.series_ref;
+                        records.push(if whole {
+                            WalRecord::Chunk { series_ref, chunk: c.clone(), last }
+                        } else {
+                            WalRecord::Samples(w.samples[start..end].iter().map(|&s| (series_ref, s)).collect())
+                        });
+                        start = end;
                     }
                 }
                 if let Some(o) = w.open.as_ref().filter(|_| lasts.len() == w.chunks.len()) {
                     // After chunks taken in this batch the open chunk can only begin anew.
-                    let after_taken = lasts.last().is_none_or(|l| o.chunk.min_t > l.t);
+                    let after_taken = lasts.last().is_none_or(|l| o.chunk.min_t > l.0.t);
                     let k = if after_taken { g.continuation(&o.chunk, o.through, range) } else { Ok(None) };
                     open = match k {
                         Ok(Some(k)) if k.samples.is_empty() => OpenOutcome::Nothing,
@@ -208,6 +226,7 @@ impl Tsdb {
                 .iter()
                 .filter_map(|r| match r {
                     WalRecord::Chunk { chunk, .. } => Some(chunk.min_t),
+                    WalRecord::Samples(s) => s.iter().map(|x| x.1.t).min(),
                     _ => None,
                 })
                 .min()
@@ -231,16 +250,26 @@ impl Tsdb {
                 w.series.logged_segment.store(segment, Ordering::Relaxed);
                 w.series.samples.lock()
             });
+            let mut whole_taken = 0;
             if let Some(g) = g.as_mut() {
-                for (c, last) in w.chunks.into_iter().zip(lasts) {
-                    stored += usize::from(c.n);
+                for (c, (last, whole)) in w.chunks.into_iter().zip(lasts) {
+                    let n = usize::from(c.n);
                     self.head.note_time(c.min_t);
                     self.head.note_time(c.max_t);
-                    g.adopt(c, last);
+                    if whole {
+                        g.adopt(c, last);
+                        whole_taken += 1;
+                    } else {
+                        for &s in w.samples.get(stored..stored + n).unwrap_or_default() {
+                            g.append(s, range);
+                        }
+                    }
+                    stored += n;
                 }
             }
+            debug_assert!(whole_taken <= chunks_taken);
             out.adopted += stored;
-            out.chunks += chunks_taken;
+            out.chunks += whole_taken;
             out.rest.extend(w.samples.into_iter().skip(stored).map(|s| (w.series.clone(), s)));
             match open {
                 OpenOutcome::Continue(k) => {
@@ -350,6 +379,42 @@ mod tests {
         let mut want = at(0, 300, value);
         want.push(Sample::new(1_000_000 + 300 * 5000, 1.0));
         assert_eq!(stored(&db).0, want);
+    }
+
+    /// A handful of samples its sender cut at a block boundary, then full chunks: the few
+    /// are appended in their place (not worth a chunk of their own), and the chunks after
+    /// them are still taken whole; a crash replays both.
+    #[test]
+    fn a_small_first_chunk_is_appended_and_the_chunks_after_it_taken_whole() {
+        let d = tempfile::tempdir().unwrap();
+        let labels = gpu0();
+        let value = |i: i64| (i % 11) as f64;
+        let samples = at(0, 250, value);
+        let mut chunks = Chunk::encode_sealed(&samples[..6]);
+        chunks.extend(Chunk::encode_sealed(&samples[6..]));
+        assert_eq!(chunks.len(), 2, "six samples, then a chunk of the rest");
+        assert!(!worth_keeping(&chunks[0]));
+        {
+            let db = open(d.path());
+            let s = db.series(&labels).unwrap();
+            let mut decoded = Vec::new();
+            for c in &chunks {
+                c.decode_checked(&mut decoded).unwrap();
+            }
+            let w = WholeChunks { series: s.clone(), chunks: chunks.clone(), samples: decoded, open: None };
+            let out = db.commit_chunks(vec![w]).unwrap();
+            assert_eq!((out.adopted, out.chunks, out.rest.len()), (250, 1, 0));
+            assert_eq!(stored(&db).0, samples);
+            // A small chunk out of order (before what is stored) still goes back as samples.
+            let late = Chunk::encode_sealed(&at(-10, -4, value));
+            let mut decoded = Vec::new();
+            late[0].decode_checked(&mut decoded).unwrap();
+            let w = WholeChunks { series: s.clone(), chunks: late, samples: decoded, open: None };
+            let out = db.commit_chunks(vec![w]).unwrap();
+            assert_eq!((out.adopted, out.chunks, out.rest.len()), (0, 0, 6));
+        }
+        let db = open(d.path());
+        assert_eq!(stored(&db).0, samples, "replayed after a crash");
     }
 
     /// The open chunk of a head that appended what this one did, and more: only its new
@@ -493,8 +558,8 @@ mod tests {
     }
 
     /// A chunk padded with bytes its decoder never reads, or too short to be worth its
-    /// header, is appended sample by sample: what a peer sends cannot fill the head and the
-    /// WAL with more than its samples cost.
+    /// header, is appended sample by sample (in its place, being in order): what a peer
+    /// sends cannot fill the head and the WAL with more than its samples cost.
     #[test]
     fn a_padded_or_tiny_chunk_is_appended_sample_by_sample() {
         let d = tempfile::tempdir().unwrap();
@@ -509,8 +574,7 @@ mod tests {
         for w in [padded, tiny] {
             let n = w.samples.len();
             let out = db.commit_chunks(vec![w]).unwrap();
-            assert_eq!((out.adopted, out.rest.len()), (0, n));
-            assert_eq!(db.commit(&out.rest).unwrap().appended, n);
+            assert_eq!((out.adopted, out.chunks, out.rest.len()), (n, 0, 0));
         }
         assert_eq!(stored(&db).0, at(0, 105, |i| i as f64));
         assert!(db.stats().chunk_bytes < 10_000, "{} bytes in the head", db.stats().chunk_bytes);
