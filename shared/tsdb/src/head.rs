@@ -261,6 +261,25 @@ impl SeriesSamples {
         }))
     }
 
+    /// `c` as a chunk begun anew after chunks a batch takes before it (whose newest sample
+    /// is `after`): [`continuation`](Self::continuation)'s fresh case, judged against those
+    /// chunks rather than against what the series holds now.
+    pub fn begun_anew(
+        c: &Chunk,
+        through: i64,
+        block_range: i64,
+        after: Sample,
+    ) -> Result<Option<OpenContinuation>, strata_chunk::ChunkError> {
+        if through >= block_end(c.min_t, block_range) || c.min_t <= after.t {
+            return Ok(None);
+        }
+        let Some(k) = ChunkAppender::new().continued_by(c, through)? else { return Ok(None) };
+        if k.samples.first().is_some_and(|f| f.t <= after.t) {
+            return Ok(None);
+        }
+        Ok(Some(OpenContinuation { fresh: true, appender: k.appender, samples: k.samples, replaces_sealed: false }))
+    }
+
     /// Takes what [`continuation`](Self::continuation) gave, the series unchanged since.
     pub fn continue_open(&mut self, k: OpenContinuation) {
         let Some(&newest) = k.samples.last() else { return };

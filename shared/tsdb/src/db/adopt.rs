@@ -2,13 +2,15 @@
 //! appending their samples one by one (a WAL entry and a chunk append per sample) would
 //! cost the receiver most of what catching up costs. A chunk that starts after its
 //! series' newest sample, inside the admissible time range and one block-range window, is
-//! logged as one WAL record and taken by the head as it came. Everything else (a chunk
-//! that overlaps what is stored, one older than the head admits) goes through
+//! logged as one WAL record and taken by the head as it came; a series' first chunk with
+//! too few samples to be worth that (cut by its sender at a block boundary) is appended
+//! in its place, so the chunks after it are still taken. Everything else (a chunk that
+//! overlaps what is stored, one older than the head admits) goes through
 //! [`Tsdb::commit`] sample by sample, so duplicates, conflicts and late samples are
 //! judged exactly as for samples.
 
 use super::{Tsdb, TsdbError};
-use crate::head::{MemSeries, OpenContinuation};
+use crate::head::{MemSeries, OpenContinuation, SeriesSamples};
 use crate::wal::WalRecord;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -25,6 +27,10 @@ const MIN_SAMPLES: usize = 16;
 /// decoder never reads is appended sample by sample (re-encoded) instead of filling the
 /// head, the WAL and the blocks with them.
 const MAX_BYTES_PER_SAMPLE: usize = 32;
+
+/// Samples of chunks not worth keeping appended in their place per call at most (as many
+/// as `commit` appends under one hold of the WAL's lock); past it they go back as samples.
+const MAX_APPENDED_IN_PLACE: usize = 16_384;
 
 /// Whether a chunk is kept as it came rather than appended sample by sample (see the
 /// constants above; every reader of a WAL chunk record takes what this lets through).
@@ -67,7 +73,7 @@ enum OpenOutcome {
 /// What [`Tsdb::commit_chunks`] did.
 #[derive(Default)]
 pub struct AdoptOutcome {
-    /// Samples stored within the chunks taken whole.
+    /// Samples stored within the chunks taken whole, or appended in a small chunk's place.
     pub adopted: usize,
     /// Chunks taken whole.
     pub chunks: usize,
@@ -124,6 +130,7 @@ impl Tsdb {
         // Per series: what becomes of its open chunk (decided, and decoded, before anything
         // is written).
         let mut opens: Vec<OpenOutcome> = Vec::with_capacity(batch.len());
+        let mut in_place_left = MAX_APPENDED_IN_PLACE;
         for w in &batch {
             let mut lasts = Vec::new();
             let mut open = OpenOutcome::Nothing;
@@ -143,13 +150,19 @@ impl Tsdb {
                         && c.max_t <= max_valid
                         && g.can_adopt(c, range);
                     let whole = worth_keeping(c);
-                    // Appended one by one, its samples must be in order (as its header says).
-                    let in_order = whole
-                        || w.samples.get(start..end).is_some_and(|s| {
+                    // In its place only as a series' first chunk (the few samples its sender
+                    // cut at a block boundary), within the call's budget, and in order.
+                    let in_place = !whole
+                        && lasts.is_empty()
+                        && usize::from(c.n) <= in_place_left
+                        && w.samples.get(start..end).is_some_and(|s| {
                             s.first().is_some_and(|f| f.t == c.min_t) && s.windows(2).all(|p| p[0].t < p[1].t)
                         });
-                    if !fits || !in_order {
+                    if !fits || !(whole || in_place) {
                         break;
+                    }
+                    if in_place {
+                        in_place_left -= usize::from(c.n);
                     }
                     newest = Some(last);
                     lasts.push((last, whole));
@@ -176,7 +189,12 @@ impl Tsdb {
                 if let Some(o) = w.open.as_ref().filter(|_| lasts.len() == w.chunks.len()) {
                     // After chunks taken in this batch the open chunk can only begin anew.
                     let after_taken = lasts.last().is_none_or(|l| o.chunk.min_t > l.0.t);
-                    let k = if after_taken { g.continuation(&o.chunk, o.through, range) } else { Ok(None) };
+                    let k = match lasts.last() {
+                        _ if !after_taken => Ok(None),
+                        None => g.continuation(&o.chunk, o.through, range),
+                        // Begun anew after them (what the series holds now is not before it).
+                        Some(&(after, _)) => SeriesSamples::begun_anew(&o.chunk, o.through, range, after),
+                    };
                     open = match k {
                         Ok(Some(k)) if k.samples.is_empty() => OpenOutcome::Nothing,
                         Ok(Some(k))
@@ -260,7 +278,10 @@ impl Tsdb {
                         g.adopt(c, last);
                         whole_taken += 1;
                     } else {
-                        for &s in w.samples.get(stored..stored + n).unwrap_or_default() {
+                        // (In bounds: the decision read the chunk's last sample there.)
+                        let samples = w.samples.get(stored..stored + n).unwrap_or_default();
+                        debug_assert_eq!(samples.len(), n);
+                        for &s in samples {
                             g.append(s, range);
                         }
                     }
@@ -415,6 +436,44 @@ mod tests {
         }
         let db = open(d.path());
         assert_eq!(stored(&db).0, samples, "replayed after a crash");
+        // Only a series' first chunk goes in its place: a small one after it stops the
+        // taking, as before (it and what follows judged as samples).
+        let s = db.series(&labels).unwrap();
+        let more = at(250, 300, value);
+        let mut chunks = Chunk::encode_sealed(&more[..30]);
+        chunks.extend(Chunk::encode_sealed(&more[30..33]));
+        chunks.extend(Chunk::encode_sealed(&more[33..]));
+        let mut decoded = Vec::new();
+        for c in &chunks {
+            c.decode_checked(&mut decoded).unwrap();
+        }
+        let out = db.commit_chunks(vec![WholeChunks { series: s, chunks, samples: decoded, open: None }]).unwrap();
+        assert_eq!((out.adopted, out.chunks, out.rest.len()), (30, 1, 20));
+    }
+
+    /// Chunks taken whole, then the sender's open chunk beginning after them: it is taken
+    /// as the series' open chunk (not sample by sample), and replays so.
+    #[test]
+    fn an_open_chunk_after_chunks_taken_in_the_same_batch_begins_anew() {
+        let d = tempfile::tempdir().unwrap();
+        let labels = gpu0();
+        let value = |i: i64| (i % 13) as f64;
+        let mut sender = strata_chunk::ChunkAppender::new();
+        for s in at(200, 260, value) {
+            sender.append(s.t, s.v);
+        }
+        let open_chunk = sender.seal();
+        {
+            let db = open(d.path());
+            let s = db.series(&labels).unwrap();
+            let mut w = whole(&s, &at(0, 200, value));
+            w.open = Some(OpenChunk { chunk: open_chunk.clone(), from: i64::MIN, through: open_chunk.max_t });
+            let out = db.commit_chunks(vec![w]).unwrap();
+            assert_eq!((out.adopted, out.chunks, out.continued, out.rest.len()), (260, 1, 1, 0));
+            assert_eq!(stored(&db).0, at(0, 260, value));
+        }
+        let db = open(d.path());
+        assert_eq!(stored(&db).0, at(0, 260, value), "replayed after a crash");
     }
 
     /// The open chunk of a head that appended what this one did, and more: only its new
