@@ -270,7 +270,7 @@ impl SeriesSamples {
         block_range: i64,
         after: Sample,
     ) -> Result<Option<OpenContinuation>, strata_chunk::ChunkError> {
-        if through >= block_end(c.min_t, block_range) || c.min_t <= after.t {
+        if through >= block_end(c.min_t, block_range) || c.min_t <= after.t || c.n > CHUNK_MAX_SAMPLES {
             return Ok(None);
         }
         let Some(k) = ChunkAppender::new().continued_by(c, through)? else { return Ok(None) };

@@ -28,10 +28,6 @@ const MIN_SAMPLES: usize = 16;
 /// head, the WAL and the blocks with them.
 const MAX_BYTES_PER_SAMPLE: usize = 32;
 
-/// Samples of chunks not worth keeping appended in their place per call at most (as many
-/// as `commit` appends under one hold of the WAL's lock); past it they go back as samples.
-const MAX_APPENDED_IN_PLACE: usize = 16_384;
-
 /// Whether a chunk is kept as it came rather than appended sample by sample (see the
 /// constants above; every reader of a WAL chunk record takes what this lets through).
 fn worth_keeping(c: &Chunk) -> bool {
@@ -130,7 +126,6 @@ impl Tsdb {
         // Per series: what becomes of its open chunk (decided, and decoded, before anything
         // is written).
         let mut opens: Vec<OpenOutcome> = Vec::with_capacity(batch.len());
-        let mut in_place_left = MAX_APPENDED_IN_PLACE;
         for w in &batch {
             let mut lasts = Vec::new();
             let mut open = OpenOutcome::Nothing;
@@ -151,18 +146,15 @@ impl Tsdb {
                         && g.can_adopt(c, range);
                     let whole = worth_keeping(c);
                     // In its place only as a series' first chunk (the few samples its sender
-                    // cut at a block boundary), within the call's budget, and in order.
+                    // cut at a block boundary), and in order: at most one per series, so a
+                    // batch's appends stay within its samples (the receiver's bound).
                     let in_place = !whole
                         && lasts.is_empty()
-                        && usize::from(c.n) <= in_place_left
                         && w.samples.get(start..end).is_some_and(|s| {
                             s.first().is_some_and(|f| f.t == c.min_t) && s.windows(2).all(|p| p[0].t < p[1].t)
                         });
                     if !fits || !(whole || in_place) {
                         break;
-                    }
-                    if in_place {
-                        in_place_left -= usize::from(c.n);
                     }
                     newest = Some(last);
                     lasts.push((last, whole));
@@ -449,6 +441,40 @@ mod tests {
         }
         let out = db.commit_chunks(vec![WholeChunks { series: s, chunks, samples: decoded, open: None }]).unwrap();
         assert_eq!((out.adopted, out.chunks, out.rest.len()), (30, 1, 20));
+    }
+
+    /// A series with samples in its open chunk gets a small first chunk (appended after
+    /// them), a chunk taken whole and the sender's open chunk: every sample stored once, in
+    /// order, and replayed so.
+    #[test]
+    fn a_small_chunk_a_whole_one_and_an_open_one_follow_what_the_series_holds() {
+        let d = tempfile::tempdir().unwrap();
+        let labels = gpu0();
+        let value = |i: i64| (i % 17) as f64 * 0.5;
+        let mut sender = strata_chunk::ChunkAppender::new();
+        for s in at(100, 160, value) {
+            sender.append(s.t, s.v);
+        }
+        let open_chunk = sender.seal();
+        {
+            let db = open(d.path());
+            let s = db.series(&labels).unwrap();
+            let held: Vec<_> = at(0, 10, value).into_iter().map(|x| (s.clone(), x)).collect();
+            assert_eq!(db.commit(&held).unwrap().appended, 10);
+            let all = at(10, 100, value);
+            let mut chunks = Chunk::encode_sealed(&all[..6]);
+            chunks.extend(Chunk::encode_sealed(&all[6..]));
+            let mut decoded = Vec::new();
+            for c in &chunks {
+                c.decode_checked(&mut decoded).unwrap();
+            }
+            let open = Some(OpenChunk { chunk: open_chunk.clone(), from: i64::MIN, through: open_chunk.max_t });
+            let out = db.commit_chunks(vec![WholeChunks { series: s, chunks, samples: decoded, open }]).unwrap();
+            assert_eq!((out.adopted, out.chunks, out.continued, out.rest.len()), (150, 1, 1, 0));
+            assert_eq!(stored(&db).0, at(0, 160, value));
+        }
+        let db = open(d.path());
+        assert_eq!(stored(&db).0, at(0, 160, value), "replayed after a crash");
     }
 
     /// Chunks taken whole, then the sender's open chunk beginning after them: it is taken
