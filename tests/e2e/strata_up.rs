@@ -80,7 +80,7 @@ fn up_runs_the_stack_and_stops_cleanly_on_ctrl_c() {
     assert_eq!(stores.as_array().unwrap().len(), 5, "{stores}");
     assert!(stores.as_array().unwrap().iter().all(|s| s["health"] == "up"), "{stores}");
     the_rule_pack_runs_on_the_regional(&global, base, &mut up);
-    backfilled_hours_are_answered_from_aggregates(&global, &mut up);
+    backfilled_hours_are_answered_from_aggregates(&global, &format!("http://127.0.0.1:{}", base + 10), &mut up);
     // The README's quick-start commands, as a user pastes them (ports moved to this run's).
     let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/README.md")).expect("README.md");
     let commands = readme_commands(&readme, "curl ");
@@ -183,7 +183,7 @@ fn current_count(port: u16) -> usize {
 /// The hours `up` backfilled before the edges started: forwarded to the regional and
 /// downsampled there, the global answers their aligned steps from the 5 m aggregates and
 /// the newest from raw data, and the answer equals raw data's alone.
-fn backfilled_hours_are_answered_from_aggregates(global: &str, up: &mut Proc) {
+fn backfilled_hours_are_answered_from_aggregates(global: &str, regional: &str, up: &mut Proc) {
     let now = now_ms() / 1000;
     let (start, end) = ((now - 3 * 3600) / 300 * 300 + 300, (now - 600) / 300 * 300);
     let q = "sum%20by%20(cluster)%20(rate(DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION%5B5m%5D))";
@@ -242,6 +242,21 @@ fn backfilled_hours_are_answered_from_aggregates(global: &str, up: &mut Proc) {
             assert_eq!(tg, tw);
             assert!((vg - vw).abs() <= 1e-9 * vw.abs().max(1.0), "{cg} at {tg}: {vg} from aggregates, {vw} raw");
         }
+    }
+    // What the 5 m aggregates that answered hold on disk, in the regional's `/metrics` (set
+    // once the run that wrote them ends).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let page = client().get(format!("{regional}/metrics")).send().unwrap().text().unwrap();
+        let five = page
+            .lines()
+            .find_map(|l| l.strip_prefix("strata_downsample_bytes{resolution=\"5m\"} "))
+            .and_then(|v| v.trim().parse::<f64>().ok());
+        if five.is_some_and(|b| b > 0.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no 5 m aggregate bytes in the regional's metrics: {five:?}");
+        std::thread::sleep(Duration::from_secs(1));
     }
 }
 
