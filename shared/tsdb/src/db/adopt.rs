@@ -497,6 +497,19 @@ mod tests {
             let out = db.commit_chunks(vec![w]).unwrap();
             assert_eq!((out.adopted, out.chunks, out.continued, out.rest.len()), (260, 1, 1, 0));
             assert_eq!(stored(&db).0, at(0, 260, value));
+            // An open chunk whose header lies about where it begins, after chunks taken:
+            // refused as damaged, and nothing of the batch stored.
+            let mut sender = strata_chunk::ChunkAppender::new();
+            for s in at(400, 420, value) {
+                sender.append(s.t, s.v);
+            }
+            let theirs = sender.seal();
+            let liar = Chunk { min_t: theirs.min_t + 1, ..theirs.clone() };
+            let mut w = whole(&s, &at(300, 400, value));
+            w.open = Some(OpenChunk { chunk: liar, from: i64::MIN, through: theirs.max_t });
+            let out = db.commit_chunks(vec![w]).unwrap();
+            assert_eq!((out.damaged.len(), out.adopted), (1, 0));
+            assert_eq!(stored(&db).0, at(0, 260, value));
         }
         let db = open(d.path());
         assert_eq!(stored(&db).0, at(0, 260, value), "replayed after a crash");
