@@ -52,10 +52,7 @@ pub fn prepare(req: &StepsRequest, width: i64) -> Result<Prepared, AnswerError> 
     crate::leaf::check(&leaf, &grid, width, crate::Kept::ALL)?;
     let steps = grid.steps().ok_or(NotExact::Grid)?;
     // The windows the grid's ranges read: those ending after the first range starts.
-    let reach = match leaf {
-        Leaf::Selector { lookback } => lookback,
-        Leaf::Range { range, .. } => range,
-    };
+    let reach = leaf.reach();
     let last = req.end.saturating_sub(req.offset);
     let first = req.start.saturating_sub(req.offset).saturating_sub(reach);
     let from = first.div_euclid(width).saturating_mul(width);

@@ -35,6 +35,16 @@ pub enum Leaf {
     Range { function: RangeFn, range: i64 },
 }
 
+impl Leaf {
+    /// How far back from a step it reads: the range, or the selector's lookback.
+    pub fn reach(&self) -> i64 {
+        match *self {
+            Leaf::Selector { lookback } => lookback,
+            Leaf::Range { range, .. } => range,
+        }
+    }
+}
+
 /// Why aggregates cannot give a leaf's raw answer (the caller reads finer data, or says
 /// it answered approximately and why).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -55,10 +65,7 @@ pub fn check(leaf: &Leaf, grid: &Grid, width: i64, kept: Kept) -> Result<(), Not
     let steps = grid.steps().ok_or(NotExact::Grid)?;
     let first = grid.start.checked_sub(grid.offset).ok_or(NotExact::Grid)?;
     // Every time a step reads is representable: no arithmetic below overflows.
-    let reach = match leaf {
-        Leaf::Selector { lookback } => *lookback,
-        Leaf::Range { range, .. } => *range,
-    };
+    let reach = leaf.reach();
     grid.end.checked_sub(grid.offset).and_then(|_| first.checked_sub(reach.max(0))).ok_or(NotExact::Grid)?;
     if first.rem_euclid(width) != 0 || (steps > 1 && grid.step % width != 0) {
         return Err(NotExact::Unaligned { width });

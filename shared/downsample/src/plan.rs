@@ -134,10 +134,7 @@ impl ResolutionPlanner {
                     .unwrap_or(i64::MAX),
             };
             // Step i reads the windows ending in (from_i, E_i]: all must be covered.
-            let reach = match leaf {
-                Leaf::Selector { lookback } => lookback,
-                Leaf::Range { range, .. } => range,
-            };
+            let reach = leaf.reach();
             let e = |i: usize| req.start + i as i64 * req.step - req.offset;
             let fits: Vec<bool> = (0..n)
                 .map(|i| {

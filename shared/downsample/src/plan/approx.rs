@@ -126,7 +126,7 @@ impl ResolutionPlanner {
                         leaf_text(req),
                         format_duration_ms(width),
                         exact.unwrap_or_else(|| "the aggregates do not cover every step".into()),
-                        format_duration_ms(aligned.reach()),
+                        format_duration_ms(aligned.leaf.reach()),
                     ));
                     parts.push((aligned.first, end - aligned.first, part, width));
                     end = aligned.first;
@@ -205,10 +205,7 @@ impl Aligned {
             Leaf::Range { function, range } => Leaf::Range { function, range: round(range) },
             Leaf::Selector { lookback } => Leaf::Selector { lookback: round(lookback) },
         };
-        let reach = match leaf {
-            Leaf::Range { range, .. } => range,
-            Leaf::Selector { lookback } => lookback,
-        };
+        let reach = leaf.reach();
         let first_t = req.start.checked_sub(req.offset).ok_or(BAD)?;
         // (Saturating: a query's times and ranges are bounded far inside i64, see the
         // engine's limits; at the bounds a step lands on no window rather than wrapping.)
@@ -238,13 +235,6 @@ impl Aligned {
         let t = step_time(self.at.0, i, self.at.1).div_euclid(self.width).saturating_mul(self.width);
         let from = self.grid.start.checked_sub(self.grid.offset)?;
         usize::try_from(t.checked_sub(from)? / self.grid.step).ok()
-    }
-
-    fn reach(&self) -> i64 {
-        match self.leaf {
-            Leaf::Range { range, .. } => range,
-            Leaf::Selector { lookback } => lookback,
-        }
     }
 }
 
