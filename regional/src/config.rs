@@ -75,6 +75,9 @@ pub struct RawDownsample {
     /// Keep `deriv`'s and `predict_linear`'s sums for gauges (default false: they cost
     /// more than every other aggregate together).
     pub least_squares: Option<bool>,
+    /// Keep when each window's extremes were taken, for `ts_of_min_over_time` and
+    /// `ts_of_max_over_time` (default false: a third more bytes for a noisy gauge).
+    pub extreme_times: Option<bool>,
     /// How long aggregates are kept (defaults 90d and 2y, against raw data's 15d).
     pub retention_5m: Option<PromDuration>,
     pub retention_1h: Option<PromDuration>,
@@ -167,7 +170,10 @@ impl RegionalConfig {
         if let Some(x) = d.max_delay {
             o.max_delay = x.0;
         }
-        o.least_squares = d.least_squares.unwrap_or(false);
+        o.asked = strata_downsample::Asked {
+            least_squares: d.least_squares.unwrap_or(false),
+            extreme_times: d.extreme_times.unwrap_or(false),
+        };
         if let Some(x) = d.retention_5m {
             o.retention_5m = x.0;
         }

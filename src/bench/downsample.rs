@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
-use strata_downsample::{column_sizes, encode, windows_of, Kept, Window, FIVE_MINUTES, ONE_HOUR};
+use strata_downsample::{column_sizes, encode, windows_of, Asked, Kept, Window, FIVE_MINUTES, ONE_HOUR};
 use strata_model::matcher::{MatchOp, Matcher};
 
 /// Windows per stored chunk: a day of 5 m windows, ten days of 1 h ones (the fleet day
@@ -26,7 +26,7 @@ struct Tally {
     columns: BTreeMap<&'static str, usize>,
 }
 
-pub fn run(file: Option<PathBuf>, least_squares: bool) -> anyhow::Result<()> {
+pub fn run(file: Option<PathBuf>, asked: Asked) -> anyhow::Result<()> {
     let (db, _dir, _opts, _) = super::fleet_day::import(file)?;
     let all = Matcher::new(MatchOp::Regex, "__name__", ".+")?;
     let selected = db.head().select(&[all], i64::MIN, i64::MAX);
@@ -35,7 +35,7 @@ pub fn run(file: Option<PathBuf>, least_squares: bool) -> anyhow::Result<()> {
         let (mut build, mut enc) = (0.0, 0.0);
         for (s, chunks) in &selected {
             let name = s.labels.metric_name().unwrap_or_default().to_string();
-            let kind = Kept::of(db.metric_type(&name), least_squares);
+            let kind = Kept::of(db.metric_type(&name), asked);
             let mut raw = Vec::new();
             strata_chunk::Chunk::decode_range(chunks, i64::MIN, i64::MAX, &mut raw)?;
             let started = Instant::now();

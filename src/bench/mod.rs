@@ -276,6 +276,9 @@ pub enum BenchCommand {
         /// Keep the least-squares sums of `deriv` and `predict_linear` for gauges too.
         #[arg(long)]
         least_squares: bool,
+        /// Keep when each window's extremes were taken (`ts_of_min/max_over_time`).
+        #[arg(long)]
+        extreme_times: bool,
     },
 }
 
@@ -323,7 +326,9 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
-        BenchCommand::Downsample { file, least_squares } => downsample::run(file, least_squares),
+        BenchCommand::Downsample { file, least_squares, extreme_times } => {
+            downsample::run(file, strata_downsample::Asked { least_squares, extreme_times })
+        }
         BenchCommand::SeedScale { gpus, hours, interval, reps } => {
             seed_scale::run(gpus as usize, hours, interval, reps as usize).await
         }

@@ -51,18 +51,35 @@ pub(crate) fn aggregate_schema() -> SchemaRef {
         float("sx", true),
         float("sxx", true),
         float("sxy", true),
+        time("min_timestamp", true),
+        time("max_timestamp", true),
     ]))
 }
 
+/// How many of [`aggregate_schema`]'s columns blocks written before the extremes' times
+/// were kept have: they still read, and those functions read finer data.
+pub(crate) const COLUMNS_BEFORE_EXTREME_TIMES: usize = 21;
+
 /// The integer and time columns, which take DELTA_BINARY_PACKED.
-pub(crate) const DELTA_COLUMNS: [&str; 8] =
-    ["series_id", "timestamp", "count", "first_timestamp", "last_timestamp", "penult_timestamp", "changes", "resets"];
+pub(crate) const DELTA_COLUMNS: [&str; 10] = [
+    "series_id",
+    "timestamp",
+    "count",
+    "first_timestamp",
+    "last_timestamp",
+    "penult_timestamp",
+    "changes",
+    "resets",
+    "min_timestamp",
+    "max_timestamp",
+];
 
 /// One series' windows as data rows; `kept` says which optional columns it fills.
 pub(crate) fn window_rows(id: i64, windows: &[Window], kept: Kept) -> Result<RecordBatch, ArchiveError> {
     let n = windows.len();
     let time = || TimestampMillisecondBuilder::with_capacity(n).with_timezone("UTC");
     let (mut ts, mut first_t, mut last_t, mut penult_t, mut stale_t) = (time(), time(), time(), time(), time());
+    let (mut min_t, mut max_t) = (time(), time());
     let (mut count, mut changes, mut resets) =
         (Int64Builder::with_capacity(n), Int64Builder::with_capacity(n), Int64Builder::with_capacity(n));
     let float = || Float64Builder::with_capacity(n);
@@ -92,6 +109,8 @@ pub(crate) fn window_rows(id: i64, windows: &[Window], kept: Kept) -> Result<Rec
         opt(&mut sx, kept.least_squares, w.sx);
         opt(&mut sxx, kept.least_squares, w.sxx);
         opt(&mut sxy, kept.least_squares, w.sxy);
+        min_t.append_option(kept.extreme_times.then_some(w.min_t));
+        max_t.append_option(kept.extreme_times.then_some(w.max_t));
     }
     let columns: Vec<ArrayRef> = vec![
         Arc::new(arrow_array::Int64Array::from_value(id, n)),
@@ -115,6 +134,8 @@ pub(crate) fn window_rows(id: i64, windows: &[Window], kept: Kept) -> Result<Rec
         Arc::new(sx.finish()),
         Arc::new(sxx.finish()),
         Arc::new(sxy.finish()),
+        Arc::new(min_t.finish()),
+        Arc::new(max_t.finish()),
     ];
     RecordBatch::try_new(aggregate_schema(), columns).map_err(|e| ArchiveError::Invalid(e.to_string()))
 }
@@ -163,6 +184,11 @@ pub(crate) fn read_rows(
     let (penult_t, penult_v, stale_t) = (time(11)?, float(12)?, time(13)?);
     let (changes, resets) = (int(14)?, int(15)?);
     let (correction, m2n, sx, sxx, sxy) = (float(16)?, float(17)?, float(18)?, float(19)?, float(20)?);
+    // Absent from blocks written before they were kept.
+    let (min_at, max_at) = match batch.num_columns() {
+        COLUMNS_BEFORE_EXTREME_TIMES => (None, None),
+        _ => (Some(time(21)?), Some(time(22)?)),
+    };
     let required: [&dyn Array; 13] =
         [id, end, count, sum, min, max, nan, first_t, first_v, last_t, last_v, changes, resets];
     if required.iter().any(|a| a.null_count() > 0) {
@@ -216,7 +242,19 @@ pub(crate) fn read_rows(
             return Err(corrupt(path, format!("series {s}: a window ending at {e} that contradicts its count {n}")));
         }
         let small = |v: i64| u32::try_from(v).map_err(|_| corrupt(path, format!("series {s}: a count out of range")));
-        let kept = Kept { correction: !correction.is_null(r), moments: !m2n.is_null(r), least_squares: !sx.is_null(r) };
+        let at = |c: Option<&arrow_array::TimestampMillisecondArray>| c.filter(|c| !c.is_null(r)).map(|c| c.value(r));
+        let (min_t, max_t) = (at(min_at), at(max_at));
+        // An extreme is one of the window's samples (none: the window holds only a marker).
+        let extreme = |t: Option<i64>| t.is_none_or(|t| n == 0 || (t >= ft && t <= lt));
+        if min_t.is_some() != max_t.is_some() || !extreme(min_t) || !extreme(max_t) {
+            return Err(corrupt(path, format!("series {s}: an extreme's time outside its window ending at {e}")));
+        }
+        let kept = Kept {
+            correction: !correction.is_null(r),
+            moments: !m2n.is_null(r),
+            least_squares: !sx.is_null(r),
+            extreme_times: min_t.is_some(),
+        };
         let w = Window {
             end: e,
             count: n,
@@ -227,6 +265,8 @@ pub(crate) fn read_rows(
             sum: sum.value(r),
             min: min.value(r),
             max: max.value(r),
+            min_t: if n == 0 { e } else { min_t.unwrap_or(e) },
+            max_t: if n == 0 { e } else { max_t.unwrap_or(e) },
             nan: nan.value(r),
             m2n: if kept.moments { m2n.value(r) } else { 0.0 },
             changes: small(changes.value(r))?,
@@ -261,7 +301,7 @@ mod tests {
             .chain([Sample::new(400 * 15_000, strata_model::stale_nan())])
             .collect();
         let windows = windows_of(&raw, 300_000);
-        let kept = Kept { correction: true, moments: false, least_squares: false };
+        let kept = Kept { correction: true, moments: false, least_squares: false, extreme_times: true };
         let batch = window_rows(3, &windows, kept).unwrap();
         let bounds = Bounds { width: 300_000, min_time: -1, max_time: 400 * 15_000, series: 4 };
         let mut out = BTreeMap::new();
@@ -269,6 +309,12 @@ mod tests {
         read_rows(&batch, &path, &bounds, &BTreeSet::from([3]), (i64::MIN, i64::MAX), &mut out).unwrap();
         let got = &out[&3];
         assert_eq!(got.kept, kept);
+        // A block written before the extremes' times were kept reads, without them.
+        let older = batch.project(&(0..COLUMNS_BEFORE_EXTREME_TIMES).collect::<Vec<_>>()).unwrap();
+        let mut before = BTreeMap::new();
+        read_rows(&older, &path, &bounds, &BTreeSet::from([3]), (i64::MIN, i64::MAX), &mut before).unwrap();
+        assert_eq!(before[&3].kept, Kept { extreme_times: false, ..kept });
+        assert_eq!(before[&3].windows.len(), windows.len());
         assert_eq!(got.windows.len(), windows.len());
         for (a, b) in got.windows.iter().zip(&windows) {
             let mut b = *b;
@@ -291,7 +337,7 @@ mod tests {
         let raw: Vec<Sample> = (1..=20).map(|k| Sample::new(k * 15_000, (k % 4) as f64)).collect();
         let good = windows_of(&raw, 300_000)[0];
         assert_eq!(good.count, 20);
-        let all = Kept { correction: true, moments: true, least_squares: true };
+        let all = Kept::ALL;
         let bounds = Bounds { width: 300_000, min_time: 0, max_time: 300_000, series: 1 };
         let path = Path::from("5m/x/data.parquet");
         let read = |batch: &RecordBatch| {
@@ -309,6 +355,11 @@ mod tests {
         for w in crafted {
             let err = read(&window_rows(0, &[w], all).unwrap()).unwrap_err();
             assert!(err.to_string().contains("contradicts its count"), "{w:?}: {err}");
+        }
+        // An extreme taken before the window's first sample, or after its last.
+        for w in [Window { min_t: good.first.t - 1, ..good }, Window { max_t: good.last.t + 1, ..good }] {
+            let err = read(&window_rows(0, &[w], all).unwrap()).unwrap_err();
+            assert!(err.to_string().contains("an extreme's time outside"), "{w:?}: {err}");
         }
         // Half of a pair of columns: the least-squares sums, or the sample before last.
         for column in [19, 20, 12] {

@@ -344,7 +344,12 @@ impl BlockReader {
                     0 => crate::writer::data_schema(),
                     _ => crate::aggregates::aggregate_schema(),
                 };
-                if arrow.schema().fields() != expected.fields() {
+                let found = arrow.schema().fields();
+                // Aggregate blocks from before the extremes' times were kept lack only those.
+                let older = self.meta.resolution_ms != 0
+                    && found.len() == crate::aggregates::COLUMNS_BEFORE_EXTREME_TIMES
+                    && found[..] == expected.fields()[..found.len()];
+                if found != expected.fields() && !older {
                     return Err(corrupt(&path, format!("columns {:?}, not the archive's", arrow.schema().fields())));
                 }
                 let rows = arrow.metadata().file_metadata().num_rows();

@@ -333,7 +333,7 @@ impl FileBuilder {
     ) -> Result<(), ArchiveError> {
         let windows = strata_downsample::windows_of(got, self.resolution);
         let (Some(first), Some(last)) = (windows.first(), windows.last()) else { return Ok(()) };
-        let kept = strata_downsample::Kept::of(metric_type, false);
+        let kept = strata_downsample::Kept::of(metric_type, strata_downsample::Asked::default());
         let batch = crate::aggregates::window_rows(self.series.len() as i64, &windows, kept)?;
         self.writer.write(&batch).map_err(|e| self.failed(e))?;
         let span = (first.end, last.end);

@@ -110,6 +110,7 @@ pub struct Fields {
     pub resets: bool,
     pub correction: bool,
     pub least_squares: bool,
+    pub extreme_times: bool,
 }
 
 impl Fields {
@@ -127,6 +128,7 @@ impl Fields {
         resets: true,
         correction: true,
         least_squares: true,
+        extreme_times: true,
     };
 }
 
@@ -152,6 +154,8 @@ pub struct WindowColumns {
     sx: Box<[f64]>,
     sxx: Box<[f64]>,
     sxy: Box<[f64]>,
+    min_t: Box<[i64]>,
+    max_t: Box<[i64]>,
 }
 
 /// Field `f` of window `i`, or `none` when the field is not held.
@@ -192,6 +196,8 @@ impl WindowColumns {
             sx: column(w, f.least_squares, |x| x.sx),
             sxx: column(w, f.least_squares, |x| x.sxx),
             sxy: column(w, f.least_squares, |x| x.sxy),
+            min_t: column(w, f.extreme_times, |x| x.min_t),
+            max_t: column(w, f.extreme_times, |x| x.max_t),
         }
     }
 
@@ -226,6 +232,8 @@ impl WindowColumns {
             sx: column(parts, |c| &c.sx),
             sxx: column(parts, |c| &c.sxx),
             sxy: column(parts, |c| &c.sxy),
+            min_t: column(parts, |c| &c.min_t),
+            max_t: column(parts, |c| &c.max_t),
         }
     }
 
@@ -242,6 +250,8 @@ impl WindowColumns {
             sum: at(&self.sum, i, f64::NAN),
             min: at(&self.min, i, f64::NAN),
             max: at(&self.max, i, f64::NAN),
+            min_t: at(&self.min_t, i, self.end[i]),
+            max_t: at(&self.max_t, i, self.end[i]),
             nan: at(&self.nan, i, false),
             m2n: at(&self.m2n, i, f64::NAN),
             changes: at(&self.changes, i, 0),
@@ -284,7 +294,9 @@ impl WindowColumns {
             + size(&self.correction)
             + size(&self.sx)
             + size(&self.sxx)
-            + size(&self.sxy);
+            + size(&self.sxy)
+            + size(&self.min_t)
+            + size(&self.max_t);
         columns.saturating_add(std::mem::size_of::<WindowColumns>())
     }
 }

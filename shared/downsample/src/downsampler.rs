@@ -24,8 +24,8 @@ use strata_store::{SelectLimits, SelectRequest, Store, StoreError};
 pub struct DownsampleOptions {
     /// Wait at most this long after a slice ends for silent senders.
     pub max_delay: Duration,
-    /// Keep `deriv`'s and `predict_linear`'s sums for gauges too.
-    pub least_squares: bool,
+    /// The aggregates kept only when asked for.
+    pub asked: crate::Asked,
     /// How long aggregates are kept, per resolution (5 m, 1 h).
     pub retention_5m: Duration,
     pub retention_1h: Duration,
@@ -41,7 +41,7 @@ impl Default for DownsampleOptions {
     fn default() -> Self {
         DownsampleOptions {
             max_delay: Duration::from_secs(15 * 60),
-            least_squares: false,
+            asked: crate::Asked::default(),
             retention_5m: Duration::from_secs(90 * 86400),
             retention_1h: Duration::from_secs(730 * 86400),
             slices_per_run: 24,
@@ -227,7 +227,7 @@ impl Downsampler {
             let mut req = SelectRequest::new(vec![m], a + 1, b);
             req.limits = SelectLimits { max_series: 50_000_000, max_samples: u64::MAX };
             let found = source.select(&req).await?;
-            let (least_squares, family_blocks) = (self.opts.least_squares, blocks.clone());
+            let (asked, family_blocks) = (self.opts.asked, blocks.clone());
             // Decoding, windowing and encoding are CPU work: off the async threads.
             series += found.len();
             let done =
@@ -239,7 +239,7 @@ impl Downsampler {
                             series: s.labels.to_string(),
                             reason: e.to_string(),
                         })?;
-                        let kept = Kept::of(s.metric_type, least_squares);
+                        let kept = Kept::of(s.metric_type, asked);
                         let w = SeriesWindows {
                             labels: s.labels,
                             metric_type: s.metric_type,

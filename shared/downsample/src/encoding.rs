@@ -56,9 +56,13 @@ enum Col {
     Sx,
     Sxx,
     Sxy,
+    MinOffset,
+    MaxOffset,
 }
 
-const ALL: [Col; 20] = [
+/// Written in this order; the last two came later, and a chunk without them (its `Kept`
+/// says so) still reads.
+const ALL: [Col; 22] = [
     Col::Window,
     Col::Count,
     Col::FirstOffset,
@@ -79,6 +83,8 @@ const ALL: [Col; 20] = [
     Col::Sx,
     Col::Sxx,
     Col::Sxy,
+    Col::MinOffset,
+    Col::MaxOffset,
 ];
 
 impl Col {
@@ -104,6 +110,8 @@ impl Col {
             Col::Sx => "Σx",
             Col::Sxx => "Σx²",
             Col::Sxy => "Σxy",
+            Col::MinOffset => "min offset",
+            Col::MaxOffset => "max offset",
         }
     }
 
@@ -112,16 +120,21 @@ impl Col {
             Col::Correction => k.correction,
             Col::M2n => k.moments,
             Col::Sx | Col::Sxx | Col::Sxy => k.least_squares,
+            Col::MinOffset | Col::MaxOffset => k.extreme_times,
             _ => true,
         }
     }
 
-    /// The column this one may be stored as a difference from.
+    /// The column this one may be stored as a difference from. The extremes' times are
+    /// measured as the first's and last's are, so a counter's (its first and last sample,
+    /// but when it resets or stands still) differ from them by nothing.
     fn base(self) -> Option<Col> {
         match self {
             Col::Min => Some(Col::First),
             Col::Max => Some(Col::Last),
             Col::BeforeLast => Some(Col::Last),
+            Col::MinOffset => Some(Col::FirstOffset),
+            Col::MaxOffset => Some(Col::LastOffset),
             _ => None,
         }
     }
@@ -151,6 +164,8 @@ impl Col {
             Col::Sx => w.sx,
             Col::Sxx => w.sxx,
             Col::Sxy => w.sxy,
+            Col::MinOffset => has((w.min_t - (w.end - width)) as f64),
+            Col::MaxOffset => has((w.end - w.max_t) as f64),
         }
     }
 }
@@ -242,6 +257,7 @@ impl Wanted {
             resets: any(&[Resets]),
             correction: any(&[Correction]),
             least_squares: any(&[Sx, Sxx, Sxy]),
+            extreme_times: any(&[MinOffset, MaxOffset]),
         }
     }
 
@@ -253,6 +269,7 @@ impl Wanted {
             RangeFn::CountOverTime | RangeFn::PresentOverTime => &[],
             RangeFn::SumOverTime | RangeFn::AvgOverTime => &[Sum],
             RangeFn::MinOverTime | RangeFn::MaxOverTime => &[First, Last, Min, Max],
+            RangeFn::TsOfMinOverTime | RangeFn::TsOfMaxOverTime => &[Last, Min, Max, MinOffset, MaxOffset],
             RangeFn::LastOverTime | RangeFn::TsOfLastOverTime => &[LastOffset, Last],
             RangeFn::FirstOverTime | RangeFn::TsOfFirstOverTime => &[FirstOffset, First],
             RangeFn::Rate | RangeFn::Increase => &[FirstOffset, First, LastOffset, Last, Correction],
@@ -367,6 +384,15 @@ fn window(cols: &[Option<Vec<f64>>], i: usize, width: i64, prev: Option<&Window>
     if !consistent {
         return invalid(format!("window ending at {end}: samples that do not fit its count {count}"));
     }
+    // An extreme is one of the window's samples: within it, between its first and last.
+    let min_t = int(Col::MinOffset, 0, width)?.map(|o| start + o);
+    let max_t = int(Col::MaxOffset, 0, width)?.map(|o| end - o);
+    let within = |t: Option<i64>| {
+        count == 0 || t.is_none_or(|t| t > start && first_t.is_none_or(|f| t >= f) && last_t.is_none_or(|l| t <= l))
+    };
+    if !within(min_t) || !within(max_t) {
+        return invalid(format!("window ending at {end}: an extreme's time outside its samples"));
+    }
     let small = |k: Col| int(k, 0, i64::from(count)).map(|x| x.unwrap_or(0) as u32);
     let nothing = Sample { t: end, v: f64::NAN };
     let (first, last) = match count {
@@ -377,6 +403,7 @@ fn window(cols: &[Option<Vec<f64>>], i: usize, width: i64, prev: Option<&Window>
         ),
     };
     let (min, max) = if count == 0 { (f64::NAN, f64::NAN) } else { (c(Col::Min), c(Col::Max)) };
+    let (min_t, max_t) = if count == 0 { (end, end) } else { (min_t.unwrap_or(end), max_t.unwrap_or(end)) };
     Ok(Window {
         end,
         count,
@@ -387,6 +414,8 @@ fn window(cols: &[Option<Vec<f64>>], i: usize, width: i64, prev: Option<&Window>
         sum: c(Col::Sum),
         min,
         max,
+        min_t,
+        max_t,
         nan: int(Col::Nan, 0, 1)? == Some(1),
         m2n: c(Col::M2n),
         changes: small(Col::Changes)?,

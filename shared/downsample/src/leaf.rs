@@ -78,6 +78,7 @@ pub fn check(leaf: &Leaf, grid: &Grid, width: i64, kept: Kept) -> Result<(), Not
             Needs::Correction if !kept.correction => Some("reset correction (a gauge's)"),
             Needs::Moments if !kept.moments => Some("moments (a counter's)"),
             Needs::LeastSquares if !kept.least_squares => Some("least-squares sums"),
+            Needs::ExtremeTimes if !kept.extreme_times => Some("the extremes' times (written before they were kept)"),
             _ => None,
         };
         if let Some(what) = missing {

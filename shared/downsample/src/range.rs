@@ -28,6 +28,9 @@ pub enum RangeFn {
     /// `ts_of_first_over_time`, `ts_of_last_over_time`: the sample's time in seconds.
     TsOfFirstOverTime,
     TsOfLastOverTime,
+    /// `ts_of_min_over_time`, `ts_of_max_over_time`: when the extreme was taken, in seconds.
+    TsOfMinOverTime,
+    TsOfMaxOverTime,
     PresentOverTime,
     StddevOverTime,
     StdvarOverTime,
@@ -43,6 +46,8 @@ pub enum Needs {
     Moments,
     /// The least-squares sums (kept when configured).
     LeastSquares,
+    /// The extremes' times (absent from aggregates written before they were kept).
+    ExtremeTimes,
 }
 
 impl RangeFn {
@@ -69,6 +74,8 @@ impl RangeFn {
             "last_over_time" => RangeFn::LastOverTime,
             "ts_of_first_over_time" => RangeFn::TsOfFirstOverTime,
             "ts_of_last_over_time" => RangeFn::TsOfLastOverTime,
+            "ts_of_min_over_time" => RangeFn::TsOfMinOverTime,
+            "ts_of_max_over_time" => RangeFn::TsOfMaxOverTime,
             "present_over_time" => RangeFn::PresentOverTime,
             "stddev_over_time" => RangeFn::StddevOverTime,
             "stdvar_over_time" => RangeFn::StdvarOverTime,
@@ -87,6 +94,7 @@ impl RangeFn {
             RangeFn::Rate | RangeFn::Increase => Needs::Correction,
             RangeFn::Deriv | RangeFn::PredictLinear(_) => Needs::LeastSquares,
             RangeFn::StddevOverTime | RangeFn::StdvarOverTime => Needs::Moments,
+            RangeFn::TsOfMinOverTime | RangeFn::TsOfMaxOverTime => Needs::ExtremeTimes,
             _ => Needs::Common,
         }
     }
@@ -102,6 +110,10 @@ pub(crate) struct Combined {
     sum: KahanSum,
     min: f64,
     max: f64,
+    /// The extremes' times: `ts_of_min_over_time`'s fold over the windows' extremes (the
+    /// last of equal ones, a NaN passed over) picks the sample it picks over theirs.
+    min_t: i64,
+    max_t: i64,
     nan: bool,
     /// Every value equal to the first (while no NaN was seen).
     constant: bool,
@@ -137,7 +149,7 @@ impl Parts {
         Parts {
             sum: matches!(f, AvgOverTime | SumOverTime) || least_squares,
             // `deriv` reads whether every value is the first (from the extremes).
-            extremes: matches!(f, MinOverTime | MaxOverTime) || least_squares,
+            extremes: matches!(f, MinOverTime | MaxOverTime | TsOfMinOverTime | TsOfMaxOverTime) || least_squares,
             changes: matches!(f, Changes | Resets),
             corrections: matches!(f, Rate | Increase),
             moments: matches!(f, StddevOverTime | StdvarOverTime),
@@ -161,6 +173,8 @@ impl Combined {
             sum: KahanSum { sum: w.sum, c: 0.0 },
             min: w.min,
             max: w.max,
+            min_t: w.min_t,
+            max_t: w.max_t,
             nan: w.nan,
             constant: !w.nan && w.min == w.max,
             mean: w.sum / n,
@@ -202,6 +216,12 @@ impl Combined {
             self.sum.add(w.sum);
         }
         if parts.extremes {
+            if self.min.is_nan() || w.min <= self.min {
+                self.min_t = w.min_t;
+            }
+            if self.max.is_nan() || w.max >= self.max {
+                self.max_t = w.max_t;
+            }
             if self.min.is_nan() || w.min < self.min {
                 self.min = w.min;
             }
@@ -281,6 +301,8 @@ impl Combined {
             RangeFn::LastOverTime => self.last.v,
             RangeFn::TsOfFirstOverTime => self.first.t as f64 / 1000.0,
             RangeFn::TsOfLastOverTime => self.last.t as f64 / 1000.0,
+            RangeFn::TsOfMinOverTime => self.min_t as f64 / 1000.0,
+            RangeFn::TsOfMaxOverTime => self.max_t as f64 / 1000.0,
             RangeFn::PresentOverTime => 1.0,
             RangeFn::StddevOverTime => (self.m2 / self.count as f64).sqrt(),
             RangeFn::StdvarOverTime => self.m2 / self.count as f64,

@@ -103,6 +103,8 @@ fn bit_exact(name: &str) -> bool {
             | "first_over_time"
             | "ts_of_first_over_time"
             | "ts_of_last_over_time"
+            | "ts_of_min_over_time"
+            | "ts_of_max_over_time"
             | "present_over_time"
             | "delta"
             | "idelta"
@@ -322,7 +324,7 @@ fn every_aggregate_dropped_is_caught() {
         })
     };
     type Drop = (&'static str, fn(&mut Window));
-    let drops: [Drop; 16] = [
+    let drops: [Drop; 18] = [
         ("count", |w| w.count = 1),
         ("sum", |w| w.sum = 0.0),
         ("min", |w| w.min = w.max),
@@ -339,6 +341,8 @@ fn every_aggregate_dropped_is_caught() {
         ("sx", |w| w.sx = 0.0),
         ("sxx", |w| w.sxx = 0.0),
         ("sxy", |w| w.sxy = 0.0),
+        ("min_t", |w| w.min_t = w.first.t),
+        ("max_t", |w| w.max_t = w.last.t),
     ];
     for (name, f) in drops {
         assert!(caught(f), "dropping {name} changed no answer");
@@ -350,13 +354,35 @@ fn what_a_kind_does_not_keep_is_not_exact_and_alignment_is_required() {
     let grid = Grid { start: 600_000, end: 1_200_000, step: 300_000, offset: 0 };
     let rate = Leaf::Range { function: RangeFn::Rate, range: 300_000 };
     let stddev = Leaf::Range { function: RangeFn::StddevOverTime, range: 300_000 };
-    let (gauge, counter) = (Kept::of(MetricType::Gauge, false), Kept::of(MetricType::Counter, false));
+    let (gauge, counter) =
+        (Kept::of(MetricType::Gauge, Asked::default()), Kept::of(MetricType::Counter, Asked::default()));
     assert!(matches!(check(&rate, &grid, FIVE_MINUTES, gauge), Err(NotExact::Missing(_))));
     assert!(matches!(check(&stddev, &grid, FIVE_MINUTES, counter), Err(NotExact::Missing(_))));
+    // A chunk without the extremes' times (as every chunk written before they were kept)
+    // reads, and says it has none.
+    let raw: Vec<Sample> = (1..200).map(|k| Sample::new(k * 15_000, (k % 7) as f64)).collect();
+    let without = round_trip(&windows_of(&raw, FIVE_MINUTES), FIVE_MINUTES, gauge);
+    assert!(without.iter().all(|w| w.min_t == w.end && w.max_t == w.end));
     let deriv = Leaf::Range { function: RangeFn::Deriv, range: 300_000 };
     assert!(matches!(check(&deriv, &grid, FIVE_MINUTES, gauge), Err(NotExact::Missing(_))));
-    assert!(check(&deriv, &grid, FIVE_MINUTES, Kept::of(MetricType::Gauge, true)).is_ok());
+    assert!(check(
+        &deriv,
+        &grid,
+        FIVE_MINUTES,
+        Kept::of(MetricType::Gauge, Asked { least_squares: true, extreme_times: false })
+    )
+    .is_ok());
     assert!(check(&rate, &grid, FIVE_MINUTES, counter).is_ok());
+    // The extremes' times only when asked for, for any type.
+    let when_max = Leaf::Range { function: RangeFn::TsOfMaxOverTime, range: 300_000 };
+    for t in [MetricType::Gauge, MetricType::Counter, MetricType::Unknown] {
+        assert!(matches!(
+            check(&when_max, &grid, FIVE_MINUTES, Kept::of(t, Asked::default())),
+            Err(NotExact::Missing(_))
+        ));
+        let asked = Asked { least_squares: false, extreme_times: true };
+        assert!(check(&when_max, &grid, FIVE_MINUTES, Kept::of(t, asked)).is_ok());
+    }
     let unaligned = Grid { start: 600_001, ..grid };
     assert!(matches!(check(&rate, &unaligned, FIVE_MINUTES, Kept::ALL), Err(NotExact::Unaligned { .. })));
     let offset = Grid { offset: 60_000, ..grid };

@@ -25,6 +25,11 @@ pub struct Window {
     /// Prometheus' fold: NaN only when every value is NaN.
     pub min: f64,
     pub max: f64,
+    /// When the extremes were taken, as `ts_of_min_over_time` and `ts_of_max_over_time`
+    /// pick them: the last of equal extremes, a NaN passed over (all NaN: the last sample).
+    /// The window's end when it holds no value.
+    pub min_t: i64,
+    pub max_t: i64,
     /// Some value is NaN.
     pub nan: bool,
     /// `count × M2` (M2: the sum of squared deviations from the mean), computed exactly
@@ -64,6 +69,8 @@ impl Window {
             sum: 0.0,
             min: f64::NAN,
             max: f64::NAN,
+            min_t: end,
+            max_t: end,
             nan: false,
             m2n: 0.0,
             changes: 0,
@@ -76,6 +83,13 @@ impl Window {
         let mut sum = KahanSum::default();
         for s in &vals {
             sum.add(s.v);
+            // The time folds first: they compare with the extreme held before this sample.
+            if w.min.is_nan() || s.v <= w.min {
+                w.min_t = s.t;
+            }
+            if w.max.is_nan() || s.v >= w.max {
+                w.max_t = s.t;
+            }
             if w.min.is_nan() || s.v < w.min {
                 w.min = s.v;
             }
@@ -115,6 +129,8 @@ impl Window {
                 (a, b) => a.is_none() && b.is_none(),
             }
             && self.stale == o.stale
+            && self.min_t == o.min_t
+            && self.max_t == o.max_t
             && self.nan == o.nan
             && self.changes == o.changes
             && self.resets == o.resets

@@ -68,9 +68,14 @@ impl ResolutionPlanner {
             }
             None => "the aggregates cannot give this function".to_string(),
             // A sample's time read from wider windows could lie outside the range asked for.
-            Some(Leaf::Range { function: RangeFn::TsOfFirstOverTime | RangeFn::TsOfLastOverTime, .. }) => {
-                "a sample's time cannot be approximated from wider windows".to_string()
-            }
+            Some(Leaf::Range {
+                function:
+                    RangeFn::TsOfFirstOverTime
+                    | RangeFn::TsOfLastOverTime
+                    | RangeFn::TsOfMinOverTime
+                    | RangeFn::TsOfMaxOverTime,
+                ..
+            }) => "a sample's time cannot be approximated from wider windows".to_string(),
             Some(leaf) => {
                 let grid = Grid { start: req.start, end: req.end, step: req.step, offset: req.offset };
                 // The finest resolution for the newest of these steps, coarser ones for what

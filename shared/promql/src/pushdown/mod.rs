@@ -43,6 +43,8 @@ pub const RANGE_FUNCTIONS: &[&str] = &[
     "last_over_time",
     "ts_of_first_over_time",
     "ts_of_last_over_time",
+    "ts_of_min_over_time",
+    "ts_of_max_over_time",
     "present_over_time",
     "stddev_over_time",
     "stdvar_over_time",
