@@ -54,6 +54,12 @@ impl FoundSeries {
         self.found.is_empty()
     }
 
+    /// The windows the series' chunks hold, at most (a chunk's header says; nothing is
+    /// decoded): what a caller bounds before decoding them.
+    pub fn windows_at_most(&self) -> u64 {
+        self.found.iter().flat_map(|s| &s.chunks).map(|(_, _, c)| u64::from(c.n)).sum()
+    }
+
     /// Each series' windows in the range, with the `wanted` columns decoded, handed to `f`
     /// as soon as they are, over the cores, in label order: a query holds one series'
     /// windows per thread at a time, not the fleet's (tens of megabytes a query, which the

@@ -116,4 +116,6 @@ mod downsampler_tests;
 #[cfg(test)]
 mod plan_tests;
 #[cfg(test)]
+mod store_tests;
+#[cfg(test)]
 mod tests;

@@ -18,16 +18,16 @@ use strata_store::{QueryScope, Store};
 use strata_tsdb::db::{Tsdb, TsdbOptions};
 use strata_tsdb::TsdbStore;
 
-struct Stack {
-    _dir: tempfile::TempDir,
-    planner: ResolutionPlanner,
-    reference: Arc<dyn Store>,
-    fanout: Arc<Fanout>,
-    down: Arc<Downsampler>,
-    regional: Arc<dyn Store>,
-    db: Arc<Tsdb>,
-    t0: i64,
-    end: i64,
+pub(crate) struct Stack {
+    pub(crate) _dir: tempfile::TempDir,
+    pub(crate) planner: ResolutionPlanner,
+    pub(crate) reference: Arc<dyn Store>,
+    pub(crate) fanout: Arc<Fanout>,
+    pub(crate) down: Arc<Downsampler>,
+    pub(crate) regional: Arc<dyn Store>,
+    pub(crate) db: Arc<Tsdb>,
+    pub(crate) t0: i64,
+    pub(crate) end: i64,
 }
 
 fn series(db: &Tsdb, name: &str, replica: &str, from: i64, to: i64, jitter: i64) {
@@ -51,7 +51,7 @@ fn typed_db(dir: &std::path::Path) -> Arc<Tsdb> {
     db
 }
 
-async fn stack() -> Stack {
+pub(crate) async fn stack() -> Stack {
     let dir = tempfile::tempdir().unwrap();
     let db = typed_db(&dir.path().join("db"));
     let now = strata_model::time::now_ms();

@@ -3,11 +3,21 @@
 //! it wraps. Raw selections never see aggregate chunks.
 
 use crate::answer::{answer_after, AnswerError};
+use crate::blocks::AggregateError;
 use crate::downsampler::Downsampler;
+use crate::encoding::{encode, Wanted};
+use crate::window::window_end;
 use async_trait::async_trait;
 use std::sync::Arc;
 use strata_model::{Labels, Matcher, Metadata};
-use strata_store::{SelectBudget, SelectRequest, SeriesChunks, Steps, StepsRequest, Store, StoreError};
+use strata_store::{
+    require_matchers, AggregateChunk, AggregateSeries, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Steps,
+    StepsRequest, Store, StoreError,
+};
+
+/// Windows per chunk a `Series` answer carries: about a day of 5 m windows, so a frame
+/// holds many series and no chunk nears what a reader accepts.
+const CHUNK_WINDOWS: usize = 512;
 
 pub struct WithAggregates {
     inner: Arc<dyn Store>,
@@ -113,5 +123,78 @@ impl Store for WithAggregates {
             // data instead, and says so when it cannot.
             Err(e) => Err(StoreError::InvalidRequest(format!("from aggregates: {e}"))),
         }
+    }
+
+    /// The windows as computed, re-encoded per series over the range (a series' windows
+    /// may span blocks). Only what is complete and current: the rest of the range is
+    /// left out and said so, never served half computed.
+    async fn select_aggregates(
+        &self,
+        req: &SelectRequest,
+        resolution: i64,
+    ) -> Result<Vec<AggregateSeries>, StoreError> {
+        require_matchers(&req.matchers)?;
+        let Some(blocks) = self.down.blocks(resolution) else {
+            return Err(StoreError::InvalidRequest(format!("no aggregates of {resolution} ms windows here")));
+        };
+        let scope = QueryScope::current();
+        let Some((w, first, last)) = self.down.coverage().into_iter().find(|c| c.0 == resolution) else {
+            scope.warn(format!("no {resolution} ms aggregates are computed yet: none are in this answer"));
+            return Ok(Vec::new());
+        };
+        // The windows whose samples all lie in `[first, last]`.
+        let (first_end, last_end) = (window_end(first.saturating_add(w - 1), w), last.div_euclid(w).saturating_mul(w));
+        let (lo, hi) = (req.start.max(first_end), req.end.min(last_end));
+        if lo != req.start || hi != req.end {
+            scope.warn(format!(
+                "{resolution} ms aggregates are complete for windows ending in [{first_end}, {last_end}]; \
+                 the rest of [{}, {}] is not in this answer",
+                req.start, req.end
+            ));
+        }
+        if lo > hi {
+            return Ok(Vec::new());
+        }
+        let matchers = req.matchers.clone();
+        let limits = req.limits;
+        let answered = tokio::task::spawn_blocking(move || -> Result<Vec<AggregateSeries>, StoreError> {
+            let found = blocks.find(&matchers, (lo - 1, hi), |_| true).map_err(store_error)?;
+            if found.len() > limits.max_series {
+                let limit = u64::try_from(limits.max_series).unwrap_or(u64::MAX);
+                return Err(StoreError::LimitExceeded { what: "series", limit });
+            }
+            if found.windows_at_most() > limits.max_samples {
+                return Err(StoreError::LimitExceeded { what: "samples", limit: limits.max_samples });
+            }
+            let series = found.map(Wanted::ALL, |s| -> Result<Option<AggregateSeries>, AggregateError> {
+                if s.windows.is_empty() {
+                    return Ok(None);
+                }
+                let chunks = s
+                    .windows
+                    .chunks(CHUNK_WINDOWS)
+                    .map(|run| AggregateChunk {
+                        first_end: run[0].end,
+                        last_end: run[run.len() - 1].end,
+                        windows: run.len() as u32,
+                        data: encode(run, w, s.kept),
+                    })
+                    .collect();
+                Ok(Some(AggregateSeries { labels: s.labels, metric_type: s.metric_type, resolution: w, chunks }))
+            });
+            Ok(series.map_err(store_error)?.into_iter().flatten().collect())
+        })
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("reading aggregates: {e}")))?;
+        answered
+    }
+}
+
+fn store_error(e: AggregateError) -> StoreError {
+    match e {
+        AggregateError::Corrupt { series, block, reason } => {
+            StoreError::Corrupt { series, reason: format!("aggregates in block {block}: {reason}") }
+        }
+        e => StoreError::Unavailable(e.to_string()),
     }
 }

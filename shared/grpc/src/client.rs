@@ -8,8 +8,8 @@ use std::cmp::Ordering;
 use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
-    collect_within, require_matchers, selection_order, BoxBatches, QueryScope, SelectBudget, SelectLimits,
-    SelectRequest, SeriesBatches, SeriesChunks, Steps, StepsRequest, Store, StoreError,
+    collect_within, require_matchers, selection_order, AggregateSeries, BoxBatches, QueryScope, SelectBudget,
+    SelectLimits, SelectRequest, SeriesBatches, SeriesChunks, Steps, StepsRequest, Store, StoreError,
 };
 use tonic::codec::CompressionEncoding;
 use tonic::transport::{Channel, Endpoint};
@@ -292,6 +292,47 @@ impl Store for RemoteStore {
         let r = c.label_values(req).await.map_err(|s| self.error(&s))?.into_inner();
         pass_on_warnings(&self.name, &r.warnings);
         Ok(r.values)
+    }
+
+    /// The windows the remote store serves at exactly `resolution` (one that serves
+    /// another, or raw data, is an error naming it), checked and bounded as they arrive.
+    async fn select_aggregates(
+        &self,
+        req: &SelectRequest,
+        resolution: i64,
+    ) -> Result<Vec<AggregateSeries>, StoreError> {
+        require_matchers(&req.matchers)?;
+        if resolution <= 0 {
+            return Err(StoreError::InvalidRequest(format!("aggregates of {resolution} ms windows")));
+        }
+        let mut pbreq = series_request(&req.matchers, req.start, req.end, req.limits, false);
+        pbreq.max_resolution_ms = resolution;
+        pbreq.aggregates = vec![pb::Aggregate::Windows as i32];
+        let mut frames = self.open(pbreq, req.limits).await?;
+        let (mut out, mut windows) = (Vec::new(), 0u64);
+        while let Some(frame) = frames.next().await? {
+            for (labels, s) in frame {
+                if out.len() >= req.limits.max_series {
+                    let limit = u64::try_from(req.limits.max_series).unwrap_or(u64::MAX);
+                    return Err(StoreError::LimitExceeded { what: "series", limit });
+                }
+                let chunks = s
+                    .chunks
+                    .into_iter()
+                    .map(|c| aggregate_chunk_from_pb(c, resolution))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|r| frames.corrupt(format!("series {labels}: {r}")))?;
+                if chunks.is_empty() || chunks.windows(2).any(|w| w[1].first_end <= w[0].last_end) {
+                    return Err(frames.corrupt(format!("series {labels}: no windows, or runs out of order")));
+                }
+                windows = chunks.iter().fold(windows, |n, c| n.saturating_add(u64::from(c.windows)));
+                if windows > req.limits.max_samples {
+                    return Err(StoreError::LimitExceeded { what: "samples", limit: req.limits.max_samples });
+                }
+                out.push(AggregateSeries { labels, metric_type: metric_type_from_pb(s.r#type), resolution, chunks });
+            }
+        }
+        Ok(out)
     }
 
     /// The leaf evaluated by the remote store; `None` when it does not evaluate leaves (an

@@ -209,6 +209,44 @@ pub fn chunk_to_pb(c: &Chunk) -> pb::Chunk {
     }
 }
 
+/// A run of a series' windows as a chunk of its resolution.
+pub fn aggregate_chunk_to_pb(c: &strata_store::AggregateChunk, resolution: i64) -> pb::Chunk {
+    pb::Chunk {
+        min_time: c.first_end,
+        max_time: c.last_end,
+        samples: c.windows,
+        data: bytes::Bytes::copy_from_slice(&c.data),
+        aggregate: pb::Aggregate::Windows as i32,
+        resolution_ms: resolution,
+    }
+}
+
+/// A chunk of windows from a peer, asked at `resolution`: its header must be plausible
+/// (its bytes are checked as they are decoded).
+pub fn aggregate_chunk_from_pb(c: pb::Chunk, resolution: i64) -> Result<strata_store::AggregateChunk, String> {
+    if c.aggregate != pb::Aggregate::Windows as i32 || c.resolution_ms != resolution {
+        return Err(format!(
+            "a chunk of aggregate {} at {} ms where windows of {resolution} ms were asked",
+            c.aggregate, c.resolution_ms
+        ));
+    }
+    if c.samples == 0 || c.min_time > c.max_time || c.data.is_empty() || c.data.len() > MAX_CHUNK_BYTES {
+        return Err(format!(
+            "a chunk of {} windows in {} bytes over [{}, {}]: empty, oversized or reversed",
+            c.samples,
+            c.data.len(),
+            c.min_time,
+            c.max_time
+        ));
+    }
+    Ok(strata_store::AggregateChunk {
+        first_end: c.min_time,
+        last_end: c.max_time,
+        windows: c.samples,
+        data: c.data.to_vec(),
+    })
+}
+
 /// A chunk from a peer: its header must be plausible; its samples are checked as they are
 /// decoded (the decoder refuses data that runs out or overruns).
 pub fn chunk_from_pb(c: pb::Chunk) -> Result<Chunk, String> {

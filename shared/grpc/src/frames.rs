@@ -1,10 +1,10 @@
 //! [`FrameBuilder`]: series into `Series` frames, each bounded in series and bytes and
 //! carrying the symbol table its series' labels point into.
 
-use crate::convert::{chunk_to_pb, metric_type_to_pb, SymbolTable};
+use crate::convert::{aggregate_chunk_to_pb, chunk_to_pb, metric_type_to_pb, SymbolTable};
 use crate::{pb, FRAME_BYTES, FRAME_SERIES};
 use strata_model::Labels;
-use strata_store::SeriesChunks;
+use strata_store::{AggregateSeries, SeriesChunks};
 
 #[derive(Default)]
 pub struct FrameBuilder {
@@ -19,9 +19,7 @@ impl FrameBuilder {
     /// this series would not fit in it; the series then starts the next frame.
     pub fn push(&mut self, labels: &Labels, data: Option<&SeriesChunks>, unit: String) -> Option<pb::SeriesResponse> {
         let size = data.map_or(0, |d| d.chunks.iter().map(|c| c.data.len() + 32).sum::<usize>()) + labels.len() * 4;
-        let full = !self.series.is_empty()
-            && (self.series.len() >= FRAME_SERIES || self.bytes + self.symbols.bytes() + size > FRAME_BYTES);
-        let done = if full { self.finish() } else { None };
+        let done = self.room_for(size);
         let label_refs = self.symbols.refs(labels);
         self.series.push(match data {
             None => pb::Series { label_refs, ..Default::default() },
@@ -35,6 +33,38 @@ impl FrameBuilder {
         });
         self.bytes += size;
         done
+    }
+
+    /// Adds a series' windows (`labels`: as the stream carries them), as [`push`](Self::push).
+    pub fn push_aggregates(
+        &mut self,
+        labels: &Labels,
+        a: &AggregateSeries,
+        unit: String,
+    ) -> Option<pb::SeriesResponse> {
+        let size = a.chunks.iter().map(|c| c.data.len() + 32).sum::<usize>() + labels.len() * 4;
+        let done = self.room_for(size);
+        let label_refs = self.symbols.refs(labels);
+        self.series.push(pb::Series {
+            label_refs,
+            r#type: metric_type_to_pb(a.metric_type) as i32,
+            unit,
+            chunks: a.chunks.iter().map(|c| aggregate_chunk_to_pb(c, a.resolution)).collect(),
+            labels: vec![],
+        });
+        self.bytes += size;
+        done
+    }
+
+    /// The frame so far when a series of `size` bytes would not fit in it.
+    fn room_for(&mut self, size: usize) -> Option<pb::SeriesResponse> {
+        let full = !self.series.is_empty()
+            && (self.series.len() >= FRAME_SERIES || self.bytes + self.symbols.bytes() + size > FRAME_BYTES);
+        if full {
+            self.finish()
+        } else {
+            None
+        }
     }
 
     /// The frame so far, if it holds any series; the builder starts afresh.

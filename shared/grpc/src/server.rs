@@ -20,7 +20,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 use strata_model::{Label, Labels, MatchOp, Matcher};
-use strata_store::{selection_order, BoxBatches, QueryScope, SelectLimits, SelectRequest, SeriesChunks, Store};
+use strata_store::{
+    selection_order, AggregateSeries, BoxBatches, QueryScope, SelectLimits, SelectRequest, SeriesChunks, Store,
+};
 use tokio_stream::Stream;
 use tonic::codec::CompressionEncoding;
 use tonic::{Request, Response, Status};
@@ -156,6 +158,8 @@ const MAX_ORDER_WITHOUT: usize = 16;
 enum Source {
     Whole(Vec<(Labels, Option<SeriesChunks>)>),
     Batches(BoxBatches),
+    /// Windows of one resolution, labelled as the stream carries them.
+    Aggregates(Vec<(Labels, AggregateSeries)>),
 }
 
 /// Sends a finished frame, if there is one; `false` when the stream is over.
@@ -270,9 +274,21 @@ impl StoreService {
         scope: QueryScope,
         call: Option<crate::listener::CallGuard>,
     ) -> Result<Response<SeriesFrames>, Status> {
-        if req.max_resolution_ms != 0 || req.aggregates.iter().any(|&a| a != pb::Aggregate::Raw as i32) {
-            return Err(Status::invalid_argument("this store holds raw data only; ask with max_resolution_ms 0"));
+        if req.max_resolution_ms < 0 {
+            return Err(Status::invalid_argument(format!("max_resolution_ms {} is negative", req.max_resolution_ms)));
         }
+        let whole = [pb::Aggregate::Raw as i32, pb::Aggregate::Windows as i32];
+        if let Some(a) = req.aggregates.iter().find(|a| !whole.contains(a)) {
+            return Err(Status::invalid_argument(format!(
+                "aggregate {a}: Strata's stores serve windows whole; ask for AGGREGATE_WINDOWS"
+            )));
+        }
+        // The coarsest resolution held at or below the one asked; raw data is always
+        // acceptable (and all a store without aggregates has).
+        let resolution = match (req.skip_chunks, req.max_resolution_ms) {
+            (true, _) | (_, 0) => 0,
+            (false, max) => (self.info)().resolutions.iter().map(|r| r.0).filter(|&w| w <= max).max().unwrap_or(0),
+        };
         let Some(matchers) = self.split_external(matchers_from_pb(&req.matchers)?)? else {
             return Ok(Response::new(Box::pin(tokio_stream::iter(Vec::new()))));
         };
@@ -296,6 +312,13 @@ impl StoreService {
             let mut found: Vec<_> = found.iter().map(|l| (self.with_external(l), None)).collect();
             found.sort_by(|a, b| selection_order(&a.0, &b.0, &order_without));
             Source::Whole(found)
+        } else if resolution > 0 {
+            let mut sel = SelectRequest::new(matchers, req.min_time, req.max_time);
+            sel.limits = limits;
+            let found = self.store.select_aggregates(&sel, resolution).await.map_err(status_from_store_error)?;
+            let mut found: Vec<_> = found.into_iter().map(|s| (self.with_external(&s.labels), s)).collect();
+            found.sort_by(|a, b| selection_order(&a.0, &b.0, &order_without));
+            Source::Aggregates(found)
         } else {
             let mut sel = SelectRequest::new(matchers, req.min_time, req.max_time);
             sel.limits = limits;
@@ -328,6 +351,15 @@ impl StoreService {
                     for (labels, data) in found {
                         let unit = data.as_ref().map(unit).unwrap_or_default();
                         if !send(&tx, frames.push(&labels, data.as_ref(), unit)).await {
+                            return;
+                        }
+                    }
+                }
+                Source::Aggregates(found) => {
+                    for (labels, a) in found {
+                        let family = a.labels.metric_name().unwrap_or("");
+                        let unit = units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default();
+                        if !send(&tx, frames.push_aggregates(&labels, &a, unit)).await {
                             return;
                         }
                     }

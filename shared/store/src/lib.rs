@@ -53,6 +53,29 @@ pub struct SelectRequest {
     pub order_without: Vec<String>,
 }
 
+/// One series' windows of one resolution, encoded as the downsampling crate stores them
+/// (every quantity the series' type keeps; the bytes say which): what a store holding
+/// aggregates answers a `Series` call for a resolution with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateSeries {
+    pub labels: Labels,
+    pub metric_type: MetricType,
+    /// The window width, ms.
+    pub resolution: i64,
+    /// In time order, none overlapping.
+    pub chunks: Vec<AggregateChunk>,
+}
+
+/// A run of a series' windows.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AggregateChunk {
+    /// The first and last window's ends, and how many windows the bytes hold.
+    pub first_end: i64,
+    pub last_end: i64,
+    pub windows: u32,
+    pub data: Vec<u8>,
+}
+
 impl SelectRequest {
     pub fn new(matchers: Vec<Matcher>, start: i64, end: i64) -> Self {
         SelectRequest { matchers, start, end, limits: SelectLimits::default(), order_without: Vec::new() }
@@ -170,5 +193,17 @@ pub trait Store: Send + Sync {
     /// engine selects samples instead.
     async fn steps(&self, _req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
         Ok(None)
+    }
+
+    /// The matching series' windows of `resolution` ms ending in `[req.start, req.end]`,
+    /// sorted by labels, within the request's limits (windows count as samples). Where the
+    /// store's aggregates do not cover the whole range, what they cover and a warning in
+    /// the query's scope saying what is missing. The default: a store of raw data only.
+    async fn select_aggregates(
+        &self,
+        _req: &SelectRequest,
+        resolution: i64,
+    ) -> Result<Vec<AggregateSeries>, StoreError> {
+        Err(StoreError::InvalidRequest(format!("no aggregates of {resolution} ms windows here: raw data only")))
     }
 }

@@ -71,6 +71,14 @@ impl Store for Scoped {
         self.inner.metadata(metric).await
     }
 
+    async fn select_aggregates(
+        &self,
+        req: &SelectRequest,
+        resolution: i64,
+    ) -> Result<Vec<crate::AggregateSeries>, StoreError> {
+        self.inner.select_aggregates(&self.request(req), resolution).await
+    }
+
     async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
         let req = StepsRequest { matchers: self.with(&req.matchers), ..req.clone() };
         self.inner.steps(&req).await

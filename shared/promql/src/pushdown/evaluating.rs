@@ -68,6 +68,14 @@ impl<S: Store> Store for Evaluating<S> {
         self.inner.metadata(metric).await
     }
 
+    async fn select_aggregates(
+        &self,
+        req: &SelectRequest,
+        resolution: i64,
+    ) -> Result<Vec<strata_store::AggregateSeries>, StoreError> {
+        self.inner.select_aggregates(req, resolution).await
+    }
+
     async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
         if req.values {
             self.evaluated.fetch_add(1, Ordering::Relaxed);

@@ -63,6 +63,14 @@ impl Store for GroupingAggregates {
         self.inner.metadata(metric).await
     }
 
+    async fn select_aggregates(
+        &self,
+        req: &SelectRequest,
+        resolution: i64,
+    ) -> Result<Vec<strata_store::AggregateSeries>, StoreError> {
+        self.inner.select_aggregates(req, resolution).await
+    }
+
     async fn steps(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
         if req.resolution == 0 || req.aggregate.is_none() {
             return self.inner.steps(req).await;
