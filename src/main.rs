@@ -233,6 +233,9 @@ enum Command {
         /// Queries evaluated at once; the rest wait (Prometheus' flag of the same name).
         #[arg(long = "query.max-concurrency", default_value_t = strata_api::DEFAULT_MAX_CONCURRENCY)]
         query_max_concurrency: usize,
+        /// Samples a query may touch (Prometheus' flag of the same name).
+        #[arg(long = "query.max-samples", default_value_t = 50_000_000)]
+        query_max_samples: u64,
         /// Let the stores evaluate a query's leaves and aggregations where the data is
         /// (`--query.pushdown=false`: select samples and evaluate here, as before).
         #[arg(long = "query.pushdown", default_value_t = true, action = clap::ArgAction::Set)]
@@ -474,6 +477,7 @@ async fn run() -> anyhow::Result<()> {
             grpc_tls,
             replica_labels,
             query_max_concurrency,
+            query_max_samples,
             query_pushdown,
             data,
             web_enable_lifecycle,
@@ -492,6 +496,7 @@ async fn run() -> anyhow::Result<()> {
             opts.grpc_tls = grpc_tls.files();
             opts.replica_labels = replica_labels;
             opts.api.max_concurrency = query_max_concurrency;
+            opts.api.engine.max_samples = query_max_samples;
             opts.api.engine.pushdown = query_pushdown;
             let global = strata_global::Global::start(opts).await?;
             println!("global listening on http://{}", global.http_addr);

@@ -147,7 +147,7 @@ fn prometheus_restart() -> anyhow::Result<Option<f64>> {
     anyhow::bail!("not ready within 120 s")
 }
 
-fn copy_dir(src: &std::path::Path, dst: &std::path::Path) -> std::io::Result<()> {
+pub(super) fn copy_dir(src: &std::path::Path, dst: &std::path::Path) -> std::io::Result<()> {
     std::fs::create_dir_all(dst)?;
     for e in std::fs::read_dir(src)? {
         let e = e?;

@@ -78,7 +78,12 @@ async fn start_servers(local: Arc<dyn Store>) -> anyhow::Result<Vec<String>> {
 /// A StoreAPI server over `store` on a free loopback port, on a runtime of its own (as a
 /// process of its own would be: its work does not wait behind the global's tasks, nor
 /// theirs behind it); its address.
-fn start_server(store: Arc<dyn Store>, external: Labels, info: StoreInfo, name: &str) -> anyhow::Result<String> {
+pub(super) fn start_server(
+    store: Arc<dyn Store>,
+    external: Labels,
+    info: StoreInfo,
+    name: &str,
+) -> anyhow::Result<String> {
     let info = Arc::new(move || info.clone());
     let limits = SelectLimits { max_series: 10_000_000, max_samples: 2_000_000_000 };
     let service = StoreService::new(store, external, limits, info);

@@ -13,6 +13,7 @@ mod ingest;
 mod rules;
 mod scale;
 mod seed_scale;
+mod through_stack;
 mod vs_prometheus;
 mod vs_prometheus_write;
 mod wal_day;
@@ -57,6 +58,12 @@ pub enum BenchCommand {
         /// aggregates, and the global plans each leaf's resolution.
         #[arg(long)]
         downsample: bool,
+        /// Serve through the tiers as users run them instead: two edges (an HA pair)
+        /// forward the day to a `strata regional` process, which downsamples it, and a
+        /// `strata global` process over the three serves the API (prints forwarding and
+        /// downsampling times).
+        #[arg(long, requires = "serve", conflicts_with_all = ["via_global", "no_pushdown", "downsample"])]
+        through_stack: bool,
     },
     /// The storage at scale: simulated DCGM series at 5 s appended directly (no HTTP) for
     /// simulated hours, blocks cut and compacted beside it; ingest rate, peak RSS, bytes on
@@ -302,8 +309,14 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
             })
             .await?
         }
-        BenchCommand::FleetDay { file, serve, via_global, no_pushdown, downsample } => {
+        BenchCommand::FleetDay { file, serve, via_global, no_pushdown, downsample, through_stack } => {
             let fleet_day::Loaded(db, _dir) = tokio::task::spawn_blocking(move || fleet_day::run(file)).await??;
+            if let (true, Some(addr)) = (through_stack, serve) {
+                let _stack = through_stack::start(db, addr).await?;
+                println!("serving the fleet-day data through edges, a regional and a global at http://{addr} (Ctrl-C stops)");
+                crate::shutdown_signal().await;
+                return Ok(());
+            }
             let local: std::sync::Arc<dyn strata_store::Store> =
                 std::sync::Arc::new(strata_tsdb::TsdbStore(std::sync::Arc::new(db)));
             if let Some(addr) = serve {

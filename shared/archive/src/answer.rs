@@ -126,7 +126,9 @@ impl Gathered {
         let mut kept: Vec<Window> = Vec::with_capacity(all.len());
         for w in all {
             match kept.last() {
-                Some(l) if l.end == w.end && !l.same_bits(&w) => {
+                // Blocks written before the extremes' times were kept hold none: those alone
+                // may differ (the run then keeps only what both keep).
+                Some(l) if l.end == w.end && !l.same_bits(&Window { min_t: l.min_t, max_t: l.max_t, ..w }) => {
                     return Err(format!("two blocks hold different windows ending at {} ms", w.end))
                 }
                 Some(l) if l.end == w.end => {}

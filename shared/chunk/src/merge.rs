@@ -24,8 +24,19 @@ pub fn in_order(chunks: &[Chunk]) -> bool {
 /// Merges the chunk lists of one series; `sources` in priority order (on a conflict the
 /// earlier source's value wins).
 pub fn merge_sources(sources: Vec<Vec<Chunk>>) -> Result<Merged, ChunkError> {
-    let mut all: Vec<(usize, Chunk)> =
-        sources.into_iter().enumerate().flat_map(|(i, cs)| cs.into_iter().map(move |c| (i, c))).collect();
+    merge_sources_within(sources, i64::MIN, i64::MAX)
+}
+
+/// [`merge_sources`] of what a selection of `[mint, maxt]` needs: chunks outside it are
+/// dropped, and overlapping ones are merged from their samples inside it only. A short
+/// selection of two stores that hold the same series in chunks cut differently (an edge's
+/// block and a regional's head) then decodes and encodes its minutes, not whole chunks.
+pub fn merge_sources_within(sources: Vec<Vec<Chunk>>, mint: i64, maxt: i64) -> Result<Merged, ChunkError> {
+    let mut all: Vec<(usize, Chunk)> = sources
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, cs)| cs.into_iter().filter(|c| c.overlaps(mint, maxt)).map(move |c| (i, c)))
+        .collect();
     all.sort_by_key(|(i, c)| (c.min_t, c.max_t, *i));
     // The same chunk from two sources (a series two stores both hold) is one chunk.
     all.dedup_by(|x, y| x.1.min_t == y.1.min_t && x.1.max_t == y.1.max_t && x.1.n == y.1.n && x.1.data == y.1.data);
@@ -37,7 +48,7 @@ pub fn merge_sources(sources: Vec<Vec<Chunk>>) -> Result<Merged, ChunkError> {
     let mut buf = Vec::new();
     for (i, c) in &all {
         buf.clear();
-        c.decode_into(i64::MIN, i64::MAX, &mut buf)?;
+        c.decode_into(mint, maxt, &mut buf)?;
         samples.extend(buf.iter().map(|s| (s.t, *i, s.v)));
     }
     samples.sort_by_key(|&(t, i, _)| (t, i));
@@ -100,5 +111,21 @@ mod tests {
         assert_eq!(m.conflicts, 5, "5 to 9 disagree");
         assert_eq!(got[7], Sample::new(7, 7.0), "the first source wins");
         assert_eq!(got[12], Sample::new(12, 36.0));
+    }
+
+    #[test]
+    fn a_merge_within_a_range_keeps_exactly_its_samples_each_once() {
+        let sources = || vec![vec![chunk(0..100, 2.0), chunk(300..310, 2.0)], vec![chunk(50..150, 2.0)]];
+        let m = merge_sources_within(sources(), 90, 120).unwrap();
+        let got = samples(&m.chunks);
+        assert_eq!(got.iter().map(|s| s.t).collect::<Vec<_>>(), (90..=120).collect::<Vec<_>>());
+        assert!(got.iter().all(|s| s.v == s.t as f64 * 2.0));
+        // Within the range the answer is the whole merge's.
+        let whole = samples(&merge_sources(sources()).unwrap().chunks);
+        assert_eq!(got, whole.into_iter().filter(|s| (90..=120).contains(&s.t)).collect::<Vec<_>>());
+        // Chunks that do not overlap are neither decoded nor kept; ones in order pass whole.
+        let apart = merge_sources_within(vec![vec![chunk(0..10, 1.0)], vec![chunk(20..30, 1.0)]], 25, 40).unwrap();
+        assert_eq!(apart.chunks.len(), 1);
+        assert_eq!(apart.chunks[0].min_t, 20);
     }
 }

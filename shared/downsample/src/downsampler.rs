@@ -119,6 +119,16 @@ impl Downsampler {
     /// Per resolution, the sample times its aggregates cover completely and currently
     /// (see `Progress::complete_until`): `(width, first, last)`, inclusive ms, for those
     /// that have any.
+    pub fn coverage_of(&self, width: i64) -> Option<(i64, i64, i64)> {
+        self.coverage().into_iter().find(|c| c.0 == width)
+    }
+
+    /// The aggregates kept only when asked for, as configured (chunks written under another
+    /// configuration may keep more or less).
+    pub fn asked(&self) -> crate::Asked {
+        self.opts.asked
+    }
+
     pub fn coverage(&self) -> Vec<(i64, i64, i64)> {
         self.resolutions
             .iter()

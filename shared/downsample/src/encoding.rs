@@ -282,6 +282,38 @@ impl Wanted {
     }
 }
 
+/// A chunk's width, window count and kept aggregates, from its header alone.
+pub fn header(bytes: &[u8]) -> Result<(i64, u64, Kept), DecodeError> {
+    let mut r = Reader { bytes, pos: 0 };
+    if !matches!(r.byte()?, STREAMING_ONLY | VERSION) {
+        return invalid("unknown version");
+    }
+    let b = r.byte()?;
+    let Some(kept) = Kept::from_byte(b) else { return invalid(format!("unknown columns {b:#x}")) };
+    let width = i64::try_from(r.varint()?).ok().filter(|&w| w > 0 && w <= 1 << 40);
+    let Some(width) = width else { return invalid("a window width out of range") };
+    let n = r.varint()?;
+    if n > MAX_WINDOWS as u64 {
+        return invalid(format!("{n} windows, more than {MAX_WINDOWS}"));
+    }
+    Ok((width, n, kept))
+}
+
+/// The windows of a chunk a store served at `resolution`, checked against what its header
+/// and the chunk's description claim (width, count, first and last ends) before anything
+/// is decoded past the header.
+pub fn decode_served(c: &strata_store::AggregateChunk, resolution: i64) -> Result<(Vec<Window>, Kept), DecodeError> {
+    let (width, n, _) = header(&c.data)?;
+    if width != resolution || n != u64::from(c.windows) {
+        return invalid(format!("a chunk of {n} windows of {width} ms described as {} of {resolution} ms", c.windows));
+    }
+    let (windows, _, kept) = decode(&c.data)?;
+    if windows.first().map(|w| w.end) != Some(c.first_end) || windows.last().map(|w| w.end) != Some(c.last_end) {
+        return invalid(format!("windows that do not span [{}, {}] as described", c.first_end, c.last_end));
+    }
+    Ok((windows, kept))
+}
+
 /// The windows, width and kept aggregates [`encode`] wrote.
 pub fn decode(bytes: &[u8]) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
     decode_wanted(bytes, Wanted::ALL)

@@ -33,7 +33,7 @@ pub mod window_cache;
 
 pub use columns::{WindowColumns, WindowRun};
 pub use downsampler::{DownsampleOptions, Downsampler};
-pub use encoding::{column_sizes, decode, decode_columns, encode, DecodeError, Wanted};
+pub use encoding::{column_sizes, decode, decode_columns, decode_served, encode, header, DecodeError, Wanted};
 pub use leaf::{check, evaluate, Grid, Leaf, NotExact};
 pub use plan::{Prefer, ResolutionPlanner};
 pub use range::RangeFn;

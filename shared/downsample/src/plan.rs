@@ -77,11 +77,22 @@ impl ResolutionPlanner {
         self
     }
 
-    /// A raw part's steps: from the stores where they evaluate, else in process.
+    /// A raw part's steps: from the stores where they evaluate; an aggregation the stores
+    /// cannot compute (each holds some of a group's series, or copies of them) over its
+    /// leaf evaluated there; else in process from samples.
     async fn raw_part(&self, req: &StepsRequest) -> Result<Option<Steps>, StoreError> {
-        match (self.raw.steps(req).await?, &self.raw_evaluator) {
-            (None, Some(e)) => e.steps(req).await,
-            (answered, _) => Ok(answered),
+        if let Some(answered) = self.raw.steps(req).await? {
+            return Ok(Some(answered));
+        }
+        if req.aggregate.is_some() {
+            let leaf = StepsRequest { aggregate: None, ..req.clone() };
+            if let Some(answer) = self.raw.steps(&leaf).await? {
+                return strata_promql::pushdown::aggregate_here(req, answer).await.map(Some);
+            }
+        }
+        match &self.raw_evaluator {
+            Some(e) => e.steps(req).await,
+            None => Ok(None),
         }
     }
 

@@ -12,12 +12,32 @@ use std::sync::Arc;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
     require_matchers, AggregateChunk, AggregateSeries, QueryScope, SelectBudget, SelectRequest, SeriesChunks, Steps,
-    StepsRequest, Store, StoreError,
+    StepsRequest, Store, StoreError, MAX_AGGREGATE_CHUNK_BYTES,
 };
 
-/// Windows per chunk a `Series` answer carries: about a day of 5 m windows, so a frame
-/// holds many series and no chunk nears what a reader accepts.
-const CHUNK_WINDOWS: usize = 512;
+/// Windows per chunk a `Series` answer carries at most: a day of 5 m windows (a run that
+/// encodes past [`MAX_AGGREGATE_CHUNK_BYTES`] is split further).
+const CHUNK_WINDOWS: usize = 288;
+
+/// `windows` as chunks of at most [`CHUNK_WINDOWS`] windows and
+/// [`MAX_AGGREGATE_CHUNK_BYTES`] bytes.
+fn chunks_of(windows: &[crate::Window], width: i64, kept: crate::Kept, out: &mut Vec<AggregateChunk>) {
+    for run in windows.chunks(CHUNK_WINDOWS) {
+        let data = encode(run, width, kept);
+        if data.len() > MAX_AGGREGATE_CHUNK_BYTES && run.len() > 1 {
+            let (a, b) = run.split_at(run.len() / 2);
+            chunks_of(a, width, kept, out);
+            chunks_of(b, width, kept, out);
+            continue;
+        }
+        out.push(AggregateChunk {
+            first_end: run[0].end,
+            last_end: run[run.len() - 1].end,
+            windows: run.len() as u32,
+            data,
+        });
+    }
+}
 
 pub struct WithAggregates {
     inner: Arc<dyn Store>,
@@ -88,6 +108,14 @@ impl Store for WithAggregates {
         let Some(blocks) = self.down.blocks(req.resolution) else {
             return Err(StoreError::InvalidRequest(format!("no aggregates of {} ms windows here", req.resolution)));
         };
+        // Not kept as configured: finer data answers, without decoding windows to learn so.
+        let function = req.function.as_ref().and_then(|(name, _)| crate::RangeFn::parse(name, None));
+        if function.is_some_and(|f| f.needs() == crate::range::Needs::ExtremeTimes) && !self.down.asked().extreme_times
+        {
+            return Err(StoreError::InvalidRequest(
+                "from aggregates: the extremes' times are not kept here (downsample.extreme_times)".into(),
+            ));
+        }
         // Only what is complete and current: no slice waiting to be computed again, none a
         // sender still sends data for.
         let covered = self.down.coverage().into_iter().find(|c| c.0 == req.resolution);
@@ -146,6 +174,13 @@ impl Store for WithAggregates {
         let (first_end, last_end) = (window_end(first.saturating_add(w - 1), w), last.div_euclid(w).saturating_mul(w));
         let (lo, hi) = (req.start.max(first_end), req.end.min(last_end));
         if lo != req.start || hi != req.end {
+            if !scope.partial_response {
+                return Err(StoreError::InvalidRequest(format!(
+                    "{resolution} ms aggregates are complete only for windows ending in [{first_end}, {last_end}], \
+                     not all of [{}, {}] (partial response is disabled)",
+                    req.start, req.end
+                )));
+            }
             scope.warn(format!(
                 "{resolution} ms aggregates are complete for windows ending in [{first_end}, {last_end}]; \
                  the rest of [{}, {}] is not in this answer",
@@ -170,16 +205,8 @@ impl Store for WithAggregates {
                 if s.windows.is_empty() {
                     return Ok(None);
                 }
-                let chunks = s
-                    .windows
-                    .chunks(CHUNK_WINDOWS)
-                    .map(|run| AggregateChunk {
-                        first_end: run[0].end,
-                        last_end: run[run.len() - 1].end,
-                        windows: run.len() as u32,
-                        data: encode(run, w, s.kept),
-                    })
-                    .collect();
+                let mut chunks = Vec::new();
+                chunks_of(&s.windows, w, s.kept, &mut chunks);
                 Ok(Some(AggregateSeries { labels: s.labels, metric_type: s.metric_type, resolution: w, chunks }))
             });
             Ok(series.map_err(store_error)?.into_iter().flatten().collect())

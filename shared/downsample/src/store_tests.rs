@@ -4,24 +4,23 @@
 //! asked, and bad requests refused.
 
 use crate::plan_tests::stack;
-use crate::{decode, encode, windows_of, Asked, Kept, Window, FIVE_MINUTES, ONE_HOUR};
+use crate::{decode, decode_served, encode, windows_of, Asked, Kept, Window, FIVE_MINUTES, ONE_HOUR};
 use std::sync::Arc;
 use std::time::Duration;
 use strata_grpc::{pb, serve, RemoteStore, RemoteStoreOptions, ServeOptions, StoreInfo, StoreService};
 use strata_model::{Labels, Matcher};
 use strata_store::{AggregateSeries, QueryScope, SelectLimits, SelectRequest, Store, StoreError};
 
-/// The windows a series' chunks hold, in order, and what they keep.
+/// The windows a series' chunks hold, in order, and what they keep (every chunk the same).
 fn windows(s: &AggregateSeries) -> (Vec<Window>, Kept) {
-    let (mut out, mut kept) = (Vec::new(), Kept::ALL);
+    let (mut out, mut kept) = (Vec::new(), None);
     for c in &s.chunks {
-        let (ws, width, k) = decode(&c.data).expect("chunks decode");
-        kept = k;
-        assert_eq!(width, s.resolution);
-        assert_eq!((ws.len() as u32, ws[0].end, ws[ws.len() - 1].end), (c.windows, c.first_end, c.last_end));
+        let (ws, k) = decode_served(c, s.resolution).expect("chunks decode as described");
+        assert!(kept.is_none_or(|kept| kept == k), "{:?} then {k:?}", kept);
+        kept = Some(k);
         out.extend(ws);
     }
-    (out, kept)
+    (out, kept.expect("a chunk at least"))
 }
 
 #[tokio::test]
@@ -83,10 +82,29 @@ async fn series_at_a_resolution_serves_the_windows_as_computed_and_says_what_it_
     let req = SelectRequest::new(vec![Matcher::eq("__name__", "temp")], s.t0, s.end);
     let err = remote.select_aggregates(&req, 60_000).await.unwrap_err();
     assert!(err.to_string().contains("where windows of 60000 ms were asked"), "{err}");
-    // Limits hold before anything is decoded.
+    // Limits hold at the store, before anything is decoded, and through the client.
     let few = SelectRequest { limits: SelectLimits { max_series: 1_000, max_samples: 5 }, ..req.clone() };
+    let err = s.regional.select_aggregates(&few, FIVE_MINUTES).await.unwrap_err();
+    assert!(matches!(err, StoreError::LimitExceeded { what: "samples", .. }), "{err}");
     let err = remote.select_aggregates(&few, FIVE_MINUTES).await.unwrap_err();
     assert!(matches!(err, StoreError::LimitExceeded { .. }), "{err}");
+    // A function whose aggregates are not kept as configured is refused at once (finer
+    // data answers it), with a message saying which.
+    let mut steps = strata_store::StepsRequest::new(
+        req.matchers.clone(),
+        (s.t0 + ONE_HOUR, s.t0 + 2 * ONE_HOUR, FIVE_MINUTES),
+        300_000,
+    );
+    steps.function = Some(("ts_of_max_over_time".into(), FIVE_MINUTES));
+    steps.resolution = FIVE_MINUTES;
+    let err = s.regional.steps(&steps).await.unwrap_err();
+    assert!(err.to_string().contains("downsample.extreme_times"), "{err}");
+    steps.function = Some(("max_over_time".into(), FIVE_MINUTES));
+    assert!(s.regional.steps(&steps).await.unwrap().is_some(), "max_over_time is kept");
+    // Without partial response, a range the windows do not wholly cover is an error.
+    let whole = QueryScope::new(false, true);
+    let err = whole.run(s.regional.select_aggregates(&req, FIVE_MINUTES)).await.unwrap_err();
+    assert!(err.to_string().contains("partial response is disabled"), "{err}");
 
     // Single aggregates (Thanos' kind) and negative resolutions are refused.
     let mut client = pb::store_client::StoreClient::connect(format!("http://{addr}")).await.unwrap();
@@ -98,6 +116,18 @@ async fn series_at_a_resolution_serves_the_windows_as_computed_and_says_what_it_
         aggregates,
         ..Default::default()
     };
+    // A client that does not say it takes windows gets raw chunks, as before.
+    for aggregates in [vec![], vec![pb::Aggregate::Raw as i32]] {
+        let mut frames = client.series(ask(FIVE_MINUTES, aggregates)).await.unwrap().into_inner();
+        let mut chunks = 0;
+        while let Some(f) = frames.message().await.unwrap() {
+            for series in f.series {
+                assert!(series.chunks.iter().all(|c| c.resolution_ms == 0 && c.aggregate == pb::Aggregate::Raw as i32));
+                chunks += series.chunks.len();
+            }
+        }
+        assert!(chunks > 0);
+    }
     for (max, aggregates, says) in
         [(FIVE_MINUTES, vec![pb::Aggregate::Count as i32], "AGGREGATE_WINDOWS"), (-1, vec![], "negative")]
     {

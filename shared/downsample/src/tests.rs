@@ -341,8 +341,8 @@ fn every_aggregate_dropped_is_caught() {
         ("sx", |w| w.sx = 0.0),
         ("sxx", |w| w.sxx = 0.0),
         ("sxy", |w| w.sxy = 0.0),
-        ("min_t", |w| w.min_t = w.first.t),
-        ("max_t", |w| w.max_t = w.last.t),
+        ("min_t", |w| w.min_t = w.end),
+        ("max_t", |w| w.max_t = w.end),
     ];
     for (name, f) in drops {
         assert!(caught(f), "dropping {name} changed no answer");

@@ -36,7 +36,7 @@ use std::time::Duration;
 use strata_model::{Labels, Matcher, Metadata};
 use strata_store::{
     collect_within, require_matchers, BoxBatches, QueryScope, SelectBudget, SelectLimits, SelectRequest, SeriesChunks,
-    Steps, StepsRequest, Store, StoreError,
+    Steps, StepsRequest, StepsSeries, Store, StoreError,
 };
 
 /// One store behind the fan-out, with what its `Info` said.
@@ -326,15 +326,23 @@ impl Store for Fanout {
 }
 
 /// Every store's evaluation of a leaf, as one answer sorted by labels; `None` if one of
-/// them does not evaluate leaves, if two hold the same series (the select path merges
-/// those sample by sample, which step values cannot be), or if two computed the same
-/// group of an aggregation (each saw only its part).
+/// them does not evaluate leaves, if two computed the same group of an aggregation (each
+/// saw only its part), or if two hold the same series and neither copy is whole (the
+/// select path merges those sample by sample, which step values cannot be).
+///
+/// A series two stores hold is an edge's and the regional it forwards to: the regional's
+/// copy is what the edge sent, cut into chunks elsewhere. A copy that runs over both
+/// copies' span without a gap (`whole_replica`, the dedup's own test) holds every sample
+/// the other could add (one the other held but it lacked would be a gap), so its step
+/// values are the merged series'. Under an aggregation the groups were computed over
+/// every copy, so there any duplicate still means `None`.
 fn merged_steps(answers: Vec<Option<Steps>>, limits: SelectLimits) -> Result<Option<Steps>, StoreError> {
+    let Some(mut answers) = answers.into_iter().collect::<Option<Vec<Steps>>>() else { return Ok(None) };
+    drop_contained(&mut answers);
     let mut out = Steps::default();
     // The query's budget holds for all stores together, not for each.
     let mut values = 0u64;
     for a in answers {
-        let Some(a) = a else { return Ok(None) };
         values = a.series.iter().chain(&a.groups).fold(values, |v, s| v.saturating_add(s.values.present() as u64));
         if values > limits.max_samples {
             return Err(StoreError::LimitExceeded { what: "samples", limit: limits.max_samples });
@@ -350,13 +358,66 @@ fn merged_steps(answers: Vec<Option<Steps>>, limits: SelectLimits) -> Result<Opt
     }
     out.series.sort_by(|a, b| a.labels.cmp(&b.labels));
     out.groups.sort_by(|a, b| a.labels.cmp(&b.labels));
-    // The same series from two stores, or a group two stores each computed a part of.
-    if out.series.windows(2).any(|w| w[0].labels == w[1].labels)
-        || out.groups.windows(2).any(|w| w[0].labels == w[1].labels)
-    {
+    // A group two stores each computed a part of.
+    if out.groups.windows(2).any(|w| w[0].labels == w[1].labels) {
         return Ok(None);
     }
+    if out.series.windows(2).any(|w| w[0].labels == w[1].labels) {
+        if !out.groups.is_empty() {
+            return Ok(None);
+        }
+        let Some(series) = whole_copies(std::mem::take(&mut out.series)) else { return Ok(None) };
+        out.series = series;
+    }
     Ok(Some(out))
+}
+
+/// Drops each answer every series of which another answer holds whole: a regional's part
+/// beside the edge whose data it copies. The other's step values, and its groups under an
+/// aggregation, are then the merged series' (no sample the dropped copies hold is missing
+/// from the whole ones), and no group is counted twice.
+fn drop_contained(answers: &mut Vec<Steps>) {
+    // Sorted by labels, as every store answers.
+    let contains = |big: &Steps, small: &Steps| {
+        small.series.iter().all(|s| match big.series.binary_search_by(|b| b.labels.cmp(&s.labels)) {
+            Ok(k) => strata_store::whole_in(&[&s.summary, &big.series[k].summary], 1),
+            Err(_) => false,
+        })
+    };
+    let mut i = 0;
+    while i < answers.len() {
+        let held =
+            !answers[i].series.is_empty() && (0..answers.len()).any(|j| j != i && contains(&answers[j], &answers[i]));
+        if held {
+            answers.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+}
+
+/// Of each run of series with the same labels (sorted), the copy `whole_replica` finds
+/// whole; `None` when a run has none.
+fn whole_copies(series: Vec<StepsSeries>) -> Option<Vec<StepsSeries>> {
+    let mut out: Vec<StepsSeries> = Vec::with_capacity(series.len());
+    let mut run: Vec<StepsSeries> = Vec::new();
+    let settle = |run: &mut Vec<StepsSeries>, out: &mut Vec<StepsSeries>| -> Option<()> {
+        let summaries: Vec<&strata_store::SeriesSummary> = run.iter().map(|s| &s.summary).collect();
+        let k = strata_store::whole_replica(&summaries)?;
+        out.push(run.swap_remove(k));
+        run.clear();
+        Some(())
+    };
+    for s in series {
+        if run.last().is_some_and(|l| l.labels != s.labels) {
+            settle(&mut run, &mut out)?;
+        }
+        run.push(s);
+    }
+    if !run.is_empty() {
+        settle(&mut run, &mut out)?;
+    }
+    Some(out)
 }
 
 fn sorted_union(answers: Vec<Vec<String>>) -> Vec<String> {

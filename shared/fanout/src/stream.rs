@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use strata_chunk::merge::merge_sources;
+use strata_chunk::merge::merge_sources_within;
 use strata_model::MetricType;
 use strata_store::{selection_order, QueryScope, SelectBudget, SelectRequest, SeriesBatches, SeriesChunks, StoreError};
 use tokio::sync::mpsc;
@@ -43,8 +43,9 @@ pub struct MergedBatches {
     replica_labels: Arc<Vec<String>>,
     /// Stores that failed earlier in the request, not asked again.
     earlier: Vec<StoreTarget>,
-    /// The request's start.
+    /// The request's range.
     start: i64,
+    end: i64,
 }
 
 impl MergedBatches {
@@ -83,6 +84,7 @@ impl MergedBatches {
             replica_labels,
             earlier,
             start: req.start,
+            end: req.end,
         }
     }
 
@@ -168,7 +170,8 @@ impl SeriesBatches for MergedBatches {
             for j in 0..self.sources.len() {
                 while j != i && self.sources[j].head.front().is_some_and(|x| x.labels == s.labels) {
                     let Some(other) = self.sources[j].head.pop_front() else { break };
-                    let merged = merge_sources(vec![std::mem::take(&mut s.chunks), other.chunks])
+                    let sources = vec![std::mem::take(&mut s.chunks), other.chunks];
+                    let merged = merge_sources_within(sources, self.start, self.end)
                         .map_err(|e| StoreError::Corrupt { series: s.labels.to_string(), reason: e.to_string() })?;
                     if merged.conflicts > 0 {
                         self.scope.warn(format!(

@@ -306,6 +306,60 @@ fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
     ));
 }
 
+/// An edge's series and the regional's copy of it: a copy that runs over both copies' span
+/// without a gap answers for the series (the lagging copy adds nothing); when each lacks
+/// what the other holds, neither does and the samples are merged.
+#[test]
+fn of_one_series_from_two_stores_the_whole_copy_answers() {
+    use strata_store::{SeriesSummary, Steps, StepsSeries};
+    let copy = |ts: &[i64], value: f64| {
+        let mut a = strata_chunk::ChunkAppender::new();
+        ts.iter().for_each(|&t| a.append(t, t as f64));
+        let summary = SeriesSummary::of(&[a.seal()], true).unwrap();
+        Steps {
+            series: vec![StepsSeries {
+                labels: Labels::from_pairs([("__name__", "up"), ("replica", "a")]),
+                metric_type: Default::default(),
+                summary,
+                values: strata_store::StepValues::from_options(&[Some(value)]),
+                name_dropped: false,
+            }],
+            ..Default::default()
+        }
+    };
+    let every = |from: i64, to: i64| (from..to).map(|k| k * 15_000).collect::<Vec<_>>();
+    let limits = SelectLimits { max_series: 10, max_samples: 1000 };
+    let (edge, regional) = (copy(&every(0, 240), 1.0), copy(&every(0, 200), 2.0));
+    for answers in [vec![Some(edge.clone()), Some(regional.clone())], vec![Some(regional.clone()), Some(edge.clone())]]
+    {
+        let merged = merged_steps(answers, limits).unwrap().expect("the edge's copy is whole");
+        assert_eq!(merged.series.len(), 1);
+        assert_eq!(merged.series[0].values.to_options(), [Some(1.0)], "the whole copy's values");
+    }
+    // Each lacks minutes the other holds: only the samples merged answer.
+    let holed: Vec<i64> = every(0, 240).into_iter().filter(|t| !(600_000..900_000).contains(t)).collect();
+    let other: Vec<i64> = every(0, 240).into_iter().filter(|t| !(1_800_000..2_100_000).contains(t)).collect();
+    assert!(merged_steps(vec![Some(copy(&holed, 1.0)), Some(copy(&other, 2.0))], limits).unwrap().is_none());
+    // Under an aggregation each store's groups counted its copies: the groups of a store
+    // holding every series of the other whole are the answer; else there is none.
+    let grouped = |mut s: Steps| {
+        s.groups = vec![s.series[0].clone()];
+        s.groups[0].labels = Labels::from_pairs([("cluster", "c0")]);
+        s.series[0].values = Default::default();
+        s
+    };
+    for answers in [
+        vec![Some(grouped(edge.clone())), Some(grouped(regional.clone()))],
+        vec![Some(grouped(regional)), Some(grouped(edge))],
+    ] {
+        let merged = merged_steps(answers, limits).unwrap().expect("the edge holds the regional's copy whole");
+        assert_eq!(merged.groups.len(), 1);
+        assert_eq!(merged.groups[0].values.to_options(), [Some(1.0)], "the edge's groups");
+    }
+    let split = vec![Some(grouped(copy(&holed, 1.0))), Some(grouped(copy(&other, 2.0)))];
+    assert!(merged_steps(split, limits).unwrap().is_none());
+}
+
 /// Findings of the global review: a store's timeout must not count the consumer's time,
 /// and one store's own refusal must not fail the request.
 mod review {

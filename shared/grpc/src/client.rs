@@ -319,7 +319,7 @@ impl Store for RemoteStore {
                 let chunks = s
                     .chunks
                     .into_iter()
-                    .map(|c| aggregate_chunk_from_pb(c, resolution))
+                    .map(|c| aggregate_chunk_from_pb(c, resolution, (req.start, req.end)))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(|r| frames.corrupt(format!("series {labels}: {r}")))?;
                 if chunks.is_empty() || chunks.windows(2).any(|w| w[1].first_end <= w[0].last_end) {

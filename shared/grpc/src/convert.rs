@@ -221,16 +221,37 @@ pub fn aggregate_chunk_to_pb(c: &strata_store::AggregateChunk, resolution: i64) 
     }
 }
 
-/// A chunk of windows from a peer, asked at `resolution`: its header must be plausible
-/// (its bytes are checked as they are decoded).
-pub fn aggregate_chunk_from_pb(c: pb::Chunk, resolution: i64) -> Result<strata_store::AggregateChunk, String> {
+/// A chunk of windows from a peer, asked at `resolution` for window ends in `[start, end]`:
+/// what it says of itself must fit (its ends on the resolution's grid and inside the range,
+/// no more windows than fit between them); its bytes are checked against that as they are
+/// decoded (`strata_downsample::decode_served`).
+pub fn aggregate_chunk_from_pb(
+    c: pb::Chunk,
+    resolution: i64,
+    (start, end): (i64, i64),
+) -> Result<strata_store::AggregateChunk, String> {
     if c.aggregate != pb::Aggregate::Windows as i32 || c.resolution_ms != resolution {
         return Err(format!(
             "a chunk of aggregate {} at {} ms where windows of {resolution} ms were asked",
             c.aggregate, c.resolution_ms
         ));
     }
-    if c.samples == 0 || c.min_time > c.max_time || c.data.is_empty() || c.data.len() > MAX_CHUNK_BYTES {
+    if resolution <= 0 {
+        return Err(format!("windows of {resolution} ms"));
+    }
+    let on_grid = |t: i64| t.rem_euclid(resolution) == 0 && t >= start && t <= end;
+    let fit = (i128::from(c.max_time) - i128::from(c.min_time)) / i128::from(resolution) + 1;
+    if !on_grid(c.min_time) || !on_grid(c.max_time) || i128::from(c.samples) > fit {
+        return Err(format!(
+            "a chunk of {} windows over [{}, {}]: off the {resolution} ms grid, outside [{start}, {end}] or overfull",
+            c.samples, c.min_time, c.max_time
+        ));
+    }
+    if c.samples == 0
+        || c.min_time > c.max_time
+        || c.data.is_empty()
+        || c.data.len() > strata_store::MAX_AGGREGATE_CHUNK_BYTES
+    {
         return Err(format!(
             "a chunk of {} windows in {} bytes over [{}, {}]: empty, oversized or reversed",
             c.samples,

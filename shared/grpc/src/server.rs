@@ -283,9 +283,10 @@ impl StoreService {
                 "aggregate {a}: Strata's stores serve windows whole; ask for AGGREGATE_WINDOWS"
             )));
         }
-        // The coarsest resolution held at or below the one asked; raw data is always
-        // acceptable (and all a store without aggregates has).
-        let resolution = match (req.skip_chunks, req.max_resolution_ms) {
+        // The coarsest resolution held at or below the one asked, to a client that takes
+        // windows; raw data is always acceptable (and all a store without aggregates has).
+        let takes_windows = req.aggregates.contains(&(pb::Aggregate::Windows as i32));
+        let resolution = match (req.skip_chunks || !takes_windows, req.max_resolution_ms) {
             (true, _) | (_, 0) => 0,
             (false, max) => (self.info)().resolutions.iter().map(|r| r.0).filter(|&w| w <= max).max().unwrap_or(0),
         };

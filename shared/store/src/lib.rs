@@ -21,7 +21,8 @@ pub use limits::{require_matchers, SelectBudget};
 pub use scope::{QueryScope, ResolutionUsed};
 pub use scoped::Scoped;
 pub use steps::{
-    labels_hash, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries,
+    labels_hash, whole_in, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest,
+    StepsSeries,
 };
 
 use async_trait::async_trait;
@@ -65,6 +66,10 @@ pub struct AggregateSeries {
     /// In time order, none overlapping.
     pub chunks: Vec<AggregateChunk>,
 }
+
+/// The most bytes a chunk of windows may hold on the wire: a server splits a run before
+/// it gets there, a client refuses more.
+pub const MAX_AGGREGATE_CHUNK_BYTES: usize = 256 << 10;
 
 /// A run of a series' windows.
 #[derive(Debug, Clone, PartialEq)]

@@ -76,22 +76,28 @@ impl Store for GroupingAggregates {
             return self.inner.steps(req).await;
         }
         let leaf = StepsRequest { aggregate: None, ..req.clone() };
-        let Some(mut answer) = self.inner.steps(&leaf).await? else { return Ok(None) };
-        // The engine reads the leaf's series in label order.
-        if !answer.series.is_sorted_by(|a, b| a.labels <= b.labels) {
-            answer.series.sort_by(|a, b| a.labels.cmp(&b.labels));
-        }
-        let req = req.clone();
-        // The engine's aggregation is CPU work over every series of the leaf.
-        let grouped = tokio::task::spawn_blocking(move || super::aggregate_evaluated(&req, answer))
-            .await
-            .map_err(|e| StoreError::Unavailable(format!("aggregating a leaf's steps: {e}")))?;
-        match grouped {
-            Ok(steps) => Ok(Some(steps)),
-            Err(crate::QueryError::TooManySamples(n)) => Err(StoreError::LimitExceeded { what: "samples", limit: n }),
-            Err(crate::QueryError::Store(e)) => Err(e),
-            Err(e) => Err(StoreError::InvalidRequest(e.to_string())),
-        }
+        let Some(answer) = self.inner.steps(&leaf).await? else { return Ok(None) };
+        aggregate_here(req, answer).await.map(Some)
+    }
+}
+
+/// `req.aggregate` over `answer`, the leaf's steps a store evaluated (its series' labels as
+/// the caller sees them), computed here as the engine would from the samples.
+pub async fn aggregate_here(req: &StepsRequest, mut answer: Steps) -> Result<Steps, StoreError> {
+    // The engine reads the leaf's series in label order.
+    if !answer.series.is_sorted_by(|a, b| a.labels <= b.labels) {
+        answer.series.sort_by(|a, b| a.labels.cmp(&b.labels));
+    }
+    let req = req.clone();
+    // The engine's aggregation is CPU work over every series of the leaf.
+    let grouped = tokio::task::spawn_blocking(move || super::aggregate_evaluated(&req, answer))
+        .await
+        .map_err(|e| StoreError::Unavailable(format!("aggregating a leaf's steps: {e}")))?;
+    match grouped {
+        Ok(steps) => Ok(steps),
+        Err(crate::QueryError::TooManySamples(n)) => Err(StoreError::LimitExceeded { what: "samples", limit: n }),
+        Err(crate::QueryError::Store(e)) => Err(e),
+        Err(e) => Err(StoreError::InvalidRequest(e.to_string())),
     }
 }
 

@@ -21,7 +21,7 @@ mod grouping;
 
 pub use evaluate::{aggregate_evaluated, evaluate};
 pub use evaluating::Evaluating;
-pub use grouping::GroupingAggregates;
+pub use grouping::{aggregate_here, GroupingAggregates};
 
 /// Range functions whose value at a step is one series' window: the ones a store may
 /// evaluate.
