@@ -113,10 +113,26 @@ impl Stack {
 async fn run(
     store: &dyn Store,
     query: &str,
+    grid: (i64, i64, i64),
+    scope: QueryScope,
+) -> Vec<(Labels, Vec<(i64, f64)>)> {
+    run_with(EngineOptions::default(), store, query, grid, scope).await
+}
+
+/// The answer from the samples alone: no store evaluates anything.
+async fn from_samples(store: &dyn Store, query: &str, grid: (i64, i64, i64)) -> Vec<(Labels, Vec<(i64, f64)>)> {
+    let opts = EngineOptions { pushdown: false, ..Default::default() };
+    run_with(opts, store, query, grid, QueryScope::default()).await
+}
+
+async fn run_with(
+    opts: EngineOptions,
+    store: &dyn Store,
+    query: &str,
     (start, end, step): (i64, i64, i64),
     scope: QueryScope,
 ) -> Vec<(Labels, Vec<(i64, f64)>)> {
-    let engine = Engine::new(EngineOptions::default());
+    let engine = Engine::new(opts);
     let expr = strata_promql::parse(query).unwrap();
     let v = scope.run(engine.range(store, &expr, start, end, step)).await.unwrap();
     let QueryValue::Matrix(m) = v else { panic!("a matrix") };
@@ -276,43 +292,55 @@ async fn an_aggregation_over_a_leaf_is_evaluated_where_the_aggregates_are_and_eq
 }
 
 /// An HA pair's edges beside the regional, as `strata up` runs them: the regional holds
-/// copies of the edges' series. The newest (raw) steps are evaluated where the data is, on
-/// the copies that are whole (the fan-out keeps one of each series, or the groups of the
-/// store that holds the other's series whole), the older ones from the aggregates, and
-/// every answer is the dedup's over the samples. The in-process evaluator is left for
-/// what the stores cannot evaluate.
+/// copies of the edges' series. The newest (raw) steps are evaluated where the data is,
+/// on the edges' copies when they hold all the regional's (the fan-out keeps those, or the
+/// edges' groups), the older ones from the aggregates; where an edge lacks samples its
+/// regional holds, the planner evaluates those steps in process from the merged samples.
+/// Either way every answer is the one from the samples alone.
 #[tokio::test]
-async fn the_raw_steps_beside_the_aggregates_are_evaluated_where_copies_are_whole() {
-    let s = stack().await;
-    let mut targets = vec![s.regional_target()];
-    for (replica, jitter) in [("a", 11), ("b", 5_003)] {
-        let db = typed_db(&s._dir.path().join(replica));
-        for name in ["energy_total", "temp"] {
-            series(&db, name, replica, s.t0, s.end, jitter);
+async fn the_raw_steps_beside_the_aggregates_are_evaluated_where_the_edges_hold_everything() {
+    for edge_lost_a_sample in [false, true] {
+        let s = stack().await;
+        let mut targets = vec![s.regional_target()];
+        for (replica, jitter) in [("a", 11), ("b", 5_003)] {
+            let db = typed_db(&s._dir.path().join(replica));
+            for name in ["energy_total", "temp"] {
+                if edge_lost_a_sample {
+                    // A sample the regional holds, gone from the edge in the newest hour.
+                    let lost = s.end - 30 * 60_000;
+                    series(&db, name, replica, s.t0, lost, jitter);
+                    series(&db, name, replica, lost + 15_000, s.end, jitter);
+                } else {
+                    series(&db, name, replica, s.t0, s.end, jitter);
+                }
+            }
+            let mut edge = StoreTarget::new(replica, Arc::new(Evaluating::new(TsdbStore(db))));
+            edge.label_sets = vec![Labels::from_pairs([("cluster", "c0"), ("replica", replica)])];
+            targets.push(edge);
         }
-        let mut edge = StoreTarget::new(replica, Arc::new(Evaluating::new(TsdbStore(db))));
-        edge.label_sets = vec![Labels::from_pairs([("cluster", "c0"), ("replica", replica)])];
-        targets.push(edge);
+        s.fanout.set_targets(targets);
+        let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]));
+        let evaluator = Arc::new(Evaluating::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()])));
+        let planner =
+            ResolutionPlanner::new(dedup.clone(), s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
+                .with_preference(crate::plan::Prefer::Coarsest)
+                .with_raw_evaluator(evaluator.clone());
+        let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
+        let shifted = ["sum by (cluster) (rate(energy_total[5m] offset 1h))", "temp offset 30m"];
+        for q in QUERIES.iter().chain(&shifted) {
+            let scope = QueryScope::default();
+            let got = run(&planner, q, grid, scope.clone()).await;
+            assert_same(q, &from_samples(&*dedup, q, grid).await, &got);
+            assert!(!got.is_empty(), "{q}");
+            let used = scope.resolutions();
+            assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES), "{q}: {used:?}");
+            assert!(used.iter().any(|u| u.resolution == 0), "{q}: the newest steps from raw data: {used:?}");
+        }
+        match edge_lost_a_sample {
+            false => assert_eq!(evaluator.evaluated(), 0, "every raw step was evaluated where the data is"),
+            true => assert!(evaluator.evaluated() > 0, "the merged samples answered where an edge lacks one"),
+        }
     }
-    s.fanout.set_targets(targets);
-    let dedup: Arc<dyn Store> = Arc::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()]));
-    let evaluator = Arc::new(Evaluating::new(ReplicaDedup::new(s.fanout.clone(), vec!["replica".into()])));
-    let planner =
-        ResolutionPlanner::new(dedup.clone(), s.fanout.clone(), vec!["replica".into()], Duration::from_secs(30))
-            .with_preference(crate::plan::Prefer::Coarsest)
-            .with_raw_evaluator(evaluator.clone());
-    let grid = (s.t0 + ONE_HOUR, s.end.div_euclid(FIVE_MINUTES) * FIVE_MINUTES, FIVE_MINUTES);
-    let shifted = ["sum by (cluster) (rate(energy_total[5m] offset 1h))", "temp offset 30m"];
-    for q in QUERIES.iter().chain(&shifted) {
-        let scope = QueryScope::default();
-        let got = run(&planner, q, grid, scope.clone()).await;
-        assert_same(q, &run(&*dedup, q, grid, QueryScope::default()).await, &got);
-        assert!(!got.is_empty(), "{q}");
-        let used = scope.resolutions();
-        assert!(used.iter().any(|u| u.resolution == FIVE_MINUTES), "{q}: {used:?}");
-        assert!(used.iter().any(|u| u.resolution == 0), "{q}: the newest steps from raw data: {used:?}");
-    }
-    assert_eq!(evaluator.evaluated(), 0, "every raw step was evaluated where the data is");
 }
 
 /// The plan alone: a holder answers for its steps only if it accepts; here what the

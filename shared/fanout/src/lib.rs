@@ -124,10 +124,24 @@ impl Fanout {
     /// Returns the answers in store order; failures are settled per the request's scope.
     async fn ask<T: Send + 'static, F>(
         &self,
-        (matchers, start, end): (&[Matcher], i64, i64),
+        range: (&[Matcher], i64, i64),
         limits: SelectLimits,
         call: impl Fn(Arc<dyn Store>) -> F,
     ) -> Result<Vec<T>, StoreError>
+    where
+        F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
+    {
+        let (_, answers) = self.ask_indexed(range, limits, call).await?;
+        Ok(answers.into_iter().map(|a| a.1).collect())
+    }
+
+    /// [`ask`](Self::ask), each answer with its store's index in the targets returned.
+    async fn ask_indexed<T: Send + 'static, F>(
+        &self,
+        (matchers, start, end): (&[Matcher], i64, i64),
+        limits: SelectLimits,
+        call: impl Fn(Arc<dyn Store>) -> F,
+    ) -> Result<(Arc<Vec<StoreTarget>>, Vec<(usize, T)>), StoreError>
     where
         F: std::future::Future<Output = Result<T, StoreError>> + Send + 'static,
     {
@@ -192,7 +206,7 @@ impl Fanout {
             }
         }
         answers.sort_by_key(|a| a.0);
-        Ok(answers.into_iter().map(|a| a.1).collect())
+        Ok((targets, answers))
     }
 }
 
@@ -296,12 +310,13 @@ impl Store for Fanout {
         require_matchers(&req.matchers)?;
         let sel = req.selection();
         let shared = Arc::new(req.clone());
-        let answers = self
-            .ask((&sel.matchers, sel.start, sel.end), req.limits, move |s| {
+        let (targets, answers) = self
+            .ask_indexed((&sel.matchers, sel.start, sel.end), req.limits, move |s| {
                 let r = shared.clone();
                 async move { s.steps(&r).await }
             })
             .await?;
+        let answers = answers.into_iter().map(|(i, a)| a.map(|a| (targets[i].label_sets.clone(), a))).collect();
         merged_steps(answers, req.limits)
     }
 
@@ -325,28 +340,36 @@ impl Store for Fanout {
     }
 }
 
-/// Every store's evaluation of a leaf, as one answer sorted by labels; `None` if one of
-/// them does not evaluate leaves, if two computed the same group of an aggregation (each
-/// saw only its part), or if two hold the same series and neither copy is whole (the
-/// select path merges those sample by sample, which step values cannot be).
+/// Every store's evaluation of a leaf (with the store's label sets), as one answer sorted
+/// by labels; `None` if one of them does not evaluate leaves, if two computed the same
+/// group of an aggregation (each saw only its part), or if two hold the same series and
+/// neither is known to hold all the other does (the select path merges those sample by
+/// sample, which step values cannot be).
 ///
-/// A series two stores hold is an edge's and the regional it forwards to: the regional's
-/// copy is what the edge sent, cut into chunks elsewhere. A copy that runs over both
-/// copies' span without a gap (`whole_replica`, the dedup's own test) holds every sample
-/// the other could add (one the other held but it lacked would be a gap), so its step
-/// values are the merged series'. Under an aggregation the groups were computed over
-/// every copy, so there any duplicate still means `None`.
-fn merged_steps(answers: Vec<Option<Steps>>, limits: SelectLimits) -> Result<Option<Steps>, StoreError> {
-    let Some(mut answers) = answers.into_iter().collect::<Option<Vec<Steps>>>() else { return Ok(None) };
-    drop_contained(&mut answers);
+/// A series two stores hold is, by design, an edge's and the copy the regional it forwards
+/// to received: the regional lists the edge's label set among its own ([`feeds`]). The
+/// edge's copy then holds every sample of the regional's when it spans it, has at least as
+/// many samples, runs without a gap of its own, and the regional's holds no staleness
+/// marker the edge's lacks ([`holds`]). Only then are its step values the merged series',
+/// and a regional's answer every series of which edges hold so is dropped whole (its groups
+/// too, under an aggregation). Anything else, including copies from stores that do not
+/// feed one another, is merged from samples as before.
+fn merged_steps(answers: Vec<Option<(Vec<Labels>, Steps)>>, limits: SelectLimits) -> Result<Option<Steps>, StoreError> {
+    let Some(mut answers) = answers.into_iter().collect::<Option<Vec<(Vec<Labels>, Steps)>>>() else {
+        return Ok(None);
+    };
+    drop_fed(&mut answers);
     let mut out = Steps::default();
     // The query's budget holds for all stores together, not for each.
     let mut values = 0u64;
-    for a in answers {
+    let mut sources: Vec<(Labels, usize)> = Vec::new();
+    let mut stores: Vec<Vec<Labels>> = Vec::with_capacity(answers.len());
+    for (k, (sets, a)) in answers.into_iter().enumerate() {
         values = a.series.iter().chain(&a.groups).fold(values, |v, s| v.saturating_add(s.values.present() as u64));
         if values > limits.max_samples {
             return Err(StoreError::LimitExceeded { what: "samples", limit: limits.max_samples });
         }
+        sources.extend(a.series.iter().map(|s| (s.labels.clone(), k)));
         out.series.extend(a.series);
         out.groups.extend(a.groups);
         if out.series.len().max(out.groups.len()) > limits.max_series {
@@ -355,39 +378,74 @@ fn merged_steps(answers: Vec<Option<Steps>>, limits: SelectLimits) -> Result<Opt
         out.samples = out.samples.saturating_add(a.samples);
         out.warnings.extend(a.warnings.into_iter().filter(|w| !out.warnings.contains(w)).collect::<Vec<_>>());
         out.infos.extend(a.infos.into_iter().filter(|i| !out.infos.contains(i)).collect::<Vec<_>>());
+        stores.push(sets);
     }
-    out.series.sort_by(|a, b| a.labels.cmp(&b.labels));
+    // Which store each series came from, in the order the series are sorted into.
+    let mut order: Vec<usize> = (0..out.series.len()).collect();
+    order.sort_by(|&a, &b| out.series[a].labels.cmp(&out.series[b].labels));
+    let mut series: Vec<Option<StepsSeries>> = std::mem::take(&mut out.series).into_iter().map(Some).collect();
+    let mut sorted: Vec<(usize, StepsSeries)> = Vec::with_capacity(series.len());
+    for i in order {
+        if let Some(s) = series[i].take() {
+            sorted.push((sources[i].1, s));
+        }
+    }
     out.groups.sort_by(|a, b| a.labels.cmp(&b.labels));
     // A group two stores each computed a part of.
     if out.groups.windows(2).any(|w| w[0].labels == w[1].labels) {
         return Ok(None);
     }
-    if out.series.windows(2).any(|w| w[0].labels == w[1].labels) {
+    if sorted.windows(2).any(|w| w[0].1.labels == w[1].1.labels) {
         if !out.groups.is_empty() {
             return Ok(None);
         }
-        let Some(series) = whole_copies(std::mem::take(&mut out.series)) else { return Ok(None) };
-        out.series = series;
+        let Some(kept) = source_copies(sorted, &stores) else { return Ok(None) };
+        out.series = kept;
+    } else {
+        out.series = sorted.into_iter().map(|(_, s)| s).collect();
     }
     Ok(Some(out))
 }
 
-/// Drops each answer every series of which another answer holds whole: a regional's part
-/// beside the edge whose data it copies. The other's step values, and its groups under an
-/// aggregation, are then the merged series' (no sample the dropped copies hold is missing
-/// from the whole ones), and no group is counted twice.
-fn drop_contained(answers: &mut Vec<Steps>) {
-    // Sorted by labels, as every store answers.
-    let contains = |big: &Steps, small: &Steps| {
-        small.series.iter().all(|s| match big.series.binary_search_by(|b| b.labels.cmp(&s.labels)) {
-            Ok(k) => strata_store::whole_in(&[&s.summary, &big.series[k].summary], 1),
-            Err(_) => false,
-        })
-    };
+/// Whether the store listing `a` forwards its data to the store listing `b`: every set of
+/// `a` is one of `b`'s, and `b` lists more (a regional lists the edges that forward to it).
+/// A store that lists none (unknown, or written to by remote write) is nobody's source,
+/// and neither of two stores listing the same sets is the other's.
+fn feeds(a: &[Labels], b: &[Labels]) -> bool {
+    !a.is_empty() && b.len() > a.len() && a.iter().all(|s| b.contains(s))
+}
+
+/// Whether `source`, a series' copy at the store that feeds the other, holds every sample
+/// of `copy`: it spans it, has at least as many samples, runs without a gap of its own
+/// (a sample it lost would be one), and `copy` has no staleness marker it lacks.
+fn holds(source: &strata_store::SeriesSummary, copy: &strata_store::SeriesSummary) -> bool {
+    let Some(c) = copy.span else { return true };
+    let Some(s) = source.span else { return false };
+    let stale = |x: &strata_store::SeriesSummary| [x.by_headers, x.by_samples].iter().flatten().any(|c| c.stale);
+    let gap_free = [source.by_headers, source.by_samples].iter().flatten().any(|c| c.max_step <= c.own_gap());
+    s.0 <= c.0 && s.1 >= c.1 && source.samples >= copy.samples && gap_free && (stale(source) || !stale(copy))
+}
+
+/// Drops each answer every series of which an answer from a store feeding it [`holds`]: a
+/// regional's part beside the edges whose data it copies. Those answers' step values and
+/// groups are then the merged series', and no group is counted twice. An answer dropped
+/// holds nothing for another.
+fn drop_fed(answers: &mut Vec<(Vec<Labels>, Steps)>) {
     let mut i = 0;
     while i < answers.len() {
-        let held =
-            !answers[i].series.is_empty() && (0..answers.len()).any(|j| j != i && contains(&answers[j], &answers[i]));
+        let (sets, steps) = &answers[i];
+        let held = !steps.series.is_empty()
+            && steps.series.iter().all(|s| {
+                answers.iter().enumerate().any(|(j, (by, other))| {
+                    // Sorted by labels, as every store answers.
+                    j != i
+                        && feeds(by, sets)
+                        && other
+                            .series
+                            .binary_search_by(|o| o.labels.cmp(&s.labels))
+                            .is_ok_and(|k| holds(&other.series[k].summary, &s.summary))
+                })
+            });
         if held {
             answers.remove(i);
         } else {
@@ -396,20 +454,24 @@ fn drop_contained(answers: &mut Vec<Steps>) {
     }
 }
 
-/// Of each run of series with the same labels (sorted), the copy `whole_replica` finds
-/// whole; `None` when a run has none.
-fn whole_copies(series: Vec<StepsSeries>) -> Option<Vec<StepsSeries>> {
+/// Of each run of series with the same labels (sorted, each with its store's index into
+/// `stores`), the copy of the store that feeds every other's and [`holds`] theirs; `None`
+/// when a run has none.
+fn source_copies(series: Vec<(usize, StepsSeries)>, stores: &[Vec<Labels>]) -> Option<Vec<StepsSeries>> {
     let mut out: Vec<StepsSeries> = Vec::with_capacity(series.len());
-    let mut run: Vec<StepsSeries> = Vec::new();
-    let settle = |run: &mut Vec<StepsSeries>, out: &mut Vec<StepsSeries>| -> Option<()> {
-        let summaries: Vec<&strata_store::SeriesSummary> = run.iter().map(|s| &s.summary).collect();
-        let k = strata_store::whole_replica(&summaries)?;
-        out.push(run.swap_remove(k));
+    let mut run: Vec<(usize, StepsSeries)> = Vec::new();
+    let settle = |run: &mut Vec<(usize, StepsSeries)>, out: &mut Vec<StepsSeries>| -> Option<()> {
+        let source = (0..run.len()).find(|&k| {
+            run.iter().enumerate().all(|(j, (store, s))| {
+                j == k || (feeds(&stores[run[k].0], &stores[*store]) && holds(&run[k].1.summary, &s.summary))
+            })
+        })?;
+        out.push(run.swap_remove(source).1);
         run.clear();
         Some(())
     };
     for s in series {
-        if run.last().is_some_and(|l| l.labels != s.labels) {
+        if run.last().is_some_and(|l| l.1.labels != s.1.labels) {
             settle(&mut run, &mut out)?;
         }
         run.push(s);

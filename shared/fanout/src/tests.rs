@@ -279,10 +279,13 @@ fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
         values: strata_store::StepValues::from_options(&[Some(1.0)]),
         name_dropped: false,
     };
-    let steps = |s: &[&str], g: &[&str]| Steps {
-        series: s.iter().map(|n| series(n)).collect(),
-        groups: g.iter().map(|n| series(n)).collect(),
-        ..Default::default()
+    let steps = |s: &[&str], g: &[&str]| {
+        let steps = Steps {
+            series: s.iter().map(|n| series(n)).collect(),
+            groups: g.iter().map(|n| series(n)).collect(),
+            ..Default::default()
+        };
+        (Vec::<Labels>::new(), steps)
     };
     let limits = |n: usize, samples: u64| SelectLimits { max_series: n, max_samples: samples };
     let ten = limits(10, 1000);
@@ -306,17 +309,22 @@ fn leaves_evaluated_by_several_stores_merge_only_when_nothing_is_split() {
     ));
 }
 
-/// An edge's series and the regional's copy of it: a copy that runs over both copies' span
-/// without a gap answers for the series (the lagging copy adds nothing); when each lacks
-/// what the other holds, neither does and the samples are merged.
+/// An edge's series and the regional's copy of it (the regional lists the edge's label
+/// set): the edge's copy answers when it holds every sample of the regional's; anything
+/// less sure (a copy the edge's lacks, a marker only the regional has, stores that do not
+/// feed one another) is left to the merge of samples.
 #[test]
-fn of_one_series_from_two_stores_the_whole_copy_answers() {
+fn of_one_series_from_an_edge_and_its_regional_the_edges_copy_answers_when_it_holds_all() {
+    use strata_model::Sample;
     use strata_store::{SeriesSummary, Steps, StepsSeries};
-    let copy = |ts: &[i64], value: f64| {
-        let mut a = strata_chunk::ChunkAppender::new();
-        ts.iter().for_each(|&t| a.append(t, t as f64));
-        let summary = SeriesSummary::of(&[a.seal()], true).unwrap();
-        Steps {
+    let a = Labels::from_pairs([("replica", "a")]);
+    let b = Labels::from_pairs([("replica", "b")]);
+    let (edge_sets, regional_sets) = (vec![a.clone()], vec![a.clone(), b.clone()]);
+    let answer = |sets: &Vec<Labels>, samples: &[Sample], value: f64| {
+        let mut app = strata_chunk::ChunkAppender::new();
+        samples.iter().for_each(|s| app.append(s.t, s.v));
+        let summary = SeriesSummary::of(&[app.seal()], true).unwrap();
+        let steps = Steps {
             series: vec![StepsSeries {
                 labels: Labels::from_pairs([("__name__", "up"), ("replica", "a")]),
                 metric_type: Default::default(),
@@ -325,39 +333,67 @@ fn of_one_series_from_two_stores_the_whole_copy_answers() {
                 name_dropped: false,
             }],
             ..Default::default()
-        }
+        };
+        (sets.clone(), steps)
     };
-    let every = |from: i64, to: i64| (from..to).map(|k| k * 15_000).collect::<Vec<_>>();
+    let every = |from: i64, to: i64| (from..to).map(|k| Sample::new(k * 15_000, k as f64)).collect::<Vec<_>>();
     let limits = SelectLimits { max_series: 10, max_samples: 1000 };
-    let (edge, regional) = (copy(&every(0, 240), 1.0), copy(&every(0, 200), 2.0));
-    for answers in [vec![Some(edge.clone()), Some(regional.clone())], vec![Some(regional.clone()), Some(edge.clone())]]
-    {
-        let merged = merged_steps(answers, limits).unwrap().expect("the edge's copy is whole");
-        assert_eq!(merged.series.len(), 1);
-        assert_eq!(merged.series[0].values.to_options(), [Some(1.0)], "the whole copy's values");
+    let picked = |answers: Vec<Option<(Vec<Labels>, Steps)>>| {
+        merged_steps(answers, limits).unwrap().map(|m| {
+            assert_eq!(m.series.len(), 1);
+            m.series[0].values.to_options()[0]
+        })
+    };
+    let edge = answer(&edge_sets, &every(0, 240), 1.0);
+    // The regional one sample behind, or forty, or level: the edge's, in either order.
+    for behind in [1, 40, 0] {
+        let regional = answer(&regional_sets, &every(0, 240 - behind), 2.0);
+        assert_eq!(picked(vec![Some(edge.clone()), Some(regional.clone())]), Some(Some(1.0)), "{behind} behind");
+        assert_eq!(picked(vec![Some(regional), Some(edge.clone())]), Some(Some(1.0)), "{behind} behind");
     }
-    // Each lacks minutes the other holds: only the samples merged answer.
-    let holed: Vec<i64> = every(0, 240).into_iter().filter(|t| !(600_000..900_000).contains(t)).collect();
-    let other: Vec<i64> = every(0, 240).into_iter().filter(|t| !(1_800_000..2_100_000).contains(t)).collect();
-    assert!(merged_steps(vec![Some(copy(&holed, 1.0)), Some(copy(&other, 2.0))], limits).unwrap().is_none());
-    // Under an aggregation each store's groups counted its copies: the groups of a store
-    // holding every series of the other whole are the answer; else there is none.
-    let grouped = |mut s: Steps| {
+    // The edge lost a sample the regional holds: a gap of its own, merged instead.
+    let lost: Vec<Sample> = every(0, 240).into_iter().filter(|s| s.t != 1_500_000).collect();
+    assert_eq!(
+        picked(vec![Some(answer(&edge_sets, &lost, 1.0)), Some(answer(&regional_sets, &every(0, 200), 2.0))]),
+        None
+    );
+    // Only the regional's copy ends with a staleness marker.
+    let mut ended = every(0, 200);
+    ended.push(Sample::new(200 * 15_000, strata_model::stale_nan()));
+    assert_eq!(picked(vec![Some(edge.clone()), Some(answer(&regional_sets, &ended, 2.0))]), None);
+    // The edge's own marker is its copy's: it still answers.
+    let mut edge_ended = every(0, 240);
+    edge_ended.push(Sample::new(240 * 15_000, strata_model::stale_nan()));
+    let regional = answer(&regional_sets, &every(0, 239), 2.0);
+    assert_eq!(picked(vec![Some(answer(&edge_sets, &edge_ended, 1.0)), Some(regional.clone())]), Some(Some(1.0)));
+    // Stores that do not feed one another (the same sets, none, or another edge's).
+    for sets in [edge_sets.clone(), vec![], vec![b.clone()]] {
+        let other = answer(&sets, &every(0, 200), 2.0);
+        assert_eq!(picked(vec![Some(edge.clone()), Some(other)]), None, "{sets:?}");
+    }
+    // Two regionals both fed by the edge: the edge's copy holds both.
+    let second = answer(&regional_sets, &every(0, 230), 3.0);
+    assert_eq!(picked(vec![Some(regional.clone()), Some(edge.clone()), Some(second.clone())]), Some(Some(1.0)));
+    // Under an aggregation the regional's answer goes whole when the edges hold each of its
+    // series, and the edge's groups are the answer; else there is none.
+    let grouped = |(sets, mut s): (Vec<Labels>, Steps), v: f64| {
         s.groups = vec![s.series[0].clone()];
         s.groups[0].labels = Labels::from_pairs([("cluster", "c0")]);
+        s.groups[0].values = strata_store::StepValues::from_options(&[Some(v)]);
         s.series[0].values = Default::default();
-        s
+        (sets, s)
     };
     for answers in [
-        vec![Some(grouped(edge.clone())), Some(grouped(regional.clone()))],
-        vec![Some(grouped(regional)), Some(grouped(edge))],
+        vec![Some(grouped(edge.clone(), 1.0)), Some(grouped(regional.clone(), 2.0))],
+        vec![Some(grouped(regional.clone(), 2.0)), Some(grouped(edge.clone(), 1.0))],
     ] {
-        let merged = merged_steps(answers, limits).unwrap().expect("the edge holds the regional's copy whole");
+        let merged = merged_steps(answers, limits).unwrap().expect("the edge holds the regional's copy");
         assert_eq!(merged.groups.len(), 1);
         assert_eq!(merged.groups[0].values.to_options(), [Some(1.0)], "the edge's groups");
     }
-    let split = vec![Some(grouped(copy(&holed, 1.0))), Some(grouped(copy(&other, 2.0)))];
-    assert!(merged_steps(split, limits).unwrap().is_none());
+    let lagging_edge = answer(&edge_sets, &every(0, 200), 1.0);
+    let ahead = answer(&regional_sets, &every(0, 240), 2.0);
+    assert!(merged_steps(vec![Some(grouped(lagging_edge, 1.0)), Some(grouped(ahead, 2.0))], limits).unwrap().is_none());
 }
 
 /// Findings of the global review: a store's timeout must not count the consumer's time,

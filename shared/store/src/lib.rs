@@ -21,8 +21,7 @@ pub use limits::{require_matchers, SelectBudget};
 pub use scope::{QueryScope, ResolutionUsed};
 pub use scoped::Scoped;
 pub use steps::{
-    labels_hash, whole_in, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest,
-    StepsSeries,
+    labels_hash, whole_replica, AggregateSpec, Coverage, SeriesSummary, StepValues, Steps, StepsRequest, StepsSeries,
 };
 
 use async_trait::async_trait;

@@ -474,16 +474,10 @@ pub fn whole_replica(group: &[&SeriesSummary]) -> Option<usize> {
     if group.len() == 1 {
         return Some(0);
     }
-    (0..group.len()).filter(|&k| whole_in(group, k)).max_by_key(|&k| group[k].samples)
-}
-
-/// Whether `group[k]` is whole among `group`, as [`whole_replica`] judges.
-pub fn whole_in(group: &[&SeriesSummary], k: usize) -> bool {
-    let first = group.iter().filter_map(|g| g.span).map(|s| s.0).min();
-    let last = group.iter().filter_map(|g| g.span).map(|s| s.1).max();
-    let (Some(first), Some(last)) = (first, last) else { return false };
+    let first = group.iter().filter_map(|g| g.span).map(|s| s.0).min()?;
+    let last = group.iter().filter_map(|g| g.span).map(|s| s.1).max()?;
     let gap = group.iter().filter_map(|g| g.step()).min().map_or(i64::MAX, |s| s.saturating_add(s / 2));
-    group[k].covers(first, last, gap)
+    (0..group.len()).filter(|&k| group[k].covers(first, last, gap)).max_by_key(|&k| group[k].samples)
 }
 
 #[cfg(test)]
