@@ -284,7 +284,10 @@ impl Wanted {
 
 /// A chunk's width, window count and kept aggregates, from its header alone.
 pub fn header(bytes: &[u8]) -> Result<(i64, u64, Kept), DecodeError> {
-    let mut r = Reader { bytes, pos: 0 };
+    read_header(&mut Reader { bytes, pos: 0 })
+}
+
+fn read_header(r: &mut Reader) -> Result<(i64, u64, Kept), DecodeError> {
     if !matches!(r.byte()?, STREAMING_ONLY | VERSION) {
         return invalid("unknown version");
     }
@@ -330,17 +333,7 @@ pub fn decode_columns(bytes: &[u8], wanted: Wanted) -> Result<(WindowColumns, i6
 /// others are left NaN, zero or absent in the windows.
 pub fn decode_wanted(bytes: &[u8], wanted: Wanted) -> Result<(Vec<Window>, i64, Kept), DecodeError> {
     let mut r = Reader { bytes, pos: 0 };
-    if !matches!(r.byte()?, STREAMING_ONLY | VERSION) {
-        return invalid("unknown version");
-    }
-    let b = r.byte()?;
-    let Some(kept) = Kept::from_byte(b) else { return invalid(format!("unknown columns {b:#x}")) };
-    let width = i64::try_from(r.varint()?).ok().filter(|&w| w > 0 && w <= 1 << 40);
-    let Some(width) = width else { return invalid("a window width out of range") };
-    let n = r.varint()?;
-    if n > MAX_WINDOWS as u64 {
-        return invalid(format!("{n} windows, more than {MAX_WINDOWS}"));
-    }
+    let (width, n, kept) = read_header(&mut r)?;
     let n = n as usize;
     let mut cols: Vec<Option<Vec<f64>>> = vec![None; ALL.len()];
     for c in ALL.iter().filter(|c| c.kept(kept)) {
