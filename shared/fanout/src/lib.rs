@@ -412,19 +412,35 @@ fn merged_steps(answers: Vec<Option<(Vec<Labels>, Steps)>>, limits: SelectLimits
 /// A store that lists none (unknown, or written to by remote write) is nobody's source,
 /// and neither of two stores listing the same sets is the other's.
 fn feeds(a: &[Labels], b: &[Labels]) -> bool {
-    !a.is_empty() && b.len() > a.len() && a.iter().all(|s| b.contains(s))
+    // As sets: a global lists its stores' sets, some of them twice.
+    let (a, b): (std::collections::BTreeSet<&Labels>, std::collections::BTreeSet<&Labels>) =
+        (a.iter().collect(), b.iter().collect());
+    !a.is_empty() && b.len() > a.len() && a.is_subset(&b)
 }
 
 /// Whether `source`, a series' copy at the store that feeds the other, holds every sample
-/// of `copy`: it spans it, has at least as many samples, runs without a gap of its own
-/// (a sample it lost would be one), and `copy` has no staleness marker it lacks.
+/// of `copy`: it spans it, has at least as many samples, runs without a gap (no step
+/// longer than 1.5 of the smallest scrape step either copy shows: a sample it lost would be
+/// one), and `copy` has no staleness marker it lacks. A few samples prove no regularity
+/// (the middle step of two or three is the one a lost sample made): under
+/// [`MIN_SAMPLES_HELD`] the copies are merged instead, which costs nothing at that size.
 fn holds(source: &strata_store::SeriesSummary, copy: &strata_store::SeriesSummary) -> bool {
     let Some(c) = copy.span else { return true };
     let Some(s) = source.span else { return false };
+    let Some(step) = [source.step(), copy.step()].into_iter().flatten().min() else { return false };
+    let gap = step.saturating_add(step / 2);
     let stale = |x: &strata_store::SeriesSummary| [x.by_headers, x.by_samples].iter().flatten().any(|c| c.stale);
-    let gap_free = [source.by_headers, source.by_samples].iter().flatten().any(|c| c.max_step <= c.own_gap());
-    s.0 <= c.0 && s.1 >= c.1 && source.samples >= copy.samples && gap_free && (stale(source) || !stale(copy))
+    let gap_free = [source.by_headers, source.by_samples].iter().flatten().any(|c| c.max_step <= gap);
+    source.samples >= MIN_SAMPLES_HELD
+        && s.0 <= c.0
+        && s.1 >= c.1
+        && source.samples >= copy.samples
+        && gap_free
+        && (stale(source) || !stale(copy))
 }
+
+/// The fewest samples in range a copy must have to stand for another's.
+const MIN_SAMPLES_HELD: u64 = 4;
 
 /// Drops each answer every series of which an answer from a store feeding it [`holds`]: a
 /// regional's part beside the edges whose data it copies. Those answers' step values and

@@ -366,14 +366,43 @@ fn of_one_series_from_an_edge_and_its_regional_the_edges_copy_answers_when_it_ho
     edge_ended.push(Sample::new(240 * 15_000, strata_model::stale_nan()));
     let regional = answer(&regional_sets, &every(0, 239), 2.0);
     assert_eq!(picked(vec![Some(answer(&edge_sets, &edge_ended, 1.0)), Some(regional.clone())]), Some(Some(1.0)));
-    // Stores that do not feed one another (the same sets, none, or another edge's).
-    for sets in [edge_sets.clone(), vec![], vec![b.clone()]] {
+    // Stores that do not feed one another (the same sets, listed once or twice, none, or
+    // another edge's).
+    for sets in [edge_sets.clone(), vec![], vec![b.clone()], vec![a.clone(), a.clone()]] {
         let other = answer(&sets, &every(0, 200), 2.0);
         assert_eq!(picked(vec![Some(edge.clone()), Some(other)]), None, "{sets:?}");
     }
     // Two regionals both fed by the edge: the edge's copy holds both.
     let second = answer(&regional_sets, &every(0, 230), 3.0);
     assert_eq!(picked(vec![Some(regional.clone()), Some(edge.clone()), Some(second.clone())]), Some(Some(1.0)));
+    // Both copies end with the marker: the edge's holds the regional's.
+    let regional_ended = answer(&regional_sets, &edge_ended, 2.0);
+    assert_eq!(picked(vec![Some(regional_ended), Some(answer(&edge_sets, &edge_ended, 1.0))]), Some(Some(1.0)));
+    // A few samples prove no regularity: scrapes every minute, the edge lost the middle one
+    // the regional holds, and the regional has not the newest yet.
+    let minute = |ts: &[i64]| ts.iter().map(|&m| Sample::new(m * 60_000, m as f64)).collect::<Vec<_>>();
+    let few =
+        vec![Some(answer(&edge_sets, &minute(&[0, 2]), 1.0)), Some(answer(&regional_sets, &minute(&[0, 1]), 2.0))];
+    assert_eq!(picked(few), None);
+    // Several series per store: the regional's own series stay, its copy of the edge's goes.
+    let with_labels = |(sets, mut steps): (Vec<Labels>, Steps), name: &str, v: f64| {
+        steps.series[0].labels = Labels::from_pairs([("__name__", name), ("replica", "a")]);
+        steps.series[0].values = strata_store::StepValues::from_options(&[Some(v)]);
+        (sets, steps)
+    };
+    let (sets, mut both) = with_labels(answer(&regional_sets, &every(0, 230), 2.0), "up", 2.0);
+    both.series.insert(0, with_labels(answer(&regional_sets, &every(0, 230), 3.0), "temp", 3.0).1.series.remove(0));
+    let regional_two = (sets, both);
+    for answers in [vec![Some(edge.clone()), Some(regional_two.clone())], vec![Some(regional_two), Some(edge.clone())]]
+    {
+        let merged = merged_steps(answers, limits).unwrap().expect("the edge holds its series");
+        let got: Vec<(String, Option<f64>)> = merged
+            .series
+            .iter()
+            .map(|s| (s.labels.metric_name().unwrap_or("").to_string(), s.values.to_options()[0]))
+            .collect();
+        assert_eq!(got, [("temp".to_string(), Some(3.0)), ("up".to_string(), Some(1.0))]);
+    }
     // Under an aggregation the regional's answer goes whole when the edges hold each of its
     // series, and the edge's groups are the answer; else there is none.
     let grouped = |(sets, mut s): (Vec<Labels>, Steps), v: f64| {

@@ -456,7 +456,7 @@ impl SeriesSummary {
     }
 
     /// The smallest scrape step it is known to have.
-    fn step(&self) -> Option<i64> {
+    pub fn step(&self) -> Option<i64> {
         [self.by_headers, self.by_samples].iter().flatten().map(|c| c.step).filter(|&s| s > 0 && s != i64::MAX).min()
     }
 }
