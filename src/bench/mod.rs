@@ -257,6 +257,11 @@ pub enum BenchCommand {
         /// Times each query is asked (the median is printed).
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=100))]
         reps: u32,
+        /// Load the data through the tiers as processes instead (`bench fleet-day
+        /// --through-stack`): two edges forward it to a regional process, which downsamples
+        /// it; a global process answers.
+        #[arg(long)]
+        through_stack: bool,
     },
     /// The archive reader's peak memory over a month of the fleet (simulated day by day and
     /// written by the import's block writer), against the same reader over its first day.
@@ -342,8 +347,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Downsample { file, least_squares, extreme_times } => {
             downsample::run(file, strata_downsample::Asked { least_squares, extreme_times })
         }
-        BenchCommand::SeedScale { gpus, hours, interval, reps } => {
-            seed_scale::run(gpus as usize, hours, interval, reps as usize).await
+        BenchCommand::SeedScale { gpus, hours, interval, reps, through_stack } => {
+            seed_scale::run(gpus as usize, hours, interval, reps as usize, through_stack).await
         }
         BenchCommand::ArchiveMonth { gpus, days, interval, keep } => {
             archive_month::run(gpus as usize, days, interval, keep.as_deref()).await

@@ -131,12 +131,19 @@ fn load(dir: &std::path::Path, gpus: usize, hours: u64, interval_s: u64) -> anyh
     Ok((db, end))
 }
 
-pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize) -> anyhow::Result<()> {
+pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize, through_stack: bool) -> anyhow::Result<()> {
     println!("bench seed-scale: {gpus} GPUs x {} fields, {hours} h at {interval_s} s", FIELDS.len());
     let dir = tempfile::tempdir()?;
     let path = dir.path().to_path_buf();
     let (db, end) = tokio::task::spawn_blocking(move || load(&path, gpus, hours, interval_s)).await??;
     let (end, start) = (end / 1000, end / 1000 - hours as i64 * 3600);
+    if through_stack {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], super::vs_prometheus::free_port()?));
+        let started = Instant::now();
+        let _stack = super::through_stack::start(db, addr).await?;
+        println!("  through the tiers: the global answers {:.0} s after loading", started.elapsed().as_secs_f64());
+        return ask_each(addr, (start, end), reps).await;
+    }
     let local: Arc<dyn strata_store::Store> = Arc::new(strata_tsdb::TsdbStore(Arc::new(db)));
     // The peak from here on: the raw day is already held (its head emptied into blocks).
     let reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
@@ -158,6 +165,14 @@ pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize) -> anyho
     opts.engine.timeout = Duration::from_secs(300);
     let app = strata_api::router_with(store, opts);
     let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let asked = ask_each(addr, (start, end), reps).await;
+    server.abort();
+    asked
+}
+
+/// The twelve queries over `[start, end]` (seconds) at the Prometheus API at `addr`, each
+/// asked `reps` times, from aggregates where exact and from raw data only; their medians.
+async fn ask_each(addr: std::net::SocketAddr, (start, end): (i64, i64), reps: usize) -> anyhow::Result<()> {
     let client = reqwest::Client::builder().timeout(Duration::from_secs(600)).build()?;
     for resolution in ["auto", "raw"] {
         let mut worst: f64 = 0.0;
@@ -191,6 +206,5 @@ pub async fn run(gpus: usize, hours: u64, interval_s: u64, reps: usize) -> anyho
         }
         println!("    slowest: {:.2} s (goal < 1 s; the seed's Prometheus timed out at 60 s)", worst);
     }
-    server.abort();
     Ok(())
 }
