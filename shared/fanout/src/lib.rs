@@ -362,14 +362,15 @@ fn merged_steps(answers: Vec<Option<(Vec<Labels>, Steps)>>, limits: SelectLimits
     let mut out = Steps::default();
     // The query's budget holds for all stores together, not for each.
     let mut values = 0u64;
-    let mut sources: Vec<(Labels, usize)> = Vec::new();
+    // The store each series came from, by its place in `out.series`.
+    let mut sources: Vec<usize> = Vec::new();
     let mut stores: Vec<Vec<Labels>> = Vec::with_capacity(answers.len());
     for (k, (sets, a)) in answers.into_iter().enumerate() {
         values = a.series.iter().chain(&a.groups).fold(values, |v, s| v.saturating_add(s.values.present() as u64));
         if values > limits.max_samples {
             return Err(StoreError::LimitExceeded { what: "samples", limit: limits.max_samples });
         }
-        sources.extend(a.series.iter().map(|s| (s.labels.clone(), k)));
+        sources.extend(std::iter::repeat_n(k, a.series.len()));
         out.series.extend(a.series);
         out.groups.extend(a.groups);
         if out.series.len().max(out.groups.len()) > limits.max_series {
@@ -387,7 +388,7 @@ fn merged_steps(answers: Vec<Option<(Vec<Labels>, Steps)>>, limits: SelectLimits
     let mut sorted: Vec<(usize, StepsSeries)> = Vec::with_capacity(series.len());
     for i in order {
         if let Some(s) = series[i].take() {
-            sorted.push((sources[i].1, s));
+            sorted.push((sources[i], s));
         }
     }
     out.groups.sort_by(|a, b| a.labels.cmp(&b.labels));

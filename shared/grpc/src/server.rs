@@ -343,10 +343,11 @@ impl StoreService {
         tokio::spawn(scope.clone().run(async move {
             let _call = call;
             let mut frames = FrameBuilder::default();
-            let unit = |d: &SeriesChunks| {
-                let family = d.labels.metric_name().unwrap_or("");
+            let unit_of = |labels: &Labels| {
+                let family = labels.metric_name().unwrap_or("");
                 units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default()
             };
+            let unit = |d: &SeriesChunks| unit_of(&d.labels);
             match source {
                 Source::Whole(found) => {
                     for (labels, data) in found {
@@ -358,9 +359,7 @@ impl StoreService {
                 }
                 Source::Aggregates(found) => {
                     for (labels, a) in found {
-                        let family = a.labels.metric_name().unwrap_or("");
-                        let unit = units.iter().find(|(f, _)| f == family).map(|(_, u)| u.clone()).unwrap_or_default();
-                        if !send(&tx, frames.push_aggregates(&labels, &a, unit)).await {
+                        if !send(&tx, frames.push_aggregates(&labels, &a, unit_of(&a.labels))).await {
                             return;
                         }
                     }
